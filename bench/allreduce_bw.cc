@@ -1,0 +1,88 @@
+// allreduce_bw: an nccl-tests style allreduce sweep over gflow's public API.
+//
+//   gflowrun -n 4 -- allreduce_bw -b 8 -e 64M -f 2
+//   mpirun -np 4 allreduce_bw -d all -o all
+//
+// The communicator comes from the environment (gflowrun, torchrun, Open MPI or
+// Slurm variables), as in any gflow program; the sweep itself is
+// bench/common/sweep.h, shared with the Gloo and MPI harnesses.
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <memory>
+
+#include "common/options.h"
+#include "common/sweep.h"
+#include "gflow/gflow.h"
+
+namespace gflow::bench {
+namespace {
+
+class GflowBackend : public Backend {
+ public:
+  explicit GflowBackend(const std::string& algorithm) {
+    Options options;
+    options.algorithm = algorithm;
+    comm_ = Communicator::create(options);
+    if (!algorithm.empty()) {
+      algorithm_ = algorithm;
+    } else if (const char* env = std::getenv("GFLOW_ALGO"); env && *env) {
+      algorithm_ = env;
+    }
+  }
+
+  int rank() const override { return comm_->rank(); }
+  int size() const override { return comm_->size(); }
+  RunInfo info() const override {
+    const char* transport = std::getenv("GFLOW_TRANSPORT");
+    return RunInfo{"gflow", algorithm_, comm_->size(),
+                   std::string("gflow ") + GFLOW_VERSION_STRING + ", transport " +
+                       (transport && *transport ? transport : "default") + ", local size " +
+                       std::to_string(comm_->localSize())};
+  }
+  bool supports(DataType, ReduceOp) const override { return true; }
+
+  std::function<void()> prepare(void* in, void* out, size_t count, DataType dtype,
+                                ReduceOp op) override {
+    Communicator* c = comm_.get();
+    if (in == out) return [=] { c->allreduce(Tensor(in, count, dtype), op); };
+    return [=] { c->allreduce(Tensor(in, count, dtype), Tensor(out, count, dtype), op); };
+  }
+
+  void barrier() override { comm_->barrier(); }
+  double maxOverRanks(double v) override {
+    comm_->allreduce(Tensor(&v, 1, DataType::kFloat64), ReduceOp::kMax);
+    return v;
+  }
+  int64_t sumOverRanks(int64_t v) override {
+    comm_->allreduce(Tensor(&v, 1, DataType::kInt64), ReduceOp::kSum);
+    return v;
+  }
+
+ private:
+  std::shared_ptr<Communicator> comm_;
+  std::string algorithm_ = "auto";
+};
+
+}  // namespace
+}  // namespace gflow::bench
+
+int main(int argc, char** argv) {
+  using namespace gflow::bench;
+  DriverInfo info{"allreduce_bw",
+                  "Allreduce bandwidth sweep over gflow (nccl-tests style).",
+                  "algorithm, passed as Options::algorithm (GFLOW_ALGO syntax: ring, rd, auto,\n"
+                  "               allreduce:0-64k:rd,allreduce:64k-:ring, ...)",
+                  {}};
+  SweepConfig cfg;
+  if (int rc = parseSweepArgs(argc, argv, info, &cfg); rc >= 0) return rc;
+  try {
+    GflowBackend backend(cfg.algorithm);
+    return runSweep(backend, cfg);
+  } catch (const gflow::Error& e) {
+    std::fprintf(stderr, "allreduce_bw: %s\n", e.what());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "allreduce_bw: %s\n", e.what());
+  }
+  return 1;
+}

@@ -1,0 +1,74 @@
+// The one output format of every allreduce sweep driver: an nccl-tests style
+// table (default), CSV (--csv) or JSON (--json). Only rank 0 builds a Report.
+//
+// Bandwidths follow nccl-tests: algbw = bytes / time, and
+// busbw = algbw * 2(n-1)/n, the per-link traffic of a bandwidth-optimal
+// allreduce, comparable across world sizes and with the link speed.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "common/options.h"
+#include "gflow/types.h"
+
+namespace gflow::bench {
+
+struct Measurement {
+  double timeUs = 0;   // max over ranks of the mean time per iteration
+  double algbw = 0;    // GB/s
+  double busbw = 0;    // GB/s
+  int64_t wrong = -1;  // wrong elements summed over ranks; -1: not checked
+};
+
+Measurement makeMeasurement(uint64_t bytes, double timeUs, int worldSize);
+
+struct Row {
+  uint64_t bytes = 0;
+  size_t count = 0;
+  DataType dtype = DataType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
+  Measurement outOfPlace;
+  bool hasInPlace = false;
+  Measurement inPlace;
+};
+
+struct RunInfo {
+  std::string library;    // "gflow", "gloo", "mpi"
+  std::string algorithm;  // "auto", "ring", ...
+  int worldSize = 0;
+  std::string extra;  // free-form line for the header (transport, version, ...)
+};
+
+class Report {
+ public:
+  Report(const SweepConfig& cfg, RunInfo info);
+
+  void header();
+  // A remark ("skipping float16: not supported"): a '#' line in the table,
+  // stderr in the machine-readable formats.
+  void note(const std::string& text);
+  // Prints the row at once (so long sweeps show progress) and keeps it for
+  // the summary and JSON.
+  void add(const Row& row);
+  // Summary lines, then the JSON document if asked for. Returns false when
+  // the JSON file cannot be written.
+  bool finish();
+
+  int64_t wrong() const { return wrong_; }
+
+ private:
+  double avgBusbw() const;
+  void writeJson(FILE* f) const;
+
+  SweepConfig cfg_;
+  RunInfo info_;
+  FILE* text_;  // where the table or CSV goes; summary lines follow it
+  FILE* meta_;  // notes and the summary (stdout with the table, else stderr)
+  std::vector<Row> rows_;
+  int64_t wrong_ = 0;
+};
+
+}  // namespace gflow::bench

@@ -1,0 +1,106 @@
+#include "common/sweep.h"
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <optional>
+
+#include "common/pattern.h"
+
+namespace gflow::bench {
+namespace {
+
+struct FreeDeleter {
+  void operator()(void* p) const { std::free(p); }
+};
+using Buffer = std::unique_ptr<uint8_t, FreeDeleter>;
+
+// Page-aligned, like the buffers frameworks hand to a collective.
+Buffer allocate(size_t bytes) {
+  size_t rounded = (bytes + 4095) / 4096 * 4096;
+  void* p = std::aligned_alloc(4096, rounded == 0 ? 4096 : rounded);
+  if (p == nullptr) throw std::bad_alloc();
+  std::memset(p, 0, rounded == 0 ? 4096 : rounded);  // touch every page before timing
+  return Buffer(static_cast<uint8_t*>(p));
+}
+
+// A value the op maps to itself on every rank: x op x op ... == x.
+double stableValue(ReduceOp op) { return op == ReduceOp::kProd ? 1 : 0; }
+
+Measurement measure(Backend& be, const SweepConfig& cfg, const CheckPattern& pattern, void* in,
+                    void* out, size_t count, DataType dtype, ReduceOp op) {
+  fillValue(dtype, stableValue(op), in, count);
+  if (out != in) fillValue(dtype, stableValue(op), out, count);
+  std::function<void()> run = be.prepare(in, out, count, dtype, op);
+
+  for (int i = 0; i < cfg.warmup; ++i) run();
+  be.barrier();
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < cfg.iters; ++i) run();
+  auto t1 = std::chrono::steady_clock::now();
+  double us = std::chrono::duration<double, std::micro>(t1 - t0).count() / cfg.iters;
+
+  uint64_t bytes = count * dataTypeSize(dtype);
+  Measurement m = makeMeasurement(bytes, be.maxOverRanks(us), be.size());
+  if (cfg.check) {
+    pattern.fillInput(be.rank(), in, count);
+    // Zero never is a correct result (every pattern value is >= 1), so an
+    // output the library leaves untouched counts as wrong.
+    if (out != in) std::memset(out, 0, bytes);
+    run();
+    m.wrong = be.sumOverRanks(pattern.countWrong(out, count));
+  }
+  return m;
+}
+
+}  // namespace
+
+int runSweep(Backend& be, const SweepConfig& cfg) {
+  std::vector<uint64_t> sizes = sweepSizes(cfg);
+  uint64_t largest = sizes.empty() ? 0 : sizes.back();
+  Buffer in = allocate(largest);
+  Buffer out = allocate(largest);
+
+  std::optional<Report> report;
+  if (be.rank() == 0) {
+    report.emplace(cfg, be.info());
+    report->header();
+  }
+  int64_t wrong = 0;
+  for (DataType dtype : cfg.dtypes) {
+    size_t esize = dataTypeSize(dtype);
+    for (ReduceOp op : cfg.ops) {
+      if (!be.supports(dtype, op)) {
+        if (report) {
+          report->note(std::string("skipping ") + toString(dtype) + " " + toString(op) +
+                       ": not supported by " + be.info().library);
+        }
+        continue;
+      }
+      CheckPattern pattern(dtype, op, be.size());
+      for (uint64_t bytes : sizes) {
+        size_t count = bytes / esize;
+        if (count == 0) continue;
+        Row row;
+        row.bytes = count * esize;
+        row.count = count;
+        row.dtype = dtype;
+        row.op = op;
+        row.outOfPlace = measure(be, cfg, pattern, in.get(), out.get(), count, dtype, op);
+        if (cfg.inPlace) {
+          row.hasInPlace = true;
+          row.inPlace = measure(be, cfg, pattern, in.get(), in.get(), count, dtype, op);
+        }
+        wrong += std::max<int64_t>(row.outOfPlace.wrong, 0) +
+                 (row.hasInPlace ? std::max<int64_t>(row.inPlace.wrong, 0) : 0);
+        if (report) report->add(row);
+      }
+    }
+  }
+  bool ok = wrong == 0;
+  if (report && !report->finish()) ok = false;
+  return ok ? 0 : 1;
+}
+
+}  // namespace gflow::bench

@@ -1,0 +1,129 @@
+// Reduction kernel throughput per ISA x dtype x op, 4 KiB .. 64 MiB per buffer.
+//
+//   kernels_bench --benchmark_filter='reduce/avx2/float32/sum/'
+//
+// Each iteration runs dst = a op b in place (dst == a), the way the ring
+// allreduce uses it. bytes_per_second counts the memory traffic: two buffers
+// read and one written, i.e. 3 x the argument. b holds the op's identity (0 for
+// sum, 1 for prod), so repeating the op leaves a unchanged: no drift into inf,
+// NaN or subnormals, whose slow paths would distort the numbers.
+#include <benchmark/benchmark.h>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/kernel_table.h"
+#include "kernels/reduce.h"
+
+namespace {
+
+using gflow::DataType;
+using gflow::ReduceOp;
+using gflow::kernels::Isa;
+
+// Element i of a buffer holding `value + (i % 64)` in dtype's encoding.
+void fill(DataType dtype, std::vector<uint8_t>& buf, double value, bool vary) {
+  const size_t size = gflow::dataTypeSize(dtype);
+  const size_t count = buf.size() / size;
+  for (size_t i = 0; i < count; ++i) {
+    const double v = value + (vary ? static_cast<double>(i % 64) : 0.0);
+    uint8_t* p = buf.data() + i * size;
+    switch (dtype) {
+      case DataType::kFloat32: {
+        const auto f = static_cast<float>(v);
+        std::memcpy(p, &f, 4);
+        break;
+      }
+      case DataType::kFloat64: std::memcpy(p, &v, 8); break;
+      case DataType::kFloat16: {
+        const uint16_t h = gflow::kernels::floatToHalf(static_cast<float>(v));
+        std::memcpy(p, &h, 2);
+        break;
+      }
+      case DataType::kBFloat16: {
+        const uint16_t h = gflow::kernels::floatToBfloat16(static_cast<float>(v));
+        std::memcpy(p, &h, 2);
+        break;
+      }
+      case DataType::kInt32: {
+        const auto x = static_cast<int32_t>(v);
+        std::memcpy(p, &x, 4);
+        break;
+      }
+      case DataType::kInt64: {
+        const auto x = static_cast<int64_t>(v);
+        std::memcpy(p, &x, 8);
+        break;
+      }
+      case DataType::kUInt8: *p = static_cast<uint8_t>(v); break;
+    }
+  }
+}
+
+void reduceBench(benchmark::State& state, Isa isa, DataType dtype, ReduceOp op) {
+  const auto bytes = static_cast<size_t>(state.range(0));
+  const size_t count = bytes / gflow::dataTypeSize(dtype);
+  const Isa saved = gflow::kernels::activeIsa();
+  if (!gflow::kernels::setIsa(isa)) {
+    state.SkipWithError("ISA not supported by this CPU");
+    return;
+  }
+  const gflow::kernels::ReduceFn fn = gflow::kernels::reduceFn(dtype, op);
+  std::vector<uint8_t> a(bytes), b(bytes);
+  fill(dtype, a, 1.0, true);
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg: fill(dtype, b, 0.0, false); break;
+    case ReduceOp::kProd: fill(dtype, b, 1.0, false); break;
+    case ReduceOp::kMin:
+    case ReduceOp::kMax: fill(dtype, b, 17.0, true); break;
+  }
+  for (auto _ : state) {
+    fn(a.data(), a.data(), b.data(), count);
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) *
+                          static_cast<int64_t>(3 * bytes));
+  gflow::kernels::setIsa(saved);
+}
+
+// The roofline for the numbers above: memcpy of one buffer (bytes_per_second
+// counts read + write, 2 x the argument).
+void memcpyBench(benchmark::State& state) {
+  const auto bytes = static_cast<size_t>(state.range(0));
+  std::vector<uint8_t> src(bytes, 1), dst(bytes, 2);
+  for (auto _ : state) {
+    std::memcpy(dst.data(), src.data(), bytes);
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) *
+                          static_cast<int64_t>(2 * bytes));
+}
+BENCHMARK(memcpyBench)->Name("memcpy")->RangeMultiplier(4)->Range(4 << 10, 64 << 20);
+
+// Registers reduce/<isa>/<dtype>/<op>/<bytes> for every ISA this CPU runs.
+int registerAll() {
+  constexpr DataType kTypes[] = {DataType::kFloat32, DataType::kFloat16, DataType::kBFloat16,
+                                 DataType::kFloat64, DataType::kInt32,   DataType::kInt64,
+                                 DataType::kUInt8};
+  constexpr ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProd};
+  for (Isa isa : {Isa::kBaseline, Isa::kAvx2, Isa::kAvx512}) {
+    if (gflow::kernels::cpu::tableFor(isa) == nullptr) continue;
+    for (DataType dtype : kTypes) {
+      for (ReduceOp op : kOps) {
+        const std::string name = std::string("reduce/") + gflow::kernels::toString(isa) + "/" +
+                                 gflow::toString(dtype) + "/" + gflow::toString(op);
+        benchmark::RegisterBenchmark(name.c_str(), reduceBench, isa, dtype, op)
+            ->RangeMultiplier(4)
+            ->Range(4 << 10, 64 << 20);
+      }
+    }
+  }
+  return 0;
+}
+
+const int kRegistered = registerAll();
+
+}  // namespace

@@ -1,0 +1,16 @@
+# Warnings (-Werror by default) and sanitizers for every gflow target.
+function(gflow_set_warnings target)
+  target_compile_options(${target} PRIVATE -Wall -Wextra -Wshadow=local -Wnon-virtual-dtor)
+  if(GFLOW_WERROR)
+    target_compile_options(${target} PRIVATE -Werror)
+  endif()
+endfunction()
+
+if(GFLOW_SANITIZE)
+  string(REPLACE "," ";" _gflow_sans "${GFLOW_SANITIZE}")
+  foreach(s ${_gflow_sans})
+    add_compile_options(-fsanitize=${s})
+    add_link_options(-fsanitize=${s})
+  endforeach()
+  add_compile_options(-fno-omit-frame-pointer -fno-sanitize-recover=undefined)
+endif()

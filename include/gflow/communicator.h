@@ -1,0 +1,120 @@
+// Communicator: a group of ranks that run collectives together.
+//
+// Ordering: every rank must issue the same collectives, with the same
+// arguments, in the same order (blocking and async calls share one order).
+// A disagreement raises gflow::Error(kMismatch) on every rank.
+//
+// Thread safety: calls on one communicator may come from several threads but
+// are serialized in the order they are issued; abort() may be called from any
+// thread at any time and wakes every waiter.
+//
+// Errors: once an op fails the communicator is failed; every later call and
+// every pending Work raises the original error.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gflow/error.h"
+#include "gflow/export.h"
+#include "gflow/options.h"
+#include "gflow/types.h"
+
+namespace gflow {
+
+class WorkState;
+
+// Handle to an asynchronous collective. Copyable; all copies share the state.
+class GFLOW_EXPORT Work {
+ public:
+  Work() = default;
+  explicit Work(std::shared_ptr<WorkState> state) : state_(std::move(state)) {}
+
+  // True once the op has finished (successfully or not). Never blocks.
+  bool test() const;
+  // Waits until the op finished; rethrows its error. A timeout of 0 means the
+  // communicator's deadline. Throws Error(kTimeout) if `timeout` passes first
+  // (the op itself keeps running and may still complete).
+  void wait(std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) const;
+  bool valid() const { return state_ != nullptr; }
+
+ private:
+  std::shared_ptr<WorkState> state_;
+};
+
+struct PeerStats {
+  uint64_t bytesSent = 0;
+  uint64_t bytesReceived = 0;
+  uint64_t messagesSent = 0;
+  uint64_t messagesReceived = 0;
+};
+
+struct Stats {
+  std::vector<PeerStats> peers;  // indexed by peer rank
+  uint64_t allreduce = 0;
+  uint64_t reduceScatter = 0;
+  uint64_t allgather = 0;
+  uint64_t broadcast = 0;
+  uint64_t barrier = 0;
+  uint64_t bytesSent() const;
+  uint64_t bytesReceived() const;
+};
+
+class GFLOW_EXPORT Communicator {
+ public:
+  // Creates the world communicator. Collective: every rank must call it.
+  static std::shared_ptr<Communicator> create(const Options& options = Options{});
+
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const;
+  int size() const;
+  int localRank() const;
+  int localSize() const;
+
+  // In-place: reduces `inout` across ranks.
+  void allreduce(Tensor inout, ReduceOp op = ReduceOp::kSum);
+  // Out-of-place: `in` is left untouched; `out` has the same count and dtype.
+  void allreduce(Tensor in, Tensor out, ReduceOp op = ReduceOp::kSum);
+  // in.count == out.count * size(); rank r receives block r of the result.
+  void reduceScatter(Tensor in, Tensor out, ReduceOp op = ReduceOp::kSum);
+  // out.count == in.count * size(); block r of out is rank r's in.
+  void allgather(Tensor in, Tensor out);
+  void broadcast(Tensor inout, int root);
+  void barrier();
+
+  Work allreduceAsync(Tensor inout, ReduceOp op = ReduceOp::kSum);
+  Work allreduceAsync(Tensor in, Tensor out, ReduceOp op = ReduceOp::kSum);
+  Work reduceScatterAsync(Tensor in, Tensor out, ReduceOp op = ReduceOp::kSum);
+  Work allgatherAsync(Tensor in, Tensor out);
+  Work broadcastAsync(Tensor inout, int root);
+  Work barrierAsync();
+
+  // Collective over this communicator: ranks with the same color form a new
+  // communicator, ordered by (key, rank). A negative color returns nullptr
+  // for that rank.
+  std::shared_ptr<Communicator> split(int color, int key);
+
+  // Fails every pending and future op with Error(kAborted). Safe from any
+  // thread, including a signal-free watchdog thread; returns immediately.
+  void abort();
+
+  // Per-peer traffic and op counts since creation.
+  Stats stats() const;
+
+  // The error that failed this communicator, or nullptr.
+  std::shared_ptr<const Error> error() const;
+
+  struct Impl;
+  explicit Communicator(std::unique_ptr<Impl> impl);
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace gflow

@@ -1,0 +1,76 @@
+// Element types, reduction operators, devices and the Tensor view that every
+// gflow collective takes. A Tensor never owns memory: the caller keeps the
+// buffer alive until the operation (or its Work) has completed.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "gflow/export.h"
+
+namespace gflow {
+
+enum class DataType : uint8_t {
+  kFloat32 = 0,
+  kFloat16 = 1,  // IEEE binary16; reductions accumulate in float32
+  kBFloat16 = 2, // bfloat16; reductions accumulate in float32
+  kFloat64 = 3,
+  kInt32 = 4,
+  kInt64 = 5,
+  kUInt8 = 6,
+};
+constexpr int kNumDataTypes = 7;
+
+enum class ReduceOp : uint8_t {
+  kSum = 0,
+  kAvg = 1,  // sum, then one division by the world size (integers truncate)
+  kMin = 2,
+  kMax = 3,
+  kProd = 4,
+};
+constexpr int kNumReduceOps = 5;
+
+enum class DeviceType : uint8_t {
+  kCPU = 0,
+  kCUDA = 1,  // device buffers; served by the NCCL backend (later issue)
+};
+
+struct Device {
+  DeviceType type = DeviceType::kCPU;
+  int index = -1;
+};
+
+// A non-owning view of `count` contiguous elements of `dtype` at `data`.
+struct Tensor {
+  void* data = nullptr;
+  size_t count = 0;
+  DataType dtype = DataType::kFloat32;
+  Device device{};
+
+  Tensor() = default;
+  Tensor(void* d, size_t n, DataType t, Device dev = Device{})
+      : data(d), count(n), dtype(t), device(dev) {}
+
+  size_t nbytes() const;
+};
+
+// Typed convenience constructors: gflow::tensor(vec.data(), vec.size()).
+GFLOW_EXPORT Tensor tensor(float* data, size_t count);
+GFLOW_EXPORT Tensor tensor(double* data, size_t count);
+GFLOW_EXPORT Tensor tensor(int32_t* data, size_t count);
+GFLOW_EXPORT Tensor tensor(int64_t* data, size_t count);
+GFLOW_EXPORT Tensor tensor(uint8_t* data, size_t count);
+
+// Bytes per element; 0 for a value outside the enum.
+GFLOW_EXPORT size_t dataTypeSize(DataType dtype);
+GFLOW_EXPORT const char* toString(DataType dtype);
+GFLOW_EXPORT const char* toString(ReduceOp op);
+GFLOW_EXPORT const char* toString(DeviceType type);
+// Parses "float32", "fp32", "float", "half", "bf16", ... Throws gflow::Error.
+GFLOW_EXPORT DataType parseDataType(const std::string& name);
+GFLOW_EXPORT ReduceOp parseReduceOp(const std::string& name);
+
+inline size_t Tensor::nbytes() const { return count * dataTypeSize(dtype); }
+
+}  // namespace gflow

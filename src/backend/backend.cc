@@ -1,0 +1,55 @@
+#include "backend/backend.h"
+
+#include <sstream>
+
+namespace gflow::backend {
+
+const char* toString(OpKind kind) {
+  switch (kind) {
+    case OpKind::kAllreduce: return "allreduce";
+    case OpKind::kReduceScatter: return "reduce_scatter";
+    case OpKind::kAllgather: return "allgather";
+    case OpKind::kBroadcast: return "broadcast";
+    case OpKind::kBarrier: return "barrier";
+  }
+  return "unknown-op";
+}
+
+const char* toString(Algorithm algo) {
+  switch (algo) {
+    case Algorithm::kAuto: return "auto";
+    case Algorithm::kRing: return "ring";
+    case Algorithm::kRecursiveDoubling: return "rd";
+    case Algorithm::kChain: return "chain";
+    case Algorithm::kDissemination: return "dissemination";
+  }
+  return "unknown-algorithm";
+}
+
+transport::Envelope encode(const OpDesc& d) {
+  transport::Envelope e;
+  e.words[0] = static_cast<uint64_t>(d.kind) | static_cast<uint64_t>(d.dtype) << 8 |
+               static_cast<uint64_t>(d.op) << 16 | static_cast<uint64_t>(d.algo) << 24 |
+               static_cast<uint64_t>(static_cast<uint32_t>(d.root)) << 32;
+  e.words[1] = d.count;
+  e.words[2] = 0x67666c6f77ull;  // "gflow": version tag of this encoding
+  return e;
+}
+
+std::string describe(const transport::Envelope& e) {
+  // Decoded defensively: the envelope may come from a confused peer.
+  const auto kind = static_cast<OpKind>(e.words[0] & 0xff);
+  const auto dtype = static_cast<DataType>((e.words[0] >> 8) & 0xff);
+  const auto op = static_cast<ReduceOp>((e.words[0] >> 16) & 0xff);
+  const auto algo = static_cast<Algorithm>((e.words[0] >> 24) & 0xff);
+  const auto root = static_cast<int32_t>(e.words[0] >> 32);
+  std::ostringstream os;
+  os << toString(kind) << "(count=" << e.words[1];
+  if (kind != OpKind::kBarrier) os << ", " << gflow::toString(dtype);
+  if (kind == OpKind::kAllreduce || kind == OpKind::kReduceScatter) os << ", " << gflow::toString(op);
+  if (kind == OpKind::kBroadcast) os << ", root=" << root;
+  os << ", algorithm=" << toString(algo) << ")";
+  return os.str();
+}
+
+}  // namespace gflow::backend

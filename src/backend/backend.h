@@ -1,0 +1,76 @@
+// Backend: runs collectives on one contiguous buffer. Two kinds implement it:
+// the host backend (our algorithms over a Transport) and, in a later issue,
+// NCCL for device buffers. Layers above (core, gradient) only see this.
+//
+// Calls come from one thread at a time (the communicator's executing thread);
+// abort() from any thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "common/deadline.h"
+#include "gflow/communicator.h"
+#include "gflow/types.h"
+#include "transport/transport.h"
+
+namespace gflow::backend {
+
+enum class OpKind : uint8_t {
+  kAllreduce = 1,
+  kReduceScatter = 2,
+  kAllgather = 3,
+  kBroadcast = 4,
+  kBarrier = 5,
+};
+const char* toString(OpKind kind);
+
+enum class Algorithm : uint8_t {
+  kAuto = 0,
+  kRing = 1,                // pipelined reduce-scatter + allgather
+  kRecursiveDoubling = 2,   // log2(N) exchanges of the whole buffer
+  kChain = 3,               // pipelined chain (broadcast)
+  kDissemination = 4,       // barrier
+};
+const char* toString(Algorithm algo);
+
+// Everything that must agree across ranks for one collective. Encoded into
+// every message's Envelope, so a disagreement is detected by the transport.
+struct OpDesc {
+  OpKind kind = OpKind::kAllreduce;
+  DataType dtype = DataType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
+  Algorithm algo = Algorithm::kAuto;
+  int root = 0;
+  uint64_t count = 0;  // allreduce/broadcast: elements; reduce-scatter/allgather: per rank
+};
+transport::Envelope encode(const OpDesc& d);
+std::string describe(const transport::Envelope& e);
+
+struct Op {
+  uint64_t seq = 0;
+  OpDesc desc;
+  Deadline deadline = Deadline::never();
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual void allreduce(const Op& op, const void* in, void* out) = 0;
+  // in: desc.count * size elements; out: desc.count elements.
+  virtual void reduceScatter(const Op& op, const void* in, void* out) = 0;
+  // in: desc.count elements; out: desc.count * size elements.
+  virtual void allgather(const Op& op, const void* in, void* out) = 0;
+  virtual void broadcast(const Op& op, void* buf) = 0;
+  virtual void barrier(const Op& op) = 0;
+
+  virtual void abort(const Error& error) = 0;
+  virtual void notifyPeers(const Error& error) = 0;
+  virtual PeerStats peerStats(int peer) const = 0;
+};
+
+// The host backend over a connected transport context.
+std::unique_ptr<Backend> createHostBackend(std::unique_ptr<transport::Context> context);
+
+}  // namespace gflow::backend

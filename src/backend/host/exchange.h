@@ -1,0 +1,82 @@
+// Exchange: what an algorithm sees of the transport during one op. It stamps
+// every message with the op's tag group and envelope and waits against the
+// op's deadline, so algorithms only say who, what and which message index.
+#pragma once
+
+#include <vector>
+
+#include "backend/backend.h"
+#include "transport/transport.h"
+
+namespace gflow::backend::host {
+
+class Exchange {
+ public:
+  Exchange(transport::Context& ctx, const Op& op)
+      : ctx_(ctx), op_(op), env_(encode(op.desc)) {
+    ctx_.beginGroup(op.seq, env_);
+  }
+
+  int rank() const { return ctx_.rank(); }
+  int size() const { return ctx_.size(); }
+  const OpDesc& desc() const { return op_.desc; }
+
+  transport::RequestPtr send(int peer, const void* data, size_t bytes, uint64_t index) {
+    auto r = ctx_.isend(peer, data, bytes, transport::Tag{op_.seq, index}, env_);
+    pendingSends_.push_back(r);
+    return r;
+  }
+  transport::RequestPtr recv(int peer, void* data, size_t bytes, uint64_t index) {
+    return ctx_.irecv(peer, data, bytes, transport::Tag{op_.seq, index}, env_);
+  }
+  void wait(const transport::RequestPtr& r) { ctx_.wait(r, op_.deadline); }
+
+  // Waits for every send posted so far (the caller's buffers may be reused
+  // once this returns).
+  void waitSends() {
+    for (auto& r : pendingSends_) ctx_.wait(r, op_.deadline);
+    pendingSends_.clear();
+  }
+
+  ~Exchange() = default;
+
+ private:
+  transport::Context& ctx_;
+  const Op& op_;
+  transport::Envelope env_;
+  std::vector<transport::RequestPtr> pendingSends_;
+};
+
+// Growable scratch memory owned by the backend, reused across ops.
+class Scratch {
+ public:
+  char* get(size_t bytes) {
+    if (buf_.size() < bytes) buf_.resize(bytes);
+    return buf_.data();
+  }
+
+ private:
+  std::vector<char> buf_;
+};
+
+// Tuning shared by the ring algorithms (GFLOW_PIECE_BYTES, GFLOW_RING_WINDOW).
+struct RingTuning {
+  size_t pieceBytes;
+  size_t window;  // pieces per segment per round
+};
+RingTuning ringTuning();
+
+// Message index layout: round (24 bits) | step (20 bits) | piece (20 bits).
+inline uint64_t messageIndex(uint64_t round, uint64_t step, uint64_t piece) {
+  return round << 40 | step << 20 | piece;
+}
+
+// Algorithms (one per file).
+void allreduceRing(Exchange& ex, Scratch& scratch, const void* in, void* out);
+void allreduceRecursiveDoubling(Exchange& ex, Scratch& scratch, const void* in, void* out);
+void reduceScatterRing(Exchange& ex, Scratch& scratch, const void* in, void* out);
+void allgatherRing(Exchange& ex, const void* in, void* out);
+void broadcastChain(Exchange& ex, void* buf);
+void barrierDissemination(Exchange& ex);
+
+}  // namespace gflow::backend::host

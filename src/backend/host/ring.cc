@@ -1,0 +1,259 @@
+// Ring algorithms: reduce-scatter, allgather, and allreduce as their
+// composition. Each segment is cut into pieces so that receiving piece k+1,
+// reducing piece k and forwarding piece k-1 overlap. Large buffers are
+// processed in rounds so staging memory stays bounded (2 segments per round).
+//
+// Determinism: each segment is reduced once, by a fixed chain of ranks, then
+// copied around the ring, so every rank ends with the same bits.
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "backend/host/exchange.h"
+#include "kernels/reduce.h"
+
+namespace gflow::backend::host {
+namespace {
+
+constexpr size_t kMaxPiecesPerSegment = size_t(1) << 19;
+
+struct Layout {
+  size_t elemSize;
+  size_t pieceElems;
+  size_t segCapElems;  // elements per segment per round
+
+  size_t pieces(size_t segElems) const {
+    return segElems == 0 ? 1 : (segElems + pieceElems - 1) / pieceElems;
+  }
+  size_t pieceBegin(size_t k) const { return k * pieceElems; }
+  size_t pieceLen(size_t segElems, size_t k) const {
+    size_t b = k * pieceElems;
+    return b >= segElems ? 0 : std::min(pieceElems, segElems - b);
+  }
+};
+
+Layout makeLayout(DataType dtype) {
+  RingTuning t = ringTuning();
+  Layout l;
+  l.elemSize = dataTypeSize(dtype);
+  l.pieceElems = std::max<size_t>(1, t.pieceBytes / l.elemSize);
+  l.segCapElems = l.pieceElems * t.window;
+  l.pieceElems = std::max(l.pieceElems, (l.segCapElems + kMaxPiecesPerSegment - 1) / kMaxPiecesPerSegment);
+  return l;
+}
+
+int mod(int a, int n) { return ((a % n) + n) % n; }
+
+}  // namespace
+
+void allreduceRing(Exchange& ex, Scratch& scratch, const void* inp, void* outp) {
+  const OpDesc& d = ex.desc();
+  const int n = ex.size(), r = ex.rank();
+  const int left = mod(r - 1, n), right = mod(r + 1, n);
+  const Layout L = makeLayout(d.dtype);
+  const size_t es = L.elemSize;
+  const auto fn = kernels::reduceFn(d.dtype, d.op);
+  const char* in = static_cast<const char*>(inp);
+  char* out = static_cast<char*>(outp);
+  if (n == 1) {
+    if (in != out && d.count > 0) std::memcpy(out, in, d.count * es);
+    return;
+  }
+  const size_t roundElems = L.segCapElems * n;
+  const size_t rounds = d.count == 0 ? 1 : (d.count + roundElems - 1) / roundElems;
+  char* stage[2];
+  stage[0] = scratch.get(2 * L.segCapElems * es);
+  stage[1] = stage[0] + L.segCapElems * es;
+
+  std::vector<size_t> segOff(n), segCnt(n);
+  std::vector<transport::RequestPtr> rsReq[2];
+  std::vector<std::vector<transport::RequestPtr>> agReq(n - 1);
+
+  for (size_t round = 0; round < rounds; ++round) {
+    const size_t base = round * roundElems;
+    const size_t total = std::min(roundElems, d.count - std::min(d.count, base));
+    size_t off = base;
+    for (int i = 0; i < n; ++i) {
+      segCnt[i] = total / n + (static_cast<size_t>(i) < total % n ? 1 : 0);
+      segOff[i] = off;
+      off += segCnt[i];
+    }
+    // Allgather receives land in `out` directly; posting them now means no
+    // allgather data ever arrives unexpected (staged).
+    for (int t = 0; t < n - 1; ++t) {
+      const int seg = mod(r - t, n);
+      agReq[t].clear();
+      for (size_t k = 0; k < L.pieces(segCnt[seg]); ++k) {
+        agReq[t].push_back(ex.recv(left, out + (segOff[seg] + L.pieceBegin(k)) * es,
+                                   L.pieceLen(segCnt[seg], k) * es,
+                                   messageIndex(round, n - 1 + t, k)));
+      }
+    }
+    auto postRs = [&](int s) {
+      const int seg = mod(r - s - 1, n);
+      auto& reqs = rsReq[s % 2];
+      reqs.clear();
+      for (size_t k = 0; k < L.pieces(segCnt[seg]); ++k) {
+        reqs.push_back(ex.recv(left, stage[s % 2] + L.pieceBegin(k) * es,
+                               L.pieceLen(segCnt[seg], k) * es, messageIndex(round, s, k)));
+      }
+    };
+    postRs(0);
+    {
+      const int seg = r;
+      for (size_t k = 0; k < L.pieces(segCnt[seg]); ++k) {
+        ex.send(right, in + (segOff[seg] + L.pieceBegin(k)) * es, L.pieceLen(segCnt[seg], k) * es,
+                messageIndex(round, 0, k));
+      }
+    }
+    // Reduce-scatter: the piece received at step s is reduced into `out` and
+    // forwarded at step s+1; after the last step this rank owns segment r+1,
+    // which it forwards as allgather step 0.
+    for (int s = 0; s < n - 1; ++s) {
+      if (s + 1 < n - 1) postRs(s + 1);
+      const int seg = mod(r - s - 1, n);
+      const bool last = (s == n - 2);
+      for (size_t k = 0; k < rsReq[s % 2].size(); ++k) {
+        ex.wait(rsReq[s % 2][k]);
+        const size_t cnt = L.pieceLen(segCnt[seg], k);
+        const size_t at = (segOff[seg] + L.pieceBegin(k)) * es;
+        if (cnt > 0) fn(out + at, in + at, stage[s % 2] + L.pieceBegin(k) * es, cnt);
+        if (last && d.op == ReduceOp::kAvg && cnt > 0) kernels::divide(out + at, cnt, d.dtype, n);
+        ex.send(right, out + at, cnt * es, messageIndex(round, last ? n - 1 : s + 1, k));
+      }
+    }
+    // Allgather: forward each received piece until it has gone round.
+    for (int t = 0; t < n - 1; ++t) {
+      const int seg = mod(r - t, n);
+      for (size_t k = 0; k < agReq[t].size(); ++k) {
+        ex.wait(agReq[t][k]);
+        if (t + 1 < n - 1) {
+          const size_t at = (segOff[seg] + L.pieceBegin(k)) * es;
+          ex.send(right, out + at, L.pieceLen(segCnt[seg], k) * es,
+                  messageIndex(round, n - 1 + t + 1, k));
+        }
+      }
+    }
+    ex.waitSends();
+  }
+}
+
+void reduceScatterRing(Exchange& ex, Scratch& scratch, const void* inp, void* outp) {
+  const OpDesc& d = ex.desc();
+  const int n = ex.size(), r = ex.rank();
+  const int left = mod(r - 1, n), right = mod(r + 1, n);
+  const Layout L = makeLayout(d.dtype);
+  const size_t es = L.elemSize;
+  const auto fn = kernels::reduceFn(d.dtype, d.op);
+  const char* in = static_cast<const char*>(inp);
+  char* out = static_cast<char*>(outp);
+  const size_t block = d.count;  // elements per rank
+  if (n == 1) {
+    if (in != out && block > 0) std::memcpy(out, in, block * es);
+    return;
+  }
+  // Rounds take a column slice [base, base+cols) of every block.
+  const size_t cols = L.segCapElems;
+  const size_t rounds = block == 0 ? 1 : (block + cols - 1) / cols;
+  char* mem = scratch.get(4 * cols * es);
+  char* stage[2] = {mem, mem + cols * es};
+  char* acc[2] = {mem + 2 * cols * es, mem + 3 * cols * es};
+  std::vector<transport::RequestPtr> req[2];
+  std::vector<transport::RequestPtr> accSends[2];
+
+  for (size_t round = 0; round < rounds; ++round) {
+    const size_t base = round * cols;
+    const size_t width = std::min(cols, block - std::min(block, base));
+    const size_t np = L.pieces(width);
+    auto post = [&](int s) {
+      req[s % 2].clear();
+      for (size_t k = 0; k < np; ++k) {
+        req[s % 2].push_back(ex.recv(left, stage[s % 2] + L.pieceBegin(k) * es,
+                                     L.pieceLen(width, k) * es, messageIndex(round, s, k)));
+      }
+    };
+    post(0);
+    {
+      const size_t blk = static_cast<size_t>(mod(r - 1, n));
+      for (size_t k = 0; k < np; ++k) {
+        ex.send(right, in + (blk * block + base + L.pieceBegin(k)) * es, L.pieceLen(width, k) * es,
+                messageIndex(round, 0, k));
+      }
+    }
+    // Step s receives block r-s-2 and reduces it with the local block; the
+    // result is forwarded at step s+1, or is this rank's output at the end.
+    for (int s = 0; s < n - 1; ++s) {
+      if (s + 1 < n - 1) post(s + 1);
+      const size_t blk = static_cast<size_t>(mod(r - s - 2, n));
+      const bool last = (s == n - 2);
+      char* dstBase = last ? out + base * es : acc[s % 2];
+      // acc[s%2] was last sent at step s-1; those sends must be done.
+      for (auto& sr : accSends[s % 2]) ex.wait(sr);
+      accSends[s % 2].clear();
+      for (size_t k = 0; k < np; ++k) {
+        ex.wait(req[s % 2][k]);
+        const size_t cnt = L.pieceLen(width, k);
+        char* dst = dstBase + L.pieceBegin(k) * es;
+        if (cnt > 0) {
+          fn(dst, in + (blk * block + base + L.pieceBegin(k)) * es,
+             stage[s % 2] + L.pieceBegin(k) * es, cnt);
+        }
+        if (!last) {
+          accSends[s % 2].push_back(
+              ex.send(right, dst, cnt * es, messageIndex(round, s + 1, k)));
+        } else if (d.op == ReduceOp::kAvg && cnt > 0) {
+          kernels::divide(dst, cnt, d.dtype, n);
+        }
+      }
+    }
+    ex.waitSends();
+    accSends[0].clear();
+    accSends[1].clear();
+  }
+}
+
+void allgatherRing(Exchange& ex, const void* inp, void* outp) {
+  const OpDesc& d = ex.desc();
+  const int n = ex.size(), r = ex.rank();
+  const int left = mod(r - 1, n), right = mod(r + 1, n);
+  const Layout L = makeLayout(d.dtype);
+  const size_t es = L.elemSize;
+  const char* in = static_cast<const char*>(inp);
+  char* out = static_cast<char*>(outp);
+  const size_t block = d.count;
+  char* own = out + static_cast<size_t>(r) * block * es;
+  if (n == 1) {
+    if (in != own && block > 0) std::memmove(own, in, block * es);
+    return;
+  }
+  // No staging: every piece lands in its final place, so all receives are
+  // posted up front. Pieces are enlarged for huge blocks to bound the count.
+  Layout G = L;
+  G.pieceElems = std::max(L.pieceElems, (block + kMaxPiecesPerSegment - 1) / kMaxPiecesPerSegment);
+  const size_t np = G.pieces(block);
+  std::vector<std::vector<transport::RequestPtr>> req(n - 1);
+  for (int t = 0; t < n - 1; ++t) {
+    const size_t blk = static_cast<size_t>(mod(r - t - 1, n));
+    for (size_t k = 0; k < np; ++k) {
+      req[t].push_back(ex.recv(left, out + (blk * block + G.pieceBegin(k)) * es,
+                               G.pieceLen(block, k) * es, messageIndex(0, t, k)));
+    }
+  }
+  for (size_t k = 0; k < np; ++k) {
+    ex.send(right, in + G.pieceBegin(k) * es, G.pieceLen(block, k) * es, messageIndex(0, 0, k));
+  }
+  if (in != own && block > 0) std::memmove(own, in, block * es);
+  for (int t = 0; t < n - 1; ++t) {
+    const size_t blk = static_cast<size_t>(mod(r - t - 1, n));
+    for (size_t k = 0; k < np; ++k) {
+      ex.wait(req[t][k]);
+      if (t + 1 < n - 1) {
+        ex.send(right, out + (blk * block + G.pieceBegin(k)) * es, G.pieceLen(block, k) * es,
+                messageIndex(0, t + 1, k));
+      }
+    }
+  }
+  ex.waitSends();
+}
+
+}  // namespace gflow::backend::host

@@ -1,0 +1,281 @@
+// Identity resolution. Sources, highest precedence first:
+//   1. explicit Options fields (always win, never reported as contradictions);
+//   2. GFLOW_* (gflowrun) and torchrun's RANK/WORLD_SIZE/...: the launchers that
+//      start the ranks themselves. Where both set a field they must agree;
+//   3. Open MPI (OMPI_COMM_WORLD_*), then 4. Slurm (SLURM_*).
+// Open MPI and Slurm are usually *outer* launchers: `srun torchrun ...` leaves
+// SLURM_PROCID (the node's task id) next to torchrun's RANK, and a batch
+// script's SLURM_NTASKS is still set when gflowrun runs inside it. So a lower
+// tier is consulted only when no higher tier sets any identity variable, and
+// disagreeing with a higher tier is not an error.
+#include "bootstrap/environment.h"
+
+#include <unistd.h>
+
+#include <array>
+#include <cerrno>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <vector>
+
+#include "common/check.h"
+#include "common/logging.h"
+#include "common/params.h"
+#include "common/socket.h"
+
+namespace gflow::bootstrap {
+namespace {
+
+const ErrorContext kCtx{"bootstrap", 0, -1, -1};
+
+// One identity field and the variable it came from ("" when unset).
+struct Field {
+  int value = -1;
+  std::string var;
+  std::string source;
+  bool set() const { return !var.empty(); }
+};
+
+struct Tier {
+  std::string name;
+  Field rank, size, localRank, localSize;
+  bool any() const { return rank.set() || size.set() || localRank.set() || localSize.set(); }
+};
+
+// Launcher variables are not gflow parameters, so they are read directly
+// rather than through params:: (which only knows GFLOW_*).
+Field launcherInt(const char* var, const char* source) {
+  Field f;
+  const char* raw = std::getenv(var);
+  if (raw == nullptr || *raw == '\0') return f;
+  std::string v(raw);
+  errno = 0;
+  char* end = nullptr;
+  long x = std::strtol(v.c_str(), &end, 10);
+  if (errno != 0 || end == v.c_str() || *end != '\0' || x < 0 || x > INT_MAX) {
+    GFLOW_THROW(kInvalidArgument, kCtx)
+        << var << "='" << v << "' is not valid: expected a non-negative integer (set by " << source
+        << ")";
+  }
+  f.value = static_cast<int>(x);
+  f.var = var;
+  f.source = source;
+  return f;
+}
+
+Field gflowInt(const char* var) {
+  Field f;
+  if (!params::isSet(var)) return f;
+  int64_t x = params::getInt(var);  // throws naming the variable when malformed
+  if (x < 0 || x > INT_MAX) {
+    GFLOW_THROW(kInvalidArgument, kCtx)
+        << var << "='" << params::raw(var) << "' is not valid: expected a non-negative integer";
+  }
+  f.value = static_cast<int>(x);
+  f.var = var;
+  f.source = "GFLOW_*";
+  return f;
+}
+
+std::string describe(const Field& f) { return f.var + "=" + std::to_string(f.value); }
+
+// Folds `b` into `a` within one tier; both set and different is an error.
+void agree(Field* a, const Field& b) {
+  if (!b.set()) return;
+  if (!a->set()) {
+    *a = b;
+    return;
+  }
+  if (a->value != b.value) {
+    GFLOW_THROW(kInvalidArgument, kCtx)
+        << "contradictory launcher settings: " << describe(*a) << " but " << describe(b)
+        << "; unset one of them or make them agree";
+  }
+}
+
+Tier gflowTier() {
+  Tier t;
+  t.name = "GFLOW_*";
+  t.rank = gflowInt("GFLOW_RANK");
+  t.size = gflowInt("GFLOW_WORLD_SIZE");
+  t.localRank = gflowInt("GFLOW_LOCAL_RANK");
+  t.localSize = gflowInt("GFLOW_LOCAL_SIZE");
+  return t;
+}
+
+// vars: rank, size, local rank, local size (nullptr: the launcher has none).
+Tier launcherTier(const char* name, const std::array<const char*, 4>& vars) {
+  Tier t;
+  t.name = name;
+  Field* fields[4] = {&t.rank, &t.size, &t.localRank, &t.localSize};
+  for (int i = 0; i < 4; ++i) {
+    if (vars[i] != nullptr) *fields[i] = launcherInt(vars[i], name);
+  }
+  return t;
+}
+
+// An explicit Options value: -1 means unset, other negatives are mistakes.
+Field optionField(int value, const char* name) {
+  Field f;
+  if (value == -1) return f;
+  if (value < 0) {
+    GFLOW_THROW(kInvalidArgument, kCtx)
+        << "Options::" << name << "=" << value << " is not valid: use -1 (from the environment) "
+        << "or a non-negative value";
+  }
+  f.value = value;
+  f.var = std::string("Options::") + name;
+  f.source = "options";
+  return f;
+}
+
+void resolveRoot(const Options& options, Identity* id) {
+  if (options.store) return;  // the caller brings the rendezvous
+  if (!options.root.empty()) {
+    auto hp = net::parseHostPort(options.root, "Options::root");
+    id->rootHost = hp.first;
+    id->rootPort = hp.second;
+    return;
+  }
+  if (params::isSet("GFLOW_ROOT")) {
+    auto hp = net::parseHostPort(params::getString("GFLOW_ROOT"), "GFLOW_ROOT");
+    id->rootHost = hp.first;
+    id->rootPort = hp.second;
+    return;
+  }
+  const char* addr = std::getenv("MASTER_ADDR");
+  const char* port = std::getenv("MASTER_PORT");
+  bool haveAddr = addr != nullptr && *addr != '\0';
+  bool havePort = port != nullptr && *port != '\0';
+  if (haveAddr && havePort) {
+    std::string host(addr);
+    if (host.find(':') != std::string::npos && host[0] != '[') host = "[" + host + "]";
+    auto hp = net::parseHostPort(host + ":" + port, "MASTER_ADDR:MASTER_PORT");
+    id->rootHost = hp.first;
+    id->rootPort = hp.second;
+    return;
+  }
+  if (haveAddr != havePort) {
+    GFLOW_THROW(kInvalidArgument, kCtx) << (haveAddr ? "MASTER_ADDR is set but MASTER_PORT is not"
+                                                     : "MASTER_PORT is set but MASTER_ADDR is not")
+                                        << "; set both, or set GFLOW_ROOT=host:port";
+  }
+  GFLOW_THROW(kInvalidArgument, kCtx)
+      << "cannot find rank 0's store: set GFLOW_ROOT=host:port (or MASTER_ADDR and "
+         "MASTER_PORT), or pass Options::root or Options::store";
+}
+
+}  // namespace
+
+Identity resolveIdentity(const Options& options) {
+  Tier direct = gflowTier();
+  Tier torch = launcherTier("torchrun", {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"});
+  Tier ompi =
+      launcherTier("Open MPI", {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                                "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"});
+  // Slurm has no plain per-node task count (SLURM_TASKS_PER_NODE is "2(x3),1").
+  Tier slurm = launcherTier("Slurm", {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr});
+
+  // GFLOW_* and torchrun form one tier; fields are checked against each other
+  // only where Options does not settle them anyway.
+  Field opt[4] = {optionField(options.rank, "rank"), optionField(options.size, "size"),
+                  optionField(options.localRank, "localRank"),
+                  optionField(options.localSize, "localSize")};
+  Field Tier::*fields[4] = {&Tier::rank, &Tier::size, &Tier::localRank, &Tier::localSize};
+  if (direct.any() || torch.any()) {
+    if (!direct.any()) direct.name = torch.name;
+    for (int i = 0; i < 4; ++i) {
+      if (!opt[i].set()) agree(&(direct.*fields[i]), torch.*fields[i]);
+    }
+  }
+  const Tier* primary = nullptr;
+  for (const Tier* t : {&direct, &ompi, &slurm}) {
+    if (t->any()) {
+      primary = t;
+      break;
+    }
+  }
+  for (const Tier* t : {&ompi, &slurm}) {
+    if (primary != nullptr && t != primary && t->any()) {
+      GFLOW_LOG(DEBUG) << "identity from " << primary->name << "; ignoring " << t->name
+                       << " variables (outer launcher)";
+    }
+  }
+
+  Field got[4];
+  for (int i = 0; i < 4; ++i) {
+    got[i] = opt[i].set() ? opt[i] : (primary ? primary->*fields[i] : Field{});
+  }
+  const Field& rank = got[0];
+  const Field& size = got[1];
+  const Field& localRank = got[2];
+  const Field& localSize = got[3];
+
+  if (!rank.set() || !size.set()) {
+    std::string what = !rank.set() && !size.set() ? "rank and world size"
+                       : !rank.set()              ? "rank"
+                                                  : "world size";
+    std::string vars = !rank.set() && !size.set() ? "GFLOW_RANK and GFLOW_WORLD_SIZE"
+                       : !rank.set()              ? "GFLOW_RANK"
+                                                  : "GFLOW_WORLD_SIZE";
+    std::string opts = !rank.set() && !size.set() ? "Options::rank and Options::size"
+                       : !rank.set()              ? "Options::rank"
+                                                  : "Options::size";
+    GFLOW_THROW(kInvalidArgument, kCtx)
+        << "cannot determine this process's " << what << ": set " << vars << " (or launch with "
+        << "gflowrun, torchrun, mpirun or srun, which set their own variables), or pass " << opts
+        << (primary ? "; the " + primary->name + " variables that are set do not give it" : "");
+  }
+  if (size.value < 1) {
+    GFLOW_THROW(kInvalidArgument, kCtx)
+        << "world size must be at least 1 (" << describe(size) << ")";
+  }
+  if (rank.value >= size.value) {
+    GFLOW_THROW(kInvalidArgument, kCtx) << "rank " << rank.value << " is outside [0, " << size.value
+                                        << ") (" << describe(rank) << ", " << describe(size) << ")";
+  }
+  if (localSize.set() && (localSize.value < 1 || localSize.value > size.value)) {
+    GFLOW_THROW(kInvalidArgument, kCtx) << "local size must be in [1, world size " << size.value
+                                        << "] (" << describe(localSize) << ")";
+  }
+  if (localRank.set() && localSize.set() && localRank.value >= localSize.value) {
+    GFLOW_THROW(kInvalidArgument, kCtx)
+        << "local rank " << localRank.value << " is outside [0, " << localSize.value << ") ("
+        << describe(localRank) << ", " << describe(localSize) << ")";
+  }
+  if (localRank.set() && localRank.value >= size.value) {
+    GFLOW_THROW(kInvalidArgument, kCtx)
+        << "local rank " << localRank.value << " is not below the world size " << size.value << " ("
+        << describe(localRank) << ")";
+  }
+
+  Identity id;
+  id.rank = rank.value;
+  id.size = size.value;
+  id.localRank = localRank.value;
+  id.localSize = localSize.value;
+  id.source = rank.source;
+  resolveRoot(options, &id);
+  id.token = !options.token.empty() ? options.token : params::getString("GFLOW_JOB_TOKEN");
+  GFLOW_LOG(DEBUG) << "identity: rank " << id.rank << " of " << id.size << " (local "
+                   << id.localRank << " of " << id.localSize << ") from " << id.source;
+  return id;
+}
+
+std::string hostId() {
+  std::string fixed = params::getString("GFLOW_HOST_ID");
+  if (!fixed.empty()) return fixed;
+  char name[256] = {0};
+  if (::gethostname(name, sizeof(name) - 1) < 0) std::snprintf(name, sizeof(name), "unknown");
+  // The boot id tells apart containers that share a hostname but not a kernel
+  // (and so cannot share memory), and hosts cloned from one image.
+  std::string bootId;
+  std::ifstream f("/proc/sys/kernel/random/boot_id");
+  std::getline(f, bootId);
+  while (!bootId.empty() && (bootId.back() == '\n' || bootId.back() == ' ')) bootId.pop_back();
+  return bootId.empty() ? std::string(name) : std::string(name) + "/" + bootId;
+}
+
+}  // namespace gflow::bootstrap

@@ -1,0 +1,555 @@
+// See tcp_store_server.h for the design.
+#include "bootstrap/tcp_store_server.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <list>
+#include <map>
+#include <mutex>
+#include <system_error>
+#include <thread>
+#include <unordered_map>
+
+#include "common/auth.h"
+#include "common/check.h"
+#include "common/logging.h"
+#include "common/socket.h"
+
+namespace gflow::bootstrap {
+namespace {
+
+using proto::Op;
+using proto::Status;
+using Value = TcpStoreServer::Value;
+
+constexpr size_t kMaxConnections = 4096;
+constexpr size_t kMaxHandshakes = 256;
+constexpr size_t kMaxStoredBytes = size_t{1} << 30;
+constexpr size_t kReadChunk = size_t{256} << 10;
+constexpr std::chrono::milliseconds kMaxHandshakeTime{30000};
+
+// A request that breaks the protocol; closes that connection only.
+struct ProtocolError {
+  std::string what;
+};
+
+const char* opName(Op op) {
+  switch (op) {
+    case Op::kSet:
+      return "set";
+    case Op::kGet:
+      return "get";
+    case Op::kWait:
+      return "wait";
+    case Op::kAdd:
+      return "add";
+    case Op::kCheck:
+      return "check";
+  }
+  return "?";
+}
+
+std::string hex32(uint32_t v) {
+  static const char kHex[] = "0123456789abcdef";
+  std::string s = "0x";
+  for (int i = 7; i >= 0; --i) s += kHex[(v >> (4 * i)) & 0xf];
+  return s;
+}
+
+}  // namespace
+
+TcpStoreServer::TcpStoreServer(const std::string& host, uint16_t port, std::string token,
+                               std::chrono::milliseconds handshakeTimeout)
+    : token_(std::move(token)), handshakeTimeout_(std::min(handshakeTimeout, kMaxHandshakeTime)) {
+  try {
+    listen_ = net::listenOn(host, net::PortRange{port, port}, &port_);
+  } catch (const Error& e) {
+    GFLOW_THROW(kInvalidArgument, (ErrorContext{"store", 0, -1, -1}))
+        << "cannot start the store server on " << host << ":" << port << ": " << e.detail();
+  }
+  net::setNonBlocking(listen_.fd(), true);
+  wake_ = net::Socket(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  GFLOW_SYSCHECK(wake_.fd(), "eventfd");
+  thread_ = std::thread([this] { run(); });
+}
+
+TcpStoreServer::~TcpStoreServer() {
+  stop_.store(true);
+  uint64_t one = 1;
+  ssize_t r = ::write(wake_.fd(), &one, sizeof(one));
+  (void)r;
+  thread_.join();
+}
+
+void TcpStoreServer::run() {
+  while (!stop_.load()) {
+    try {
+      loopOnce();
+    } catch (const std::exception& e) {
+      // Never let the store die with the job still depending on it; a failure
+      // here is a bug or resource exhaustion, so slow down and keep serving.
+      GFLOW_LOG(ERROR) << "store server: " << e.what();
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  // Unblock handshakes still waiting on silent peers, then wait for them.
+  for (auto& h : handshakes_) ::shutdown(h->sock.fd(), SHUT_RDWR);
+  for (auto& h : handshakes_) h->thread.join();
+  handshakes_.clear();
+  conns_.clear();
+}
+
+void TcpStoreServer::loopOnce() {
+  reapHandshakes();
+  std::vector<pollfd> fds;
+  std::vector<uint64_t> ids;
+  fds.push_back(pollfd{wake_.fd(), POLLIN, 0});
+  const bool accepting = handshakes_.size() < kMaxHandshakes && acceptPausedUntil_.expired();
+  if (accepting) fds.push_back(pollfd{listen_.fd(), POLLIN, 0});
+  const size_t firstConn = fds.size();
+  int timeoutMs = accepting ? -1 : 100;  // re-check a paused accept soon
+  for (auto& [id, c] : conns_) {
+    short events = 0;
+    if (c.outPending()) {
+      events = POLLOUT;
+    } else if (!c.parked) {
+      events = POLLIN;
+    } else {
+      // Only watch for the client going away while its answer is pending.
+      events = POLLRDHUP;
+      int left = c.deadline.remainingMs();
+      if (timeoutMs < 0 || left < timeoutMs) timeoutMs = left;
+    }
+    fds.push_back(pollfd{c.sock.fd(), events, 0});
+    ids.push_back(id);
+  }
+
+  int r = ::poll(fds.data(), fds.size(), timeoutMs);
+  if (r < 0) {
+    if (errno == EINTR) return;
+    GFLOW_SYSCHECK(r, "poll");
+  }
+  if (fds[0].revents & POLLIN) {
+    uint64_t n;
+    while (::read(wake_.fd(), &n, sizeof(n)) > 0) {
+    }
+  }
+  if (accepting && fds[1].revents) acceptAll();
+  for (size_t i = firstConn; i < fds.size(); ++i) {
+    if (fds[i].revents == 0) continue;
+    auto it = conns_.find(ids[i - firstConn]);
+    if (it != conns_.end() && !it->second.dead) onEvents(it->second, fds[i].revents);
+  }
+  expireWaiters();
+  while (!runnable_.empty()) {
+    uint64_t id = runnable_.back();
+    runnable_.pop_back();
+    auto it = conns_.find(id);
+    if (it != conns_.end() && !it->second.dead) processFrames(it->second);
+  }
+  for (auto it = conns_.begin(); it != conns_.end();) {
+    it = it->second.dead ? conns_.erase(it) : std::next(it);
+  }
+}
+
+void TcpStoreServer::acceptAll() {
+  for (;;) {
+    int fd = ::accept4(listen_.fd(), nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) {
+      int err = errno;
+      if (err == EINTR || err == ECONNABORTED || err == EPROTO) continue;
+      if (err == EAGAIN || err == EWOULDBLOCK) return;
+      // Out of descriptors or memory: the pending connection stays in the
+      // backlog, so pause accepting instead of spinning on it.
+      GFLOW_LOG(WARN) << "store: cannot accept connections: " << detail::errnoString(err)
+                      << (err == EMFILE || err == ENFILE ? " (raise 'ulimit -n')" : "");
+      acceptPausedUntil_ = Deadline::after(std::chrono::milliseconds(100));
+      return;
+    }
+    net::Socket s(fd);
+    std::string peer = net::peerAddress(fd);
+    if (conns_.size() + handshakes_.size() >= kMaxConnections) {
+      GFLOW_LOG(WARN) << "store: refusing connection from " << peer << ": " << kMaxConnections
+                      << " connections already open";
+      continue;
+    }
+    startHandshake(std::move(s), std::move(peer));
+    if (handshakes_.size() >= kMaxHandshakes) return;
+  }
+}
+
+void TcpStoreServer::startHandshake(net::Socket s, std::string peer) {
+  auto h = std::make_unique<Handshake>();
+  h->sock = std::move(s);
+  h->peer = std::move(peer);
+  Handshake* hp = h.get();
+  try {
+    hp->thread = std::thread([this, hp] {
+      try {
+        auth::authenticate(hp->sock.fd(), token_, proto::kAuthLabel, /*initiator=*/false,
+                           Deadline::after(handshakeTimeout_));
+        hp->state.store(1);
+      } catch (const Error& e) {
+        hp->error = e.detail();
+        hp->state.store(2);
+      } catch (const std::exception& e) {
+        hp->error = e.what();
+        hp->state.store(2);
+      }
+      uint64_t one = 1;
+      ssize_t r = ::write(wake_.fd(), &one, sizeof(one));
+      (void)r;
+    });
+  } catch (const std::system_error& e) {
+    GFLOW_LOG(WARN) << "store: dropping connection from " << hp->peer
+                    << ": cannot start its handshake: " << e.what();
+    return;
+  }
+  handshakes_.push_back(std::move(h));
+}
+
+void TcpStoreServer::reapHandshakes() {
+  for (auto it = handshakes_.begin(); it != handshakes_.end();) {
+    Handshake& h = **it;
+    int state = h.state.load();
+    if (state == 0) {
+      ++it;
+      continue;
+    }
+    h.thread.join();
+    if (state == 1) {
+      net::setNonBlocking(h.sock.fd(), true);
+      uint64_t id = nextId_++;
+      Conn& c = conns_[id];
+      c.id = id;
+      c.sock = std::move(h.sock);
+      c.peer = std::move(h.peer);
+    } else {
+      GFLOW_LOG(WARN) << "store: rejected connection from " << h.peer << ": " << h.error;
+    }
+    it = handshakes_.erase(it);
+  }
+}
+
+void TcpStoreServer::onEvents(Conn& c, short revents) {
+  if (revents & POLLNVAL) {
+    close(c, "invalid descriptor", true);
+    return;
+  }
+  if (revents & POLLOUT) flush(c);
+  if (c.dead) return;
+  if (revents & POLLIN) {
+    readSome(c);
+  } else if (revents & (POLLHUP | POLLERR | POLLRDHUP)) {
+    close(c, c.parked ? "client went away while waiting" : "connection closed", false);
+  }
+}
+
+void TcpStoreServer::readSome(Conn& c) {
+  // Read what the current frame still needs (at least a chunk), so a large
+  // value arrives in few reads but nothing beyond one frame is buffered much.
+  size_t want = kReadChunk;
+  if (c.in.size() >= proto::kHeaderSize) {
+    size_t frame = proto::kHeaderSize + proto::readHeader(c.in.data()).bodyLen;
+    if (frame > c.in.size()) want = std::max(want, std::min(frame - c.in.size(), size_t{4} << 20));
+  }
+  size_t old = c.in.size();
+  c.in.resize(old + want);
+  ssize_t n;
+  do {
+    n = ::recv(c.sock.fd(), c.in.data() + old, want, MSG_DONTWAIT);
+  } while (n < 0 && errno == EINTR);
+  int err = errno;
+  c.in.resize(old + (n > 0 ? static_cast<size_t>(n) : 0));
+  if (n > 0) {
+    processFrames(c);
+    return;
+  }
+  if (n < 0 && (err == EAGAIN || err == EWOULDBLOCK)) return;
+  if (c.in.empty()) {
+    close(c, n == 0 ? "connection closed" : detail::errnoString(err), false);
+    return;
+  }
+  std::string have = std::to_string(c.in.size()) + " bytes of an unfinished request";
+  if (c.in.size() >= proto::kHeaderSize) {
+    have += " (header announced " +
+            std::to_string(proto::kHeaderSize + proto::readHeader(c.in.data()).bodyLen) + ")";
+  }
+  close(c, "connection closed with a truncated request: got " + have, true);
+}
+
+void TcpStoreServer::processFrames(Conn& c) {
+  size_t pos = 0;
+  try {
+    while (!c.dead && !c.parked && !c.outPending()) {
+      size_t avail = c.in.size() - pos;
+      if (avail < proto::kHeaderSize) break;
+      proto::Header h = proto::readHeader(c.in.data() + pos);
+      if (h.magic != proto::kRequestMagic) {
+        throw ProtocolError{"bad magic " + hex32(h.magic) +
+                            " in request header (not a gflow store client?)"};
+      }
+      if (h.version != proto::kVersion) {
+        throw ProtocolError{"unsupported store protocol version " + std::to_string(h.version) +
+                            " (this server speaks " + std::to_string(proto::kVersion) + ")"};
+      }
+      if (h.code < static_cast<uint8_t>(Op::kSet) || h.code > static_cast<uint8_t>(Op::kCheck)) {
+        throw ProtocolError{"unknown request op " + std::to_string(h.code)};
+      }
+      if (h.reserved != 0) throw ProtocolError{"nonzero reserved header field"};
+      const Op op = static_cast<Op>(h.code);
+      const size_t limit = op == Op::kSet ? proto::kMaxSetBody : proto::kMaxOtherBody;
+      if (h.bodyLen > limit) {
+        throw ProtocolError{std::string(opName(op)) + " request of " + std::to_string(h.bodyLen) +
+                            " bytes exceeds the limit of " + std::to_string(limit)};
+      }
+      if (avail < proto::kHeaderSize + h.bodyLen) break;
+      dispatch(c, op, c.in.data() + pos + proto::kHeaderSize, h.bodyLen);
+      pos += proto::kHeaderSize + h.bodyLen;
+    }
+  } catch (const ProtocolError& e) {
+    close(c, e.what, true);
+    return;
+  } catch (const std::bad_alloc&) {
+    close(c, "out of memory while handling its request", true);
+    return;
+  }
+  if (pos == c.in.size()) {
+    // Drop the capacity of a large value once it is stored.
+    if (c.in.capacity() > (size_t{1} << 20))
+      std::vector<uint8_t>().swap(c.in);
+    else
+      c.in.clear();
+  } else if (pos > 0) {
+    c.in.erase(c.in.begin(), c.in.begin() + static_cast<std::ptrdiff_t>(pos));
+  }
+}
+
+void TcpStoreServer::dispatch(Conn& c, Op op, const uint8_t* body, size_t len) {
+  proto::Reader r(body, len);
+  auto malformed = [&](const char* why) {
+    return ProtocolError{std::string("malformed ") + opName(op) + " request: " + why};
+  };
+  auto readKeys = [&](std::vector<std::string>* keys) {
+    uint32_t count = r.u32();
+    if (!r.ok()) throw malformed("truncated key count");
+    if (count > proto::kMaxKeysPerRequest) throw malformed("too many keys");
+    keys->resize(count);
+    for (auto& k : *keys) {
+      if (!r.key(&k, proto::kMaxKeyBytes)) throw malformed("key truncated or longer than 4 KiB");
+    }
+  };
+  switch (op) {
+    case Op::kSet: {
+      std::string key;
+      if (!r.key(&key, proto::kMaxKeyBytes)) throw malformed("key truncated or longer than 4 KiB");
+      size_t valueLen = r.left();
+      if (valueLen > proto::kMaxValueBytes) throw malformed("value larger than 64 MiB");
+      auto it = data_.find(key);
+      size_t oldBytes = it == data_.end() ? 0 : key.size() + it->second->size();
+      size_t newTotal = storedBytes_ - oldBytes + key.size() + valueLen;
+      if (newTotal > kMaxStoredBytes) {
+        std::string msg = "store is full: setting '" + key.substr(0, 128) + "' (" +
+                          std::to_string(valueLen) + " bytes) would exceed " +
+                          std::to_string(kMaxStoredBytes) + " stored bytes";
+        respond(c, Status::kError, std::vector<uint8_t>(msg.begin(), msg.end()));
+        return;
+      }
+      auto v = std::make_shared<const std::vector<uint8_t>>(r.cursor(), r.cursor() + valueLen);
+      storedBytes_ = newTotal;
+      data_[key] = std::move(v);
+      respond(c, Status::kOk, {});
+      notifyKey(key);
+      return;
+    }
+    case Op::kGet: {
+      uint64_t timeoutMs = r.u64();
+      std::string key;
+      if (!r.key(&key, proto::kMaxKeyBytes) || !r.atEnd()) throw malformed("bad key field");
+      auto it = data_.find(key);
+      if (it != data_.end()) {
+        respond(c, Status::kOk, {}, it->second);
+      } else {
+        park(c, op, {std::move(key)}, timeoutMs);
+      }
+      return;
+    }
+    case Op::kWait: {
+      uint64_t timeoutMs = r.u64();
+      std::vector<std::string> keys;
+      readKeys(&keys);
+      if (!r.atEnd()) throw malformed("trailing bytes");
+      if (missingOf(keys).empty()) {
+        respond(c, Status::kOk, {});
+      } else {
+        park(c, op, std::move(keys), timeoutMs);
+      }
+      return;
+    }
+    case Op::kAdd: {
+      auto delta = static_cast<int64_t>(r.u64());
+      std::string key;
+      if (!r.key(&key, proto::kMaxKeyBytes) || !r.atEnd()) throw malformed("bad key field");
+      auto it = data_.find(key);
+      int64_t result = 0;
+      std::string error;
+      if (!proto::applyAdd(key, it == data_.end() ? nullptr : it->second.get(), delta, &result,
+                           &error)) {
+        respond(c, Status::kError, std::vector<uint8_t>(error.begin(), error.end()));
+        return;
+      }
+      std::string s = std::to_string(result);
+      storedBytes_ -= it == data_.end() ? 0 : key.size() + it->second->size();
+      storedBytes_ += key.size() + s.size();
+      data_[key] = std::make_shared<const std::vector<uint8_t>>(s.begin(), s.end());
+      std::vector<uint8_t> out;
+      proto::Writer(&out).u64(static_cast<uint64_t>(result));
+      respond(c, Status::kOk, out);
+      notifyKey(key);
+      return;
+    }
+    case Op::kCheck: {
+      std::vector<std::string> keys;
+      readKeys(&keys);
+      if (!r.atEnd()) throw malformed("trailing bytes");
+      std::vector<uint8_t> out;
+      for (const auto& k : keys) out.push_back(data_.count(k) ? 1 : 0);
+      respond(c, Status::kOk, out);
+      return;
+    }
+  }
+}
+
+std::vector<std::string> TcpStoreServer::missingOf(const std::vector<std::string>& keys) const {
+  std::vector<std::string> missing;
+  for (const auto& k : keys) {
+    if (data_.count(k) == 0) missing.push_back(k);
+  }
+  return missing;
+}
+
+void TcpStoreServer::park(Conn& c, Op op, std::vector<std::string> keys, uint64_t timeoutMs) {
+  c.parked = true;
+  c.parkedOp = op;
+  c.deadline = proto::deadlineAfterMs(timeoutMs);
+  for (const auto& k : missingOf(keys)) waiters_[k].push_back(c.id);
+  c.waitKeys = std::move(keys);
+}
+
+void TcpStoreServer::unpark(Conn& c) {
+  for (const auto& k : c.waitKeys) {
+    auto it = waiters_.find(k);
+    if (it == waiters_.end()) continue;
+    auto& ids = it->second;
+    ids.erase(std::remove(ids.begin(), ids.end(), c.id), ids.end());
+    if (ids.empty()) waiters_.erase(it);
+  }
+  c.parked = false;
+  c.waitKeys.clear();
+}
+
+void TcpStoreServer::notifyKey(const std::string& key) {
+  auto it = waiters_.find(key);
+  if (it == waiters_.end()) return;
+  std::vector<uint64_t> ids = std::move(it->second);
+  waiters_.erase(it);
+  for (uint64_t id : ids) {
+    auto ci = conns_.find(id);
+    if (ci == conns_.end()) continue;
+    Conn& c = ci->second;
+    // A conn still missing other keys stays registered under those.
+    if (c.dead || !c.parked || !missingOf(c.waitKeys).empty()) continue;
+    Op op = c.parkedOp;
+    std::string first = c.waitKeys.front();
+    unpark(c);
+    if (op == Op::kGet) {
+      respond(c, Status::kOk, {}, data_.at(first));
+    } else {
+      respond(c, Status::kOk, {});
+    }
+  }
+}
+
+void TcpStoreServer::expireWaiters() {
+  for (auto& [id, c] : conns_) {
+    if (c.dead || !c.parked || !c.deadline.expired()) continue;
+    std::vector<std::string> missing = missingOf(c.waitKeys);
+    unpark(c);
+    std::vector<uint8_t> body;
+    proto::Writer w(&body);
+    w.u32(static_cast<uint32_t>(missing.size()));
+    size_t bytes = 4;
+    for (const auto& k : missing) {
+      // The answer only needs to name the keys; keep it under the frame limit.
+      if (bytes + 4 + k.size() > proto::kMaxOtherBody) break;
+      w.key(k);
+      bytes += 4 + k.size();
+    }
+    respond(c, Status::kTimeout, body);
+  }
+}
+
+void TcpStoreServer::respond(Conn& c, Status status, const std::vector<uint8_t>& body,
+                             Value value) {
+  c.outHead.clear();
+  size_t len = body.size() + (value ? value->size() : 0);
+  proto::writeHeader(&c.outHead, proto::kResponseMagic, static_cast<uint8_t>(status),
+                     static_cast<uint32_t>(len));
+  c.outHead.insert(c.outHead.end(), body.begin(), body.end());
+  c.outBody = std::move(value);
+  c.outPos = 0;
+  flush(c);
+}
+
+void TcpStoreServer::flush(Conn& c) {
+  while (c.outPending()) {
+    iovec iov[2];
+    int n = 0;
+    if (c.outPos < c.outHead.size()) {
+      iov[n++] = iovec{c.outHead.data() + c.outPos, c.outHead.size() - c.outPos};
+      if (c.outBody && !c.outBody->empty()) {
+        iov[n++] = iovec{const_cast<uint8_t*>(c.outBody->data()), c.outBody->size()};
+      }
+    } else {
+      size_t off = c.outPos - c.outHead.size();
+      iov[n++] = iovec{const_cast<uint8_t*>(c.outBody->data()) + off, c.outBody->size() - off};
+    }
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = static_cast<size_t>(n);
+    ssize_t sent = ::sendmsg(c.sock.fd(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (sent < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return;  // POLLOUT resumes
+      close(c, "client went away: " + detail::errnoString(errno), false);
+      return;
+    }
+    c.outPos += static_cast<size_t>(sent);
+  }
+  c.outHead.clear();
+  c.outBody.reset();
+  c.outPos = 0;
+  // The client may have pipelined further requests behind this one.
+  if (!c.in.empty()) runnable_.push_back(c.id);
+}
+
+void TcpStoreServer::close(Conn& c, const std::string& why, bool warn) {
+  if (c.dead) return;
+  if (warn) {
+    GFLOW_LOG(WARN) << "store: closing connection from " << c.peer << ": " << why;
+  } else {
+    GFLOW_LOG(DEBUG) << "store: connection from " << c.peer << " ends: " << why;
+  }
+  if (c.parked) unpark(c);
+  c.dead = true;
+  c.outBody.reset();
+  std::vector<uint8_t>().swap(c.in);
+}
+
+}  // namespace gflow::bootstrap

@@ -1,0 +1,109 @@
+// The TCP store server (private to src/bootstrap/; TcpStore owns one on rank 0).
+//
+// One thread runs a poll loop over non-blocking sockets and never blocks on a
+// single client. A get/wait whose keys are missing parks its connection
+// (registered under each missing key) and is answered when a set/add
+// completes the keys or the request's own timeout passes. New connections run
+// auth::authenticate on a short-lived thread each (at most kMaxHandshakes at
+// once), because the handshake blocks and a silent peer must not stall the
+// loop; once authenticated the socket joins the loop. Everything a peer can
+// make the server hold is capped: connections, frame sizes, stored bytes, and
+// a connection is not read while its previous answer is pending. A frame that
+// breaks the protocol closes only that connection, with a WARN naming the peer
+// and the fault.
+//
+// Thread safety: construct and destroy from one thread; the destructor stops
+// the loop, unblocks pending handshakes and joins every thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <list>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "bootstrap/store_protocol.h"
+#include "common/deadline.h"
+#include "common/socket.h"
+
+namespace gflow::bootstrap {
+
+class TcpStoreServer {
+ public:
+  using Value = std::shared_ptr<const std::vector<uint8_t>>;
+
+  // Listens on host:port (port 0: any free port). Throws kInvalidArgument
+  // when the address cannot be bound.
+  TcpStoreServer(const std::string& host, uint16_t port, std::string token,
+                 std::chrono::milliseconds handshakeTimeout);
+  ~TcpStoreServer();
+  uint16_t port() const { return port_; }
+
+ private:
+  struct Conn {
+    uint64_t id = 0;
+    net::Socket sock;
+    std::string peer;
+    bool dead = false;
+    std::vector<uint8_t> in;  // received, not yet consumed
+    std::vector<uint8_t> outHead;
+    Value outBody;  // shared with the stored value: a GET to many clients copies nothing
+    size_t outPos = 0;
+    bool parked = false;
+    proto::Op parkedOp = proto::Op::kGet;
+    std::vector<std::string> waitKeys;
+    Deadline deadline = Deadline::never();
+    bool outPending() const { return outPos < outHead.size() + (outBody ? outBody->size() : 0); }
+  };
+  struct Handshake {
+    net::Socket sock;
+    std::string peer;
+    std::thread thread;
+    std::atomic<int> state{0};  // 0 running, 1 authenticated, 2 failed
+    std::string error;          // written before state, read after join
+  };
+
+  void run();
+  void loopOnce();
+  void acceptAll();
+  void startHandshake(net::Socket s, std::string peer);
+  void reapHandshakes();
+  void onEvents(Conn& c, short revents);
+  void readSome(Conn& c);
+  void processFrames(Conn& c);
+  void dispatch(Conn& c, proto::Op op, const uint8_t* body, size_t len);
+  void park(Conn& c, proto::Op op, std::vector<std::string> keys, uint64_t timeoutMs);
+  void unpark(Conn& c);
+  void notifyKey(const std::string& key);
+  void expireWaiters();
+  void respond(Conn& c, proto::Status status, const std::vector<uint8_t>& body,
+               Value value = nullptr);
+  void flush(Conn& c);
+  void close(Conn& c, const std::string& why, bool warn);
+  std::vector<std::string> missingOf(const std::vector<std::string>& keys) const;
+
+  const std::string token_;
+  const std::chrono::milliseconds handshakeTimeout_;
+  net::Socket listen_;
+  net::Socket wake_;  // eventfd: stop requests and finished handshakes
+  uint16_t port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+
+  // Loop-thread state.
+  std::map<uint64_t, Conn> conns_;
+  std::list<std::unique_ptr<Handshake>> handshakes_;
+  std::unordered_map<std::string, Value> data_;
+  std::unordered_map<std::string, std::vector<uint64_t>> waiters_;  // key -> parked conn ids
+  std::vector<uint64_t> runnable_;  // conns whose buffered frames may now proceed
+  size_t storedBytes_ = 0;
+  uint64_t nextId_ = 1;
+  Deadline acceptPausedUntil_ = Deadline::after(std::chrono::milliseconds(0));
+};
+
+}  // namespace gflow::bootstrap

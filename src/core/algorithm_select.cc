@@ -1,0 +1,92 @@
+#include "core/algorithm_select.h"
+
+#include <sstream>
+
+#include "common/check.h"
+#include "common/params.h"
+
+namespace gflow {
+namespace {
+
+using backend::Algorithm;
+using backend::OpKind;
+
+Algorithm parseAlgo(const std::string& s, const std::string& source) {
+  if (s == "ring") return Algorithm::kRing;
+  if (s == "rd" || s == "recursive_doubling") return Algorithm::kRecursiveDoubling;
+  if (s == "auto") return Algorithm::kAuto;
+  GFLOW_THROW(kInvalidArgument, ErrorContext{"config"})
+      << source << ": unknown allreduce algorithm '" << s << "' (expected ring, rd or auto)";
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::string cur;
+  std::istringstream is(s);
+  while (std::getline(is, cur, sep)) out.push_back(cur);
+  if (!s.empty() && s.back() == sep) out.push_back("");
+  return out;
+}
+
+}  // namespace
+
+uint64_t AlgorithmSelector::defaultRdMaxBytes(int worldSize) {
+  // Measured on loopback TCP (docs/performance.md): with two ranks recursive
+  // doubling is one exchange and wins up to medium sizes; with more ranks it
+  // moves log2(N) full buffers and loses to the ring early.
+  return worldSize <= 2 ? (256u << 10) : (32u << 10);
+}
+
+AlgorithmSelector::AlgorithmSelector(const std::string& spec, const std::string& source,
+                                     uint64_t rdMaxBytes)
+    : rdMaxBytes_(rdMaxBytes) {
+  if (spec.empty() || spec == "auto") return;
+  for (const std::string& part : split(spec, ',')) {
+    std::vector<std::string> f = split(part, ':');
+    if (f.size() == 1) {
+      rules_.push_back({OpKind::kAllreduce, 0, UINT64_MAX, parseAlgo(f[0], source)});
+      continue;
+    }
+    if (f.size() != 3 || f[0] != "allreduce") {
+      GFLOW_THROW(kInvalidArgument, ErrorContext{"config"})
+          << source << ": rule '" << part
+          << "' is not of the form ALGO or allreduce:LO-HI:ALGO (e.g. allreduce:0-64k:rd)";
+    }
+    auto dash = f[1].find('-');
+    if (dash == std::string::npos) {
+      GFLOW_THROW(kInvalidArgument, ErrorContext{"config"})
+          << source << ": size range '" << f[1] << "' needs a '-' (e.g. 0-64k or 64k-)";
+    }
+    uint64_t lo = 0, hi = UINT64_MAX;
+    std::string los = f[1].substr(0, dash), his = f[1].substr(dash + 1);
+    if ((!los.empty() && !params::parseBytes(los, &lo)) ||
+        (!his.empty() && !params::parseBytes(his, &hi)) || lo >= hi) {
+      GFLOW_THROW(kInvalidArgument, ErrorContext{"config"})
+          << source << ": bad size range '" << f[1] << "'";
+    }
+    rules_.push_back({OpKind::kAllreduce, lo, hi, parseAlgo(f[2], source)});
+  }
+}
+
+Algorithm AlgorithmSelector::select(OpKind kind, uint64_t bytes, int worldSize) const {
+  switch (kind) {
+    case OpKind::kReduceScatter:
+    case OpKind::kAllgather:
+      return Algorithm::kRing;
+    case OpKind::kBroadcast:
+      return Algorithm::kChain;
+    case OpKind::kBarrier:
+      return Algorithm::kDissemination;
+    case OpKind::kAllreduce:
+      break;
+  }
+  for (const Rule& r : rules_) {
+    if (r.kind == kind && bytes >= r.lo && bytes < r.hi && r.algo != Algorithm::kAuto) {
+      return r.algo;
+    }
+  }
+  const uint64_t rdMax = rdMaxBytes_ ? rdMaxBytes_ : defaultRdMaxBytes(worldSize);
+  return bytes <= rdMax ? Algorithm::kRecursiveDoubling : Algorithm::kRing;
+}
+
+}  // namespace gflow

@@ -1,0 +1,411 @@
+#include <algorithm>
+#include <cstring>
+
+#include "bootstrap/environment.h"
+#include "common/auth.h"
+#include "common/check.h"
+#include "common/logging.h"
+#include "common/params.h"
+#include "core/communicator_impl.h"
+#include "gflow/communicator.h"
+
+namespace gflow {
+
+using backend::Algorithm;
+using backend::OpDesc;
+using backend::OpKind;
+
+// ---- Impl ----------------------------------------------------------------
+
+std::shared_ptr<const Error> Communicator::Impl::error() {
+  std::lock_guard<std::mutex> lock(errorMutex);
+  return failed;
+}
+
+std::shared_ptr<const Error> Communicator::Impl::setFailed(const Error& e) {
+  std::lock_guard<std::mutex> lock(errorMutex);
+  if (!failed) {
+    failed = std::make_shared<const Error>(e);
+    GFLOW_LOG(INFO) << "communicator failed: " << e.what();
+  }
+  return failed;
+}
+
+void Communicator::Impl::notifyOnce(const std::shared_ptr<const Error>& e) {
+  if (!backend || notified.exchange(true)) return;
+  backend->abort(*e);
+  backend->notifyPeers(*e);
+}
+
+void Communicator::Impl::fail(const Error& e) { notifyOnce(setFailed(e)); }
+
+void Communicator::Impl::checkUsable(const char* op) {
+  if (auto e = error()) {
+    // The original error, so every later call names the root cause.
+    (void)op;
+    throw *e;
+  }
+}
+
+void Communicator::Impl::invalid(const char* op, const std::string& what) {
+  Error e(ErrorCode::kInvalidArgument, what, ErrorContext{op, 0, rank, -1});
+  // Peers are already inside (or about to enter) this collective; failing the
+  // communicator and telling them turns their wait into an immediate error.
+  auto first = setFailed(e);
+  if (backend) {
+    backend->abort(*first);
+    engine.tryRunExclusive([&] { notifyOnce(first); });
+  }
+  throw e;
+}
+
+void Communicator::Impl::validateTensor(const char* op, const char* name, const Tensor& t) {
+  if (static_cast<int>(t.dtype) >= kNumDataTypes) {
+    invalid(op, std::string(name) + " has an invalid dtype (" +
+                    std::to_string(static_cast<int>(t.dtype)) + ")");
+  }
+  if (t.device.type != DeviceType::kCPU) {
+    invalid(op, std::string(name) + " is a " + toString(t.device.type) +
+                    " tensor; this build's host backend takes cpu tensors only");
+  }
+  if (t.count > 0 && t.data == nullptr) {
+    invalid(op, std::string(name) + ".data is null but count is " + std::to_string(t.count));
+  }
+  if (t.count > (uint64_t(1) << 46) / dataTypeSize(t.dtype)) {
+    invalid(op, std::string(name) + ".count " + std::to_string(t.count) + " is too large");
+  }
+}
+
+void Communicator::Impl::validateOp(const char* op, ReduceOp rop) {
+  if (static_cast<int>(rop) >= kNumReduceOps) {
+    invalid(op, "invalid reduce op (" + std::to_string(static_cast<int>(rop)) + ")");
+  }
+}
+
+namespace {
+
+bool overlap(const void* a, size_t an, const void* b, size_t bn) {
+  auto pa = reinterpret_cast<uintptr_t>(a), pb = reinterpret_cast<uintptr_t>(b);
+  return an > 0 && bn > 0 && pa < pb + bn && pb < pa + an;
+}
+
+int kindIndex(OpKind k) { return static_cast<int>(k); }
+
+}  // namespace
+
+std::shared_ptr<WorkState> Communicator::Impl::submit(OpDesc desc, bool blocking,
+                                                      std::function<void(const backend::Op&)> body) {
+  checkUsable(backend::toString(desc.kind));
+  const uint64_t bytes = desc.count * dataTypeSize(desc.dtype) *
+                         (desc.kind == OpKind::kAllgather || desc.kind == OpKind::kReduceScatter
+                              ? static_cast<uint64_t>(size)
+                              : 1);
+  desc.algo = selector->select(desc.kind, bytes, size);
+  opCount[kindIndex(desc.kind)].fetch_add(1, std::memory_order_relaxed);
+  auto task = [this, desc, body = std::move(body)] {
+    const uint64_t mySeq = ++seq;
+    const char* name = backend::toString(desc.kind);
+    if (auto e = error()) throw *e;
+    if (lastAlgo[kindIndex(desc.kind)] != desc.algo && log::enabled(log::Level::INFO)) {
+      lastAlgo[kindIndex(desc.kind)] = desc.algo;
+      GFLOW_LOG(INFO) << "rank " << rank << ": " << name << " #" << mySeq << " ("
+                      << desc.count * dataTypeSize(desc.dtype) << " bytes x" << size
+                      << " ranks): algorithm " << backend::toString(desc.algo);
+    }
+    backend::Op op{mySeq, desc, Deadline::after(timeout)};
+    try {
+      body(op);
+    } catch (const Error& e) {
+      Error full = e.withContext(ErrorContext{name, mySeq, rank, e.peer()});
+      fail(full);
+      throw full;
+    }
+  };
+  return engine.submit(std::move(task), blocking);
+}
+
+std::unique_ptr<Communicator::Impl> Communicator::Impl::connect(
+    int rank, int size, transport::ContextOptions ctxOpts, const std::string& transportName,
+    const std::string& algoSpec, const std::string& algoSource, uint64_t hostHash, int localRank,
+    int localSize) {
+  auto impl = std::make_unique<Impl>();
+  impl->rank = rank;
+  impl->size = size;
+  impl->timeout = ctxOpts.timeout;
+  impl->transportName = transportName;
+  impl->contextOptions = ctxOpts;
+  uint64_t rdMax = 0;
+  if (params::getString("GFLOW_RD_MAX_BYTES") != "auto") rdMax = params::getBytes("GFLOW_RD_MAX_BYTES");
+  impl->selector = std::make_unique<AlgorithmSelector>(algoSpec, algoSource, rdMax);
+  impl->backend = backend::createHostBackend(transport::createContext(transportName, ctxOpts));
+
+  // Host grouping: every rank learns every rank's host (one allgather).
+  impl->hostOf.assign(size, 0);
+  OpDesc d;
+  d.kind = OpKind::kAllgather;
+  d.dtype = DataType::kInt64;
+  d.count = 1;
+  Impl* self = impl.get();
+  auto w = impl->submit(d, true, [self, &hostHash](const backend::Op& op) {
+    self->backend->allgather(op, &hostHash, self->hostOf.data());
+  });
+  w->wait(std::chrono::milliseconds(0));
+  int lr = 0, ls = 0;
+  for (int r = 0; r < size; ++r) {
+    if (impl->hostOf[r] == hostHash) {
+      if (r < rank) ++lr;
+      ++ls;
+    }
+  }
+  impl->localRank = localRank >= 0 ? localRank : lr;
+  impl->localSize = localSize >= 0 ? localSize : ls;
+  impl->opCount[kindIndex(OpKind::kAllgather)] = 0;  // internal op, not the user's
+  return impl;
+}
+
+// ---- Communicator ----------------------------------------------------------
+
+Communicator::Communicator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Communicator::~Communicator() {
+  if (!impl_) return;
+  Error e(ErrorCode::kAborted, "the communicator was destroyed",
+          ErrorContext{"", 0, impl_->rank, -1});
+  // Wake a running op (if any) before joining the worker.
+  if (impl_->engine.tryRunExclusive([] {}) == false && impl_->backend) impl_->backend->abort(e);
+  impl_->engine.shutdown(e);
+}
+
+std::shared_ptr<Communicator> Communicator::create(const Options& options) {
+  bootstrap::Identity id = bootstrap::resolveIdentity(options);
+  std::chrono::milliseconds timeout =
+      options.timeout.count() > 0 ? options.timeout
+                                  : std::chrono::milliseconds(params::getDurationMs("GFLOW_TIMEOUT"));
+  std::shared_ptr<Store> store = options.store;
+  if (!store) {
+    TcpStoreOptions so;
+    so.host = id.rootHost;
+    so.port = id.rootPort;
+    so.isServer = (id.rank == 0);
+    so.token = id.token;
+    so.timeout = timeout;
+    store = std::make_shared<TcpStore>(so);
+  }
+  // Each rank counts the communicators it created on this store; ranks that
+  // create them in the same order get the same key prefix.
+  const int64_t generation = store->add("gflow/created/" + std::to_string(id.rank), 1);
+  transport::ContextOptions co;
+  co.rank = id.rank;
+  co.size = id.size;
+  co.store = store;
+  co.prefix = "gflow/w" + std::to_string(generation) + "/";
+  co.token = id.token;
+  co.timeout = timeout;
+  co.socketIfname = options.socketIfname;
+  co.portRange = options.portRange;
+  co.socketsPerPeer = options.socketsPerPeer;
+  const std::string transportName =
+      !options.transport.empty() ? options.transport : params::getString("GFLOW_TRANSPORT");
+  const bool algoFromOptions = !options.algorithm.empty();
+  const std::string algo = algoFromOptions ? options.algorithm : params::getString("GFLOW_ALGO");
+  const std::string host = bootstrap::hostId();
+  auth::Digest h = auth::sha256(host.data(), host.size());
+  uint64_t hostHash;
+  std::memcpy(&hostHash, h.data(), sizeof(hostHash));
+  auto impl = Impl::connect(id.rank, id.size, co, transportName, algo,
+                            algoFromOptions ? "Options::algorithm" : "GFLOW_ALGO", hostHash,
+                            id.localRank, id.localSize);
+  GFLOW_LOG(INFO) << "rank " << id.rank << "/" << id.size << " ready (local " << impl->localRank
+                  << "/" << impl->localSize << ", identity from " << id.source << ")";
+  return std::shared_ptr<Communicator>(new Communicator(std::move(impl)));
+}
+
+int Communicator::rank() const { return impl_->rank; }
+int Communicator::size() const { return impl_->size; }
+int Communicator::localRank() const { return impl_->localRank; }
+int Communicator::localSize() const { return impl_->localSize; }
+
+namespace {
+
+void finish(const std::shared_ptr<WorkState>& w) { w->wait(std::chrono::milliseconds(0)); }
+
+// Shared checks of reduce-scatter / allgather: `big` holds size() blocks of
+// `small.count` elements.
+void checkBlocks(Communicator::Impl& I, const char* name, const Tensor& small, const char* smallName,
+                 const Tensor& big, const char* bigName) {
+  I.validateTensor(name, smallName, small);
+  I.validateTensor(name, bigName, big);
+  if (small.dtype != big.dtype) {
+    I.invalid(name, std::string(smallName) + " is " + toString(small.dtype) + " but " + bigName +
+                        " is " + toString(big.dtype));
+  }
+  if (big.count != small.count * static_cast<size_t>(I.size)) {
+    I.invalid(name, std::string(bigName) + ".count (" + std::to_string(big.count) + ") must be " +
+                        smallName + ".count (" + std::to_string(small.count) + ") x world size (" +
+                        std::to_string(I.size) + ")");
+  }
+}
+
+std::shared_ptr<WorkState> doAllreduce(Communicator::Impl& I, Tensor in, Tensor out, ReduceOp op,
+                                       bool blocking) {
+  const char* name = "allreduce";
+  I.checkUsable(name);
+  I.validateTensor(name, "in", in);
+  I.validateTensor(name, "out", out);
+  I.validateOp(name, op);
+  if (in.count != out.count || in.dtype != out.dtype) {
+    I.invalid(name, "out (" + std::to_string(out.count) + " x " + toString(out.dtype) +
+                        ") must match in (" + std::to_string(in.count) + " x " +
+                        toString(in.dtype) + ")");
+  }
+  if (in.data != out.data && overlap(in.data, in.nbytes(), out.data, out.nbytes())) {
+    I.invalid(name, "in and out overlap without being the same buffer");
+  }
+  OpDesc d{OpKind::kAllreduce, in.dtype, op, Algorithm::kAuto, 0, in.count};
+  Communicator::Impl* self = &I;
+  return I.submit(d, blocking, [self, in, out](const backend::Op& o) {
+    self->backend->allreduce(o, in.data, out.data);
+  });
+}
+
+std::shared_ptr<WorkState> doReduceScatter(Communicator::Impl& I, Tensor in, Tensor out,
+                                           ReduceOp op, bool blocking) {
+  const char* name = "reduce_scatter";
+  I.checkUsable(name);
+  I.validateOp(name, op);
+  checkBlocks(I, name, out, "out", in, "in");
+  if (overlap(in.data, in.nbytes(), out.data, out.nbytes())) {
+    I.invalid(name, "in and out must not overlap");
+  }
+  OpDesc d{OpKind::kReduceScatter, in.dtype, op, Algorithm::kAuto, 0, out.count};
+  Communicator::Impl* self = &I;
+  return I.submit(d, blocking, [self, in, out](const backend::Op& o) {
+    self->backend->reduceScatter(o, in.data, out.data);
+  });
+}
+
+std::shared_ptr<WorkState> doAllgather(Communicator::Impl& I, Tensor in, Tensor out, bool blocking) {
+  const char* name = "allgather";
+  I.checkUsable(name);
+  checkBlocks(I, name, in, "in", out, "out");
+  const char* own = static_cast<const char*>(out.data) + static_cast<size_t>(I.rank) * in.nbytes();
+  if (in.data != own && overlap(in.data, in.nbytes(), out.data, out.nbytes())) {
+    I.invalid(name, "in overlaps out but is not this rank's block of out");
+  }
+  OpDesc d{OpKind::kAllgather, in.dtype, ReduceOp::kSum, Algorithm::kAuto, 0, in.count};
+  Communicator::Impl* self = &I;
+  return I.submit(d, blocking, [self, in, out](const backend::Op& o) {
+    self->backend->allgather(o, in.data, out.data);
+  });
+}
+
+std::shared_ptr<WorkState> doBroadcast(Communicator::Impl& I, Tensor inout, int root,
+                                       bool blocking) {
+  const char* name = "broadcast";
+  I.checkUsable(name);
+  I.validateTensor(name, "inout", inout);
+  if (root < 0 || root >= I.size) {
+    I.invalid(name, "root " + std::to_string(root) + " is outside [0, " + std::to_string(I.size) + ")");
+  }
+  OpDesc d{OpKind::kBroadcast, inout.dtype, ReduceOp::kSum, Algorithm::kAuto, root, inout.count};
+  Communicator::Impl* self = &I;
+  return I.submit(d, blocking, [self, inout](const backend::Op& o) {
+    self->backend->broadcast(o, inout.data);
+  });
+}
+
+std::shared_ptr<WorkState> doBarrier(Communicator::Impl& I, bool blocking) {
+  I.checkUsable("barrier");
+  OpDesc d{OpKind::kBarrier, DataType::kUInt8, ReduceOp::kSum, Algorithm::kAuto, 0, 0};
+  Communicator::Impl* self = &I;
+  return I.submit(d, blocking, [self](const backend::Op& o) { self->backend->barrier(o); });
+}
+
+}  // namespace
+
+void Communicator::allreduce(Tensor inout, ReduceOp op) { finish(doAllreduce(*impl_, inout, inout, op, true)); }
+void Communicator::allreduce(Tensor in, Tensor out, ReduceOp op) { finish(doAllreduce(*impl_, in, out, op, true)); }
+void Communicator::reduceScatter(Tensor in, Tensor out, ReduceOp op) { finish(doReduceScatter(*impl_, in, out, op, true)); }
+void Communicator::allgather(Tensor in, Tensor out) { finish(doAllgather(*impl_, in, out, true)); }
+void Communicator::broadcast(Tensor inout, int root) { finish(doBroadcast(*impl_, inout, root, true)); }
+void Communicator::barrier() { finish(doBarrier(*impl_, true)); }
+
+Work Communicator::allreduceAsync(Tensor inout, ReduceOp op) { return Work(doAllreduce(*impl_, inout, inout, op, false)); }
+Work Communicator::allreduceAsync(Tensor in, Tensor out, ReduceOp op) { return Work(doAllreduce(*impl_, in, out, op, false)); }
+Work Communicator::reduceScatterAsync(Tensor in, Tensor out, ReduceOp op) { return Work(doReduceScatter(*impl_, in, out, op, false)); }
+Work Communicator::allgatherAsync(Tensor in, Tensor out) { return Work(doAllgather(*impl_, in, out, false)); }
+Work Communicator::broadcastAsync(Tensor inout, int root) { return Work(doBroadcast(*impl_, inout, root, false)); }
+Work Communicator::barrierAsync() { return Work(doBarrier(*impl_, false)); }
+
+std::shared_ptr<Communicator> Communicator::split(int color, int key) {
+  Impl& I = *impl_;
+  I.checkUsable("split");
+  std::vector<int64_t> mine{color, key};
+  std::vector<int64_t> all(2 * static_cast<size_t>(I.size));
+  allgather(Tensor(mine.data(), 2, DataType::kInt64), Tensor(all.data(), all.size(), DataType::kInt64));
+  const uint64_t splitId = I.splitCount++;
+  if (color < 0) return nullptr;
+  std::vector<std::pair<int64_t, int>> members;  // (key, parent rank)
+  for (int r = 0; r < I.size; ++r) {
+    if (all[2 * r] == color) members.emplace_back(all[2 * r + 1], r);
+  }
+  std::sort(members.begin(), members.end());
+  int newRank = 0;
+  std::vector<uint64_t> hosts;
+  for (size_t i = 0; i < members.size(); ++i) {
+    if (members[i].second == I.rank) newRank = static_cast<int>(i);
+    hosts.push_back(I.hostOf[members[i].second]);
+  }
+  transport::ContextOptions co = I.contextOptions;
+  co.rank = newRank;
+  co.size = static_cast<int>(members.size());
+  co.prefix = I.contextOptions.prefix + "split" + std::to_string(splitId) + "/c" +
+              std::to_string(color) + "/";
+  // The sub-communicator inherits the parent's algorithm configuration.
+  auto impl = Impl::connect(newRank, co.size, co, I.transportName, params::getString("GFLOW_ALGO"),
+                            "GFLOW_ALGO", I.hostOf[I.rank], -1, -1);
+  return std::shared_ptr<Communicator>(new Communicator(std::move(impl)));
+}
+
+void Communicator::abort() {
+  Impl& I = *impl_;
+  Error e(ErrorCode::kAborted, "abort() was called on rank " + std::to_string(I.rank),
+          ErrorContext{"abort", 0, I.rank, -1});
+  auto first = I.setFailed(e);
+  if (I.backend) {
+    I.backend->abort(*first);
+    // Tell the peers now if no op is running; a running op tells them when
+    // it unwinds with the abort error.
+    I.engine.tryRunExclusive([&] { I.notifyOnce(first); });
+  }
+}
+
+Stats Communicator::stats() const {
+  Stats s;
+  s.peers.resize(impl_->size);
+  for (int p = 0; p < impl_->size; ++p) {
+    if (p != impl_->rank) s.peers[p] = impl_->backend->peerStats(p);
+  }
+  s.allreduce = impl_->opCount[kindIndex(OpKind::kAllreduce)];
+  s.reduceScatter = impl_->opCount[kindIndex(OpKind::kReduceScatter)];
+  s.allgather = impl_->opCount[kindIndex(OpKind::kAllgather)];
+  s.broadcast = impl_->opCount[kindIndex(OpKind::kBroadcast)];
+  s.barrier = impl_->opCount[kindIndex(OpKind::kBarrier)];
+  return s;
+}
+
+std::shared_ptr<const Error> Communicator::error() const { return impl_->error(); }
+
+uint64_t Stats::bytesSent() const {
+  uint64_t t = 0;
+  for (const auto& p : peers) t += p.bytesSent;
+  return t;
+}
+
+uint64_t Stats::bytesReceived() const {
+  uint64_t t = 0;
+  for (const auto& p : peers) t += p.bytesReceived;
+  return t;
+}
+
+}  // namespace gflow

@@ -1,0 +1,66 @@
+// Communicator::Impl: the front door behind the public Communicator. It
+// checks arguments, stamps each op with its sequence number and chosen
+// algorithm, runs it through the engine on the backend, and turns the first
+// failure into the communicator's sticky error.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/algorithm_select.h"
+#include "core/engine.h"
+#include "gflow/communicator.h"
+#include "transport/transport.h"
+
+namespace gflow {
+
+struct Communicator::Impl {
+  int rank = 0;
+  int size = 1;
+  int localRank = 0;
+  int localSize = 1;
+  std::chrono::milliseconds timeout{300000};
+  std::vector<uint64_t> hostOf;  // host hash per rank
+  std::string transportName;
+  transport::ContextOptions contextOptions;  // template for split()
+  std::unique_ptr<AlgorithmSelector> selector;
+  std::unique_ptr<backend::Backend> backend;
+  Engine engine;
+
+  uint64_t seq = 0;          // touched only by the executing thread
+  uint64_t splitCount = 0;   // likewise
+  backend::Algorithm lastAlgo[8] = {};
+
+  std::mutex errorMutex;
+  std::shared_ptr<const Error> failed;
+  std::atomic<bool> notified{false};
+
+  std::atomic<uint64_t> opCount[6] = {};
+
+  // Runs one collective (blocking or async) with the common bookkeeping.
+  std::shared_ptr<WorkState> submit(backend::OpDesc desc, bool blocking,
+                                    std::function<void(const backend::Op&)> body);
+  // Raises kInvalidArgument for `op` and fails the communicator with it.
+  [[noreturn]] void invalid(const char* op, const std::string& what);
+  // Records the first error (returns it); fail() also aborts the backend and
+  // tells the peers, once.
+  std::shared_ptr<const Error> setFailed(const Error& e);
+  void notifyOnce(const std::shared_ptr<const Error>& e);
+  void fail(const Error& e);
+  std::shared_ptr<const Error> error();
+  void checkUsable(const char* op);
+  void validateTensor(const char* op, const char* name, const Tensor& t);
+  void validateOp(const char* op, ReduceOp rop);
+
+  // Builds the backend for (store, prefix) and learns host grouping.
+  static std::unique_ptr<Impl> connect(int rank, int size, transport::ContextOptions ctxOpts,
+                                       const std::string& transportName,
+                                       const std::string& algoSpec, const std::string& algoSource,
+                                       uint64_t hostHash, int localRank, int localSize);
+};
+
+}  // namespace gflow

@@ -1,0 +1,128 @@
+#include "core/engine.h"
+
+#include "common/check.h"
+
+namespace gflow {
+
+void WorkState::finish(std::shared_ptr<const Error> error) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    error_ = std::move(error);
+    done_.store(true, std::memory_order_release);
+  }
+  cv_.notify_all();
+}
+
+void WorkState::wait(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (timeout.count() <= 0) {
+    cv_.wait(lock, [&] { return done(); });
+  } else if (!cv_.wait_for(lock, timeout, [&] { return done(); })) {
+    GFLOW_THROW(kTimeout, ErrorContext{"wait"})
+        << "Work::wait gave up after " << timeout.count()
+        << " ms; the op is still running and may complete later";
+  }
+  if (error_) throw *error_;
+}
+
+bool Work::test() const {
+  if (!state_) return true;
+  return state_->done();
+}
+
+void Work::wait(std::chrono::milliseconds timeout) const {
+  if (!state_) return;
+  state_->wait(timeout);
+}
+
+Engine::~Engine() { shutdown(Error(ErrorCode::kAborted, "communicator destroyed")); }
+
+void Engine::run(Item& item) {
+  try {
+    item.task();
+    item.work->finish(nullptr);
+  } catch (const Error& e) {
+    item.work->finish(std::make_shared<const Error>(e));
+  } catch (const std::exception& e) {
+    item.work->finish(std::make_shared<const Error>(
+        Error(ErrorCode::kInternal, std::string("unexpected exception: ") + e.what())));
+  }
+}
+
+std::shared_ptr<WorkState> Engine::submit(Task task, bool blocking) {
+  Item item{std::move(task), std::make_shared<WorkState>()};
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (stop_) {
+    item.work->finish(std::make_shared<const Error>(
+        Error(ErrorCode::kAborted, "the communicator is shutting down")));
+    return item.work;
+  }
+  if (blocking && queue_.empty() && !running_) {
+    running_ = true;
+    lock.unlock();
+    run(item);
+    lock.lock();
+    running_ = false;
+    if (!queue_.empty()) cv_.notify_all();
+    return item.work;
+  }
+  auto work = item.work;
+  queue_.push_back(std::move(item));
+  if (!worker_.joinable()) worker_ = std::thread([this] { workerLoop(); });
+  cv_.notify_all();
+  lock.unlock();
+  if (blocking) {
+    try {
+      work->wait(std::chrono::milliseconds(0));
+    } catch (const Error&) {
+      // The caller reads the error from the returned state.
+    }
+  }
+  return work;
+}
+
+bool Engine::tryRunExclusive(const std::function<void()>& fn) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (running_) return false;
+  running_ = true;
+  lock.unlock();
+  try {
+    fn();
+  } catch (...) {
+  }
+  lock.lock();
+  running_ = false;
+  cv_.notify_all();
+  return true;
+}
+
+void Engine::workerLoop() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    cv_.wait(lock, [&] { return stop_ || (!queue_.empty() && !running_); });
+    if (queue_.empty() && stop_) return;
+    if (running_ || queue_.empty()) continue;
+    Item item = std::move(queue_.front());
+    queue_.pop_front();
+    running_ = true;
+    lock.unlock();
+    run(item);
+    lock.lock();
+    running_ = false;
+    cv_.notify_all();
+  }
+}
+
+void Engine::shutdown(const Error& error) {
+  std::deque<Item> dropped;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+    dropped.swap(queue_);
+  }
+  cv_.notify_all();
+  for (auto& item : dropped) item.work->finish(std::make_shared<const Error>(error));
+  if (worker_.joinable() && worker_.get_id() != std::this_thread::get_id()) worker_.join();
+}
+
+}  // namespace gflow

@@ -1,0 +1,68 @@
+// The async engine: runs a communicator's ops one at a time, in the order
+// they were issued. A blocking call on an idle engine runs inline on the
+// caller's thread (no thread hop on the latency path); otherwise ops queue up
+// for the engine's worker thread, started on first need.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "gflow/communicator.h"
+#include "gflow/error.h"
+
+namespace gflow {
+
+// Shared completion state behind gflow::Work.
+class WorkState {
+ public:
+  void finish(std::shared_ptr<const Error> error);
+  bool done() const { return done_.load(std::memory_order_acquire); }
+  // Waits up to `timeout` (0: until done); rethrows the op's error.
+  void wait(std::chrono::milliseconds timeout);
+
+ private:
+  std::atomic<bool> done_{false};
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  std::shared_ptr<const Error> error_;
+};
+
+class Engine {
+ public:
+  using Task = std::function<void()>;
+  Engine() = default;
+  ~Engine();
+
+  // Queues `task`; returns its completion state. With blocking=true the call
+  // returns after the task ran (its error is in the returned state).
+  std::shared_ptr<WorkState> submit(Task task, bool blocking);
+
+  // Runs `fn` while no op executes (the caller then owns the transport).
+  // Returns false without running it if an op is executing.
+  bool tryRunExclusive(const std::function<void()>& fn);
+
+  // Fails queued tasks with `error` and stops the worker. Idempotent.
+  void shutdown(const Error& error);
+
+ private:
+  struct Item {
+    Task task;
+    std::shared_ptr<WorkState> work;
+  };
+  void run(Item& item);
+  void workerLoop();
+
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<Item> queue_;
+  bool running_ = false;
+  bool stop_ = false;
+  std::thread worker_;
+};
+
+}  // namespace gflow

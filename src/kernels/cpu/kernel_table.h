@@ -1,0 +1,38 @@
+// The per-ISA kernel tables behind kernels/reduce.h. Each ISA lives in its own
+// translation unit compiled with its -m flags (reduce_baseline.cc,
+// reduce_avx2.cc, reduce_avx512.cc); reduce_table.cc detects the CPU and picks
+// one. Tests and benchmarks reach a specific ISA through tableFor().
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/reduce.h"
+
+namespace gflow::kernels::cpu {
+
+// Bulk conversions between a 16-bit float type and float32. Pointers need no
+// alignment; dst and src must not overlap.
+using WidenFn = void (*)(float* dst, const void* src, size_t count);
+using NarrowFn = void (*)(void* dst, const float* src, size_t count);
+
+struct KernelTable {
+  Isa isa;
+  // [dtype][KernelOp]: sum, min, max, prod (see scalar.h).
+  ReduceFn reduce[kNumDataTypes][4];
+  WidenFn halfToFloat;
+  NarrowFn floatToHalf;
+  WidenFn bfloat16ToFloat;
+  NarrowFn floatToBfloat16;
+};
+
+// The tables themselves. Calling into one whose ISA the CPU lacks raises
+// SIGILL; use tableFor() unless the caller has checked.
+const KernelTable& baselineTable();
+const KernelTable& avx2Table();
+const KernelTable& avx512Table();
+
+// The table for `isa`, or nullptr if this CPU (or its OS) does not support it.
+const KernelTable* tableFor(Isa isa);
+
+}  // namespace gflow::kernels::cpu

@@ -1,0 +1,207 @@
+// Run-time dispatch for kernels/reduce.h: CPU detection (cpuid + xgetbv), the
+// active table, divide() and the scalar conversions.
+#include <cpuid.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+
+#include "common/check.h"
+#include "kernels/cpu/kernel_table.h"
+#include "kernels/cpu/scalar.h"
+#include "kernels/reduce.h"
+
+namespace gflow::kernels {
+namespace {
+
+using cpu::KernelTable;
+
+struct CpuSupport {
+  bool avx2 = false;
+  bool avx512 = false;
+};
+
+// XCR0: which register states the OS saves on a context switch. A CPU with
+// AVX whose OS does not save YMM (or ZMM) state must not run those kernels.
+uint64_t readXcr0() {
+  uint32_t lo = 0;
+  uint32_t hi = 0;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  return (static_cast<uint64_t>(hi) << 32) | lo;
+}
+
+CpuSupport probeCpu() {
+  // cpuid leaf 1 ecx and leaf 7 ebx bits (Intel SDM vol. 2A, CPUID).
+  constexpr unsigned kFma = 1u << 12, kOsxsave = 1u << 27, kAvx = 1u << 28, kF16c = 1u << 29;
+  constexpr unsigned kAvx2 = 1u << 5;
+  constexpr unsigned kAvx512 = (1u << 16) | (1u << 17) | (1u << 30) | (1u << 31);  // F DQ BW VL
+  constexpr uint64_t kXcr0Ymm = 0x6;    // SSE + AVX state
+  constexpr uint64_t kXcr0Zmm = 0xE6;   // + opmask, ZMM0-15 upper halves, ZMM16-31
+
+  CpuSupport s;
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0) return s;
+  // The AVX2 file is compiled with -mfma and -mf16c too, so it needs all of them.
+  const unsigned leaf1 = kFma | kOsxsave | kAvx | kF16c;
+  if ((ecx & leaf1) != leaf1) return s;
+  const uint64_t xcr0 = readXcr0();
+  if ((xcr0 & kXcr0Ymm) != kXcr0Ymm || __get_cpuid_max(0, nullptr) < 7) return s;
+  __cpuid_count(7, 0, eax, ebx, ecx, edx);
+  s.avx2 = (ebx & kAvx2) != 0;
+  s.avx512 = s.avx2 && (ebx & kAvx512) == kAvx512 && (xcr0 & kXcr0Zmm) == kXcr0Zmm;
+  return s;
+}
+
+const CpuSupport& cpuSupport() {
+  static const CpuSupport support = probeCpu();
+  return support;
+}
+
+// Atomic so a reduceFn() racing with setIsa() reads either table, never a torn
+// pointer; each table is immutable.
+std::atomic<const KernelTable*>& activeTable() {
+  static std::atomic<const KernelTable*> table{cpu::tableFor(detectedIsa())};
+  return table;
+}
+
+int kernelColumn(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg:  // the division happens once, in divide()
+      return cpu::kOpSum;
+    case ReduceOp::kMin: return cpu::kOpMin;
+    case ReduceOp::kMax: return cpu::kOpMax;
+    case ReduceOp::kProd: return cpu::kOpProd;
+  }
+  return -1;
+}
+
+// Elementwise in place through memcpy: the buffer has no alignment promise.
+template <class T, class Fn>
+void divideEach(void* data, size_t count, Fn fn) {
+  auto* p = static_cast<unsigned char*>(data);
+  for (size_t i = 0; i < count; ++i, p += sizeof(T)) {
+    T v;
+    std::memcpy(&v, p, sizeof v);
+    v = fn(v);
+    std::memcpy(p, &v, sizeof v);
+  }
+}
+
+// Half types: widen a block with the active table's conversion, divide in
+// float32, round once on the way back.
+void divideHalfType(void* data, size_t count, float divisor, cpu::WidenFn widen,
+                    cpu::NarrowFn narrow) {
+  constexpr size_t kBlock = 1024;
+  float buf[kBlock];
+  auto* p = static_cast<unsigned char*>(data);
+  for (size_t done = 0; done < count; done += kBlock) {
+    const size_t n = std::min(kBlock, count - done);
+    unsigned char* block = p + done * sizeof(uint16_t);
+    widen(buf, block, n);
+    for (size_t i = 0; i < n; ++i) buf[i] /= divisor;
+    narrow(block, buf, n);
+  }
+}
+
+}  // namespace
+
+namespace cpu {
+
+const KernelTable* tableFor(Isa isa) {
+  switch (isa) {
+    case Isa::kBaseline: return &baselineTable();
+    case Isa::kAvx2: return cpuSupport().avx2 ? &avx2Table() : nullptr;
+    case Isa::kAvx512: return cpuSupport().avx512 ? &avx512Table() : nullptr;
+  }
+  return nullptr;
+}
+
+}  // namespace cpu
+
+ReduceFn reduceFn(DataType dtype, ReduceOp op) {
+  const auto type = static_cast<unsigned>(dtype);
+  const int column = kernelColumn(op);
+  if (type >= static_cast<unsigned>(kNumDataTypes) || column < 0) {
+    GFLOW_THROW(kInvalidArgument, ErrorContext{})
+        << "no reduction kernel for data type " << type << " and op "
+        << static_cast<unsigned>(op);
+  }
+  return activeTable().load(std::memory_order_acquire)->reduce[type][column];
+}
+
+void divide(void* data, size_t count, DataType dtype, int64_t divisor) {
+  if (divisor < 1) {
+    GFLOW_THROW(kInvalidArgument, ErrorContext{}) << "divide: divisor " << divisor << " < 1";
+  }
+  const KernelTable* table = activeTable().load(std::memory_order_acquire);
+  switch (dtype) {
+    case DataType::kFloat32: {
+      const auto d = static_cast<float>(divisor);
+      divideEach<float>(data, count, [d](float v) { return v / d; });
+      return;
+    }
+    case DataType::kFloat64: {
+      const auto d = static_cast<double>(divisor);
+      divideEach<double>(data, count, [d](double v) { return v / d; });
+      return;
+    }
+    case DataType::kFloat16:
+      divideHalfType(data, count, static_cast<float>(divisor), table->halfToFloat,
+                     table->floatToHalf);
+      return;
+    case DataType::kBFloat16:
+      divideHalfType(data, count, static_cast<float>(divisor), table->bfloat16ToFloat,
+                     table->floatToBfloat16);
+      return;
+    // Integers: C++ division truncates toward zero. Narrow types divide in
+    // int64_t, so a divisor beyond their range simply gives 0.
+    case DataType::kInt32:
+      divideEach<int32_t>(data, count, [divisor](int32_t v) {
+        return static_cast<int32_t>(static_cast<int64_t>(v) / divisor);
+      });
+      return;
+    case DataType::kInt64:
+      divideEach<int64_t>(data, count, [divisor](int64_t v) { return v / divisor; });
+      return;
+    case DataType::kUInt8:
+      divideEach<uint8_t>(data, count, [divisor](uint8_t v) {
+        return static_cast<uint8_t>(static_cast<int64_t>(v) / divisor);
+      });
+      return;
+  }
+  GFLOW_THROW(kInvalidArgument, ErrorContext{})
+      << "divide: invalid data type " << static_cast<unsigned>(dtype);
+}
+
+const char* toString(Isa isa) {
+  switch (isa) {
+    case Isa::kBaseline: return "baseline";
+    case Isa::kAvx2: return "avx2";
+    case Isa::kAvx512: return "avx512";
+  }
+  return "invalid";
+}
+
+Isa detectedIsa() {
+  const CpuSupport& s = cpuSupport();
+  if (s.avx512) return Isa::kAvx512;
+  if (s.avx2) return Isa::kAvx2;
+  return Isa::kBaseline;
+}
+
+Isa activeIsa() { return activeTable().load(std::memory_order_acquire)->isa; }
+
+bool setIsa(Isa isa) {
+  const KernelTable* table = cpu::tableFor(isa);
+  if (table == nullptr) return false;
+  activeTable().store(table, std::memory_order_release);
+  return true;
+}
+
+float halfToFloat(uint16_t h) { return cpu::halfToFloatScalar(h); }
+uint16_t floatToHalf(float f) { return cpu::floatToHalfScalar(f); }
+float bfloat16ToFloat(uint16_t b) { return cpu::bfloat16ToFloatScalar(b); }
+uint16_t floatToBfloat16(float f) { return cpu::floatToBfloat16Scalar(f); }
+
+}  // namespace gflow::kernels

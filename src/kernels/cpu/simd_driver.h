@@ -1,0 +1,149 @@
+// The loops shared by the SIMD kernel files. An ISA file describes each data
+// type as a "lane" struct and these templates turn lanes into ReduceFn and
+// conversion kernels, so the AVX2 and AVX-512 files hold only intrinsics:
+//
+//   struct Lane {
+//     using T = ...;                        // element type in memory
+//     using V = ...;                        // register type ops work on
+//     static constexpr size_t kLanes = ...; // elements per V
+//     static V load(const void* p);         // unaligned; half types widen to float32
+//     static void store(void* p, V v);      // unaligned; half types round once (RNE)
+//     static V sum(V, V), prod(V, V), min(V, V), max(V, V);
+//   };
+//
+// Internal linkage for the same reason as scalar.h: each ISA file instantiates
+// these with its own flags.
+#pragma once
+
+#include <cstddef>
+#include <cstring>
+
+#include "kernels/cpu/kernel_table.h"
+#include "kernels/cpu/scalar.h"
+
+namespace gflow::kernels::cpu {
+namespace {
+
+template <class L, int kOp>
+inline typename L::V applyLane(typename L::V a, typename L::V b) {
+  if constexpr (kOp == kOpSum) {
+    return L::sum(a, b);
+  } else if constexpr (kOp == kOpProd) {
+    return L::prod(a, b);
+  } else if constexpr (kOp == kOpMin) {
+    return L::min(a, b);
+  } else {
+    static_assert(kOp == kOpMax);
+    return L::max(a, b);
+  }
+}
+
+// dst = a op b. Elementwise only (no reassociation), so any vector width gives
+// the bits of the scalar kernel. Four vectors per iteration keep enough loads in
+// flight to run at memory bandwidth; all loads of an iteration come before its
+// stores, which is safe because dst aliases a or b exactly or not at all. The
+// tail goes through a full vector on a stack copy so it runs the same code as
+// the body (no scalar fallback whose rounding could differ).
+template <class L, int kOp>
+void reduceLoop(void* dst, const void* a, const void* b, size_t count) {
+  using T = typename L::T;
+  using V = typename L::V;
+  constexpr size_t kStep = L::kLanes * sizeof(T);
+  const size_t vectors = count / L::kLanes;
+  const auto* pa = static_cast<const unsigned char*>(a);
+  const auto* pb = static_cast<const unsigned char*>(b);
+  auto* pd = static_cast<unsigned char*>(dst);
+  size_t v = 0;
+  for (; v + 4 <= vectors; v += 4) {
+    const size_t off = v * kStep;
+    const V a0 = L::load(pa + off), a1 = L::load(pa + off + kStep);
+    const V a2 = L::load(pa + off + 2 * kStep), a3 = L::load(pa + off + 3 * kStep);
+    const V b0 = L::load(pb + off), b1 = L::load(pb + off + kStep);
+    const V b2 = L::load(pb + off + 2 * kStep), b3 = L::load(pb + off + 3 * kStep);
+    L::store(pd + off, applyLane<L, kOp>(a0, b0));
+    L::store(pd + off + kStep, applyLane<L, kOp>(a1, b1));
+    L::store(pd + off + 2 * kStep, applyLane<L, kOp>(a2, b2));
+    L::store(pd + off + 3 * kStep, applyLane<L, kOp>(a3, b3));
+  }
+  for (; v < vectors; ++v) {
+    const size_t off = v * kStep;
+    L::store(pd + off, applyLane<L, kOp>(L::load(pa + off), L::load(pb + off)));
+  }
+  const size_t rest = count - vectors * L::kLanes;
+  if (rest != 0) {
+    const size_t off = vectors * kStep;
+    alignas(64) T ta[L::kLanes] = {};
+    alignas(64) T tb[L::kLanes] = {};
+    alignas(64) T td[L::kLanes];
+    std::memcpy(ta, pa + off, rest * sizeof(T));
+    std::memcpy(tb, pb + off, rest * sizeof(T));
+    L::store(td, applyLane<L, kOp>(L::load(ta), L::load(tb)));
+    std::memcpy(pd + off, td, rest * sizeof(T));
+  }
+}
+
+// dst[i] = convert(src[i]): Src::load then Dst::store, e.g. a float16 lane
+// into a float32 lane (widen) or back (narrow). Both lanes share V and kLanes.
+template <class Dst, class Src>
+void convertLoop(void* dst, const void* src, size_t count) {
+  static_assert(Dst::kLanes == Src::kLanes);
+  constexpr size_t kLanes = Src::kLanes;
+  const auto* ps = static_cast<const unsigned char*>(src);
+  auto* pd = static_cast<unsigned char*>(dst);
+  const size_t vectors = count / kLanes;
+  for (size_t v = 0; v < vectors; ++v) {
+    Dst::store(pd + v * kLanes * sizeof(typename Dst::T),
+               Src::load(ps + v * kLanes * sizeof(typename Src::T)));
+  }
+  const size_t rest = count - vectors * kLanes;
+  if (rest != 0) {
+    alignas(64) typename Src::T ts[kLanes] = {};
+    alignas(64) typename Dst::T td[kLanes];
+    std::memcpy(ts, ps + vectors * kLanes * sizeof(typename Src::T),
+                rest * sizeof(typename Src::T));
+    Dst::store(td, Src::load(ts));
+    std::memcpy(pd + vectors * kLanes * sizeof(typename Dst::T), td,
+                rest * sizeof(typename Dst::T));
+  }
+}
+
+template <class F32, class Half>
+void widenLoop(float* dst, const void* src, size_t count) {
+  convertLoop<F32, Half>(dst, src, count);
+}
+template <class F32, class Half>
+void narrowLoop(void* dst, const float* src, size_t count) {
+  convertLoop<Half, F32>(dst, src, count);
+}
+
+template <class L>
+constexpr void setRow(KernelTable& table, DataType dtype) {
+  ReduceFn* row = table.reduce[static_cast<int>(dtype)];
+  row[kOpSum] = &reduceLoop<L, kOpSum>;
+  row[kOpMin] = &reduceLoop<L, kOpMin>;
+  row[kOpMax] = &reduceLoop<L, kOpMax>;
+  row[kOpProd] = &reduceLoop<L, kOpProd>;
+}
+
+// The whole table from one lane per data type. constexpr so each ISA's table
+// is constant-initialized data: building it runs no code of that ISA.
+template <class F32, class F16, class BF16, class F64, class I32, class I64, class U8>
+constexpr KernelTable makeVectorTable(Isa isa) {
+  KernelTable t{};
+  t.isa = isa;
+  setRow<F32>(t, DataType::kFloat32);
+  setRow<F16>(t, DataType::kFloat16);
+  setRow<BF16>(t, DataType::kBFloat16);
+  setRow<F64>(t, DataType::kFloat64);
+  setRow<I32>(t, DataType::kInt32);
+  setRow<I64>(t, DataType::kInt64);
+  setRow<U8>(t, DataType::kUInt8);
+  t.halfToFloat = &widenLoop<F32, F16>;
+  t.floatToHalf = &narrowLoop<F32, F16>;
+  t.bfloat16ToFloat = &widenLoop<F32, BF16>;
+  t.floatToBfloat16 = &narrowLoop<F32, BF16>;
+  return t;
+}
+
+}  // namespace
+}  // namespace gflow::kernels::cpu

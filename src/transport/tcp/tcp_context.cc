@@ -1,0 +1,646 @@
+#include "transport/tcp/tcp_context.h"
+
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/check.h"
+#include "common/logging.h"
+#include "common/params.h"
+
+namespace gflow::transport::tcp {
+namespace {
+
+class TrivialRegion final : public MemoryRegion {
+ public:
+  TrivialRegion(void* d, size_t n) : MemoryRegion(d, n) {}
+};
+
+bool isPast(uint64_t group, uint64_t current) {
+  return static_cast<int64_t>(group - current) < 0;
+}
+
+std::string printable(const char* p, size_t n) {
+  std::string s;
+  s.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    unsigned char ch = static_cast<unsigned char>(p[i]);
+    s.push_back(ch >= 0x20 && ch < 0x7f ? static_cast<char>(ch) : '?');
+  }
+  return s;
+}
+
+}  // namespace
+
+TcpContext::TcpContext(const ContextOptions& options)
+    : Context(options.rank, options.size), timeout_(options.timeout) {
+  unexpectedLimit_ = params::getBytes("GFLOW_UNEXPECTED_LIMIT");
+  stripeMin_ = std::max<uint64_t>(params::getBytes("GFLOW_STRIPE_MIN"), 4096);
+  const std::string spin = params::getString("GFLOW_SPIN_US");
+  if (spin == "auto") {
+    // Busy-polling only pays when every rank of this host has a core to
+    // itself; otherwise spinning ranks steal the core the peer needs.
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int local = std::max(1, options.size);
+    spinUs_ = cores > local ? 50 : 0;
+  } else {
+    spinUs_ = static_cast<int>(params::getInt("GFLOW_SPIN_US"));
+  }
+  socketsPerPeer_ = options.socketsPerPeer > 0
+                        ? options.socketsPerPeer
+                        : static_cast<int>(params::getInt("GFLOW_SOCKETS_PER_PEER"));
+  if (socketsPerPeer_ < 1 || socketsPerPeer_ > 64) {
+    GFLOW_THROW(kInvalidArgument, (ErrorContext{"init", 0, rank(), -1}))
+        << "GFLOW_SOCKETS_PER_PEER=" << socketsPerPeer_ << " must be between 1 and 64";
+  }
+
+  int ep = epoll_create1(EPOLL_CLOEXEC);
+  GFLOW_SYSCHECK(ep, "epoll_create1");
+  epoll_ = net::Socket(ep);
+  int ev = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  GFLOW_SYSCHECK(ev, "eventfd");
+  wakeFd_ = net::Socket(ev);
+  epoll_event e{};
+  e.events = EPOLLIN;
+  e.data.ptr = nullptr;
+  GFLOW_SYSCHECK(epoll_ctl(epoll_.fd(), EPOLL_CTL_ADD, wakeFd_.fd(), &e), "epoll_ctl(eventfd)");
+
+  peers_.resize(size());
+  for (auto& p : peers_) p = std::make_unique<PeerState>();
+  connectAll(options);
+}
+
+TcpContext::~TcpContext() = default;
+
+std::unique_ptr<MemoryRegion> TcpContext::registerMemory(void* data, size_t size) {
+  return std::make_unique<TrivialRegion>(data, size);
+}
+
+void TcpContext::addConnection(int peer, int index, net::Socket sock) {
+  auto c = std::make_unique<Conn>();
+  c->peer = peer;
+  c->index = index;
+  net::setNonBlocking(sock.fd(), true);
+  net::setNoDelay(sock.fd());
+  c->sock = std::move(sock);
+  epoll_event e{};
+  e.events = EPOLLIN;
+  e.data.ptr = c.get();
+  GFLOW_SYSCHECK(epoll_ctl(epoll_.fd(), EPOLL_CTL_ADD, c->sock.fd(), &e), "epoll_ctl(add)");
+  PeerState& p = *peers_[peer];
+  if (p.conns.size() <= static_cast<size_t>(index)) p.conns.resize(index + 1);
+  p.conns[index] = std::move(c);
+}
+
+void TcpContext::checkFailed() {
+  if (failedFlag_.load(std::memory_order_acquire)) {
+    std::shared_ptr<const Error> e = error();
+    // abort() set the error from another thread: fail everything pending
+    // here, on the owning thread.
+    fail(*e);
+  }
+}
+
+std::shared_ptr<const Error> TcpContext::error() const {
+  std::lock_guard<std::mutex> lock(errorMutex_);
+  return error_;
+}
+
+void TcpContext::abort(const Error& error) {
+  {
+    std::lock_guard<std::mutex> lock(errorMutex_);
+    if (!error_) error_ = std::make_shared<const Error>(error);
+  }
+  failedFlag_.store(true, std::memory_order_release);
+  uint64_t one = 1;
+  ssize_t rc = ::write(wakeFd_.fd(), &one, sizeof(one));
+  (void)rc;
+}
+
+void TcpContext::fail(const Error& e) {
+  std::shared_ptr<const Error> first;
+  {
+    std::lock_guard<std::mutex> lock(errorMutex_);
+    if (!error_) error_ = std::make_shared<const Error>(e);
+    first = error_;
+  }
+  failedFlag_.store(true, std::memory_order_release);
+  for (auto& p : peers_) {
+    for (auto& kv : p->msgs) {
+      if (kv.second->req) kv.second->req->fail(*first);
+    }
+    p->msgs.clear();
+    p->unexpectedBytes = 0;
+    for (auto& c : p->conns) {
+      if (!c) continue;
+      for (auto& item : c->sendq) item.msg->req->fail(*first);
+      // Keep a partially written frame so notifyPeers can finish it.
+      while (c->sendq.size() > 1 || (c->sendq.size() == 1 && c->sendq.front().written == 0)) {
+        c->sendq.pop_back();
+      }
+      c->cur = nullptr;
+    }
+  }
+  throw *first;
+}
+
+void TcpContext::beginGroup(uint64_t group, const Envelope& env) {
+  checkFailed();
+  group_ = group;
+  groupEnv_ = env;
+  groupActive_ = true;
+  // Data that arrived before this rank reached the op is checked now.
+  for (int peer = 0; peer < size(); ++peer) {
+    for (auto& kv : peers_[peer]->msgs) {
+      RecvMsg& m = *kv.second;
+      if (m.req) continue;
+      if (m.tag.group == group && m.env != env) {
+        fail(Error(ErrorCode::kMismatch,
+                   "rank " + std::to_string(peer) + " called " + describe(m.env) +
+                       " while this rank called " + describe(env),
+                   ErrorContext{"", group, rank(), peer}));
+      }
+      if (isPast(m.tag.group, group)) {
+        fail(Error(ErrorCode::kMismatch,
+                   "rank " + std::to_string(peer) + " sent data for op #" +
+                       std::to_string(m.tag.group) + " (" + describe(m.env) +
+                       ") that this rank never expected; ranks called different collectives",
+                   ErrorContext{"", group, rank(), peer}));
+      }
+    }
+  }
+}
+
+void TcpContext::enqueue(Conn& c, SendItem item) {
+  bool wasEmpty = c.sendq.empty();
+  c.sendq.push_back(std::move(item));
+  if (wasEmpty) flush(c);
+}
+
+RequestPtr TcpContext::isend(int peer, const void* data, size_t bytes, Tag tag,
+                             const Envelope& env) {
+  checkFailed();
+  GFLOW_ENFORCE(peer >= 0 && peer < size() && peer != rank());
+  auto req = std::make_shared<Request>(peer, true, bytes);
+  PeerState& p = *peers_[peer];
+  if (p.closed) failLost(peer, "has closed its connections");
+  auto msg = std::make_shared<SendMsg>();
+  msg->req = req;
+  const int nconn = static_cast<int>(p.conns.size());
+  int frags = (bytes >= stripeMin_ && nconn > 1) ? nconn : 1;
+  msg->fragmentsLeft = frags;
+  // Stripe boundaries on 4 KiB multiples keep each fragment page-aligned
+  // relative to the message start.
+  uint64_t per = (bytes / frags + 4095) & ~uint64_t(4095);
+  const char* base = static_cast<const char*>(data);
+  size_t first = p.nextConn;
+  p.nextConn = (p.nextConn + 1) % nconn;
+  p.messagesSent.fetch_add(1, std::memory_order_relaxed);
+  for (int f = 0; f < frags; ++f) {
+    uint64_t off = std::min<uint64_t>(bytes, per * f);
+    uint64_t len = (f == frags - 1) ? bytes - off : std::min<uint64_t>(per, bytes - off);
+    SendItem item;
+    item.msg = msg;
+    item.hdr = FrameHeader{kFrameMagic, kFrameData, 0, tag.group, tag.index, bytes, off, len,
+                           {env.words[0], env.words[1], env.words[2]}};
+    item.payload = base + off;
+    item.payloadLen = len;
+    Conn& c = *p.conns[(first + f) % nconn];
+    enqueue(c, std::move(item));
+  }
+  return req;
+}
+
+RequestPtr TcpContext::irecv(int peer, void* data, size_t bytes, Tag tag, const Envelope& env) {
+  checkFailed();
+  GFLOW_ENFORCE(peer >= 0 && peer < size() && peer != rank());
+  auto req = std::make_shared<Request>(peer, false, bytes);
+  PeerState& p = *peers_[peer];
+  auto it = p.msgs.find(tag);
+  if (it == p.msgs.end()) {
+    if (p.closed) failLost(peer, "has closed its connections");
+    auto m = std::make_unique<RecvMsg>();
+    m->tag = tag;
+    m->env = env;
+    m->len = bytes;
+    m->buf = static_cast<char*>(data);
+    m->user = static_cast<char*>(data);
+    m->req = req;
+    p.msgs.emplace(tag, std::move(m));
+    resumePaused(p);  // a paused connection may hold this message's header
+    return req;
+  }
+  RecvMsg* m = it->second.get();
+  if (m->req) {
+    fail(Error(ErrorCode::kInternal, "two receives posted for one tag",
+               ErrorContext{"", tag.group, rank(), peer}));
+  }
+  if (m->env != env) {
+    fail(Error(ErrorCode::kMismatch,
+               "rank " + std::to_string(peer) + " called " + describe(m->env) +
+                   " while this rank called " + describe(env),
+               ErrorContext{"", tag.group, rank(), peer}));
+  }
+  if (m->len != bytes) {
+    fail(Error(ErrorCode::kMismatch,
+               "rank " + std::to_string(peer) + " sent " + std::to_string(m->len) +
+                   " bytes where this rank expects " + std::to_string(bytes) + " (" +
+                   describe(env) + ")",
+               ErrorContext{"", tag.group, rank(), peer}));
+  }
+  m->req = req;
+  m->user = static_cast<char*>(data);
+  if (m->received == m->len && m->claimed == m->len) completeRecv(p, m);
+  return req;
+}
+
+void TcpContext::completeRecv(PeerState& p, RecvMsg* m) {
+  if (m->staging) {
+    if (m->len > 0) std::memcpy(m->user, m->staging.get(), m->len);
+    p.unexpectedBytes -= m->len;
+  }
+  p.bytesReceived.fetch_add(m->len, std::memory_order_relaxed);
+  p.messagesReceived.fetch_add(1, std::memory_order_relaxed);
+  RequestPtr req = m->req;
+  p.msgs.erase(m->tag);
+  req->complete();
+  resumePaused(p);
+}
+
+void TcpContext::resumePaused(PeerState& p) {
+  for (auto& c : p.conns) {
+    if (c && c->paused) {
+      c->paused = false;
+      startFragment(*c);  // may pause again
+      if (!c->paused) {
+        updateInterest(*c);
+        handleReadable(*c);
+      }
+    }
+  }
+}
+
+bool TcpContext::hasPendingWith(int peer) const {
+  const PeerState& p = *peers_[peer];
+  for (const auto& kv : p.msgs) {
+    if (kv.second->req) return true;
+  }
+  for (const auto& c : p.conns) {
+    if (c && !c->sendq.empty()) return true;
+  }
+  return false;
+}
+
+void TcpContext::failLost(int peer, const std::string& what) {
+  fail(Error(ErrorCode::kPeerLost,
+             "rank " + std::to_string(peer) + " " + what + " (its process exited or was killed?)",
+             ErrorContext{"", group_, rank(), peer}));
+}
+
+// EOF from a peer is normal when it has finished its last op and shut down;
+// it is an error only while this rank still exchanges data with it.
+void TcpContext::handleClosed(Conn& c) {
+  if (c.inPayload || c.hdrGot > 0) failLost(c.peer, "closed the connection mid-message");
+  c.closed = true;
+  peers_[c.peer]->closed = true;
+  epoll_ctl(epoll_.fd(), EPOLL_CTL_DEL, c.sock.fd(), nullptr);
+  if (hasPendingWith(c.peer)) failLost(c.peer, "closed the connection");
+}
+
+void TcpContext::updateInterest(Conn& c) {
+  epoll_event e{};
+  e.events = (c.paused ? 0u : static_cast<uint32_t>(EPOLLIN)) | (c.wantOut ? EPOLLOUT : 0u);
+  e.data.ptr = &c;
+  GFLOW_SYSCHECK(epoll_ctl(epoll_.fd(), EPOLL_CTL_MOD, c.sock.fd(), &e), "epoll_ctl(mod)");
+}
+
+void TcpContext::flush(Conn& c) {
+  while (!c.sendq.empty()) {
+    SendItem& it = c.sendq.front();
+    const size_t hdrLen = sizeof(FrameHeader);
+    iovec iov[2];
+    int n = 0;
+    if (it.written < hdrLen) {
+      iov[n].iov_base = reinterpret_cast<char*>(&it.hdr) + it.written;
+      iov[n].iov_len = hdrLen - it.written;
+      ++n;
+      if (it.payloadLen > 0) {
+        iov[n].iov_base = const_cast<char*>(it.payload);
+        iov[n].iov_len = it.payloadLen;
+        ++n;
+      }
+    } else {
+      size_t done = it.written - hdrLen;
+      iov[n].iov_base = const_cast<char*>(it.payload) + done;
+      iov[n].iov_len = it.payloadLen - done;
+      ++n;
+    }
+    msghdr mh{};
+    mh.msg_iov = iov;
+    mh.msg_iovlen = n;
+    ssize_t w = ::sendmsg(c.sock.fd(), &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+      if (errno == EINTR) continue;
+      int err = errno;
+      failLost(c.peer, std::string("is unreachable while sending: ") + std::strerror(err));
+    }
+    it.written += static_cast<size_t>(w);
+    if (it.written < hdrLen + it.payloadLen) break;
+    std::shared_ptr<SendMsg> msg = std::move(it.msg);
+    c.sendq.pop_front();
+    if (--msg->fragmentsLeft == 0) {
+      peers_[c.peer]->bytesSent.fetch_add(msg->req->bytes(), std::memory_order_relaxed);
+      msg->req->complete();
+    }
+  }
+  bool want = !c.sendq.empty();
+  if (want != c.wantOut) {
+    c.wantOut = want;
+    updateInterest(c);
+  }
+}
+
+bool TcpContext::readHeader(Conn& c) {
+  while (c.hdrGot < sizeof(FrameHeader)) {
+    ssize_t r = ::recv(c.sock.fd(), reinterpret_cast<char*>(&c.hdr) + c.hdrGot,
+                       sizeof(FrameHeader) - c.hdrGot, MSG_DONTWAIT);
+    if (r > 0) {
+      c.hdrGot += static_cast<size_t>(r);
+      continue;
+    }
+    if (r == 0) {
+      handleClosed(c);
+      return false;
+    }
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return false;
+    if (errno == EINTR) continue;
+    int err = errno;
+    failLost(c.peer, std::string("reset the connection: ") + std::strerror(err));
+  }
+  return true;
+}
+
+// Called with a complete header in c.hdr: validates it and decides where the
+// payload goes. May pause the connection (unexpected-data budget exhausted).
+void TcpContext::startFragment(Conn& c) {
+  const FrameHeader& h = c.hdr;
+  const ErrorContext ectx{"", group_, rank(), c.peer};
+  auto protocolError = [&](const std::string& what) {
+    GFLOW_LOG(WARN) << "rank " << rank() << ": invalid frame from rank " << c.peer << ": " << what;
+    fail(Error(ErrorCode::kInternal,
+               "invalid frame from rank " + std::to_string(c.peer) + ": " + what, ectx));
+  };
+  if (h.magic != kFrameMagic) protocolError("bad magic");
+  if (h.type == kFrameError) {
+    if (h.fragLen > kMaxErrorPayload) protocolError("oversized error report");
+    c.ctrl.assign(h.fragLen, 0);
+    c.cur = nullptr;
+    c.dst = c.ctrl.data();
+    c.left = h.fragLen;
+    c.inPayload = true;
+    return;
+  }
+  if (h.type != kFrameData) protocolError("unknown frame type " + std::to_string(h.type));
+  if (h.msgLen > kMaxMessageBytes || h.fragLen > h.msgLen || h.offset > h.msgLen - h.fragLen) {
+    protocolError("fragment [" + std::to_string(h.offset) + ", +" + std::to_string(h.fragLen) +
+                  ") outside a message of " + std::to_string(h.msgLen) + " bytes");
+  }
+  Envelope env;
+  std::memcpy(env.words, h.env, sizeof(env.words));
+  if (groupActive_ && h.group == group_ && env != groupEnv_) {
+    fail(Error(ErrorCode::kMismatch,
+               "rank " + std::to_string(c.peer) + " called " + describe(env) +
+                   " while this rank called " + describe(groupEnv_),
+               ectx));
+  }
+  PeerState& p = *peers_[c.peer];
+  Tag tag{h.group, h.index};
+  auto it = p.msgs.find(tag);
+  RecvMsg* m = nullptr;
+  if (it == p.msgs.end()) {
+    if (groupActive_ && isPast(h.group, group_)) {
+      fail(Error(ErrorCode::kMismatch,
+                 "rank " + std::to_string(c.peer) + " sent data for op #" +
+                     std::to_string(h.group) + " (" + describe(env) +
+                     ") that this rank never expected; ranks called different collectives",
+                 ectx));
+    }
+    if (p.unexpectedBytes + h.msgLen > unexpectedLimit_) {
+      // Back-pressure: leave the payload in the socket until a receive is
+      // posted (or staged data drains).
+      c.paused = true;
+      updateInterest(c);
+      return;
+    }
+    auto nm = std::make_unique<RecvMsg>();
+    nm->tag = tag;
+    nm->env = env;
+    nm->len = h.msgLen;
+    nm->staging.reset(new char[h.msgLen > 0 ? h.msgLen : 1]);
+    nm->buf = nm->staging.get();
+    p.unexpectedBytes += h.msgLen;
+    m = nm.get();
+    p.msgs.emplace(tag, std::move(nm));
+  } else {
+    m = it->second.get();
+    if (m->env != env) {
+      fail(Error(ErrorCode::kMismatch,
+                 "rank " + std::to_string(c.peer) + " called " + describe(env) +
+                     " while this rank called " + describe(m->env),
+                 ectx));
+    }
+    if (m->len != h.msgLen) {
+      fail(Error(ErrorCode::kMismatch,
+                 "rank " + std::to_string(c.peer) + " sent " + std::to_string(h.msgLen) +
+                     " bytes where this rank expects " + std::to_string(m->len) + " (" +
+                     describe(m->env) + ")",
+                 ectx));
+    }
+  }
+  if (h.fragLen > m->len - m->claimed) protocolError("fragments exceed the message length");
+  m->claimed += h.fragLen;
+  c.cur = m;
+  c.dst = m->buf + h.offset;
+  c.left = h.fragLen;
+  c.inPayload = true;
+}
+
+void TcpContext::finishFragment(Conn& c) {
+  c.hdrGot = 0;
+  c.inPayload = false;
+  c.dst = nullptr;
+  if (c.hdr.type == kFrameError) {
+    handleErrorFrame(c);
+    return;
+  }
+  RecvMsg* m = c.cur;
+  c.cur = nullptr;
+  m->received += c.hdr.fragLen;
+  if (m->received == m->len && m->claimed == m->len && m->req) {
+    completeRecv(*peers_[c.peer], m);
+  }
+}
+
+void TcpContext::handleErrorFrame(Conn& c) {
+  // Payload: code (1 byte), then a human-readable description.
+  const std::vector<char>& b = c.ctrl;
+  ErrorCode code = ErrorCode::kPeerLost;
+  std::string text;
+  if (!b.empty()) {
+    uint8_t raw = static_cast<uint8_t>(b[0]);
+    if (raw <= static_cast<uint8_t>(ErrorCode::kInternal)) code = static_cast<ErrorCode>(raw);
+    text = printable(b.data() + 1, b.size() - 1);
+  }
+  // A peer that aborted or failed locally is, for this rank, a lost peer.
+  if (code == ErrorCode::kAborted || code == ErrorCode::kInvalidArgument ||
+      code == ErrorCode::kInternal) {
+    code = ErrorCode::kPeerLost;
+  }
+  fail(Error(code, "rank " + std::to_string(c.peer) + " failed: " + text,
+             ErrorContext{"", group_, rank(), c.peer}));
+}
+
+void TcpContext::handleReadable(Conn& c) {
+  // Bounded so one busy socket cannot starve the others.
+  for (int rounds = 0; rounds < 64 && !c.paused && !c.closed; ++rounds) {
+    if (!c.inPayload) {
+      if (!readHeader(c)) return;
+      startFragment(c);
+      if (c.paused) return;
+    }
+    while (c.left > 0) {
+      ssize_t r = ::recv(c.sock.fd(), c.dst, c.left, MSG_DONTWAIT);
+      if (r > 0) {
+        c.dst += r;
+        c.left -= static_cast<uint64_t>(r);
+        continue;
+      }
+      if (r == 0) failLost(c.peer, "closed the connection mid-message");
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+      if (errno == EINTR) continue;
+      int err = errno;
+      failLost(c.peer, std::string("reset the connection: ") + std::strerror(err));
+    }
+    finishFragment(c);
+  }
+}
+
+void TcpContext::progress(int timeoutMs) {
+  epoll_event events[64];
+  int n = epoll_wait(epoll_.fd(), events, 64, timeoutMs);
+  if (n < 0) {
+    if (errno == EINTR) return;
+    GFLOW_SYSCHECK(n, "epoll_wait");
+  }
+  for (int i = 0; i < n; ++i) {
+    if (events[i].data.ptr == nullptr) {
+      uint64_t v;
+      ssize_t rc = ::read(wakeFd_.fd(), &v, sizeof(v));
+      (void)rc;
+      checkFailed();
+      continue;
+    }
+    Conn& c = *static_cast<Conn*>(events[i].data.ptr);
+    uint32_t ev = events[i].events;
+    if (ev & EPOLLOUT) flush(c);
+    if (c.closed) continue;
+    if (ev & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
+      if (!c.paused) handleReadable(c);
+      if ((ev & EPOLLERR) && !c.closed) failLost(c.peer, "reset the connection");
+      if ((ev & EPOLLHUP) && !c.closed && c.paused) handleClosed(c);
+    }
+  }
+}
+
+bool TcpContext::test(const RequestPtr& req) {
+  checkFailed();
+  if (!req->done()) progress(0);
+  if (req->failed()) throw req->error();
+  return req->done();
+}
+
+void TcpContext::wait(const RequestPtr& req, Deadline deadline) {
+  if (req->done()) {
+    if (req->failed()) throw req->error();
+    return;
+  }
+  checkFailed();
+  auto spinUntil = Deadline::Clock::now() + std::chrono::microseconds(spinUs_);
+  while (!req->done()) {
+    if (Deadline::Clock::now() < spinUntil) {
+      progress(0);
+    } else {
+      progress(std::min(deadline.remainingMs(), 1000));
+    }
+    checkFailed();
+    if (!req->done() && deadline.expired()) {
+      std::string what = req->isSend() ? "sending " : "receiving ";
+      fail(Error(ErrorCode::kTimeout,
+                 what + std::to_string(req->bytes()) + " bytes " +
+                     (req->isSend() ? "to" : "from") + " rank " + std::to_string(req->peer()) +
+                     " did not finish within the deadline (GFLOW_TIMEOUT); rank " +
+                     std::to_string(req->peer()) + " is not responding",
+                 ErrorContext{"", group_, rank(), req->peer()}));
+    }
+  }
+  if (req->failed()) throw req->error();
+}
+
+void TcpContext::notifyPeers(const Error& error) {
+  std::string text = error.what();
+  if (text.size() > kMaxErrorPayload - 1) text.resize(kMaxErrorPayload - 1);
+  std::vector<char> payload(1 + text.size());
+  payload[0] = static_cast<char>(error.code());
+  std::memcpy(payload.data() + 1, text.data(), text.size());
+  for (int peer = 0; peer < size(); ++peer) {
+    if (peer == rank()) continue;
+    for (auto& cp : peers_[peer]->conns) {
+      if (!cp) continue;
+      Conn& c = *cp;
+      try {
+        Deadline d = Deadline::after(std::chrono::milliseconds(300));
+        // Finish a partially written frame so the stream stays parseable.
+        if (!c.sendq.empty()) {
+          SendItem& it = c.sendq.front();
+          size_t total = sizeof(FrameHeader) + it.payloadLen;
+          if (it.written < sizeof(FrameHeader)) {
+            net::sendAll(c.sock.fd(), reinterpret_cast<char*>(&it.hdr) + it.written,
+                         sizeof(FrameHeader) - it.written, d);
+            it.written = sizeof(FrameHeader);
+          }
+          if (it.written < total) {
+            size_t done = it.written - sizeof(FrameHeader);
+            net::sendAll(c.sock.fd(), it.payload + done, it.payloadLen - done, d);
+          }
+          c.sendq.clear();
+        }
+        FrameHeader h{kFrameMagic, kFrameError, 0, group_, 0, payload.size(), 0, payload.size(),
+                      {0, 0, 0}};
+        net::sendAll(c.sock.fd(), &h, sizeof(h), d);
+        net::sendAll(c.sock.fd(), payload.data(), payload.size(), d);
+        break;  // one connection per peer is enough
+      } catch (const Error&) {
+        // Peer gone or not reading: try its next connection, else give up.
+      }
+    }
+  }
+}
+
+PeerStats TcpContext::peerStats(int peer) const {
+  PeerStats s;
+  if (peer < 0 || peer >= size()) return s;
+  const PeerState& p = *peers_[peer];
+  s.bytesSent = p.bytesSent.load(std::memory_order_relaxed);
+  s.bytesReceived = p.bytesReceived.load(std::memory_order_relaxed);
+  s.messagesSent = p.messagesSent.load(std::memory_order_relaxed);
+  s.messagesReceived = p.messagesReceived.load(std::memory_order_relaxed);
+  return s;
+}
+
+}  // namespace gflow::transport::tcp

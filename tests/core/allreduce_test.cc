@@ -1,0 +1,140 @@
+// Allreduce across world sizes, algorithms, dtypes, ops, counts, in-place and
+// out-of-place, against exact references; plus random float data against a
+// float64 reference with bitwise agreement across ranks.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "gflow/gflow.h"
+#include "testing/ranks.h"
+#include "testing/values.h"
+
+namespace gflow {
+namespace {
+
+using testing::allDataTypes;
+using testing::allReduceOps;
+
+class AllreduceWorld : public ::testing::TestWithParam<std::tuple<int, const char*>> {};
+
+TEST_P(AllreduceWorld, ExactEveryDtypeOpCount) {
+  const int n = std::get<0>(GetParam());
+  Options o;
+  o.algorithm = std::get<1>(GetParam());
+  o.timeout = std::chrono::seconds(60);
+  auto world = testing::makeWorld(n, o);
+  const std::vector<size_t> counts = {0, 1, 2, static_cast<size_t>(n) + 1, 7, 1000, 4099};
+  testing::forEachRank(world, [&](Communicator& c) {
+    for (DataType t : allDataTypes()) {
+      const size_t es = dataTypeSize(t);
+      for (ReduceOp op : allReduceOps()) {
+        for (size_t count : counts) {
+          for (bool inPlace : {true, false}) {
+            std::vector<char> in(count * es + 1), out(count * es + 1);
+            for (size_t i = 0; i < count; ++i) {
+              testing::setValue(in.data(), i, t, testing::exactInput(c.rank(), i, op, t));
+            }
+            std::vector<char> inCopy = in;
+            if (inPlace) {
+              c.allreduce(Tensor(in.data(), count, t), op);
+            } else {
+              c.allreduce(Tensor(in.data(), count, t), Tensor(out.data(), count, t), op);
+              ASSERT_EQ(0, std::memcmp(in.data(), inCopy.data(), in.size()))
+                  << "out-of-place allreduce modified its input";
+            }
+            const char* res = inPlace ? in.data() : out.data();
+            size_t wrong = 0;
+            size_t firstWrong = 0;
+            for (size_t i = 0; i < count; ++i) {
+              if (testing::getValue(res, i, t) != testing::exactExpected(n, i, op, t)) {
+                if (wrong++ == 0) firstWrong = i;
+              }
+            }
+            ASSERT_EQ(wrong, 0u) << toString(t) << " " << toString(op) << " count=" << count
+                                 << (inPlace ? " in-place" : " out-of-place") << " rank "
+                                 << c.rank() << ": first wrong index " << firstWrong << " got "
+                                 << testing::getValue(res, firstWrong, t) << " want "
+                                 << testing::exactExpected(n, firstWrong, op, t);
+          }
+        }
+      }
+    }
+  });
+}
+
+TEST_P(AllreduceWorld, RandomFloatsMatchFloat64AndAgreeBitwise) {
+  const int n = std::get<0>(GetParam());
+  Options o;
+  o.algorithm = std::get<1>(GetParam());
+  auto world = testing::makeWorld(n, o);
+  const size_t count = 30011;
+  std::vector<std::vector<float>> inputs(n), outputs(n);
+  for (int r = 0; r < n; ++r) {
+    std::mt19937 gen(1234 + r);
+    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+    inputs[r].resize(count);
+    for (auto& x : inputs[r]) x = dist(gen);
+  }
+  testing::forEachRank(world, [&](Communicator& c) {
+    std::vector<float> buf = inputs[c.rank()];
+    c.allreduce(tensor(buf.data(), buf.size()), ReduceOp::kSum);
+    outputs[c.rank()] = buf;
+  });
+  for (size_t i = 0; i < count; ++i) {
+    double ref = 0, mag = 0;
+    for (int r = 0; r < n; ++r) {
+      ref += inputs[r][i];
+      mag += std::fabs(inputs[r][i]);
+    }
+    // n-1 float32 additions, each off by at most half an ulp of a partial sum.
+    const double bound = n * std::ldexp(1.0, -24) * mag + 1e-30;
+    ASSERT_LE(std::fabs(outputs[0][i] - ref), bound) << "element " << i;
+  }
+  for (int r = 1; r < n; ++r) {
+    ASSERT_EQ(0, std::memcmp(outputs[0].data(), outputs[r].data(), count * sizeof(float)))
+        << "rank " << r << " differs from rank 0 bitwise";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Worlds, AllreduceWorld,
+    ::testing::Combine(::testing::Values(1, 2, 3, 4, 5, 8), ::testing::Values("ring", "rd")),
+    [](const ::testing::TestParamInfo<std::tuple<int, const char*>>& p) {
+      return "n" + std::to_string(std::get<0>(p.param)) + "_" + std::get<1>(p.param);
+    });
+
+TEST(Allreduce, AutoSelectionCrossesThresholdCorrectly) {
+  // Sizes on both sides of the recursive-doubling threshold with the default
+  // selection.
+  auto world = testing::makeWorld(3);
+  testing::forEachRank(world, [&](Communicator& c) {
+    for (size_t count : {size_t(10), size_t(8191), size_t(8192), size_t(8193), size_t(200000)}) {
+      std::vector<int32_t> v(count);
+      for (size_t i = 0; i < count; ++i) v[i] = static_cast<int32_t>(i % 97) + c.rank();
+      c.allreduce(tensor(v.data(), count), ReduceOp::kSum);
+      for (size_t i = 0; i < count; ++i) {
+        ASSERT_EQ(v[i], 3 * static_cast<int32_t>(i % 97) + 3) << "count " << count << " i " << i;
+      }
+    }
+  });
+}
+
+TEST(Allreduce, DefaultCommunicatorFreeFunction) {
+  testing::runRanks(1, [](Communicator&) {
+    Options o;
+    o.rank = 0;
+    o.size = 1;
+    o.store = createHashStore();
+    init(o);
+    std::vector<float> v = {1, 2, 3};
+    allreduce(tensor(v.data(), v.size()), ReduceOp::kMax);
+    EXPECT_EQ(v[2], 3.0f);
+    finalize();
+    EXPECT_THROW(allreduce(tensor(v.data(), v.size())), Error);
+  });
+}
+
+}  // namespace
+}  // namespace gflow

@@ -1,0 +1,30 @@
+// Ranks as threads: each thread creates its own Communicator over one shared
+// in-memory store, so a test can run a whole world inside one process.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "gflow/gflow.h"
+
+namespace gflow::testing {
+
+// Creates `n` communicators (one per thread, concurrently) with `base`
+// options plus rank/size/store, runs fn(comm) on each rank's thread and joins.
+// A gflow::Error or other exception escaping fn fails the test (with the rank).
+void runRanks(int n, const std::function<void(Communicator&)>& fn, Options base = Options{});
+
+// Like runRanks, but returns each rank's exception (nullptr when fn returned).
+std::vector<std::exception_ptr> runRanksCollect(int n,
+                                                const std::function<void(Communicator&)>& fn,
+                                                Options base = Options{});
+
+// Creates communicators for `n` ranks and keeps them (for tests that reuse a
+// world across many checks). Each returned communicator must be used from
+// one thread per rank (see forEachRank).
+std::vector<std::shared_ptr<Communicator>> makeWorld(int n, Options base = Options{});
+void forEachRank(const std::vector<std::shared_ptr<Communicator>>& world,
+                 const std::function<void(Communicator&)>& fn);
+
+}  // namespace gflow::testing

@@ -1,0 +1,13 @@
+// Test-binary defaults: tiny ring pieces and windows so that pipelining,
+// several pieces per segment and several rounds per op are exercised with
+// small buffers. Set before any GFLOW_* parameter is first read (and cached).
+#include <cstdlib>
+
+namespace {
+struct TestEnvironment {
+  TestEnvironment() {
+    setenv("GFLOW_PIECE_BYTES", "1024", 0);
+    setenv("GFLOW_RING_WINDOW", "3", 0);
+  }
+} testEnvironment;
+}  // namespace

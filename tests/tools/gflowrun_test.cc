@@ -1,0 +1,274 @@
+// End-to-end tests of the gflowrun launcher: it is run as a subprocess on
+// small `sh -c` rank programs, and its exit status and output are checked.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string readFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::vector<std::string> lines(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string line; std::getline(ss, line);) out.push_back(line);
+  return out;
+}
+
+// One gflowrun process with stdout/stderr captured in files (files, not
+// pipes, so a test never has to drain output while it waits).
+class Launch {
+ public:
+  // `prefixArgv` runs before gflowrun (e.g. {"env", "-u", "X"}).
+  explicit Launch(const std::vector<std::string>& args,
+                  const std::vector<std::string>& prefixArgv = {}) {
+    char tmpl[] = "/tmp/gflowrun_test.XXXXXX";
+    dir_ = ::mkdtemp(tmpl);
+    std::vector<std::string> all = prefixArgv;
+    all.push_back(GFLOW_TEST_GFLOWRUN);
+    all.insert(all.end(), args.begin(), args.end());
+    // Everything is prepared before fork(): the child only makes syscalls.
+    std::vector<char*> argv;
+    for (std::string& s : all) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    int out = ::open((dir_ + "/out").c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    int err = ::open((dir_ + "/err").c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::dup2(out, STDOUT_FILENO);
+      ::dup2(err, STDERR_FILENO);
+      ::execvp(argv[0], argv.data());
+      ::_exit(126);
+    }
+    ::close(out);
+    ::close(err);
+    started_ = Clock::now();
+  }
+
+  ~Launch() {
+    if (!done_) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+    std::remove((dir_ + "/out").c_str());
+    std::remove((dir_ + "/err").c_str());
+    ::rmdir(dir_.c_str());
+  }
+
+  // Waits up to `limit`; returns the exit code (128+sig when killed by a
+  // signal), or -1 on timeout (gflowrun is then killed).
+  int wait(std::chrono::seconds limit = std::chrono::seconds(30)) {
+    while (Clock::now() - started_ < limit) {
+      int status = 0;
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+        done_ = true;
+        elapsed_ = Clock::now() - started_;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return -1;
+  }
+
+  // Polls stdout until `count` lines contain `needle`.
+  bool waitForLines(const std::string& needle, size_t count) {
+    auto until = Clock::now() + std::chrono::seconds(20);
+    while (Clock::now() < until) {
+      auto ls = lines(out());
+      if (static_cast<size_t>(std::count_if(ls.begin(), ls.end(), [&](const std::string& l) {
+            return l.find(needle) != std::string::npos;
+          })) >= count) {
+        return true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+  }
+
+  pid_t pid() const { return pid_; }
+  double seconds() const { return std::chrono::duration<double>(elapsed_).count(); }
+  std::string out() const { return readFile(dir_ + "/out"); }
+  std::string err() const { return readFile(dir_ + "/err"); }
+
+ private:
+  std::string dir_;
+  pid_t pid_ = -1;
+  bool done_ = false;
+  Clock::time_point started_;
+  Clock::duration elapsed_{};
+};
+
+std::vector<std::string> sorted(std::vector<std::string> v) {
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+TEST(Gflowrun, SetsIdentityPerRank) {
+  Launch run(
+      {"-n", "3", "--", "sh", "-c",
+       "echo $GFLOW_RANK $GFLOW_WORLD_SIZE $GFLOW_LOCAL_RANK $GFLOW_LOCAL_SIZE $GFLOW_ROOT"});
+  ASSERT_EQ(run.wait(), 0) << run.err();
+  auto ls = sorted(lines(run.out()));
+  ASSERT_EQ(ls.size(), 3u) << run.out();
+  std::string root;
+  for (int r = 0; r < 3; ++r) {
+    std::istringstream in(ls[r]);
+    std::string prefix, addr;
+    int rank, size, localRank, localSize;
+    in >> prefix >> rank >> size >> localRank >> localSize >> addr;
+    EXPECT_EQ(prefix, "[" + std::to_string(r) + "]");
+    EXPECT_EQ(rank, r);
+    EXPECT_EQ(size, 3);
+    EXPECT_EQ(localRank, r);
+    EXPECT_EQ(localSize, 3);
+    EXPECT_EQ(addr.rfind("127.0.0.1:", 0), 0u) << addr;
+    if (r == 0) root = addr;
+    EXPECT_EQ(addr, root) << "every rank must see the same root";
+  }
+}
+
+TEST(Gflowrun, PrefixesStdoutAndStderrSeparately) {
+  Launch run({"-n", "2", "sh", "-c", "echo out; echo err >&2; printf partial"});
+  ASSERT_EQ(run.wait(), 0);
+  EXPECT_EQ(sorted(lines(run.out())),
+            (std::vector<std::string>{"[0] out", "[0] partial", "[1] out", "[1] partial"}));
+  EXPECT_EQ(sorted(lines(run.err())), (std::vector<std::string>{"[0] err", "[1] err"}));
+}
+
+TEST(Gflowrun, NoPrefix) {
+  Launch run({"-n", "2", "--no-prefix", "sh", "-c", "echo plain"});
+  ASSERT_EQ(run.wait(), 0);
+  EXPECT_EQ(run.out(), "plain\nplain\n");
+}
+
+TEST(Gflowrun, EnvOptionReachesRanks) {
+  Launch run({"-n", "2", "--env", "GFLOW_TEST_X=42", "--env", "GFLOW_DEBUG=INFO", "sh", "-c",
+              "echo $GFLOW_TEST_X $GFLOW_DEBUG"});
+  ASSERT_EQ(run.wait(), 0);
+  EXPECT_EQ(sorted(lines(run.out())), (std::vector<std::string>{"[0] 42 INFO", "[1] 42 INFO"}));
+}
+
+TEST(Gflowrun, FailingRankSetsExitCodeAndStopsOthersQuickly) {
+  // Rank 1 fails at once; its siblings would sleep for a minute.
+  Launch run({"-n", "3", "sh", "-c", "if [ $GFLOW_RANK = 1 ]; then exit 3; fi; sleep 60"});
+  EXPECT_EQ(run.wait(), 3);
+  EXPECT_LT(run.seconds(), 10.0);
+  EXPECT_NE(run.err().find("rank 1 exited with status 3"), std::string::npos) << run.err();
+}
+
+TEST(Gflowrun, SiblingIgnoringSigtermIsKilledAfterGrace) {
+  Launch run({"-n", "2", "--grace", "1", "sh", "-c",
+              "if [ $GFLOW_RANK = 0 ]; then sleep 0.2; exit 5; fi; trap '' TERM; sleep 60"});
+  EXPECT_EQ(run.wait(), 5);
+  EXPECT_GE(run.seconds(), 1.0);
+  EXPECT_LT(run.seconds(), 10.0);
+}
+
+TEST(Gflowrun, RankKilledBySignalGives128PlusSignal) {
+  Launch run({"-n", "2", "sh", "-c", "if [ $GFLOW_RANK = 1 ]; then kill -KILL $$; fi; sleep 60"});
+  EXPECT_EQ(run.wait(), 128 + SIGKILL);
+  EXPECT_LT(run.seconds(), 10.0);
+}
+
+TEST(Gflowrun, ForwardsSigtermToRanks) {
+  Launch run(
+      {"-n", "3", "sh", "-c", "trap 'echo got-term; exit 0' TERM; echo ready; sleep 60 & wait"});
+  ASSERT_TRUE(run.waitForLines("ready", 3)) << run.out();
+  ASSERT_EQ(::kill(run.pid(), SIGTERM), 0);
+  EXPECT_EQ(run.wait(), 128 + SIGTERM);
+  EXPECT_LT(run.seconds(), 10.0);
+  auto ls = lines(run.out());
+  for (int r = 0; r < 3; ++r) {
+    std::string want = "[" + std::to_string(r) + "] got-term";
+    EXPECT_NE(std::find(ls.begin(), ls.end(), want), ls.end()) << run.out();
+  }
+}
+
+TEST(Gflowrun, TimeoutKillsJobWith124) {
+  Launch run({"-n", "2", "--timeout", "1", "sleep", "60"});
+  EXPECT_EQ(run.wait(), 124);
+  EXPECT_LT(run.seconds(), 10.0);
+}
+
+TEST(Gflowrun, GeneratesOneTokenPerJob) {
+  auto tokens = [] {
+    Launch run({"-n", "2", "sh", "-c", "echo $GFLOW_JOB_TOKEN"}, {"env", "-u", "GFLOW_JOB_TOKEN"});
+    EXPECT_EQ(run.wait(), 0);
+    std::vector<std::string> t;
+    for (const std::string& l : lines(run.out())) t.push_back(l.substr(l.find(' ') + 1));
+    return t;
+  };
+  auto first = tokens();
+  auto second = tokens();
+  ASSERT_EQ(first.size(), 2u);
+  ASSERT_EQ(second.size(), 2u);
+  EXPECT_EQ(first[0].size(), 64u);
+  EXPECT_EQ(first[0].find_first_not_of("0123456789abcdef"), std::string::npos);
+  EXPECT_EQ(first[0], first[1]) << "ranks of one job share the token";
+  EXPECT_EQ(second[0], second[1]);
+  EXPECT_NE(first[0], second[0]) << "each job gets a fresh token";
+}
+
+TEST(Gflowrun, KeepsExistingToken) {
+  Launch run({"-n", "2", "sh", "-c", "echo $GFLOW_JOB_TOKEN"}, {"env", "GFLOW_JOB_TOKEN=s3cret"});
+  ASSERT_EQ(run.wait(), 0);
+  EXPECT_EQ(sorted(lines(run.out())), (std::vector<std::string>{"[0] s3cret", "[1] s3cret"}));
+}
+
+TEST(Gflowrun, HonoursPort) {
+  Launch run({"-n", "1", "--port", "45678", "sh", "-c", "echo $GFLOW_ROOT"});
+  ASSERT_EQ(run.wait(), 0);
+  EXPECT_EQ(run.out(), "[0] 127.0.0.1:45678\n");
+}
+
+TEST(Gflowrun, MissingProgramExits127) {
+  Launch run({"-n", "2", "/nonexistent/program"});
+  EXPECT_EQ(run.wait(), 127);
+  EXPECT_NE(run.err().find("cannot execute"), std::string::npos) << run.err();
+}
+
+TEST(Gflowrun, BadUsageExits2) {
+  for (const auto& args : std::vector<std::vector<std::string>>{
+           {},                              // nothing at all
+           {"true"},                        // no -n
+           {"-n", "2"},                     // no program
+           {"-n", "0", "true"},             // bad count
+           {"-n", "2", "--bogus", "true"},  // unknown option
+           {"-n", "2", "--env", "NOEQUALS", "true"},
+           {"-n", "2", "--env", "GFLOW_RANK=1", "true"},
+           {"-n", "2", "--timeout", "soon", "true"},
+           {"-n", "2", "--root", "nohostport", "true"},
+       }) {
+    Launch run(args);
+    EXPECT_EQ(run.wait(), 2) << ::testing::PrintToString(args);
+    EXPECT_NE(run.err().find("gflowrun: "), std::string::npos);
+  }
+}
+
+TEST(Gflowrun, PrintConfigListsRegistry) {
+  Launch run({"--print-config"}, {"env", "GFLOW_DEBUG=TRACE"});
+  ASSERT_EQ(run.wait(), 0);
+  std::string out = run.out();
+  EXPECT_NE(out.find("GFLOW_TIMEOUT\n  default: 300s"), std::string::npos) << out;
+  EXPECT_NE(out.find("GFLOW_DEBUG\n  default: WARN\n  current: TRACE"), std::string::npos) << out;
+}
+
+}  // namespace
