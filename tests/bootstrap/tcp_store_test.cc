@@ -349,7 +349,7 @@ TEST_F(TcpStoreRobustnessTest, SilentPeersDoNotBlockOthers) {
   net::Socket partial = rawConnect(server_.port());
   sendBytes(partial.fd(), frame(proto::kRequestMagic, proto::kVersion, 1, 0, 1000, {0, 0}));
   TcpStore waiter(clientOptions(server_.port()));
-  auto parked = std::async(std::launch::async, [&] { waiter.get("nope", milliseconds(1500)); });
+  auto parked = std::async(std::launch::async, [&] { waiter.get("nope", milliseconds(300)); });
   auto start = std::chrono::steady_clock::now();
   expectServing(server_, "silent");
   EXPECT_LT(std::chrono::steady_clock::now() - start, milliseconds(500));

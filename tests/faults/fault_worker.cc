@@ -1,0 +1,188 @@
+// fault_worker: one rank of a process-based fault test (tests/faults/).
+//
+// The identity comes from the environment (GFLOW_RANK, GFLOW_WORLD_SIZE,
+// GFLOW_ROOT, GFLOW_JOB_TOKEN, GFLOW_TIMEOUT) through the public API only:
+// gflow::Communicator::create(). The command line names what to do:
+//
+//   fault_worker [PREFIX...] MODE ARGS...
+//   PREFIX:
+//     sleep-before-init MS   sleep before Communicator::create
+//     linger MS              after MODE succeeded, keep the communicator for MS,
+//                            then fail if it has been failed meanwhile
+//   MODE:
+//     loop ITERS BYTES [PAUSE_MS]   ITERS allreduces (0: forever) of BYTES
+//                                   (float32 sum, verified), PAUSE_MS between
+//     mismatch op|count BYTES       one good allreduce; then rank 1 calls
+//                                   broadcast(root 0) (op) or allreduces one
+//                                   more element (count) while others allreduce
+//
+// Output (stdout, one line each, flushed):
+//   GFLOW_READY rank=R size=N
+//   GFLOW_PROGRESS rank=R iter=I          after each completed op (1-based)
+//   GFLOW_DONE rank=R iters=N
+//   GFLOW_ERROR code=<toString(ErrorCode)> rank=R peer=P op=O seq=S what=<what()>
+//
+// Exit status: 0 success; 10 + ErrorCode for a gflow::Error (10 invalid_argument,
+// 11 timeout, 12 peer_lost, 13 mismatch, 14 unauthorized, 15 aborted,
+// 16 internal); 3 wrong allreduce result; 4 another exception; 2 bad usage.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gflow/gflow.h"
+
+namespace {
+
+constexpr int kExitUsage = 2;
+constexpr int kExitWrongResult = 3;
+constexpr int kExitOtherException = 4;
+constexpr int kExitGflowBase = 10;
+
+int envRank() {
+  const char* r = std::getenv("GFLOW_RANK");
+  return r ? std::atoi(r) : -1;
+}
+
+void say(const std::string& line) {
+  std::fputs((line + "\n").c_str(), stdout);
+  std::fflush(stdout);
+}
+
+std::string oneLine(std::string s) {
+  for (char& c : s) {
+    if (c == '\n' || c == '\r') c = ' ';
+  }
+  return s;
+}
+
+[[noreturn]] void usage(const std::string& why) {
+  std::fprintf(stderr, "fault_worker: %s\n", why.c_str());
+  std::exit(kExitUsage);
+}
+
+long argNum(const std::vector<std::string>& args, size_t i, const char* what) {
+  if (i >= args.size()) usage(std::string("missing ") + what);
+  char* end = nullptr;
+  long v = std::strtol(args[i].c_str(), &end, 10);
+  if (end == args[i].c_str() || *end != '\0' || v < 0) usage(std::string("bad ") + what);
+  return v;
+}
+
+// Values whose float32 sum over any world size is exact.
+float valueAt(int rank, size_t i, long iter) {
+  return static_cast<float>((rank + 1) * static_cast<int>((i + static_cast<size_t>(iter)) % 7 + 1));
+}
+
+void fill(std::vector<float>& buf, int rank, long iter) {
+  for (size_t i = 0; i < buf.size(); ++i) buf[i] = valueAt(rank, i, iter);
+}
+
+// Returns the index of the first wrong element, or -1.
+long verify(const std::vector<float>& buf, int size, long iter) {
+  const float ranks = static_cast<float>(size * (size + 1) / 2);
+  for (size_t i = 0; i < buf.size(); ++i) {
+    float want = ranks * static_cast<float>((i + static_cast<size_t>(iter)) % 7 + 1);
+    if (buf[i] != want) return static_cast<long>(i);
+  }
+  return -1;
+}
+
+int runLoop(gflow::Communicator& comm, const std::vector<std::string>& args) {
+  const long iters = argNum(args, 1, "ITERS");
+  const long bytes = argNum(args, 2, "BYTES");
+  const long pauseMs = args.size() > 3 ? argNum(args, 3, "PAUSE_MS") : 0;
+  std::vector<float> buf(static_cast<size_t>(bytes) / sizeof(float));
+  for (long it = 0; iters == 0 || it < iters; ++it) {
+    fill(buf, comm.rank(), it);
+    comm.allreduce(gflow::tensor(buf.data(), buf.size()));
+    long bad = verify(buf, comm.size(), it);
+    if (bad >= 0) {
+      say("GFLOW_WRONG rank=" + std::to_string(comm.rank()) + " iter=" + std::to_string(it + 1) +
+          " index=" + std::to_string(bad) + " got=" + std::to_string(buf[bad]));
+      return kExitWrongResult;
+    }
+    say("GFLOW_PROGRESS rank=" + std::to_string(comm.rank()) + " iter=" + std::to_string(it + 1));
+    if (pauseMs > 0) std::this_thread::sleep_for(std::chrono::milliseconds(pauseMs));
+  }
+  say("GFLOW_DONE rank=" + std::to_string(comm.rank()) + " iters=" + std::to_string(iters));
+  return 0;
+}
+
+int runMismatch(gflow::Communicator& comm, const std::vector<std::string>& args) {
+  if (args.size() < 2 || (args[1] != "op" && args[1] != "count")) usage("mismatch op|count BYTES");
+  const long bytes = argNum(args, 2, "BYTES");
+  std::vector<float> buf(static_cast<size_t>(bytes) / sizeof(float) + 1);
+  const size_t n = buf.size() - 1;
+  fill(buf, comm.rank(), 0);
+  comm.allreduce(gflow::tensor(buf.data(), n));
+  say("GFLOW_PROGRESS rank=" + std::to_string(comm.rank()) + " iter=1");
+  fill(buf, comm.rank(), 1);
+  if (comm.rank() == 1 && args[1] == "op") {
+    comm.broadcast(gflow::tensor(buf.data(), n), 0);
+  } else if (comm.rank() == 1) {
+    comm.allreduce(gflow::tensor(buf.data(), n + 1));
+  } else {
+    comm.allreduce(gflow::tensor(buf.data(), n));
+  }
+  say("GFLOW_PROGRESS rank=" + std::to_string(comm.rank()) + " iter=2");
+  say("GFLOW_DONE rank=" + std::to_string(comm.rank()) + " iters=2");
+  return 0;
+}
+
+int reportError(const gflow::Error& e, int rank) {
+  say(std::string("GFLOW_ERROR code=") + gflow::toString(e.code()) +
+      " rank=" + std::to_string(rank) + " peer=" + std::to_string(e.peer()) +
+      " op=" + (e.op().empty() ? "-" : e.op()) + " seq=" + std::to_string(e.seq()) +
+      " what=" + oneLine(e.what()));
+  return kExitGflowBase + static_cast<int>(e.code());
+}
+
+int run(std::vector<std::string> args) {
+  long sleepMs = 0, lingerMs = 0;
+  for (;;) {
+    if (!args.empty() && args[0] == "sleep-before-init") {
+      sleepMs = argNum(args, 1, "sleep-before-init MS");
+    } else if (!args.empty() && args[0] == "linger") {
+      lingerMs = argNum(args, 1, "linger MS");
+    } else {
+      break;
+    }
+    args.erase(args.begin(), args.begin() + 2);
+  }
+  if (args.empty()) usage("no mode (loop | mismatch)");
+  if (args[0] != "loop" && args[0] != "mismatch") usage("unknown mode '" + args[0] + "'");
+
+  const int rank = envRank();
+  try {
+    if (sleepMs > 0) std::this_thread::sleep_for(std::chrono::milliseconds(sleepMs));
+    std::shared_ptr<gflow::Communicator> comm = gflow::Communicator::create();
+    say("GFLOW_READY rank=" + std::to_string(comm->rank()) +
+        " size=" + std::to_string(comm->size()));
+    int rc = args[0] == "loop" ? runLoop(*comm, args) : runMismatch(*comm, args);
+    if (rc != 0) return rc;
+    if (lingerMs > 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(lingerMs));
+      if (auto e = comm->error()) return reportError(*e, rank);
+      say("GFLOW_LINGERED rank=" + std::to_string(rank));
+    }
+    return 0;
+  } catch (const gflow::Error& e) {
+    return reportError(e, rank);
+  } catch (const std::exception& e) {
+    say("GFLOW_EXCEPTION rank=" + std::to_string(rank) + " what=" + oneLine(e.what()));
+    return kExitOtherException;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return run(std::vector<std::string>(argv + 1, argv + argc));
+}
