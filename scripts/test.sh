@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Runs every gflow test on a fresh Debian machine:
+#   1. installs dependencies (scripts/install-deps.sh),
+#   2. builds with -Werror and runs the GoogleTest suite under ctest,
+#   3. installs gflow and builds + runs examples/ against the installed package,
+#   4. rebuilds the tests with ASan + UBSan and runs them again.
+# Usage: scripts/test.sh [--quick]   (--quick skips steps 3 and 4)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+quick=0
+[ "${1:-}" = "--quick" ] && quick=1
+
+bash scripts/install-deps.sh
+jobs=$(nproc)
+
+echo "== build (RelWithDebInfo, -Werror)"
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGFLOW_WERROR=ON >/dev/null
+cmake --build build -j "$jobs"
+
+echo "== tests"
+ctest --test-dir build --output-on-failure --timeout 300 -j 2
+
+[ "$quick" = 1 ] && exit 0
+
+echo "== install + examples against the installed package"
+rm -rf build/install build/examples
+cmake --install build --prefix "$PWD/build/install" >/dev/null
+cmake -S examples -B build/examples -G Ninja -DCMAKE_PREFIX_PATH="$PWD/build/install" >/dev/null
+cmake --build build/examples -j "$jobs"
+LD_LIBRARY_PATH="$PWD/build/install/lib" build/install/bin/gflowrun -n 3 -- build/examples/allreduce_example
+PKG_CONFIG_PATH="$PWD/build/install/lib/pkgconfig" pkg-config --exists gflow
+
+echo "== sanitizer build (ASan + UBSan)"
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DGFLOW_SANITIZE=address,undefined \
+  -DGFLOW_BUILD_BENCH=OFF >/dev/null
+cmake --build build-asan -j "$jobs"
+ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  ctest --test-dir build-asan --output-on-failure --timeout 600 -j 2

@@ -1,0 +1,79 @@
+// The parameter registry: parsing, defaults, errors naming the variable, and
+// docs/configuration.md listing every parameter.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "common/params.h"
+#include "core/algorithm_select.h"
+#include "gflow/error.h"
+
+namespace gflow {
+namespace {
+
+TEST(Params, ParsesBytesAndDurations) {
+  uint64_t b = 0;
+  EXPECT_TRUE(params::parseBytes("64K", &b));
+  EXPECT_EQ(b, 65536u);
+  EXPECT_TRUE(params::parseBytes("4M", &b));
+  EXPECT_EQ(b, 4u << 20);
+  EXPECT_FALSE(params::parseBytes("-1", &b));
+  EXPECT_FALSE(params::parseBytes("12Q", &b));
+  int64_t ms = 0;
+  EXPECT_TRUE(params::parseDurationMs("300", &ms));
+  EXPECT_EQ(ms, 300000);
+  EXPECT_TRUE(params::parseDurationMs("250ms", &ms));
+  EXPECT_EQ(ms, 250);
+  EXPECT_TRUE(params::parseDurationMs("2m", &ms));
+  EXPECT_EQ(ms, 120000);
+  EXPECT_FALSE(params::parseDurationMs("soon", &ms));
+}
+
+TEST(Params, BadValueNamesTheVariable) {
+  setenv("GFLOW_TIMEOUT", "forever", 1);
+  params::resetCacheForTesting();
+  try {
+    params::getDurationMs("GFLOW_TIMEOUT");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("GFLOW_TIMEOUT"), std::string::npos);
+  }
+  unsetenv("GFLOW_TIMEOUT");
+  params::resetCacheForTesting();
+  EXPECT_EQ(params::getDurationMs("GFLOW_TIMEOUT"), 300000);
+}
+
+TEST(Params, ConfigurationDocListsEveryParameter) {
+  std::ifstream f(GFLOW_TEST_SOURCE_DIR "/docs/configuration.md");
+  ASSERT_TRUE(f.good());
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const std::string doc = ss.str();
+  for (const params::Param& p : params::all()) {
+    EXPECT_NE(doc.find(std::string("`") + p.name + "`"), std::string::npos)
+        << p.name << " is missing from docs/configuration.md";
+  }
+}
+
+TEST(AlgorithmSelect, DefaultsAndRules) {
+  using backend::Algorithm;
+  using backend::OpKind;
+  AlgorithmSelector def("", "test", 0);
+  EXPECT_EQ(def.select(OpKind::kAllreduce, 4096, 4), Algorithm::kRecursiveDoubling);
+  EXPECT_EQ(def.select(OpKind::kAllreduce, 64 << 20, 4), Algorithm::kRing);
+  EXPECT_EQ(def.select(OpKind::kBroadcast, 10, 4), Algorithm::kChain);
+  AlgorithmSelector rules("allreduce:0-1k:ring,allreduce:1k-:rd", "test", 0);
+  EXPECT_EQ(rules.select(OpKind::kAllreduce, 100, 4), Algorithm::kRing);
+  EXPECT_EQ(rules.select(OpKind::kAllreduce, 1 << 30, 4), Algorithm::kRecursiveDoubling);
+  AlgorithmSelector ring("ring", "test", 0);
+  EXPECT_EQ(ring.select(OpKind::kAllreduce, 8, 2), Algorithm::kRing);
+  for (const char* bad : {"tree", "allreduce:5:ring", "allreduce:10-5:ring", "reduce:0-1k:ring"}) {
+    EXPECT_THROW(AlgorithmSelector(bad, "GFLOW_ALGO", 0), Error) << bad;
+  }
+}
+
+}  // namespace
+}  // namespace gflow
