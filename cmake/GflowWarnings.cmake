@@ -1,6 +1,7 @@
 # Warnings (-Werror by default) and sanitizers for every gflow target.
 function(gflow_set_warnings target)
-  target_compile_options(${target} PRIVATE -Wall -Wextra -Wshadow=local -Wnon-virtual-dtor)
+  target_compile_options(${target} PRIVATE -Wall -Wextra -Wnon-virtual-dtor
+    $<$<CXX_COMPILER_ID:GNU>:-Wshadow=local>)
   if(GFLOW_WERROR)
     target_compile_options(${target} PRIVATE -Werror)
   endif()

@@ -163,8 +163,8 @@ Config parseArgs(int argc, char** argv) {
       break;
     }
     if (arg.empty() || arg[0] != '-' || arg == "-") break;  // the program starts here
-    // Accept "--flag=value", "--flag value", "-n4" and "-n 4".
-    std::string flag = arg;
+    // Accept "--flag=value", "--flag value", "-n4", "-n 4" and mpirun's "-np 4".
+    std::string flag = arg == "-np" ? "--np" : arg;
     std::string value;
     bool inlineValue = false;
     if (arg.rfind("--", 0) == 0) {
@@ -174,7 +174,7 @@ Config parseArgs(int argc, char** argv) {
         value = arg.substr(eq + 1);
         inlineValue = true;
       }
-    } else if (arg.size() > 2 && arg[0] == '-' && arg[1] == 'n') {
+    } else if (arg != "-np" && arg.size() > 2 && arg[1] == 'n') {
       flag = "-n";
       value = arg.substr(2);
       inlineValue = true;
@@ -360,7 +360,9 @@ std::string describeStatus(int status) {
   return "stopped";
 }
 
-bool failed(int status) { return !(WIFEXITED(status) && WEXITSTATUS(status) == 0); }
+bool failed(int status) {
+  return !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
 
 class Job {
  public:

@@ -43,32 +43,22 @@ uint16_t floatToBFloat16(float f) {
 // and sums up to N cannot overflow it.
 int64_t exactIntegerLimit(DataType t) {
   switch (t) {
-    case DataType::kUInt8:
-      return 255;
-    case DataType::kBFloat16:
-      return 256;
-    case DataType::kFloat16:
-      return 2048;
-    case DataType::kFloat32:
-      return 1 << 24;
-    default:
-      return 1 << 30;
+    case DataType::kUInt8: return 255;
+    case DataType::kBFloat16: return 256;
+    case DataType::kFloat16: return 2048;
+    case DataType::kFloat32: return 1 << 24;
+    default: return 1 << 30;
   }
 }
 
 // How many factors of two a product may hold and stay exact (and in range).
 int exponentRoom(DataType t) {
   switch (t) {
-    case DataType::kUInt8:
-      return 7;
-    case DataType::kFloat16:
-      return 15;
-    case DataType::kInt32:
-      return 30;
-    case DataType::kInt64:
-      return 62;
-    default:
-      return 100;  // float32, bfloat16 (max 2^127), float64
+    case DataType::kUInt8: return 7;
+    case DataType::kFloat16: return 15;
+    case DataType::kInt32: return 30;
+    case DataType::kInt64: return 62;
+    default: return 100;  // float32, bfloat16 (max 2^127), float64
   }
 }
 
@@ -81,9 +71,7 @@ void encodeValue(DataType dtype, double value, void* dst) {
       std::memcpy(dst, &v, sizeof(v));
       return;
     }
-    case DataType::kFloat64:
-      std::memcpy(dst, &value, sizeof(value));
-      return;
+    case DataType::kFloat64: std::memcpy(dst, &value, sizeof(value)); return;
     case DataType::kFloat16: {
       // double -> float -> half equals double -> half: float has more than
       // twice half's precision, so the double rounding is harmless.
@@ -106,9 +94,7 @@ void encodeValue(DataType dtype, double value, void* dst) {
       std::memcpy(dst, &v, sizeof(v));
       return;
     }
-    case DataType::kUInt8:
-      *static_cast<uint8_t*>(dst) = static_cast<uint8_t>(value);
-      return;
+    case DataType::kUInt8: *static_cast<uint8_t*>(dst) = static_cast<uint8_t>(value); return;
   }
 }
 
@@ -127,16 +113,10 @@ CheckPattern::CheckPattern(DataType dtype, ReduceOp op, int worldSize)
   prodMax_ = exponentRoom(dtype);
   switch (op) {
     case ReduceOp::kSum:
-    case ReduceOp::kAvg:
-      period_ = static_cast<size_t>(sumMax_);
-      break;
+    case ReduceOp::kAvg: period_ = static_cast<size_t>(sumMax_); break;
     case ReduceOp::kMin:
-    case ReduceOp::kMax:
-      period_ = kMinMaxRange;
-      break;
-    case ReduceOp::kProd:
-      period_ = static_cast<size_t>(worldSize) + 1;
-      break;
+    case ReduceOp::kMax: period_ = kMinMaxRange; break;
+    case ReduceOp::kProd: period_ = static_cast<size_t>(worldSize) + 1; break;
   }
 
   expected_.resize(period_ * esize_);
@@ -146,18 +126,10 @@ CheckPattern::CheckPattern(DataType dtype, ReduceOp op, int worldSize)
       double v = value(r, j);
       switch (op) {
         case ReduceOp::kSum:
-        case ReduceOp::kAvg:
-          acc += v;
-          break;
-        case ReduceOp::kMin:
-          acc = std::min(acc, v);
-          break;
-        case ReduceOp::kMax:
-          acc = std::max(acc, v);
-          break;
-        case ReduceOp::kProd:
-          acc *= v;
-          break;
+        case ReduceOp::kAvg: acc += v; break;
+        case ReduceOp::kMin: acc = std::min(acc, v); break;
+        case ReduceOp::kMax: acc = std::max(acc, v); break;
+        case ReduceOp::kProd: acc *= v; break;
       }
     }
     if (op == ReduceOp::kAvg) {
@@ -172,8 +144,7 @@ CheckPattern::CheckPattern(DataType dtype, ReduceOp op, int worldSize)
 double CheckPattern::value(int rank, size_t j) const {
   switch (op_) {
     case ReduceOp::kSum:
-    case ReduceOp::kAvg:
-      return 1 + static_cast<double>((static_cast<size_t>(rank) + j) % period_);
+    case ReduceOp::kAvg: return 1 + static_cast<double>((static_cast<size_t>(rank) + j) % period_);
     case ReduceOp::kMin:
     case ReduceOp::kMax:
       return 1 + static_cast<double>((static_cast<size_t>(rank) * 7 + j * 3) % kMinMaxRange);

@@ -12,7 +12,9 @@ std::string fmt(const char* f, double v) {
   return buf;
 }
 
-std::string wrongText(int64_t wrong) { return wrong < 0 ? "N/A" : std::to_string(wrong); }
+std::string wrongText(int64_t wrong) {
+  return wrong < 0 ? "N/A" : std::to_string(wrong);
+}
 
 void jsonMeasurement(FILE* f, const char* name, const Measurement& m) {
   std::fprintf(f, "\"%s\": {\"time_us\": %.3f, \"algbw\": %.6f, \"busbw\": %.6f, \"wrong\": ", name,

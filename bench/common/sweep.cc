@@ -26,7 +26,9 @@ Buffer allocate(size_t bytes) {
 }
 
 // A value the op maps to itself on every rank: x op x op ... == x.
-double stableValue(ReduceOp op) { return op == ReduceOp::kProd ? 1 : 0; }
+double stableValue(ReduceOp op) {
+  return op == ReduceOp::kProd ? 1 : 0;
+}
 
 Measurement measure(Backend& be, const SweepConfig& cfg, const CheckPattern& pattern, void* in,
                     void* out, size_t count, DataType dtype, ReduceOp op) {

@@ -94,16 +94,11 @@ LaunchEnv launchEnv() {
 template <typename T>
 const gloo::ReductionFunction<T>* reduction(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum:
-      return gloo::ReductionFunction<T>::sum;
-    case ReduceOp::kProd:
-      return gloo::ReductionFunction<T>::product;
-    case ReduceOp::kMin:
-      return gloo::ReductionFunction<T>::min;
-    case ReduceOp::kMax:
-      return gloo::ReductionFunction<T>::max;
-    case ReduceOp::kAvg:
-      break;
+    case ReduceOp::kSum: return gloo::ReductionFunction<T>::sum;
+    case ReduceOp::kProd: return gloo::ReductionFunction<T>::product;
+    case ReduceOp::kMin: return gloo::ReductionFunction<T>::min;
+    case ReduceOp::kMax: return gloo::ReductionFunction<T>::max;
+    case ReduceOp::kAvg: break;
   }
   return nullptr;
 }
@@ -115,16 +110,11 @@ using VoidReduce = void (*)(void*, const void*, const void*, size_t);
 template <typename T>
 VoidReduce reductionFunc(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum:
-      return &gloo::sum<T>;
-    case ReduceOp::kProd:
-      return &gloo::product<T>;
-    case ReduceOp::kMin:
-      return &gloo::min<T>;
-    case ReduceOp::kMax:
-      return &gloo::max<T>;
-    case ReduceOp::kAvg:
-      break;
+    case ReduceOp::kSum: return &gloo::sum<T>;
+    case ReduceOp::kProd: return &gloo::product<T>;
+    case ReduceOp::kMin: return &gloo::min<T>;
+    case ReduceOp::kMax: return &gloo::max<T>;
+    case ReduceOp::kAvg: break;
   }
   return nullptr;
 }
@@ -187,10 +177,8 @@ class GlooBackend : public Backend {
       case DataType::kFloat64:
       case DataType::kInt32:
       case DataType::kInt64:
-      case DataType::kUInt8:
-        return true;
-      case DataType::kBFloat16:
-        return false;
+      case DataType::kUInt8: return true;
+      case DataType::kBFloat16: return false;
     }
     return false;
   }
@@ -198,20 +186,13 @@ class GlooBackend : public Backend {
   std::function<void()> prepare(void* in, void* out, size_t count, DataType dtype,
                                 ReduceOp op) override {
     switch (dtype) {
-      case DataType::kFloat32:
-        return prepareTyped<float>(in, out, count, op);
-      case DataType::kFloat16:
-        return prepareTyped<gloo::float16>(in, out, count, op);
-      case DataType::kFloat64:
-        return prepareTyped<double>(in, out, count, op);
-      case DataType::kInt32:
-        return prepareTyped<int32_t>(in, out, count, op);
-      case DataType::kInt64:
-        return prepareTyped<int64_t>(in, out, count, op);
-      case DataType::kUInt8:
-        return prepareTyped<uint8_t>(in, out, count, op);
-      case DataType::kBFloat16:
-        break;
+      case DataType::kFloat32: return prepareTyped<float>(in, out, count, op);
+      case DataType::kFloat16: return prepareTyped<gloo::float16>(in, out, count, op);
+      case DataType::kFloat64: return prepareTyped<double>(in, out, count, op);
+      case DataType::kInt32: return prepareTyped<int32_t>(in, out, count, op);
+      case DataType::kInt64: return prepareTyped<int64_t>(in, out, count, op);
+      case DataType::kUInt8: return prepareTyped<uint8_t>(in, out, count, op);
+      case DataType::kBFloat16: break;
     }
     throw std::invalid_argument("unsupported data type");
   }

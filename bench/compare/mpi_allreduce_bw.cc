@@ -43,35 +43,24 @@ bool selectAlgorithm(const std::string& name) {
 
 MPI_Datatype mpiType(DataType t) {
   switch (t) {
-    case DataType::kFloat32:
-      return MPI_FLOAT;
-    case DataType::kFloat64:
-      return MPI_DOUBLE;
-    case DataType::kInt32:
-      return MPI_INT32_T;
-    case DataType::kInt64:
-      return MPI_INT64_T;
-    case DataType::kUInt8:
-      return MPI_UINT8_T;
+    case DataType::kFloat32: return MPI_FLOAT;
+    case DataType::kFloat64: return MPI_DOUBLE;
+    case DataType::kInt32: return MPI_INT32_T;
+    case DataType::kInt64: return MPI_INT64_T;
+    case DataType::kUInt8: return MPI_UINT8_T;
     case DataType::kFloat16:
-    case DataType::kBFloat16:
-      break;  // not in MPI 3.1
+    case DataType::kBFloat16: break;  // not in MPI 3.1
   }
   return MPI_DATATYPE_NULL;
 }
 
 MPI_Op mpiOp(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum:
-      return MPI_SUM;
-    case ReduceOp::kProd:
-      return MPI_PROD;
-    case ReduceOp::kMin:
-      return MPI_MIN;
-    case ReduceOp::kMax:
-      return MPI_MAX;
-    case ReduceOp::kAvg:
-      break;  // MPI has no average
+    case ReduceOp::kSum: return MPI_SUM;
+    case ReduceOp::kProd: return MPI_PROD;
+    case ReduceOp::kMin: return MPI_MIN;
+    case ReduceOp::kMax: return MPI_MAX;
+    case ReduceOp::kAvg: break;  // MPI has no average
   }
   return MPI_OP_NULL;
 }

@@ -1,7 +1,8 @@
 // See tcp_store_server.h for the design.
 #include "bootstrap/tcp_store_server.h"
 
-#include <poll.h>
+#include <fcntl.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -9,6 +10,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <climits>
 #include <list>
 #include <map>
 #include <mutex>
@@ -28,7 +30,9 @@ using proto::Op;
 using proto::Status;
 using Value = TcpStoreServer::Value;
 
-constexpr size_t kMaxConnections = 4096;
+// Connections (authenticated or handshaking). Each rank needs about one, so
+// this is above any job size we expect; `ulimit -n` usually binds first.
+constexpr size_t kMaxConnections = 65536;
 constexpr size_t kMaxHandshakes = 256;
 constexpr size_t kMaxStoredBytes = size_t{1} << 30;
 constexpr size_t kReadChunk = size_t{256} << 10;
@@ -76,6 +80,11 @@ TcpStoreServer::TcpStoreServer(const std::string& host, uint16_t port, std::stri
   net::setNonBlocking(listen_.fd(), true);
   wake_ = net::Socket(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   GFLOW_SYSCHECK(wake_.fd(), "eventfd");
+  epoll_ = net::Socket(::epoll_create1(EPOLL_CLOEXEC));
+  GFLOW_SYSCHECK(epoll_.fd(), "epoll_create1");
+  GFLOW_SYSCHECK(arm(wake_.fd(), kWakeTag, EPOLLIN, true) ? 0 : -1, "epoll_ctl");
+  GFLOW_SYSCHECK(arm(listen_.fd(), kListenTag, EPOLLIN, true) ? 0 : -1, "epoll_ctl");
+  listenArmed_ = true;
   thread_ = std::thread([this] { run(); });
 }
 
@@ -105,46 +114,47 @@ void TcpStoreServer::run() {
   conns_.clear();
 }
 
+bool TcpStoreServer::arm(int fd, uint64_t tag, uint32_t events, bool add) {
+  epoll_event ev{};
+  ev.events = events;
+  ev.data.u64 = tag;
+  return ::epoll_ctl(epoll_.fd(), add ? EPOLL_CTL_ADD : EPOLL_CTL_MOD, fd, &ev) == 0;
+}
+
 void TcpStoreServer::loopOnce() {
   reapHandshakes();
-  std::vector<pollfd> fds;
-  std::vector<uint64_t> ids;
-  fds.push_back(pollfd{wake_.fd(), POLLIN, 0});
   const bool accepting = handshakes_.size() < kMaxHandshakes && acceptPausedUntil_.expired();
-  if (accepting) fds.push_back(pollfd{listen_.fd(), POLLIN, 0});
-  const size_t firstConn = fds.size();
+  if (accepting != listenArmed_ &&
+      arm(listen_.fd(), kListenTag, accepting ? static_cast<uint32_t>(EPOLLIN) : 0u, false)) {
+    listenArmed_ = accepting;
+  }
   int timeoutMs = accepting ? -1 : 100;  // re-check a paused accept soon
-  for (auto& [id, c] : conns_) {
-    short events = 0;
-    if (c.outPending()) {
-      events = POLLOUT;
-    } else if (!c.parked) {
-      events = POLLIN;
-    } else {
-      // Only watch for the client going away while its answer is pending.
-      events = POLLRDHUP;
-      int left = c.deadline.remainingMs();
-      if (timeoutMs < 0 || left < timeoutMs) timeoutMs = left;
-    }
-    fds.push_back(pollfd{c.sock.fd(), events, 0});
-    ids.push_back(id);
+  if (!parkedByDeadline_.empty()) {
+    // Round up so a sub-millisecond remainder does not spin.
+    auto left = parkedByDeadline_.begin()->first - Deadline::Clock::now();
+    auto ms = std::chrono::ceil<std::chrono::milliseconds>(left).count();
+    ms = std::max<int64_t>(0, std::min<int64_t>(ms, INT32_MAX));
+    if (timeoutMs < 0 || ms < timeoutMs) timeoutMs = static_cast<int>(ms);
   }
 
-  int r = ::poll(fds.data(), fds.size(), timeoutMs);
-  if (r < 0) {
+  epoll_event events[256];
+  int n = ::epoll_wait(epoll_.fd(), events, 256, timeoutMs);
+  if (n < 0) {
     if (errno == EINTR) return;
-    GFLOW_SYSCHECK(r, "poll");
+    GFLOW_SYSCHECK(n, "epoll_wait");
   }
-  if (fds[0].revents & POLLIN) {
-    uint64_t n;
-    while (::read(wake_.fd(), &n, sizeof(n)) > 0) {
+  for (int i = 0; i < n; ++i) {
+    uint64_t tag = events[i].data.u64;
+    if (tag == kWakeTag) {
+      uint64_t count;
+      while (::read(wake_.fd(), &count, sizeof(count)) > 0) {
+      }
+    } else if (tag == kListenTag) {
+      if (listenArmed_) acceptAll();
+    } else {
+      auto it = conns_.find(tag);
+      if (it != conns_.end() && !it->second.dead) onEvents(it->second, events[i].events);
     }
-  }
-  if (accepting && fds[1].revents) acceptAll();
-  for (size_t i = firstConn; i < fds.size(); ++i) {
-    if (fds[i].revents == 0) continue;
-    auto it = conns_.find(ids[i - firstConn]);
-    if (it != conns_.end() && !it->second.dead) onEvents(it->second, fds[i].revents);
   }
   expireWaiters();
   while (!runnable_.empty()) {
@@ -153,9 +163,25 @@ void TcpStoreServer::loopOnce() {
     auto it = conns_.find(id);
     if (it != conns_.end() && !it->second.dead) processFrames(it->second);
   }
-  for (auto it = conns_.begin(); it != conns_.end();) {
-    it = it->second.dead ? conns_.erase(it) : std::next(it);
+  // Re-arm connections whose state changed: a pending answer waits for
+  // EPOLLOUT; a parked one is not read (its next request must wait) but is
+  // watched for the client going away; any other is read.
+  for (uint64_t id : touched_) {
+    auto it = conns_.find(id);
+    if (it == conns_.end() || it->second.dead) continue;
+    Conn& c = it->second;
+    uint32_t want = c.outPending() ? EPOLLOUT : (c.parked ? EPOLLRDHUP : EPOLLIN);
+    if (want == c.armed) continue;
+    if (!arm(c.sock.fd(), c.id, want, false)) {
+      close(c, "cannot watch the connection: " + detail::errnoString(errno), true);
+      continue;
+    }
+    c.armed = want;
   }
+  touched_.clear();
+  // Closing a descriptor also removes it from the epoll set.
+  for (uint64_t id : dead_) conns_.erase(id);
+  dead_.clear();
 }
 
 void TcpStoreServer::acceptAll() {
@@ -216,37 +242,38 @@ void TcpStoreServer::startHandshake(net::Socket s, std::string peer) {
 
 void TcpStoreServer::reapHandshakes() {
   for (auto it = handshakes_.begin(); it != handshakes_.end();) {
-    Handshake& h = **it;
-    int state = h.state.load();
+    int state = (*it)->state.load();
     if (state == 0) {
       ++it;
       continue;
     }
-    h.thread.join();
-    if (state == 1) {
-      net::setNonBlocking(h.sock.fd(), true);
-      uint64_t id = nextId_++;
-      Conn& c = conns_[id];
-      c.id = id;
-      c.sock = std::move(h.sock);
-      c.peer = std::move(h.peer);
-    } else {
-      GFLOW_LOG(WARN) << "store: rejected connection from " << h.peer << ": " << h.error;
-    }
+    (*it)->thread.join();
+    std::unique_ptr<Handshake> h = std::move(*it);
     it = handshakes_.erase(it);
+    if (state != 1) {
+      GFLOW_LOG(WARN) << "store: rejected connection from " << h->peer << ": " << h->error;
+      continue;
+    }
+    uint64_t id = nextId_++;
+    Conn& c = conns_[id];
+    c.id = id;
+    c.sock = std::move(h->sock);
+    c.peer = std::move(h->peer);
+    c.armed = EPOLLIN;
+    int flags = ::fcntl(c.sock.fd(), F_GETFL, 0);
+    if (flags < 0 || ::fcntl(c.sock.fd(), F_SETFL, flags | O_NONBLOCK) < 0 ||
+        !arm(c.sock.fd(), id, c.armed, true)) {
+      close(c, "cannot watch the connection: " + detail::errnoString(errno), true);
+    }
   }
 }
 
-void TcpStoreServer::onEvents(Conn& c, short revents) {
-  if (revents & POLLNVAL) {
-    close(c, "invalid descriptor", true);
-    return;
-  }
-  if (revents & POLLOUT) flush(c);
+void TcpStoreServer::onEvents(Conn& c, uint32_t events) {
+  if (events & EPOLLOUT) flush(c);
   if (c.dead) return;
-  if (revents & POLLIN) {
+  if (events & EPOLLIN) {
     readSome(c);
-  } else if (revents & (POLLHUP | POLLERR | POLLRDHUP)) {
+  } else if (events & (EPOLLHUP | EPOLLERR | EPOLLRDHUP)) {
     close(c, c.parked ? "client went away while waiting" : "connection closed", false);
   }
 }
@@ -438,6 +465,8 @@ void TcpStoreServer::park(Conn& c, Op op, std::vector<std::string> keys, uint64_
   c.parked = true;
   c.parkedOp = op;
   c.deadline = proto::deadlineAfterMs(timeoutMs);
+  parkedByDeadline_.emplace(c.deadline.at(), c.id);
+  touched_.push_back(c.id);
   for (const auto& k : missingOf(keys)) waiters_[k].push_back(c.id);
   c.waitKeys = std::move(keys);
 }
@@ -450,6 +479,8 @@ void TcpStoreServer::unpark(Conn& c) {
     ids.erase(std::remove(ids.begin(), ids.end(), c.id), ids.end());
     if (ids.empty()) waiters_.erase(it);
   }
+  parkedByDeadline_.erase({c.deadline.at(), c.id});
+  touched_.push_back(c.id);
   c.parked = false;
   c.waitKeys.clear();
 }
@@ -477,20 +508,25 @@ void TcpStoreServer::notifyKey(const std::string& key) {
 }
 
 void TcpStoreServer::expireWaiters() {
-  for (auto& [id, c] : conns_) {
-    if (c.dead || !c.parked || !c.deadline.expired()) continue;
+  while (!parkedByDeadline_.empty() && parkedByDeadline_.begin()->first <= Deadline::Clock::now()) {
+    uint64_t id = parkedByDeadline_.begin()->second;
+    auto it = conns_.find(id);
+    if (it == conns_.end() || it->second.dead || !it->second.parked) {
+      parkedByDeadline_.erase(parkedByDeadline_.begin());  // defensive: never left behind
+      continue;
+    }
+    Conn& c = it->second;
     std::vector<std::string> missing = missingOf(c.waitKeys);
     unpark(c);
+    // The answer only needs to name the keys; keep it under the frame limit.
+    size_t count = 0, bytes = 4;
+    while (count < missing.size() && bytes + 4 + missing[count].size() <= proto::kMaxOtherBody) {
+      bytes += 4 + missing[count++].size();
+    }
     std::vector<uint8_t> body;
     proto::Writer w(&body);
-    w.u32(static_cast<uint32_t>(missing.size()));
-    size_t bytes = 4;
-    for (const auto& k : missing) {
-      // The answer only needs to name the keys; keep it under the frame limit.
-      if (bytes + 4 + k.size() > proto::kMaxOtherBody) break;
-      w.key(k);
-      bytes += 4 + k.size();
-    }
+    w.u32(static_cast<uint32_t>(count));
+    for (size_t i = 0; i < count; ++i) w.key(missing[i]);
     respond(c, Status::kTimeout, body);
   }
 }
@@ -504,6 +540,7 @@ void TcpStoreServer::respond(Conn& c, Status status, const std::vector<uint8_t>&
   c.outHead.insert(c.outHead.end(), body.begin(), body.end());
   c.outBody = std::move(value);
   c.outPos = 0;
+  touched_.push_back(c.id);
   flush(c);
 }
 
@@ -535,6 +572,7 @@ void TcpStoreServer::flush(Conn& c) {
   c.outHead.clear();
   c.outBody.reset();
   c.outPos = 0;
+  touched_.push_back(c.id);
   // The client may have pipelined further requests behind this one.
   if (!c.in.empty()) runnable_.push_back(c.id);
 }
@@ -548,6 +586,7 @@ void TcpStoreServer::close(Conn& c, const std::string& why, bool warn) {
   }
   if (c.parked) unpark(c);
   c.dead = true;
+  dead_.push_back(c.id);
   c.outBody.reset();
   std::vector<uint8_t>().swap(c.in);
 }

@@ -1,6 +1,6 @@
 // The TCP store server (private to src/bootstrap/; TcpStore owns one on rank 0).
 //
-// One thread runs a poll loop over non-blocking sockets and never blocks on a
+// One thread runs an epoll loop over non-blocking sockets and never blocks on a
 // single client. A get/wait whose keys are missing parks its connection
 // (registered under each missing key) and is answered when a set/add
 // completes the keys or the request's own timeout passes. New connections run
@@ -22,6 +22,7 @@
 #include <list>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -58,6 +59,7 @@ class TcpStoreServer {
     proto::Op parkedOp = proto::Op::kGet;
     std::vector<std::string> waitKeys;
     Deadline deadline = Deadline::never();
+    uint32_t armed = 0;  // epoll events registered for the socket
     bool outPending() const { return outPos < outHead.size() + (outBody ? outBody->size() : 0); }
   };
   struct Handshake {
@@ -73,7 +75,8 @@ class TcpStoreServer {
   void acceptAll();
   void startHandshake(net::Socket s, std::string peer);
   void reapHandshakes();
-  void onEvents(Conn& c, short revents);
+  void onEvents(Conn& c, uint32_t events);
+  bool arm(int fd, uint64_t tag, uint32_t events, bool add);  // false: errno set
   void readSome(Conn& c);
   void processFrames(Conn& c);
   void dispatch(Conn& c, proto::Op op, const uint8_t* body, size_t len);
@@ -91,6 +94,10 @@ class TcpStoreServer {
   const std::chrono::milliseconds handshakeTimeout_;
   net::Socket listen_;
   net::Socket wake_;  // eventfd: stop requests and finished handshakes
+  net::Socket epoll_;
+  // epoll tags: these two, else a connection id (ids start above them).
+  static constexpr uint64_t kWakeTag = 0;
+  static constexpr uint64_t kListenTag = 1;
   uint16_t port_ = 0;
   std::atomic<bool> stop_{false};
   std::thread thread_;
@@ -101,8 +108,12 @@ class TcpStoreServer {
   std::unordered_map<std::string, Value> data_;
   std::unordered_map<std::string, std::vector<uint64_t>> waiters_;  // key -> parked conn ids
   std::vector<uint64_t> runnable_;  // conns whose buffered frames may now proceed
+  std::vector<uint64_t> touched_;   // conns whose epoll events may need re-arming
+  std::vector<uint64_t> dead_;      // closed conns, erased at the end of the iteration
+  std::set<std::pair<Deadline::Clock::time_point, uint64_t>> parkedByDeadline_;
+  bool listenArmed_ = false;
   size_t storedBytes_ = 0;
-  uint64_t nextId_ = 1;
+  uint64_t nextId_ = 2;
   Deadline acceptPausedUntil_ = Deadline::after(std::chrono::milliseconds(0));
 };
 

@@ -137,6 +137,8 @@ std::unique_ptr<Communicator::Impl> Communicator::Impl::connect(
   uint64_t rdMax = 0;
   if (params::getString("GFLOW_RD_MAX_BYTES") != "auto") rdMax = params::getBytes("GFLOW_RD_MAX_BYTES");
   impl->selector = std::make_unique<AlgorithmSelector>(algoSpec, algoSource, rdMax);
+  impl->algoSpec = algoSpec;
+  impl->algoSource = algoSource;
   impl->backend = backend::createHostBackend(transport::createContext(transportName, ctxOpts));
 
   // Host grouping: every rank learns every rank's host (one allgather).
@@ -362,8 +364,8 @@ std::shared_ptr<Communicator> Communicator::split(int color, int key) {
   co.prefix = I.contextOptions.prefix + "split" + std::to_string(splitId) + "/c" +
               std::to_string(color) + "/";
   // The sub-communicator inherits the parent's algorithm configuration.
-  auto impl = Impl::connect(newRank, co.size, co, I.transportName, params::getString("GFLOW_ALGO"),
-                            "GFLOW_ALGO", I.hostOf[I.rank], -1, -1);
+  auto impl = Impl::connect(newRank, co.size, co, I.transportName, I.algoSpec, I.algoSource,
+                            I.hostOf[I.rank], -1, -1);
   return std::shared_ptr<Communicator>(new Communicator(std::move(impl)));
 }
 

@@ -31,8 +31,10 @@ struct Communicator::Impl {
   std::unique_ptr<backend::Backend> backend;
   Engine engine;
 
-  uint64_t seq = 0;          // touched only by the executing thread
-  uint64_t splitCount = 0;   // likewise
+  uint64_t seq = 0;  // touched only by the executing thread
+  std::atomic<uint64_t> splitCount{0};
+  std::string algoSpec;    // inherited by split()
+  std::string algoSource;
   backend::Algorithm lastAlgo[8] = {};
 
   std::mutex errorMutex;

@@ -342,6 +342,15 @@ Job::Args sameArgs(std::vector<std::string> args) {
   return [args](int) { return args; };
 }
 
+// One line per rank in the test log: when it exited (seconds after `event`)
+// and the error it reported.
+void logRank(const std::string& event, int rank, double seconds, const RankResult& res) {
+  std::string said = res.code.empty() ? "exit " + std::to_string(res.exitCode) : res.what;
+  if (said.size() > 400) said = said.substr(0, 400) + "...";
+  std::printf("[ timing   ] %s: rank %d exited after %.3f s: %s\n", event.c_str(), rank, seconds,
+              said.c_str());
+}
+
 // ---- raw sockets for the garbage tests ------------------------------------
 
 gflow::net::Socket connectRaw(const std::string& host, uint16_t port) {
@@ -452,8 +461,7 @@ TEST_P(FaultKill, SurvivorsReportPeerLostNamingTheKilledRank) {
     if (r == victim) continue;
     const RankResult& res = job.result(r);
     const double took = secondsSince(killed, res.exitTime);
-    std::printf("[ timing   ] n=%d kill rank %d: rank %d exited %.3f s later (%s)\n", n, victim, r,
-                took, res.code.c_str());
+    logRank("n=" + std::to_string(n) + " kill rank " + std::to_string(victim), r, took, res);
     EXPECT_EQ(res.exitCode, exitCodeFor(gflow::ErrorCode::kPeerLost)) << "rank " << r << "\n"
                                                                       << report;
     EXPECT_EQ(res.code, "peer_lost") << "rank " << r << "\n" << report;
@@ -463,7 +471,7 @@ TEST_P(FaultKill, SurvivorsReportPeerLostNamingTheKilledRank) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, FaultKill,
+INSTANTIATE_TEST_SUITE_P(, FaultKill,
                          ::testing::Values(RankCase{3, 1}, RankCase{4, 2}, RankCase{3, 0}),
                          caseName);
 
@@ -491,8 +499,7 @@ TEST_P(FaultStop, SurvivorsTimeOutNamingTheStoppedRank) {
   for (int r : survivors) {
     const RankResult& res = job.result(r);
     const double took = secondsSince(stopped, res.exitTime);
-    std::printf("[ timing   ] n=%d stop rank %d: rank %d exited %.3f s later (%s)\n", n, victim, r,
-                took, res.code.c_str());
+    logRank("n=" + std::to_string(n) + " stop rank " + std::to_string(victim), r, took, res);
     EXPECT_TRUE(res.code == "timeout" || res.code == "peer_lost") << "rank " << r << "\n"
                                                                  << report;
     EXPECT_EQ(res.exitCode, res.code == "timeout" ? exitCodeFor(gflow::ErrorCode::kTimeout)
@@ -505,7 +512,7 @@ TEST_P(FaultStop, SurvivorsTimeOutNamingTheStoppedRank) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, FaultStop, ::testing::Values(RankCase{3, 1}, RankCase{4, 3}),
+INSTANTIATE_TEST_SUITE_P(, FaultStop, ::testing::Values(RankCase{3, 1}, RankCase{4, 3}),
                          caseName);
 
 // ---- 3. a rank with another job token ---------------------------------------
@@ -523,8 +530,8 @@ TEST_P(FaultToken, WrongTokenIsUnauthorizedAndNobodyHangs) {
   int unauthorized = 0;
   for (int r = 0; r < n; ++r) {
     const RankResult& res = job.result(r);
-    std::printf("[ timing   ] token of rank %d differs: rank %d exited after %.3f s (%s)\n",
-                intruder, r, secondsSince(job.started(), res.exitTime), res.code.c_str());
+    logRank("token of rank " + std::to_string(intruder) + " differs", r,
+            secondsSince(job.started(), res.exitTime), res);
     EXPECT_NE(res.exitCode, 0) << "rank " << r << " completed a job with a stranger\n" << report;
     EXPECT_FALSE(res.code.empty()) << "rank " << r << " printed no GFLOW_ERROR\n" << report;
     if (res.code == "unauthorized") {
@@ -542,7 +549,7 @@ TEST_P(FaultToken, WrongTokenIsUnauthorizedAndNobodyHangs) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, FaultToken, ::testing::Values(RankCase{3, 2}, RankCase{3, 0}),
+INSTANTIATE_TEST_SUITE_P(, FaultToken, ::testing::Values(RankCase{3, 2}, RankCase{3, 0}),
                          caseName);
 
 // ---- 4. garbage to the store and data ports ---------------------------------
@@ -564,7 +571,7 @@ TEST(FaultGarbage, StoreSurvivesGarbageDuringSetupAndWhileJobRuns) {
     EXPECT_EQ(client.getString("gflow/created/0", seconds(2)), "1");
   }
   ASSERT_TRUE(job.waitExit(seconds(10))) << job.report();
-  const std::string report = job.report();
+  const std::string report = job.report(); std::puts(report.c_str());
   for (int r = 0; r < 3; ++r) {
     EXPECT_EQ(job.result(r).exitCode, 0) << "rank " << r << "\n" << report;
     EXPECT_TRUE(job.result(r).printed("GFLOW_DONE")) << "rank " << r << "\n" << report;
@@ -620,7 +627,7 @@ TEST(FaultGarbage, DataListenersSurviveGarbageDuringSetup) {
   attackDataPort(dataAddress(job, 1), 20);
   EXPECT_FALSE(job.exited(2)) << "rank 2 was meant to join after the garbage\n" << job.report();
   ASSERT_TRUE(job.waitExit(seconds(10))) << job.report();
-  const std::string report = job.report();
+  const std::string report = job.report(); std::puts(report.c_str());
   for (int r = 0; r < 3; ++r) {
     EXPECT_EQ(job.result(r).exitCode, 0) << "rank " << r << "\n" << report;
     EXPECT_TRUE(job.result(r).printed("GFLOW_DONE")) << "rank " << r << "\n" << report;
@@ -644,8 +651,7 @@ TEST(FaultGarbage, SilentStrangerOnDataPortDoesNotStallSetup) {
   ASSERT_TRUE(finished) << report;
   for (int r = 0; r < 3; ++r) {
     const RankResult& res = job.result(r);
-    std::printf("[ timing   ] silent stranger: rank %d exited after %.3f s (exit %d)\n", r,
-                secondsSince(job.started(), res.exitTime), res.exitCode);
+    logRank("silent stranger", r, secondsSince(job.started(), res.exitTime), res);
     EXPECT_EQ(res.exitCode, 0) << "rank " << r << "\n" << report;
   }
 }
@@ -667,6 +673,8 @@ TEST_P(FaultMismatch, EveryRankRaisesMismatchNamingTheRanks) {
   const std::string report = job.report();
   for (int r = 0; r < n; ++r) {
     const RankResult& res = job.result(r);
+    logRank("mismatch " + std::string(GetParam().kind), r, secondsSince(job.started(), res.exitTime),
+            res);
     EXPECT_EQ(res.exitCode, exitCodeFor(gflow::ErrorCode::kMismatch)) << "rank " << r << "\n"
                                                                       << report;
     EXPECT_EQ(res.code, "mismatch") << "rank " << r << "\n" << report;
@@ -678,12 +686,14 @@ TEST_P(FaultMismatch, EveryRankRaisesMismatchNamingTheRanks) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Kinds, FaultMismatch,
-    ::testing::Values(MismatchCase{3, "op"}, MismatchCase{4, "op"}, MismatchCase{3, "count"}),
-    [](const ::testing::TestParamInfo<MismatchCase>& info) {
-      return "n" + std::to_string(info.param.size) + "_" + info.param.kind;
-    });
+std::string mismatchName(const ::testing::TestParamInfo<MismatchCase>& info) {
+  return "n" + std::to_string(info.param.size) + "_" + info.param.kind;
+}
+
+INSTANTIATE_TEST_SUITE_P(, FaultMismatch,
+                         ::testing::Values(MismatchCase{3, "op"}, MismatchCase{4, "op"},
+                                           MismatchCase{3, "count"}),
+                         mismatchName);
 
 // ---- 6. a rank that exits right after the last op ---------------------------
 
@@ -708,7 +718,7 @@ TEST_P(FaultExit, RankLeavingAfterLastOpDoesNotFailTheOthers) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, FaultExit,
+INSTANTIATE_TEST_SUITE_P(, FaultExit,
                          ::testing::Values(RankCase{3, 2}, RankCase{3, 0}, RankCase{4, 1}),
                          caseName);
 

@@ -53,9 +53,15 @@ template <class T>
 void put(uint8_t* p, T v) {
   std::memcpy(p, &v, sizeof v);
 }
-uint32_t bits(float f) { return load<uint32_t>(reinterpret_cast<const uint8_t*>(&f)); }
-uint64_t bits(double d) { return load<uint64_t>(reinterpret_cast<const uint8_t*>(&d)); }
-float floatOf(uint32_t u) { return load<float>(reinterpret_cast<const uint8_t*>(&u)); }
+uint32_t bits(float f) {
+  return load<uint32_t>(reinterpret_cast<const uint8_t*>(&f));
+}
+uint64_t bits(double d) {
+  return load<uint64_t>(reinterpret_cast<const uint8_t*>(&d));
+}
+float floatOf(uint32_t u) {
+  return load<float>(reinterpret_cast<const uint8_t*>(&u));
+}
 
 // ---- reference 16-bit floats ---------------------------------------------------
 
@@ -104,10 +110,12 @@ uint16_t encode16(double v, Format f) {
   const double maxFinite = std::ldexp(2.0 - std::ldexp(1.0, -f.mantBits), f.bias());
   if (r > maxFinite) return static_cast<uint16_t>(inf);
   if (r < std::ldexp(1.0, minExp)) {
-    return static_cast<uint16_t>(sign | static_cast<uint32_t>(r / std::ldexp(1.0, minExp - f.mantBits)));
+    return static_cast<uint16_t>(sign |
+                                 static_cast<uint32_t>(r / std::ldexp(1.0, minExp - f.mantBits)));
   }
   const int e2 = std::ilogb(r);
-  const auto mant = static_cast<uint32_t>(r / std::ldexp(1.0, e2 - f.mantBits)) - (1u << f.mantBits);
+  const auto mant =
+      static_cast<uint32_t>(r / std::ldexp(1.0, e2 - f.mantBits)) - (1u << f.mantBits);
   return static_cast<uint16_t>(sign | (static_cast<uint32_t>(e2 + f.bias()) << f.mantBits) | mant);
 }
 
@@ -159,7 +167,8 @@ void refElement(DataType dtype, ReduceOp op, const uint8_t* a, const uint8_t* b,
     case DataType::kFloat16:
     case DataType::kBFloat16: {
       const Format f = dtype == DataType::kFloat16 ? kHalf : kBf16;
-      const double r = refFloatOp(op, decode16(load<uint16_t>(a), f), decode16(load<uint16_t>(b), f));
+      const double r =
+          refFloatOp(op, decode16(load<uint16_t>(a), f), decode16(load<uint16_t>(b), f));
       put<uint16_t>(out, encode16(r, f));
       return;
     }
@@ -182,42 +191,51 @@ void fillRandom(DataType dtype, uint8_t* p, size_t n, std::mt19937_64& rng) {
     const double value = std::ldexp(unit(rng), scale(rng));  // a typical gradient-like value
     switch (dtype) {
       case DataType::kFloat32: {
-        static const uint32_t kSpecial[] = {0x0, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000,
-                                            0xFFC00001, 0x7F800001, 0x1, 0x807FFFFF, 0x7F7FFFFF};
-        put<uint32_t>(p, k < 5 ? bits(static_cast<float>(value))
-                               : k < 8 ? static_cast<uint32_t>(raw) : kSpecial[raw % 10]);
+        static const uint32_t kSpecial[] = {0x0,        0x80000000, 0x7F800000, 0xFF800000,
+                                            0x7FC00000, 0xFFC00001, 0x7F800001, 0x1,
+                                            0x807FFFFF, 0x7F7FFFFF};
+        put<uint32_t>(p, k < 5   ? bits(static_cast<float>(value))
+                         : k < 8 ? static_cast<uint32_t>(raw)
+                                 : kSpecial[raw % 10]);
         break;
       }
       case DataType::kFloat64: {
-        static const uint64_t kSpecial[] = {0x0, 0x8000000000000000, 0x7FF0000000000000,
-                                            0xFFF0000000000000, 0x7FF8000000000000,
-                                            0xFFF8000000000123, 0x7FF0000000000001, 0x1,
-                                            0x7FEFFFFFFFFFFFFF, 0x000FFFFFFFFFFFFF};
+        static const uint64_t kSpecial[] = {0x0,
+                                            0x8000000000000000,
+                                            0x7FF0000000000000,
+                                            0xFFF0000000000000,
+                                            0x7FF8000000000000,
+                                            0xFFF8000000000123,
+                                            0x7FF0000000000001,
+                                            0x1,
+                                            0x7FEFFFFFFFFFFFFF,
+                                            0x000FFFFFFFFFFFFF};
         put<uint64_t>(p, k < 5 ? bits(value) : k < 8 ? raw : kSpecial[raw % 10]);
         break;
       }
       case DataType::kFloat16:
       case DataType::kBFloat16: {
         const Format f = dtype == DataType::kFloat16 ? kHalf : kBf16;
-        static const uint16_t kHalfSpecial[] = {0x0, 0x8000, 0x7C00, 0xFC00, 0x7E00,
+        static const uint16_t kHalfSpecial[] = {0x0,    0x8000, 0x7C00, 0xFC00, 0x7E00,
                                                 0xFD01, 0x7C01, 0x1,    0x7BFF, 0x03FF};
-        static const uint16_t kBfSpecial[] = {0x0, 0x8000, 0x7F80, 0xFF80, 0x7FC0,
+        static const uint16_t kBfSpecial[] = {0x0,    0x8000, 0x7F80, 0xFF80, 0x7FC0,
                                               0xFFA1, 0x7F81, 0x1,    0x7F7F, 0x007F};
         const uint16_t special = (f.expBits == 5 ? kHalfSpecial : kBfSpecial)[raw % 10];
-        put<uint16_t>(p, k < 4 ? encode16(value, f)
-                               : k < 8 ? static_cast<uint16_t>(raw) : special);
+        put<uint16_t>(p, k < 4 ? encode16(value, f) : k < 8 ? static_cast<uint16_t>(raw) : special);
         break;
       }
       case DataType::kInt32: {
         static const int32_t kSpecial[] = {0, 1, -1, INT32_MIN, INT32_MAX};
-        put<int32_t>(p, k < 7 ? static_cast<int32_t>(raw % 2001) - 1000
-                              : k < 9 ? static_cast<int32_t>(raw) : kSpecial[raw % 5]);
+        put<int32_t>(p, k < 7   ? static_cast<int32_t>(raw % 2001) - 1000
+                        : k < 9 ? static_cast<int32_t>(raw)
+                                : kSpecial[raw % 5]);
         break;
       }
       case DataType::kInt64: {
         static const int64_t kSpecial[] = {0, 1, -1, INT64_MIN, INT64_MAX};
-        put<int64_t>(p, k < 7 ? static_cast<int64_t>(raw % 2001) - 1000
-                              : k < 9 ? static_cast<int64_t>(raw) : kSpecial[raw % 5]);
+        put<int64_t>(p, k < 7   ? static_cast<int64_t>(raw % 2001) - 1000
+                        : k < 9 ? static_cast<int64_t>(raw)
+                                : kSpecial[raw % 5]);
         break;
       }
       case DataType::kUInt8: put<uint8_t>(p, static_cast<uint8_t>(raw)); break;
@@ -250,8 +268,8 @@ TEST_P(ReduceTest, MatchesReference) {
 
   const size_t size = dataTypeSize(dtype);
   std::mt19937_64 rng(1234 + 100 * static_cast<int>(dtype) + static_cast<int>(op));
-  const size_t counts[] = {0, 1, 2, 3, 7, 8, 15, 16, 17, 31, 33, 63, 64, 65, 127, 129, 255, 1023,
-                           1025, 100003};
+  const size_t counts[] = {0,  1,  2,  3,  7,   8,   15,  16,   17,   31,
+                           33, 63, 64, 65, 127, 129, 255, 1023, 1025, 100003};
   enum Alias { kNone, kDstIsA, kDstIsB };
   for (size_t count : counts) {
     for (Alias alias : {kNone, kDstIsA, kDstIsB}) {
@@ -345,7 +363,7 @@ TEST(Reduce, NanAndInfinity) {
     EXPECT_EQ(bits(out[5]), 0x80000000u);  // -0 * 0
     EXPECT_EQ(bits(out[8]), 0x7FC00000u);  // 0 * inf
     reduceFn(DataType::kFloat32, ReduceOp::kMin)(out.data(), a.data(), b.data(), a.size());
-    const uint32_t minWant[] = {0xFF800000, 0xFF800000, 0x3F800000, 0x7FC00000, 0x7FC00000,
+    const uint32_t minWant[] = {0xFF800000, 0xFF800000,  0x3F800000, 0x7FC00000, 0x7FC00000,
                                 0x80000000, bits(3e38f), 0x7FC00000, 0x00000000};
     for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(bits(out[i]), minWant[i]) << "min " << i;
     reduceFn(DataType::kFloat32, ReduceOp::kMax)(out.data(), a.data(), b.data(), a.size());
@@ -373,12 +391,11 @@ std::vector<float> conversionInputs(Format f, std::mt19937_64& rng) {
     v.push_back(std::nextafter(mid, std::numeric_limits<float>::infinity()));
     v.push_back(std::nextafter(mid, -std::numeric_limits<float>::infinity()));
   }
-  const uint32_t edges[] = {0x33000000, 0x33000001, 0x32FFFFFF, 0x33800000, 0x387FC000,
-                            0x387FE000, 0x387FFFFF, 0x38800000, 0x477FE000, 0x477FEFFF,
-                            0x477FF000, 0x477FFFFF, 0x47800000, 0x7F7FFFFF, 0x7F7F7FFF,
-                            0x7F7F8000, 0x00000001, 0x007FFFFF, 0x00800000, 0x7F800000,
-                            0x7F800001, 0x7FBFFFFF, 0x7FC00000, 0x7FFFFFFF, 0x7FC01000,
-                            0x7F802000, 0x7FFFE000, 0x7F80FFFF};
+  const uint32_t edges[] = {0x33000000, 0x33000001, 0x32FFFFFF, 0x33800000, 0x387FC000, 0x387FE000,
+                            0x387FFFFF, 0x38800000, 0x477FE000, 0x477FEFFF, 0x477FF000, 0x477FFFFF,
+                            0x47800000, 0x7F7FFFFF, 0x7F7F7FFF, 0x7F7F8000, 0x00000001, 0x007FFFFF,
+                            0x00800000, 0x7F800000, 0x7F800001, 0x7FBFFFFF, 0x7FC00000, 0x7FFFFFFF,
+                            0x7FC01000, 0x7F802000, 0x7FFFE000, 0x7F80FFFF};
   for (uint32_t e : edges) {
     v.push_back(floatOf(e));
     v.push_back(floatOf(e | 0x80000000u));
@@ -407,7 +424,8 @@ TEST(Conversion, HalfToFloatExhaustive) {
     std::vector<float> out(all.size() + 1);
     table->halfToFloat(out.data() + 1, all.data(), all.size());  // misaligned dst
     for (uint32_t h = 0; h < 0x10000; ++h) {
-      ASSERT_EQ(bits(out[h + 1]), bits(halfToFloat(all[h]))) << toString(isa) << std::hex << " " << h;
+      ASSERT_EQ(bits(out[h + 1]), bits(halfToFloat(all[h])))
+          << toString(isa) << std::hex << " " << h;
     }
   }
 }
@@ -495,7 +513,8 @@ void refDivide(DataType dtype, const uint8_t* in, uint8_t* out, int64_t d) {
     }
     case DataType::kFloat64: {
       const double x = load<double>(in);
-      put<uint64_t>(out, std::isnan(x) ? bits(x) | (uint64_t{1} << 51) : bits(x / static_cast<double>(d)));
+      put<uint64_t>(
+          out, std::isnan(x) ? bits(x) | (uint64_t{1} << 51) : bits(x / static_cast<double>(d)));
       return;
     }
     case DataType::kFloat16:
@@ -511,8 +530,10 @@ void refDivide(DataType dtype, const uint8_t* in, uint8_t* out, int64_t d) {
     case DataType::kInt64: {
       const __int128 x = dtype == DataType::kInt32 ? load<int32_t>(in) : load<int64_t>(in);
       const __int128 q = (x < 0 ? -((-x) / d) : x / d);
-      if (dtype == DataType::kInt32) put(out, static_cast<int32_t>(q));
-      else put(out, static_cast<int64_t>(q));
+      if (dtype == DataType::kInt32)
+        put(out, static_cast<int32_t>(q));
+      else
+        put(out, static_cast<int64_t>(q));
       return;
     }
     case DataType::kUInt8: put(out, static_cast<uint8_t>(load<uint8_t>(in) / d)); return;
@@ -526,14 +547,15 @@ TEST(Divide, MatchesReference) {
     if (!setIsa(isa)) continue;
     for (DataType dtype : kAllTypes) {
       const size_t size = dataTypeSize(dtype);
-      for (int64_t d : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{7}, int64_t{1000},
-                        int64_t{1} << 40}) {
+      for (int64_t d :
+           {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{7}, int64_t{1000}, int64_t{1} << 40}) {
         for (size_t count : {size_t{0}, size_t{1}, size_t{17}, size_t{5003}}) {
           std::vector<uint8_t> buf(count * size + 1);
           uint8_t* data = buf.data() + 1;  // misaligned
           fillRandom(dtype, data, count, rng);
           std::vector<uint8_t> want(count * size + 1);
-          for (size_t i = 0; i < count; ++i) refDivide(dtype, data + i * size, want.data() + i * size, d);
+          for (size_t i = 0; i < count; ++i)
+            refDivide(dtype, data + i * size, want.data() + i * size, d);
           divide(data, count, dtype, d);
           for (size_t i = 0; i < count; ++i) {
             ASSERT_EQ(std::memcmp(data + i * size, want.data() + i * size, size), 0)
@@ -601,8 +623,7 @@ TEST(Dispatch, IsaSelection) {
   EXPECT_EQ(cpu::tableFor(best)->isa, best);
   EXPECT_TRUE(setIsa(Isa::kBaseline));
   EXPECT_EQ(activeIsa(), Isa::kBaseline);
-  EXPECT_EQ(reduceFn(DataType::kFloat32, ReduceOp::kSum),
-            cpu::baselineTable().reduce[0][0]);
+  EXPECT_EQ(reduceFn(DataType::kFloat32, ReduceOp::kSum), cpu::baselineTable().reduce[0][0]);
   for (Isa isa : kAllIsas) {
     const bool supported = static_cast<int>(isa) <= static_cast<int>(best);
     EXPECT_EQ(setIsa(isa), supported) << toString(isa);

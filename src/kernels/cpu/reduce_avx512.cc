@@ -29,7 +29,9 @@ struct F32x16 {
   static V load(const void* p) { return _mm512_loadu_ps(p); }
   static void store(void* p, V v) { _mm512_storeu_ps(p, v); }
   static V nan() { return _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>(kNanF32))); }
-  static V canon(V r) { return _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(r, r, _CMP_UNORD_Q), nan()); }
+  static V canon(V r) {
+    return _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(r, r, _CMP_UNORD_Q), nan());
+  }
   static V nanIfEither(V r, V a, V b) {
     return _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(a, b, _CMP_UNORD_Q), nan());
   }
@@ -49,10 +51,10 @@ struct F64x8 {
   static constexpr size_t kLanes = 8;
   static V load(const void* p) { return _mm512_loadu_pd(p); }
   static void store(void* p, V v) { _mm512_storeu_pd(p, v); }
-  static V nan() {
-    return _mm512_castsi512_pd(_mm512_set1_epi64(static_cast<long long>(kNanF64)));
+  static V nan() { return _mm512_castsi512_pd(_mm512_set1_epi64(static_cast<long long>(kNanF64))); }
+  static V canon(V r) {
+    return _mm512_mask_mov_pd(r, _mm512_cmp_pd_mask(r, r, _CMP_UNORD_Q), nan());
   }
-  static V canon(V r) { return _mm512_mask_mov_pd(r, _mm512_cmp_pd_mask(r, r, _CMP_UNORD_Q), nan()); }
   static V nanIfEither(V r, V a, V b) {
     return _mm512_mask_mov_pd(r, _mm512_cmp_pd_mask(a, b, _CMP_UNORD_Q), nan());
   }
@@ -85,17 +87,28 @@ struct BF16x16 : F32x16 {
     const __m256i h = _mm256_loadu_si256(static_cast<const __m256i*>(p));
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
   }
-  // floatToBfloat16Scalar on sixteen lanes: RNE by integer add, NaN made quiet.
+  // RNE by integer add (floatToBfloat16Scalar without its NaN branch), in the
+  // low 16 bits of each 32-bit lane.
+  static __m512i round(__m512i x) {
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(1));
+    return _mm512_srli_epi32(_mm512_add_epi32(x, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), lsb)),
+                             16);
+  }
+  // Every lane is <= 0xFFFF, so the truncating narrow is exact.
+  static void pack(void* p, __m512i r) {
+    _mm256_storeu_si256(static_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
+  }
+  // Reduce results carry no NaN but the canonical one, which rounds to the
+  // canonical bfloat16 NaN on its own.
+  static void store(void* p, V v) { pack(p, round(_mm512_castps_si512(v))); }
+};
+
+// Narrowing arbitrary floats: NaN lanes keep sign and top payload, made quiet.
+struct BF16x16Convert : BF16x16 {
   static void store(void* p, V v) {
     const __m512i x = _mm512_castps_si512(v);
-    const __m512i hi = _mm512_srli_epi32(x, 16);
-    const __m512i bias = _mm512_add_epi32(_mm512_set1_epi32(0x7FFF),
-                                          _mm512_and_si512(hi, _mm512_set1_epi32(1)));
-    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(x, bias), 16);
-    const __m512i quiet = _mm512_or_si512(hi, _mm512_set1_epi32(0x40));
-    r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), quiet);
-    // Every lane is <= 0xFFFF, so the truncating narrow is exact.
-    _mm256_storeu_si256(static_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
+    const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(0x40));
+    pack(p, _mm512_mask_mov_epi32(round(x), _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), quiet));
   }
 };
 
@@ -133,8 +146,8 @@ struct U8x64 : IntLoadStore {
   // low byte of each product.
   static V prod(V a, V b) {
     const V even = _mm512_and_si512(_mm512_mullo_epi16(a, b), _mm512_set1_epi16(0x00FF));
-    const V odd = _mm512_slli_epi16(
-        _mm512_mullo_epi16(_mm512_srli_epi16(a, 8), _mm512_srli_epi16(b, 8)), 8);
+    const V odd =
+        _mm512_slli_epi16(_mm512_mullo_epi16(_mm512_srli_epi16(a, 8), _mm512_srli_epi16(b, 8)), 8);
     return _mm512_or_si512(even, odd);
   }
   static V min(V a, V b) { return _mm512_min_epu8(a, b); }
@@ -142,10 +155,13 @@ struct U8x64 : IntLoadStore {
 };
 
 constexpr KernelTable kAvx512Table =
-    makeVectorTable<F32x16, F16x16, BF16x16, F64x8, I32x16, I64x8, U8x64>(Isa::kAvx512);
+    makeVectorTable<F32x16, F16x16, BF16x16, F64x8, I32x16, I64x8, U8x64, BF16x16Convert>(
+        Isa::kAvx512);
 
 }  // namespace
 
-const KernelTable& avx512Table() { return kAvx512Table; }
+const KernelTable& avx512Table() {
+  return kAvx512Table;
+}
 
 }  // namespace gflow::kernels::cpu

@@ -45,6 +45,8 @@ constexpr KernelTable kBaselineTable =
 
 }  // namespace
 
-const KernelTable& baselineTable() { return kBaselineTable; }
+const KernelTable& baselineTable() {
+  return kBaselineTable;
+}
 
 }  // namespace gflow::kernels::cpu

@@ -35,8 +35,8 @@ CpuSupport probeCpu() {
   constexpr unsigned kFma = 1u << 12, kOsxsave = 1u << 27, kAvx = 1u << 28, kF16c = 1u << 29;
   constexpr unsigned kAvx2 = 1u << 5;
   constexpr unsigned kAvx512 = (1u << 16) | (1u << 17) | (1u << 30) | (1u << 31);  // F DQ BW VL
-  constexpr uint64_t kXcr0Ymm = 0x6;    // SSE + AVX state
-  constexpr uint64_t kXcr0Zmm = 0xE6;   // + opmask, ZMM0-15 upper halves, ZMM16-31
+  constexpr uint64_t kXcr0Ymm = 0x6;   // SSE + AVX state
+  constexpr uint64_t kXcr0Zmm = 0xE6;  // + opmask, ZMM0-15 upper halves, ZMM16-31
 
   CpuSupport s;
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
@@ -124,8 +124,7 @@ ReduceFn reduceFn(DataType dtype, ReduceOp op) {
   const int column = kernelColumn(op);
   if (type >= static_cast<unsigned>(kNumDataTypes) || column < 0) {
     GFLOW_THROW(kInvalidArgument, ErrorContext{})
-        << "no reduction kernel for data type " << type << " and op "
-        << static_cast<unsigned>(op);
+        << "no reduction kernel for data type " << type << " and op " << static_cast<unsigned>(op);
   }
   return activeTable().load(std::memory_order_acquire)->reduce[type][column];
 }
@@ -190,7 +189,9 @@ Isa detectedIsa() {
   return Isa::kBaseline;
 }
 
-Isa activeIsa() { return activeTable().load(std::memory_order_acquire)->isa; }
+Isa activeIsa() {
+  return activeTable().load(std::memory_order_acquire)->isa;
+}
 
 bool setIsa(Isa isa) {
   const KernelTable* table = cpu::tableFor(isa);
@@ -199,9 +200,17 @@ bool setIsa(Isa isa) {
   return true;
 }
 
-float halfToFloat(uint16_t h) { return cpu::halfToFloatScalar(h); }
-uint16_t floatToHalf(float f) { return cpu::floatToHalfScalar(f); }
-float bfloat16ToFloat(uint16_t b) { return cpu::bfloat16ToFloatScalar(b); }
-uint16_t floatToBfloat16(float f) { return cpu::floatToBfloat16Scalar(f); }
+float halfToFloat(uint16_t h) {
+  return cpu::halfToFloatScalar(h);
+}
+uint16_t floatToHalf(float f) {
+  return cpu::floatToHalfScalar(f);
+}
+float bfloat16ToFloat(uint16_t b) {
+  return cpu::bfloat16ToFloatScalar(b);
+}
+uint16_t floatToBfloat16(float f) {
+  return cpu::floatToBfloat16Scalar(f);
+}
 
 }  // namespace gflow::kernels

@@ -85,7 +85,7 @@ inline uint16_t floatToHalfScalar(float f) {
     return static_cast<uint16_t>(sign | 0x7E00u | ((ax >> 13) & 0x3FFu));
   }
   if (ax >= 0x477FF000u) return static_cast<uint16_t>(sign | 0x7C00u);  // >= 65520: inf
-  if (ax >= 0x38800000u) {  // >= 2^-14: a normal half
+  if (ax >= 0x38800000u) {                                              // >= 2^-14: a normal half
     uint32_t h = (ax >> 13) - (112u << 10);
     const uint32_t rest = ax & 0x1FFFu;
     if (rest > 0x1000u || (rest == 0x1000u && (h & 1u) != 0)) ++h;  // may carry into exp
@@ -123,12 +123,24 @@ inline uint16_t floatToBfloat16Scalar(float f) {
 // IEEE 754-2019 minimum/maximum: NaN if either input is NaN, and -0 < +0, so
 // the result never depends on operand order.
 
-inline float canonicalize(float r) { return r != r ? floatFromBits(kNanF32) : r; }
-inline double canonicalize(double r) { return r != r ? doubleFromBits(kNanF64) : r; }
-inline float orBits(float a, float b) { return floatFromBits(bitsOf(a) | bitsOf(b)); }
-inline double orBits(double a, double b) { return doubleFromBits(bitsOf(a) | bitsOf(b)); }
-inline float andBits(float a, float b) { return floatFromBits(bitsOf(a) & bitsOf(b)); }
-inline double andBits(double a, double b) { return doubleFromBits(bitsOf(a) & bitsOf(b)); }
+inline float canonicalize(float r) {
+  return r != r ? floatFromBits(kNanF32) : r;
+}
+inline double canonicalize(double r) {
+  return r != r ? doubleFromBits(kNanF64) : r;
+}
+inline float orBits(float a, float b) {
+  return floatFromBits(bitsOf(a) | bitsOf(b));
+}
+inline double orBits(double a, double b) {
+  return doubleFromBits(bitsOf(a) | bitsOf(b));
+}
+inline float andBits(float a, float b) {
+  return floatFromBits(bitsOf(a) & bitsOf(b));
+}
+inline double andBits(double a, double b) {
+  return doubleFromBits(bitsOf(a) & bitsOf(b));
+}
 
 template <class F>
 inline F fpMin(F a, F b) {

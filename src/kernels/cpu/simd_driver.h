@@ -127,7 +127,10 @@ constexpr void setRow(KernelTable& table, DataType dtype) {
 
 // The whole table from one lane per data type. constexpr so each ISA's table
 // is constant-initialized data: building it runs no code of that ISA.
-template <class F32, class F16, class BF16, class F64, class I32, class I64, class U8>
+// BF16Convert narrows arbitrary floats; BF16 may assume its input comes from a
+// reduce op (no NaN but the canonical one).
+template <class F32, class F16, class BF16, class F64, class I32, class I64, class U8,
+          class BF16Convert = BF16>
 constexpr KernelTable makeVectorTable(Isa isa) {
   KernelTable t{};
   t.isa = isa;
@@ -140,8 +143,8 @@ constexpr KernelTable makeVectorTable(Isa isa) {
   setRow<U8>(t, DataType::kUInt8);
   t.halfToFloat = &widenLoop<F32, F16>;
   t.floatToHalf = &narrowLoop<F32, F16>;
-  t.bfloat16ToFloat = &widenLoop<F32, BF16>;
-  t.floatToBfloat16 = &narrowLoop<F32, BF16>;
+  t.bfloat16ToFloat = &widenLoop<F32, BF16Convert>;
+  t.floatToBfloat16 = &narrowLoop<F32, BF16Convert>;
   return t;
 }
 
