@@ -198,7 +198,7 @@ table() {
 {
   echo "# gflow vs Gloo vs Open MPI: allreduce, float32 sum"
   echo
-  echo "- host: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2 | sed 's/^ //'), Linux $(uname -r)"
+  echo "- host: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2 | sed 's/^ //'), Linux $(uname -r), load average $(cut -d' ' -f1-3 /proc/loadavg) at the end"
   echo "- gflow $(git -C "$repo" describe --always --dirty 2>/dev/null || echo '(no git)'); $(mpirun --version 2>/dev/null | head -1 || echo 'no mpirun')"
   echo "- sizes $MINB..$MAXB, iters $ITERS, warmup $WARMUP, $([[ $MODE == ip ]] && echo in-place || echo out-of-place); time = max over ranks of the mean per iteration"
   echo "- busbw = algbw x 2(n-1)/n (nccl-tests); a 'gflow / best ...' ratio > 1 means gflow is faster"

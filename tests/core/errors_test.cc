@@ -194,7 +194,10 @@ TEST(Abort, FromAnotherThreadWakesWaiterAndFailsLaterCalls) {
       watchdog.join();
     } else {
       std::this_thread::sleep_for(milliseconds(600));
+      // Rank 0's data may already be on the wire, so this call can succeed;
+      // the next one must raise.
       c.allreduce(tensor(v.data(), v.size()));
+      c.barrier();
     }
   });
   EXPECT_EQ(res[0].code, ErrorCode::kAborted);
@@ -217,6 +220,8 @@ TEST(Abort, PendingAsyncWorkFailsWithTheError) {
     }
     std::this_thread::sleep_for(milliseconds(300));
     c.allreduce(tensor(v.data(), v.size()));
+    c.allreduce(tensor(v.data(), v.size()));
+    c.barrier();
   });
   EXPECT_TRUE(res[1].threw);
 }
