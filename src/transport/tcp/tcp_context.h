@@ -77,6 +77,7 @@ class TcpContext final : public Context {
     bool wantOut = false;
     bool paused = false;
     bool closed = false;  // the peer closed this connection (EOF)
+    int lowat = 1;        // current SO_RCVLOWAT
     // Receive state machine: header bytes, then the fragment payload.
     bool inPayload = false;
     FrameHeader hdr{};
@@ -108,6 +109,7 @@ class TcpContext final : public Context {
   void finishFragment(Conn& c);
   void handleErrorFrame(Conn& c);
   void handleClosed(Conn& c);
+  void tuneLowat(Conn& c);
   bool hasPendingWith(int peer) const;
   [[noreturn]] void failLost(int peer, const std::string& what);
   void flush(Conn& c);
