@@ -15,6 +15,11 @@ namespace gflow::transport::tcp {
 constexpr uint32_t kFrameMagic = 0x46444647;  // "GFDF"
 constexpr uint16_t kFrameData = 1;
 constexpr uint16_t kFrameError = 2;
+// Liveness probe sent when a deadline passes: a rank that is inside gflow
+// answers PING with PONG even while it waits on someone else, so a timeout
+// blames the rank that is really stuck, not a live one waiting in turn.
+constexpr uint16_t kFramePing = 3;
+constexpr uint16_t kFramePong = 4;
 // A message larger than this is refused outright (64 TiB).
 constexpr uint64_t kMaxMessageBytes = 1ull << 46;
 // ERROR frame payload bound.

@@ -6,6 +6,8 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <atomic>
+#include <mutex>
 #include <cstring>
 #include <exception>
 #include <thread>
@@ -56,19 +58,93 @@ void TcpContext::connectAll(const ContextOptions& options) {
   const int expected = (size() - 1 - rank()) * socketsPerPeer_;
 
   // Accept the higher ranks in a thread while connecting to the lower ones,
-  // so no pair waits on the other's order.
+  // so no pair waits on the other's order. Each accepted connection runs its
+  // handshake in its own thread, so a silent or slow stranger cannot hold up
+  // the real ranks queued behind it.
+  struct Pending {
+    net::Socket sock;
+    std::string from;
+    std::thread thread;
+    std::atomic<bool> done{false};
+    bool ok = false;
+    Hello hello{};
+  };
+  constexpr size_t kMaxPendingHandshakes = 64;
   std::vector<std::pair<Hello, net::Socket>> accepted;
   std::exception_ptr acceptError;
   std::thread acceptor([&] {
+    std::vector<std::unique_ptr<Pending>> pending;
+    std::mutex seenMutex;
+    std::vector<std::vector<bool>> seen(size(), std::vector<bool>(socketsPerPeer_, false));
+    auto handshake = [&](Pending* p) {
+      const int fd = p->sock.fd();
+      try {
+        Deadline hd = deadline.earlier(Deadline::after(kHandshakeTimeout));
+        auth::authenticate(fd, options.token, kAuthLabel, /*initiator=*/false, hd);
+        Hello h{};
+        net::recvAll(fd, &h, sizeof(h), hd);
+        std::string why;
+        if (h.magic != kHelloMagic || h.version != kProtocolVersion) {
+          why = "bad hello magic/version";
+        } else if (h.commId != commId_) {
+          why = "belongs to another communicator";
+        } else if (h.size != size() || h.rank <= rank() || h.rank >= size()) {
+          why = "claims rank " + std::to_string(h.rank) + " of " + std::to_string(h.size);
+        } else if (h.socketsPerPeer != socketsPerPeer_ || h.socketIndex < 0 ||
+                   h.socketIndex >= socketsPerPeer_) {
+          why = "uses " + std::to_string(h.socketsPerPeer) +
+                " sockets per peer (GFLOW_SOCKETS_PER_PEER differs between ranks?)";
+        } else {
+          std::lock_guard<std::mutex> lock(seenMutex);
+          if (seen[h.rank][h.socketIndex]) {
+            why = "duplicate connection for rank " + std::to_string(h.rank);
+          } else {
+            seen[h.rank][h.socketIndex] = true;
+          }
+        }
+        uint8_t ok = why.empty() ? 1 : 0;
+        net::sendAll(fd, &ok, 1, hd);
+        if (!ok) {
+          GFLOW_LOG(WARN) << "rank " << rank() << ": rejected connection from " << p->from
+                          << ": " << why;
+        } else {
+          p->hello = h;
+          p->ok = true;
+        }
+      } catch (const Error& e) {
+        GFLOW_LOG(WARN) << "rank " << rank() << ": rejected connection from " << p->from << ": "
+                        << e.detail();
+      }
+      p->done.store(true, std::memory_order_release);
+    };
+    auto reap = [&](bool all) {
+      for (auto it = pending.begin(); it != pending.end();) {
+        Pending& p = **it;
+        if (all && !p.done.load(std::memory_order_acquire)) ::shutdown(p.sock.fd(), SHUT_RDWR);
+        if (all || p.done.load(std::memory_order_acquire)) {
+          p.thread.join();
+          if (p.ok && static_cast<int>(accepted.size()) < expected) {
+            accepted.emplace_back(p.hello, std::move(p.sock));
+          }
+          it = pending.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    };
     try {
-      std::vector<std::vector<bool>> seen(size(), std::vector<bool>(socketsPerPeer_, false));
       net::setNonBlocking(listener.fd(), true);
       while (static_cast<int>(accepted.size()) < expected) {
+        reap(false);
+        if (static_cast<int>(accepted.size()) >= expected) break;
         if (deadline.expired()) {
           std::string missing;
-          for (int r = rank() + 1; r < size(); ++r) {
-            if (std::find(seen[r].begin(), seen[r].end(), false) != seen[r].end()) {
-              missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+          {
+            std::lock_guard<std::mutex> lock(seenMutex);
+            for (int r = rank() + 1; r < size(); ++r) {
+              if (std::find(seen[r].begin(), seen[r].end(), false) != seen[r].end()) {
+                missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+              }
             }
           }
           GFLOW_THROW(kTimeout, ectx) << "ranks " << missing
@@ -82,45 +158,23 @@ void TcpContext::connectAll(const ContextOptions& options) {
           }
           GFLOW_SYSCHECK(fd, "accept");
         }
-        net::Socket s(fd);
+        auto p = std::make_unique<Pending>();
+        p->sock = net::Socket(fd);
         net::setNonBlocking(fd, false);
-        const std::string from = net::peerAddress(fd);
-        try {
-          Deadline hd = deadline.earlier(Deadline::after(kHandshakeTimeout));
-          auth::authenticate(fd, options.token, kAuthLabel, /*initiator=*/false, hd);
-          Hello h{};
-          net::recvAll(fd, &h, sizeof(h), hd);
-          std::string why;
-          if (h.magic != kHelloMagic || h.version != kProtocolVersion) {
-            why = "bad hello magic/version";
-          } else if (h.commId != commId_) {
-            why = "belongs to another communicator";
-          } else if (h.size != size() || h.rank <= rank() || h.rank >= size()) {
-            why = "claims rank " + std::to_string(h.rank) + " of " + std::to_string(h.size);
-          } else if (h.socketsPerPeer != socketsPerPeer_ || h.socketIndex < 0 ||
-                     h.socketIndex >= socketsPerPeer_) {
-            why = "uses " + std::to_string(h.socketsPerPeer) +
-                  " sockets per peer (GFLOW_SOCKETS_PER_PEER differs between ranks?)";
-          } else if (seen[h.rank][h.socketIndex]) {
-            why = "duplicate connection for rank " + std::to_string(h.rank);
-          }
-          uint8_t ok = why.empty() ? 1 : 0;
-          net::sendAll(fd, &ok, 1, hd);
-          if (!ok) {
-            GFLOW_LOG(WARN) << "rank " << rank() << ": rejected connection from " << from << ": "
-                            << why;
-            continue;
-          }
-          seen[h.rank][h.socketIndex] = true;
-          accepted.emplace_back(h, std::move(s));
-        } catch (const Error& e) {
-          GFLOW_LOG(WARN) << "rank " << rank() << ": rejected connection from " << from << ": "
-                          << e.detail();
+        p->from = net::peerAddress(fd);
+        if (pending.size() >= kMaxPendingHandshakes) {
+          GFLOW_LOG(WARN) << "rank " << rank() << ": dropped connection from " << p->from
+                          << ": too many handshakes in progress";
+          continue;
         }
+        Pending* raw = p.get();
+        p->thread = std::thread([&handshake, raw] { handshake(raw); });
+        pending.push_back(std::move(p));
       }
     } catch (...) {
       acceptError = std::current_exception();
     }
+    reap(true);
   });
 
   std::exception_ptr connectError;

@@ -138,7 +138,9 @@ void TcpContext::fail(const Error& e) {
     p->unexpectedBytes = 0;
     for (auto& c : p->conns) {
       if (!c) continue;
-      for (auto& item : c->sendq) item.msg->req->fail(*first);
+      for (auto& item : c->sendq) {
+        if (item.msg) item.msg->req->fail(*first);
+      }
       // Keep a partially written frame so notifyPeers can finish it.
       while (c->sendq.size() > 1 || (c->sendq.size() == 1 && c->sendq.front().written == 0)) {
         c->sendq.pop_back();
@@ -154,6 +156,7 @@ void TcpContext::beginGroup(uint64_t group, const Envelope& env) {
   group_ = group;
   groupEnv_ = env;
   groupActive_ = true;
+  if (deferredError_ && !isPast(group, deferredGroup_)) fail(*deferredError_);
   // Data that arrived before this rank reached the op is checked now.
   for (int peer = 0; peer < size(); ++peer) {
     for (auto& kv : peers_[peer]->msgs) {
@@ -348,13 +351,16 @@ void TcpContext::flush(Conn& c) {
       if (errno == EAGAIN || errno == EWOULDBLOCK) break;
       if (errno == EINTR) continue;
       int err = errno;
+      // A peer that failed usually sent an error report before closing:
+      // read it first so the report, not the broken pipe, is what we raise.
+      if (!c.closed && !c.paused) handleReadable(c);
       failLost(c.peer, std::string("is unreachable while sending: ") + std::strerror(err));
     }
     it.written += static_cast<size_t>(w);
     if (it.written < hdrLen + it.payloadLen) break;
     std::shared_ptr<SendMsg> msg = std::move(it.msg);
     c.sendq.pop_front();
-    if (--msg->fragmentsLeft == 0) {
+    if (msg && --msg->fragmentsLeft == 0) {
       peers_[c.peer]->bytesSent.fetch_add(msg->req->bytes(), std::memory_order_relaxed);
       msg->req->complete();
     }
@@ -403,6 +409,14 @@ void TcpContext::startFragment(Conn& c) {
     c.cur = nullptr;
     c.dst = c.ctrl.data();
     c.left = h.fragLen;
+    c.inPayload = true;
+    return;
+  }
+  if (h.type == kFramePing || h.type == kFramePong) {
+    if (h.fragLen != 0) protocolError("control frame with a payload");
+    c.cur = nullptr;
+    c.dst = nullptr;
+    c.left = 0;
     c.inPayload = true;
     return;
   }
@@ -479,6 +493,14 @@ void TcpContext::finishFragment(Conn& c) {
     handleErrorFrame(c);
     return;
   }
+  if (c.hdr.type == kFramePing) {
+    sendControl(c, kFramePong);
+    return;
+  }
+  if (c.hdr.type == kFramePong) {
+    peers_[c.peer]->pongs++;
+    return;
+  }
   RecvMsg* m = c.cur;
   c.cur = nullptr;
   m->received += c.hdr.fragLen;
@@ -502,8 +524,26 @@ void TcpContext::handleErrorFrame(Conn& c) {
       code == ErrorCode::kInternal) {
     code = ErrorCode::kPeerLost;
   }
-  fail(Error(code, "rank " + std::to_string(c.peer) + " failed: " + text,
-             ErrorContext{"", group_, rank(), c.peer}));
+  Error e(code, "rank " + std::to_string(c.peer) + " failed: " + text,
+          ErrorContext{"", group_, rank(), c.peer});
+  // The sender's op number is in the header: a report about an op this rank
+  // has not started yet waits until it does (this rank's current op may
+  // still complete, as it did on the other ranks).
+  if (groupActive_ && isPast(group_, c.hdr.group)) {
+    if (!deferredError_) {
+      deferredError_.emplace(e);
+      deferredGroup_ = c.hdr.group;
+    }
+    return;
+  }
+  fail(e);
+}
+
+void TcpContext::sendControl(Conn& c, uint16_t type) {
+  SendItem item;
+  item.msg = nullptr;
+  item.hdr = FrameHeader{kFrameMagic, type, 0, group_, 0, 0, 0, 0, {0, 0, 0}};
+  enqueue(c, std::move(item));
 }
 
 // While a large fragment is arriving, ask the kernel to report the socket
@@ -574,6 +614,7 @@ void TcpContext::progress(int timeoutMs) {
       if ((ev & EPOLLERR) && !c.closed) failLost(c.peer, "reset the connection");
       if ((ev & EPOLLHUP) && !c.closed && c.paused) handleClosed(c);
     }
+    if ((ev & EPOLLOUT) && !c.closed) flush(c);
   }
 }
 
@@ -591,24 +632,56 @@ void TcpContext::wait(const RequestPtr& req, Deadline deadline) {
   }
   checkFailed();
   auto spinUntil = Deadline::Clock::now() + std::chrono::microseconds(spinUs_);
+  // After the deadline: probe the peer, give a dead/stopped peer `grace` to
+  // answer, and give a live one longer so that the rank which really waits on
+  // the stuck peer can report it first.
+  const auto grace = std::chrono::milliseconds(
+      std::clamp<int64_t>(timeout_.count() / 4, 50, 2000));
+  bool probing = false;
+  uint64_t pongsBefore = 0;
+  Deadline probeEnd = Deadline::never();
   while (!req->done()) {
     if (Deadline::Clock::now() < spinUntil) {
       progress(0);
     } else {
-      progress(std::min(deadline.remainingMs(), 1000));
+      progress(std::min(probing ? probeEnd.remainingMs() : deadline.remainingMs(), 1000));
     }
     checkFailed();
-    if (!req->done() && deadline.expired()) {
-      std::string what = req->isSend() ? "sending " : "receiving ";
-      fail(Error(ErrorCode::kTimeout,
-                 what + std::to_string(req->bytes()) + " bytes " +
-                     (req->isSend() ? "to" : "from") + " rank " + std::to_string(req->peer()) +
-                     " did not finish within the deadline (GFLOW_TIMEOUT); rank " +
-                     std::to_string(req->peer()) + " is not responding",
-                 ErrorContext{"", group_, rank(), req->peer()}));
+    if (req->done()) break;
+    PeerState& p = *peers_[req->peer()];
+    if (!probing && deadline.expired()) {
+      probing = true;
+      pongsBefore = p.pongs;
+      for (auto& c : p.conns) {
+        if (c && !c->closed) {
+          sendControl(*c, kFramePing);
+          break;
+        }
+      }
+      probeEnd = Deadline::after(grace);
+    } else if (probing && probeEnd.expired()) {
+      const bool alive = p.pongs > pongsBefore;
+      if (!alive || probeEnd.at() - deadline.at() >= 3 * grace) failTimeout(req, alive);
+      probeEnd = Deadline::after(2 * grace);  // alive: wait for the culprit's report
     }
   }
   if (req->failed()) throw req->error();
+}
+
+void TcpContext::failTimeout(const RequestPtr& req, bool peerAlive) {
+  const int peer = req->peer();
+  std::string what = std::string(req->isSend() ? "sending " : "receiving ") +
+                     std::to_string(req->bytes()) + " bytes " + (req->isSend() ? "to" : "from") +
+                     " rank " + std::to_string(peer) +
+                     " did not finish within the deadline (GFLOW_TIMEOUT); ";
+  if (peerAlive) {
+    what += "rank " + std::to_string(peer) +
+            " is alive but waiting itself: the stalled rank is further along the chain";
+  } else {
+    what += "rank " + std::to_string(peer) + " is not responding (stopped, hung or not calling " +
+            "this collective)";
+  }
+  fail(Error(ErrorCode::kTimeout, what, ErrorContext{"", group_, rank(), peer}));
 }
 
 void TcpContext::notifyPeers(const Error& error) {

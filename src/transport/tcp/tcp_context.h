@@ -94,6 +94,7 @@ class TcpContext final : public Context {
     std::unordered_map<Tag, std::unique_ptr<RecvMsg>, TagHash> msgs;
     uint64_t unexpectedBytes = 0;
     bool closed = false;  // some connection of this peer saw EOF
+    uint64_t pongs = 0;   // PONG frames received (liveness probes answered)
     std::atomic<uint64_t> bytesSent{0}, bytesReceived{0}, messagesSent{0}, messagesReceived{0};
   };
 
@@ -110,6 +111,8 @@ class TcpContext final : public Context {
   void handleErrorFrame(Conn& c);
   void handleClosed(Conn& c);
   void tuneLowat(Conn& c);
+  void sendControl(Conn& c, uint16_t type);
+  [[noreturn]] void failTimeout(const RequestPtr& req, bool peerAlive);
   bool hasPendingWith(int peer) const;
   [[noreturn]] void failLost(int peer, const std::string& what);
   void flush(Conn& c);
@@ -130,6 +133,11 @@ class TcpContext final : public Context {
   net::Socket epoll_;
   net::Socket wakeFd_;  // eventfd: abort() wakes the waiter
   std::vector<std::unique_ptr<PeerState>> peers_;
+
+  // An error report for an op this rank has not reached yet: raised when it
+  // gets there, so an op that succeeded everywhere does not fail here.
+  std::optional<Error> deferredError_;
+  uint64_t deferredGroup_ = 0;
 
   uint64_t group_ = 0;
   Envelope groupEnv_{};
