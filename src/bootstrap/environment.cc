@@ -153,8 +153,15 @@ void resolveRoot(const Options& options, Identity* id) {
     std::string host(addr);
     if (host.find(':') != std::string::npos && host[0] != '[') host = "[" + host + "]";
     auto hp = net::parseHostPort(host + ":" + port, "MASTER_ADDR:MASTER_PORT");
+    // torch.distributed's own store already listens on MASTER_PORT on rank
+    // 0; gflow's store takes the next port so both can run in one job.
+    if (hp.second == 65535) {
+      GFLOW_THROW(kInvalidArgument, kCtx)
+          << "MASTER_PORT=65535 leaves no port for gflow's store (it uses MASTER_PORT+1); "
+             "set GFLOW_ROOT=host:port";
+    }
     id->rootHost = hp.first;
-    id->rootPort = hp.second;
+    id->rootPort = static_cast<uint16_t>(hp.second + 1);
     return;
   }
   if (haveAddr != havePort) {

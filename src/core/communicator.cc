@@ -186,7 +186,10 @@ std::shared_ptr<Communicator> Communicator::create(const Options& options) {
   std::shared_ptr<Store> store = options.store;
   if (!store) {
     TcpStoreOptions so;
-    so.host = id.rootHost;
+    // The server listens on every interface (a hostname may resolve to a
+    // loopback alias such as Debian's 127.0.1.1); clients use rootHost.
+    so.host = id.rank == 0 ? (id.rootHost.find(':') != std::string::npos ? "::" : "0.0.0.0")
+                           : id.rootHost;
     so.port = id.rootPort;
     so.isServer = (id.rank == 0);
     so.token = id.token;

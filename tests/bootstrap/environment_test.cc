@@ -110,7 +110,7 @@ TEST_F(EnvironmentTest, Torchrun) {
   EXPECT_EQ(id.localRank, 3);
   EXPECT_EQ(id.localSize, 4);
   EXPECT_EQ(id.rootHost, "10.0.0.1");
-  EXPECT_EQ(id.rootPort, 29500);
+  EXPECT_EQ(id.rootPort, 29501);  // MASTER_PORT + 1
   EXPECT_EQ(id.source, "torchrun");
   EXPECT_EQ(id.token, "");
 }
@@ -140,7 +140,7 @@ TEST_F(EnvironmentTest, OpenMpiWithMasterAddr) {
   set("MASTER_PORT", "7000");
   Identity id = resolveIdentity({});
   EXPECT_EQ(id.rootHost, "::1");
-  EXPECT_EQ(id.rootPort, 7000);
+  EXPECT_EQ(id.rootPort, 7001);  // MASTER_PORT + 1
 }
 
 TEST_F(EnvironmentTest, Slurm) {
