@@ -7,6 +7,7 @@
 #include <cstring>
 #include <random>
 
+#include "core/algorithm_select.h"
 #include "gflow/gflow.h"
 #include "testing/ranks.h"
 #include "testing/values.h"
@@ -110,7 +111,8 @@ TEST(Allreduce, AutoSelectionCrossesThresholdCorrectly) {
   // selection.
   auto world = testing::makeWorld(3);
   testing::forEachRank(world, [&](Communicator& c) {
-    for (size_t count : {size_t(10), size_t(8191), size_t(8192), size_t(8193), size_t(200000)}) {
+    const size_t edge = AlgorithmSelector::defaultRdMaxBytes(3) / sizeof(int32_t);
+    for (size_t count : {size_t(10), edge - 1, edge, edge + 1, 3 * edge}) {
       std::vector<int32_t> v(count);
       for (size_t i = 0; i < count; ++i) v[i] = static_cast<int32_t>(i % 97) + c.rank();
       c.allreduce(tensor(v.data(), count), ReduceOp::kSum);
