@@ -46,7 +46,8 @@ TEST_P(CollectivesWorld, AllgatherInPlaceAndOutOfPlace) {
         std::vector<int64_t> out(block * n, -1), in(block);
         for (size_t i = 0; i < block; ++i) in[i] = c.rank() * 1000003 + static_cast<int64_t>(i);
         if (inPlace) {
-          std::memcpy(out.data() + c.rank() * block, in.data(), block * sizeof(int64_t));
+          if (block > 0)
+            std::memcpy(out.data() + c.rank() * block, in.data(), block * sizeof(int64_t));
           c.allgather(tensor(out.data() + c.rank() * block, block), tensor(out.data(), out.size()));
         } else {
           c.allgather(tensor(in.data(), block), tensor(out.data(), out.size()));
