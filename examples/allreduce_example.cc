@@ -21,7 +21,8 @@ int main() {
       std::fprintf(stderr, "rank %d: wrong result %f (want %f)\n", comm->rank(), grad[0], want);
       return 1;
     }
-    if (comm->rank() == 0) std::printf("ok: %d ranks averaged %zu floats\n", comm->size(), grad.size());
+    if (comm->rank() == 0)
+      std::printf("ok: %d ranks averaged %zu floats\n", comm->size(), grad.size());
     gflow::finalize();
   } catch (const gflow::Error& e) {
     std::fprintf(stderr, "%s\n", e.what());

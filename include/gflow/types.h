@@ -13,8 +13,8 @@ namespace gflow {
 
 enum class DataType : uint8_t {
   kFloat32 = 0,
-  kFloat16 = 1,  // IEEE binary16; reductions accumulate in float32
-  kBFloat16 = 2, // bfloat16; reductions accumulate in float32
+  kFloat16 = 1,   // IEEE binary16; reductions accumulate in float32
+  kBFloat16 = 2,  // bfloat16; reductions accumulate in float32
   kFloat64 = 3,
   kInt32 = 4,
   kInt64 = 5,
@@ -71,6 +71,8 @@ GFLOW_EXPORT const char* toString(DeviceType type);
 GFLOW_EXPORT DataType parseDataType(const std::string& name);
 GFLOW_EXPORT ReduceOp parseReduceOp(const std::string& name);
 
-inline size_t Tensor::nbytes() const { return count * dataTypeSize(dtype); }
+inline size_t Tensor::nbytes() const {
+  return count * dataTypeSize(dtype);
+}
 
 }  // namespace gflow

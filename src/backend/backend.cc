@@ -46,7 +46,8 @@ std::string describe(const transport::Envelope& e) {
   std::ostringstream os;
   os << toString(kind) << "(count=" << e.words[1];
   if (kind != OpKind::kBarrier) os << ", " << gflow::toString(dtype);
-  if (kind == OpKind::kAllreduce || kind == OpKind::kReduceScatter) os << ", " << gflow::toString(op);
+  if (kind == OpKind::kAllreduce || kind == OpKind::kReduceScatter)
+    os << ", " << gflow::toString(op);
   if (kind == OpKind::kBroadcast) os << ", root=" << root;
   os << ", algorithm=" << toString(algo) << ")";
   return os.str();

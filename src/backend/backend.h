@@ -28,10 +28,10 @@ const char* toString(OpKind kind);
 
 enum class Algorithm : uint8_t {
   kAuto = 0,
-  kRing = 1,                // pipelined reduce-scatter + allgather
-  kRecursiveDoubling = 2,   // log2(N) exchanges of the whole buffer
-  kChain = 3,               // pipelined chain (broadcast)
-  kDissemination = 4,       // barrier
+  kRing = 1,               // pipelined reduce-scatter + allgather
+  kRecursiveDoubling = 2,  // log2(N) exchanges of the whole buffer
+  kChain = 3,              // pipelined chain (broadcast)
+  kDissemination = 4,      // barrier
 };
 const char* toString(Algorithm algo);
 

@@ -79,7 +79,9 @@ Field gflowInt(const char* var) {
   return f;
 }
 
-std::string describe(const Field& f) { return f.var + "=" + std::to_string(f.value); }
+std::string describe(const Field& f) {
+  return f.var + "=" + std::to_string(f.value);
+}
 
 // Folds `b` into `a` within one tier; both set and different is an error.
 void agree(Field* a, const Field& b) {

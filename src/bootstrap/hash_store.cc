@@ -86,6 +86,8 @@ class HashStore : public Store {
 
 }  // namespace
 
-std::shared_ptr<Store> createHashStore() { return std::make_shared<HashStore>(); }
+std::shared_ptr<Store> createHashStore() {
+  return std::make_shared<HashStore>();
+}
 
 }  // namespace gflow

@@ -167,7 +167,9 @@ TcpStore::~TcpStore() {
   impl_->server.reset();
 }
 
-uint16_t TcpStore::port() const { return impl_->port; }
+uint16_t TcpStore::port() const {
+  return impl_->port;
+}
 
 void TcpStore::set(const std::string& key, const std::vector<uint8_t>& value) {
   if (key.size() > proto::kMaxKeyBytes || value.size() > proto::kMaxValueBytes) {

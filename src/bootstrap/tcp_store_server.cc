@@ -45,16 +45,11 @@ struct ProtocolError {
 
 const char* opName(Op op) {
   switch (op) {
-    case Op::kSet:
-      return "set";
-    case Op::kGet:
-      return "get";
-    case Op::kWait:
-      return "wait";
-    case Op::kAdd:
-      return "add";
-    case Op::kCheck:
-      return "check";
+    case Op::kSet: return "set";
+    case Op::kGet: return "get";
+    case Op::kWait: return "wait";
+    case Op::kAdd: return "add";
+    case Op::kCheck: return "check";
   }
   return "?";
 }

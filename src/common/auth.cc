@@ -39,7 +39,9 @@ constexpr uint32_t kRoundConstants[64] = {
     0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
     0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
 
-inline uint32_t rotr(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
+inline uint32_t rotr(uint32_t x, int n) {
+  return (x >> n) | (x << (32 - n));
+}
 
 // Streaming SHA-256 so HMAC can hash (key pad | message) without copying.
 class Sha256 {
@@ -148,7 +150,9 @@ Digest proof(const std::string& token, const std::string& label, char role, cons
   return hmacSha256(token, msg.data(), msg.size());
 }
 
-void sendByte(int fd, uint8_t b, Deadline deadline) { net::sendAll(fd, &b, 1, deadline); }
+void sendByte(int fd, uint8_t b, Deadline deadline) {
+  net::sendAll(fd, &b, 1, deadline);
+}
 
 // Best effort: the peer may already be gone; the caller is about to throw anyway.
 void sendRejectQuietly(int fd, Deadline deadline) {

@@ -19,8 +19,8 @@ using Nonce = std::array<uint8_t, 16>;
 Digest sha256(const void* data, size_t len);
 Digest hmacSha256(const std::string& key, const void* data, size_t len);
 bool equalConstantTime(const Digest& a, const Digest& b);
-Nonce randomNonce();          // getrandom(2)
-std::string randomToken();    // 32 random bytes as 64 hex characters
+Nonce randomNonce();        // getrandom(2)
+std::string randomToken();  // 32 random bytes as 64 hex characters
 
 // Mutual challenge-response over a connected socket. Both sides must use the
 // same token and label; the side that connected passes initiator=true.

@@ -25,26 +25,28 @@ class Thrower {
   std::ostringstream os_;
 };
 
-inline std::string errnoString(int err) { return std::string(std::strerror(err)); }
+inline std::string errnoString(int err) {
+  return std::string(std::strerror(err));
+}
 
 }  // namespace gflow::detail
 
 #define GFLOW_THROW(code, ctx) ::gflow::detail::Thrower(::gflow::ErrorCode::code, ctx).stream()
 
-#define GFLOW_SYSCHECK(expr, what)                                                      \
-  do {                                                                                  \
-    if ((expr) < 0) {                                                                   \
-      int gflow_err_ = errno;                                                           \
-      GFLOW_THROW(kInternal, ::gflow::ErrorContext{})                                   \
-          << what << " failed: " << ::gflow::detail::errnoString(gflow_err_) << " [" \
-          << __FILE__ << ":" << __LINE__ << "]";                                        \
-    }                                                                                   \
+#define GFLOW_SYSCHECK(expr, what)                                                               \
+  do {                                                                                           \
+    if ((expr) < 0) {                                                                            \
+      int gflow_err_ = errno;                                                                    \
+      GFLOW_THROW(kInternal, ::gflow::ErrorContext{})                                            \
+          << what << " failed: " << ::gflow::detail::errnoString(gflow_err_) << " [" << __FILE__ \
+          << ":" << __LINE__ << "]";                                                             \
+    }                                                                                            \
   } while (0)
 
-#define GFLOW_ENFORCE(cond)                                                             \
-  do {                                                                                  \
-    if (!(cond)) {                                                                      \
-      GFLOW_THROW(kInternal, ::gflow::ErrorContext{})                                   \
+#define GFLOW_ENFORCE(cond)                                                                  \
+  do {                                                                                       \
+    if (!(cond)) {                                                                           \
+      GFLOW_THROW(kInternal, ::gflow::ErrorContext{})                                        \
           << "internal invariant failed: " #cond " [" << __FILE__ << ":" << __LINE__ << "]"; \
-    }                                                                                   \
+    }                                                                                        \
   } while (0)

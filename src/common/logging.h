@@ -10,7 +10,9 @@ namespace gflow::log {
 enum class Level { ERROR = 0, WARN = 1, INFO = 2, DEBUG = 3, TRACE = 4 };
 
 Level threshold();
-inline bool enabled(Level l) { return static_cast<int>(l) <= static_cast<int>(threshold()); }
+inline bool enabled(Level l) {
+  return static_cast<int>(l) <= static_cast<int>(threshold());
+}
 
 class Line {
  public:
@@ -25,7 +27,7 @@ class Line {
 
 }  // namespace gflow::log
 
-#define GFLOW_LOG(level)                                           \
-  if (!::gflow::log::enabled(::gflow::log::Level::level)) {        \
-  } else                                                           \
+#define GFLOW_LOG(level)                                    \
+  if (!::gflow::log::enabled(::gflow::log::Level::level)) { \
+  } else                                                    \
     ::gflow::log::Line(::gflow::log::Level::level, __FILE__, __LINE__).stream()

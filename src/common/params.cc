@@ -27,8 +27,8 @@ const Param* find(const char* envName) {
 }
 
 [[noreturn]] void bad(const char* envName, const std::string& value, const char* want) {
-  throw Error(ErrorCode::kInvalidArgument, std::string(envName) + "='" + value +
-                                               "' is not valid: expected " + want,
+  throw Error(ErrorCode::kInvalidArgument,
+              std::string(envName) + "='" + value + "' is not valid: expected " + want,
               ErrorContext{"config", 0, -1, -1});
 }
 
@@ -61,7 +61,9 @@ const std::string& raw(const char* envName) {
   return it->second;
 }
 
-bool isSet(const char* envName) { return !raw(envName).empty(); }
+bool isSet(const char* envName) {
+  return !raw(envName).empty();
+}
 
 std::string getString(const char* envName) {
   std::string storage;

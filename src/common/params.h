@@ -11,46 +11,46 @@
 namespace gflow::params {
 
 // X(identifier, ENV_NAME, kind, default, doc)
-#define GFLOW_PARAMS(X)                                                                          \
-  X(timeoutMs, "GFLOW_TIMEOUT", kDurationMs, "300s",                                             \
-    "Deadline for every blocking step (connect, store, collective). Units: ms, s, m; "           \
-    "a bare number is seconds.")                                                                 \
-  X(debug, "GFLOW_DEBUG", kString, "WARN", "Log level: ERROR, WARN, INFO, DEBUG, TRACE.")        \
-  X(algo, "GFLOW_ALGO", kString, "",                                                             \
-    "Algorithm override, e.g. 'ring' or 'allreduce:0-64k:rd,allreduce:64k-:ring' "               \
-    "(docs/algorithms.md).")                                                                     \
-  X(transport, "GFLOW_TRANSPORT", kString, "tcp", "Data transport: tcp.")                        \
-  X(socketIfname, "GFLOW_SOCKET_IFNAME", kString, "",                                            \
-    "Interfaces for data sockets: prefixes ('eth,ib'), '=' for exact names, '^' to exclude "     \
-    "('^docker,lo'). Default: the first non-loopback interface that is up, else loopback.")      \
-  X(portRange, "GFLOW_PORT_RANGE", kString, "",                                                  \
-    "Listen ports for data sockets, 'lo-hi' (e.g. 50000-50100). Default: ephemeral.")            \
-  X(socketsPerPeer, "GFLOW_SOCKETS_PER_PEER", kInt, "1",                                         \
-    "TCP connections per peer; messages >= GFLOW_STRIPE_MIN are striped across them.")           \
-  X(stripeMin, "GFLOW_STRIPE_MIN", kBytes, "1M",                                                 \
-    "Smallest message striped across several sockets of a peer.")                                \
-  X(socketBuffer, "GFLOW_SOCKET_BUFFER", kBytes, "4M", "SO_SNDBUF/SO_RCVBUF of data sockets.")   \
-  X(unexpectedLimit, "GFLOW_UNEXPECTED_LIMIT", kBytes, "256M",                                   \
-    "Bytes a peer may send ahead of the matching receive before gflow stops reading it "         \
-    "(back-pressure, not an error).")                                                            \
-  X(spinUs, "GFLOW_SPIN_US", kInt, "auto",                                                       \
-    "Microseconds a waiting rank busy-polls before sleeping in epoll. 'auto': 50 when the "      \
-    "host has more cores than local ranks, else 0.")                                             \
-  X(pieceBytes, "GFLOW_PIECE_BYTES", kBytes, "256K",                                             \
-    "Pipelining granularity of ring algorithms (send/receive/reduce overlap).")                  \
-  X(ringWindow, "GFLOW_RING_WINDOW", kInt, "8",                                                  \
-    "Ring pieces in flight per step (bounds staging memory to window x piece).")                 \
-  X(rdMaxBytes, "GFLOW_RD_MAX_BYTES", kBytes, "auto",                                            \
-    "Allreduce of at most this many bytes uses recursive doubling, above it ring.")              \
-  X(rank, "GFLOW_RANK", kInt, "", "This process's rank.")                                        \
-  X(worldSize, "GFLOW_WORLD_SIZE", kInt, "", "Number of ranks.")                                 \
-  X(localRank, "GFLOW_LOCAL_RANK", kInt, "", "Rank among the ranks of this host.")               \
-  X(localSize, "GFLOW_LOCAL_SIZE", kInt, "", "Number of ranks on this host.")                    \
-  X(root, "GFLOW_ROOT", kString, "", "host:port of rank 0's store.")                             \
-  X(jobToken, "GFLOW_JOB_TOKEN", kString, "",                                                    \
-    "Job secret; store and data connections prove knowledge of it (HMAC-SHA256). gflowrun "      \
-    "generates one.")                                                                            \
-  X(hostId, "GFLOW_HOST_ID", kString, "",                                                        \
+#define GFLOW_PARAMS(X)                                                                        \
+  X(timeoutMs, "GFLOW_TIMEOUT", kDurationMs, "300s",                                           \
+    "Deadline for every blocking step (connect, store, collective). Units: ms, s, m; "         \
+    "a bare number is seconds.")                                                               \
+  X(debug, "GFLOW_DEBUG", kString, "WARN", "Log level: ERROR, WARN, INFO, DEBUG, TRACE.")      \
+  X(algo, "GFLOW_ALGO", kString, "",                                                           \
+    "Algorithm override, e.g. 'ring' or 'allreduce:0-64k:rd,allreduce:64k-:ring' "             \
+    "(docs/algorithms.md).")                                                                   \
+  X(transport, "GFLOW_TRANSPORT", kString, "tcp", "Data transport: tcp.")                      \
+  X(socketIfname, "GFLOW_SOCKET_IFNAME", kString, "",                                          \
+    "Interfaces for data sockets: prefixes ('eth,ib'), '=' for exact names, '^' to exclude "   \
+    "('^docker,lo'). Default: the first non-loopback interface that is up, else loopback.")    \
+  X(portRange, "GFLOW_PORT_RANGE", kString, "",                                                \
+    "Listen ports for data sockets, 'lo-hi' (e.g. 50000-50100). Default: ephemeral.")          \
+  X(socketsPerPeer, "GFLOW_SOCKETS_PER_PEER", kInt, "1",                                       \
+    "TCP connections per peer; messages >= GFLOW_STRIPE_MIN are striped across them.")         \
+  X(stripeMin, "GFLOW_STRIPE_MIN", kBytes, "1M",                                               \
+    "Smallest message striped across several sockets of a peer.")                              \
+  X(socketBuffer, "GFLOW_SOCKET_BUFFER", kBytes, "4M", "SO_SNDBUF/SO_RCVBUF of data sockets.") \
+  X(unexpectedLimit, "GFLOW_UNEXPECTED_LIMIT", kBytes, "256M",                                 \
+    "Bytes a peer may send ahead of the matching receive before gflow stops reading it "       \
+    "(back-pressure, not an error).")                                                          \
+  X(spinUs, "GFLOW_SPIN_US", kInt, "auto",                                                     \
+    "Microseconds a waiting rank busy-polls before sleeping in epoll. 'auto': 50 when the "    \
+    "host has more cores than local ranks, else 0.")                                           \
+  X(pieceBytes, "GFLOW_PIECE_BYTES", kBytes, "256K",                                           \
+    "Pipelining granularity of ring algorithms (send/receive/reduce overlap).")                \
+  X(ringWindow, "GFLOW_RING_WINDOW", kInt, "8",                                                \
+    "Ring pieces in flight per step (bounds staging memory to window x piece).")               \
+  X(rdMaxBytes, "GFLOW_RD_MAX_BYTES", kBytes, "auto",                                          \
+    "Allreduce of at most this many bytes uses recursive doubling, above it ring.")            \
+  X(rank, "GFLOW_RANK", kInt, "", "This process's rank.")                                      \
+  X(worldSize, "GFLOW_WORLD_SIZE", kInt, "", "Number of ranks.")                               \
+  X(localRank, "GFLOW_LOCAL_RANK", kInt, "", "Rank among the ranks of this host.")             \
+  X(localSize, "GFLOW_LOCAL_SIZE", kInt, "", "Number of ranks on this host.")                  \
+  X(root, "GFLOW_ROOT", kString, "", "host:port of rank 0's store.")                           \
+  X(jobToken, "GFLOW_JOB_TOKEN", kString, "",                                                  \
+    "Job secret; store and data connections prove knowledge of it (HMAC-SHA256). gflowrun "    \
+    "generates one.")                                                                          \
+  X(hostId, "GFLOW_HOST_ID", kString, "",                                                      \
     "Overrides host identity (hostname + boot id) for grouping ranks into hosts.")
 
 enum class Kind { kString, kInt, kBytes, kDurationMs };
@@ -74,7 +74,7 @@ bool isSet(const char* envName);
 // variable when its value does not parse. The default applies when unset.
 std::string getString(const char* envName);
 int64_t getInt(const char* envName);
-uint64_t getBytes(const char* envName);       // accepts k/K, m/M, g/G suffixes (powers of 2)
+uint64_t getBytes(const char* envName);      // accepts k/K, m/M, g/G suffixes (powers of 2)
 int64_t getDurationMs(const char* envName);  // accepts ms, s, m, h; bare number = seconds
 
 // Parsers shared with command-line tools.

@@ -181,7 +181,9 @@ Socket tryConnect(const addrinfo* ai, const Deadline& deadline, int* err) {
 
 }  // namespace
 
-Socket::~Socket() { close(); }
+Socket::~Socket() {
+  close();
+}
 
 Socket& Socket::operator=(Socket&& o) noexcept {
   if (this != &o) {

@@ -63,7 +63,8 @@ Socket listenOn(const std::string& ip, const PortRange& range, uint16_t* port, i
 // Connects to host:port, retrying refused/unreachable attempts with backoff
 // until the deadline; throws kTimeout naming `what` and the address.
 // Returns a blocking socket with TCP_NODELAY set.
-Socket connectTo(const std::string& host, uint16_t port, Deadline deadline, const std::string& what);
+Socket connectTo(const std::string& host, uint16_t port, Deadline deadline,
+                 const std::string& what);
 
 void setNonBlocking(int fd, bool on);
 void setNoDelay(int fd);

@@ -72,14 +72,10 @@ AlgorithmSelector::AlgorithmSelector(const std::string& spec, const std::string&
 Algorithm AlgorithmSelector::select(OpKind kind, uint64_t bytes, int worldSize) const {
   switch (kind) {
     case OpKind::kReduceScatter:
-    case OpKind::kAllgather:
-      return Algorithm::kRing;
-    case OpKind::kBroadcast:
-      return Algorithm::kChain;
-    case OpKind::kBarrier:
-      return Algorithm::kDissemination;
-    case OpKind::kAllreduce:
-      break;
+    case OpKind::kAllgather: return Algorithm::kRing;
+    case OpKind::kBroadcast: return Algorithm::kChain;
+    case OpKind::kBarrier: return Algorithm::kDissemination;
+    case OpKind::kAllreduce: break;
   }
   for (const Rule& r : rules_) {
     if (r.kind == kind && bytes >= r.lo && bytes < r.hi && r.algo != Algorithm::kAuto) {

@@ -36,7 +36,9 @@ void finalize() {
   defaultComm().reset();
 }
 
-void allreduce(Tensor inout, ReduceOp op) { defaultCommunicator()->allreduce(inout, op); }
+void allreduce(Tensor inout, ReduceOp op) {
+  defaultCommunicator()->allreduce(inout, op);
+}
 
 Work allreduceAsync(Tensor inout, ReduceOp op) {
   return defaultCommunicator()->allreduceAsync(inout, op);

@@ -37,7 +37,9 @@ void Communicator::Impl::notifyOnce(const std::shared_ptr<const Error>& e) {
   backend->notifyPeers(*e);
 }
 
-void Communicator::Impl::fail(const Error& e) { notifyOnce(setFailed(e)); }
+void Communicator::Impl::fail(const Error& e) {
+  notifyOnce(setFailed(e));
+}
 
 void Communicator::Impl::checkUsable(const char* op) {
   if (auto e = error()) {
@@ -89,12 +91,14 @@ bool overlap(const void* a, size_t an, const void* b, size_t bn) {
   return an > 0 && bn > 0 && pa < pb + bn && pb < pa + an;
 }
 
-int kindIndex(OpKind k) { return static_cast<int>(k); }
+int kindIndex(OpKind k) {
+  return static_cast<int>(k);
+}
 
 }  // namespace
 
-std::shared_ptr<WorkState> Communicator::Impl::submit(OpDesc desc, bool blocking,
-                                                      std::function<void(const backend::Op&)> body) {
+std::shared_ptr<WorkState> Communicator::Impl::submit(
+    OpDesc desc, bool blocking, std::function<void(const backend::Op&)> body) {
   checkUsable(backend::toString(desc.kind));
   const uint64_t bytes = desc.count * dataTypeSize(desc.dtype) *
                          (desc.kind == OpKind::kAllgather || desc.kind == OpKind::kReduceScatter
@@ -135,7 +139,8 @@ std::unique_ptr<Communicator::Impl> Communicator::Impl::connect(
   impl->transportName = transportName;
   impl->contextOptions = ctxOpts;
   uint64_t rdMax = 0;
-  if (params::getString("GFLOW_RD_MAX_BYTES") != "auto") rdMax = params::getBytes("GFLOW_RD_MAX_BYTES");
+  if (params::getString("GFLOW_RD_MAX_BYTES") != "auto")
+    rdMax = params::getBytes("GFLOW_RD_MAX_BYTES");
   impl->selector = std::make_unique<AlgorithmSelector>(algoSpec, algoSource, rdMax);
   impl->algoSpec = algoSpec;
   impl->algoSource = algoSource;
@@ -181,8 +186,9 @@ Communicator::~Communicator() {
 std::shared_ptr<Communicator> Communicator::create(const Options& options) {
   bootstrap::Identity id = bootstrap::resolveIdentity(options);
   std::chrono::milliseconds timeout =
-      options.timeout.count() > 0 ? options.timeout
-                                  : std::chrono::milliseconds(params::getDurationMs("GFLOW_TIMEOUT"));
+      options.timeout.count() > 0
+          ? options.timeout
+          : std::chrono::milliseconds(params::getDurationMs("GFLOW_TIMEOUT"));
   std::shared_ptr<Store> store = options.store;
   if (!store) {
     TcpStoreOptions so;
@@ -225,19 +231,29 @@ std::shared_ptr<Communicator> Communicator::create(const Options& options) {
   return std::shared_ptr<Communicator>(new Communicator(std::move(impl)));
 }
 
-int Communicator::rank() const { return impl_->rank; }
-int Communicator::size() const { return impl_->size; }
-int Communicator::localRank() const { return impl_->localRank; }
-int Communicator::localSize() const { return impl_->localSize; }
+int Communicator::rank() const {
+  return impl_->rank;
+}
+int Communicator::size() const {
+  return impl_->size;
+}
+int Communicator::localRank() const {
+  return impl_->localRank;
+}
+int Communicator::localSize() const {
+  return impl_->localSize;
+}
 
 namespace {
 
-void finish(const std::shared_ptr<WorkState>& w) { w->wait(std::chrono::milliseconds(0)); }
+void finish(const std::shared_ptr<WorkState>& w) {
+  w->wait(std::chrono::milliseconds(0));
+}
 
 // Shared checks of reduce-scatter / allgather: `big` holds size() blocks of
 // `small.count` elements.
-void checkBlocks(Communicator::Impl& I, const char* name, const Tensor& small, const char* smallName,
-                 const Tensor& big, const char* bigName) {
+void checkBlocks(Communicator::Impl& I, const char* name, const Tensor& small,
+                 const char* smallName, const Tensor& big, const char* bigName) {
   I.validateTensor(name, smallName, small);
   I.validateTensor(name, bigName, big);
   if (small.dtype != big.dtype) {
@@ -289,7 +305,8 @@ std::shared_ptr<WorkState> doReduceScatter(Communicator::Impl& I, Tensor in, Ten
   });
 }
 
-std::shared_ptr<WorkState> doAllgather(Communicator::Impl& I, Tensor in, Tensor out, bool blocking) {
+std::shared_ptr<WorkState> doAllgather(Communicator::Impl& I, Tensor in, Tensor out,
+                                       bool blocking) {
   const char* name = "allgather";
   I.checkUsable(name);
   checkBlocks(I, name, in, "in", out, "out");
@@ -310,13 +327,13 @@ std::shared_ptr<WorkState> doBroadcast(Communicator::Impl& I, Tensor inout, int 
   I.checkUsable(name);
   I.validateTensor(name, "inout", inout);
   if (root < 0 || root >= I.size) {
-    I.invalid(name, "root " + std::to_string(root) + " is outside [0, " + std::to_string(I.size) + ")");
+    I.invalid(name,
+              "root " + std::to_string(root) + " is outside [0, " + std::to_string(I.size) + ")");
   }
   OpDesc d{OpKind::kBroadcast, inout.dtype, ReduceOp::kSum, Algorithm::kAuto, root, inout.count};
   Communicator::Impl* self = &I;
-  return I.submit(d, blocking, [self, inout](const backend::Op& o) {
-    self->backend->broadcast(o, inout.data);
-  });
+  return I.submit(d, blocking,
+                  [self, inout](const backend::Op& o) { self->backend->broadcast(o, inout.data); });
 }
 
 std::shared_ptr<WorkState> doBarrier(Communicator::Impl& I, bool blocking) {
@@ -328,26 +345,51 @@ std::shared_ptr<WorkState> doBarrier(Communicator::Impl& I, bool blocking) {
 
 }  // namespace
 
-void Communicator::allreduce(Tensor inout, ReduceOp op) { finish(doAllreduce(*impl_, inout, inout, op, true)); }
-void Communicator::allreduce(Tensor in, Tensor out, ReduceOp op) { finish(doAllreduce(*impl_, in, out, op, true)); }
-void Communicator::reduceScatter(Tensor in, Tensor out, ReduceOp op) { finish(doReduceScatter(*impl_, in, out, op, true)); }
-void Communicator::allgather(Tensor in, Tensor out) { finish(doAllgather(*impl_, in, out, true)); }
-void Communicator::broadcast(Tensor inout, int root) { finish(doBroadcast(*impl_, inout, root, true)); }
-void Communicator::barrier() { finish(doBarrier(*impl_, true)); }
+void Communicator::allreduce(Tensor inout, ReduceOp op) {
+  finish(doAllreduce(*impl_, inout, inout, op, true));
+}
+void Communicator::allreduce(Tensor in, Tensor out, ReduceOp op) {
+  finish(doAllreduce(*impl_, in, out, op, true));
+}
+void Communicator::reduceScatter(Tensor in, Tensor out, ReduceOp op) {
+  finish(doReduceScatter(*impl_, in, out, op, true));
+}
+void Communicator::allgather(Tensor in, Tensor out) {
+  finish(doAllgather(*impl_, in, out, true));
+}
+void Communicator::broadcast(Tensor inout, int root) {
+  finish(doBroadcast(*impl_, inout, root, true));
+}
+void Communicator::barrier() {
+  finish(doBarrier(*impl_, true));
+}
 
-Work Communicator::allreduceAsync(Tensor inout, ReduceOp op) { return Work(doAllreduce(*impl_, inout, inout, op, false)); }
-Work Communicator::allreduceAsync(Tensor in, Tensor out, ReduceOp op) { return Work(doAllreduce(*impl_, in, out, op, false)); }
-Work Communicator::reduceScatterAsync(Tensor in, Tensor out, ReduceOp op) { return Work(doReduceScatter(*impl_, in, out, op, false)); }
-Work Communicator::allgatherAsync(Tensor in, Tensor out) { return Work(doAllgather(*impl_, in, out, false)); }
-Work Communicator::broadcastAsync(Tensor inout, int root) { return Work(doBroadcast(*impl_, inout, root, false)); }
-Work Communicator::barrierAsync() { return Work(doBarrier(*impl_, false)); }
+Work Communicator::allreduceAsync(Tensor inout, ReduceOp op) {
+  return Work(doAllreduce(*impl_, inout, inout, op, false));
+}
+Work Communicator::allreduceAsync(Tensor in, Tensor out, ReduceOp op) {
+  return Work(doAllreduce(*impl_, in, out, op, false));
+}
+Work Communicator::reduceScatterAsync(Tensor in, Tensor out, ReduceOp op) {
+  return Work(doReduceScatter(*impl_, in, out, op, false));
+}
+Work Communicator::allgatherAsync(Tensor in, Tensor out) {
+  return Work(doAllgather(*impl_, in, out, false));
+}
+Work Communicator::broadcastAsync(Tensor inout, int root) {
+  return Work(doBroadcast(*impl_, inout, root, false));
+}
+Work Communicator::barrierAsync() {
+  return Work(doBarrier(*impl_, false));
+}
 
 std::shared_ptr<Communicator> Communicator::split(int color, int key) {
   Impl& I = *impl_;
   I.checkUsable("split");
   std::vector<int64_t> mine{color, key};
   std::vector<int64_t> all(2 * static_cast<size_t>(I.size));
-  allgather(Tensor(mine.data(), 2, DataType::kInt64), Tensor(all.data(), all.size(), DataType::kInt64));
+  allgather(Tensor(mine.data(), 2, DataType::kInt64),
+            Tensor(all.data(), all.size(), DataType::kInt64));
   const uint64_t splitId = I.splitCount++;
   if (color < 0) return nullptr;
   std::vector<std::pair<int64_t, int>> members;  // (key, parent rank)
@@ -399,7 +441,9 @@ Stats Communicator::stats() const {
   return s;
 }
 
-std::shared_ptr<const Error> Communicator::error() const { return impl_->error(); }
+std::shared_ptr<const Error> Communicator::error() const {
+  return impl_->error();
+}
 
 uint64_t Stats::bytesSent() const {
   uint64_t t = 0;

@@ -33,7 +33,7 @@ struct Communicator::Impl {
 
   uint64_t seq = 0;  // touched only by the executing thread
   std::atomic<uint64_t> splitCount{0};
-  std::string algoSpec;    // inherited by split()
+  std::string algoSpec;  // inherited by split()
   std::string algoSource;
   backend::Algorithm lastAlgo[8] = {};
 

@@ -35,7 +35,9 @@ void Work::wait(std::chrono::milliseconds timeout) const {
   state_->wait(timeout);
 }
 
-Engine::~Engine() { shutdown(Error(ErrorCode::kAborted, "communicator destroyed")); }
+Engine::~Engine() {
+  shutdown(Error(ErrorCode::kAborted, "communicator destroyed"));
+}
 
 void Engine::run(Item& item) {
   try {

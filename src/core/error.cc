@@ -36,7 +36,10 @@ const char* toString(ErrorCode code) {
 }
 
 Error::Error(ErrorCode code, const std::string& detail, ErrorContext ctx)
-    : std::runtime_error(format(code, detail, ctx)), code_(code), detail_(detail), ctx_(std::move(ctx)) {}
+    : std::runtime_error(format(code, detail, ctx)),
+      code_(code),
+      detail_(detail),
+      ctx_(std::move(ctx)) {}
 
 Error Error::withContext(const ErrorContext& ctx) const {
   ErrorContext merged = ctx;

@@ -7,11 +7,21 @@
 
 namespace gflow {
 
-Tensor tensor(float* data, size_t count) { return Tensor(data, count, DataType::kFloat32); }
-Tensor tensor(double* data, size_t count) { return Tensor(data, count, DataType::kFloat64); }
-Tensor tensor(int32_t* data, size_t count) { return Tensor(data, count, DataType::kInt32); }
-Tensor tensor(int64_t* data, size_t count) { return Tensor(data, count, DataType::kInt64); }
-Tensor tensor(uint8_t* data, size_t count) { return Tensor(data, count, DataType::kUInt8); }
+Tensor tensor(float* data, size_t count) {
+  return Tensor(data, count, DataType::kFloat32);
+}
+Tensor tensor(double* data, size_t count) {
+  return Tensor(data, count, DataType::kFloat64);
+}
+Tensor tensor(int32_t* data, size_t count) {
+  return Tensor(data, count, DataType::kInt32);
+}
+Tensor tensor(int64_t* data, size_t count) {
+  return Tensor(data, count, DataType::kInt64);
+}
+Tensor tensor(uint8_t* data, size_t count) {
+  return Tensor(data, count, DataType::kUInt8);
+}
 
 size_t dataTypeSize(DataType dtype) {
   switch (dtype) {

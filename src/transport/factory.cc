@@ -4,7 +4,8 @@
 
 namespace gflow::transport {
 
-std::unique_ptr<Context> createContext(const std::string& transport, const ContextOptions& options) {
+std::unique_ptr<Context> createContext(const std::string& transport,
+                                       const ContextOptions& options) {
   if (transport.empty() || transport == "tcp") return std::make_unique<tcp::TcpContext>(options);
   GFLOW_THROW(kInvalidArgument, (ErrorContext{"init", 0, options.rank, -1}))
       << "unknown transport '" << transport << "' (GFLOW_TRANSPORT); available: tcp";

@@ -19,7 +19,9 @@ namespace {
 using std::chrono::milliseconds;
 using testing::HasSubstr;
 
-std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
+std::vector<uint8_t> bytes(const std::string& s) {
+  return {s.begin(), s.end()};
+}
 
 // Two handles on one store: `a` and `b` are distinct clients where that
 // means something (TCP), so every test also crosses connections.

@@ -38,7 +38,9 @@ std::string fromHex(const std::string& h) {
   return out;
 }
 
-std::string sha(const std::string& s) { return hex(sha256(s.data(), s.size())); }
+std::string sha(const std::string& s) {
+  return hex(sha256(s.data(), s.size()));
+}
 std::string hmac(const std::string& key, const std::string& data) {
   return hex(hmacSha256(key, data.data(), data.size()));
 }

@@ -58,9 +58,13 @@ TEST(SocketParseTest, HostPort) {
   }
 }
 
-TEST(SocketInterfaceTest, ExactLoopback) { EXPECT_EQ(selectInterfaceAddress("=lo"), "127.0.0.1"); }
+TEST(SocketInterfaceTest, ExactLoopback) {
+  EXPECT_EQ(selectInterfaceAddress("=lo"), "127.0.0.1");
+}
 
-TEST(SocketInterfaceTest, PrefixLoopback) { EXPECT_EQ(selectInterfaceAddress("lo"), "127.0.0.1"); }
+TEST(SocketInterfaceTest, PrefixLoopback) {
+  EXPECT_EQ(selectInterfaceAddress("lo"), "127.0.0.1");
+}
 
 TEST(SocketInterfaceTest, DefaultPrefersNonLoopback) {
   std::string addr = selectInterfaceAddress("");

@@ -99,12 +99,13 @@ TEST_P(AllreduceWorld, RandomFloatsMatchFloat64AndAgreeBitwise) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Worlds, AllreduceWorld,
-    ::testing::Combine(::testing::Values(1, 2, 3, 4, 5, 8), ::testing::Values("ring", "rd")),
-    [](const ::testing::TestParamInfo<std::tuple<int, const char*>>& p) {
-      return "n" + std::to_string(std::get<0>(p.param)) + "_" + std::get<1>(p.param);
-    });
+INSTANTIATE_TEST_SUITE_P(Worlds, AllreduceWorld,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4, 5, 8),
+                                            ::testing::Values("ring", "rd")),
+                         [](const ::testing::TestParamInfo<std::tuple<int, const char*>>& p) {
+                           return "n" + std::to_string(std::get<0>(p.param)) + "_" +
+                                  std::get<1>(p.param);
+                         });
 
 TEST(Allreduce, AutoSelectionCrossesThresholdCorrectly) {
   // Sizes on both sides of the recursive-doubling threshold with the default

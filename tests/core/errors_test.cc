@@ -43,10 +43,13 @@ TEST(Mismatch, DifferentCountsRaiseMismatchOnEveryRank) {
   for (const char* algo : {"ring", "rd"}) {
     Options o;
     o.algorithm = algo;
-    auto res = outcomes(3, [](Communicator& c) {
-      std::vector<float> v(c.rank() == 1 ? 11 : 10, 1.0f);
-      c.allreduce(tensor(v.data(), v.size()));
-    }, o);
+    auto res = outcomes(
+        3,
+        [](Communicator& c) {
+          std::vector<float> v(c.rank() == 1 ? 11 : 10, 1.0f);
+          c.allreduce(tensor(v.data(), v.size()));
+        },
+        o);
     for (int r = 0; r < 3; ++r) {
       ASSERT_TRUE(res[r].threw) << algo << " rank " << r;
       EXPECT_EQ(res[r].code, ErrorCode::kMismatch) << algo << " rank " << r << ": " << res[r].what;
@@ -108,22 +111,26 @@ TEST(InvalidArgument, EachCheckNamesTheProblem) {
     std::function<void(Communicator&, std::vector<float>&)> call;
   };
   std::vector<Case> cases = {
-      {"must match", [](Communicator& c, std::vector<float>& v) {
+      {"must match",
+       [](Communicator& c, std::vector<float>& v) {
          c.allreduce(tensor(v.data(), 4), tensor(v.data() + 4, 3));
        }},
-      {"overlap", [](Communicator& c, std::vector<float>& v) {
+      {"overlap",
+       [](Communicator& c, std::vector<float>& v) {
          c.allreduce(tensor(v.data(), 4), tensor(v.data() + 2, 4));
        }},
-      {"root 5", [](Communicator& c, std::vector<float>& v) {
-         c.broadcast(tensor(v.data(), 4), 5);
-       }},
-      {"world size", [](Communicator& c, std::vector<float>& v) {
+      {"root 5",
+       [](Communicator& c, std::vector<float>& v) { c.broadcast(tensor(v.data(), 4), 5); }},
+      {"world size",
+       [](Communicator& c, std::vector<float>& v) {
          c.reduceScatter(tensor(v.data(), 5), tensor(v.data() + 8, 2));
        }},
-      {"cuda", [](Communicator& c, std::vector<float>& v) {
+      {"cuda",
+       [](Communicator& c, std::vector<float>& v) {
          c.allreduce(Tensor(v.data(), 4, DataType::kFloat32, Device{DeviceType::kCUDA, 0}));
        }},
-      {"invalid reduce op", [](Communicator& c, std::vector<float>& v) {
+      {"invalid reduce op",
+       [](Communicator& c, std::vector<float>& v) {
          c.allreduce(tensor(v.data(), 4), static_cast<ReduceOp>(42));
        }},
   };
@@ -149,16 +156,19 @@ TEST(Timeout, SilentPeerGivesTimeoutNamingIt) {
   Options o;
   o.timeout = milliseconds(500);
   auto start = std::chrono::steady_clock::now();
-  auto res = outcomes(2, [](Communicator& c) {
-    std::vector<float> v(100, 1.0f);
-    if (c.rank() == 1) {
-      std::this_thread::sleep_for(milliseconds(1500));
-    }
-    c.allreduce(tensor(v.data(), v.size()));
-    // Rank 1's allreduce may still succeed (rank 0's data was already on
-    // the wire); its next call must then learn that rank 0 failed.
-    c.barrier();
-  }, o);
+  auto res = outcomes(
+      2,
+      [](Communicator& c) {
+        std::vector<float> v(100, 1.0f);
+        if (c.rank() == 1) {
+          std::this_thread::sleep_for(milliseconds(1500));
+        }
+        c.allreduce(tensor(v.data(), v.size()));
+        // Rank 1's allreduce may still succeed (rank 0's data was already on
+        // the wire); its next call must then learn that rank 0 failed.
+        c.barrier();
+      },
+      o);
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
   ASSERT_TRUE(res[0].threw);
   EXPECT_EQ(res[0].code, ErrorCode::kTimeout) << res[0].what;

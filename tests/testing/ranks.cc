@@ -6,8 +6,7 @@
 
 namespace gflow::testing {
 
-std::vector<std::exception_ptr> runRanksCollect(int n,
-                                                const std::function<void(Communicator&)>& fn,
+std::vector<std::exception_ptr> runRanksCollect(int n, const std::function<void(Communicator&)>& fn,
                                                 Options base) {
   auto store = createHashStore();
   std::vector<std::exception_ptr> errors(n);

@@ -16,8 +16,7 @@ namespace gflow::testing {
 void runRanks(int n, const std::function<void(Communicator&)>& fn, Options base = Options{});
 
 // Like runRanks, but returns each rank's exception (nullptr when fn returned).
-std::vector<std::exception_ptr> runRanksCollect(int n,
-                                                const std::function<void(Communicator&)>& fn,
+std::vector<std::exception_ptr> runRanksCollect(int n, const std::function<void(Communicator&)>& fn,
                                                 Options base = Options{});
 
 // Creates communicators for `n` ranks and keeps them (for tests that reuse a

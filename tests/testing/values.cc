@@ -12,8 +12,7 @@ double getValue(const void* buf, size_t i, DataType t) {
     case DataType::kFloat32: return static_cast<const float*>(buf)[i];
     case DataType::kFloat64: return static_cast<const double*>(buf)[i];
     case DataType::kFloat16: return kernels::halfToFloat(static_cast<const uint16_t*>(buf)[i]);
-    case DataType::kBFloat16:
-      return kernels::bfloat16ToFloat(static_cast<const uint16_t*>(buf)[i]);
+    case DataType::kBFloat16: return kernels::bfloat16ToFloat(static_cast<const uint16_t*>(buf)[i]);
     case DataType::kInt32: return static_cast<const int32_t*>(buf)[i];
     case DataType::kInt64: return static_cast<double>(static_cast<const int64_t*>(buf)[i]);
     case DataType::kUInt8: return static_cast<const uint8_t*>(buf)[i];
@@ -89,10 +88,9 @@ double exactExpected(int n, size_t i, ReduceOp op, DataType t) {
 }
 
 const std::vector<DataType>& allDataTypes() {
-  static const std::vector<DataType> v = {DataType::kFloat32, DataType::kFloat16,
-                                          DataType::kBFloat16, DataType::kFloat64,
-                                          DataType::kInt32,   DataType::kInt64,
-                                          DataType::kUInt8};
+  static const std::vector<DataType> v = {
+      DataType::kFloat32, DataType::kFloat16, DataType::kBFloat16, DataType::kFloat64,
+      DataType::kInt32,   DataType::kInt64,   DataType::kUInt8};
   return v;
 }
 

@@ -12,8 +12,7 @@ namespace gflow::backend::host {
 
 class Exchange {
  public:
-  Exchange(transport::Context& ctx, const Op& op)
-      : ctx_(ctx), op_(op), env_(encode(op.desc)) {
+  Exchange(transport::Context& ctx, const Op& op) : ctx_(ctx), op_(op), env_(encode(op.desc)) {
     ctx_.beginGroup(op.seq, env_);
   }
 

@@ -38,11 +38,14 @@ Layout makeLayout(DataType dtype) {
   l.elemSize = dataTypeSize(dtype);
   l.pieceElems = std::max<size_t>(1, t.pieceBytes / l.elemSize);
   l.segCapElems = l.pieceElems * t.window;
-  l.pieceElems = std::max(l.pieceElems, (l.segCapElems + kMaxPiecesPerSegment - 1) / kMaxPiecesPerSegment);
+  l.pieceElems =
+      std::max(l.pieceElems, (l.segCapElems + kMaxPiecesPerSegment - 1) / kMaxPiecesPerSegment);
   return l;
 }
 
-int mod(int a, int n) { return ((a % n) + n) % n; }
+int mod(int a, int n) {
+  return ((a % n) + n) % n;
+}
 
 }  // namespace
 
@@ -199,8 +202,7 @@ void reduceScatterRing(Exchange& ex, Scratch& scratch, const void* inp, void* ou
              stage[s % 2] + L.pieceBegin(k) * es, cnt);
         }
         if (!last) {
-          accSends[s % 2].push_back(
-              ex.send(right, dst, cnt * es, messageIndex(round, s + 1, k)));
+          accSends[s % 2].push_back(ex.send(right, dst, cnt * es, messageIndex(round, s + 1, k)));
         } else if (d.op == ReduceOp::kAvg && cnt > 0) {
           kernels::divide(dst, cnt, d.dtype, n);
         }

@@ -7,9 +7,9 @@
 
 #include <algorithm>
 #include <atomic>
-#include <mutex>
 #include <cstring>
 #include <exception>
+#include <mutex>
 #include <thread>
 
 #include "common/auth.h"
@@ -41,8 +41,9 @@ void TcpContext::connectAll(const ContextOptions& options) {
   const ErrorContext ectx{"init", 0, rank(), -1};
   commId_ = hashPrefix(options.prefix);
 
-  const std::string ifname =
-      !options.socketIfname.empty() ? options.socketIfname : params::getString("GFLOW_SOCKET_IFNAME");
+  const std::string ifname = !options.socketIfname.empty()
+                                 ? options.socketIfname
+                                 : params::getString("GFLOW_SOCKET_IFNAME");
   const std::string range =
       !options.portRange.empty() ? options.portRange : params::getString("GFLOW_PORT_RANGE");
   std::string ip = net::selectInterfaceAddress(ifname);
@@ -53,8 +54,8 @@ void TcpContext::connectAll(const ContextOptions& options) {
   options.store->setString(options.prefix + "tcp/addr/" + std::to_string(rank()), hostPort);
   GFLOW_LOG(DEBUG) << "rank " << rank() << " listens on " << hostPort;
 
-  const int bufBytes = static_cast<int>(
-      std::min<uint64_t>(params::getBytes("GFLOW_SOCKET_BUFFER"), 1u << 30));
+  const int bufBytes =
+      static_cast<int>(std::min<uint64_t>(params::getBytes("GFLOW_SOCKET_BUFFER"), 1u << 30));
   const int expected = (size() - 1 - rank()) * socketsPerPeer_;
 
   // Accept the higher ranks in a thread while connecting to the lower ones,
@@ -105,8 +106,8 @@ void TcpContext::connectAll(const ContextOptions& options) {
         uint8_t ok = why.empty() ? 1 : 0;
         net::sendAll(fd, &ok, 1, hd);
         if (!ok) {
-          GFLOW_LOG(WARN) << "rank " << rank() << ": rejected connection from " << p->from
-                          << ": " << why;
+          GFLOW_LOG(WARN) << "rank " << rank() << ": rejected connection from " << p->from << ": "
+                          << why;
         } else {
           p->hello = h;
           p->ok = true;
@@ -147,8 +148,8 @@ void TcpContext::connectAll(const ContextOptions& options) {
               }
             }
           }
-          GFLOW_THROW(kTimeout, ectx) << "ranks " << missing
-                                      << " did not connect within the deadline (GFLOW_TIMEOUT)";
+          GFLOW_THROW(kTimeout, ectx)
+              << "ranks " << missing << " did not connect within the deadline (GFLOW_TIMEOUT)";
         }
         int fd = ::accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC);
         if (fd < 0) {
@@ -180,9 +181,9 @@ void TcpContext::connectAll(const ContextOptions& options) {
   std::exception_ptr connectError;
   try {
     for (int peer = 0; peer < rank(); ++peer) {
-      std::string addr = options.store->getString(
-          options.prefix + "tcp/addr/" + std::to_string(peer),
-          std::chrono::milliseconds(std::max(deadline.remainingMs(), 1)));
+      std::string addr =
+          options.store->getString(options.prefix + "tcp/addr/" + std::to_string(peer),
+                                   std::chrono::milliseconds(std::max(deadline.remainingMs(), 1)));
       auto hp = net::parseHostPort(addr, "address of rank " + std::to_string(peer));
       for (int i = 0; i < socketsPerPeer_; ++i) {
         net::Socket s = net::connectTo(hp.first, hp.second, deadline,

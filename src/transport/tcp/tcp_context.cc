@@ -209,8 +209,9 @@ RequestPtr TcpContext::isend(int peer, const void* data, size_t bytes, Tag tag,
     uint64_t len = (f == frags - 1) ? bytes - off : std::min<uint64_t>(per, bytes - off);
     SendItem item;
     item.msg = msg;
-    item.hdr = FrameHeader{kFrameMagic, kFrameData, 0, tag.group, tag.index, bytes, off, len,
-                           {env.words[0], env.words[1], env.words[2]}};
+    item.hdr = FrameHeader{kFrameMagic, kFrameData, 0,
+                           tag.group,   tag.index,  bytes,
+                           off,         len,        {env.words[0], env.words[1], env.words[2]}};
     item.payload = base + off;
     item.payloadLen = len;
     Conn& c = *p.conns[(first + f) % nconn];
@@ -635,8 +636,7 @@ void TcpContext::wait(const RequestPtr& req, Deadline deadline) {
   // After the deadline: probe the peer, give a dead/stopped peer `grace` to
   // answer, and give a live one longer so that the rank which really waits on
   // the stuck peer can report it first.
-  const auto grace = std::chrono::milliseconds(
-      std::clamp<int64_t>(timeout_.count() / 4, 50, 2000));
+  const auto grace = std::chrono::milliseconds(std::clamp<int64_t>(timeout_.count() / 4, 50, 2000));
   bool probing = false;
   uint64_t pongsBefore = 0;
   Deadline probeEnd = Deadline::never();
@@ -712,8 +712,8 @@ void TcpContext::notifyPeers(const Error& error) {
           }
           c.sendq.clear();
         }
-        FrameHeader h{kFrameMagic, kFrameError, 0, group_, 0, payload.size(), 0, payload.size(),
-                      {0, 0, 0}};
+        FrameHeader h{kFrameMagic, kFrameError,    0,        group_, 0, payload.size(),
+                      0,           payload.size(), {0, 0, 0}};
         net::sendAll(c.sock.fd(), &h, sizeof(h), d);
         net::sendAll(c.sock.fd(), payload.data(), payload.size(), d);
         break;  // one connection per peer is enough

@@ -48,9 +48,9 @@ class TcpContext final : public Context {
     Tag tag;
     Envelope env;
     uint64_t len = 0;
-    uint64_t claimed = 0;   // payload bytes announced by fragment headers
-    uint64_t received = 0;  // payload bytes read
-    char* buf = nullptr;    // where fragments land (user buffer or staging)
+    uint64_t claimed = 0;             // payload bytes announced by fragment headers
+    uint64_t received = 0;            // payload bytes read
+    char* buf = nullptr;              // where fragments land (user buffer or staging)
     std::unique_ptr<char[]> staging;  // set while unexpected
     char* user = nullptr;             // the posted buffer
     RequestPtr req;                   // null until posted
