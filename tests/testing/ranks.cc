@@ -6,20 +6,19 @@
 
 namespace gflow::testing {
 
-std::vector<std::exception_ptr> runRanksCollect(int n, const std::function<void(Communicator&)>& fn,
-                                                Options base) {
+namespace {
+
+// Runs body(rank, store) on n threads over one shared in-memory store and
+// returns what each thread threw.
+std::vector<std::exception_ptr> onThreads(
+    int n, const std::function<void(int, const std::shared_ptr<Store>&)>& body) {
   auto store = createHashStore();
   std::vector<std::exception_ptr> errors(n);
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
       try {
-        Options o = base;
-        o.rank = r;
-        o.size = n;
-        o.store = store;
-        auto comm = Communicator::create(o);
-        fn(*comm);
+        body(r, store);
       } catch (...) {
         errors[r] = std::current_exception();
       }
@@ -27,6 +26,23 @@ std::vector<std::exception_ptr> runRanksCollect(int n, const std::function<void(
   }
   for (auto& t : threads) t.join();
   return errors;
+}
+
+std::shared_ptr<Communicator> create(Options o, int r, int n, const std::shared_ptr<Store>& store) {
+  o.rank = r;
+  o.size = n;
+  o.store = store;
+  return Communicator::create(o);
+}
+
+}  // namespace
+
+std::vector<std::exception_ptr> runRanksCollect(int n, const std::function<void(Communicator&)>& fn,
+                                                Options base) {
+  return onThreads(n, [&](int r, const std::shared_ptr<Store>& store) {
+    auto comm = create(base, r, n, store);
+    fn(*comm);
+  });
 }
 
 void runRanks(int n, const std::function<void(Communicator&)>& fn, Options base) {
@@ -42,24 +58,9 @@ void runRanks(int n, const std::function<void(Communicator&)>& fn, Options base)
 }
 
 std::vector<std::shared_ptr<Communicator>> makeWorld(int n, Options base) {
-  auto store = createHashStore();
   std::vector<std::shared_ptr<Communicator>> world(n);
-  std::vector<std::exception_ptr> errors(n);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        Options o = base;
-        o.rank = r;
-        o.size = n;
-        o.store = store;
-        world[r] = Communicator::create(o);
-      } catch (...) {
-        errors[r] = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
+  auto errors = onThreads(
+      n, [&](int r, const std::shared_ptr<Store>& store) { world[r] = create(base, r, n, store); });
   for (auto& e : errors) {
     if (e) std::rethrow_exception(e);
   }
