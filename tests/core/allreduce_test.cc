@@ -7,6 +7,7 @@
 #include <cstring>
 #include <random>
 
+#include "common/params.h"
 #include "core/algorithm_select.h"
 #include "gflow/gflow.h"
 #include "testing/ranks.h"
@@ -136,6 +137,61 @@ TEST(Allreduce, DefaultCommunicatorFreeFunction) {
     EXPECT_EQ(v[2], 3.0f);
     finalize();
     EXPECT_THROW(allreduce(tensor(v.data(), v.size())), Error);
+  });
+}
+
+}  // namespace
+}  // namespace gflow
+
+namespace gflow {
+namespace {
+
+TEST(Allreduce, CountBeyondInt32) {
+  // 2^31 + 17 uint8 elements per rank: every index and byte count must be
+  // 64-bit. Larger pieces than the test default keep the message count sane.
+  setenv("GFLOW_PIECE_BYTES", "4M", 1);
+  setenv("GFLOW_RING_WINDOW", "8", 1);
+  params::resetCacheForTesting();
+  const size_t count = (size_t(1) << 31) + 17;
+  std::vector<std::vector<uint8_t>> bufs(2);
+  testing::runRanks(2, [&](Communicator& c) {
+    auto& v = bufs[c.rank()];
+    v.assign(count, static_cast<uint8_t>(c.rank() + 1));
+    v[count - 1] = static_cast<uint8_t>(10 * (c.rank() + 1));
+    c.allreduce(tensor(v.data(), count), ReduceOp::kSum);
+  });
+  for (const auto& v : bufs) {
+    ASSERT_EQ(v.size(), count);
+    EXPECT_EQ(v[count - 1], 30);
+    EXPECT_EQ(v[count - 2], 3);
+    EXPECT_EQ(v[0], 3);
+    EXPECT_EQ(v[size_t(1) << 31], 3);
+    size_t wrong = 0;
+    for (size_t i = 0; i + 1 < count; ++i) wrong += (v[i] != 3);
+    EXPECT_EQ(wrong, 0u);
+  }
+}
+
+TEST(Allreduce, RandomCounts) {
+  std::mt19937 gen(20261130);
+  std::uniform_int_distribution<size_t> dist(0, 50000);
+  std::vector<size_t> counts(12);
+  for (auto& c : counts) c = dist(gen);
+  auto world = testing::makeWorld(3);
+  testing::forEachRank(world, [&](Communicator& c) {
+    for (size_t count : counts) {
+      for (ReduceOp op : testing::allReduceOps()) {
+        std::vector<double> v(count);
+        for (size_t i = 0; i < count; ++i) {
+          v[i] = testing::exactInput(c.rank(), i, op, DataType::kFloat64);
+        }
+        c.allreduce(tensor(v.data(), count), op);
+        for (size_t i = 0; i < count; ++i) {
+          ASSERT_EQ(v[i], testing::exactExpected(3, i, op, DataType::kFloat64))
+              << "count " << count << " op " << toString(op) << " i " << i;
+        }
+      }
+    }
   });
 }
 
