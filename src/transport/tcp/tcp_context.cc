@@ -313,6 +313,7 @@ void TcpContext::handleClosed(Conn& c) {
   c.closed = true;
   peers_[c.peer]->closed = true;
   epoll_ctl(epoll_.fd(), EPOLL_CTL_DEL, c.sock.fd(), nullptr);
+  c.watched = false;
   if (hasPendingWith(c.peer)) failLost(c.peer, "closed the connection");
 }
 
@@ -320,6 +321,13 @@ void TcpContext::updateInterest(Conn& c) {
   epoll_event e{};
   e.events = (c.paused ? 0u : static_cast<uint32_t>(EPOLLIN)) | (c.wantOut ? EPOLLOUT : 0u);
   e.data.ptr = &c;
+  if (c.closed) return;
+  if (!c.watched) {
+    if (c.paused && !c.wantOut) return;  // nothing to wait for yet
+    GFLOW_SYSCHECK(epoll_ctl(epoll_.fd(), EPOLL_CTL_ADD, c.sock.fd(), &e), "epoll_ctl(add)");
+    c.watched = true;
+    return;
+  }
   GFLOW_SYSCHECK(epoll_ctl(epoll_.fd(), EPOLL_CTL_MOD, c.sock.fd(), &e), "epoll_ctl(mod)");
 }
 
@@ -449,6 +457,9 @@ void TcpContext::startFragment(Conn& c) {
     if (p.unexpectedBytes + h.msgLen > unexpectedLimit_) {
       // Back-pressure: leave the payload in the socket until a receive is
       // posted (or staged data drains).
+      GFLOW_LOG(DEBUG) << "rank " << rank() << ": pausing reads from rank " << c.peer << " ("
+                       << p.unexpectedBytes << " bytes staged, next message " << h.msgLen
+                       << " bytes, GFLOW_UNEXPECTED_LIMIT " << unexpectedLimit_ << ")";
       c.paused = true;
       updateInterest(c);
       return;
@@ -613,7 +624,13 @@ void TcpContext::progress(int timeoutMs) {
     if (ev & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
       if (!c.paused) handleReadable(c);
       if ((ev & EPOLLERR) && !c.closed) failLost(c.peer, "reset the connection");
-      if ((ev & EPOLLHUP) && !c.closed && c.paused) handleClosed(c);
+      if ((ev & EPOLLHUP) && !c.closed && c.paused && c.watched) {
+        // The peer hung up but its data is still queued here, behind a
+        // paused message: stop watching (a hung-up socket would wake epoll
+        // forever) until a receive resumes it.
+        epoll_ctl(epoll_.fd(), EPOLL_CTL_DEL, c.sock.fd(), nullptr);
+        c.watched = false;
+      }
     }
     if ((ev & EPOLLOUT) && !c.closed) flush(c);
   }

@@ -78,6 +78,7 @@ class TcpContext final : public Context {
     bool paused = false;
     bool closed = false;  // the peer closed this connection (EOF)
     int lowat = 1;        // current SO_RCVLOWAT
+    bool watched = true;  // registered with epoll (a paused, hung-up socket is not)
     // Receive state machine: header bytes, then the fragment payload.
     bool inPayload = false;
     FrameHeader hdr{};
