@@ -109,7 +109,12 @@ std::shared_ptr<WorkState> Communicator::Impl::submit(
   auto task = [this, desc, body = std::move(body)] {
     const uint64_t mySeq = ++seq;
     const char* name = backend::toString(desc.kind);
-    if (auto e = error()) throw *e;
+    // Failed by abort() or bad input on another thread: tell the peers now
+    // (this is the executing thread) and raise the original error.
+    if (auto e = error()) {
+      notifyOnce(e);
+      throw *e;
+    }
     if (lastAlgo[kindIndex(desc.kind)] != desc.algo && log::enabled(log::Level::INFO)) {
       lastAlgo[kindIndex(desc.kind)] = desc.algo;
       GFLOW_LOG(INFO) << "rank " << rank << ": " << name << " #" << mySeq << " ("
@@ -123,7 +128,16 @@ std::shared_ptr<WorkState> Communicator::Impl::submit(
       Error full = e.withContext(ErrorContext{name, mySeq, rank, e.peer()});
       fail(full);
       throw full;
+    } catch (const std::exception& e) {
+      // E.g. bad_alloc: receives may already be posted into user memory, so
+      // the communicator must not be used again.
+      Error full(ErrorCode::kInternal, std::string("unexpected exception: ") + e.what(),
+                 ErrorContext{name, mySeq, rank, -1});
+      fail(full);
+      throw full;
     }
+    // abort() may have arrived after the op's last transport call.
+    if (auto e = error()) notifyOnce(e);
   };
   return engine.submit(std::move(task), blocking);
 }
@@ -178,8 +192,9 @@ Communicator::~Communicator() {
   if (!impl_) return;
   Error e(ErrorCode::kAborted, "the communicator was destroyed",
           ErrorContext{"", 0, impl_->rank, -1});
-  // Wake a running op (if any) before joining the worker.
-  if (impl_->engine.tryRunExclusive([] {}) == false && impl_->backend) impl_->backend->abort(e);
+  // Wake a running op (if any) and drop queued ones before joining the
+  // worker; the transport is going away anyway.
+  if (impl_->backend) impl_->backend->abort(e);
   impl_->engine.shutdown(e);
 }
 

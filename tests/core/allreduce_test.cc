@@ -197,3 +197,36 @@ TEST(Allreduce, RandomCounts) {
 
 }  // namespace
 }  // namespace gflow
+
+namespace gflow {
+namespace {
+
+TEST(Allreduce, RecursiveDoublingAvgLargeOddWorld) {
+  // The folded rank's result is sent while the group divides for avg: the
+  // division must happen before the send (a message larger than the socket
+  // buffer is still being written when the sender moves on).
+  setenv("GFLOW_SOCKET_BUFFER", "64K", 1);  // small socket buffers: sends finish late
+  params::resetCacheForTesting();
+  Options o;
+  o.algorithm = "rd";
+  testing::runRanks(
+      3,
+      [](Communicator& c) {
+        const size_t count = 6u << 20;  // 24 MiB of float32
+        std::vector<float> v(count);
+        for (size_t i = 0; i < count; ++i) {
+          v[i] = static_cast<float>(
+              testing::exactInput(c.rank(), i, ReduceOp::kAvg, DataType::kFloat32));
+        }
+        c.allreduce(tensor(v.data(), count), ReduceOp::kAvg);
+        for (size_t i = 0; i < count; ++i) {
+          ASSERT_EQ(v[i], testing::exactExpected(3, i, ReduceOp::kAvg, DataType::kFloat32)) << i;
+        }
+      },
+      o);
+  unsetenv("GFLOW_SOCKET_BUFFER");
+  params::resetCacheForTesting();
+}
+
+}  // namespace
+}  // namespace gflow

@@ -65,7 +65,12 @@ void allreduceRecursiveDoubling(Exchange& ex, Scratch& scratch, const void* in, 
   }
   step = 1 + static_cast<uint64_t>(log2p);
 
-  // Unfold: odd ranks of the folded pairs return the result.
+  // The ranks of the power-of-two group hold the full result: divide once
+  // there (before anything is sent from `out`), then return it to the folded
+  // ranks.
+  if (vrank >= 0 && d.op == ReduceOp::kAvg && d.count > 0) {
+    kernels::divide(out, d.count, d.dtype, n);
+  }
   if (r < 2 * rem) {
     if (r % 2 == 1) {
       ex.send(r - 1, out, bytes, step);
@@ -74,7 +79,6 @@ void allreduceRecursiveDoubling(Exchange& ex, Scratch& scratch, const void* in, 
       ex.wait(ex.recv(r + 1, out, bytes, step));
     }
   }
-  if (d.op == ReduceOp::kAvg && d.count > 0) kernels::divide(out, d.count, d.dtype, n);
   ex.waitSends();
 }
 

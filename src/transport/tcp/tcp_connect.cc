@@ -73,12 +73,14 @@ void TcpContext::connectAll(const ContextOptions& options) {
   constexpr size_t kMaxPendingHandshakes = 64;
   std::vector<std::pair<Hello, net::Socket>> accepted;
   std::exception_ptr acceptError;
+  std::atomic<bool> stopAccepting{false};  // the connect side failed
   std::thread acceptor([&] {
     std::vector<std::unique_ptr<Pending>> pending;
     std::mutex seenMutex;
     std::vector<std::vector<bool>> seen(size(), std::vector<bool>(socketsPerPeer_, false));
     auto handshake = [&](Pending* p) {
       const int fd = p->sock.fd();
+      int marked = -1, markedIndex = -1;  // marked as connected; undone if the reply fails
       try {
         Deadline hd = deadline.earlier(Deadline::after(kHandshakeTimeout));
         auth::authenticate(fd, options.token, kAuthLabel, /*initiator=*/false, hd);
@@ -101,6 +103,8 @@ void TcpContext::connectAll(const ContextOptions& options) {
             why = "duplicate connection for rank " + std::to_string(h.rank);
           } else {
             seen[h.rank][h.socketIndex] = true;
+            marked = h.rank;
+            markedIndex = h.socketIndex;
           }
         }
         uint8_t ok = why.empty() ? 1 : 0;
@@ -115,6 +119,10 @@ void TcpContext::connectAll(const ContextOptions& options) {
       } catch (const Error& e) {
         GFLOW_LOG(WARN) << "rank " << rank() << ": rejected connection from " << p->from << ": "
                         << e.detail();
+        if (marked >= 0) {
+          std::lock_guard<std::mutex> lock(seenMutex);
+          seen[marked][markedIndex] = false;
+        }
       }
       p->done.store(true, std::memory_order_release);
     };
@@ -135,7 +143,8 @@ void TcpContext::connectAll(const ContextOptions& options) {
     };
     try {
       net::setNonBlocking(listener.fd(), true);
-      while (static_cast<int>(accepted.size()) < expected) {
+      while (static_cast<int>(accepted.size()) < expected &&
+             !stopAccepting.load(std::memory_order_acquire)) {
         reap(false);
         if (static_cast<int>(accepted.size()) >= expected) break;
         if (deadline.expired()) {
@@ -210,6 +219,7 @@ void TcpContext::connectAll(const ContextOptions& options) {
     }
   } catch (...) {
     connectError = std::current_exception();
+    stopAccepting.store(true, std::memory_order_release);
   }
   acceptor.join();
   if (connectError) std::rethrow_exception(connectError);

@@ -21,6 +21,10 @@ class TrivialRegion final : public MemoryRegion {
   TrivialRegion(void* d, size_t n) : MemoryRegion(d, n) {}
 };
 
+// Bookkeeping charged per staged message on top of its payload, so a flood
+// of tiny messages is bounded by GFLOW_UNEXPECTED_LIMIT too.
+constexpr uint64_t kStagedOverhead = 256;
+
 bool isPast(uint64_t group, uint64_t current) {
   return static_cast<int64_t>(group - current) < 0;
 }
@@ -200,6 +204,8 @@ RequestPtr TcpContext::isend(int peer, const void* data, size_t bytes, Tag tag,
   // Stripe boundaries on 4 KiB multiples keep each fragment page-aligned
   // relative to the message start.
   uint64_t per = (bytes / frags + 4095) & ~uint64_t(4095);
+  // Rounding up can leave nothing for the last connections: use fewer.
+  if (per > 0) frags = static_cast<int>(std::min<uint64_t>(frags, (bytes + per - 1) / per));
   const char* base = static_cast<const char*>(data);
   size_t first = p.nextConn;
   p.nextConn = (p.nextConn + 1) % nconn;
@@ -266,7 +272,7 @@ RequestPtr TcpContext::irecv(int peer, void* data, size_t bytes, Tag tag, const 
 void TcpContext::completeRecv(PeerState& p, RecvMsg* m) {
   if (m->staging) {
     if (m->len > 0) std::memcpy(m->user, m->staging.get(), m->len);
-    p.unexpectedBytes -= m->len;
+    p.unexpectedBytes -= m->len + kStagedOverhead;
   }
   p.bytesReceived.fetch_add(m->len, std::memory_order_relaxed);
   p.messagesReceived.fetch_add(1, std::memory_order_relaxed);
@@ -311,9 +317,15 @@ void TcpContext::failLost(int peer, const std::string& what) {
 void TcpContext::handleClosed(Conn& c) {
   if (c.inPayload || c.hdrGot > 0) failLost(c.peer, "closed the connection mid-message");
   c.closed = true;
-  peers_[c.peer]->closed = true;
   epoll_ctl(epoll_.fd(), EPOLL_CTL_DEL, c.sock.fd(), nullptr);
   c.watched = false;
+  // With several connections per peer, the others may still carry data the
+  // peer sent before exiting: the peer is gone only once all of them are.
+  PeerState& p = *peers_[c.peer];
+  for (const auto& other : p.conns) {
+    if (other && !other->closed) return;
+  }
+  p.closed = true;
   if (hasPendingWith(c.peer)) failLost(c.peer, "closed the connection");
 }
 
@@ -368,6 +380,7 @@ void TcpContext::flush(Conn& c) {
     it.written += static_cast<size_t>(w);
     if (it.written < hdrLen + it.payloadLen) break;
     std::shared_ptr<SendMsg> msg = std::move(it.msg);
+    if (it.hdr.type == kFramePong) c.pongQueued = false;
     c.sendq.pop_front();
     if (msg && --msg->fragmentsLeft == 0) {
       peers_[c.peer]->bytesSent.fetch_add(msg->req->bytes(), std::memory_order_relaxed);
@@ -454,7 +467,7 @@ void TcpContext::startFragment(Conn& c) {
                      ") that this rank never expected; ranks called different collectives",
                  ectx));
     }
-    if (p.unexpectedBytes + h.msgLen > unexpectedLimit_) {
+    if (p.unexpectedBytes + h.msgLen + kStagedOverhead > unexpectedLimit_) {
       // Back-pressure: leave the payload in the socket until a receive is
       // posted (or staged data drains).
       GFLOW_LOG(DEBUG) << "rank " << rank() << ": pausing reads from rank " << c.peer << " ("
@@ -470,7 +483,7 @@ void TcpContext::startFragment(Conn& c) {
     nm->len = h.msgLen;
     nm->staging.reset(new char[h.msgLen > 0 ? h.msgLen : 1]);
     nm->buf = nm->staging.get();
-    p.unexpectedBytes += h.msgLen;
+    p.unexpectedBytes += h.msgLen + kStagedOverhead;
     m = nm.get();
     p.msgs.emplace(tag, std::move(nm));
   } else {
@@ -506,7 +519,12 @@ void TcpContext::finishFragment(Conn& c) {
     return;
   }
   if (c.hdr.type == kFramePing) {
-    sendControl(c, kFramePong);
+    // One answer in flight is enough: a peer that floods PINGs without
+    // reading cannot grow the send queue.
+    if (!c.pongQueued) {
+      c.pongQueued = true;
+      sendControl(c, kFramePong);
+    }
     return;
   }
   if (c.hdr.type == kFramePong) {

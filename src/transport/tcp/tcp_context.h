@@ -78,6 +78,7 @@ class TcpContext final : public Context {
     bool paused = false;
     bool closed = false;  // the peer closed this connection (EOF)
     int lowat = 1;        // current SO_RCVLOWAT
+    bool pongQueued = false;
     bool watched = true;  // registered with epoll (a paused, hung-up socket is not)
     // Receive state machine: header bytes, then the fragment payload.
     bool inPayload = false;
@@ -94,7 +95,7 @@ class TcpContext final : public Context {
     size_t nextConn = 0;
     std::unordered_map<Tag, std::unique_ptr<RecvMsg>, TagHash> msgs;
     uint64_t unexpectedBytes = 0;
-    bool closed = false;  // some connection of this peer saw EOF
+    bool closed = false;  // every connection of this peer saw EOF
     uint64_t pongs = 0;   // PONG frames received (liveness probes answered)
     std::atomic<uint64_t> bytesSent{0}, bytesReceived{0}, messagesSent{0}, messagesReceived{0};
   };
