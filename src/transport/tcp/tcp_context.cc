@@ -200,12 +200,12 @@ RequestPtr TcpContext::isend(int peer, const void* data, size_t bytes, Tag tag,
   msg->req = req;
   const int nconn = static_cast<int>(p.conns.size());
   int frags = (bytes >= stripeMin_ && nconn > 1) ? nconn : 1;
-  msg->fragmentsLeft = frags;
   // Stripe boundaries on 4 KiB multiples keep each fragment page-aligned
   // relative to the message start.
   uint64_t per = (bytes / frags + 4095) & ~uint64_t(4095);
   // Rounding up can leave nothing for the last connections: use fewer.
   if (per > 0) frags = static_cast<int>(std::min<uint64_t>(frags, (bytes + per - 1) / per));
+  msg->fragmentsLeft = frags;
   const char* base = static_cast<const char*>(data);
   size_t first = p.nextConn;
   p.nextConn = (p.nextConn + 1) % nconn;
