@@ -763,6 +763,26 @@ TEST_P(FaultExit, RankLeavingAfterLastOpDoesNotFailTheOthers) {
   }
 }
 
+TEST(FaultExitStriped, LeavingWithSeveralSocketsPerPeerFailsNobody) {
+  // With several connections per peer, EOF on one of them while the last
+  // message still arrives on another must not count as a lost peer.
+  for (int leaver : {0, 2}) {
+    Job job(3, [leaver](int r) {
+      std::vector<std::string> a = {"loop", "20", "65536"};
+      if (r != leaver) a.insert(a.begin(), {"linger", "500"});
+      return a;
+    });
+    job.setEnv("GFLOW_SOCKETS_PER_PEER", "3");
+    job.setEnv("GFLOW_STRIPE_MIN", "4096");
+    job.start();
+    ASSERT_TRUE(job.waitExit(seconds(12))) << job.report();
+    for (int r = 0; r < 3; ++r) {
+      EXPECT_EQ(job.result(r).exitCode, 0) << "leaver " << leaver << " rank " << r << "\n"
+                                           << job.report();
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(, FaultExit,
                          ::testing::Values(RankCase{3, 2}, RankCase{3, 0}, RankCase{4, 1}),
                          caseName);
