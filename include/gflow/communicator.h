@@ -35,9 +35,10 @@ class GFLOW_EXPORT Work {
 
   // True once the op has finished (successfully or not). Never blocks.
   bool test() const;
-  // Waits until the op finished; rethrows its error. A timeout of 0 means the
-  // communicator's deadline. Throws Error(kTimeout) if `timeout` passes first
-  // (the op itself keeps running and may still complete).
+  // Waits until the op finished; rethrows its error. A timeout of 0 waits until
+  // the op ends, which every op does by the communicator's deadline. Throws
+  // Error(kTimeout) if `timeout` passes first (the op itself keeps running and
+  // may still complete).
   void wait(std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) const;
   bool valid() const { return state_ != nullptr; }
 

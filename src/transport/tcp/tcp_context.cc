@@ -277,7 +277,8 @@ void TcpContext::completeRecv(PeerState& p, RecvMsg* m) {
   p.bytesReceived.fetch_add(m->len, std::memory_order_relaxed);
   p.messagesReceived.fetch_add(1, std::memory_order_relaxed);
   RequestPtr req = m->req;
-  p.msgs.erase(m->tag);
+  const Tag tag = m->tag;  // erase() must not read the key of the node it frees
+  p.msgs.erase(tag);
   req->complete();
   resumePaused(p);
 }
