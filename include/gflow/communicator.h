@@ -60,6 +60,12 @@ struct Stats {
   uint64_t allgather = 0;
   uint64_t broadcast = 0;
   uint64_t barrier = 0;
+  // The same ops by the path that ran them: the shared-memory backend (one
+  // host), the hierarchical one (several hosts) or a flat algorithm over the
+  // network transport.
+  uint64_t sharedMemoryOps = 0;
+  uint64_t hierarchicalOps = 0;
+  uint64_t networkOps = 0;
   uint64_t bytesSent() const;
   uint64_t bytesReceived() const;
 };
@@ -75,8 +81,13 @@ class GFLOW_EXPORT Communicator {
 
   int rank() const;
   int size() const;
+  // Host grouping, learned at creation from every rank's host identity
+  // (hostname + boot id, or GFLOW_HOST_ID). Hosts are numbered in the order
+  // of their lowest rank; local ranks in rank order within a host.
   int localRank() const;
   int localSize() const;
+  int hostIndex() const;
+  int numHosts() const;
 
   // In-place: reduces `inout` across ranks.
   void allreduce(Tensor inout, ReduceOp op = ReduceOp::kSum);
@@ -100,6 +111,11 @@ class GFLOW_EXPORT Communicator {
   // communicator, ordered by (key, rank). A negative color returns nullptr
   // for that rank.
   std::shared_ptr<Communicator> split(int color, int key);
+  // Collective: the ranks of this rank's host (ordered by rank), via split().
+  std::shared_ptr<Communicator> localCommunicator();
+  // Collective: the ranks with this rank's local rank, one per host (ordered
+  // by host index), via split().
+  std::shared_ptr<Communicator> crossHostCommunicator();
 
   // Fails every pending and future op with Error(kAborted). Safe from any
   // thread, including a signal-free watchdog thread; returns immediately.

@@ -17,6 +17,10 @@ struct Options {
   int size = -1;
   int localRank = -1;  // -1: from the environment, else derived from host ids
   int localSize = -1;
+  // Host identity used to group ranks into hosts (GFLOW_HOST_ID; default
+  // hostname + boot id). Ranks with equal ids share memory and form one
+  // level of the hierarchy.
+  std::string hostId;
 
   // Rendezvous: either a store the caller brings (ranks as threads, a
   // framework's store), or the address of rank 0's TCP store ("host:port").
@@ -30,7 +34,8 @@ struct Options {
   // Deadline for every blocking step (GFLOW_TIMEOUT, default 300 s).
   std::chrono::milliseconds timeout{0};
 
-  // "tcp" (the default). Later backends: "shm", "verbs", "nccl".
+  // Network transport between hosts (GFLOW_TRANSPORT): "tcp" (the default).
+  // Ranks of one host use shared memory unless GFLOW_SHM=0.
   std::string transport;
 
   // Algorithm override, same syntax as GFLOW_ALGO (docs/algorithms.md),

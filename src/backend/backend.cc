@@ -22,6 +22,8 @@ const char* toString(Algorithm algo) {
     case Algorithm::kRecursiveDoubling: return "rd";
     case Algorithm::kChain: return "chain";
     case Algorithm::kDissemination: return "dissemination";
+    case Algorithm::kShm: return "shm";
+    case Algorithm::kHierarchical: return "hierarchical";
   }
   return "unknown-algorithm";
 }

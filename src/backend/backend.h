@@ -32,6 +32,8 @@ enum class Algorithm : uint8_t {
   kRecursiveDoubling = 2,  // log2(N) exchanges of the whole buffer
   kChain = 3,              // pipelined chain (broadcast)
   kDissemination = 4,      // barrier
+  kShm = 5,                // every rank on one host: shared-memory backend
+  kHierarchical = 6,       // several hosts: local (shm) + cross-host phases
 };
 const char* toString(Algorithm algo);
 
@@ -72,5 +74,12 @@ class Backend {
 
 // The host backend over a connected transport context.
 std::unique_ptr<Backend> createHostBackend(std::unique_ptr<transport::Context> context);
+
+// Runs each op on the backend that implements its algorithm: `shm` for
+// kShm, `hierarchical` for kHierarchical, `flat` (the host backend over the
+// network transport) for the rest. abort/notifyPeers reach all of them;
+// peerStats adds them up.
+std::unique_ptr<Backend> createRouter(std::unique_ptr<Backend> flat, std::unique_ptr<Backend> shm,
+                                      std::unique_ptr<Backend> hierarchical);
 
 }  // namespace gflow::backend

@@ -17,9 +17,19 @@ namespace gflow::params {
     "a bare number is seconds.")                                                               \
   X(debug, "GFLOW_DEBUG", kString, "WARN", "Log level: ERROR, WARN, INFO, DEBUG, TRACE.")      \
   X(algo, "GFLOW_ALGO", kString, "",                                                           \
-    "Algorithm override, e.g. 'ring' or 'allreduce:0-64k:rd,allreduce:64k-:ring' "             \
+    "Algorithm override: ring, rd, hier or shm, or rules such as "                             \
+    "'allreduce:0-64k:rd,allreduce:64k-:ring' "                                                \
     "(docs/algorithms.md).")                                                                   \
-  X(transport, "GFLOW_TRANSPORT", kString, "tcp", "Data transport: tcp.")                      \
+  X(transport, "GFLOW_TRANSPORT", kString, "tcp",                                              \
+    "Network transport between hosts (and between local ranks when GFLOW_SHM=0): tcp.")        \
+  X(shm, "GFLOW_SHM", kInt, "1",                                                               \
+    "1: ranks on the same host exchange data through shared memory; 0: through the "           \
+    "network transport.")                                                                      \
+  X(shmChunk, "GFLOW_SHM_CHUNK", kBytes, "512K",                                               \
+    "Pipelining chunk of shared-memory collectives; each rank's segment holds two.")           \
+  X(pin, "GFLOW_PIN", kInt, "1",                                                               \
+    "1: pin gflow's progress threads to the cores of the NUMA node nearest the rank's NIC; "   \
+    "0: leave them unpinned.")                                                                 \
   X(socketIfname, "GFLOW_SOCKET_IFNAME", kString, "",                                          \
     "Interfaces for data sockets: prefixes ('eth,ib'), '=' for exact names, '^' to exclude "   \
     "('^docker,lo'). Default: the first non-loopback interface that is up, else loopback.")    \

@@ -3,6 +3,7 @@
 #include <sstream>
 
 #include "common/check.h"
+#include "common/logging.h"
 #include "common/params.h"
 
 namespace gflow {
@@ -14,9 +15,12 @@ using backend::OpKind;
 Algorithm parseAlgo(const std::string& s, const std::string& source) {
   if (s == "ring") return Algorithm::kRing;
   if (s == "rd" || s == "recursive_doubling") return Algorithm::kRecursiveDoubling;
+  if (s == "hier" || s == "hierarchical") return Algorithm::kHierarchical;
+  if (s == "shm") return Algorithm::kShm;
   if (s == "auto") return Algorithm::kAuto;
   GFLOW_THROW(kInvalidArgument, ErrorContext{"config"})
-      << source << ": unknown allreduce algorithm '" << s << "' (expected ring, rd or auto)";
+      << source << ": unknown allreduce algorithm '" << s
+      << "' (expected ring, rd, hier, shm or auto)";
 }
 
 std::vector<std::string> split(const std::string& s, char sep) {
@@ -72,16 +76,36 @@ AlgorithmSelector::AlgorithmSelector(const std::string& spec, const std::string&
 Algorithm AlgorithmSelector::select(OpKind kind, uint64_t bytes, int worldSize) const {
   switch (kind) {
     case OpKind::kReduceScatter:
-    case OpKind::kAllgather: return Algorithm::kRing;
-    case OpKind::kBroadcast: return Algorithm::kChain;
-    case OpKind::kBarrier: return Algorithm::kDissemination;
+    case OpKind::kAllgather: return caps_.shm ? Algorithm::kShm : Algorithm::kRing;
+    case OpKind::kBroadcast:
+      return caps_.shm            ? Algorithm::kShm
+             : caps_.hierarchical ? Algorithm::kHierarchical
+                                  : Algorithm::kChain;
+    case OpKind::kBarrier:
+      return caps_.shm            ? Algorithm::kShm
+             : caps_.hierarchical ? Algorithm::kHierarchical
+                                  : Algorithm::kDissemination;
     case OpKind::kAllreduce: break;
   }
   for (const Rule& r : rules_) {
-    if (r.kind == kind && bytes >= r.lo && bytes < r.hi && r.algo != Algorithm::kAuto) {
-      return r.algo;
+    if (r.kind != kind || bytes < r.lo || bytes >= r.hi || r.algo == Algorithm::kAuto) continue;
+    if ((r.algo == Algorithm::kShm && !caps_.shm) ||
+        (r.algo == Algorithm::kHierarchical && !caps_.hierarchical)) {
+      if (!warnedUnavailable_) {
+        warnedUnavailable_ = true;
+        GFLOW_LOG(WARN) << "algorithm '" << backend::toString(r.algo)
+                        << "' was requested but this communicator cannot run it ("
+                        << (r.algo == Algorithm::kShm
+                                ? "its ranks are not all on one host with shared memory"
+                                : "it does not span several hosts with several ranks on one")
+                        << "); using the automatic choice";
+      }
+      continue;
     }
+    return r.algo;
   }
+  if (caps_.shm) return Algorithm::kShm;
+  if (caps_.hierarchical) return Algorithm::kHierarchical;
   const uint64_t rdMax = rdMaxBytes_ ? rdMaxBytes_ : defaultRdMaxBytes(worldSize);
   return bytes <= rdMax ? Algorithm::kRecursiveDoubling : Algorithm::kRing;
 }

@@ -13,11 +13,23 @@
 
 namespace gflow {
 
+// What the communicator can run besides the flat algorithms.
+struct Capabilities {
+  bool shm = false;           // every rank on one host, shared memory connected
+  bool hierarchical = false;  // several hosts, some with several ranks
+};
+
 class AlgorithmSelector {
  public:
   // Throws Error(kInvalidArgument) naming `source` on a malformed spec.
   AlgorithmSelector(const std::string& spec, const std::string& source, uint64_t rdMaxBytes);
 
+  void setCapabilities(const Capabilities& caps) { caps_ = caps; }
+
+  // The automatic choice, in order: shm on one host, hierarchical across
+  // hosts, else recursive doubling up to the threshold and ring above it. A
+  // rule naming shm or hier where that is not available is skipped (logged
+  // once).
   backend::Algorithm select(backend::OpKind kind, uint64_t bytes, int worldSize) const;
 
   // The default recursive-doubling threshold for a world size (GFLOW_RD_MAX_BYTES=auto).
@@ -32,6 +44,8 @@ class AlgorithmSelector {
   };
   std::vector<Rule> rules_;
   uint64_t rdMaxBytes_;  // 0: per world size default
+  Capabilities caps_;
+  mutable bool warnedUnavailable_ = false;
 };
 
 }  // namespace gflow

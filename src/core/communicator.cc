@@ -1,6 +1,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "backend/hierarchical/hierarchical.h"
+#include "backend/shm/shm_backend.h"
 #include "bootstrap/environment.h"
 #include "common/auth.h"
 #include "common/check.h"
@@ -106,6 +108,10 @@ std::shared_ptr<WorkState> Communicator::Impl::submit(
                               : 1);
   desc.algo = selector->select(desc.kind, bytes, size);
   opCount[kindIndex(desc.kind)].fetch_add(1, std::memory_order_relaxed);
+  pathCount[desc.algo == Algorithm::kShm            ? 0
+            : desc.algo == Algorithm::kHierarchical ? 1
+                                                    : 2]
+      .fetch_add(1, std::memory_order_relaxed);
   auto task = [this, desc, body = std::move(body)] {
     const uint64_t mySeq = ++seq;
     const char* name = backend::toString(desc.kind);
@@ -171,17 +177,93 @@ std::unique_ptr<Communicator::Impl> Communicator::Impl::connect(
     self->backend->allgather(op, &hostHash, self->hostOf.data());
   });
   w->wait(std::chrono::milliseconds(0));
-  int lr = 0, ls = 0;
-  for (int r = 0; r < size; ++r) {
-    if (impl->hostOf[r] == hostHash) {
-      if (r < rank) ++lr;
-      ++ls;
+  impl->buildHierarchy(ctxOpts, localRank, localSize);
+  impl->opCount[kindIndex(OpKind::kAllgather)] = 0;  // internal op, not the user's
+  impl->pathCount[2] = 0;
+  return impl;
+}
+
+void Communicator::Impl::buildHierarchy(const transport::ContextOptions& ctxOpts,
+                                        int launcherLocalRank, int launcherLocalSize) {
+  const backend::Hierarchy h = backend::Hierarchy::fromHostHashes(rank, hostOf);
+  hostIndex = h.host();
+  numHosts = h.numHosts;
+  localRank = h.localRank();
+  localSize = h.localSize();
+  if ((launcherLocalRank >= 0 && launcherLocalRank != localRank) ||
+      (launcherLocalSize >= 0 && launcherLocalSize != localSize)) {
+    GFLOW_LOG(WARN) << "rank " << rank << ": the launcher says local rank " << launcherLocalRank
+                    << " of " << launcherLocalSize << ", but host identities ("
+                    << "hostname + boot id, or GFLOW_HOST_ID) give " << localRank << " of "
+                    << localSize << "; gflow groups ranks by host identity";
+  }
+  const bool useShm = params::getInt("GFLOW_SHM") != 0;
+  auto connectShm = [&](const std::vector<int>& members, int me, const std::string& prefix,
+                        bool nameCommRanks) -> std::unique_ptr<backend::Backend> {
+    transport::shm::GroupOptions go;
+    go.rank = me;
+    go.size = static_cast<int>(members.size());
+    if (nameCommRanks) go.commRanks = members;
+    go.store = ctxOpts.store;
+    go.prefix = prefix;
+    go.timeout = ctxOpts.timeout;
+    go.describe = backend::describe;
+    std::string why;
+    auto g = transport::shm::Group::connect(go, &why);
+    if (!g) {
+      GFLOW_LOG(WARN) << "rank " << rank << ": shared memory between the ranks of this host "
+                      << "is unavailable (" << why << "); they use " << transportName;
+      return nullptr;
+    }
+    return backend::createShmBackend(std::move(g));
+  };
+  auto connectNet = [&](const std::vector<int>& members, int me, const std::string& prefix) {
+    transport::ContextOptions co = ctxOpts;
+    co.rank = me;
+    co.size = static_cast<int>(members.size());
+    co.prefix = prefix;
+    return backend::createHostBackend(transport::createContext(transportName, co));
+  };
+
+  Capabilities caps;
+  std::unique_ptr<backend::Backend> shm, hier;
+  if (h.numHosts == 1 && size > 1 && useShm) {
+    std::vector<int> all(size);
+    for (int r = 0; r < size; ++r) all[r] = r;
+    shm = connectShm(all, rank, ctxOpts.prefix + "shm/", true);
+    caps.shm = shm != nullptr;
+  } else if (h.numHosts > 1 && h.numHosts < size) {
+    const std::vector<int> locals = h.ranksOfHost(h.host());
+    const std::vector<int> cross = h.ranksWithLocalRank(h.localRank());
+    const std::string hostPrefix = ctxOpts.prefix + "host" + std::to_string(h.host()) + "/";
+    std::unique_ptr<backend::Backend> local;
+    if (useShm) local = connectShm(locals, h.localRank(), hostPrefix + "shm/", false);
+    if (!local) local = connectNet(locals, h.localRank(), hostPrefix + "net/");
+    const int crossRank =
+        static_cast<int>(std::find(cross.begin(), cross.end(), rank) - cross.begin());
+    auto crossB = connectNet(cross, crossRank,
+                             ctxOpts.prefix + "cross" + std::to_string(h.localRank()) + "/");
+    hier = backend::createHierarchicalBackend(
+        h, std::move(local), std::move(crossB), [](OpKind kind, uint64_t bytes, int n) {
+          return kind == OpKind::kAllreduce && bytes <= AlgorithmSelector::defaultRdMaxBytes(n)
+                     ? Algorithm::kRecursiveDoubling
+                 : kind == OpKind::kBroadcast ? Algorithm::kChain
+                 : kind == OpKind::kBarrier   ? Algorithm::kDissemination
+                                              : Algorithm::kRing;
+        });
+    caps.hierarchical = true;
+    if (!h.uniform && rank == 0) {
+      std::string counts;
+      for (int host = 0; host < h.numHosts; ++host) {
+        counts += (host ? "," : "") + std::to_string(h.localSizeOf(host));
+      }
+      GFLOW_LOG(INFO) << "hosts have different rank counts (" << counts
+                      << "): hierarchical allreduce carries each host's sum through its local "
+                         "rank 0 (leaders)";
     }
   }
-  impl->localRank = localRank >= 0 ? localRank : lr;
-  impl->localSize = localSize >= 0 ? localSize : ls;
-  impl->opCount[kindIndex(OpKind::kAllgather)] = 0;  // internal op, not the user's
-  return impl;
+  selector->setCapabilities(caps);
+  backend = backend::createRouter(std::move(backend), std::move(shm), std::move(hier));
 }
 
 // ---- Communicator ----------------------------------------------------------
@@ -234,15 +316,16 @@ std::shared_ptr<Communicator> Communicator::create(const Options& options) {
       !options.transport.empty() ? options.transport : params::getString("GFLOW_TRANSPORT");
   const bool algoFromOptions = !options.algorithm.empty();
   const std::string algo = algoFromOptions ? options.algorithm : params::getString("GFLOW_ALGO");
-  const std::string host = bootstrap::hostId();
+  const std::string host = !options.hostId.empty() ? options.hostId : bootstrap::hostId();
   auth::Digest h = auth::sha256(host.data(), host.size());
   uint64_t hostHash;
   std::memcpy(&hostHash, h.data(), sizeof(hostHash));
   auto impl = Impl::connect(id.rank, id.size, co, transportName, algo,
                             algoFromOptions ? "Options::algorithm" : "GFLOW_ALGO", hostHash,
                             id.localRank, id.localSize);
-  GFLOW_LOG(INFO) << "rank " << id.rank << "/" << id.size << " ready (local " << impl->localRank
-                  << "/" << impl->localSize << ", identity from " << id.source << ")";
+  GFLOW_LOG(INFO) << "rank " << id.rank << "/" << id.size << " ready (host " << impl->hostIndex
+                  << "/" << impl->numHosts << ", local " << impl->localRank << "/"
+                  << impl->localSize << ", identity from " << id.source << ")";
   return std::shared_ptr<Communicator>(new Communicator(std::move(impl)));
 }
 
@@ -257,6 +340,20 @@ int Communicator::localRank() const {
 }
 int Communicator::localSize() const {
   return impl_->localSize;
+}
+int Communicator::hostIndex() const {
+  return impl_->hostIndex;
+}
+int Communicator::numHosts() const {
+  return impl_->numHosts;
+}
+
+std::shared_ptr<Communicator> Communicator::localCommunicator() {
+  return split(impl_->hostIndex, impl_->rank);
+}
+
+std::shared_ptr<Communicator> Communicator::crossHostCommunicator() {
+  return split(impl_->localRank, impl_->hostIndex);
 }
 
 namespace {
@@ -453,6 +550,9 @@ Stats Communicator::stats() const {
   s.allgather = impl_->opCount[kindIndex(OpKind::kAllgather)];
   s.broadcast = impl_->opCount[kindIndex(OpKind::kBroadcast)];
   s.barrier = impl_->opCount[kindIndex(OpKind::kBarrier)];
+  s.sharedMemoryOps = impl_->pathCount[0];
+  s.hierarchicalOps = impl_->pathCount[1];
+  s.networkOps = impl_->pathCount[2];
   return s;
 }
 

@@ -23,6 +23,8 @@ struct Communicator::Impl {
   int size = 1;
   int localRank = 0;
   int localSize = 1;
+  int hostIndex = 0;
+  int numHosts = 1;
   std::chrono::milliseconds timeout{300000};
   std::vector<uint64_t> hostOf;  // host hash per rank
   std::string transportName;
@@ -42,6 +44,7 @@ struct Communicator::Impl {
   std::atomic<bool> notified{false};
 
   std::atomic<uint64_t> opCount[6] = {};
+  std::atomic<uint64_t> pathCount[3] = {};  // shm, hierarchical, network
 
   // Runs one collective (blocking or async) with the common bookkeeping.
   std::shared_ptr<WorkState> submit(backend::OpDesc desc, bool blocking,
@@ -58,11 +61,16 @@ struct Communicator::Impl {
   void validateTensor(const char* op, const char* name, const Tensor& t);
   void validateOp(const char* op, ReduceOp rop);
 
-  // Builds the backend for (store, prefix) and learns host grouping.
+  // Builds the backends for (store, prefix): the flat host backend over the
+  // network transport, then, from the host grouping, the shared-memory
+  // backend (one host) or the hierarchical one (several hosts).
   static std::unique_ptr<Impl> connect(int rank, int size, transport::ContextOptions ctxOpts,
                                        const std::string& transportName,
                                        const std::string& algoSpec, const std::string& algoSource,
                                        uint64_t hostHash, int localRank, int localSize);
+  // Connects the shm or hierarchical backends once hostOf is known.
+  void buildHierarchy(const transport::ContextOptions& ctxOpts, int launcherLocalRank,
+                      int launcherLocalSize);
 };
 
 }  // namespace gflow

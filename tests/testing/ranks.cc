@@ -67,6 +67,26 @@ std::vector<std::shared_ptr<Communicator>> makeWorld(int n, Options base) {
   return world;
 }
 
+std::vector<std::shared_ptr<Communicator>> makeWorldWith(
+    int n, const std::function<Options(int)>& optionsOf) {
+  std::vector<std::shared_ptr<Communicator>> world(n);
+  auto errors = onThreads(n, [&](int r, const std::shared_ptr<Store>& store) {
+    world[r] = create(optionsOf(r), r, n, store);
+  });
+  for (auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+  return world;
+}
+
+std::function<Options(int)> onHosts(std::vector<int> hostOf, Options base) {
+  return [hostOf = std::move(hostOf), base](int r) {
+    Options o = base;
+    o.hostId = "test-host-" + std::to_string(hostOf.at(r));
+    return o;
+  };
+}
+
 void forEachRank(const std::vector<std::shared_ptr<Communicator>>& world,
                  const std::function<void(Communicator&)>& fn) {
   std::vector<std::thread> threads;

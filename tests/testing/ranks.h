@@ -23,6 +23,14 @@ std::vector<std::exception_ptr> runRanksCollect(int n, const std::function<void(
 // world across many checks). Each returned communicator must be used from
 // one thread per rank (see forEachRank).
 std::vector<std::shared_ptr<Communicator>> makeWorld(int n, Options base = Options{});
+// Like makeWorld, with each rank's options from optionsOf(rank) (rank, size
+// and store are filled in).
+std::vector<std::shared_ptr<Communicator>> makeWorldWith(
+    int n, const std::function<Options(int)>& optionsOf);
+// Options that place rank r on host hostOf[r] (GFLOW_HOST_ID per rank), so
+// one process can pretend to be several hosts.
+std::function<Options(int)> onHosts(std::vector<int> hostOf, Options base = Options{});
+
 void forEachRank(const std::vector<std::shared_ptr<Communicator>>& world,
                  const std::function<void(Communicator&)>& fn);
 

@@ -1,4 +1,4 @@
-// Test-binary defaults: tiny ring pieces and windows so that pipelining,
+// Test-binary defaults: tiny ring pieces, windows and shm chunks so that pipelining,
 // several pieces per segment and several rounds per op are exercised with
 // small buffers. Set before any GFLOW_* parameter is first read (and cached).
 #include <cstdlib>
@@ -8,6 +8,9 @@ struct TestEnvironment {
   TestEnvironment() {
     setenv("GFLOW_PIECE_BYTES", "1024", 0);
     setenv("GFLOW_RING_WINDOW", "3", 0);
+    // Shared-memory slots of 4 KiB: collectives of a few KiB already take
+    // several chunk iterations (both slots, wrap-around).
+    setenv("GFLOW_SHM_CHUNK", "4K", 0);
   }
 } testEnvironment;
 }  // namespace

@@ -1,0 +1,250 @@
+#include "backend/hierarchical/hierarchical.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <string>
+
+#include "common/check.h"
+#include "kernels/reduce.h"
+
+namespace gflow::backend {
+
+int Hierarchy::localSizeOf(int h) const {
+  return static_cast<int>(std::count(hostOf.begin(), hostOf.end(), h));
+}
+
+std::vector<int> Hierarchy::ranksOfHost(int h) const {
+  std::vector<int> out;
+  for (int r = 0; r < size; ++r) {
+    if (hostOf[r] == h) out.push_back(r);
+  }
+  return out;
+}
+
+std::vector<int> Hierarchy::ranksWithLocalRank(int l) const {
+  std::vector<int> byHost(numHosts, -1);
+  for (int r = 0; r < size; ++r) {
+    if (localRankOf[r] == l) byHost[hostOf[r]] = r;
+  }
+  std::vector<int> out;
+  for (int r : byHost) {
+    if (r >= 0) out.push_back(r);
+  }
+  return out;
+}
+
+Hierarchy Hierarchy::fromHostHashes(int rank, const std::vector<uint64_t>& hostHash) {
+  Hierarchy h;
+  h.rank = rank;
+  h.size = static_cast<int>(hostHash.size());
+  std::map<uint64_t, int> index;
+  std::vector<int> count;
+  for (int r = 0; r < h.size; ++r) {
+    auto it = index.find(hostHash[r]);
+    if (it == index.end()) {
+      it = index.emplace(hostHash[r], static_cast<int>(count.size())).first;
+      count.push_back(0);
+    }
+    h.hostOf.push_back(it->second);
+    h.localRankOf.push_back(count[it->second]++);
+  }
+  h.numHosts = static_cast<int>(count.size());
+  h.uniform = std::all_of(count.begin(), count.end(), [&](int c) { return c == count[0]; });
+  return h;
+}
+
+namespace {
+
+class HierarchicalBackend final : public Backend {
+ public:
+  HierarchicalBackend(const Hierarchy& h, std::unique_ptr<Backend> local,
+                      std::unique_ptr<Backend> cross, CrossSelector crossSelect)
+      : h_(h),
+        crossSelect_(std::move(crossSelect)),
+        local_(std::move(local)),
+        cross_(std::move(cross)),
+        localRanks_(h.ranksOfHost(h.host())),
+        crossRanks_(h.ranksWithLocalRank(h.localRank())) {
+    for (size_t i = 0; i < localRanks_.size(); ++i) localIndex_[localRanks_[i]] = int(i);
+    for (size_t i = 0; i < crossRanks_.size(); ++i) crossIndex_[crossRanks_[i]] = int(i);
+  }
+
+  void allreduce(const Op& op, const void* inp, void* outp) override {
+    const OpDesc& d = op.desc;
+    const size_t es = dataTypeSize(d.dtype);
+    const char* in = static_cast<const char*>(inp);
+    char* out = static_cast<char*>(outp);
+    const ReduceOp rop = d.op == ReduceOp::kAvg ? ReduceOp::kSum : d.op;
+    const uint64_t L = static_cast<uint64_t>(localRanks_.size());
+    if (!h_.uniform) {
+      // Leaders (local rank 0) carry the host's sum across hosts.
+      runLocal(op, OpKind::kAllreduce, rop, d.count, 0,
+               [&](const Op& o) { local_->allreduce(o, in, out); });
+      if (h_.localRank() == 0) {
+        runCross(op, OpKind::kAllreduce, rop, d.count, 0,
+                 [&](const Op& o) { cross_->allreduce(o, out, out); });
+        if (d.op == ReduceOp::kAvg && d.count > 0) kernels::divide(out, d.count, d.dtype, h_.size);
+      }
+      runLocal(op, OpKind::kBroadcast, rop, d.count, 0,
+               [&](const Op& o) { local_->broadcast(o, out); });
+      return;
+    }
+    const uint64_t block = d.count / L;
+    const uint64_t tail = d.count - block * L;
+    if (block > 0 || tail == 0) {
+      char* mine = scratch(block * es);
+      runLocal(op, OpKind::kReduceScatter, rop, block, 0,
+               [&](const Op& o) { local_->reduceScatter(o, in, mine); });
+      runCross(op, OpKind::kAllreduce, rop, block, 0,
+               [&](const Op& o) { cross_->allreduce(o, mine, mine); });
+      if (d.op == ReduceOp::kAvg && block > 0) kernels::divide(mine, block, d.dtype, h_.size);
+      runLocal(op, OpKind::kAllgather, rop, block, 0,
+               [&](const Op& o) { local_->allgather(o, mine, out); });
+    }
+    if (tail > 0) {
+      const size_t at = block * L * es;
+      runLocal(op, OpKind::kAllreduce, rop, tail, 0,
+               [&](const Op& o) { local_->allreduce(o, in + at, out + at); });
+      runCross(op, OpKind::kAllreduce, rop, tail, 0,
+               [&](const Op& o) { cross_->allreduce(o, out + at, out + at); });
+      if (d.op == ReduceOp::kAvg) kernels::divide(out + at, tail, d.dtype, h_.size);
+    }
+  }
+
+  void reduceScatter(const Op& op, const void*, void*) override { unsupported(op); }
+  void allgather(const Op& op, const void*, void*) override { unsupported(op); }
+
+  void broadcast(const Op& op, void* buf) override {
+    const OpDesc& d = op.desc;
+    const int rootHost = h_.hostOf[d.root];
+    if (h_.host() == rootHost) {
+      runLocal(op, OpKind::kBroadcast, ReduceOp::kSum, d.count, h_.localRankOf[d.root],
+               [&](const Op& o) { local_->broadcast(o, buf); });
+    }
+    if (h_.localRank() == 0) {
+      // The leaders' group is ordered by host index.
+      const int root = crossIndex_.at(h_.ranksOfHost(rootHost)[0]);
+      runCross(op, OpKind::kBroadcast, ReduceOp::kSum, d.count, root,
+               [&](const Op& o) { cross_->broadcast(o, buf); });
+    }
+    if (h_.host() != rootHost) {
+      runLocal(op, OpKind::kBroadcast, ReduceOp::kSum, d.count, 0,
+               [&](const Op& o) { local_->broadcast(o, buf); });
+    }
+  }
+
+  void barrier(const Op& op) override {
+    runLocal(op, OpKind::kBarrier, ReduceOp::kSum, 0, 0, [&](const Op& o) { local_->barrier(o); });
+    if (h_.localRank() == 0) {
+      runCross(op, OpKind::kBarrier, ReduceOp::kSum, 0, 0,
+               [&](const Op& o) { cross_->barrier(o); });
+    }
+    runLocal(op, OpKind::kBarrier, ReduceOp::kSum, 0, 0, [&](const Op& o) { local_->barrier(o); });
+  }
+
+  void abort(const Error& error) override {
+    local_->abort(error);
+    cross_->abort(error);
+  }
+  void notifyPeers(const Error& error) override {
+    local_->notifyPeers(error);
+    cross_->notifyPeers(error);
+  }
+  PeerStats peerStats(int peer) const override {
+    PeerStats s;
+    auto add = [&s](const PeerStats& p) {
+      s.bytesSent += p.bytesSent;
+      s.bytesReceived += p.bytesReceived;
+      s.messagesSent += p.messagesSent;
+      s.messagesReceived += p.messagesReceived;
+    };
+    auto l = localIndex_.find(peer);
+    if (l != localIndex_.end()) add(local_->peerStats(l->second));
+    auto c = crossIndex_.find(peer);
+    if (c != crossIndex_.end()) add(cross_->peerStats(c->second));
+    return s;
+  }
+
+ private:
+  [[noreturn]] void unsupported(const Op& op) {
+    GFLOW_THROW(kInternal, (ErrorContext{toString(op.desc.kind), op.seq, h_.rank, -1}))
+        << "the hierarchical backend does not run " << toString(op.desc.kind)
+        << " (algorithm selection bug)";
+  }
+
+  char* scratch(size_t bytes) {
+    if (scratch_.size() < bytes) scratch_.resize(bytes);
+    return scratch_.data();
+  }
+
+  static OpDesc subDesc(const Op& op, OpKind kind, ReduceOp rop, uint64_t count, int root,
+                        Algorithm algo) {
+    OpDesc d = op.desc;
+    d.kind = kind;
+    d.op = rop;
+    d.count = count;
+    d.root = root;
+    d.algo = algo;
+    return d;
+  }
+
+  template <class F>
+  void runLocal(const Op& op, OpKind kind, ReduceOp rop, uint64_t count, int root, F&& f) {
+    Op sub{++localSeq_, subDesc(op, kind, rop, count, root, Algorithm::kShm), op.deadline};
+    run(sub, localRanks_, "on this host", f);
+  }
+
+  template <class F>
+  void runCross(const Op& op, OpKind kind, ReduceOp rop, uint64_t count, int root, F&& f) {
+    const uint64_t bytes = count * dataTypeSize(op.desc.dtype);
+    const int n = static_cast<int>(crossRanks_.size());
+    const Algorithm algo = crossSelect_(kind, bytes, n);
+    Op sub{++crossSeq_, subDesc(op, kind, rop, count, root, algo), op.deadline};
+    run(sub, crossRanks_, "across hosts", f);
+  }
+
+  // Runs a phase; its errors name the communicator's ranks, not the group's.
+  template <class F>
+  void run(const Op& sub, const std::vector<int>& ranks, const char* where, F&& f) {
+    try {
+      f(sub);
+    } catch (const Error& e) {
+      int peer = e.peer();
+      std::string members;
+      for (size_t i = 0; i < ranks.size(); ++i) {
+        members += (i ? "," : "") + std::to_string(ranks[i]);
+      }
+      if (peer >= 0 && peer < static_cast<int>(ranks.size())) peer = ranks[peer];
+      throw Error(e.code(),
+                  std::string("hierarchical phase ") + toString(sub.desc.kind) + " " + where +
+                      " (group ranks " + members +
+                      ", numbered from 0 in what follows): " + e.detail(),
+                  ErrorContext{"", 0, h_.rank, peer});
+    }
+  }
+
+  Hierarchy h_;
+  CrossSelector crossSelect_;
+  std::unique_ptr<Backend> local_;
+  std::unique_ptr<Backend> cross_;
+  std::vector<int> localRanks_;
+  std::vector<int> crossRanks_;
+  std::map<int, int> localIndex_;
+  std::map<int, int> crossIndex_;
+  uint64_t localSeq_ = 0;
+  uint64_t crossSeq_ = 0;
+  std::vector<char> scratch_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> createHierarchicalBackend(const Hierarchy& h,
+                                                   std::unique_ptr<Backend> local,
+                                                   std::unique_ptr<Backend> cross,
+                                                   CrossSelector crossSelect) {
+  return std::make_unique<HierarchicalBackend>(h, std::move(local), std::move(cross),
+                                               std::move(crossSelect));
+}
+
+}  // namespace gflow::backend

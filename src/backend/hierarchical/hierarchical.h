@@ -1,0 +1,60 @@
+// Hierarchical collectives, written once over the Backend interface: a
+// `local` backend joins the ranks of this host (shared memory, or NCCL in a
+// later backend) and a `cross` backend joins the ranks that have this rank's
+// local rank, one per host (TCP now, verbs later).
+//
+// allreduce, every host with the same number of ranks L:
+//   local reduce-scatter (rank l gets block l summed over the host)
+//   -> cross allreduce of block l among the hosts
+//   -> local allgather of the blocks.
+// Each rank moves 1/L of the data across hosts, so all L ranks of a host use
+// the network at once and the host-to-host traffic is that of one ring over
+// hosts (not over ranks). Elements that do not fill L equal blocks (count %
+// L) take a local allreduce + cross allreduce of their own.
+// allreduce, hosts with different rank counts (leaders = local rank 0):
+//   local allreduce -> cross allreduce among the leaders -> local broadcast.
+// broadcast: local broadcast on the root's host -> leaders -> local broadcast.
+// barrier:   local barrier -> leaders' barrier -> local barrier.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "backend/backend.h"
+
+namespace gflow::backend {
+
+struct Hierarchy {
+  int rank = 0;
+  int size = 1;
+  std::vector<int> hostOf;       // host index of every rank (hosts numbered by first rank)
+  std::vector<int> localRankOf;  // local rank of every rank
+  int numHosts = 1;
+  bool uniform = true;  // every host has the same number of ranks
+
+  int localRank() const { return localRankOf[rank]; }
+  int host() const { return hostOf[rank]; }
+  int localSize() const { return localSizeOf(host()); }
+  int localSizeOf(int host) const;
+  // Ranks of `host`, ordered by rank (local rank order).
+  std::vector<int> ranksOfHost(int host) const;
+  // Ranks whose local rank is `localRank`, ordered by host.
+  std::vector<int> ranksWithLocalRank(int localRank) const;
+
+  // Learns the hierarchy from every rank's host identity hash.
+  static Hierarchy fromHostHashes(int rank, const std::vector<uint64_t>& hostHash);
+};
+
+// Picks the cross-host phase's algorithm from its kind, bytes and group size.
+using CrossSelector = std::function<Algorithm(OpKind, uint64_t bytes, int groupSize)>;
+
+// `local`: the ranks of this host (ranksOfHost(host())); `cross`: the ranks
+// with this rank's local rank (ranksWithLocalRank(localRank())). Both number
+// their members from 0 in that order.
+std::unique_ptr<Backend> createHierarchicalBackend(const Hierarchy& h,
+                                                   std::unique_ptr<Backend> local,
+                                                   std::unique_ptr<Backend> cross,
+                                                   CrossSelector crossSelect);
+
+}  // namespace gflow::backend

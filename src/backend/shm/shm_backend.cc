@@ -1,0 +1,193 @@
+// The shared-memory backend: collectives among the ranks of one host, each
+// rank reading its peers' data straight out of their segments (no messages,
+// no per-pair queues). See transport/shm/group.h for the slot and sync rules.
+//
+// Per chunk of GFLOW_SHM_CHUNK bytes, every rank copies its input into its
+// own slot once, then:
+//   allreduce, 2 ranks or small: one sync; every rank reduces the whole chunk
+//     from all slots in rank order (the same bits everywhere);
+//   allreduce, larger groups: two syncs; rank r reduces slice r of the chunk
+//     into its own slot (its own data first, then the others in rank order),
+//     then everyone copies every slice out. Each slice is reduced once.
+//   reduce-scatter: one sync; rank r reduces block r's part from all slots.
+//   allgather / broadcast: one sync; everyone copies the slots out.
+// The user's buffers are read once and written once per rank; the slots stay
+// in the cache (2 x chunk per rank), which is what the bandwidth bound in
+// docs/performance.md assumes.
+#include <algorithm>
+#include <cstring>
+
+#include "backend/backend.h"
+#include "backend/shm/shm_backend.h"
+#include "kernels/reduce.h"
+
+namespace gflow::backend {
+namespace {
+
+using transport::shm::Group;
+
+// At or below this many bytes per rank an allreduce takes the one-sync path
+// whatever the group size: it is latency-bound.
+constexpr size_t kOneSyncBytes = 32 * 1024;
+
+class ShmBackend final : public Backend {
+ public:
+  explicit ShmBackend(std::unique_ptr<Group> group) : g_(std::move(group)) {}
+
+  void allreduce(const Op& op, const void* inp, void* outp) override {
+    const OpDesc& d = op.desc;
+    g_->beginOp(op.seq, encode(d), op.deadline);
+    const size_t es = dataTypeSize(d.dtype);
+    const int n = g_->size(), r = g_->rank();
+    const auto fn = kernels::reduceFn(d.dtype, d.op);
+    const char* in = static_cast<const char*>(inp);
+    char* out = static_cast<char*>(outp);
+    if (d.count == 0) {
+      g_->sync();
+      return;
+    }
+    const size_t chunkElems = g_->slotBytes() / es;
+    const bool oneSync = n == 2 || d.count * es <= kOneSyncBytes;
+    for (size_t off = 0; off < d.count; off += chunkElems) {
+      const size_t cnt = std::min(chunkElems, d.count - off);
+      const size_t bytes = cnt * es;
+      std::memcpy(g_->slot(r), in + off * es, bytes);
+      g_->sync();
+      char* dst = out + off * es;
+      if (oneSync) {
+        if (n == 1) {
+          std::memcpy(dst, g_->slot(0), bytes);
+        } else {
+          fn(dst, g_->slot(0), g_->slot(1), cnt);
+          for (int m = 2; m < n; ++m) fn(dst, dst, g_->slot(m), cnt);
+        }
+        if (d.op == ReduceOp::kAvg) kernels::divide(dst, cnt, d.dtype, n);
+        for (int m = 0; m < n; ++m) {
+          if (m != r) g_->countRead(m, bytes);
+        }
+      } else {
+        const size_t b = cnt * r / n, e = cnt * (r + 1) / n;
+        char* mine = g_->slot(r) + b * es;
+        for (int m = 0; m < n; ++m) {
+          if (m == r || e == b) continue;
+          fn(mine, mine, g_->slot(m) + b * es, e - b);
+          g_->countRead(m, (e - b) * es);
+        }
+        if (d.op == ReduceOp::kAvg && e > b) kernels::divide(mine, e - b, d.dtype, n);
+        g_->sync();
+        for (int m = 0; m < n; ++m) {
+          const size_t mb = cnt * m / n, me = cnt * (m + 1) / n;
+          std::memcpy(dst + mb * es, g_->slot(m) + mb * es, (me - mb) * es);
+          if (m != r) g_->countRead(m, (me - mb) * es);
+        }
+      }
+      g_->nextIteration();
+    }
+  }
+
+  void reduceScatter(const Op& op, const void* inp, void* outp) override {
+    const OpDesc& d = op.desc;
+    g_->beginOp(op.seq, encode(d), op.deadline);
+    const size_t es = dataTypeSize(d.dtype);
+    const int n = g_->size(), r = g_->rank();
+    const auto fn = kernels::reduceFn(d.dtype, d.op);
+    const char* in = static_cast<const char*>(inp);
+    char* out = static_cast<char*>(outp);
+    if (d.count == 0) {
+      g_->sync();
+      return;
+    }
+    // Each iteration carries `per` elements of every block.
+    const size_t per = std::max<size_t>(1, g_->slotBytes() / es / n);
+    for (size_t off = 0; off < d.count; off += per) {
+      const size_t cnt = std::min(per, d.count - off);
+      const size_t bytes = cnt * es;
+      for (int j = 0; j < n; ++j) {
+        std::memcpy(g_->slot(r) + j * bytes, in + (j * d.count + off) * es, bytes);
+      }
+      g_->sync();
+      char* dst = out + off * es;
+      const size_t at = static_cast<size_t>(r) * bytes;
+      if (n == 1) {
+        std::memcpy(dst, g_->slot(0) + at, bytes);
+      } else {
+        fn(dst, g_->slot(0) + at, g_->slot(1) + at, cnt);
+        for (int m = 2; m < n; ++m) fn(dst, dst, g_->slot(m) + at, cnt);
+      }
+      if (d.op == ReduceOp::kAvg) kernels::divide(dst, cnt, d.dtype, n);
+      for (int m = 0; m < n; ++m) {
+        if (m != r) g_->countRead(m, bytes);
+      }
+      g_->nextIteration();
+    }
+  }
+
+  void allgather(const Op& op, const void* inp, void* outp) override {
+    const OpDesc& d = op.desc;
+    g_->beginOp(op.seq, encode(d), op.deadline);
+    const size_t es = dataTypeSize(d.dtype);
+    const int n = g_->size(), r = g_->rank();
+    const char* in = static_cast<const char*>(inp);
+    char* out = static_cast<char*>(outp);
+    if (d.count == 0) {
+      g_->sync();
+      return;
+    }
+    const size_t per = g_->slotBytes() / es;
+    for (size_t off = 0; off < d.count; off += per) {
+      const size_t bytes = std::min(per, d.count - off) * es;
+      std::memcpy(g_->slot(r), in + off * es, bytes);
+      g_->sync();
+      for (int m = 0; m < n; ++m) {
+        char* dst = out + (m * d.count + off) * es;
+        if (m == r && dst == in + off * es) continue;  // in is this rank's block of out
+        std::memcpy(dst, g_->slot(m), bytes);
+        if (m != r) g_->countRead(m, bytes);
+      }
+      g_->nextIteration();
+    }
+  }
+
+  void broadcast(const Op& op, void* bufp) override {
+    const OpDesc& d = op.desc;
+    g_->beginOp(op.seq, encode(d), op.deadline);
+    const size_t es = dataTypeSize(d.dtype);
+    const int r = g_->rank();
+    char* buf = static_cast<char*>(bufp);
+    if (d.count == 0) {
+      g_->sync();
+      return;
+    }
+    const size_t per = g_->slotBytes() / es;
+    for (size_t off = 0; off < d.count; off += per) {
+      const size_t bytes = std::min(per, d.count - off) * es;
+      if (r == d.root) std::memcpy(g_->slot(r), buf + off * es, bytes);
+      g_->sync();
+      if (r != d.root) {
+        std::memcpy(buf + off * es, g_->slot(d.root), bytes);
+        g_->countRead(d.root, bytes);
+      }
+      g_->nextIteration();
+    }
+  }
+
+  void barrier(const Op& op) override {
+    g_->beginOp(op.seq, encode(op.desc), op.deadline);
+    g_->sync();
+  }
+
+  void abort(const Error& error) override { g_->abort(error); }
+  void notifyPeers(const Error& error) override { g_->notifyPeers(error); }
+  PeerStats peerStats(int peer) const override { return g_->peerStats(peer); }
+
+ private:
+  std::unique_ptr<Group> g_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> createShmBackend(std::unique_ptr<transport::shm::Group> group) {
+  return std::make_unique<ShmBackend>(std::move(group));
+}
+
+}  // namespace gflow::backend

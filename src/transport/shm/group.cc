@@ -1,0 +1,359 @@
+#include "transport/shm/group.h"
+
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <new>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "common/check.h"
+#include "common/logging.h"
+#include "common/params.h"
+
+namespace gflow::transport::shm {
+
+namespace {
+
+constexpr uint64_t kMagic = 0x676677736d310001ull;  // "gflwsm1" + layout version
+constexpr size_t kPage = 4096;
+// How long a waiter polls (spinning, or yielding when oversubscribed) before
+// it sleeps on the futex. Collective phases are short, so most waits end here.
+constexpr auto kPollTime = std::chrono::microseconds(2000);
+// Futex sleeps are sliced so deadlines, aborts and dead peers are noticed.
+constexpr int64_t kSleepSliceUs = 2000;
+
+size_t roundUp(size_t n, size_t to) {
+  return (n + to - 1) / to * to;
+}
+
+inline void cpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+std::string printable(const char* p, size_t cap) {
+  std::string s(p, strnlen(p, cap));
+  for (char& c : s) {
+    if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f) c = '?';
+  }
+  return s;
+}
+
+}  // namespace
+
+struct OpRecord {
+  std::atomic<uint64_t> number;  // ops this member has started on the group
+  uint64_t seq;                  // the op's sequence number (for messages)
+  uint64_t env[3];
+};
+
+// The control block at the start of every segment. Only its owner writes it,
+// except `waiters`, which the members waiting on the owner count in.
+struct Control {
+  uint64_t magic;
+  uint64_t nonce;
+  uint64_t totalBytes;
+  uint64_t slotBytes;
+  int32_t pid;
+  int32_t members;
+  alignas(64) std::atomic<uint64_t> tick;  // last sync point reached
+  alignas(64) std::atomic<uint32_t> wakeSeq;
+  std::atomic<uint32_t> waiters;
+  alignas(64) OpRecord ops[2];  // by op number parity
+  alignas(64) std::atomic<uint32_t> failed;
+  uint32_t code;
+  uint64_t failedOp;  // op number the owner was in when it failed
+  char message[1024];
+};
+
+namespace {
+
+size_t controlBytes(int members) {
+  return roundUp(roundUp(sizeof(Control), 64) + sizeof(std::atomic<uint64_t>) * members, kPage);
+}
+
+std::atomic<uint64_t>* readCounters(Control* c) {
+  return reinterpret_cast<std::atomic<uint64_t>*>(reinterpret_cast<char*>(c) +
+                                                  roundUp(sizeof(Control), 64));
+}
+
+std::vector<uint8_t> bytesOf(const std::string& s) {
+  return std::vector<uint8_t>(s.begin(), s.end());
+}
+
+}  // namespace
+
+std::unique_ptr<Group> Group::connect(const GroupOptions& o, std::string* why) {
+  std::unique_ptr<Group> g(new Group());
+  g->rank_ = o.rank;
+  g->size_ = o.size;
+  g->describe_ = o.describe;
+  g->commRanks_ = o.commRanks;
+  if (g->commRanks_.empty()) {
+    for (int i = 0; i < o.size; ++i) g->commRanks_.push_back(i);
+  }
+  size_t slot = o.slotBytes ? o.slotBytes : params::getBytes("GFLOW_SHM_CHUNK");
+  g->slotBytes_ = roundUp(std::max<size_t>(slot, 4096), 64);
+  const size_t ctlBytes = controlBytes(o.size);
+  const size_t total = ctlBytes + 2 * g->slotBytes_;
+  const long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
+  g->oversubscribed_ = o.size > cores;
+
+  std::string mine;  // why this member cannot take part ("" if it can)
+  uint64_t nonce = 0;
+  try {
+    g->own_ = Mapping::create(total);
+    std::random_device rd;
+    nonce = (uint64_t(rd()) << 32) ^ rd() ^ uint64_t(::getpid()) << 16;
+    auto* c = new (g->own_.data()) Control();
+    c->magic = kMagic;
+    c->nonce = nonce;
+    c->totalBytes = total;
+    c->slotBytes = g->slotBytes_;
+    c->pid = ::getpid();
+    c->members = o.size;
+    for (int i = 0; i < o.size; ++i) new (&readCounters(c)[i]) std::atomic<uint64_t>(0);
+  } catch (const Error& e) {
+    mine = e.detail();
+  }
+  const std::string key = o.prefix + "shm/seg/";
+  std::ostringstream desc;
+  desc << ::getpid() << " " << g->own_.fd() << " " << nonce << " " << total;
+  o.store->set(key + std::to_string(o.rank), bytesOf(mine.empty() ? desc.str() : "x"));
+
+  g->peers_.resize(o.size);
+  g->ctl_.assign(o.size, nullptr);
+  g->slots_.assign(o.size, nullptr);
+  g->watch_.resize(o.size);
+  for (int p = 0; p < o.size && mine.empty(); ++p) {
+    Control* c = nullptr;
+    if (p == o.rank) {
+      c = static_cast<Control*>(g->own_.data());
+    } else {
+      auto v = o.store->get(key + std::to_string(p), o.timeout);
+      std::istringstream is(std::string(v.begin(), v.end()));
+      long pid = 0;
+      int fd = -1;
+      uint64_t peerNonce = 0, peerTotal = 0;
+      if (!(is >> pid >> fd >> peerNonce >> peerTotal) || peerTotal != total) {
+        mine = "local rank " + std::to_string(p) + " has no usable segment";
+        break;
+      }
+      std::string err;
+      g->peers_[p] = Mapping::open(static_cast<pid_t>(pid), fd, total, &err);
+      if (!g->peers_[p].data()) {
+        mine = err;
+        break;
+      }
+      c = static_cast<Control*>(g->peers_[p].data());
+      if (c->magic != kMagic || c->nonce != peerNonce || c->members != o.size) {
+        mine = "the segment of local rank " + std::to_string(p) + " is not gflow's";
+        break;
+      }
+      g->watch_[p] = ProcessWatch(static_cast<pid_t>(pid));
+    }
+    g->ctl_[p] = c;
+    g->slots_[p] = reinterpret_cast<char*>(c) + ctlBytes;
+  }
+
+  // Everyone learns whether everyone could map everything.
+  const std::string okKey = o.prefix + "shm/ok/";
+  o.store->set(okKey + std::to_string(o.rank), bytesOf(mine.empty() ? "1" : "0" + mine));
+  std::string first;
+  for (int p = 0; p < o.size; ++p) {
+    auto v = o.store->get(okKey + std::to_string(p), o.timeout);
+    std::string s(v.begin(), v.end());
+    if (s != "1" && first.empty()) {
+      first = "local rank " + std::to_string(p) + " (rank " + std::to_string(g->commRanks_[p]) +
+              "): " + (s.empty() ? std::string("?") : s.substr(1));
+    }
+  }
+  if (!first.empty()) {
+    *why = first;
+    return nullptr;
+  }
+  // Every member has opened our memfd; the mappings keep it alive.
+  g->own_.closeFd();
+  g->readFrom_.resize(o.size);
+  for (int p = 0; p < o.size; ++p) g->readFrom_[p] = &readCounters(g->ctl_[o.rank])[p];
+  return g;
+}
+
+Group::~Group() = default;
+
+void Group::beginOp(uint64_t seq, const Envelope& env, Deadline deadline) {
+  if (auto e = error()) throw *e;
+  seq_ = seq;
+  env_ = env;
+  deadline_ = deadline;
+  ++ops_;
+  OpRecord& r = ctl_[rank_]->ops[ops_ & 1];
+  r.seq = seq;
+  std::memcpy(r.env, env.words, sizeof(r.env));
+  r.number.store(ops_, std::memory_order_release);
+  opChecked_ = false;
+}
+
+void Group::publish(uint64_t tick) {
+  Control* c = ctl_[rank_];
+  c->tick.store(tick, std::memory_order_seq_cst);
+  if (c->waiters.load(std::memory_order_seq_cst) > 0) {
+    c->wakeSeq.fetch_add(1, std::memory_order_seq_cst);
+    futexWake(reinterpret_cast<uint32_t*>(&c->wakeSeq));
+  }
+}
+
+void Group::sync() {
+  publish(++tick_);
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    waitFor(p, tick_);
+    if (!opChecked_) checkOp(p);
+  }
+  opChecked_ = true;
+}
+
+void Group::checkOp(int member) {
+  // The member reached this op's first sync point, so it published its op
+  // record; it cannot be two ops ahead (that needs our next sync point).
+  const OpRecord& r = ctl_[member]->ops[ops_ & 1];
+  const uint64_t number = r.number.load(std::memory_order_acquire);
+  const uint64_t peerSeq = r.seq;
+  Envelope peerEnv;
+  std::memcpy(peerEnv.words, r.env, sizeof(peerEnv.words));
+  if (number == ops_ && peerEnv == env_) return;
+  const int peer = commRanks_[member];
+  std::ostringstream os;
+  os << "rank " << peer << " called " << (describe_ ? describe_(peerEnv) : "<op>") << " as op #"
+     << peerSeq << " while this rank called " << (describe_ ? describe_(env_) : "<op>")
+     << " as op #" << seq_;
+  raise(Error(ErrorCode::kMismatch, os.str(), ErrorContext{"", seq_, commRanks_[rank_], peer}));
+}
+
+void Group::raise(const Error& e) {
+  {
+    std::lock_guard<std::mutex> lock(errorMutex_);
+    if (!error_) error_ = std::make_shared<const Error>(e);
+  }
+  aborted_.store(true, std::memory_order_release);
+  throw *error();
+}
+
+void Group::checkSlow(int member, uint64_t tick) {
+  if (aborted_.load(std::memory_order_acquire)) throw *error();
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    Control* c = ctl_[p];
+    if (c->failed.load(std::memory_order_acquire) && c->failedOp <= ops_) {
+      ErrorCode code = ErrorCode::kPeerLost;
+      if (c->code == static_cast<uint32_t>(ErrorCode::kMismatch) ||
+          c->code == static_cast<uint32_t>(ErrorCode::kTimeout) ||
+          c->code == static_cast<uint32_t>(ErrorCode::kPeerLost)) {
+        code = static_cast<ErrorCode>(c->code);
+      }
+      raise(Error(code,
+                  "rank " + std::to_string(commRanks_[p]) +
+                      " failed: " + printable(c->message, sizeof(c->message)),
+                  ErrorContext{"", seq_, commRanks_[rank_], commRanks_[p]}));
+    }
+  }
+  // The member may have reached `tick` and left since the waiter last looked
+  // (a preempted waiter): that is success, not a lost peer or a timeout.
+  if (ctl_[member]->tick.load(std::memory_order_acquire) >= tick) return;
+  if (watch_[member].exited()) {
+    raise(Error(ErrorCode::kPeerLost,
+                "rank " + std::to_string(commRanks_[member]) +
+                    " (same host, shared memory) exited or was killed during the op",
+                ErrorContext{"", seq_, commRanks_[rank_], commRanks_[member]}));
+  }
+  if (deadline_.expired()) {
+    const OpRecord* r = ctl_[member]->ops;
+    const bool newer =
+        r[1].number.load(std::memory_order_acquire) > r[0].number.load(std::memory_order_acquire);
+    std::ostringstream os;
+    os << "timed out waiting for rank " << commRanks_[member]
+       << " (same host, shared memory); it last started op #" << r[newer ? 1 : 0].seq
+       << ", this rank is in #" << seq_;
+    raise(Error(ErrorCode::kTimeout, os.str(),
+                ErrorContext{"", seq_, commRanks_[rank_], commRanks_[member]}));
+  }
+}
+
+void Group::waitFor(int member, uint64_t tick) {
+  Control* c = ctl_[member];
+  if (c->tick.load(std::memory_order_acquire) >= tick) return;
+  const auto pollUntil = Deadline::Clock::now() + kPollTime;
+  while (true) {
+    for (int i = 0; i < 128; ++i) {
+      if (c->tick.load(std::memory_order_acquire) >= tick) return;
+      cpuRelax();
+    }
+    if (oversubscribed_) sched_yield();
+    if (aborted_.load(std::memory_order_relaxed) ||
+        c->failed.load(std::memory_order_relaxed) != 0) {
+      checkSlow(member, tick);
+      if (c->tick.load(std::memory_order_acquire) >= tick) return;
+    }
+    if (Deadline::Clock::now() >= pollUntil) break;
+  }
+  while (true) {
+    checkSlow(member, tick);
+    c->waiters.fetch_add(1, std::memory_order_seq_cst);
+    const uint32_t v = c->wakeSeq.load(std::memory_order_seq_cst);
+    if (c->tick.load(std::memory_order_seq_cst) >= tick) {
+      c->waiters.fetch_sub(1, std::memory_order_relaxed);
+      return;
+    }
+    futexWait(reinterpret_cast<uint32_t*>(&c->wakeSeq), v, kSleepSliceUs);
+    c->waiters.fetch_sub(1, std::memory_order_relaxed);
+    if (c->tick.load(std::memory_order_acquire) >= tick) return;
+  }
+}
+
+void Group::abort(const Error& error) {
+  {
+    std::lock_guard<std::mutex> lock(errorMutex_);
+    if (!error_) error_ = std::make_shared<const Error>(error);
+  }
+  aborted_.store(true, std::memory_order_release);
+}
+
+void Group::notifyPeers(const Error& error) {
+  Control* c = ctl_[rank_];
+  if (c->failed.load(std::memory_order_relaxed)) return;
+  const std::string text = error.what();
+  const size_t n = std::min(text.size(), sizeof(c->message) - 1);
+  std::memcpy(c->message, text.data(), n);
+  c->message[n] = '\0';
+  c->code = static_cast<uint32_t>(error.code());
+  c->failedOp = ops_;
+  c->failed.store(1, std::memory_order_release);
+  c->wakeSeq.fetch_add(1, std::memory_order_seq_cst);
+  futexWake(reinterpret_cast<uint32_t*>(&c->wakeSeq));
+}
+
+std::shared_ptr<const Error> Group::error() const {
+  std::lock_guard<std::mutex> lock(errorMutex_);
+  return error_;
+}
+
+void Group::countRead(int member, uint64_t bytes) {
+  readFrom_[member]->fetch_add(bytes, std::memory_order_relaxed);
+}
+
+PeerStats Group::peerStats(int member) const {
+  PeerStats s;
+  if (member == rank_ || member < 0 || member >= size_) return s;
+  s.bytesReceived = readFrom_[member]->load(std::memory_order_relaxed);
+  s.bytesSent = readCounters(ctl_[member])[rank_].load(std::memory_order_relaxed);
+  return s;
+}
+
+}  // namespace gflow::transport::shm

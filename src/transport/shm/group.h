@@ -1,0 +1,123 @@
+// shm::Group: the ranks of one host joined by shared memory.
+//
+// Every member owns one segment: a control block and two data slots. A
+// collective is a sequence of chunk iterations; iteration i uses slot i % 2
+// of every member. Members move in lock step through numbered sync points:
+// sync() publishes "I reached sync point t" (a counter in the control block)
+// and waits until every member has. The rules that make two slots enough:
+//   - a member writes its slot for iteration i only after the last sync of
+//     iteration i-1;
+//   - reads of other members' slots for iteration i end before the reader's
+//     first sync of iteration i+1.
+// So when a member writes slot i % 2 again (iteration i+2), every reader of
+// iteration i has passed a later sync point.
+//
+// Each op publishes its sequence number and envelope before its first sync;
+// the first sync of an op compares them with every member's, so ranks that
+// call different collectives fail with kMismatch instead of mixing data.
+//
+// Waiting spins (yielding the core when the host has fewer cores than
+// members), then sleeps on a futex in short slices; between slices it checks
+// the op's deadline, abort(), failures published by members and whether a
+// member's process has exited (kPeerLost).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/deadline.h"
+#include "gflow/error.h"
+#include "gflow/store.h"
+#include "transport/shm/segment.h"
+#include "transport/transport.h"
+
+namespace gflow::transport::shm {
+
+struct GroupOptions {
+  int rank = 0;                // among the members
+  int size = 1;                // members
+  std::vector<int> commRanks;  // member -> rank named in errors (empty: identity)
+  std::shared_ptr<Store> store;
+  std::string prefix;  // store keys of this group live under it
+  std::chrono::milliseconds timeout{300000};
+  size_t slotBytes = 0;        // 0: GFLOW_SHM_CHUNK
+  EnvelopeFormatter describe;  // names ops in mismatch errors
+};
+
+struct Control;
+
+class Group {
+ public:
+  // Collective over the members. Returns nullptr, with the reason in *why, on
+  // every member if any member cannot map every segment (e.g. /proc/<pid>/fd
+  // not accessible across containers), so all members fall back together.
+  static std::unique_ptr<Group> connect(const GroupOptions& options, std::string* why);
+  ~Group();
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  size_t slotBytes() const { return slotBytes_; }
+  int commRank(int member) const { return commRanks_[member]; }
+
+  // Starts an op (`seq` names it in errors) with `env`; the deadline bounds
+  // its waits. Every member must start the same ops in the same order.
+  void beginOp(uint64_t seq, const Envelope& env, Deadline deadline);
+  // The slot of `member` for the current iteration.
+  char* slot(int member) const { return slots_[member] + (iter_ & 1) * slotBytes_; }
+  // Moves to the next chunk iteration (the next slot).
+  void nextIteration() { ++iter_; }
+  // Publishes this member's next sync point and waits for every member.
+  void sync();
+
+  void abort(const Error& error);
+  void notifyPeers(const Error& error);
+  std::shared_ptr<const Error> error() const;
+  // Records that this member read `bytes` of `member`'s slots (algorithms
+  // call it; it feeds peerStats on both sides).
+  void countRead(int member, uint64_t bytes);
+  // bytesReceived: read from `member`'s slots; bytesSent: what `member` read
+  // from ours. Message counts are chunk iterations.
+  PeerStats peerStats(int member) const;
+
+ private:
+  Group() = default;
+  void waitFor(int member, uint64_t tick);
+  [[noreturn]] void raise(const Error& e);
+  // Raises if waiting for `member` to reach `tick` cannot succeed (abort,
+  // a failure reported by any member, the member exited, the deadline).
+  void checkSlow(int member, uint64_t tick);
+  void checkOp(int member);
+  void publish(uint64_t tick);
+
+  int rank_ = 0;
+  int size_ = 1;
+  size_t slotBytes_ = 0;
+  std::vector<int> commRanks_;
+  Mapping own_;
+  std::vector<Mapping> peers_;
+  std::vector<Control*> ctl_;
+  std::vector<char*> slots_;
+  std::vector<ProcessWatch> watch_;
+  std::vector<std::atomic<uint64_t>*> readFrom_;  // per member: our counters of reads from it
+  bool oversubscribed_ = false;
+  EnvelopeFormatter describe_;
+
+  uint64_t tick_ = 0;
+  uint64_t iter_ = 0;
+  uint64_t seq_ = 0;
+  uint64_t ops_ = 0;  // ops started on this group
+  Envelope env_;
+  bool opChecked_ = true;
+  Deadline deadline_ = Deadline::never();
+
+  std::atomic<bool> aborted_{false};
+  mutable std::mutex errorMutex_;
+  std::shared_ptr<const Error> error_;
+};
+
+}  // namespace gflow::transport::shm

@@ -1,0 +1,276 @@
+// Host grouping, the shared-memory backend and hierarchical collectives, with
+// ranks as threads. Per-rank host ids (Options::hostId) let one process act
+// as several hosts: ranks with the same id share memory, the others talk TCP.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "gflow/gflow.h"
+#include "testing/ranks.h"
+#include "testing/values.h"
+
+namespace gflow {
+namespace {
+
+using testing::exactExpected;
+using testing::exactInput;
+using testing::getValue;
+using testing::setValue;
+
+// Checks an allreduce of `count` elements against the exact reference.
+void checkAllreduce(Communicator& c, size_t count, DataType t, ReduceOp op, bool inPlace) {
+  const size_t es = dataTypeSize(t);
+  std::vector<char> in(count * es + 1), out(count * es + 1, 0x5a);
+  for (size_t i = 0; i < count; ++i) setValue(in.data(), i, t, exactInput(c.rank(), i, op, t));
+  if (inPlace) {
+    c.allreduce(Tensor(in.data(), count, t), op);
+  } else {
+    c.allreduce(Tensor(in.data(), count, t), Tensor(out.data(), count, t), op);
+    for (size_t i = 0; i < count; ++i) {  // in is left untouched
+      ASSERT_EQ(getValue(in.data(), i, t), exactInput(c.rank(), i, op, t));
+    }
+  }
+  const char* res = inPlace ? in.data() : out.data();
+  for (size_t i = 0; i < count; ++i) {
+    ASSERT_EQ(getValue(res, i, t), exactExpected(c.size(), i, op, t))
+        << "rank " << c.rank() << " " << toString(t) << " " << toString(op) << " count " << count
+        << " i " << i << (inPlace ? " in-place" : " out-of-place");
+  }
+}
+
+TEST(SharedMemory, OneHostRunsEveryCollectiveInSharedMemory) {
+  auto world = testing::makeWorld(3);
+  testing::forEachRank(world, [&](Communicator& c) {
+    EXPECT_EQ(c.numHosts(), 1);
+    EXPECT_EQ(c.hostIndex(), 0);
+    std::vector<float> v(5000, 1.0f), all(3 * 5000);
+    c.allreduce(tensor(v.data(), v.size()));
+    EXPECT_EQ(v[4999], 3.0f);
+    c.reduceScatter(tensor(all.data(), all.size()), tensor(v.data(), v.size()));
+    c.allgather(tensor(v.data(), v.size()), tensor(all.data(), all.size()));
+    c.broadcast(tensor(v.data(), v.size()), 2);
+    c.barrier();
+    Stats s = c.stats();
+    EXPECT_EQ(s.sharedMemoryOps, 5u);
+    EXPECT_EQ(s.networkOps, 0u);
+    // Peers read this rank's slots: the traffic shows up per peer.
+    for (int p = 0; p < 3; ++p) {
+      if (p == c.rank()) continue;
+      EXPECT_GT(s.peers[p].bytesReceived, 0u) << "from rank " << p;
+      EXPECT_GT(s.peers[p].bytesSent, 0u) << "to rank " << p;
+    }
+  });
+}
+
+TEST(SharedMemory, ForcedFlatAlgorithmUsesTheNetwork) {
+  Options o;
+  o.algorithm = "ring";
+  auto world = testing::makeWorld(2, o);
+  testing::forEachRank(world, [&](Communicator& c) {
+    checkAllreduce(c, 3000, DataType::kFloat32, ReduceOp::kSum, true);
+    EXPECT_EQ(c.stats().networkOps, 1u);
+    EXPECT_EQ(c.stats().sharedMemoryOps, 0u);
+  });
+}
+
+TEST(SharedMemory, EveryDtypeAndOpAcrossChunkBoundaries) {
+  for (int n : {2, 3, 4}) {
+    auto world = testing::makeWorld(n);
+    testing::forEachRank(world, [&](Communicator& c) {
+      for (DataType t : testing::allDataTypes()) {
+        for (ReduceOp op : testing::allReduceOps()) {
+          for (size_t count : {size_t(0), size_t(1), size_t(7), size_t(3001), size_t(9000)}) {
+            checkAllreduce(c, count, t, op, count % 2 == 1);
+          }
+        }
+      }
+      EXPECT_EQ(c.stats().networkOps, 0u);
+    });
+  }
+}
+
+TEST(SharedMemory, TimeoutNamesTheMissingRank) {
+  Options o;
+  o.timeout = std::chrono::milliseconds(400);
+  auto errors = testing::runRanksCollect(
+      3,
+      [](Communicator& c) {
+        if (c.rank() == 2) return;  // never joins the op
+        std::vector<float> v(100, 1.0f);
+        c.allreduce(tensor(v.data(), v.size()));
+      },
+      o);
+  for (int r : {0, 1}) {
+    ASSERT_TRUE(errors[r]) << "rank " << r;
+    try {
+      std::rethrow_exception(errors[r]);
+    } catch (const Error& e) {
+      EXPECT_TRUE(e.code() == ErrorCode::kTimeout || e.code() == ErrorCode::kPeerLost) << e.what();
+      EXPECT_NE(std::string(e.what()).find("rank 2"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(SharedMemory, DifferentCountsAreAMismatchOnEveryRank) {
+  auto errors = testing::runRanksCollect(3, [](Communicator& c) {
+    std::vector<float> v(100 + (c.rank() == 1 ? 1 : 0), 1.0f);
+    c.allreduce(tensor(v.data(), v.size()));
+  });
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_TRUE(errors[r]) << "rank " << r;
+    try {
+      std::rethrow_exception(errors[r]);
+    } catch (const Error& e) {
+      EXPECT_TRUE(e.code() == ErrorCode::kMismatch || e.code() == ErrorCode::kPeerLost)
+          << "rank " << r << ": " << e.what();
+      if (r != 2) {
+        EXPECT_EQ(e.code(), ErrorCode::kMismatch) << e.what();
+      }
+    }
+  }
+}
+
+struct HostCase {
+  std::vector<int> hostOf;
+  const char* name;
+};
+
+void PrintTo(const HostCase& c, std::ostream* os) {
+  *os << c.name;
+}
+
+class Hierarchical : public ::testing::TestWithParam<HostCase> {};
+
+TEST_P(Hierarchical, GroupingMatchesTheLayout) {
+  const auto& hostOf = GetParam().hostOf;
+  const int n = static_cast<int>(hostOf.size());
+  auto world = testing::makeWorldWith(n, testing::onHosts(hostOf));
+  testing::forEachRank(world, [&](Communicator& c) {
+    // Hosts are numbered by their lowest rank.
+    std::vector<int> order;
+    for (int h : hostOf) {
+      if (std::find(order.begin(), order.end(), h) == order.end()) order.push_back(h);
+    }
+    const int me = c.rank();
+    const int host =
+        static_cast<int>(std::find(order.begin(), order.end(), hostOf[me]) - order.begin());
+    int lr = 0, ls = 0;
+    for (int r = 0; r < n; ++r) {
+      if (hostOf[r] != hostOf[me]) continue;
+      lr += r < me;
+      ++ls;
+    }
+    EXPECT_EQ(c.numHosts(), static_cast<int>(order.size()));
+    EXPECT_EQ(c.hostIndex(), host);
+    EXPECT_EQ(c.localRank(), lr);
+    EXPECT_EQ(c.localSize(), ls);
+    auto local = c.localCommunicator();
+    auto cross = c.crossHostCommunicator();
+    EXPECT_EQ(local->size(), ls);
+    EXPECT_EQ(local->rank(), lr);
+    EXPECT_EQ(local->numHosts(), 1);
+    EXPECT_EQ(cross->numHosts(), cross->size());
+    EXPECT_EQ(cross->localSize(), 1);
+    // The sub-communicators work: the local sum is the host's rank count.
+    int64_t one = 1;
+    local->allreduce(tensor(&one, 1));
+    EXPECT_EQ(one, ls);
+    EXPECT_EQ(local->stats().sharedMemoryOps, ls > 1 ? 1u : 0u);
+  });
+}
+
+TEST_P(Hierarchical, AllreduceEveryDtypeOpAndTail) {
+  const auto& hostOf = GetParam().hostOf;
+  const int n = static_cast<int>(hostOf.size());
+  auto world = testing::makeWorldWith(n, testing::onHosts(hostOf));
+  testing::forEachRank(world, [&](Communicator& c) {
+    for (DataType t : testing::allDataTypes()) {
+      for (ReduceOp op : testing::allReduceOps()) {
+        // 0, fewer elements than ranks per host, not a multiple of it, several chunks.
+        for (size_t count : {size_t(0), size_t(1), size_t(5), size_t(4099)}) {
+          checkAllreduce(c, count, t, op, count % 2 == 0);
+        }
+      }
+    }
+    checkAllreduce(c, 300001, DataType::kFloat32, ReduceOp::kSum, true);
+    Stats s = c.stats();
+    EXPECT_GT(s.hierarchicalOps, 0u);
+    EXPECT_EQ(s.networkOps, 0u);
+  });
+}
+
+TEST_P(Hierarchical, BroadcastFromEveryRootAndBarrier) {
+  const auto& hostOf = GetParam().hostOf;
+  const int n = static_cast<int>(hostOf.size());
+  auto world = testing::makeWorldWith(n, testing::onHosts(hostOf));
+  testing::forEachRank(world, [&](Communicator& c) {
+    for (int root = 0; root < n; ++root) {
+      for (size_t count : {size_t(0), size_t(3), size_t(10000)}) {
+        std::vector<double> v(count, -1.0);
+        if (c.rank() == root) {
+          for (size_t i = 0; i < count; ++i) v[i] = root * 0.5 + static_cast<double>(i);
+        }
+        c.broadcast(tensor(v.data(), count), root);
+        for (size_t i = 0; i < count; ++i) ASSERT_EQ(v[i], root * 0.5 + static_cast<double>(i));
+      }
+      c.barrier();
+    }
+    EXPECT_EQ(c.stats().networkOps, 0u);
+  });
+}
+
+TEST_P(Hierarchical, ReduceScatterAndAllgatherAreCorrect) {
+  const auto& hostOf = GetParam().hostOf;
+  const int n = static_cast<int>(hostOf.size());
+  auto world = testing::makeWorldWith(n, testing::onHosts(hostOf));
+  testing::forEachRank(world, [&](Communicator& c) {
+    const size_t block = 777;
+    std::vector<int64_t> in(block * n), out(block), all(block * n);
+    for (size_t i = 0; i < in.size(); ++i) in[i] = c.rank() * 3 + static_cast<int64_t>(i);
+    c.reduceScatter(tensor(in.data(), in.size()), tensor(out.data(), block));
+    for (size_t i = 0; i < block; ++i) {
+      const int64_t g = static_cast<int64_t>(c.rank() * block + i);
+      ASSERT_EQ(out[i], 3 * n * (n - 1) / 2 + n * g);
+    }
+    c.allgather(tensor(out.data(), block), tensor(all.data(), all.size()));
+    for (int r = 0; r < n; ++r) ASSERT_EQ(all[r * block], 3 * n * (n - 1) / 2 + n * r * block);
+  });
+}
+
+TEST_P(Hierarchical, ForcedRingRunsFlat) {
+  const auto& hostOf = GetParam().hostOf;
+  const int n = static_cast<int>(hostOf.size());
+  Options base;
+  base.algorithm = "ring";
+  auto world = testing::makeWorldWith(n, testing::onHosts(hostOf, base));
+  testing::forEachRank(world, [&](Communicator& c) {
+    checkAllreduce(c, 5000, DataType::kFloat32, ReduceOp::kSum, true);
+    EXPECT_EQ(c.stats().networkOps, 1u);
+    EXPECT_EQ(c.stats().hierarchicalOps, 0u);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(, Hierarchical,
+                         ::testing::Values(HostCase{{0, 0, 1, 1}, "TwoByTwo"},
+                                           HostCase{{0, 0, 1, 1, 2, 2}, "ThreeByTwo"},
+                                           HostCase{{0, 1, 0, 1}, "Interleaved"},
+                                           HostCase{{0, 0, 1}, "Unequal"},
+                                           HostCase{{5, 5, 5, 2}, "ThreeAndOne"}),
+                         [](const ::testing::TestParamInfo<HostCase>& i) {
+                           return std::string(i.param.name);
+                         });
+
+TEST(HostGrouping, OneRankPerHostIsFlat) {
+  auto world = testing::makeWorldWith(3, testing::onHosts({0, 1, 2}));
+  testing::forEachRank(world, [&](Communicator& c) {
+    EXPECT_EQ(c.numHosts(), 3);
+    checkAllreduce(c, 1000, DataType::kFloat32, ReduceOp::kSum, true);
+    EXPECT_EQ(c.stats().networkOps, 1u);
+  });
+}
+
+}  // namespace
+}  // namespace gflow
