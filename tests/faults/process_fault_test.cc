@@ -8,6 +8,7 @@
 // a hard deadline after which every process is SIGKILLed and the test fails
 // instead of hanging. Children also die with the test binary (PDEATHSIG).
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -25,6 +26,7 @@
 #include <map>
 #include <random>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -443,24 +445,51 @@ void attackStore(uint16_t port, std::vector<gflow::net::Socket>* keep, uint32_t 
 
 // ---- 1. kill -9 mid-loop ---------------------------------------------------
 
+// `path`: how the ranks of this one machine talk. "shm": shared memory (the
+// default for ranks of one host); "tcp": GFLOW_SHM=0; "hier": GFLOW_HOST_ID
+// splits the ranks into two pretend hosts (shared memory inside each, TCP
+// between them, hierarchical collectives).
 struct RankCase {
   int size;
   int victim;
+  const char* path = "shm";
 };
 
 void PrintTo(const RankCase& c, std::ostream* os) {
-  *os << c.size << " ranks, rank " << c.victim;
+  *os << c.size << " ranks, rank " << c.victim << ", " << c.path;
 }
 
 std::string caseName(const ::testing::TestParamInfo<RankCase>& info) {
-  return "n" + std::to_string(info.param.size) + "_rank" + std::to_string(info.param.victim);
+  return "n" + std::to_string(info.param.size) + "_rank" + std::to_string(info.param.victim) + "_" +
+         info.param.path;
+}
+
+void setPath(Job& job, const RankCase& c) {
+  if (std::string(c.path) == "tcp") job.setEnv("GFLOW_SHM", "0");
+  if (std::string(c.path) == "hier") {
+    for (int r = 0; r < c.size; ++r) {
+      job.setRankEnv(r, "GFLOW_HOST_ID", "pretend-host-" + std::to_string(r * 2 / c.size));
+    }
+  }
+}
+
+// Names in /dev/shm (gflow's segments are memfds and never appear there).
+std::set<std::string> devShmEntries() {
+  std::set<std::string> names;
+  if (DIR* d = ::opendir("/dev/shm")) {
+    while (dirent* e = ::readdir(d)) names.insert(e->d_name);
+    ::closedir(d);
+  }
+  return names;
 }
 
 class FaultKill : public ::testing::TestWithParam<RankCase> {};
 
 TEST_P(FaultKill, SurvivorsReportPeerLostNamingTheKilledRank) {
   const int n = GetParam().size, victim = GetParam().victim;
+  const std::set<std::string> shmBefore = devShmEntries();
   Job job(n, sameArgs({"loop", "0", k4MiB}));
+  setPath(job, GetParam());
   job.start();
   ASSERT_TRUE(job.waitProgress(3, seconds(8))) << job.report();
   const Clock::time_point killed = job.signal(victim, SIGKILL);
@@ -479,10 +508,15 @@ TEST_P(FaultKill, SurvivorsReportPeerLostNamingTheKilledRank) {
         << "rank " << r << " does not name rank " << victim << ": " << res.what;
     EXPECT_LT(took, 10.0) << "rank " << r << "\n" << report;
   }
+  for (const std::string& name : devShmEntries()) {
+    EXPECT_TRUE(shmBefore.count(name)) << "/dev/shm/" << name << " appeared during the job";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(, FaultKill,
-                         ::testing::Values(RankCase{3, 1}, RankCase{4, 2}, RankCase{3, 0}),
+                         ::testing::Values(RankCase{3, 1}, RankCase{4, 2}, RankCase{3, 0},
+                                           RankCase{3, 1, "tcp"}, RankCase{4, 2, "tcp"},
+                                           RankCase{4, 1, "hier"}, RankCase{4, 2, "hier"}),
                          caseName);
 
 // ---- 2. SIGSTOP mid-loop with a short timeout -------------------------------
@@ -493,6 +527,7 @@ TEST_P(FaultStop, SurvivorsTimeOutNamingTheStoppedRank) {
   const int n = GetParam().size, victim = GetParam().victim;
   Job job(n, sameArgs({"loop", "0", k4MiB}));
   job.setEnv("GFLOW_TIMEOUT", "3s");
+  setPath(job, GetParam());
   job.start();
   ASSERT_TRUE(job.waitProgress(3, seconds(6))) << job.report();
   const Clock::time_point stopped = job.signal(victim, SIGSTOP);
@@ -521,7 +556,10 @@ TEST_P(FaultStop, SurvivorsTimeOutNamingTheStoppedRank) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(, FaultStop, ::testing::Values(RankCase{3, 1}, RankCase{4, 3}), caseName);
+INSTANTIATE_TEST_SUITE_P(, FaultStop,
+                         ::testing::Values(RankCase{3, 1}, RankCase{4, 3}, RankCase{3, 1, "tcp"},
+                                           RankCase{4, 3, "hier"}),
+                         caseName);
 
 // ---- 3. a rank with another job token ---------------------------------------
 
