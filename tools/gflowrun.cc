@@ -32,6 +32,9 @@
 #include "common/auth.h"
 #include "common/params.h"
 #include "gflow/error.h"
+#include "topology/data_interface.h"
+#include "topology/pinning.h"
+#include "topology/topology.h"
 
 extern char** environ;
 
@@ -84,6 +87,7 @@ struct Config {
   int port = -1;     // --port
   bool prefix = true;
   bool printConfig = false;
+  bool topology = false;
   std::vector<std::string> argv;
 };
 
@@ -96,6 +100,7 @@ void printHelp() {
   std::printf(
       "Usage: gflowrun -n N [options] [--] program [args...]\n"
       "       gflowrun --print-config\n"
+      "       gflowrun --topology\n"
       "\n"
       "Starts N ranks of `program` on this host, each in its own process group, with\n"
       "GFLOW_RANK, GFLOW_WORLD_SIZE, GFLOW_LOCAL_RANK, GFLOW_LOCAL_SIZE, GFLOW_ROOT and\n"
@@ -113,6 +118,8 @@ void printHelp() {
       "  --grace T           time between SIGTERM and SIGKILL (default 5s)\n"
       "  --no-prefix         do not prefix output lines with \"[rank] \"\n"
       "  --print-config      print every GFLOW_* parameter (default, current value, doc)\n"
+      "  --topology          print this host's NUMA nodes, cores, GPUs and NICs (hwloc),\n"
+      "                      which NIC is nearest each GPU, and where progress threads pin\n"
       "  -h, --help          this text\n"
       "\n"
       "GFLOW_JOB_TOKEN is kept when already set (or given with --env); otherwise a\n"
@@ -226,6 +233,9 @@ Config parseArgs(int argc, char** argv) {
     } else if (flag == "--print-config") {
       noValue();
       cfg.printConfig = true;
+    } else if (flag == "--topology") {
+      noValue();
+      cfg.topology = true;
     } else {
       usageError("unknown option '" + arg + "'");
     }
@@ -233,7 +243,7 @@ Config parseArgs(int argc, char** argv) {
   }
   for (; i < argc; ++i) cfg.argv.emplace_back(argv[i]);
 
-  if (cfg.printConfig) return cfg;  // needs neither -n nor a program
+  if (cfg.printConfig || cfg.topology) return cfg;  // need neither -n nor a program
   if (!sawNp) usageError("missing -n N (the number of ranks)");
   if (cfg.argv.empty()) usageError("missing the program to run");
   if (!cfg.root.empty() && cfg.port >= 0) usageError("--root and --port are exclusive");
@@ -257,6 +267,35 @@ void printConfig() {
       std::printf("  current: %s\n", cur ? cur : "(unset)");
     }
     std::printf("  %s\n", p.doc);
+  }
+}
+
+// What Topology::discover() found, and where a rank started here would pin
+// its progress thread (the same decision pinCurrentThreadNear makes).
+int printTopology() {
+  namespace topo = gflow::topology;
+  try {
+    const topo::Topology& t = topo::Topology::discover();
+    std::fputs(t.describe().c_str(), stdout);
+    const std::string nic = topo::dataInterfaceName();
+    const long long pin = static_cast<long long>(gflow::params::getInt("GFLOW_PIN"));
+    std::printf("Progress threads (GFLOW_PIN=%lld), data interface %s: ", pin,
+                nic.empty() ? "(none)" : nic.c_str());
+    if (pin == 0) {
+      std::printf("not pinned\n");
+    } else {
+      topo::PinPlan plan = topo::planPin(t, nic, topo::currentThreadAffinity(), topo::currentCpu());
+      if (plan.bind) {
+        std::printf("pinned to cpus %s, %s\n", topo::formatCpuList(plan.cpus).c_str(),
+                    plan.reason.c_str());
+      } else {
+        std::printf("not pinned (%s)\n", plan.reason.c_str());
+      }
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gflowrun: %s\n", e.what());
+    return 1;
   }
 }
 
@@ -714,6 +753,7 @@ int main(int argc, char** argv) {
     printConfig();
     return 0;
   }
+  if (cfg.topology) return printTopology();
   try {
     return Job(std::move(cfg)).run();
   } catch (const gflow::Error& e) {

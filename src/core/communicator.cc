@@ -10,6 +10,7 @@
 #include "common/params.h"
 #include "core/communicator_impl.h"
 #include "gflow/communicator.h"
+#include "topology/data_interface.h"
 
 namespace gflow {
 
@@ -158,6 +159,7 @@ std::unique_ptr<Communicator::Impl> Communicator::Impl::connect(
   impl->timeout = ctxOpts.timeout;
   impl->transportName = transportName;
   impl->contextOptions = ctxOpts;
+  impl->engine.setPinNear(topology::dataInterfaceName(ctxOpts.socketIfname));
   uint64_t rdMax = 0;
   if (params::getString("GFLOW_RD_MAX_BYTES") != "auto")
     rdMax = params::getBytes("GFLOW_RD_MAX_BYTES");

@@ -1,6 +1,8 @@
 #include "core/engine.h"
 
 #include "common/check.h"
+#include "topology/data_interface.h"
+#include "topology/pinning.h"
 
 namespace gflow {
 
@@ -70,7 +72,14 @@ std::shared_ptr<WorkState> Engine::submit(Task task, bool blocking) {
   }
   auto work = item.work;
   queue_.push_back(std::move(item));
-  if (!worker_.joinable()) worker_ = std::thread([this] { workerLoop(); });
+  if (!worker_.joinable()) {
+    // The starting thread's cpu: the NUMA node to stay on when no NIC is known.
+    const int hintCpu = topology::currentCpu();
+    worker_ = std::thread([this, nicSet = pinNearSet_, nic = pinNear_, hintCpu] {
+      pinWorker(nicSet, nic, hintCpu);
+      workerLoop();
+    });
+  }
   cv_.notify_all();
   lock.unlock();
   if (blocking) {
@@ -96,6 +105,21 @@ bool Engine::tryRunExclusive(const std::function<void()>& fn) {
   running_ = false;
   cv_.notify_all();
   return true;
+}
+
+void Engine::setPinNear(std::string nic) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  pinNear_ = std::move(nic);
+  pinNearSet_ = true;
+}
+
+// Runs on the worker before its first op. Pinning is an optimisation: it
+// never fails an op (pinCurrentThreadNear logs and ignores its failures).
+void Engine::pinWorker(bool nicSet, const std::string& nic, int hintCpu) noexcept {
+  try {
+    topology::pinCurrentThreadNear(nicSet ? nic : topology::dataInterfaceName(), hintCpu);
+  } catch (...) {
+  }
 }
 
 void Engine::workerLoop() {

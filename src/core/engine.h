@@ -1,7 +1,9 @@
 // The async engine: runs a communicator's ops one at a time, in the order
 // they were issued. A blocking call on an idle engine runs inline on the
 // caller's thread (no thread hop on the latency path); otherwise ops queue up
-// for the engine's worker thread, started on first need.
+// for the engine's worker thread, started on first need. The worker is gflow's
+// progress thread: it pins itself near the rank's NIC (topology/pinning.h,
+// GFLOW_PIN) before running its first op.
 #pragma once
 
 #include <atomic>
@@ -10,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 
 #include "gflow/communicator.h"
@@ -49,6 +52,13 @@ class Engine {
   // Fails queued tasks with `error` and stops the worker. Idempotent.
   void shutdown(const Error& error);
 
+  // The NIC the worker thread pins itself near: an interface ("ens1f0") or
+  // an RDMA device ("mlx5_0"); "" for none (the NUMA node of the thread that
+  // starts the worker). When never called, the interface the TCP data
+  // sockets use for GFLOW_SOCKET_IFNAME. Takes effect when the worker starts
+  // (the first queued op); later calls do not move a running worker.
+  void setPinNear(std::string nic);
+
  private:
   struct Item {
     Task task;
@@ -56,12 +66,15 @@ class Engine {
   };
   void run(Item& item);
   void workerLoop();
+  static void pinWorker(bool nicSet, const std::string& nic, int hintCpu) noexcept;
 
   std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<Item> queue_;
   bool running_ = false;
   bool stop_ = false;
+  bool pinNearSet_ = false;
+  std::string pinNear_;
   std::thread worker_;
 };
 
