@@ -37,7 +37,8 @@ class GflowBackend : public Backend {
     const char* transport = std::getenv("GFLOW_TRANSPORT");
     return RunInfo{"gflow", algorithm_, comm_->size(),
                    std::string("gflow ") + GFLOW_VERSION_STRING + ", transport " +
-                       (transport && *transport ? transport : "default") + ", local size " +
+                       (transport && *transport ? transport : "default") + ", hosts " +
+                       std::to_string(comm_->numHosts()) + ", local size " +
                        std::to_string(comm_->localSize())};
   }
   bool supports(DataType, ReduceOp) const override { return true; }
@@ -71,8 +72,8 @@ int main(int argc, char** argv) {
   using namespace gflow::bench;
   DriverInfo info{"allreduce_bw",
                   "Allreduce bandwidth sweep over gflow (nccl-tests style).",
-                  "algorithm, passed as Options::algorithm (GFLOW_ALGO syntax: ring, rd, auto,\n"
-                  "               allreduce:0-64k:rd,allreduce:64k-:ring, ...)",
+                  "algorithm, passed as Options::algorithm (GFLOW_ALGO syntax: ring, rd, hier,\n"
+                  "               shm, auto, allreduce:0-64k:rd,allreduce:64k-:ring, ...)",
                   {}};
   SweepConfig cfg;
   if (int rc = parseSweepArgs(argc, argv, info, &cfg); rc >= 0) return rc;
