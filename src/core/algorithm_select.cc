@@ -76,7 +76,10 @@ AlgorithmSelector::AlgorithmSelector(const std::string& spec, const std::string&
 Algorithm AlgorithmSelector::select(OpKind kind, uint64_t bytes, int worldSize) const {
   switch (kind) {
     case OpKind::kReduceScatter:
-    case OpKind::kAllgather: return caps_.shm ? Algorithm::kShm : Algorithm::kRing;
+    case OpKind::kAllgather:
+      return caps_.shm                             ? Algorithm::kShm
+             : caps_.hierarchical && caps_.uniform ? Algorithm::kHierarchical
+                                                   : Algorithm::kRing;
     case OpKind::kBroadcast:
       return caps_.shm            ? Algorithm::kShm
              : caps_.hierarchical ? Algorithm::kHierarchical

@@ -17,6 +17,7 @@ namespace gflow {
 struct Capabilities {
   bool shm = false;           // every rank on one host, shared memory connected
   bool hierarchical = false;  // several hosts, some with several ranks
+  bool uniform = false;       // ... and every host has the same number of ranks
 };
 
 class AlgorithmSelector {

@@ -254,6 +254,7 @@ void Communicator::Impl::buildHierarchy(const transport::ContextOptions& ctxOpts
                                               : Algorithm::kRing;
         });
     caps.hierarchical = true;
+    caps.uniform = h.uniform;
     if (!h.uniform && rank == 0) {
       std::string counts;
       for (int host = 0; host < h.numHosts; ++host) {

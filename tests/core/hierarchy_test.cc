@@ -136,6 +136,7 @@ TEST(SharedMemory, DifferentCountsAreAMismatchOnEveryRank) {
 struct HostCase {
   std::vector<int> hostOf;
   const char* name;
+  bool uniform = true;
 };
 
 void PrintTo(const HostCase& c, std::ostream* os) {
@@ -236,7 +237,30 @@ TEST_P(Hierarchical, ReduceScatterAndAllgatherAreCorrect) {
       ASSERT_EQ(out[i], 3 * n * (n - 1) / 2 + n * g);
     }
     c.allgather(tensor(out.data(), block), tensor(all.data(), all.size()));
-    for (int r = 0; r < n; ++r) ASSERT_EQ(all[r * block], 3 * n * (n - 1) / 2 + n * r * block);
+    for (int r = 0; r < n; ++r) {
+      for (size_t i = 0; i < block; ++i) {
+        ASSERT_EQ(all[r * block + i],
+                  3 * n * (n - 1) / 2 + n * static_cast<int64_t>(r * block + i));
+      }
+    }
+    // In place: this rank's block of the output is the input.
+    std::vector<int64_t> again(block * n, -7);
+    std::memcpy(again.data() + c.rank() * block, out.data(), block * sizeof(int64_t));
+    c.allgather(tensor(again.data() + c.rank() * block, block), tensor(again.data(), again.size()));
+    EXPECT_EQ(again, all);
+    // avg over every dtype's exact inputs, block sizes 0 and 1 included.
+    for (size_t b : {size_t(0), size_t(1), size_t(33)}) {
+      std::vector<double> x(b * n), y(b + 1);
+      for (size_t i = 0; i < x.size(); ++i)
+        x[i] = exactInput(c.rank(), i, ReduceOp::kAvg, DataType::kFloat64);
+      c.reduceScatter(tensor(x.data(), x.size()), tensor(y.data(), b), ReduceOp::kAvg);
+      for (size_t i = 0; i < b; ++i) {
+        ASSERT_EQ(y[i], exactExpected(n, c.rank() * b + i, ReduceOp::kAvg, DataType::kFloat64));
+      }
+    }
+    const Stats s = c.stats();
+    const bool uniform = GetParam().uniform;
+    EXPECT_EQ(s.networkOps, uniform ? 0u : 6u) << "reduce-scatter/allgather path";
   });
 }
 
@@ -257,8 +281,8 @@ INSTANTIATE_TEST_SUITE_P(, Hierarchical,
                          ::testing::Values(HostCase{{0, 0, 1, 1}, "TwoByTwo"},
                                            HostCase{{0, 0, 1, 1, 2, 2}, "ThreeByTwo"},
                                            HostCase{{0, 1, 0, 1}, "Interleaved"},
-                                           HostCase{{0, 0, 1}, "Unequal"},
-                                           HostCase{{5, 5, 5, 2}, "ThreeAndOne"}),
+                                           HostCase{{0, 0, 1}, "Unequal", false},
+                                           HostCase{{5, 5, 5, 2}, "ThreeAndOne", false}),
                          [](const ::testing::TestParamInfo<HostCase>& i) {
                            return std::string(i.param.name);
                          });

@@ -66,6 +66,7 @@ class HierarchicalBackend final : public Backend {
         cross_(std::move(cross)),
         localRanks_(h.ranksOfHost(h.host())),
         crossRanks_(h.ranksWithLocalRank(h.localRank())) {
+    for (int host = 0; host < h.numHosts; ++host) hostRanks_.push_back(h.ranksOfHost(host));
     for (size_t i = 0; i < localRanks_.size(); ++i) localIndex_[localRanks_[i]] = int(i);
     for (size_t i = 0; i < crossRanks_.size(); ++i) crossIndex_[crossRanks_[i]] = int(i);
   }
@@ -112,8 +113,51 @@ class HierarchicalBackend final : public Backend {
     }
   }
 
-  void reduceScatter(const Op& op, const void*, void*) override { unsupported(op); }
-  void allgather(const Op& op, const void*, void*) override { unsupported(op); }
+  // Equal hosts only (the selector runs the flat ring otherwise). Blocks are
+  // regrouped so that the blocks of the ranks with local rank l sit together,
+  // ordered by host: local rank l's share of the local phase is then exactly
+  // what the cross phase among the ranks with local rank l needs.
+  void reduceScatter(const Op& op, const void* inp, void* outp) override {
+    if (!h_.uniform) unsupported(op);
+    const OpDesc& d = op.desc;
+    const size_t es = dataTypeSize(d.dtype), blockBytes = d.count * es;
+    const ReduceOp rop = d.op == ReduceOp::kAvg ? ReduceOp::kSum : d.op;
+    const uint64_t H = static_cast<uint64_t>(h_.numHosts), L = localRanks_.size();
+    char* grouped = scratch(2 * H * L * blockBytes);
+    char* mine = grouped + H * L * blockBytes;
+    const char* in = static_cast<const char*>(inp);
+    for (uint64_t l = 0; l < L; ++l) {
+      for (uint64_t host = 0; host < H; ++host) {
+        const int r = hostRanks_[host][l];
+        std::memcpy(grouped + (l * H + host) * blockBytes, in + r * blockBytes, blockBytes);
+      }
+    }
+    runLocal(op, OpKind::kReduceScatter, rop, H * d.count, 0,
+             [&](const Op& o) { local_->reduceScatter(o, grouped, mine); });
+    runCross(op, OpKind::kReduceScatter, rop, d.count, 0,
+             [&](const Op& o) { cross_->reduceScatter(o, mine, outp); });
+    if (d.op == ReduceOp::kAvg && d.count > 0) kernels::divide(outp, d.count, d.dtype, h_.size);
+  }
+
+  void allgather(const Op& op, const void* inp, void* outp) override {
+    if (!h_.uniform) unsupported(op);
+    const OpDesc& d = op.desc;
+    const size_t es = dataTypeSize(d.dtype), blockBytes = d.count * es;
+    const uint64_t H = static_cast<uint64_t>(h_.numHosts), L = localRanks_.size();
+    char* byHost = scratch((H + H * L) * blockBytes);
+    char* grouped = byHost + H * blockBytes;
+    runCross(op, OpKind::kAllgather, d.op, d.count, 0,
+             [&](const Op& o) { cross_->allgather(o, inp, byHost); });
+    runLocal(op, OpKind::kAllgather, d.op, H * d.count, 0,
+             [&](const Op& o) { local_->allgather(o, byHost, grouped); });
+    char* out = static_cast<char*>(outp);
+    for (uint64_t l = 0; l < L; ++l) {
+      for (uint64_t host = 0; host < H; ++host) {
+        const int r = hostRanks_[host][l];
+        std::memmove(out + r * blockBytes, grouped + (l * H + host) * blockBytes, blockBytes);
+      }
+    }
+  }
 
   void broadcast(const Op& op, void* buf) override {
     const OpDesc& d = op.desc;
@@ -124,7 +168,7 @@ class HierarchicalBackend final : public Backend {
     }
     if (h_.localRank() == 0) {
       // The leaders' group is ordered by host index.
-      const int root = crossIndex_.at(h_.ranksOfHost(rootHost)[0]);
+      const int root = crossIndex_.at(hostRanks_[rootHost][0]);
       runCross(op, OpKind::kBroadcast, ReduceOp::kSum, d.count, root,
                [&](const Op& o) { cross_->broadcast(o, buf); });
     }
@@ -228,6 +272,7 @@ class HierarchicalBackend final : public Backend {
   CrossSelector crossSelect_;
   std::unique_ptr<Backend> local_;
   std::unique_ptr<Backend> cross_;
+  std::vector<std::vector<int>> hostRanks_;  // ranks of every host
   std::vector<int> localRanks_;
   std::vector<int> crossRanks_;
   std::map<int, int> localIndex_;

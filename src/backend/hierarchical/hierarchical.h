@@ -15,6 +15,9 @@
 //   local allreduce -> cross allreduce among the leaders -> local broadcast.
 // broadcast: local broadcast on the root's host -> leaders -> local broadcast.
 // barrier:   local barrier -> leaders' barrier -> local barrier.
+// reduce-scatter (equal hosts): regroup the blocks by local rank -> local
+//   reduce-scatter -> cross reduce-scatter.
+// allgather (equal hosts): cross allgather -> local allgather -> ungroup.
 #pragma once
 
 #include <functional>
