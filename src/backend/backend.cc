@@ -34,8 +34,24 @@ transport::Envelope encode(const OpDesc& d) {
                static_cast<uint64_t>(d.op) << 16 | static_cast<uint64_t>(d.algo) << 24 |
                static_cast<uint64_t>(static_cast<uint32_t>(d.root)) << 32;
   e.words[1] = d.count;
-  e.words[2] = 0x67666c6f77ull;  // "gflow": version tag of this encoding
+  // Low 40 bits: "gflow", the version tag of this encoding; high 24 bits: the
+  // parent op's fingerprint (phases of a composed op, 0 otherwise).
+  e.words[2] = 0x67666c6f77ull | (d.parent & 0xffffff) << 40;
   return e;
+}
+
+uint64_t fingerprint(const OpDesc& d) {
+  const transport::Envelope e = encode(d);
+  // FNV-1a over the envelope words; 0 is reserved for "no parent".
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (uint64_t w : e.words) {
+    for (int i = 0; i < 8; ++i) {
+      h ^= (w >> (8 * i)) & 0xff;
+      h *= 0x100000001b3ull;
+    }
+  }
+  h ^= h >> 24;
+  return (h & 0xffffff) ? (h & 0xffffff) : 1;
 }
 
 std::string describe(const transport::Envelope& e) {
@@ -51,7 +67,9 @@ std::string describe(const transport::Envelope& e) {
   if (kind == OpKind::kAllreduce || kind == OpKind::kReduceScatter)
     os << ", " << gflow::toString(op);
   if (kind == OpKind::kBroadcast) os << ", root=" << root;
-  os << ", algorithm=" << toString(algo) << ")";
+  os << ", algorithm=" << toString(algo);
+  if (const uint64_t parent = e.words[2] >> 40) os << ", phase of op " << std::hex << parent;
+  os << ")";
   return os.str();
 }
 

@@ -46,8 +46,13 @@ struct OpDesc {
   Algorithm algo = Algorithm::kAuto;
   int root = 0;
   uint64_t count = 0;  // allreduce/broadcast: elements; reduce-scatter/allgather: per rank
+  // For the phases of a composed op (hierarchical): fingerprint() of the op
+  // they belong to, so phases of ops that differ never match. 0 otherwise.
+  uint64_t parent = 0;
 };
 transport::Envelope encode(const OpDesc& d);
+// A 24-bit nonzero digest of everything in `d` that must agree across ranks.
+uint64_t fingerprint(const OpDesc& d);
 std::string describe(const transport::Envelope& e);
 
 struct Op {

@@ -109,6 +109,23 @@ Algorithm AlgorithmSelector::select(OpKind kind, uint64_t bytes, int worldSize) 
   }
   if (caps_.shm) return Algorithm::kShm;
   if (caps_.hierarchical) return Algorithm::kHierarchical;
+  return selectFlat(kind, bytes, worldSize);
+}
+
+Algorithm AlgorithmSelector::selectFlat(OpKind kind, uint64_t bytes, int worldSize) const {
+  switch (kind) {
+    case OpKind::kReduceScatter:
+    case OpKind::kAllgather: return Algorithm::kRing;
+    case OpKind::kBroadcast: return Algorithm::kChain;
+    case OpKind::kBarrier: return Algorithm::kDissemination;
+    case OpKind::kAllreduce: break;
+  }
+  for (const Rule& r : rules_) {
+    if (r.kind == kind && bytes >= r.lo && bytes < r.hi &&
+        (r.algo == Algorithm::kRing || r.algo == Algorithm::kRecursiveDoubling)) {
+      return r.algo;
+    }
+  }
   const uint64_t rdMax = rdMaxBytes_ ? rdMaxBytes_ : defaultRdMaxBytes(worldSize);
   return bytes <= rdMax ? Algorithm::kRecursiveDoubling : Algorithm::kRing;
 }

@@ -32,6 +32,10 @@ class AlgorithmSelector {
   // rule naming shm or hier where that is not available is skipped (logged
   // once).
   backend::Algorithm select(backend::OpKind kind, uint64_t bytes, int worldSize) const;
+  // The flat choice only (ring/rd rules and the threshold; chain and
+  // dissemination for broadcast and barrier): the cross-host phase of a
+  // hierarchical op, among `groupSize` ranks, moving `bytes`.
+  backend::Algorithm selectFlat(backend::OpKind kind, uint64_t bytes, int groupSize) const;
 
   // The default recursive-doubling threshold for a world size (GFLOW_RD_MAX_BYTES=auto).
   static uint64_t defaultRdMaxBytes(int worldSize);

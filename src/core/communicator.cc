@@ -168,17 +168,37 @@ std::unique_ptr<Communicator::Impl> Communicator::Impl::connect(
   impl->algoSource = algoSource;
   impl->backend = backend::createHostBackend(transport::createContext(transportName, ctxOpts));
 
-  // Host grouping: every rank learns every rank's host (one allgather).
-  impl->hostOf.assign(size, 0);
+  // Host grouping and configuration agreement: every rank learns every
+  // rank's host and a digest of the settings that decide which path an op
+  // takes (ranks that disagree would wait in different places until the
+  // timeout instead of failing at once).
+  const std::string config = params::getString("GFLOW_SHM") + "|" + algoSpec + "|" +
+                             params::getString("GFLOW_RD_MAX_BYTES") + "|" +
+                             params::getString("GFLOW_SHM_CHUNK");
+  const auth::Digest cd = auth::sha256(config.data(), config.size());
+  uint64_t mine[2] = {hostHash, 0};
+  std::memcpy(&mine[1], cd.data(), sizeof(mine[1]));
+  std::vector<uint64_t> all(2 * static_cast<size_t>(size));
   OpDesc d;
   d.kind = OpKind::kAllgather;
   d.dtype = DataType::kInt64;
-  d.count = 1;
+  d.count = 2;
   Impl* self = impl.get();
-  auto w = impl->submit(d, true, [self, &hostHash](const backend::Op& op) {
-    self->backend->allgather(op, &hostHash, self->hostOf.data());
+  auto w = impl->submit(d, true, [self, &mine, &all](const backend::Op& op) {
+    self->backend->allgather(op, mine, all.data());
   });
   w->wait(std::chrono::milliseconds(0));
+  impl->hostOf.assign(size, 0);
+  for (int r = 0; r < size; ++r) {
+    impl->hostOf[r] = all[2 * r];
+    if (all[2 * r + 1] != all[1]) {
+      GFLOW_THROW(kInvalidArgument, (ErrorContext{"init", 0, rank, r}))
+          << "rank " << r << " and rank 0 are configured differently (GFLOW_SHM, GFLOW_ALGO / "
+          << "Options::algorithm, GFLOW_RD_MAX_BYTES or GFLOW_SHM_CHUNK); every rank must use "
+          << "the same values (this rank: GFLOW_SHM=" << params::getString("GFLOW_SHM")
+          << ", algorithm '" << algoSpec << "')";
+    }
+  }
   impl->buildHierarchy(ctxOpts, localRank, localSize);
   impl->opCount[kindIndex(OpKind::kAllgather)] = 0;  // internal op, not the user's
   impl->pathCount[2] = 0;
@@ -246,12 +266,9 @@ void Communicator::Impl::buildHierarchy(const transport::ContextOptions& ctxOpts
     auto crossB = connectNet(cross, crossRank,
                              ctxOpts.prefix + "cross" + std::to_string(h.localRank()) + "/");
     hier = backend::createHierarchicalBackend(
-        h, std::move(local), std::move(crossB), [](OpKind kind, uint64_t bytes, int n) {
-          return kind == OpKind::kAllreduce && bytes <= AlgorithmSelector::defaultRdMaxBytes(n)
-                     ? Algorithm::kRecursiveDoubling
-                 : kind == OpKind::kBroadcast ? Algorithm::kChain
-                 : kind == OpKind::kBarrier   ? Algorithm::kDissemination
-                                              : Algorithm::kRing;
+        h, std::move(local), std::move(crossB),
+        [sel = selector.get()](OpKind kind, uint64_t bytes, int n) {
+          return sel->selectFlat(kind, bytes, n);
         });
     caps.hierarchical = true;
     caps.uniform = h.uniform;

@@ -225,6 +225,7 @@ class HierarchicalBackend final : public Backend {
   static OpDesc subDesc(const Op& op, OpKind kind, ReduceOp rop, uint64_t count, int root,
                         Algorithm algo) {
     OpDesc d = op.desc;
+    d.parent = fingerprint(op.desc);
     d.kind = kind;
     d.op = rop;
     d.count = count;

@@ -30,13 +30,26 @@ using transport::shm::Group;
 // whatever the group size: it is latency-bound.
 constexpr size_t kOneSyncBytes = 32 * 1024;
 
+// Brackets one op on the group (its record, and failures reported after it
+// ends concern the next op).
+class OpScope {
+ public:
+  OpScope(Group& g, const Op& op) : g_(g) { g_.beginOp(op.seq, encode(op.desc), op.deadline); }
+  ~OpScope() { g_.endOp(); }
+  OpScope(const OpScope&) = delete;
+  OpScope& operator=(const OpScope&) = delete;
+
+ private:
+  Group& g_;
+};
+
 class ShmBackend final : public Backend {
  public:
   explicit ShmBackend(std::unique_ptr<Group> group) : g_(std::move(group)) {}
 
   void allreduce(const Op& op, const void* inp, void* outp) override {
     const OpDesc& d = op.desc;
-    g_->beginOp(op.seq, encode(d), op.deadline);
+    OpScope scope(*g_, op);
     const size_t es = dataTypeSize(d.dtype);
     const int n = g_->size(), r = g_->rank();
     const auto fn = kernels::reduceFn(d.dtype, d.op);
@@ -87,7 +100,7 @@ class ShmBackend final : public Backend {
 
   void reduceScatter(const Op& op, const void* inp, void* outp) override {
     const OpDesc& d = op.desc;
-    g_->beginOp(op.seq, encode(d), op.deadline);
+    OpScope scope(*g_, op);
     const size_t es = dataTypeSize(d.dtype);
     const int n = g_->size(), r = g_->rank();
     const auto fn = kernels::reduceFn(d.dtype, d.op);
@@ -124,7 +137,7 @@ class ShmBackend final : public Backend {
 
   void allgather(const Op& op, const void* inp, void* outp) override {
     const OpDesc& d = op.desc;
-    g_->beginOp(op.seq, encode(d), op.deadline);
+    OpScope scope(*g_, op);
     const size_t es = dataTypeSize(d.dtype);
     const int n = g_->size(), r = g_->rank();
     const char* in = static_cast<const char*>(inp);
@@ -150,7 +163,7 @@ class ShmBackend final : public Backend {
 
   void broadcast(const Op& op, void* bufp) override {
     const OpDesc& d = op.desc;
-    g_->beginOp(op.seq, encode(d), op.deadline);
+    OpScope scope(*g_, op);
     const size_t es = dataTypeSize(d.dtype);
     const int r = g_->rank();
     char* buf = static_cast<char*>(bufp);
@@ -172,7 +185,7 @@ class ShmBackend final : public Backend {
   }
 
   void barrier(const Op& op) override {
-    g_->beginOp(op.seq, encode(op.desc), op.deadline);
+    OpScope scope(*g_, op);
     g_->sync();
   }
 

@@ -68,6 +68,7 @@ struct Control {
   std::atomic<uint32_t> waiters;
   alignas(64) OpRecord ops[2];  // by op number parity
   alignas(64) std::atomic<uint32_t> failed;
+  std::atomic<uint32_t> left;  // the owner destroyed its group (process may live on)
   uint32_t code;
   uint64_t failedOp;  // op number the owner was in when it failed
   char message[1024];
@@ -100,11 +101,16 @@ std::unique_ptr<Group> Group::connect(const GroupOptions& o, std::string* why) {
     for (int i = 0; i < o.size; ++i) g->commRanks_.push_back(i);
   }
   size_t slot = o.slotBytes ? o.slotBytes : params::getBytes("GFLOW_SHM_CHUNK");
-  g->slotBytes_ = roundUp(std::max<size_t>(slot, 4096), 64);
+  // Reduce-scatter puts one element of every block in a slot at least.
+  slot = std::max<size_t>({slot, 4096, static_cast<size_t>(o.size) * 64});
+  g->slotBytes_ = roundUp(slot, 64);
   const size_t ctlBytes = controlBytes(o.size);
   const size_t total = ctlBytes + 2 * g->slotBytes_;
-  const long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
-  g->oversubscribed_ = o.size > cores;
+  // Cores this process may run on (cpusets, taskset, Slurm), not the machine's.
+  cpu_set_t allowed;
+  long cores = ::sysconf(_SC_NPROCESSORS_ONLN);
+  if (::sched_getaffinity(0, sizeof(allowed), &allowed) == 0) cores = CPU_COUNT(&allowed);
+  g->oversubscribed_ = o.size > std::max(1L, cores);
 
   std::string mine;  // why this member cannot take part ("" if it can)
   uint64_t nonce = 0;
@@ -122,6 +128,8 @@ std::unique_ptr<Group> Group::connect(const GroupOptions& o, std::string* why) {
     for (int i = 0; i < o.size; ++i) new (&readCounters(c)[i]) std::atomic<uint64_t>(0);
   } catch (const Error& e) {
     mine = e.detail();
+  } catch (const std::exception& e) {  // e.g. std::random_device
+    mine = e.what();
   }
   const std::string key = o.prefix + "shm/seg/";
   std::ostringstream desc;
@@ -186,7 +194,15 @@ std::unique_ptr<Group> Group::connect(const GroupOptions& o, std::string* why) {
   return g;
 }
 
-Group::~Group() = default;
+Group::~Group() {
+  // Peers waiting on this member in a later op fail now (kPeerLost) instead
+  // of waiting for their deadline.
+  if (ctl_.empty() || ctl_[rank_] == nullptr) return;
+  Control* c = ctl_[rank_];
+  c->left.store(1, std::memory_order_release);
+  c->wakeSeq.fetch_add(1, std::memory_order_seq_cst);
+  futexWake(reinterpret_cast<uint32_t*>(&c->wakeSeq));
+}
 
 void Group::beginOp(uint64_t seq, const Envelope& env, Deadline deadline) {
   if (auto e = error()) throw *e;
@@ -199,6 +215,7 @@ void Group::beginOp(uint64_t seq, const Envelope& env, Deadline deadline) {
   std::memcpy(r.env, env.words, sizeof(r.env));
   r.number.store(ops_, std::memory_order_release);
   opChecked_ = false;
+  inOp_ = true;
 }
 
 void Group::publish(uint64_t tick) {
@@ -248,6 +265,10 @@ void Group::raise(const Error& e) {
 
 void Group::checkSlow(int member, uint64_t tick) {
   if (aborted_.load(std::memory_order_acquire)) throw *error();
+  // The member may have reached `tick` (and moved on or left) since the
+  // waiter last looked, e.g. while the waiter was preempted: that is
+  // success, whatever happened after it.
+  if (ctl_[member]->tick.load(std::memory_order_acquire) >= tick) return;
   for (int p = 0; p < size_; ++p) {
     if (p == rank_) continue;
     Control* c = ctl_[p];
@@ -264,13 +285,11 @@ void Group::checkSlow(int member, uint64_t tick) {
                   ErrorContext{"", seq_, commRanks_[rank_], commRanks_[p]}));
     }
   }
-  // The member may have reached `tick` and left since the waiter last looked
-  // (a preempted waiter): that is success, not a lost peer or a timeout.
-  if (ctl_[member]->tick.load(std::memory_order_acquire) >= tick) return;
-  if (watch_[member].exited()) {
+  if (watch_[member].exited() || ctl_[member]->left.load(std::memory_order_acquire)) {
     raise(Error(ErrorCode::kPeerLost,
                 "rank " + std::to_string(commRanks_[member]) +
-                    " (same host, shared memory) exited or was killed during the op",
+                    " (same host, shared memory) exited, was killed or destroyed its "
+                    "communicator during the op",
                 ErrorContext{"", seq_, commRanks_[rank_], commRanks_[member]}));
   }
   if (deadline_.expired()) {
@@ -297,7 +316,8 @@ void Group::waitFor(int member, uint64_t tick) {
     }
     if (oversubscribed_) sched_yield();
     if (aborted_.load(std::memory_order_relaxed) ||
-        c->failed.load(std::memory_order_relaxed) != 0) {
+        c->failed.load(std::memory_order_relaxed) != 0 ||
+        c->left.load(std::memory_order_relaxed) != 0) {
       checkSlow(member, tick);
       if (c->tick.load(std::memory_order_acquire) >= tick) return;
     }
@@ -333,7 +353,8 @@ void Group::notifyPeers(const Error& error) {
   std::memcpy(c->message, text.data(), n);
   c->message[n] = '\0';
   c->code = static_cast<uint32_t>(error.code());
-  c->failedOp = ops_;
+  // A failure between ops concerns the next op: the last one completed.
+  c->failedOp = inOp_ ? ops_ : ops_ + 1;
   c->failed.store(1, std::memory_order_release);
   c->wakeSeq.fetch_add(1, std::memory_order_seq_cst);
   futexWake(reinterpret_cast<uint32_t*>(&c->wakeSeq));

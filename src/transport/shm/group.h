@@ -73,6 +73,9 @@ class Group {
   void nextIteration() { ++iter_; }
   // Publishes this member's next sync point and waits for every member.
   void sync();
+  // Marks the end of the current op (failures reported after it concern the
+  // next one).
+  void endOp() { inOp_ = false; }
 
   void abort(const Error& error);
   void notifyPeers(const Error& error);
@@ -81,7 +84,7 @@ class Group {
   // call it; it feeds peerStats on both sides).
   void countRead(int member, uint64_t bytes);
   // bytesReceived: read from `member`'s slots; bytesSent: what `member` read
-  // from ours. Message counts are chunk iterations.
+  // from ours. Message counts stay 0 (there are no messages).
   PeerStats peerStats(int member) const;
 
  private:
@@ -113,6 +116,7 @@ class Group {
   uint64_t ops_ = 0;  // ops started on this group
   Envelope env_;
   bool opChecked_ = true;
+  bool inOp_ = false;
   Deadline deadline_ = Deadline::never();
 
   std::atomic<bool> aborted_{false};

@@ -41,10 +41,15 @@ Mapping& Mapping::operator=(Mapping&& o) noexcept {
 
 Mapping Mapping::create(size_t size) {
   Mapping m;
-  int fd = static_cast<int>(::syscall(SYS_memfd_create, "gflow-shm", MFD_CLOEXEC));
+  int fd =
+      static_cast<int>(::syscall(SYS_memfd_create, "gflow-shm", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   GFLOW_SYSCHECK(fd, "memfd_create");
   m.fd_ = fd;
   GFLOW_SYSCHECK(::ftruncate(fd, static_cast<off_t>(size)), "ftruncate of a shared segment");
+  // Sealed at its size: nobody holding the fd can shrink it under our
+  // mappings (SIGBUS), and openers can check they got a sealed memfd.
+  GFLOW_SYSCHECK(::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL),
+                 "sealing a shared segment");
   void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) {
     GFLOW_THROW(kInternal, ErrorContext{})
@@ -64,8 +69,10 @@ Mapping Mapping::open(pid_t pid, int fd, size_t size, std::string* why) {
     return m;
   }
   struct stat st {};
-  if (::fstat(f, &st) != 0 || static_cast<size_t>(st.st_size) < size) {
-    *why = path + " is not a segment of " + std::to_string(size) + " bytes";
+  const int seals = ::fcntl(f, F_GET_SEALS);
+  if (seals < 0 || (seals & F_SEAL_SHRINK) == 0 || ::fstat(f, &st) != 0 ||
+      static_cast<size_t>(st.st_size) < size) {
+    *why = path + " is not a sealed segment of " + std::to_string(size) + " bytes";
     ::close(f);
     return m;
   }
