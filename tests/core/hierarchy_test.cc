@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gflow/gflow.h"
@@ -294,6 +295,72 @@ TEST(HostGrouping, OneRankPerHostIsFlat) {
     checkAllreduce(c, 1000, DataType::kFloat32, ReduceOp::kSum, true);
     EXPECT_EQ(c.stats().networkOps, 1u);
   });
+}
+
+}  // namespace
+}  // namespace gflow
+
+namespace gflow {
+namespace {
+
+// Phases of a hierarchical op carry the op's fingerprint: ranks that call
+// different ops fail with mismatch even where the phases alone would agree.
+TEST(HierarchicalMismatch, AvgAgainstSumIsAMismatch) {
+  const auto optionsOf = testing::onHosts({0, 0, 1, 1});
+  std::vector<std::exception_ptr> errors(4);
+  auto world = testing::makeWorldWith(4, optionsOf);
+  testing::forEachRank(world, [&](Communicator& c) {
+    std::vector<float> v(1000, 1.0f);
+    try {
+      c.allreduce(tensor(v.data(), v.size()), c.rank() == 0 ? ReduceOp::kAvg : ReduceOp::kSum);
+    } catch (...) {
+      errors[c.rank()] = std::current_exception();
+    }
+  });
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_TRUE(errors[r]) << "rank " << r << " completed a mismatched allreduce";
+    try {
+      std::rethrow_exception(errors[r]);
+    } catch (const Error& e) {
+      EXPECT_TRUE(e.code() == ErrorCode::kMismatch || e.code() == ErrorCode::kPeerLost)
+          << "rank " << r << ": " << e.what();
+    }
+  }
+  for (int r : {0, 1}) {  // rank 0's host sees the disagreement first-hand
+    try {
+      std::rethrow_exception(errors[r]);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kMismatch) << "rank " << r << ": " << e.what();
+    }
+  }
+}
+
+// Settings that decide an op's path must agree, or ranks would wait in
+// different places until the timeout: creation fails on every rank instead.
+TEST(HostGrouping, DifferentAlgorithmSettingsFailCreationOnEveryRank) {
+  auto store = createHashStore();
+  std::vector<std::thread> threads;
+  std::vector<std::string> what(3);
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] {
+      Options o;
+      o.rank = r;
+      o.size = 3;
+      o.store = store;
+      o.algorithm = r == 1 ? "ring" : "";
+      try {
+        Communicator::create(o);
+      } catch (const Error& e) {
+        what[r] = std::string(toString(e.code())) + ": " + e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_NE(what[r].find("invalid_argument"), std::string::npos)
+        << "rank " << r << ": " << what[r];
+    EXPECT_NE(what[r].find("configured differently"), std::string::npos) << what[r];
+  }
 }
 
 }  // namespace
