@@ -102,6 +102,10 @@ void memcpyBench(benchmark::State& state) {
                           static_cast<int64_t>(2 * bytes));
 }
 BENCHMARK(memcpyBench)->Name("memcpy")->RangeMultiplier(4)->Range(4 << 10, 64 << 20);
+// The memory-bandwidth bound of the shared-memory backend (performance.md):
+// 256 MiB copies, out of every cache, on 1 and 2 threads at once
+// (bytes_per_second is per thread).
+BENCHMARK(memcpyBench)->Name("memcpy_dram")->Arg(256 << 20)->Threads(1)->Threads(2)->UseRealTime();
 
 // Registers reduce/<isa>/<dtype>/<op>/<bytes> for every ISA this CPU runs.
 int registerAll() {
