@@ -203,7 +203,8 @@ table() {
   echo "- sizes $MINB..$MAXB, iters $ITERS, warmup $WARMUP, $([[ $MODE == ip ]] && echo in-place || echo out-of-place); time = max over ranks of the mean per iteration"
   echo "- busbw = algbw x 2(n-1)/n (nccl-tests); a 'gflow / best ...' ratio > 1 means gflow is faster"
   echo "  ('TCP peer': Gloo and mpi tcp, which move data over sockets as gflow's tcp transport does)"
-  echo "- gflow and Gloo run under gflowrun (TCP on loopback); mpi tcp = --mca btl tcp,self on lo, mpi vader = shared memory"
+  if [ "${GFLOW_SHM:-1}" = 0 ]; then gpath="TCP on loopback (GFLOW_SHM=0)"; else gpath="shared memory (set GFLOW_SHM=0 for its TCP transport)"; fi
+  echo "- gflow runs under gflowrun over $gpath; Gloo under gflowrun, TCP on loopback; mpi tcp = --mca btl tcp,self on lo, mpi vader = shared memory"
   for np in $NPS; do
     echo
     echo "## $np ranks: bus bandwidth (GB/s)"
