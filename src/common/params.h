@@ -27,6 +27,9 @@ namespace gflow::params {
     "network transport.")                                                                      \
   X(shmChunk, "GFLOW_SHM_CHUNK", kBytes, "512K",                                               \
     "Pipelining chunk of shared-memory collectives; each rank's segment holds two.")           \
+  X(hierSegment, "GFLOW_HIER_SEGMENT", kBytes, "8M",                                           \
+    "Hierarchical allreduce pipelines segments of this size: the cross-host phase of one "     \
+    "overlaps the local phases of the next.")                                                  \
   X(pin, "GFLOW_PIN", kInt, "1",                                                               \
     "1: pin gflow's progress threads to the cores of the NUMA node nearest the rank's NIC; "   \
     "0: leave them unpinned.")                                                                 \

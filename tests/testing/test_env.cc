@@ -11,6 +11,8 @@ struct TestEnvironment {
     // Shared-memory slots of 4 KiB: collectives of a few KiB already take
     // several chunk iterations (both slots, wrap-around).
     setenv("GFLOW_SHM_CHUNK", "4K", 0);
+    // Hierarchical allreduces of more than 8 KiB run as pipelined segments.
+    setenv("GFLOW_HIER_SEGMENT", "4K", 0);
   }
 } testEnvironment;
 }  // namespace

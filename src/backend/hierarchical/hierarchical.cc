@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cstring>
+#include <future>
 #include <map>
 #include <string>
 
 #include "common/check.h"
+#include "common/params.h"
 #include "kernels/reduce.h"
 
 namespace gflow::backend {
@@ -65,7 +67,8 @@ class HierarchicalBackend final : public Backend {
         local_(std::move(local)),
         cross_(std::move(cross)),
         localRanks_(h.ranksOfHost(h.host())),
-        crossRanks_(h.ranksWithLocalRank(h.localRank())) {
+        crossRanks_(h.ranksWithLocalRank(h.localRank())),
+        segmentBytes_(std::max<uint64_t>(params::getBytes("GFLOW_HIER_SEGMENT"), 4096)) {
     for (int host = 0; host < h.numHosts; ++host) hostRanks_.push_back(h.ranksOfHost(host));
     for (size_t i = 0; i < localRanks_.size(); ++i) localIndex_[localRanks_[i]] = int(i);
     for (size_t i = 0; i < crossRanks_.size(); ++i) crossIndex_[crossRanks_[i]] = int(i);
@@ -93,16 +96,7 @@ class HierarchicalBackend final : public Backend {
     }
     const uint64_t block = d.count / L;
     const uint64_t tail = d.count - block * L;
-    if (block > 0 || tail == 0) {
-      char* mine = scratch(block * es);
-      runLocal(op, OpKind::kReduceScatter, rop, block, 0,
-               [&](const Op& o) { local_->reduceScatter(o, in, mine); });
-      runCross(op, OpKind::kAllreduce, rop, block, 0,
-               [&](const Op& o) { cross_->allreduce(o, mine, mine); });
-      if (d.op == ReduceOp::kAvg && block > 0) kernels::divide(mine, block, d.dtype, h_.size);
-      runLocal(op, OpKind::kAllgather, rop, block, 0,
-               [&](const Op& o) { local_->allgather(o, mine, out); });
-    }
+    if (block > 0 || tail == 0) allreduceBlocks(op, rop, in, out, block * L);
     if (tail > 0) {
       const size_t at = block * L * es;
       runLocal(op, OpKind::kAllreduce, rop, tail, 0,
@@ -110,6 +104,76 @@ class HierarchicalBackend final : public Backend {
       runCross(op, OpKind::kAllreduce, rop, tail, 0,
                [&](const Op& o) { cross_->allreduce(o, out + at, out + at); });
       if (d.op == ReduceOp::kAvg) kernels::divide(out + at, tail, d.dtype, h_.size);
+    }
+  }
+
+  // The first `count` elements (a multiple of the local size L) in segments
+  // of about GFLOW_HIER_SEGMENT bytes: local reduce-scatter, cross allreduce
+  // of this rank's block, local allgather. The cross phase of segment s runs
+  // on a helper thread while this thread runs the local phases of segments
+  // s-1 (allgather) and s+1 (reduce-scatter), so the network is busy while
+  // shared memory works. Every member runs the local phases in the same
+  // order (RS0 RS1 AG0 RS2 AG1 ...) and the cross phases in segment order.
+  void allreduceBlocks(const Op& op, ReduceOp rop, const char* in, char* out, uint64_t count) {
+    const OpDesc& d = op.desc;
+    const size_t es = dataTypeSize(d.dtype);
+    const uint64_t L = static_cast<uint64_t>(localRanks_.size());
+    uint64_t segElems = std::max<uint64_t>(segmentBytes_ / es / L, 1) * L;
+    if (count < 2 * segElems) segElems = std::max<uint64_t>(count, L);
+    const uint64_t blockMax = segElems / L;
+    char* blocks[2] = {scratch(2 * blockMax * es), nullptr};
+    blocks[1] = blocks[0] + blockMax * es;
+    struct Seg {
+      uint64_t off, block;
+    };
+    std::vector<Seg> segs;
+    for (uint64_t off = 0; off < count || segs.empty(); off += segElems) {
+      segs.push_back({off, std::min(segElems, count - off) / L});
+    }
+    auto localRs = [&](size_t s) {
+      runLocal(op, OpKind::kReduceScatter, rop, segs[s].block, 0, [&](const Op& o) {
+        local_->reduceScatter(o, in + segs[s].off * es, blocks[s & 1]);
+      });
+    };
+    auto cross = [&](size_t s) {
+      runCross(op, OpKind::kAllreduce, rop, segs[s].block, 0,
+               [&](const Op& o) { cross_->allreduce(o, blocks[s & 1], blocks[s & 1]); });
+    };
+    auto localAg = [&](size_t s) {
+      if (d.op == ReduceOp::kAvg && segs[s].block > 0) {
+        kernels::divide(blocks[s & 1], segs[s].block, d.dtype, h_.size);
+      }
+      runLocal(op, OpKind::kAllgather, rop, segs[s].block, 0,
+               [&](const Op& o) { local_->allgather(o, blocks[s & 1], out + segs[s].off * es); });
+    };
+    if (segs.size() == 1) {
+      localRs(0);
+      cross(0);
+      localAg(0);
+      return;
+    }
+    std::future<void> pending;
+    try {
+      localRs(0);
+      pending = std::async(std::launch::async, cross, 0);
+      for (size_t s = 1; s < segs.size(); ++s) {
+        localRs(s);  // overlaps cross(s-1)
+        pending.get();
+        pending = std::async(std::launch::async, cross, s);
+        localAg(s - 1);  // overlaps cross(s)
+      }
+      pending.get();
+      localAg(segs.size() - 1);
+    } catch (...) {
+      // The helper thread uses the blocks and the cross backend: stop it
+      // before they go away.
+      if (pending.valid()) {
+        cross_->abort(Error(ErrorCode::kAborted,
+                            "a local phase of this hierarchical allreduce failed",
+                            ErrorContext{"", op.seq, h_.rank, -1}));
+        pending.wait();
+      }
+      throw;
     }
   }
 
@@ -278,8 +342,9 @@ class HierarchicalBackend final : public Backend {
   std::vector<int> crossRanks_;
   std::map<int, int> localIndex_;
   std::map<int, int> crossIndex_;
+  uint64_t segmentBytes_;
   uint64_t localSeq_ = 0;
-  uint64_t crossSeq_ = 0;
+  uint64_t crossSeq_ = 0;  // touched by the helper thread while it runs
   std::vector<char> scratch_;
 };
 
