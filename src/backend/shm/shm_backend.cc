@@ -30,14 +30,29 @@ using transport::shm::Group;
 // whatever the group size: it is latency-bound.
 constexpr size_t kOneSyncBytes = 32 * 1024;
 
-// Brackets one op on the group (its record, and failures reported after it
-// ends concern the next op).
+// One op on the group: brackets its record (failures reported after it ends
+// concern the next op) and holds what every algorithm needs.
 class OpScope {
  public:
-  OpScope(Group& g, const Op& op) : g_(g) { g_.beginOp(op.seq, encode(op.desc), op.deadline); }
+  OpScope(Group& g, const Op& op)
+      : es(dataTypeSize(op.desc.dtype)), n(g.size()), r(g.rank()), g_(g) {
+    g_.beginOp(op.seq, encode(op.desc), op.deadline);
+  }
   ~OpScope() { g_.endOp(); }
   OpScope(const OpScope&) = delete;
   OpScope& operator=(const OpScope&) = delete;
+
+  // True, after the op's one sync (which still compares the op records),
+  // when there is nothing to move.
+  bool empty(uint64_t count) {
+    if (count > 0) return false;
+    g_.sync();
+    return true;
+  }
+
+  const size_t es;  // element size
+  const int n;      // members
+  const int r;      // this member
 
  private:
   Group& g_;
@@ -50,15 +65,12 @@ class ShmBackend final : public Backend {
   void allreduce(const Op& op, const void* inp, void* outp) override {
     const OpDesc& d = op.desc;
     OpScope scope(*g_, op);
-    const size_t es = dataTypeSize(d.dtype);
-    const int n = g_->size(), r = g_->rank();
+    const size_t es = scope.es;
+    const int n = scope.n, r = scope.r;
     const auto fn = kernels::reduceFn(d.dtype, d.op);
     const char* in = static_cast<const char*>(inp);
     char* out = static_cast<char*>(outp);
-    if (d.count == 0) {
-      g_->sync();
-      return;
-    }
+    if (scope.empty(d.count)) return;
     const size_t chunkElems = g_->slotBytes() / es;
     const bool oneSync = n == 2 || d.count * es <= kOneSyncBytes;
     for (size_t off = 0; off < d.count; off += chunkElems) {
@@ -101,15 +113,12 @@ class ShmBackend final : public Backend {
   void reduceScatter(const Op& op, const void* inp, void* outp) override {
     const OpDesc& d = op.desc;
     OpScope scope(*g_, op);
-    const size_t es = dataTypeSize(d.dtype);
-    const int n = g_->size(), r = g_->rank();
+    const size_t es = scope.es;
+    const int n = scope.n, r = scope.r;
     const auto fn = kernels::reduceFn(d.dtype, d.op);
     const char* in = static_cast<const char*>(inp);
     char* out = static_cast<char*>(outp);
-    if (d.count == 0) {
-      g_->sync();
-      return;
-    }
+    if (scope.empty(d.count)) return;
     // Each iteration carries `per` elements of every block.
     const size_t per = std::max<size_t>(1, g_->slotBytes() / es / n);
     for (size_t off = 0; off < d.count; off += per) {
@@ -138,14 +147,11 @@ class ShmBackend final : public Backend {
   void allgather(const Op& op, const void* inp, void* outp) override {
     const OpDesc& d = op.desc;
     OpScope scope(*g_, op);
-    const size_t es = dataTypeSize(d.dtype);
-    const int n = g_->size(), r = g_->rank();
+    const size_t es = scope.es;
+    const int n = scope.n, r = scope.r;
     const char* in = static_cast<const char*>(inp);
     char* out = static_cast<char*>(outp);
-    if (d.count == 0) {
-      g_->sync();
-      return;
-    }
+    if (scope.empty(d.count)) return;
     const size_t per = g_->slotBytes() / es;
     for (size_t off = 0; off < d.count; off += per) {
       const size_t bytes = std::min(per, d.count - off) * es;
@@ -164,13 +170,10 @@ class ShmBackend final : public Backend {
   void broadcast(const Op& op, void* bufp) override {
     const OpDesc& d = op.desc;
     OpScope scope(*g_, op);
-    const size_t es = dataTypeSize(d.dtype);
-    const int r = g_->rank();
+    const size_t es = scope.es;
+    const int r = scope.r;
     char* buf = static_cast<char*>(bufp);
-    if (d.count == 0) {
-      g_->sync();
-      return;
-    }
+    if (scope.empty(d.count)) return;
     const size_t per = g_->slotBytes() / es;
     for (size_t off = 0; off < d.count; off += per) {
       const size_t bytes = std::min(per, d.count - off) * es;
@@ -186,7 +189,7 @@ class ShmBackend final : public Backend {
 
   void barrier(const Op& op) override {
     OpScope scope(*g_, op);
-    g_->sync();
+    scope.empty(0);
   }
 
   void abort(const Error& error) override { g_->abort(error); }
