@@ -190,7 +190,7 @@ class HierarchicalBackend final : public Backend {
     char* grouped = scratch(2 * H * L * blockBytes);
     char* mine = grouped + H * L * blockBytes;
     const char* in = static_cast<const char*>(inp);
-    for (uint64_t l = 0; l < L; ++l) {
+    for (uint64_t l = 0; l < L && blockBytes > 0; ++l) {
       for (uint64_t host = 0; host < H; ++host) {
         const int r = hostRanks_[host][l];
         std::memcpy(grouped + (l * H + host) * blockBytes, in + r * blockBytes, blockBytes);
@@ -215,7 +215,7 @@ class HierarchicalBackend final : public Backend {
     runLocal(op, OpKind::kAllgather, d.op, H * d.count, 0,
              [&](const Op& o) { local_->allgather(o, byHost, grouped); });
     char* out = static_cast<char*>(outp);
-    for (uint64_t l = 0; l < L; ++l) {
+    for (uint64_t l = 0; l < L && blockBytes > 0; ++l) {
       for (uint64_t host = 0; host < H; ++host) {
         const int r = hostRanks_[host][l];
         std::memmove(out + r * blockBytes, grouped + (l * H + host) * blockBytes, blockBytes);
