@@ -61,6 +61,14 @@ struct Op {
   Deadline deadline = Deadline::never();
 };
 
+// Adds `p` to `into` (composed backends sum their parts' traffic).
+inline void accumulate(PeerStats& into, const PeerStats& p) {
+  into.bytesSent += p.bytesSent;
+  into.bytesReceived += p.bytesReceived;
+  into.messagesSent += p.messagesSent;
+  into.messagesReceived += p.messagesReceived;
+}
+
 class Backend {
  public:
   virtual ~Backend() = default;

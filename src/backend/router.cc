@@ -33,13 +33,7 @@ class Router final : public Backend {
   }
   PeerStats peerStats(int peer) const override {
     PeerStats s;
-    for (Backend* b : all()) {
-      PeerStats p = b->peerStats(peer);
-      s.bytesSent += p.bytesSent;
-      s.bytesReceived += p.bytesReceived;
-      s.messagesSent += p.messagesSent;
-      s.messagesReceived += p.messagesReceived;
-    }
+    for (Backend* b : all()) accumulate(s, b->peerStats(peer));
     return s;
   }
 

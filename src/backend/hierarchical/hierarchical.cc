@@ -261,16 +261,10 @@ class HierarchicalBackend final : public Backend {
   }
   PeerStats peerStats(int peer) const override {
     PeerStats s;
-    auto add = [&s](const PeerStats& p) {
-      s.bytesSent += p.bytesSent;
-      s.bytesReceived += p.bytesReceived;
-      s.messagesSent += p.messagesSent;
-      s.messagesReceived += p.messagesReceived;
-    };
     auto l = localIndex_.find(peer);
-    if (l != localIndex_.end()) add(local_->peerStats(l->second));
+    if (l != localIndex_.end()) accumulate(s, local_->peerStats(l->second));
     auto c = crossIndex_.find(peer);
-    if (c != crossIndex_.end()) add(cross_->peerStats(c->second));
+    if (c != crossIndex_.end()) accumulate(s, cross_->peerStats(c->second));
     return s;
   }
 

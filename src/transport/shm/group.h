@@ -62,7 +62,6 @@ class Group {
   int rank() const { return rank_; }
   int size() const { return size_; }
   size_t slotBytes() const { return slotBytes_; }
-  int commRank(int member) const { return commRanks_[member]; }
 
   // Starts an op (`seq` names it in errors) with `env`; the deadline bounds
   // its waits. Every member must start the same ops in the same order.
