@@ -26,6 +26,9 @@
 namespace gflow {
 
 class WorkState;
+namespace internal {
+struct CommunicatorAccess;  // src/core/internal.h: library-internal entry points
+}
 
 // Handle to an asynchronous collective. Copyable; all copies share the state.
 class GFLOW_EXPORT Work {
@@ -131,6 +134,7 @@ class GFLOW_EXPORT Communicator {
   explicit Communicator(std::unique_ptr<Impl> impl);
 
  private:
+  friend struct internal::CommunicatorAccess;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -55,6 +55,15 @@ namespace gflow::params {
     "Ring pieces in flight per step (bounds staging memory to window x piece).")               \
   X(rdMaxBytes, "GFLOW_RD_MAX_BYTES", kBytes, "auto",                                          \
     "Allreduce of at most this many bytes uses recursive doubling, above it ring.")            \
+  X(fusionThreshold, "GFLOW_FUSION_THRESHOLD", kBytes, "4M",                                 \
+    "Chunk fusion bucket size of GradientReducer and allreduceCoalesced; tensors of at least " \
+    "this size are reduced in place.")                                                         \
+  X(cycleTimeMs, "GFLOW_CYCLE_TIME_MS", kInt, "0",                                             \
+    "GradientReducer: 0 = fixed buckets; > 0 = negotiated rounds, at most this many ms "       \
+    "apart while gradients wait.")                                                             \
+  X(timeline, "GFLOW_TIMELINE", kString, "",                                                   \
+    "Chrome trace file of GradientReducer steps; %r in the name becomes the rank (without "    \
+    "it only rank 0 writes).")                                                                 \
   X(rank, "GFLOW_RANK", kInt, "", "This process's rank.")                                      \
   X(worldSize, "GFLOW_WORLD_SIZE", kInt, "", "Number of ranks.")                               \
   X(localRank, "GFLOW_LOCAL_RANK", kInt, "", "Rank among the ranks of this host.")             \

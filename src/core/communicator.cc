@@ -9,6 +9,7 @@
 #include "common/logging.h"
 #include "common/params.h"
 #include "core/communicator_impl.h"
+#include "core/internal.h"
 #include "gflow/communicator.h"
 #include "topology/data_interface.h"
 
@@ -399,8 +400,11 @@ void checkBlocks(Communicator::Impl& I, const char* name, const Tensor& small,
   }
 }
 
+// `before`/`after` (optional) run on the executing thread around the
+// collective: the fused ops of the gradient layer pack and unpack there.
 std::shared_ptr<WorkState> doAllreduce(Communicator::Impl& I, Tensor in, Tensor out, ReduceOp op,
-                                       bool blocking) {
+                                       bool blocking, std::function<void()> before = {},
+                                       std::function<void()> after = {}) {
   const char* name = "allreduce";
   I.checkUsable(name);
   I.validateTensor(name, "in", in);
@@ -416,9 +420,13 @@ std::shared_ptr<WorkState> doAllreduce(Communicator::Impl& I, Tensor in, Tensor 
   }
   OpDesc d{OpKind::kAllreduce, in.dtype, op, Algorithm::kAuto, 0, in.count};
   Communicator::Impl* self = &I;
-  return I.submit(d, blocking, [self, in, out](const backend::Op& o) {
-    self->backend->allreduce(o, in.data, out.data);
-  });
+  return I.submit(
+      d, blocking,
+      [self, in, out, before = std::move(before), after = std::move(after)](const backend::Op& o) {
+        if (before) before();
+        self->backend->allreduce(o, in.data, out.data);
+        if (after) after();
+      });
 }
 
 std::shared_ptr<WorkState> doReduceScatter(Communicator::Impl& I, Tensor in, Tensor out,
@@ -513,6 +521,17 @@ Work Communicator::broadcastAsync(Tensor inout, int root) {
 }
 Work Communicator::barrierAsync() {
   return Work(doBarrier(*impl_, false));
+}
+
+std::shared_ptr<WorkState> internal::CommunicatorAccess::fusedAllreduce(
+    Communicator& comm, Tensor buffer, ReduceOp op, std::function<void()> before,
+    std::function<void()> after) {
+  return doAllreduce(*comm.impl_, buffer, buffer, op, false, std::move(before), std::move(after));
+}
+
+void internal::CommunicatorAccess::failInvalid(Communicator& comm, const char* op,
+                                               const std::string& what) {
+  comm.impl_->invalid(op, what);
 }
 
 std::shared_ptr<Communicator> Communicator::split(int color, int key) {

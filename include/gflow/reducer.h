@@ -1,0 +1,117 @@
+// Lazy allreduce with chunk fusion: the per-step gradient API of a custom
+// training loop (GradientFlow's "lazy allreduce").
+//
+//   std::vector<gflow::Tensor> grads = ...;        // in the order backward makes them
+//   gflow::GradientReducer reducer(comm, grads);   // collective, once
+//   for (each step) {
+//     for (i in backward order) { compute grad i; reducer.ready(i); }
+//     reducer.wait();                              // grads now averaged in place
+//   }
+//
+// The gradients are cut, in registration order, into buckets of about
+// fusionThreshold bytes (one dtype per bucket; a tensor of at least the
+// threshold is a bucket of its own and is reduced in place without a copy).
+// A bucket fires as soon as all its tensors are ready and every earlier
+// bucket has fired, so buckets fire in the same order on every rank even when
+// ranks produce gradients in different orders (a rank that is ahead only
+// waits). Firing packs the bucket's tensors into a persistent fusion buffer,
+// allreduces it and unpacks it, all on the communicator's progress thread:
+// ready() never blocks the training thread.
+//
+// With a cycle time (GFLOW_CYCLE_TIME_MS > 0) the ranks instead agree, in
+// rounds, on which tensors are ready everywhere (a small allreduce of a ready
+// bitmap) and fuse exactly those: a round starts when the bytes ready but not
+// yet sent reach the threshold, when every tensor is ready, or when the cycle
+// time has passed since the last round with something waiting. Worth it when
+// ranks produce gradients in very different orders; costs one small
+// allreduce per round.
+//
+// Errors (gflow::Error naming the tensor, the ranks and the op):
+// - ready() of an index out of range, or twice in one step: kInvalidArgument,
+//   raised by ready() with nothing changed;
+// - wait() while a tensor was never marked ready: kInvalidArgument on this
+//   rank, and the communicator fails so the peers waiting for that bucket get
+//   the same error instead of hanging;
+// - registrations that differ across ranks (count, dtype, order, op or
+//   threshold): kMismatch from the constructor on every rank, naming the
+//   first tensor that differs.
+//
+// The reducer issues ordinary collectives on `comm`; other ops issued on the
+// same communicator during a step must be issued in the same order relative
+// to ready() calls on every rank (ops are matched by issue order).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gflow/communicator.h"
+#include "gflow/export.h"
+#include "gflow/types.h"
+
+namespace gflow {
+
+struct ReducerOptions {
+  ReduceOp op = ReduceOp::kAvg;
+  // Bucket size in bytes; 0 takes GFLOW_FUSION_THRESHOLD.
+  uint64_t fusionThreshold = 0;
+  // Negotiated rounds (see above); negative takes GFLOW_CYCLE_TIME_MS, 0 is
+  // off (fixed buckets).
+  std::chrono::milliseconds cycleTime{-1};
+  // Chrome trace file ("" takes GFLOW_TIMELINE; "%r" in the name becomes the
+  // rank, without it only rank 0 writes).
+  std::string timeline;
+  // Names for errors and the timeline, one per tensor (optional).
+  std::vector<std::string> names;
+};
+
+struct ReducerStats {
+  uint64_t steps = 0;        // completed wait()s
+  uint64_t fusedOps = 0;     // allreduces issued (buckets or rounds' pieces)
+  uint64_t packedBytes = 0;  // bytes copied into fusion buffers (and back out)
+  uint64_t directBytes = 0;  // bytes reduced in place without a copy
+  uint64_t controlOps = 0;   // negotiation allreduces (cycle-time mode)
+};
+
+class GFLOW_EXPORT GradientReducer {
+ public:
+  // Collective over `comm`: every rank registers the same tensors (count and
+  // dtype, in the same order). The tensors stay owned by the caller and must
+  // outlive the reducer; their data pointers are read at every step.
+  GradientReducer(std::shared_ptr<Communicator> comm, std::vector<Tensor> gradients,
+                  ReducerOptions options = ReducerOptions{});
+  ~GradientReducer();
+  GradientReducer(const GradientReducer&) = delete;
+  GradientReducer& operator=(const GradientReducer&) = delete;
+
+  // Gradient `index` holds this step's value. Never blocks on communication.
+  void ready(size_t index);
+  // Waits until every gradient of this step is reduced in place; rethrows the
+  // first error. A timeout of 0 waits until the op deadline (GFLOW_TIMEOUT).
+  // The next ready() starts the next step.
+  void wait(std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
+
+  size_t numTensors() const;
+  // Fixed buckets: the tensor indices of each bucket, in firing order.
+  std::vector<std::vector<size_t>> buckets() const;
+  uint64_t fusionThreshold() const;
+  ReducerStats stats() const;
+
+  class Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// One-shot coalesced allreduce for frameworks that bucket themselves: the
+// tensors are packed into fusion buffers of up to `fusionThreshold` bytes
+// (0: GFLOW_FUSION_THRESHOLD; one dtype per buffer; tensors of at least the
+// threshold go in place), reduced and unpacked in place. Every rank passes
+// the same list. The returned Work completes when all of them are done; the
+// tensors must stay alive until then.
+GFLOW_EXPORT Work allreduceCoalesced(Communicator& comm, const std::vector<Tensor>& tensors,
+                                     ReduceOp op = ReduceOp::kSum, uint64_t fusionThreshold = 0);
+
+}  // namespace gflow

@@ -1,0 +1,27 @@
+// Library-internal entry points into a Communicator for the layers above
+// core (src/gradient): composite ops that run extra work on the progress
+// thread around a collective, and failing a communicator from outside an op.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "gflow/communicator.h"
+
+namespace gflow::internal {
+
+struct CommunicatorAccess {
+  // Allreduce of `buffer` in place as one op in the communicator's order:
+  // on the progress thread, `before` runs just before the collective and
+  // `after` just after it succeeded (either may be empty). An exception from
+  // them fails the op like a transport error.
+  static std::shared_ptr<WorkState> fusedAllreduce(Communicator& comm, Tensor buffer, ReduceOp op,
+                                                   std::function<void()> before,
+                                                   std::function<void()> after);
+  // Fails `comm` with kInvalidArgument for `op` (the peers get the same
+  // error instead of waiting for this rank) and throws it.
+  [[noreturn]] static void failInvalid(Communicator& comm, const char* op, const std::string& what);
+};
+
+}  // namespace gflow::internal

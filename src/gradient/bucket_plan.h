@@ -1,0 +1,34 @@
+// Bucket planning for chunk fusion: cuts a list of tensors, in order, into
+// buckets of about `threshold` bytes, one dtype per bucket. A tensor of at
+// least `threshold` bytes is a bucket of its own, reduced in place ("direct",
+// no copy). Deterministic: the same list gives the same plan on every rank.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "gflow/types.h"
+
+namespace gflow::gradient {
+
+struct Bucket {
+  DataType dtype = DataType::kFloat32;
+  std::vector<size_t> tensors;    // indices into the planned list, ascending
+  std::vector<uint64_t> offsets;  // byte offset of each tensor in the fusion buffer
+  uint64_t bytes = 0;             // sum of the tensors' bytes
+  bool direct = false;            // one tensor, reduced in place
+};
+
+struct BucketPlan {
+  std::vector<Bucket> buckets;   // in firing order
+  std::vector<size_t> bucketOf;  // per tensor: its bucket
+};
+
+// Plans `tensors` (a subset may be given by `indices`; empty = all, in
+// order). Buckets of one dtype close when they reach `threshold` bytes;
+// buckets are ordered by when they close, the partly filled ones at the end
+// by their first tensor. threshold must be > 0.
+BucketPlan planBuckets(const std::vector<Tensor>& tensors, uint64_t threshold,
+                       const std::vector<size_t>& indices = {});
+
+}  // namespace gflow::gradient

@@ -1,0 +1,501 @@
+// GradientReducer: lazy allreduce with chunk fusion (include/gflow/reducer.h).
+//
+// Gradients that are fused live, between pack and unpack, in one persistent
+// pool per dtype laid out in registration order; a bucket (fixed or
+// negotiated) packs its tensors contiguously from its first tensor's pool
+// offset. Fixed buckets are consecutive runs of one dtype, so their regions
+// are disjoint; the buckets of one negotiated round are ascending runs of
+// the agreed tensors, so theirs are too, and rounds never overlap in time
+// (a round's unpacks run on the progress thread before the next round's
+// packs).
+#include "gflow/reducer.h"
+
+#include <array>
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include "common/check.h"
+#include "common/params.h"
+#include "core/engine.h"
+#include "core/internal.h"
+#include "gradient/bucket_plan.h"
+#include "gradient/fusion.h"
+#include "gradient/registration.h"
+#include "gradient/timeline.h"
+
+namespace gflow {
+
+using gradient::Bucket;
+using gradient::BucketPlan;
+using gradient::Timeline;
+using internal::CommunicatorAccess;
+
+namespace {
+
+// Bad input on one rank fails the communicator, so the peers (already in,
+// or about to enter, the op's collectives) get the error instead of waiting.
+uint64_t thresholdOr(Communicator& comm, const char* op, uint64_t given) {
+  const uint64_t t = given > 0 ? given : params::getBytes("GFLOW_FUSION_THRESHOLD");
+  if (t == 0) CommunicatorAccess::failInvalid(comm, op, "GFLOW_FUSION_THRESHOLD must be > 0");
+  return t;
+}
+
+void validateTensors(Communicator& comm, const char* op, const std::vector<Tensor>& tensors,
+                     const std::vector<std::string>& names) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const Tensor& x = tensors[i];
+    const char* why = static_cast<int>(x.dtype) >= kNumDataTypes ? "has an invalid dtype"
+                      : x.device.type != DeviceType::kCPU        ? "is not a cpu tensor"
+                      : x.count > 0 && !x.data                   ? "has null data"
+                                                                 : nullptr;
+    if (why) {
+      CommunicatorAccess::failInvalid(comm, op,
+                                      gradient::describeTensor(i, tensors, names) + " " + why);
+    }
+  }
+}
+
+// Fires the buckets of one plan: pack, allreduce, unpack on the progress
+// thread, with timeline spans. Shared by the reducer and allreduceCoalesced.
+class Fuser {
+ public:
+  Fuser(Communicator& comm, const std::vector<Tensor>& tensors,
+        const std::vector<std::string>& names, ReduceOp op, Timeline* timeline)
+      : comm_(comm), tensors_(tensors), names_(names), op_(op), timeline_(timeline) {}
+
+  // `region`: where the bucket is packed (ignored for a direct bucket).
+  // `owner` is kept alive until the op has run (the tensors and regions the
+  // op touches belong to it).
+  std::shared_ptr<WorkState> fire(const Bucket& b, char* region, uint64_t step, ReducerStats* stats,
+                                  std::shared_ptr<const void> owner) {
+    auto bucket = std::make_shared<const Bucket>(b);
+    const size_t elem = dataTypeSize(b.dtype);
+    const Tensor buffer =
+        b.direct ? tensors_[b.tensors[0]] : Tensor(region, b.bytes / elem, b.dtype);
+    if (stats) {
+      ++stats->fusedOps;
+      (b.direct ? stats->directBytes : stats->packedBytes) += b.bytes;
+    }
+    const std::vector<Tensor>* tensors = &tensors_;
+    Timeline* tl = timeline_;
+    std::string label, args;
+    if (tl) {
+      label = b.direct ? (names_.size() > b.tensors[0] ? names_[b.tensors[0]]
+                                                       : "tensor " + std::to_string(b.tensors[0]))
+                       : "bucket of " + std::to_string(b.tensors.size());
+      args = "\"step\": " + std::to_string(step) + ", \"bytes\": " + std::to_string(b.bytes) +
+             ", \"tensors\": " + std::to_string(b.tensors.size()) +
+             ", \"first\": " + std::to_string(b.tensors[0]);
+    }
+    // Phase boundaries for the timeline: queued, packed.
+    auto times = std::make_shared<std::array<int64_t, 2>>();
+    if (tl) (*times)[0] = Timeline::nowUs();
+    auto before = [=] {
+      (void)owner;
+      const int64_t start = tl ? Timeline::nowUs() : 0;
+      if (tl) tl->span("queued: " + label, "queue", Timeline::kQueue, (*times)[0], start, args);
+      if (!bucket->direct) {
+        gradient::pack(*bucket, *tensors, region);
+        if (tl) tl->span("pack: " + label, "pack", Timeline::kComm, start, Timeline::nowUs(), args);
+      }
+      if (tl) (*times)[1] = Timeline::nowUs();
+    };
+    auto after = [=] {
+      (void)owner;
+      const int64_t reduced = tl ? Timeline::nowUs() : 0;
+      if (tl)
+        tl->span("allreduce: " + label, "allreduce", Timeline::kComm, (*times)[1], reduced, args);
+      if (!bucket->direct) {
+        gradient::unpack(*bucket, region, *tensors);
+        if (tl)
+          tl->span("unpack: " + label, "unpack", Timeline::kComm, reduced, Timeline::nowUs(), args);
+      }
+    };
+    return CommunicatorAccess::fusedAllreduce(comm_, buffer, op_, before, after);
+  }
+
+ private:
+  Communicator& comm_;
+  const std::vector<Tensor>& tensors_;
+  const std::vector<std::string>& names_;
+  ReduceOp op_;
+  Timeline* timeline_;
+};
+
+}  // namespace
+
+class GradientReducer::Impl {
+ public:
+  Impl(std::shared_ptr<Communicator> comm, std::vector<Tensor> tensors, ReducerOptions options);
+  ~Impl();
+  void ready(size_t index);
+  void wait(std::chrono::milliseconds timeout);
+
+  std::shared_ptr<Communicator> comm;
+  std::vector<Tensor> tensors;
+  std::vector<std::string> names;
+  ReduceOp op;
+  uint64_t threshold = 0;
+  std::chrono::milliseconds cycle{0};
+  BucketPlan plan;  // fixed buckets
+  mutable std::mutex mutex;
+  ReducerStats stats;
+
+ private:
+  ErrorContext context(const char* opName) const {
+    return ErrorContext{opName, 0, comm->rank(), -1};
+  }
+  std::string stepText() const { return "step " + std::to_string(step_); }
+  char* regionOf(const Bucket& b) {
+    return b.direct ? nullptr : pool_[static_cast<int>(b.dtype)].data() + poolOffset_[b.tensors[0]];
+  }
+  void fireLocked(const Bucket& b) {
+    works_.push_back(fuser_->fire(b, regionOf(b), step_, &stats, nullptr));
+  }
+  // Waits for every op fired (ignoring their errors) and starts a new step.
+  void abandonStepLocked();
+  void resetStepLocked();
+  [[noreturn]] void missingTensors(std::unique_lock<std::mutex>& lock);
+  // Cycle-time mode: the round thread's loop and one round.
+  void roundLoop();
+  void roundLocked(std::unique_lock<std::mutex>& lock);
+
+  std::unique_ptr<Timeline> timeline_;
+  std::unique_ptr<Fuser> fuser_;
+  std::vector<std::vector<char>> pool_;  // per dtype
+  std::vector<uint64_t> poolOffset_;     // per tensor (fused ones)
+
+  std::condition_variable cv_;
+  uint64_t step_ = 0;
+  std::vector<uint8_t> ready_;  // this step
+  size_t readyCount_ = 0;
+  std::vector<size_t> missing_;  // per fixed bucket: tensors not ready yet
+  size_t nextBucket_ = 0;        // fixed buckets fired so far
+  std::vector<std::shared_ptr<WorkState>> works_;
+  // Cycle-time mode.
+  std::vector<uint8_t> sent_;
+  uint64_t readyUnsentBytes_ = 0;
+  size_t sentCount_ = 0;
+  bool waiting_ = false;  // wait() was called this step
+  bool roundsDone_ = false;
+  std::shared_ptr<const Error> stepError_;
+  bool stop_ = false;
+  std::thread roundThread_;
+};
+
+GradientReducer::Impl::Impl(std::shared_ptr<Communicator> c, std::vector<Tensor> t,
+                            ReducerOptions options)
+    : comm(std::move(c)), tensors(std::move(t)), names(std::move(options.names)), op(options.op) {
+  const char* kCreate = "reducer.create";
+  if (!comm) {
+    GFLOW_THROW(kInvalidArgument, ErrorContext{kCreate}) << "GradientReducer needs a communicator";
+  }
+  threshold = thresholdOr(*comm, kCreate, options.fusionThreshold);
+  cycle = options.cycleTime.count() >= 0
+              ? options.cycleTime
+              : std::chrono::milliseconds(params::getInt("GFLOW_CYCLE_TIME_MS"));
+  if (cycle.count() < 0) {
+    CommunicatorAccess::failInvalid(*comm, kCreate, "GFLOW_CYCLE_TIME_MS must be >= 0");
+  }
+  if (!names.empty() && names.size() != tensors.size()) {
+    CommunicatorAccess::failInvalid(
+        *comm, kCreate,
+        std::to_string(names.size()) + " names for " + std::to_string(tensors.size()) + " tensors");
+  }
+  validateTensors(*comm, kCreate, tensors, names);
+  gradient::checkRegistration(*comm, tensors, names,
+                              {op, threshold, static_cast<int64_t>(cycle.count())});
+  plan = gradient::planBuckets(tensors, threshold);
+  poolOffset_.assign(tensors.size(), 0);
+  std::vector<uint64_t> poolBytes(kNumDataTypes, 0);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (tensors[i].nbytes() >= threshold) continue;  // direct
+    uint64_t& used = poolBytes[static_cast<int>(tensors[i].dtype)];
+    poolOffset_[i] = used;
+    used += tensors[i].nbytes();
+  }
+  for (uint64_t bytes : poolBytes) pool_.emplace_back(bytes);
+  const std::string spec =
+      options.timeline.empty() ? params::getString("GFLOW_TIMELINE") : options.timeline;
+  timeline_ = Timeline::open(spec, comm->rank());
+  fuser_ = std::make_unique<Fuser>(*comm, tensors, names, op, timeline_.get());
+  ready_.assign(tensors.size(), 0);
+  sent_.assign(tensors.size(), 0);
+  resetStepLocked();
+  if (cycle.count() > 0) roundThread_ = std::thread([this] { roundLoop(); });
+}
+
+GradientReducer::Impl::~Impl() {
+  std::unique_lock<std::mutex> lock(mutex);
+  stop_ = true;
+  cv_.notify_all();
+  lock.unlock();
+  if (roundThread_.joinable()) roundThread_.join();
+  lock.lock();
+  // Ops in flight read the tensors and the pool: let them finish.
+  abandonStepLocked();
+}
+
+void GradientReducer::Impl::resetStepLocked() {
+  std::fill(ready_.begin(), ready_.end(), 0);
+  std::fill(sent_.begin(), sent_.end(), 0);
+  readyCount_ = 0;
+  missing_.assign(plan.buckets.size(), 0);
+  for (size_t b = 0; b < plan.buckets.size(); ++b) missing_[b] = plan.buckets[b].tensors.size();
+  nextBucket_ = 0;
+  works_.clear();
+  readyUnsentBytes_ = 0;
+  sentCount_ = 0;
+  waiting_ = false;
+  roundsDone_ = tensors.empty();
+  stepError_.reset();
+}
+
+void GradientReducer::Impl::abandonStepLocked() {
+  for (auto& w : works_) {
+    try {
+      w->wait(std::chrono::milliseconds(0));
+    } catch (const Error&) {
+    }
+  }
+  resetStepLocked();
+}
+
+void GradientReducer::Impl::ready(size_t index) {
+  std::lock_guard<std::mutex> lock(mutex);
+  if (index >= tensors.size()) {
+    GFLOW_THROW(kInvalidArgument, context("reducer.ready"))
+        << "ready(" << index << "): the reducer has " << tensors.size() << " tensors";
+  }
+  if (ready_[index]) {
+    GFLOW_THROW(kInvalidArgument, context("reducer.ready"))
+        << "ready() called twice in " << stepText() << " for "
+        << gradient::describeTensor(index, tensors, names);
+  }
+  ready_[index] = 1;
+  ++readyCount_;
+  if (timeline_) {
+    timeline_->instant(
+        "ready: " + (index < names.size() ? names[index] : "tensor " + std::to_string(index)),
+        "ready", Timeline::kCompute,
+        "\"step\": " + std::to_string(step_) + ", \"tensor\": " + std::to_string(index));
+  }
+  if (cycle.count() > 0) {
+    readyUnsentBytes_ += tensors[index].nbytes();
+    cv_.notify_all();
+    return;
+  }
+  --missing_[plan.bucketOf[index]];
+  // Buckets fire in plan order on every rank: a complete bucket waits for
+  // the ones before it.
+  while (nextBucket_ < plan.buckets.size() && missing_[nextBucket_] == 0) {
+    fireLocked(plan.buckets[nextBucket_++]);
+  }
+}
+
+// Fixed buckets: the peers are (or will be) waiting in the allreduce of a
+// bucket this rank can never fire; failing the communicator gives them this
+// error instead.
+void GradientReducer::Impl::missingTensors(std::unique_lock<std::mutex>& lock) {
+  std::string list;
+  size_t count = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (ready_[i]) continue;
+    if (++count <= 3) list += (count > 1 ? ", " : "") + gradient::describeTensor(i, tensors, names);
+  }
+  if (count > 3) list += ", ...";
+  const std::string what = "wait() in " + stepText() + " on rank " + std::to_string(comm->rank()) +
+                           " while " + std::to_string(count) +
+                           " tensor(s) were never marked ready: " + list;
+  lock.unlock();
+  try {
+    CommunicatorAccess::failInvalid(*comm, "reducer.wait", what);
+  } catch (const Error&) {
+    lock.lock();
+    abandonStepLocked();
+    throw;
+  }
+}
+
+void GradientReducer::Impl::wait(std::chrono::milliseconds timeout) {
+  const int64_t begin = Timeline::nowUs();
+  std::unique_lock<std::mutex> lock(mutex);
+  if (cycle.count() == 0 && readyCount_ < tensors.size()) missingTensors(lock);
+  if (cycle.count() > 0) {
+    waiting_ = true;
+    cv_.notify_all();
+    auto done = [&] { return roundsDone_ || stepError_ || stop_; };
+    if (timeout.count() <= 0) {
+      cv_.wait(lock, done);
+    } else if (!cv_.wait_for(lock, timeout, done)) {
+      GFLOW_THROW(kTimeout, context("wait"))
+          << "GradientReducer::wait gave up after " << timeout.count() << " ms in " << stepText()
+          << "; the step is still running";
+    }
+    if (stepError_) {
+      auto e = stepError_;
+      abandonStepLocked();  // the rounds already fired still complete
+      throw *e;
+    }
+  }
+  std::vector<std::shared_ptr<WorkState>> works = works_;
+  lock.unlock();
+  try {
+    for (auto& w : works) w->wait(timeout);
+  } catch (const Error& e) {
+    if (e.code() == ErrorCode::kTimeout && e.op() == "wait") throw;  // the step goes on
+    lock.lock();
+    abandonStepLocked();
+    throw;
+  }
+  lock.lock();
+  if (timeline_) {
+    timeline_->span("wait", "wait", Timeline::kCompute, begin, Timeline::nowUs(),
+                    "\"step\": " + std::to_string(step_));
+    timeline_->flush();
+  }
+  ++stats.steps;
+  ++step_;
+  resetStepLocked();
+}
+
+// ---- Cycle-time mode: negotiated rounds ------------------------------------
+
+void GradientReducer::Impl::roundLoop() {
+  std::unique_lock<std::mutex> lock(mutex);
+  auto lastRound = std::chrono::steady_clock::now();
+  while (!stop_) {
+    const bool active = !roundsDone_ && !stepError_ && (readyCount_ > 0 || waiting_);
+    const bool pending = active && readyUnsentBytes_ > 0;
+    const bool due = pending && std::chrono::steady_clock::now() >= lastRound + cycle;
+    if (active &&
+        (due || waiting_ || readyUnsentBytes_ >= threshold || readyCount_ == tensors.size())) {
+      roundLocked(lock);
+      lastRound = std::chrono::steady_clock::now();
+      cv_.notify_all();
+    } else if (pending) {
+      cv_.wait_until(lock, lastRound + cycle);
+    } else {
+      cv_.wait(lock);
+    }
+  }
+}
+
+// One round: agree on the tensors ready everywhere and fire them. Every rank
+// gets the same answer, so every rank fires the same buckets and sees the
+// step end in the same round. Errors go to stepError_ (raised by wait()).
+void GradientReducer::Impl::roundLocked(std::unique_lock<std::mutex>& lock) {
+  const size_t n = tensors.size();
+  // Per tensor: ready here (min over ranks: ready everywhere). Then the
+  // lowest rank whose wait() found a tensor never marked ready, and the
+  // lowest such tensor (INT32_MAX when none).
+  std::vector<int32_t> ctl(n + 2, INT32_MAX);
+  const bool missing = waiting_ && readyCount_ < n;
+  for (size_t i = 0; i < n; ++i) {
+    ctl[i] = ready_[i];
+    if (missing && !ready_[i] && ctl[n + 1] == INT32_MAX) ctl[n + 1] = static_cast<int32_t>(i);
+  }
+  if (missing) ctl[n] = comm->rank();
+  ++stats.controlOps;
+  lock.unlock();
+  std::shared_ptr<const Error> error;
+  try {
+    comm->allreduce(Tensor(ctl.data(), ctl.size(), DataType::kInt32), ReduceOp::kMin);
+  } catch (const Error& e) {
+    error = std::make_shared<const Error>(e);
+  }
+  lock.lock();
+  if (!error && ctl[n] != INT32_MAX) {
+    error = std::make_shared<const Error>(
+        ErrorCode::kInvalidArgument,
+        "rank " + std::to_string(ctl[n]) + " called wait() in " + stepText() + " while " +
+            gradient::describeTensor(static_cast<size_t>(ctl[n + 1]), tensors, names) +
+            " was never marked ready there",
+        context("reducer.wait"));
+  }
+  std::vector<size_t> agreed;
+  for (size_t i = 0; i < n && !error; ++i) {
+    if (ctl[i] && !sent_[i]) {
+      agreed.push_back(i);
+      sent_[i] = 1;
+      readyUnsentBytes_ -= tensors[i].nbytes();
+    }
+  }
+  try {
+    for (const Bucket& b : gradient::planBuckets(tensors, threshold, agreed).buckets) {
+      fireLocked(b);
+    }
+  } catch (const Error& e) {
+    error = std::make_shared<const Error>(e);
+  }
+  if (error) {
+    stepError_ = error;
+    return;
+  }
+  sentCount_ += agreed.size();
+  if (sentCount_ == n) roundsDone_ = true;
+}
+
+// ---- Public API -------------------------------------------------------------
+
+GradientReducer::GradientReducer(std::shared_ptr<Communicator> comm, std::vector<Tensor> gradients,
+                                 ReducerOptions options)
+    : impl_(std::make_unique<Impl>(std::move(comm), std::move(gradients), std::move(options))) {}
+
+GradientReducer::~GradientReducer() = default;
+
+void GradientReducer::ready(size_t index) {
+  impl_->ready(index);
+}
+
+void GradientReducer::wait(std::chrono::milliseconds timeout) {
+  impl_->wait(timeout);
+}
+
+size_t GradientReducer::numTensors() const {
+  return impl_->tensors.size();
+}
+
+std::vector<std::vector<size_t>> GradientReducer::buckets() const {
+  std::vector<std::vector<size_t>> out;
+  for (const Bucket& b : impl_->plan.buckets) out.push_back(b.tensors);
+  return out;
+}
+
+uint64_t GradientReducer::fusionThreshold() const {
+  return impl_->threshold;
+}
+
+ReducerStats GradientReducer::stats() const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  return impl_->stats;
+}
+
+Work allreduceCoalesced(Communicator& comm, const std::vector<Tensor>& tensors, ReduceOp op,
+                        uint64_t fusionThreshold) {
+  const char* kOp = "allreduce_coalesced";
+  validateTensors(comm, kOp, tensors, {});
+  // What the ops read, owned by them until the last one has run.
+  struct Batch {
+    std::vector<Tensor> tensors;
+    std::vector<std::string> names;
+    std::vector<std::vector<char>> buffers;
+  };
+  auto batch = std::make_shared<Batch>();
+  batch->tensors = tensors;
+  const BucketPlan plan = gradient::planBuckets(tensors, thresholdOr(comm, kOp, fusionThreshold));
+  batch->buffers.reserve(plan.buckets.size());
+  for (const Bucket& b : plan.buckets) batch->buffers.emplace_back(b.direct ? 0 : b.bytes);
+  Fuser fuser(comm, batch->tensors, batch->names, op, nullptr);
+  std::shared_ptr<WorkState> last;
+  for (size_t k = 0; k < plan.buckets.size(); ++k) {
+    last = fuser.fire(plan.buckets[k], batch->buffers[k].data(), 0, nullptr, batch);
+  }
+  // Ops run in issue order and the first failure fails every later one, so
+  // the last op's completion is the batch's.
+  return last ? Work(last) : Work();
+}
+
+}  // namespace gflow

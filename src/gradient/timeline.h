@@ -1,0 +1,48 @@
+// Timeline: a Chrome trace (chrome://tracing, Perfetto) of the gradient
+// pipeline, like Horovod's: when each tensor became ready, when its bucket
+// was queued, packed, reduced and unpacked. One JSON array of trace events;
+// timestamps are wall-clock microseconds so files of several ranks line up.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <mutex>
+#include <string>
+
+namespace gflow::gradient {
+
+class Timeline {
+ public:
+  // Threads ("tid") of one rank's trace.
+  static constexpr int kCompute = 0;  // ready() calls and wait()
+  static constexpr int kQueue = 1;    // fired, waiting for the progress thread
+  static constexpr int kComm = 2;     // pack, allreduce, unpack
+
+  // The timeline for `spec` (a file name; "%r" becomes the rank, without it
+  // only rank 0 writes), or nullptr when spec is empty or this rank does not
+  // write. Throws gflow::Error(kInvalidArgument) when the file cannot be
+  // created.
+  static std::unique_ptr<Timeline> open(const std::string& spec, int rank);
+  ~Timeline();  // writes the closing bracket
+
+  static int64_t nowUs();
+  // `args` is a JSON object body without braces ("\"bytes\": 12"), or "".
+  void instant(const std::string& name, const char* category, int tid, const std::string& args);
+  void span(const std::string& name, const char* category, int tid, int64_t beginUs, int64_t endUs,
+            const std::string& args);
+  void flush();
+
+ private:
+  Timeline(std::FILE* file, int rank);
+  void write(const std::string& event);
+
+  std::mutex mutex_;
+  std::FILE* file_;
+  int rank_;
+};
+
+// `s` as a JSON string literal (quotes included).
+std::string jsonString(const std::string& s);
+
+}  // namespace gflow::gradient

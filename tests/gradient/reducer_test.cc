@@ -1,0 +1,357 @@
+// GradientReducer (lazy allreduce with chunk fusion) and allreduceCoalesced,
+// ranks as threads: results against an exact reference whatever the order
+// in which ranks produce gradients, in fixed-bucket and cycle-time modes;
+// the errors a training loop can make; the timeline file.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <future>
+#include <random>
+#include <sstream>
+
+#include "gflow/gflow.h"
+#include "gflow/reducer.h"
+#include "testing/ranks.h"
+#include "testing/values.h"
+
+namespace gflow {
+namespace {
+
+using std::chrono::milliseconds;
+using testing::exactExpected;
+using testing::exactInput;
+
+// The reducer shares ownership of its communicator; runRanks owns these.
+std::shared_ptr<Communicator> borrow(Communicator& c) {
+  return std::shared_ptr<Communicator>(&c, [](Communicator*) {});
+}
+
+// A model's gradients: mixed sizes (some empty, some above the threshold
+// so they go in place) and dtypes.
+struct Model {
+  std::vector<std::vector<uint8_t>> storage;
+  std::vector<Tensor> grads;
+  std::vector<std::string> names;
+  explicit Model(const std::vector<std::pair<size_t, DataType>>& shapes) {
+    for (auto& [count, dtype] : shapes) {
+      storage.emplace_back(count * dataTypeSize(dtype) + 1);
+      grads.emplace_back(storage.back().data(), count, dtype);
+      names.push_back("layer" + std::to_string(names.size()));
+    }
+  }
+  // Element j of tensor i gets the exact-input value of global index base+j.
+  void fill(int rank, int step, ReduceOp op) {
+    for (size_t i = 0; i < grads.size(); ++i) {
+      for (size_t j = 0; j < grads[i].count; ++j) {
+        testing::setValue(grads[i].data, j, grads[i].dtype,
+                          exactInput(rank, index(i, j, step), op, grads[i].dtype));
+      }
+    }
+  }
+  // Number of wrong elements against the exact reference of n ranks.
+  size_t wrong(int n, int step, ReduceOp op) const {
+    size_t bad = 0;
+    for (size_t i = 0; i < grads.size(); ++i) {
+      for (size_t j = 0; j < grads[i].count; ++j) {
+        const double want = testing::roundTo(
+            grads[i].dtype, exactExpected(n, index(i, j, step), op, grads[i].dtype));
+        const double got = testing::getValue(grads[i].data, j, grads[i].dtype);
+        if (std::fabs(got - want) > 1e-6 * std::max(1.0, std::fabs(want))) ++bad;
+      }
+    }
+    return bad;
+  }
+  static size_t index(size_t i, size_t j, int step) { return i * 1000 + j + 17 * step; }
+};
+
+std::vector<std::pair<size_t, DataType>> mixedShapes() {
+  return {{300, DataType::kFloat32},  {1, DataType::kFloat32},   {0, DataType::kFloat32},
+          {5000, DataType::kFloat32}, {77, DataType::kFloat64},  {64, DataType::kInt32},
+          {129, DataType::kFloat32},  {2, DataType::kFloat64},   {900, DataType::kFloat32},
+          {33, DataType::kInt32},     {1200, DataType::kFloat32}};
+}
+
+// Each rank produces the gradients in its own order (a different shuffle per
+// rank and step), as with data-dependent backward passes.
+std::vector<size_t> orderFor(int rank, int step, size_t n) {
+  std::vector<size_t> order(n);
+  for (size_t i = 0; i < n; ++i) order[i] = i;
+  std::mt19937 rng(static_cast<uint32_t>(rank * 1000 + step));
+  if (rank > 0) std::shuffle(order.begin(), order.end(), rng);
+  return order;
+}
+
+void runSteps(Communicator& c, ReducerOptions o, int steps) {
+  Model m(mixedShapes());
+  o.names = m.names;
+  GradientReducer reducer(borrow(c), m.grads, o);
+  for (int s = 0; s < steps; ++s) {
+    m.fill(c.rank(), s, o.op);
+    for (size_t i : orderFor(c.rank(), s, m.grads.size())) reducer.ready(i);
+    reducer.wait();
+    ASSERT_EQ(m.wrong(c.size(), s, o.op), 0u)
+        << "rank " << c.rank() << " step " << s << " threshold " << o.fusionThreshold;
+  }
+  EXPECT_EQ(reducer.stats().steps, static_cast<uint64_t>(steps));
+}
+
+TEST(Reducer, FixedBucketsExactForAnyOrderOfReadiness) {
+  for (uint64_t threshold : {uint64_t(64), uint64_t(2048), uint64_t(1) << 30}) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+      ReducerOptions o;
+      o.op = op;
+      o.fusionThreshold = threshold;
+      o.cycleTime = milliseconds(0);
+      testing::runRanks(3, [&](Communicator& c) { runSteps(c, o, 3); });
+    }
+  }
+}
+
+TEST(Reducer, CycleTimeRoundsExactForAnyOrderOfReadiness) {
+  for (uint64_t threshold : {uint64_t(64), uint64_t(4096), uint64_t(1) << 30}) {
+    ReducerOptions o;
+    o.fusionThreshold = threshold;
+    o.cycleTime = milliseconds(1);
+    testing::runRanks(4, [&](Communicator& c) { runSteps(c, o, 3); });
+  }
+}
+
+TEST(Reducer, BucketsFollowTheThresholdAndCountFusedOps) {
+  testing::runRanks(2, [](Communicator& c) {
+    std::vector<std::vector<float>> g(10, std::vector<float>(256, 1.0f));  // 1 KiB each
+    std::vector<Tensor> t;
+    for (auto& v : g) t.push_back(tensor(v.data(), v.size()));
+    ReducerOptions o;
+    o.op = ReduceOp::kSum;
+    o.fusionThreshold = 3000;  // three tensors per bucket
+    o.cycleTime = milliseconds(0);
+    GradientReducer r(borrow(c), t, o);
+    ASSERT_EQ(r.buckets().size(), 4u);
+    EXPECT_EQ(r.buckets()[3], (std::vector<size_t>{9}));
+    const uint64_t before = c.stats().allreduce;
+    for (size_t i = 0; i < t.size(); ++i) r.ready(i);
+    r.wait();
+    EXPECT_EQ(c.stats().allreduce - before, 4u);
+    EXPECT_EQ(r.stats().fusedOps, 4u);
+    EXPECT_EQ(r.stats().packedBytes, 10u * 1024);
+    EXPECT_EQ(g[9][255], 2.0f);
+  });
+}
+
+TEST(Reducer, ReadyNeverWaitsForAPeer) {
+  // Rank 1 starts its step only after rank 0's ready() calls have all
+  // returned: if ready() blocked on communication this would deadlock (and
+  // fail on the 60 s guard).
+  std::promise<void> rank0Done;
+  std::shared_future<void> done = rank0Done.get_future().share();
+  testing::runRanks(2, [&](Communicator& c) {
+    std::vector<std::vector<float>> g(8, std::vector<float>(1000, 1.0f));
+    std::vector<Tensor> t;
+    for (auto& v : g) t.push_back(tensor(v.data(), v.size()));
+    ReducerOptions o;
+    o.fusionThreshold = 4096;
+    GradientReducer r(borrow(c), t, o);
+    if (c.rank() == 1) {
+      ASSERT_EQ(done.wait_for(std::chrono::seconds(60)), std::future_status::ready);
+    }
+    for (size_t i = 0; i < t.size(); ++i) r.ready(i);
+    if (c.rank() == 0) rank0Done.set_value();
+    r.wait();
+    EXPECT_EQ(g[7][999], 1.0f);
+  });
+}
+
+TEST(Reducer, ReadyTwiceAndOutOfRangeAreRejectedWithoutHarm) {
+  testing::runRanks(2, [](Communicator& c) {
+    std::vector<float> a(10, 1.0f), b(10, 2.0f);
+    ReducerOptions o;
+    o.op = ReduceOp::kSum;
+    o.names = {"fc.weight", "fc.bias"};
+    GradientReducer r(borrow(c), {tensor(a.data(), 10), tensor(b.data(), 10)}, o);
+    r.ready(1);
+    try {
+      r.ready(1);
+      ADD_FAILURE() << "ready twice accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find("'fc.bias'"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("twice"), std::string::npos) << e.what();
+      EXPECT_EQ(e.rank(), c.rank());
+    }
+    EXPECT_THROW(r.ready(2), Error);
+    r.ready(0);
+    r.wait();
+    EXPECT_EQ(a[0], 2.0f);
+    EXPECT_EQ(b[9], 4.0f);
+  });
+}
+
+// Every rank's error from fn (message), with a short timeout so a hang fails.
+std::vector<std::string> errorsOf(int n, const std::function<void(Communicator&)>& fn) {
+  Options o;
+  o.timeout = std::chrono::seconds(20);
+  auto errs = testing::runRanksCollect(n, fn, o);
+  std::vector<std::string> out(n);
+  for (int r = 0; r < n; ++r) {
+    if (!errs[r]) continue;
+    try {
+      std::rethrow_exception(errs[r]);
+    } catch (const Error& e) {
+      out[r] = std::string(toString(e.code())) + ": " + e.what();
+    }
+  }
+  return out;
+}
+
+TEST(Reducer, MissingReadyAtWaitFailsEveryRankNamingTheTensor) {
+  for (int cycleMs : {0, 2}) {
+    auto errs = errorsOf(3, [&](Communicator& c) {
+      std::vector<std::vector<float>> g(6, std::vector<float>(100, 1.0f));
+      std::vector<Tensor> t;
+      for (auto& v : g) t.push_back(tensor(v.data(), v.size()));
+      ReducerOptions o;
+      o.fusionThreshold = 800;  // two tensors per bucket
+      o.cycleTime = milliseconds(cycleMs);
+      o.names = {"l0", "l1", "l2", "l3", "l4", "l5"};
+      GradientReducer r(borrow(c), t, o);
+      for (size_t i = 0; i < t.size(); ++i) {
+        if (!(c.rank() == 2 && i == 3)) r.ready(i);
+      }
+      r.wait();
+    });
+    for (int r = 0; r < 3; ++r) {
+      SCOPED_TRACE("cycle " + std::to_string(cycleMs) + " rank " + std::to_string(r));
+      EXPECT_NE(errs[r].find("invalid_argument"), std::string::npos) << errs[r];
+      EXPECT_NE(errs[r].find("'l3'"), std::string::npos) << errs[r];
+      EXPECT_NE(errs[r].find("rank 2"), std::string::npos) << errs[r];
+    }
+  }
+}
+
+TEST(Reducer, CycleModeKeepsTheCommunicatorUsableAfterAMissingReady) {
+  testing::runRanks(2, [](Communicator& c) {
+    std::vector<float> a(10, 1.0f), b(10, 1.0f);
+    ReducerOptions o;
+    o.op = ReduceOp::kSum;
+    o.cycleTime = milliseconds(1);
+    GradientReducer r(borrow(c), {tensor(a.data(), 10), tensor(b.data(), 10)}, o);
+    r.ready(0);
+    if (c.rank() == 0) r.ready(1);
+    EXPECT_THROW(r.wait(), Error);
+    std::fill(a.begin(), a.end(), 1.0f);
+    std::fill(b.begin(), b.end(), 1.0f);
+    r.ready(1);
+    r.ready(0);
+    r.wait();
+    EXPECT_EQ(a[3], 2.0f);
+    EXPECT_EQ(b[3], 2.0f);
+  });
+}
+
+TEST(Reducer, DifferentRegistrationsRaiseMismatchNamingTheTensor) {
+  auto errs = errorsOf(3, [](Communicator& c) {
+    std::vector<float> a(10), b(c.rank() == 1 ? 11 : 12), d(5);
+    ReducerOptions o;
+    o.names = {"emb", "proj", "out"};
+    GradientReducer r(
+        borrow(c),
+        {tensor(a.data(), a.size()), tensor(b.data(), b.size()), tensor(d.data(), d.size())}, o);
+  });
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_NE(errs[r].find("mismatch"), std::string::npos) << errs[r];
+    EXPECT_NE(errs[r].find("at tensor 1"), std::string::npos) << errs[r];
+    EXPECT_NE(errs[r].find("rank 1 registered 11 x float32"), std::string::npos) << errs[r];
+    EXPECT_NE(errs[r].find("'proj'"), std::string::npos) << errs[r];
+  }
+  auto opt = errorsOf(2, [](Communicator& c) {
+    std::vector<float> a(10);
+    ReducerOptions o;
+    o.fusionThreshold = c.rank() == 0 ? 1024 : 2048;
+    GradientReducer r(borrow(c), {tensor(a.data(), a.size())}, o);
+  });
+  for (auto& e : opt) EXPECT_NE(e.find("fusion threshold 2048"), std::string::npos) << e;
+  auto fewer = errorsOf(2, [](Communicator& c) {
+    std::vector<float> a(10), b(10);
+    std::vector<Tensor> t{tensor(a.data(), 10)};
+    if (c.rank() == 0) t.push_back(tensor(b.data(), 10));
+    GradientReducer r(borrow(c), t);
+  });
+  for (auto& e : fewer) EXPECT_NE(e.find("rank 1 registered no tensor"), std::string::npos) << e;
+}
+
+TEST(Reducer, InvalidTensorFailsEveryRank) {
+  auto errs = errorsOf(2, [](Communicator& c) {
+    std::vector<float> a(10);
+    std::vector<Tensor> t{tensor(a.data(), 10)};
+    if (c.rank() == 1) t[0].data = nullptr;
+    GradientReducer r(borrow(c), t);
+  });
+  for (auto& e : errs)
+    EXPECT_NE(e.find("tensor 0 (10 x float32) has null data"), std::string::npos) << e;
+}
+
+TEST(Coalesced, ReducesAListInPlace) {
+  testing::runRanks(3, [](Communicator& c) {
+    Model m(mixedShapes());
+    for (uint64_t threshold : {uint64_t(100), uint64_t(1) << 20}) {
+      m.fill(c.rank(), 0, ReduceOp::kSum);
+      allreduceCoalesced(c, m.grads, ReduceOp::kSum, threshold).wait();
+      ASSERT_EQ(m.wrong(c.size(), 0, ReduceOp::kSum), 0u) << threshold;
+    }
+    // Several batches in flight, then one blocking op behind them.
+    std::vector<std::vector<double>> v(5, std::vector<double>(50, 1.0));
+    std::vector<Work> works;
+    for (auto& x : v)
+      works.push_back(allreduceCoalesced(c, {tensor(x.data(), 25), tensor(x.data() + 25, 25)}));
+    double one = 1;
+    c.allreduce(tensor(&one, 1));
+    for (auto& w : works) {
+      EXPECT_TRUE(w.test());
+      w.wait();
+    }
+    EXPECT_EQ(v[4][49], 3.0);
+    EXPECT_EQ(one, 3.0);
+    EXPECT_FALSE(allreduceCoalesced(c, {}).valid());
+  });
+}
+
+TEST(Timeline, WritesAChromeTraceOfEveryPhase) {
+  const std::string dir = ::testing::TempDir();
+  const std::string spec = dir + "gflow_timeline_%r.json";
+  testing::runRanks(2, [&](Communicator& c) {
+    std::vector<std::vector<float>> g(4, std::vector<float>(300, 1.0f));
+    std::vector<Tensor> t;
+    for (auto& v : g) t.push_back(tensor(v.data(), v.size()));
+    ReducerOptions o;
+    o.fusionThreshold = 2000;
+    o.timeline = spec;
+    o.names = {"conv1.w", "bn1.b", "fc.w", "fc \"b\""};
+    GradientReducer r(borrow(c), t, o);
+    for (int s = 0; s < 2; ++s) {
+      for (size_t i = 0; i < t.size(); ++i) r.ready(i);
+      r.wait();
+    }
+  });
+  for (int rank = 0; rank < 2; ++rank) {
+    std::ifstream in(dir + "gflow_timeline_" + std::to_string(rank) + ".json");
+    ASSERT_TRUE(in.good()) << "rank " << rank;
+    std::stringstream ss;
+    ss << in.rdbuf();
+    const std::string text = ss.str();
+    EXPECT_EQ(text.rfind("[", 0), 0u);
+    EXPECT_NE(text.find("]\n", text.size() - 3), std::string::npos) << "not closed";
+    for (const char* want : {"\"ready: conv1.w\"", "\"ready: fc \\\"b\\\"\"", "\"pack: bucket of",
+                             "\"allreduce: bucket of", "\"unpack: bucket of",
+                             "\"queued: ", "\"name\": \"wait\"", "\"pid\": "}) {
+      EXPECT_NE(text.find(want), std::string::npos) << want;
+    }
+    EXPECT_EQ(std::count(text.begin(), text.end(), '{'), std::count(text.begin(), text.end(), '}'));
+    std::remove((dir + "gflow_timeline_" + std::to_string(rank) + ".json").c_str());
+  }
+}
+
+}  // namespace
+}  // namespace gflow
