@@ -6,6 +6,12 @@
 
 namespace gflow::gradient {
 
+BucketPlan planBuckets(const std::vector<Tensor>& tensors, uint64_t threshold) {
+  std::vector<size_t> all(tensors.size());
+  for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+  return planBuckets(tensors, threshold, all);
+}
+
 BucketPlan planBuckets(const std::vector<Tensor>& tensors, uint64_t threshold,
                        const std::vector<size_t>& indices) {
   GFLOW_ENFORCE(threshold > 0);
@@ -40,11 +46,7 @@ BucketPlan planBuckets(const std::vector<Tensor>& tensors, uint64_t threshold,
     b.bytes += bytes;
     if (b.bytes >= threshold) close(b);
   };
-  if (indices.empty()) {
-    for (size_t i = 0; i < tensors.size(); ++i) add(i);
-  } else {
-    for (size_t i : indices) add(i);
-  }
+  for (size_t i : indices) add(i);
   // The partly filled buckets, by their first tensor's position.
   std::vector<Bucket*> rest;
   for (auto& b : open) {

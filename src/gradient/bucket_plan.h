@@ -24,11 +24,13 @@ struct BucketPlan {
   std::vector<size_t> bucketOf;  // per tensor: its bucket
 };
 
-// Plans `tensors` (a subset may be given by `indices`; empty = all, in
-// order). Buckets of one dtype close when they reach `threshold` bytes;
-// buckets are ordered by when they close, the partly filled ones at the end
-// by their first tensor. threshold must be > 0.
+// Plans all of `tensors`, in order. Buckets of one dtype close when they
+// reach `threshold` bytes; buckets are ordered by when they close, the
+// partly filled ones at the end by their first tensor. threshold must be > 0.
+BucketPlan planBuckets(const std::vector<Tensor>& tensors, uint64_t threshold);
+// The same for the subset `indices` (ascending) of `tensors`; an empty
+// subset gives no buckets.
 BucketPlan planBuckets(const std::vector<Tensor>& tensors, uint64_t threshold,
-                       const std::vector<size_t>& indices = {});
+                       const std::vector<size_t>& indices);
 
 }  // namespace gflow::gradient

@@ -15,6 +15,11 @@
 //     mismatch op|count BYTES       one good allreduce; then rank 1 calls
 //                                   broadcast(root 0) (op) or allreduces one
 //                                   more element (count) while others allreduce
+//     reducer ITERS CYCLE_MS        ITERS (0: forever) GradientReducer steps
+//                                   over 24 gradients of 160 KiB (1 MiB
+//                                   buckets; CYCLE_MS > 0: negotiated rounds),
+//                                   ready() in reverse order on odd ranks;
+//                                   float32 sum, verified
 //
 // Output (stdout, one line each, flushed):
 //   GFLOW_READY rank=R size=N
@@ -136,6 +141,41 @@ int runMismatch(gflow::Communicator& comm, const std::vector<std::string>& args)
   return 0;
 }
 
+int runReducer(const std::shared_ptr<gflow::Communicator>& comm,
+               const std::vector<std::string>& args) {
+  const long iters = argNum(args, 1, "ITERS");
+  const long cycleMs = argNum(args, 2, "CYCLE_MS");
+  std::vector<std::vector<float>> grads(24, std::vector<float>(40960));
+  std::vector<gflow::Tensor> tensors;
+  for (auto& g : grads) tensors.push_back(gflow::tensor(g.data(), g.size()));
+  gflow::ReducerOptions options;
+  options.op = gflow::ReduceOp::kSum;
+  options.fusionThreshold = 1 << 20;
+  options.cycleTime = std::chrono::milliseconds(cycleMs);
+  gflow::GradientReducer reducer(comm, tensors, options);
+  const int rank = comm->rank();
+  for (long it = 0; iters == 0 || it < iters; ++it) {
+    for (size_t k = 0; k < grads.size(); ++k) {
+      const size_t i = rank % 2 ? grads.size() - 1 - k : k;
+      fill(grads[i], rank, it + static_cast<long>(i));
+      reducer.ready(i);
+    }
+    reducer.wait();
+    for (size_t i = 0; i < grads.size(); ++i) {
+      long bad = verify(grads[i], comm->size(), it + static_cast<long>(i));
+      if (bad >= 0) {
+        say("GFLOW_WRONG rank=" + std::to_string(rank) + " iter=" + std::to_string(it + 1) +
+            " tensor=" + std::to_string(i) + " index=" + std::to_string(bad) +
+            " got=" + std::to_string(grads[i][static_cast<size_t>(bad)]));
+        return kExitWrongResult;
+      }
+    }
+    say("GFLOW_PROGRESS rank=" + std::to_string(rank) + " iter=" + std::to_string(it + 1));
+  }
+  say("GFLOW_DONE rank=" + std::to_string(rank) + " iters=" + std::to_string(iters));
+  return 0;
+}
+
 int reportError(const gflow::Error& e, int rank) {
   say(std::string("GFLOW_ERROR code=") + gflow::toString(e.code()) +
       " rank=" + std::to_string(rank) + " peer=" + std::to_string(e.peer()) +
@@ -156,8 +196,10 @@ int run(std::vector<std::string> args) {
     }
     args.erase(args.begin(), args.begin() + 2);
   }
-  if (args.empty()) usage("no mode (loop | mismatch)");
-  if (args[0] != "loop" && args[0] != "mismatch") usage("unknown mode '" + args[0] + "'");
+  if (args.empty()) usage("no mode (loop | mismatch | reducer)");
+  if (args[0] != "loop" && args[0] != "mismatch" && args[0] != "reducer") {
+    usage("unknown mode '" + args[0] + "'");
+  }
 
   const int rank = envRank();
   try {
@@ -165,7 +207,9 @@ int run(std::vector<std::string> args) {
     std::shared_ptr<gflow::Communicator> comm = gflow::Communicator::create();
     say("GFLOW_READY rank=" + std::to_string(comm->rank()) +
         " size=" + std::to_string(comm->size()));
-    int rc = args[0] == "loop" ? runLoop(*comm, args) : runMismatch(*comm, args);
+    int rc = args[0] == "loop"      ? runLoop(*comm, args)
+             : args[0] == "reducer" ? runReducer(comm, args)
+                                    : runMismatch(*comm, args);
     if (rc != 0) return rc;
     if (lingerMs > 0) {
       std::this_thread::sleep_for(std::chrono::milliseconds(lingerMs));

@@ -123,6 +123,34 @@ INSTANTIATE_TEST_SUITE_P(, FaultKill,
                                            RankCase{4, 1, "hier"}, RankCase{4, 2, "hier"}),
                          caseName);
 
+// A rank killed in the middle of GradientReducer steps: the survivors' wait()
+// raises peer_lost naming it (fixed buckets and negotiated rounds).
+class FaultKillReducer : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(FaultKillReducer, SurvivorsWaitRaisesPeerLost) {
+  const int n = 3, victim = 1;
+  Job job(n, sameArgs({"reducer", "0", GetParam()}));
+  job.setEnv("GFLOW_SHM", "0");
+  job.start();
+  ASSERT_TRUE(job.waitProgress(3, seconds(8))) << job.report();
+  const Clock::time_point killed = job.signal(victim, SIGKILL);
+  ASSERT_TRUE(job.waitExit(seconds(11))) << job.report();
+  const std::string report = job.report();
+  for (int r = 0; r < n; ++r) {
+    if (r == victim) continue;
+    const RankResult& res = job.result(r);
+    logRank(std::string("reducer cycle ") + GetParam() + " kill rank 1", r,
+            secondsSince(killed, res.exitTime), res);
+    EXPECT_EQ(res.code, "peer_lost") << "rank " << r << "\n" << report;
+    EXPECT_TRUE(res.names(victim)) << "rank " << r << ": " << res.what;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(, FaultKillReducer, ::testing::Values("0", "2"),
+                         [](const ::testing::TestParamInfo<const char*>& i) {
+                           return std::string("cycle") + i.param;
+                         });
+
 // ---- 2. SIGSTOP mid-loop with a short timeout -------------------------------
 
 class FaultStop : public ::testing::TestWithParam<RankCase> {};

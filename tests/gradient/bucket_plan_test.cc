@@ -56,6 +56,7 @@ TEST(BucketPlan, SubsetKeepsItsOrderAndEmptyTensorsStayPlanned) {
   EXPECT_EQ(p.buckets[0].tensors, (std::vector<size_t>{1, 3}));
   EXPECT_EQ(p.buckets[0].bytes, 16u);
   EXPECT_EQ(p.bucketOf[0], SIZE_MAX);
+  EXPECT_TRUE(planBuckets(t, 1 << 20, {}).buckets.empty());
 }
 
 TEST(Fusion, PackUnpackRoundTripsEveryByte) {

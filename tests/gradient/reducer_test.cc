@@ -5,12 +5,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <future>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include "gflow/gflow.h"
 #include "gflow/reducer.h"
@@ -117,6 +119,39 @@ TEST(Reducer, CycleTimeRoundsExactForAnyOrderOfReadiness) {
     o.cycleTime = milliseconds(1);
     testing::runRanks(4, [&](Communicator& c) { runSteps(c, o, 3); });
   }
+}
+
+TEST(Reducer, CycleTimeRoundWithNothingReadyEverywhereSendsNothing) {
+  // Rank 0 readies the first half, rank 1 the second half; both wait until
+  // their first round has taken its snapshot (nothing is ready on both), then
+  // ready the rest. Every tensor must be reduced exactly once.
+  std::atomic<int> snapshotted{0};
+  testing::runRanks(2, [&](Communicator& c) {
+    std::vector<std::vector<float>> g(12, std::vector<float>(1000));
+    std::vector<Tensor> t;
+    for (auto& v : g) t.push_back(tensor(v.data(), v.size()));
+    ReducerOptions o;
+    o.op = ReduceOp::kSum;
+    o.fusionThreshold = 64;
+    o.cycleTime = milliseconds(1);
+    GradientReducer r(borrow(c), t, o);
+    for (size_t i = 0; i < g.size(); ++i) std::fill(g[i].begin(), g[i].end(), float(i + c.rank()));
+    const size_t half = g.size() / 2;
+    auto mine = [&](size_t k) { return c.rank() == 0 ? k : g.size() - 1 - k; };
+    for (size_t k = 0; k < half; ++k) r.ready(mine(k));
+    const auto giveUp = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (r.stats().controlOps == 0 && std::chrono::steady_clock::now() < giveUp) {
+      std::this_thread::sleep_for(milliseconds(1));
+    }
+    ++snapshotted;
+    while (snapshotted.load() < 2 && std::chrono::steady_clock::now() < giveUp) {
+      std::this_thread::sleep_for(milliseconds(1));
+    }
+    for (size_t k = half; k < g.size(); ++k) r.ready(mine(k));
+    r.wait();
+    EXPECT_GE(r.stats().controlOps, 2u);
+    for (size_t i = 0; i < g.size(); ++i) ASSERT_EQ(g[i][999], float(2 * i + 1)) << i;
+  });
 }
 
 TEST(Reducer, BucketsFollowTheThresholdAndCountFusedOps) {
