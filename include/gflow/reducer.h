@@ -10,7 +10,9 @@
 //
 // The gradients are cut, in registration order, into buckets of about
 // fusionThreshold bytes (one dtype per bucket; a tensor of at least the
-// threshold is a bucket of its own and is reduced in place without a copy).
+// threshold is a bucket of its own and is reduced in place without a copy;
+// so is a bucket whose tensors lie back to back in memory, e.g. views into
+// one flat gradient buffer laid out in registration order).
 // A bucket fires as soon as all its tensors are ready and every earlier
 // bucket has fired, so buckets fire in the same order on every rank even when
 // ranks produce gradients in different orders (a rank that is ahead only
@@ -68,11 +70,11 @@ struct ReducerOptions {
 };
 
 struct ReducerStats {
-  uint64_t steps = 0;        // completed wait()s
-  uint64_t fusedOps = 0;     // allreduces issued (buckets or rounds' pieces)
-  uint64_t packedBytes = 0;  // bytes copied into fusion buffers (and back out)
-  uint64_t directBytes = 0;  // bytes reduced in place without a copy
-  uint64_t controlOps = 0;   // negotiation allreduces (cycle-time mode)
+  uint64_t steps = 0;         // completed wait()s
+  uint64_t fusedOps = 0;      // allreduces issued (buckets or rounds' pieces)
+  uint64_t packedBytes = 0;   // bytes copied into fusion buffers (and back out)
+  uint64_t inPlaceBytes = 0;  // bytes reduced in place without a copy
+  uint64_t controlOps = 0;    // negotiation allreduces (cycle-time mode)
 };
 
 class GFLOW_EXPORT GradientReducer {

@@ -55,7 +55,7 @@ namespace gflow::params {
     "Ring pieces in flight per step (bounds staging memory to window x piece).")               \
   X(rdMaxBytes, "GFLOW_RD_MAX_BYTES", kBytes, "auto",                                          \
     "Allreduce of at most this many bytes uses recursive doubling, above it ring.")            \
-  X(fusionThreshold, "GFLOW_FUSION_THRESHOLD", kBytes, "4M",                                 \
+  X(fusionThreshold, "GFLOW_FUSION_THRESHOLD", kBytes, "2M",                                 \
     "Chunk fusion bucket size of GradientReducer and allreduceCoalesced; tensors of at least " \
     "this size are reduced in place.")                                                         \
   X(cycleTimeMs, "GFLOW_CYCLE_TIME_MS", kInt, "0",                                             \

@@ -6,6 +6,25 @@
 
 namespace gflow::gradient {
 
+namespace {
+
+// Sets inPlace/start when the bucket's non-empty tensors are adjacent in
+// memory in bucket order.
+void markInPlace(Bucket& b, const std::vector<Tensor>& tensors) {
+  const char* next = nullptr;
+  for (size_t i : b.tensors) {
+    const Tensor& t = tensors[i];
+    if (t.count == 0) continue;
+    const char* at = static_cast<const char*>(t.data);
+    if (!at || (next && at != next)) return;
+    if (!next) b.start = t.data;
+    next = at + t.nbytes();
+  }
+  b.inPlace = b.start != nullptr || b.bytes == 0;
+}
+
+}  // namespace
+
 BucketPlan planBuckets(const std::vector<Tensor>& tensors, uint64_t threshold) {
   std::vector<size_t> all(tensors.size());
   for (size_t i = 0; i < all.size(); ++i) all[i] = i;
@@ -22,6 +41,7 @@ BucketPlan planBuckets(const std::vector<Tensor>& tensors, uint64_t threshold,
   std::vector<Bucket> open(kNumDataTypes);
   auto close = [&](Bucket& b) {
     if (b.tensors.empty()) return;
+    markInPlace(b, tensors);
     for (size_t t : b.tensors) plan.bucketOf[t] = plan.buckets.size();
     plan.buckets.push_back(std::move(b));
     b = Bucket{};

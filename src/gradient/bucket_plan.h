@@ -1,7 +1,8 @@
 // Bucket planning for chunk fusion: cuts a list of tensors, in order, into
 // buckets of about `threshold` bytes, one dtype per bucket. A tensor of at
 // least `threshold` bytes is a bucket of its own, reduced in place ("direct",
-// no copy). Deterministic: the same list gives the same plan on every rank.
+// no copy). Deterministic: the same list (counts and dtypes) gives the same
+// buckets on every rank; only `inPlace` depends on this rank's addresses.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +18,12 @@ struct Bucket {
   std::vector<uint64_t> offsets;  // byte offset of each tensor in the fusion buffer
   uint64_t bytes = 0;             // sum of the tensors' bytes
   bool direct = false;            // one tensor, reduced in place
+  // The tensors lie back to back in memory (views into one flat gradient
+  // buffer, in bucket order): the bucket is reduced in place, no packing.
+  // Always true for a direct bucket.
+  bool inPlace = false;
+  // Where an in-place bucket starts (its first non-empty tensor).
+  void* start = nullptr;
 };
 
 struct BucketPlan {

@@ -10,6 +10,7 @@
 // packs).
 #include "gflow/reducer.h"
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <condition_variable>
@@ -55,6 +56,21 @@ void validateTensors(Communicator& comm, const char* op, const std::vector<Tenso
                                       gradient::describeTensor(i, tensors, names) + " " + why);
     }
   }
+  // Overlapping tensors would be reduced twice (or packed over each other).
+  std::vector<std::pair<const char*, size_t>> spans;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (tensors[i].count > 0) spans.emplace_back(static_cast<const char*>(tensors[i].data), i);
+  }
+  std::sort(spans.begin(), spans.end());
+  for (size_t k = 1; k < spans.size(); ++k) {
+    const size_t prev = spans[k - 1].second;
+    if (spans[k - 1].first + tensors[prev].nbytes() > spans[k].first) {
+      CommunicatorAccess::failInvalid(
+          comm, op,
+          gradient::describeTensor(prev, tensors, names) + " and " +
+              gradient::describeTensor(spans[k].second, tensors, names) + " overlap in memory");
+    }
+  }
 }
 
 // Fires the buckets of one plan: pack, allreduce, unpack on the progress
@@ -65,18 +81,17 @@ class Fuser {
         const std::vector<std::string>& names, ReduceOp op, Timeline* timeline)
       : comm_(comm), tensors_(tensors), names_(names), op_(op), timeline_(timeline) {}
 
-  // `region`: where the bucket is packed (ignored for a direct bucket).
+  // `region`: where the bucket is packed (ignored for an in-place bucket).
   // `owner` is kept alive until the op has run (the tensors and regions the
   // op touches belong to it).
   std::shared_ptr<WorkState> fire(const Bucket& b, char* region, uint64_t step, ReducerStats* stats,
                                   std::shared_ptr<const void> owner) {
     auto bucket = std::make_shared<const Bucket>(b);
     const size_t elem = dataTypeSize(b.dtype);
-    const Tensor buffer =
-        b.direct ? tensors_[b.tensors[0]] : Tensor(region, b.bytes / elem, b.dtype);
+    const Tensor buffer(b.inPlace ? b.start : region, b.bytes / elem, b.dtype);
     if (stats) {
       ++stats->fusedOps;
-      (b.direct ? stats->directBytes : stats->packedBytes) += b.bytes;
+      (b.inPlace ? stats->inPlaceBytes : stats->packedBytes) += b.bytes;
     }
     const std::vector<Tensor>* tensors = &tensors_;
     Timeline* tl = timeline_;
@@ -84,7 +99,8 @@ class Fuser {
     if (tl) {
       label = b.direct ? (names_.size() > b.tensors[0] ? names_[b.tensors[0]]
                                                        : "tensor " + std::to_string(b.tensors[0]))
-                       : "bucket of " + std::to_string(b.tensors.size());
+                       : "bucket of " + std::to_string(b.tensors.size()) +
+                             (b.inPlace ? " (in place)" : "");
       args = "\"step\": " + std::to_string(step) + ", \"bytes\": " + std::to_string(b.bytes) +
              ", \"tensors\": " + std::to_string(b.tensors.size()) +
              ", \"first\": " + std::to_string(b.tensors[0]);
@@ -96,7 +112,7 @@ class Fuser {
       (void)owner;
       const int64_t start = tl ? Timeline::nowUs() : 0;
       if (tl) tl->span("queued: " + label, "queue", Timeline::kQueue, (*times)[0], start, args);
-      if (!bucket->direct) {
+      if (!bucket->inPlace) {
         gradient::pack(*bucket, *tensors, region);
         if (tl) tl->span("pack: " + label, "pack", Timeline::kComm, start, Timeline::nowUs(), args);
       }
@@ -107,7 +123,7 @@ class Fuser {
       const int64_t reduced = tl ? Timeline::nowUs() : 0;
       if (tl)
         tl->span("allreduce: " + label, "allreduce", Timeline::kComm, (*times)[1], reduced, args);
-      if (!bucket->direct) {
+      if (!bucket->inPlace) {
         gradient::unpack(*bucket, region, *tensors);
         if (tl)
           tl->span("unpack: " + label, "unpack", Timeline::kComm, reduced, Timeline::nowUs(), args);
@@ -149,7 +165,8 @@ class GradientReducer::Impl {
   }
   std::string stepText() const { return "step " + std::to_string(step_); }
   char* regionOf(const Bucket& b) {
-    return b.direct ? nullptr : pool_[static_cast<int>(b.dtype)].data() + poolOffset_[b.tensors[0]];
+    return b.inPlace ? nullptr
+                     : pool_[static_cast<int>(b.dtype)].data() + poolOffset_[b.tensors[0]];
   }
   void fireLocked(const Bucket& b) {
     works_.push_back(fuser_->fire(b, regionOf(b), step_, &stats, nullptr));
@@ -210,8 +227,12 @@ GradientReducer::Impl::Impl(std::shared_ptr<Communicator> c, std::vector<Tensor>
   plan = gradient::planBuckets(tensors, threshold);
   poolOffset_.assign(tensors.size(), 0);
   std::vector<uint64_t> poolBytes(kNumDataTypes, 0);
+  // Fusion-buffer slots: for every tensor a round may pack (cycle-time
+  // mode), or the tensors of the fixed buckets that are not in place.
   for (size_t i = 0; i < tensors.size(); ++i) {
-    if (tensors[i].nbytes() >= threshold) continue;  // direct
+    const bool packs = cycle.count() > 0 ? tensors[i].nbytes() < threshold
+                                         : !plan.buckets[plan.bucketOf[i]].inPlace;
+    if (!packs) continue;
     uint64_t& used = poolBytes[static_cast<int>(tensors[i].dtype)];
     poolOffset_[i] = used;
     used += tensors[i].nbytes();
@@ -487,7 +508,7 @@ Work allreduceCoalesced(Communicator& comm, const std::vector<Tensor>& tensors, 
   batch->tensors = tensors;
   const BucketPlan plan = gradient::planBuckets(tensors, thresholdOr(comm, kOp, fusionThreshold));
   batch->buffers.reserve(plan.buckets.size());
-  for (const Bucket& b : plan.buckets) batch->buffers.emplace_back(b.direct ? 0 : b.bytes);
+  for (const Bucket& b : plan.buckets) batch->buffers.emplace_back(b.inPlace ? 0 : b.bytes);
   Fuser fuser(comm, batch->tensors, batch->names, op, nullptr);
   std::shared_ptr<WorkState> last;
   for (size_t k = 0; k < plan.buckets.size(); ++k) {

@@ -171,9 +171,59 @@ TEST(Reducer, BucketsFollowTheThresholdAndCountFusedOps) {
     r.wait();
     EXPECT_EQ(c.stats().allreduce - before, 4u);
     EXPECT_EQ(r.stats().fusedOps, 4u);
-    EXPECT_EQ(r.stats().packedBytes, 10u * 1024);
+    // The last bucket holds one tensor: trivially contiguous, in place.
+    EXPECT_EQ(r.stats().packedBytes, 9u * 1024);
+    EXPECT_EQ(r.stats().inPlaceBytes, 1024u);
     EXPECT_EQ(g[9][255], 2.0f);
   });
+}
+
+TEST(Reducer, ViewsIntoOneFlatBufferAreReducedInPlace) {
+  for (int cycleMs : {0, 1}) {
+    testing::runRanks(3, [&](Communicator& c) {
+      // Ten gradients of 100 floats, back to back in one buffer, plus one
+      // separate tensor in the middle of the list: the buckets around it
+      // are in place, the one that holds it is packed.
+      std::vector<float> flat(1000), apart(100);
+      std::vector<Tensor> t;
+      for (int i = 0; i < 10; ++i) t.push_back(tensor(flat.data() + 100 * i, 100));
+      t.insert(t.begin() + 5, tensor(apart.data(), apart.size()));
+      ReducerOptions o;
+      o.op = ReduceOp::kSum;
+      o.fusionThreshold = 800;  // two tensors per bucket
+      o.cycleTime = milliseconds(cycleMs);
+      GradientReducer r(borrow(c), t, o);
+      for (int s = 0; s < 2; ++s) {
+        for (size_t i = 0; i < flat.size(); ++i) flat[i] = float(i % 97 + c.rank() + s);
+        for (size_t i = 0; i < apart.size(); ++i) apart[i] = float(i + c.rank());
+        for (size_t i = 0; i < t.size(); ++i) r.ready(t.size() - 1 - i);
+        r.wait();
+        for (size_t i = 0; i < flat.size(); ++i) ASSERT_EQ(flat[i], float(3 * (i % 97 + s) + 3));
+        for (size_t i = 0; i < apart.size(); ++i) ASSERT_EQ(apart[i], float(3 * i + 3));
+      }
+      if (cycleMs == 0) {
+        // Buckets {0,1} {2,3} {4,5} {6,7} {8,9} {10}; {4,5} holds `apart`.
+        EXPECT_EQ(r.stats().packedBytes, 2u * 800);
+        EXPECT_EQ(r.stats().inPlaceBytes, 2u * (4000 - 400));
+      }
+    });
+  }
+}
+
+TEST(Reducer, OverlappingTensorsAreRejected) {
+  auto errs = testing::runRanksCollect(2, [](Communicator& c) {
+    std::vector<float> v(100);
+    GradientReducer r(borrow(c), {tensor(v.data(), 60), tensor(v.data() + 50, 50)});
+  });
+  for (auto& e : errs) {
+    ASSERT_TRUE(e);
+    try {
+      std::rethrow_exception(e);
+    } catch (const Error& err) {
+      EXPECT_EQ(err.code(), ErrorCode::kInvalidArgument);
+      EXPECT_NE(std::string(err.what()).find("overlap in memory"), std::string::npos) << err.what();
+    }
+  }
 }
 
 TEST(Reducer, ReadyNeverWaitsForAPeer) {
