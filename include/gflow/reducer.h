@@ -28,19 +28,25 @@
 // ranks produce gradients in very different orders; costs one small
 // allreduce per round.
 //
+// The reducer runs its collectives on its own communicator, split from
+// `comm` at creation: they never interleave with other ops on `comm` (which
+// may run at the same time), and a reducer failure leaves `comm` usable.
+//
 // Errors (gflow::Error naming the tensor, the ranks and the op):
 // - ready() of an index out of range, or twice in one step: kInvalidArgument,
-//   raised by ready() with nothing changed;
-// - wait() while a tensor was never marked ready: kInvalidArgument on this
-//   rank, and the communicator fails so the peers waiting for that bucket get
-//   the same error instead of hanging;
-// - registrations that differ across ranks (count, dtype, order, op or
-//   threshold): kMismatch from the constructor on every rank, naming the
-//   first tensor that differs.
-//
-// The reducer issues ordinary collectives on `comm`; other ops issued on the
-// same communicator during a step must be issued in the same order relative
-// to ready() calls on every rank (ops are matched by issue order).
+//   raised by ready() with nothing changed; ready() raises nothing else;
+// - wait() while a tensor was never marked ready: kInvalidArgument. Fixed
+//   buckets: on this rank, and the reducer's communicator fails so the peers
+//   waiting for that bucket get the same error from their wait() (the reducer
+//   cannot be used again). Cycle-time mode: every rank's wait() raises it
+//   (the round carries it) and the next step starts clean;
+// - registrations that differ across ranks (count, dtype, order, op,
+//   threshold or cycle time): kMismatch from the constructor on every rank,
+//   naming the first tensor that differs;
+// - a peer that dies, stops or fails: its error from wait();
+// - destroying a reducer in the middle of a step aborts the reducer's
+//   communicator: the peers' wait() raises an error (kAborted or
+//   kPeerLost) saying that this rank's reducer was destroyed mid-step.
 #pragma once
 
 #include <chrono>
@@ -81,7 +87,8 @@ class GFLOW_EXPORT GradientReducer {
  public:
   // Collective over `comm`: every rank registers the same tensors (count and
   // dtype, in the same order). The tensors stay owned by the caller and must
-  // outlive the reducer; their data pointers are read at every step.
+  // outlive the reducer at the same addresses (the buckets, and which of
+  // them are in place, are fixed here).
   GradientReducer(std::shared_ptr<Communicator> comm, std::vector<Tensor> gradients,
                   ReducerOptions options = ReducerOptions{});
   ~GradientReducer();
@@ -100,6 +107,8 @@ class GFLOW_EXPORT GradientReducer {
   std::vector<std::vector<size_t>> buckets() const;
   uint64_t fusionThreshold() const;
   ReducerStats stats() const;
+  // The reducer's own communicator (for its Stats: bytes on the wire).
+  const Communicator& communicator() const;
 
   class Impl;
 
@@ -112,7 +121,8 @@ class GFLOW_EXPORT GradientReducer {
 // (0: GFLOW_FUSION_THRESHOLD; one dtype per buffer; tensors of at least the
 // threshold go in place), reduced and unpacked in place. Every rank passes
 // the same list. The returned Work completes when all of them are done; the
-// tensors must stay alive until then.
+// tensors must stay alive until then. It issues one allreduce per buffer on
+// `comm`, like that many calls: calls from several threads must not race.
 GFLOW_EXPORT Work allreduceCoalesced(Communicator& comm, const std::vector<Tensor>& tensors,
                                      ReduceOp op = ReduceOp::kSum, uint64_t fusionThreshold = 0);
 

@@ -55,12 +55,12 @@ namespace gflow::params {
     "Ring pieces in flight per step (bounds staging memory to window x piece).")               \
   X(rdMaxBytes, "GFLOW_RD_MAX_BYTES", kBytes, "auto",                                          \
     "Allreduce of at most this many bytes uses recursive doubling, above it ring.")            \
-  X(fusionThreshold, "GFLOW_FUSION_THRESHOLD", kBytes, "2M",                                 \
+  X(fusionThreshold, "GFLOW_FUSION_THRESHOLD", kBytes, "2M",                                   \
     "Chunk fusion bucket size of GradientReducer and allreduceCoalesced; tensors of at least " \
     "this size are reduced in place.")                                                         \
   X(cycleTimeMs, "GFLOW_CYCLE_TIME_MS", kInt, "0",                                             \
-    "GradientReducer: 0 = fixed buckets; > 0 = negotiated rounds, at most this many ms "       \
-    "apart while gradients wait.")                                                             \
+    "GradientReducer: 0 = fixed buckets; > 0 = negotiated rounds; a round starts at the "      \
+    "latest this many ms after the last one while gradients wait.")                            \
   X(timeline, "GFLOW_TIMELINE", kString, "",                                                   \
     "Chrome trace file of GradientReducer steps; %r in the name becomes the rank (without "    \
     "it only rank 0 writes).")                                                                 \

@@ -567,8 +567,13 @@ std::shared_ptr<Communicator> Communicator::split(int color, int key) {
 
 void Communicator::abort() {
   Impl& I = *impl_;
-  Error e(ErrorCode::kAborted, "abort() was called on rank " + std::to_string(I.rank),
-          ErrorContext{"abort", 0, I.rank, -1});
+  internal::CommunicatorAccess::abortWith(
+      *this, Error(ErrorCode::kAborted, "abort() was called on rank " + std::to_string(I.rank),
+                   ErrorContext{"abort", 0, I.rank, -1}));
+}
+
+void internal::CommunicatorAccess::abortWith(Communicator& comm, const Error& e) {
+  Communicator::Impl& I = *comm.impl_;
   auto first = I.setFailed(e);
   if (I.backend) {
     I.backend->abort(*first);

@@ -22,6 +22,9 @@ struct CommunicatorAccess {
   // Fails `comm` with kInvalidArgument for `op` (the peers get the same
   // error instead of waiting for this rank) and throws it.
   [[noreturn]] static void failInvalid(Communicator& comm, const char* op, const std::string& what);
+  // Communicator::abort() with `error` instead of the generic one: pending
+  // and later ops fail with it, and so do the peers'.
+  static void abortWith(Communicator& comm, const Error& error);
 };
 
 }  // namespace gflow::internal

@@ -14,6 +14,7 @@
 #include <array>
 #include <atomic>
 #include <condition_variable>
+#include <limits>
 #include <mutex>
 #include <thread>
 
@@ -149,6 +150,9 @@ class GradientReducer::Impl {
   void ready(size_t index);
   void wait(std::chrono::milliseconds timeout);
 
+  // The reducer's own communicator, split from the caller's at creation: its
+  // buckets and rounds never interleave with the caller's ops, and a
+  // reducer failure leaves the caller's communicator usable.
   std::shared_ptr<Communicator> comm;
   std::vector<Tensor> tensors;
   std::vector<std::string> names;
@@ -168,9 +172,16 @@ class GradientReducer::Impl {
     return b.inPlace ? nullptr
                      : pool_[static_cast<int>(b.dtype)].data() + poolOffset_[b.tensors[0]];
   }
+  // Queues bucket b. A failure (the communicator failed) is kept for wait().
   void fireLocked(const Bucket& b) {
-    works_.push_back(fuser_->fire(b, regionOf(b), step_, &stats, nullptr));
+    try {
+      works_.push_back(fuser_->fire(b, regionOf(b), step_, &stats, nullptr));
+    } catch (const Error& e) {
+      if (!stepError_) stepError_ = std::make_shared<const Error>(e);
+    }
   }
+  // Creation after the split: everything that can fail on one rank only.
+  void setUp(const ReducerOptions& options);
   // Waits for every op fired (ignoring their errors) and starts a new step.
   void abandonStepLocked();
   void resetStepLocked();
@@ -197,18 +208,47 @@ class GradientReducer::Impl {
   size_t sentCount_ = 0;
   bool waiting_ = false;  // wait() was called this step
   bool roundsDone_ = false;
+  // The step's first error: raised by wait() (fixed buckets: the
+  // communicator failed while firing; cycle mode: a round's error).
   std::shared_ptr<const Error> stepError_;
   bool stop_ = false;
   std::thread roundThread_;
 };
 
-GradientReducer::Impl::Impl(std::shared_ptr<Communicator> c, std::vector<Tensor> t,
+GradientReducer::Impl::Impl(std::shared_ptr<Communicator> parent, std::vector<Tensor> t,
                             ReducerOptions options)
-    : comm(std::move(c)), tensors(std::move(t)), names(std::move(options.names)), op(options.op) {
-  const char* kCreate = "reducer.create";
-  if (!comm) {
-    GFLOW_THROW(kInvalidArgument, ErrorContext{kCreate}) << "GradientReducer needs a communicator";
+    : tensors(std::move(t)), names(std::move(options.names)), op(options.op) {
+  if (!parent) {
+    GFLOW_THROW(kInvalidArgument, ErrorContext{"reducer.create"})
+        << "GradientReducer needs a communicator";
   }
+  // Collective on the caller's communicator, before anything that can fail
+  // on one rank only: from here on such failures fail `comm`, which the
+  // peers (in the registration check or a step) see at once.
+  comm = parent->split(0, parent->rank());
+  try {
+    setUp(options);
+  } catch (const Error& e) {
+    if (comm->error()) throw;
+    CommunicatorAccess::failInvalid(*comm, "reducer.create", e.detail());
+  } catch (const std::exception& e) {
+    CommunicatorAccess::failInvalid(*comm, "reducer.create",
+                                    std::string("cannot set up the reducer: ") + e.what());
+  }
+  gradient::checkRegistration(*comm, tensors, names,
+                              {op, threshold, static_cast<int64_t>(cycle.count())});
+  if (cycle.count() > 0) {
+    try {
+      roundThread_ = std::thread([this] { roundLoop(); });
+    } catch (const std::exception& e) {
+      CommunicatorAccess::failInvalid(*comm, "reducer.create",
+                                      std::string("cannot start the round thread: ") + e.what());
+    }
+  }
+}
+
+void GradientReducer::Impl::setUp(const ReducerOptions& options) {
+  const char* kCreate = "reducer.create";
   threshold = thresholdOr(*comm, kCreate, options.fusionThreshold);
   cycle = options.cycleTime.count() >= 0
               ? options.cycleTime
@@ -216,14 +256,21 @@ GradientReducer::Impl::Impl(std::shared_ptr<Communicator> c, std::vector<Tensor>
   if (cycle.count() < 0) {
     CommunicatorAccess::failInvalid(*comm, kCreate, "GFLOW_CYCLE_TIME_MS must be >= 0");
   }
+  if (static_cast<int>(op) >= kNumReduceOps) {
+    CommunicatorAccess::failInvalid(*comm, kCreate,
+                                    "invalid reduce op " + std::to_string(static_cast<int>(op)));
+  }
   if (!names.empty() && names.size() != tensors.size()) {
     CommunicatorAccess::failInvalid(
         *comm, kCreate,
         std::to_string(names.size()) + " names for " + std::to_string(tensors.size()) + " tensors");
   }
   validateTensors(*comm, kCreate, tensors, names);
-  gradient::checkRegistration(*comm, tensors, names,
-                              {op, threshold, static_cast<int64_t>(cycle.count())});
+  // The timeline file and the pool before the registration check: a rank
+  // that cannot create them fails the peers there.
+  const std::string spec =
+      options.timeline.empty() ? params::getString("GFLOW_TIMELINE") : options.timeline;
+  timeline_ = Timeline::open(spec, comm->rank());
   plan = gradient::planBuckets(tensors, threshold);
   poolOffset_.assign(tensors.size(), 0);
   std::vector<uint64_t> poolBytes(kNumDataTypes, 0);
@@ -238,19 +285,24 @@ GradientReducer::Impl::Impl(std::shared_ptr<Communicator> c, std::vector<Tensor>
     used += tensors[i].nbytes();
   }
   for (uint64_t bytes : poolBytes) pool_.emplace_back(bytes);
-  const std::string spec =
-      options.timeline.empty() ? params::getString("GFLOW_TIMELINE") : options.timeline;
-  timeline_ = Timeline::open(spec, comm->rank());
   fuser_ = std::make_unique<Fuser>(*comm, tensors, names, op, timeline_.get());
   ready_.assign(tensors.size(), 0);
   sent_.assign(tensors.size(), 0);
   resetStepLocked();
-  if (cycle.count() > 0) roundThread_ = std::thread([this] { roundLoop(); });
 }
 
 GradientReducer::Impl::~Impl() {
   std::unique_lock<std::mutex> lock(mutex);
   stop_ = true;
+  // In the middle of a step the peers wait for buckets or rounds this rank
+  // will never issue: abort the reducer's communicator so they fail now.
+  if (readyCount_ > 0 || waiting_) {
+    CommunicatorAccess::abortWith(
+        *comm, Error(ErrorCode::kAborted,
+                     "the GradientReducer on rank " + std::to_string(comm->rank()) +
+                         " was destroyed in the middle of " + stepText(),
+                     context("reducer")));
+  }
   cv_.notify_all();
   lock.unlock();
   if (roundThread_.joinable()) roundThread_.join();
@@ -320,6 +372,12 @@ void GradientReducer::Impl::ready(size_t index) {
 // bucket this rank can never fire; failing the communicator gives them this
 // error instead.
 void GradientReducer::Impl::missingTensors(std::unique_lock<std::mutex>& lock) {
+  // ready() could not fire a bucket because the communicator had failed:
+  // that is the error to report, not its consequence.
+  if (auto e = stepError_ ? stepError_ : comm->error()) {
+    abandonStepLocked();
+    throw *e;
+  }
   std::string list;
   size_t count = 0;
   for (size_t i = 0; i < tensors.size(); ++i) {
@@ -342,6 +400,20 @@ void GradientReducer::Impl::missingTensors(std::unique_lock<std::mutex>& lock) {
 
 void GradientReducer::Impl::wait(std::chrono::milliseconds timeout) {
   const int64_t begin = Timeline::nowUs();
+  // One deadline for the whole call (0: each op's own deadline).
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto remaining = [&] {
+    if (timeout.count() <= 0) return std::chrono::milliseconds(0);
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    return std::max(left, std::chrono::milliseconds(1));
+  };
+  auto timedOut = [&]() -> Error {
+    return Error(ErrorCode::kTimeout,
+                 "GradientReducer::wait gave up after " + std::to_string(timeout.count()) +
+                     " ms in " + stepText() + "; the step is still running",
+                 context("wait"));
+  };
   std::unique_lock<std::mutex> lock(mutex);
   if (cycle.count() == 0 && readyCount_ < tensors.size()) missingTensors(lock);
   if (cycle.count() > 0) {
@@ -350,23 +422,21 @@ void GradientReducer::Impl::wait(std::chrono::milliseconds timeout) {
     auto done = [&] { return roundsDone_ || stepError_ || stop_; };
     if (timeout.count() <= 0) {
       cv_.wait(lock, done);
-    } else if (!cv_.wait_for(lock, timeout, done)) {
-      GFLOW_THROW(kTimeout, context("wait"))
-          << "GradientReducer::wait gave up after " << timeout.count() << " ms in " << stepText()
-          << "; the step is still running";
+    } else if (!cv_.wait_until(lock, deadline, done)) {
+      throw timedOut();
     }
-    if (stepError_) {
-      auto e = stepError_;
-      abandonStepLocked();  // the rounds already fired still complete
-      throw *e;
-    }
+  }
+  if (stepError_) {
+    auto e = stepError_;
+    abandonStepLocked();  // what was already fired still completes
+    throw *e;
   }
   std::vector<std::shared_ptr<WorkState>> works = works_;
   lock.unlock();
   try {
-    for (auto& w : works) w->wait(timeout);
+    for (auto& w : works) w->wait(remaining());
   } catch (const Error& e) {
-    if (e.code() == ErrorCode::kTimeout && e.op() == "wait") throw;  // the step goes on
+    if (e.code() == ErrorCode::kTimeout && e.op() == "wait") throw timedOut();  // goes on
     lock.lock();
     abandonStepLocked();
     throw;
@@ -409,36 +479,48 @@ void GradientReducer::Impl::roundLoop() {
 // step end in the same round. Errors go to stepError_ (raised by wait()).
 void GradientReducer::Impl::roundLocked(std::unique_lock<std::mutex>& lock) {
   const size_t n = tensors.size();
-  // Per tensor: ready here (min over ranks: ready everywhere). Then the
-  // lowest rank whose wait() found a tensor never marked ready, and the
-  // lowest such tensor (INT32_MAX when none).
-  std::vector<int32_t> ctl(n + 2, INT32_MAX);
-  const bool missing = waiting_ && readyCount_ < n;
-  for (size_t i = 0; i < n; ++i) {
-    ctl[i] = ready_[i];
-    if (missing && !ready_[i] && ctl[n + 1] == INT32_MAX) ctl[n + 1] = static_cast<int32_t>(i);
+  const auto none = std::numeric_limits<int64_t>::max();
+  // Per tensor: 1 if ready here (min over ranks: ready everywhere). Last:
+  // rank * n + tensor for the first tensor this rank's wait() found never
+  // marked ready (min over ranks: the lowest such rank, with its tensor).
+  std::vector<int64_t> ctl(n + 1, none);
+  for (size_t i = 0; i < n; ++i) ctl[i] = ready_[i];
+  if (waiting_ && readyCount_ < n) {
+    const size_t first =
+        static_cast<size_t>(std::find(ready_.begin(), ready_.end(), 0) - ready_.begin());
+    ctl[n] = static_cast<int64_t>(static_cast<size_t>(comm->rank()) * n + first);
   }
-  if (missing) ctl[n] = comm->rank();
   ++stats.controlOps;
   lock.unlock();
   std::shared_ptr<const Error> error;
   try {
-    comm->allreduce(Tensor(ctl.data(), ctl.size(), DataType::kInt32), ReduceOp::kMin);
+    comm->allreduce(Tensor(ctl.data(), ctl.size(), DataType::kInt64), ReduceOp::kMin);
   } catch (const Error& e) {
     error = std::make_shared<const Error>(e);
+  } catch (const std::exception& e) {
+    error = std::make_shared<const Error>(
+        ErrorCode::kInternal, std::string("round failed: ") + e.what(), context("reducer.round"));
   }
   lock.lock();
-  if (!error && ctl[n] != INT32_MAX) {
+  if (!error && stop_) {
+    error = std::make_shared<const Error>(ErrorCode::kAborted, "the reducer is being destroyed",
+                                          context("reducer.round"));
+  }
+  if (!error && ctl[n] != none) {
+    const auto rank = static_cast<size_t>(ctl[n]) / n, tensor = static_cast<size_t>(ctl[n]) % n;
     error = std::make_shared<const Error>(
         ErrorCode::kInvalidArgument,
-        "rank " + std::to_string(ctl[n]) + " called wait() in " + stepText() + " while " +
-            gradient::describeTensor(static_cast<size_t>(ctl[n + 1]), tensors, names) +
-            " was never marked ready there",
+        "rank " + std::to_string(rank) + " called wait() in " + stepText() + " while " +
+            gradient::describeTensor(tensor, tensors, names) + " was never marked ready there",
         context("reducer.wait"));
   }
+  if (error) {
+    if (!stepError_) stepError_ = error;
+    return;
+  }
   std::vector<size_t> agreed;
-  for (size_t i = 0; i < n && !error; ++i) {
-    if (ctl[i] && !sent_[i]) {
+  for (size_t i = 0; i < n; ++i) {
+    if (ctl[i] == 1 && !sent_[i]) {
       agreed.push_back(i);
       sent_[i] = 1;
       readyUnsentBytes_ -= tensors[i].nbytes();
@@ -448,13 +530,13 @@ void GradientReducer::Impl::roundLocked(std::unique_lock<std::mutex>& lock) {
     for (const Bucket& b : gradient::planBuckets(tensors, threshold, agreed).buckets) {
       fireLocked(b);
     }
-  } catch (const Error& e) {
-    error = std::make_shared<const Error>(e);
+  } catch (const std::exception& e) {
+    if (!stepError_) {
+      stepError_ = std::make_shared<const Error>(
+          ErrorCode::kInternal, std::string("round failed: ") + e.what(), context("reducer.round"));
+    }
   }
-  if (error) {
-    stepError_ = error;
-    return;
-  }
+  if (stepError_) return;
   sentCount_ += agreed.size();
   if (sentCount_ == n) roundsDone_ = true;
 }
@@ -483,6 +565,10 @@ std::vector<std::vector<size_t>> GradientReducer::buckets() const {
   std::vector<std::vector<size_t>> out;
   for (const Bucket& b : impl_->plan.buckets) out.push_back(b.tensors);
   return out;
+}
+
+const Communicator& GradientReducer::communicator() const {
+  return *impl_->comm;
 }
 
 uint64_t GradientReducer::fusionThreshold() const {

@@ -31,6 +31,23 @@ std::shared_ptr<Communicator> borrow(Communicator& c) {
   return std::shared_ptr<Communicator>(&c, [](Communicator*) {});
 }
 
+// Every rank's error from fn (message), with a short timeout so a hang fails.
+std::vector<std::string> errorsOf(int n, const std::function<void(Communicator&)>& fn) {
+  Options o;
+  o.timeout = std::chrono::seconds(20);
+  auto errs = testing::runRanksCollect(n, fn, o);
+  std::vector<std::string> out(n);
+  for (int r = 0; r < n; ++r) {
+    if (!errs[r]) continue;
+    try {
+      std::rethrow_exception(errs[r]);
+    } catch (const Error& e) {
+      out[r] = std::string(toString(e.code())) + ": " + e.what();
+    }
+  }
+  return out;
+}
+
 // A model's gradients: mixed sizes (some empty, some above the threshold
 // so they go in place) and dtypes.
 struct Model {
@@ -156,9 +173,10 @@ TEST(Reducer, CycleTimeRoundWithNothingReadyEverywhereSendsNothing) {
 
 TEST(Reducer, BucketsFollowTheThresholdAndCountFusedOps) {
   testing::runRanks(2, [](Communicator& c) {
-    std::vector<std::vector<float>> g(10, std::vector<float>(256, 1.0f));  // 1 KiB each
+    // Ten 1 KiB gradients with gaps between them (not adjacent: packed).
+    std::vector<float> storage(10 * 300, 1.0f);
     std::vector<Tensor> t;
-    for (auto& v : g) t.push_back(tensor(v.data(), v.size()));
+    for (int i = 0; i < 10; ++i) t.push_back(tensor(storage.data() + 300 * i, 256));
     ReducerOptions o;
     o.op = ReduceOp::kSum;
     o.fusionThreshold = 3000;  // three tensors per bucket
@@ -166,15 +184,16 @@ TEST(Reducer, BucketsFollowTheThresholdAndCountFusedOps) {
     GradientReducer r(borrow(c), t, o);
     ASSERT_EQ(r.buckets().size(), 4u);
     EXPECT_EQ(r.buckets()[3], (std::vector<size_t>{9}));
-    const uint64_t before = c.stats().allreduce;
+    const uint64_t before = r.communicator().stats().allreduce;
     for (size_t i = 0; i < t.size(); ++i) r.ready(i);
     r.wait();
-    EXPECT_EQ(c.stats().allreduce - before, 4u);
+    EXPECT_EQ(r.communicator().stats().allreduce - before, 4u);
     EXPECT_EQ(r.stats().fusedOps, 4u);
     // The last bucket holds one tensor: trivially contiguous, in place.
     EXPECT_EQ(r.stats().packedBytes, 9u * 1024);
     EXPECT_EQ(r.stats().inPlaceBytes, 1024u);
-    EXPECT_EQ(g[9][255], 2.0f);
+    EXPECT_EQ(storage[9 * 300 + 255], 2.0f);
+    EXPECT_EQ(storage[9 * 300 + 256], 1.0f);  // the gap is untouched
   });
 }
 
@@ -226,6 +245,79 @@ TEST(Reducer, OverlappingTensorsAreRejected) {
   }
 }
 
+TEST(Reducer, OtherOpsOnTheCommunicatorNeverInterleaveWithAStep) {
+  // Each rank calls an allreduce of its own at a different point of the step
+  // (before, between and after its ready() calls): the reducer's ops run on
+  // its own communicator, so nothing pairs up wrongly.
+  for (int cycleMs : {0, 1}) {
+    testing::runRanks(3, [&](Communicator& c) {
+      std::vector<std::vector<float>> g(6, std::vector<float>(500));
+      std::vector<Tensor> t;
+      for (auto& v : g) t.push_back(tensor(v.data(), v.size()));
+      ReducerOptions o;
+      o.op = ReduceOp::kSum;
+      o.fusionThreshold = 4000;
+      o.cycleTime = milliseconds(cycleMs);
+      GradientReducer r(borrow(c), t, o);
+      for (int s = 0; s < 3; ++s) {
+        for (auto& v : g) std::fill(v.begin(), v.end(), float(c.rank() + s));
+        double loss = c.rank();
+        const size_t at = static_cast<size_t>(c.rank() * 3);  // 0, 3 or 6
+        for (size_t i = 0; i <= g.size(); ++i) {
+          if (i == at) c.allreduce(Tensor(&loss, 1, DataType::kFloat64));
+          if (i < g.size()) r.ready(c.rank() == 1 ? g.size() - 1 - i : i);
+        }
+        r.wait();
+        EXPECT_EQ(loss, 3.0);
+        for (auto& v : g) ASSERT_EQ(v[499], float(3 + 3 * s));
+      }
+    });
+  }
+}
+
+TEST(Reducer, DestroyedMidStepAbortsThePeersNotTheCallersCommunicator) {
+  for (int cycleMs : {0, 2}) {
+    std::atomic<bool> destroyed{false};
+    auto errs = errorsOf(2, [&](Communicator& c) {
+      std::vector<std::vector<float>> g(4, std::vector<float>(100, 1.0f));
+      std::vector<Tensor> t;
+      for (auto& v : g) t.push_back(tensor(v.data(), v.size()));
+      ReducerOptions o;
+      o.fusionThreshold = 400;  // one tensor per bucket
+      o.cycleTime = milliseconds(cycleMs);
+      {
+        GradientReducer r(borrow(c), t, o);
+        r.ready(0);
+        if (c.rank() == 1) {
+          destroyed = true;
+        } else {
+          while (!destroyed) std::this_thread::sleep_for(milliseconds(1));
+          std::this_thread::sleep_for(milliseconds(20));
+          // Firing on the aborted communicator: ready() still raises
+          // nothing, wait() raises the root cause.
+          for (size_t i = 1; i < t.size(); ++i) r.ready(i);
+          try {
+            r.wait();
+            ADD_FAILURE() << "wait() succeeded";
+          } catch (const Error& e) {
+            // aborted or peer_lost, depending on the path that noticed.
+            EXPECT_TRUE(e.code() == ErrorCode::kAborted || e.code() == ErrorCode::kPeerLost)
+                << e.what();
+            EXPECT_NE(std::string(e.what()).find("on rank 1 was destroyed in the middle of step 0"),
+                      std::string::npos)
+                << e.what();
+          }
+        }
+      }
+      // The caller's communicator is untouched.
+      int32_t x = 1;
+      c.allreduce(tensor(&x, 1));
+      EXPECT_EQ(x, 2);
+    });
+    for (auto& e : errs) EXPECT_EQ(e, "") << "cycle " << cycleMs;
+  }
+}
+
 TEST(Reducer, ReadyNeverWaitsForAPeer) {
   // Rank 1 starts its step only after rank 0's ready() calls have all
   // returned: if ready() blocked on communication this would deadlock (and
@@ -274,23 +366,6 @@ TEST(Reducer, ReadyTwiceAndOutOfRangeAreRejectedWithoutHarm) {
   });
 }
 
-// Every rank's error from fn (message), with a short timeout so a hang fails.
-std::vector<std::string> errorsOf(int n, const std::function<void(Communicator&)>& fn) {
-  Options o;
-  o.timeout = std::chrono::seconds(20);
-  auto errs = testing::runRanksCollect(n, fn, o);
-  std::vector<std::string> out(n);
-  for (int r = 0; r < n; ++r) {
-    if (!errs[r]) continue;
-    try {
-      std::rethrow_exception(errs[r]);
-    } catch (const Error& e) {
-      out[r] = std::string(toString(e.code())) + ": " + e.what();
-    }
-  }
-  return out;
-}
-
 TEST(Reducer, MissingReadyAtWaitFailsEveryRankNamingTheTensor) {
   for (int cycleMs : {0, 2}) {
     auto errs = errorsOf(3, [&](Communicator& c) {
@@ -316,6 +391,28 @@ TEST(Reducer, MissingReadyAtWaitFailsEveryRankNamingTheTensor) {
   }
 }
 
+TEST(Reducer, CycleModeNamesTheLowestMissingRankWithItsOwnTensor) {
+  auto errs = errorsOf(3, [](Communicator& c) {
+    std::vector<std::vector<float>> g(6, std::vector<float>(10));
+    std::vector<Tensor> t;
+    for (auto& v : g) t.push_back(tensor(v.data(), v.size()));
+    ReducerOptions o;
+    o.cycleTime = milliseconds(1);
+    o.names = {"l0", "l1", "l2", "l3", "l4", "l5"};
+    GradientReducer r(borrow(c), t, o);
+    // Rank 1 misses l4, rank 2 misses l2; rank 0 has everything.
+    const size_t skip = c.rank() == 1 ? 4 : c.rank() == 2 ? 2 : 99;
+    for (size_t i = 0; i < t.size(); ++i) {
+      if (i != skip) r.ready(i);
+    }
+    r.wait();
+  });
+  for (auto& e : errs) {
+    EXPECT_NE(e.find("rank 1 called wait() in step 0 while tensor 4 ('l4'"), std::string::npos)
+        << e;
+  }
+}
+
 TEST(Reducer, CycleModeKeepsTheCommunicatorUsableAfterAMissingReady) {
   testing::runRanks(2, [](Communicator& c) {
     std::vector<float> a(10, 1.0f), b(10, 1.0f);
@@ -333,6 +430,19 @@ TEST(Reducer, CycleModeKeepsTheCommunicatorUsableAfterAMissingReady) {
     r.wait();
     EXPECT_EQ(a[3], 2.0f);
     EXPECT_EQ(b[3], 2.0f);
+  });
+}
+
+TEST(Reducer, AMissingReadyLeavesTheCallersCommunicatorUsable) {
+  testing::runRanks(2, [](Communicator& c) {
+    std::vector<float> a(10, 1.0f), b(10, 1.0f);
+    GradientReducer r(borrow(c), {tensor(a.data(), 10), tensor(b.data(), 10)});
+    r.ready(0);
+    if (c.rank() == 0) r.ready(1);
+    EXPECT_THROW(r.wait(), Error);
+    int32_t x = 1;
+    c.allreduce(tensor(&x, 1));
+    EXPECT_EQ(x, 2);
   });
 }
 
