@@ -44,9 +44,33 @@ class GFLOW_EXPORT Work {
   // may still complete).
   void wait(std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) const;
   bool valid() const { return state_ != nullptr; }
+  // After the op completed: whether its result held an inf or NaN (an
+  // allreduce with AllreduceOptions; false for other ops). Every rank agrees.
+  bool nonFinite() const;
 
  private:
   std::shared_ptr<WorkState> state_;
+};
+
+// An allreduce's options beyond its operator (Communicator::allreduce).
+struct AllreduceOptions {
+  ReduceOp op = ReduceOp::kSum;
+  // For float32 data, the type on the wire: kFloat16 or kBFloat16 halve the
+  // bytes. Every reduction hop widens to float32, applies the op and rounds
+  // once to the wire type (docs/compression.md bounds the error); all ranks
+  // get the same bits. kFloat32 (or the tensor's own dtype): no compression.
+  DataType wire = DataType::kFloat32;
+  // float32 data only: the input is multiplied by `prescale` before it is
+  // narrowed (e.g. 1/N with kSum keeps float16 sums of N ranks in range),
+  // the result by `postscale` after it is widened.
+  float prescale = 1.0f;
+  float postscale = 1.0f;
+};
+
+struct AllreduceResult {
+  // The result holds an inf or NaN (overflow of the wire type, or a rank's
+  // input): a loss scaler skips the step. Every rank gets the same answer.
+  bool nonFinite = false;
 };
 
 struct PeerStats {
@@ -94,6 +118,8 @@ class GFLOW_EXPORT Communicator {
 
   // In-place: reduces `inout` across ranks.
   void allreduce(Tensor inout, ReduceOp op = ReduceOp::kSum);
+  // In-place, with wire compression and scaling; reports inf/NaN.
+  AllreduceResult allreduce(Tensor inout, const AllreduceOptions& options);
   // Out-of-place: `in` is left untouched; `out` has the same count and dtype.
   void allreduce(Tensor in, Tensor out, ReduceOp op = ReduceOp::kSum);
   // in.count == out.count * size(); rank r receives block r of the result.
@@ -104,6 +130,7 @@ class GFLOW_EXPORT Communicator {
   void barrier();
 
   Work allreduceAsync(Tensor inout, ReduceOp op = ReduceOp::kSum);
+  Work allreduceAsync(Tensor inout, const AllreduceOptions& options);
   Work allreduceAsync(Tensor in, Tensor out, ReduceOp op = ReduceOp::kSum);
   Work reduceScatterAsync(Tensor in, Tensor out, ReduceOp op = ReduceOp::kSum);
   Work allgatherAsync(Tensor in, Tensor out);

@@ -61,6 +61,23 @@
 
 namespace gflow {
 
+// Coarse-grained sparse communication (docs/compression.md): each float32
+// bucket is cut into chunks; only the top `density` fraction of chunks by L1
+// norm (the same on every rank) travels, the rest accumulate locally.
+struct SparseOptions {
+  // Fraction of chunks sent per step, in (0, 1]; 0: dense (off); negative:
+  // GFLOW_CSC_DENSITY (default 0).
+  double density = -1;
+  // Elements per chunk; 0: GFLOW_CSC_CHUNK.
+  size_t chunk = 0;
+  // > 0: momentum correction (Deep Gradient Compression): the reducer keeps
+  // a velocity u = momentum * u + g per element and accumulates u instead of
+  // g; the optimizer then applies the result as plain SGD (no momentum).
+  float momentum = 0.0f;
+  // The first steps send every chunk (dense warm-up).
+  uint64_t warmupSteps = 0;
+};
+
 struct ReducerOptions {
   ReduceOp op = ReduceOp::kAvg;
   // Bucket size in bytes; 0 takes GFLOW_FUSION_THRESHOLD.
@@ -73,14 +90,23 @@ struct ReducerOptions {
   std::string timeline;
   // Names for errors and the timeline, one per tensor (optional).
   std::vector<std::string> names;
+  // Mixed precision: float32 gradients travel as `wire` (kFloat16 or
+  // kBFloat16); every hop adds in float32 (AllreduceOptions). prescale and
+  // postscale apply with a compressed wire (e.g. prescale 1/N with kSum).
+  DataType wire = DataType::kFloat32;
+  float prescale = 1.0f;
+  float postscale = 1.0f;
+  SparseOptions sparse;
 };
 
 struct ReducerStats {
-  uint64_t steps = 0;         // completed wait()s
-  uint64_t fusedOps = 0;      // allreduces issued (buckets or rounds' pieces)
-  uint64_t packedBytes = 0;   // bytes copied into fusion buffers (and back out)
-  uint64_t inPlaceBytes = 0;  // bytes reduced in place without a copy
-  uint64_t controlOps = 0;    // negotiation allreduces (cycle-time mode)
+  uint64_t steps = 0;             // completed wait()s
+  uint64_t fusedOps = 0;          // allreduces issued (buckets or rounds' pieces)
+  uint64_t packedBytes = 0;       // bytes copied into fusion buffers (and back out)
+  uint64_t inPlaceBytes = 0;      // bytes reduced in place without a copy
+  uint64_t controlOps = 0;        // negotiation allreduces (cycle-time mode)
+  uint64_t sparseChunks = 0;      // CSC: chunks considered
+  uint64_t sparseChunksSent = 0;  // CSC: chunks sent
 };
 
 class GFLOW_EXPORT GradientReducer {
@@ -107,6 +133,10 @@ class GFLOW_EXPORT GradientReducer {
   std::vector<std::vector<size_t>> buckets() const;
   uint64_t fusionThreshold() const;
   ReducerStats stats() const;
+  // After wait(): whether the step's reduced gradients held an inf or NaN
+  // (checked with a compressed wire or CSC; every rank agrees). A loss
+  // scaler skips the step and lowers its scale.
+  bool nonFinite() const;
   // The reducer's own communicator (for its Stats: bytes on the wire).
   const Communicator& communicator() const;
 

@@ -61,6 +61,9 @@ namespace gflow::params {
   X(cycleTimeMs, "GFLOW_CYCLE_TIME_MS", kInt, "0",                                             \
     "GradientReducer: 0 = fixed buckets; > 0 = negotiated rounds; a round starts at the "      \
     "latest this many ms after the last one while gradients wait.")                            \
+  X(cscDensity, "GFLOW_CSC_DENSITY", kString, "0",                                             \
+    "GradientReducer CSC: fraction of chunks sent per step, (0, 1]; 0 = dense.")               \
+  X(cscChunk, "GFLOW_CSC_CHUNK", kInt, "1024", "GradientReducer CSC: elements per chunk.")     \
   X(timeline, "GFLOW_TIMELINE", kString, "",                                                   \
     "Chrome trace file of GradientReducer steps; %r in the name becomes the rank (without "    \
     "it only rank 0 writes).")                                                                 \

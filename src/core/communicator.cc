@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "backend/hierarchical/hierarchical.h"
@@ -11,6 +12,7 @@
 #include "core/communicator_impl.h"
 #include "core/internal.h"
 #include "gflow/communicator.h"
+#include "kernels/convert.h"
 #include "topology/data_interface.h"
 
 namespace gflow {
@@ -429,6 +431,64 @@ std::shared_ptr<WorkState> doAllreduce(Communicator::Impl& I, Tensor in, Tensor 
       });
 }
 
+// Allreduce with AllreduceOptions: float32 data narrowed to the wire type
+// (with prescale) on the executing thread right before the collective and
+// widened back (with postscale) right after it, so the collective itself is
+// a float16/bfloat16 allreduce whose every hop adds in float32; the result
+// is scanned for inf/NaN (every rank holds the same bits, so all agree).
+std::shared_ptr<WorkState> doAllreduceWith(Communicator::Impl& I, Tensor inout,
+                                           const AllreduceOptions& o, bool blocking) {
+  const char* name = "allreduce";
+  I.checkUsable(name);
+  I.validateTensor(name, "inout", inout);
+  I.validateOp(name, o.op);
+  const bool compress = o.wire != inout.dtype;
+  if (compress && (inout.dtype != DataType::kFloat32 ||
+                   (o.wire != DataType::kFloat16 && o.wire != DataType::kBFloat16))) {
+    I.invalid(name, std::string("wire type ") + toString(o.wire) + " for " + toString(inout.dtype) +
+                        " data: compression takes float32 data to float16 or bfloat16");
+  }
+  const bool scaled = o.prescale != 1.0f || o.postscale != 1.0f;
+  if (scaled && inout.dtype != DataType::kFloat32) {
+    I.invalid(name, std::string("prescale/postscale apply to float32 data, not ") +
+                        toString(inout.dtype));
+  }
+  if (!std::isfinite(o.prescale) || !std::isfinite(o.postscale)) {
+    I.invalid(name, "prescale and postscale must be finite");
+  }
+  auto flag = std::make_shared<std::atomic<bool>>(false);
+  auto* data = static_cast<float*>(inout.data);
+  const size_t n = inout.count;
+  std::shared_ptr<WorkState> w;
+  if (!compress) {
+    auto scale = [data, n](float k) {
+      if (k != 1.0f) {
+        for (size_t i = 0; i < n; ++i) data[i] *= k;
+      }
+    };
+    const float pre = o.prescale, post = o.postscale;
+    w = doAllreduce(
+        I, inout, inout, o.op, blocking, [scale, pre] { scale(pre); },
+        [scale, post, flag, inout] {
+          scale(post);
+          flag->store(kernels::anyNonFinite(inout.data, inout.count, inout.dtype),
+                      std::memory_order_release);
+        });
+  } else {
+    auto wire = std::make_shared<std::vector<uint16_t>>(n);
+    const Tensor onWire(wire->data(), n, o.wire);
+    w = doAllreduce(
+        I, onWire, onWire, o.op, blocking,
+        [wire, data, n, o] { kernels::narrow(wire->data(), data, n, o.wire, o.prescale); },
+        [wire, data, n, o, flag] {
+          flag->store(kernels::anyNonFinite(wire->data(), n, o.wire), std::memory_order_release);
+          kernels::widen(data, wire->data(), n, o.wire, o.postscale);
+        });
+  }
+  w->setNonFiniteFlag(flag);
+  return w;
+}
+
 std::shared_ptr<WorkState> doReduceScatter(Communicator::Impl& I, Tensor in, Tensor out,
                                            ReduceOp op, bool blocking) {
   const char* name = "reduce_scatter";
@@ -491,6 +551,11 @@ void Communicator::allreduce(Tensor inout, ReduceOp op) {
 void Communicator::allreduce(Tensor in, Tensor out, ReduceOp op) {
   finish(doAllreduce(*impl_, in, out, op, true));
 }
+AllreduceResult Communicator::allreduce(Tensor inout, const AllreduceOptions& options) {
+  auto w = doAllreduceWith(*impl_, inout, options, true);
+  finish(w);
+  return AllreduceResult{w->nonFinite()};
+}
 void Communicator::reduceScatter(Tensor in, Tensor out, ReduceOp op) {
   finish(doReduceScatter(*impl_, in, out, op, true));
 }
@@ -506,6 +571,9 @@ void Communicator::barrier() {
 
 Work Communicator::allreduceAsync(Tensor inout, ReduceOp op) {
   return Work(doAllreduce(*impl_, inout, inout, op, false));
+}
+Work Communicator::allreduceAsync(Tensor inout, const AllreduceOptions& options) {
+  return Work(doAllreduceWith(*impl_, inout, options, false));
 }
 Work Communicator::allreduceAsync(Tensor in, Tensor out, ReduceOp op) {
   return Work(doAllreduce(*impl_, in, out, op, false));

@@ -32,6 +32,10 @@ bool Work::test() const {
   return state_->done();
 }
 
+bool Work::nonFinite() const {
+  return state_ && state_->nonFinite();
+}
+
 void Work::wait(std::chrono::milliseconds timeout) const {
   if (!state_) return;
   state_->wait(timeout);

@@ -27,12 +27,17 @@ class WorkState {
   bool done() const { return done_.load(std::memory_order_acquire); }
   // Waits up to `timeout` (0: until done); rethrows the op's error.
   void wait(std::chrono::milliseconds timeout);
+  // The op's inf/NaN flag (Work::nonFinite), set by the op before it
+  // finishes; attached by the submitter before the Work is handed out.
+  void setNonFiniteFlag(std::shared_ptr<const std::atomic<bool>> flag) { flag_ = std::move(flag); }
+  bool nonFinite() const { return done() && flag_ && flag_->load(std::memory_order_acquire); }
 
  private:
   std::atomic<bool> done_{false};
   mutable std::mutex mutex_;
   std::condition_variable cv_;
   std::shared_ptr<const Error> error_;
+  std::shared_ptr<const std::atomic<bool>> flag_;
 };
 
 class Engine {

@@ -13,7 +13,9 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cmath>
 #include <condition_variable>
+#include <cstring>
 #include <limits>
 #include <mutex>
 #include <thread>
@@ -23,6 +25,8 @@
 #include "core/engine.h"
 #include "core/internal.h"
 #include "gradient/bucket_plan.h"
+#include "gradient/csc.h"
+#include "gradient/fuser.h"
 #include "gradient/fusion.h"
 #include "gradient/registration.h"
 #include "gradient/timeline.h"
@@ -31,6 +35,8 @@ namespace gflow {
 
 using gradient::Bucket;
 using gradient::BucketPlan;
+using gradient::Csc;
+using gradient::Fuser;
 using gradient::Timeline;
 using internal::CommunicatorAccess;
 
@@ -74,72 +80,28 @@ void validateTensors(Communicator& comm, const char* op, const std::vector<Tenso
   }
 }
 
-// Fires the buckets of one plan: pack, allreduce, unpack on the progress
-// thread, with timeline spans. Shared by the reducer and allreduceCoalesced.
-class Fuser {
- public:
-  Fuser(Communicator& comm, const std::vector<Tensor>& tensors,
-        const std::vector<std::string>& names, ReduceOp op, Timeline* timeline)
-      : comm_(comm), tensors_(tensors), names_(names), op_(op), timeline_(timeline) {}
-
-  // `region`: where the bucket is packed (ignored for an in-place bucket).
-  // `owner` is kept alive until the op has run (the tensors and regions the
-  // op touches belong to it).
-  std::shared_ptr<WorkState> fire(const Bucket& b, char* region, uint64_t step, ReducerStats* stats,
-                                  std::shared_ptr<const void> owner) {
-    auto bucket = std::make_shared<const Bucket>(b);
-    const size_t elem = dataTypeSize(b.dtype);
-    const Tensor buffer(b.inPlace ? b.start : region, b.bytes / elem, b.dtype);
-    if (stats) {
-      ++stats->fusedOps;
-      (b.inPlace ? stats->inPlaceBytes : stats->packedBytes) += b.bytes;
-    }
-    const std::vector<Tensor>* tensors = &tensors_;
-    Timeline* tl = timeline_;
-    std::string label, args;
-    if (tl) {
-      label = b.direct ? (names_.size() > b.tensors[0] ? names_[b.tensors[0]]
-                                                       : "tensor " + std::to_string(b.tensors[0]))
-                       : "bucket of " + std::to_string(b.tensors.size()) +
-                             (b.inPlace ? " (in place)" : "");
-      args = "\"step\": " + std::to_string(step) + ", \"bytes\": " + std::to_string(b.bytes) +
-             ", \"tensors\": " + std::to_string(b.tensors.size()) +
-             ", \"first\": " + std::to_string(b.tensors[0]);
-    }
-    // Phase boundaries for the timeline: queued, packed.
-    auto times = std::make_shared<std::array<int64_t, 2>>();
-    if (tl) (*times)[0] = Timeline::nowUs();
-    auto before = [=] {
-      (void)owner;
-      const int64_t start = tl ? Timeline::nowUs() : 0;
-      if (tl) tl->span("queued: " + label, "queue", Timeline::kQueue, (*times)[0], start, args);
-      if (!bucket->inPlace) {
-        gradient::pack(*bucket, *tensors, region);
-        if (tl) tl->span("pack: " + label, "pack", Timeline::kComm, start, Timeline::nowUs(), args);
-      }
-      if (tl) (*times)[1] = Timeline::nowUs();
-    };
-    auto after = [=] {
-      (void)owner;
-      const int64_t reduced = tl ? Timeline::nowUs() : 0;
-      if (tl)
-        tl->span("allreduce: " + label, "allreduce", Timeline::kComm, (*times)[1], reduced, args);
-      if (!bucket->inPlace) {
-        gradient::unpack(*bucket, region, *tensors);
-        if (tl)
-          tl->span("unpack: " + label, "unpack", Timeline::kComm, reduced, Timeline::nowUs(), args);
-      }
-    };
-    return CommunicatorAccess::fusedAllreduce(comm_, buffer, op_, before, after);
+// SparseOptions with the GFLOW_CSC_* defaults filled in and checked.
+gradient::CscConfig cscConfig(Communicator& comm, const SparseOptions& o) {
+  const char* kCreate = "reducer.create";
+  gradient::CscConfig c;
+  c.density = o.density < 0 ? std::stod(params::getString("GFLOW_CSC_DENSITY")) : o.density;
+  c.chunk = o.chunk > 0 ? o.chunk : params::getInt("GFLOW_CSC_CHUNK");
+  c.momentum = o.momentum;
+  c.warmupSteps = o.warmupSteps;
+  if (!(c.density >= 0 && c.density <= 1)) {
+    CommunicatorAccess::failInvalid(
+        comm, kCreate,
+        "CSC density " + std::to_string(c.density) + " is outside [0, 1] (GFLOW_CSC_DENSITY)");
   }
-
- private:
-  Communicator& comm_;
-  const std::vector<Tensor>& tensors_;
-  const std::vector<std::string>& names_;
-  ReduceOp op_;
-  Timeline* timeline_;
-};
+  if (c.chunk == 0 || c.chunk > (size_t(1) << 30)) {
+    CommunicatorAccess::failInvalid(comm, kCreate,
+                                    "CSC chunk must be 1..2^30 elements (GFLOW_CSC_CHUNK)");
+  }
+  if (!(c.momentum >= 0 && c.momentum < 1)) {
+    CommunicatorAccess::failInvalid(comm, kCreate, "CSC momentum must be in [0, 1)");
+  }
+  return c;
+}
 
 }  // namespace
 
@@ -160,6 +122,8 @@ class GradientReducer::Impl {
   uint64_t threshold = 0;
   std::chrono::milliseconds cycle{0};
   BucketPlan plan;  // fixed buckets
+  gradient::WireOptions wire;
+  gradient::CscConfig sparse;  // density 0: dense
   mutable std::mutex mutex;
   ReducerStats stats;
 
@@ -169,19 +133,34 @@ class GradientReducer::Impl {
   }
   std::string stepText() const { return "step " + std::to_string(step_); }
   char* regionOf(const Bucket& b) {
-    return b.inPlace ? nullptr
-                     : pool_[static_cast<int>(b.dtype)].data() + poolOffset_[b.tensors[0]];
+    return fuser_->packs(b) ? pool_[static_cast<int>(b.dtype)].data() + poolOffset_[b.tensors[0]]
+                            : nullptr;
   }
   // Queues bucket b. A failure (the communicator failed) is kept for wait().
   void fireLocked(const Bucket& b) {
     try {
-      works_.push_back(fuser_->fire(b, regionOf(b), step_, &stats, nullptr));
+      gradient::Fired fired = fuser_->fire(b, regionOf(b), step_, &stats, nullptr, nonFinite_);
+      works_.insert(works_.end(), fired.works.begin(), fired.works.end());
     } catch (const Error& e) {
       if (!stepError_) stepError_ = std::make_shared<const Error>(e);
     }
   }
   // Creation after the split: everything that can fail on one rank only.
   void setUp(const ReducerOptions& options);
+  // Wire and CSC settings as one number, for the registration check.
+  int64_t compressionDigest() const {
+    uint64_t h = static_cast<uint64_t>(wire.wire);
+    auto mix = [&h](double v) {
+      uint64_t bits;
+      std::memcpy(&bits, &v, sizeof bits);
+      h = (h ^ bits) * 0x100000001b3ULL;
+    };
+    for (double v : {double(wire.prescale), double(wire.postscale), sparse.density,
+                     double(sparse.chunk), double(sparse.momentum), double(sparse.warmupSteps)}) {
+      mix(v);
+    }
+    return static_cast<int64_t>(h >> 1);
+  }
   // Waits for every op fired (ignoring their errors) and starts a new step.
   void abandonStepLocked();
   void resetStepLocked();
@@ -191,7 +170,17 @@ class GradientReducer::Impl {
   void roundLocked(std::unique_lock<std::mutex>& lock);
 
   std::unique_ptr<Timeline> timeline_;
+  std::unique_ptr<Csc> csc_;
   std::unique_ptr<Fuser> fuser_;
+  // This step's inf/NaN flag (a fresh one per step, so ops of an abandoned
+  // step cannot touch the next), and the last completed step's.
+  std::shared_ptr<std::atomic<bool>> nonFinite_;
+  bool lastNonFinite_ = false;
+
+ public:
+  bool lastNonFinite() const { return lastNonFinite_; }
+
+ private:
   std::vector<std::vector<char>> pool_;  // per dtype
   std::vector<uint64_t> poolOffset_;     // per tensor (fused ones)
 
@@ -235,8 +224,9 @@ GradientReducer::Impl::Impl(std::shared_ptr<Communicator> parent, std::vector<Te
     CommunicatorAccess::failInvalid(*comm, "reducer.create",
                                     std::string("cannot set up the reducer: ") + e.what());
   }
-  gradient::checkRegistration(*comm, tensors, names,
-                              {op, threshold, static_cast<int64_t>(cycle.count())});
+  gradient::checkRegistration(
+      *comm, tensors, names,
+      {op, threshold, static_cast<int64_t>(cycle.count()), compressionDigest()});
   if (cycle.count() > 0) {
     try {
       roundThread_ = std::thread([this] { roundLoop(); });
@@ -266,26 +256,42 @@ void GradientReducer::Impl::setUp(const ReducerOptions& options) {
         std::to_string(names.size()) + " names for " + std::to_string(tensors.size()) + " tensors");
   }
   validateTensors(*comm, kCreate, tensors, names);
+  wire = gradient::WireOptions{options.wire, options.prescale, options.postscale};
+  if (wire.wire != DataType::kFloat32 && wire.wire != DataType::kFloat16 &&
+      wire.wire != DataType::kBFloat16) {
+    CommunicatorAccess::failInvalid(*comm, kCreate,
+                                    std::string("wire type ") + toString(wire.wire) +
+                                        ": gradients travel as float32, float16 or bfloat16");
+  }
+  if (!std::isfinite(wire.prescale) || !std::isfinite(wire.postscale)) {
+    CommunicatorAccess::failInvalid(*comm, kCreate, "prescale and postscale must be finite");
+  }
+  sparse = cscConfig(*comm, options.sparse);
   // The timeline file and the pool before the registration check: a rank
   // that cannot create them fails the peers there.
   const std::string spec =
       options.timeline.empty() ? params::getString("GFLOW_TIMELINE") : options.timeline;
   timeline_ = Timeline::open(spec, comm->rank());
+  if (sparse.density > 0) csc_ = std::make_unique<Csc>(tensors, sparse);
+  fuser_ = std::make_unique<Fuser>(*comm, tensors, names, op, timeline_.get(), wire, csc_.get());
   plan = gradient::planBuckets(tensors, threshold);
   poolOffset_.assign(tensors.size(), 0);
   std::vector<uint64_t> poolBytes(kNumDataTypes, 0);
   // Fusion-buffer slots: for every tensor a round may pack (cycle-time
-  // mode), or the tensors of the fixed buckets that are not in place.
+  // mode: all but direct ones, and those too when float32 is compressed or
+  // sparse), or the tensors of the fixed buckets that are packed.
+  const bool convertsFloat32 = wire.compressed() || csc_ != nullptr;
   for (size_t i = 0; i < tensors.size(); ++i) {
-    const bool packs = cycle.count() > 0 ? tensors[i].nbytes() < threshold
-                                         : !plan.buckets[plan.bucketOf[i]].inPlace;
+    const bool packs = cycle.count() > 0
+                           ? tensors[i].nbytes() < threshold ||
+                                 (convertsFloat32 && tensors[i].dtype == DataType::kFloat32)
+                           : fuser_->packs(plan.buckets[plan.bucketOf[i]]);
     if (!packs) continue;
     uint64_t& used = poolBytes[static_cast<int>(tensors[i].dtype)];
     poolOffset_[i] = used;
     used += tensors[i].nbytes();
   }
   for (uint64_t bytes : poolBytes) pool_.emplace_back(bytes);
-  fuser_ = std::make_unique<Fuser>(*comm, tensors, names, op, timeline_.get());
   ready_.assign(tensors.size(), 0);
   sent_.assign(tensors.size(), 0);
   resetStepLocked();
@@ -312,6 +318,7 @@ GradientReducer::Impl::~Impl() {
 }
 
 void GradientReducer::Impl::resetStepLocked() {
+  nonFinite_ = std::make_shared<std::atomic<bool>>(false);
   std::fill(ready_.begin(), ready_.end(), 0);
   std::fill(sent_.begin(), sent_.end(), 0);
   readyCount_ = 0;
@@ -449,6 +456,7 @@ void GradientReducer::Impl::wait(std::chrono::milliseconds timeout) {
   }
   ++stats.steps;
   ++step_;
+  lastNonFinite_ = nonFinite_->load();
   resetStepLocked();
 }
 
@@ -575,6 +583,11 @@ uint64_t GradientReducer::fusionThreshold() const {
   return impl_->threshold;
 }
 
+bool GradientReducer::nonFinite() const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  return impl_->lastNonFinite();
+}
+
 ReducerStats GradientReducer::stats() const {
   std::lock_guard<std::mutex> lock(impl_->mutex);
   return impl_->stats;
@@ -595,10 +608,11 @@ Work allreduceCoalesced(Communicator& comm, const std::vector<Tensor>& tensors, 
   const BucketPlan plan = gradient::planBuckets(tensors, thresholdOr(comm, kOp, fusionThreshold));
   batch->buffers.reserve(plan.buckets.size());
   for (const Bucket& b : plan.buckets) batch->buffers.emplace_back(b.inPlace ? 0 : b.bytes);
-  Fuser fuser(comm, batch->tensors, batch->names, op, nullptr);
+  Fuser fuser(comm, batch->tensors, batch->names, op, nullptr, gradient::WireOptions{}, nullptr);
   std::shared_ptr<WorkState> last;
   for (size_t k = 0; k < plan.buckets.size(); ++k) {
-    last = fuser.fire(plan.buckets[k], batch->buffers[k].data(), 0, nullptr, batch);
+    last = fuser.fire(plan.buckets[k], batch->buffers[k].data(), 0, nullptr, batch, nullptr)
+               .works.back();
   }
   // Ops run in issue order and the first failure fails every later one, so
   // the last op's completion is the batch's.

@@ -50,9 +50,12 @@ void checkRegistration(Communicator& comm, const std::vector<Tensor>& tensors,
   uint64_t h = 0;
   for (const Tensor& t : tensors) h = mix(h, signature(t));
   // Summary: tensor count, list hash, op, threshold, cycle time.
-  std::vector<int64_t> mine = {static_cast<int64_t>(tensors.size()), static_cast<int64_t>(h),
+  std::vector<int64_t> mine = {static_cast<int64_t>(tensors.size()),
+                               static_cast<int64_t>(h),
                                static_cast<int64_t>(options.op),
-                               static_cast<int64_t>(options.threshold), options.cycleMs};
+                               static_cast<int64_t>(options.threshold),
+                               options.cycleMs,
+                               options.compression};
   const size_t w = mine.size();
   const std::vector<int64_t> all = allgatherWords(comm, mine);
   int bad = -1;
@@ -63,6 +66,12 @@ void checkRegistration(Communicator& comm, const std::vector<Tensor>& tensors,
   auto at = [&](int r, size_t k) { return all[static_cast<size_t>(r) * w + k]; };
   // Every rank saw the same summaries, so every rank takes this path.
   for (int r = 1; r < size; ++r) {
+    if (at(r, 5) != at(0, 5)) {
+      GFLOW_THROW(kMismatch, ctx) << "GradientReducer wire/CSC settings (wire type, prescale, "
+                                     "postscale, density, chunk, momentum, warm-up) differ "
+                                     "between rank 0 and rank "
+                                  << r;
+    }
     if (at(r, 2) != at(0, 2) || at(r, 3) != at(0, 3) || at(r, 4) != at(0, 4)) {
       GFLOW_THROW(kMismatch, ctx) << "GradientReducer options differ across ranks: rank 0 has op "
                                   << toString(static_cast<ReduceOp>(at(0, 2)))

@@ -14,6 +14,7 @@ struct RegistrationOptions {
   ReduceOp op = ReduceOp::kAvg;
   uint64_t threshold = 0;
   int64_t cycleMs = 0;
+  int64_t compression = 0;  // digest of the wire and CSC settings
 };
 
 // Collective over `comm` (one allgather; a second one on a mismatch to find

@@ -15,6 +15,10 @@ namespace gflow::kernels::cpu {
 // alignment; dst and src must not overlap.
 using WidenFn = void (*)(float* dst, const void* src, size_t count);
 using NarrowFn = void (*)(void* dst, const float* src, size_t count);
+// The same with a float32 multiply: narrow(src * scale), widen(src) * scale
+// (one IEEE multiply, then the conversion: the same bits on every ISA).
+using WidenScaledFn = void (*)(float* dst, const void* src, size_t count, float scale);
+using NarrowScaledFn = void (*)(void* dst, const float* src, size_t count, float scale);
 
 struct KernelTable {
   Isa isa;
@@ -24,6 +28,10 @@ struct KernelTable {
   NarrowFn floatToHalf;
   WidenFn bfloat16ToFloat;
   NarrowFn floatToBfloat16;
+  WidenScaledFn halfToFloatScaled;
+  NarrowScaledFn floatToHalfScaled;
+  WidenScaledFn bfloat16ToFloatScaled;
+  NarrowScaledFn floatToBfloat16Scaled;
 };
 
 // The tables themselves. Calling into one whose ISA the CPU lacks raises

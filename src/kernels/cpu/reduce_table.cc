@@ -1,5 +1,6 @@
-// Run-time dispatch for kernels/reduce.h: CPU detection (cpuid + xgetbv), the
-// active table, divide() and the scalar conversions.
+// Run-time dispatch for kernels/reduce.h and kernels/convert.h: CPU detection
+// (cpuid + xgetbv), the active table, divide(), the wire conversions and the
+// scalar conversions.
 #include <cpuid.h>
 
 #include <algorithm>
@@ -7,6 +8,7 @@
 #include <cstring>
 
 #include "common/check.h"
+#include "kernels/convert.h"
 #include "kernels/cpu/kernel_table.h"
 #include "kernels/cpu/scalar.h"
 #include "kernels/reduce.h"
@@ -198,6 +200,61 @@ bool setIsa(Isa isa) {
   if (table == nullptr) return false;
   activeTable().store(table, std::memory_order_release);
   return true;
+}
+
+void narrow(void* dst, const float* src, size_t count, DataType wire, float scale) {
+  const KernelTable* t = activeTable().load(std::memory_order_acquire);
+  if (wire == DataType::kFloat16) {
+    scale == 1.0f ? t->floatToHalf(dst, src, count) : t->floatToHalfScaled(dst, src, count, scale);
+  } else if (wire == DataType::kBFloat16) {
+    scale == 1.0f ? t->floatToBfloat16(dst, src, count)
+                  : t->floatToBfloat16Scaled(dst, src, count, scale);
+  } else {
+    GFLOW_THROW(kInvalidArgument, ErrorContext{})
+        << "narrow: wire type " << toString(wire) << " is not float16 or bfloat16";
+  }
+}
+
+void widen(float* dst, const void* src, size_t count, DataType wire, float scale) {
+  const KernelTable* t = activeTable().load(std::memory_order_acquire);
+  if (wire == DataType::kFloat16) {
+    scale == 1.0f ? t->halfToFloat(dst, src, count) : t->halfToFloatScaled(dst, src, count, scale);
+  } else if (wire == DataType::kBFloat16) {
+    scale == 1.0f ? t->bfloat16ToFloat(dst, src, count)
+                  : t->bfloat16ToFloatScaled(dst, src, count, scale);
+  } else {
+    GFLOW_THROW(kInvalidArgument, ErrorContext{})
+        << "widen: wire type " << toString(wire) << " is not float16 or bfloat16";
+  }
+}
+
+namespace {
+// Any element whose exponent bits are all ones (inf or NaN). Written as an
+// OR over the whole buffer (no early exit) so the compiler vectorises it.
+template <class U>
+bool anyExponentAllOnes(const void* data, size_t count, U mask) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  U any = 0;
+  for (size_t i = 0; i < count; ++i) {
+    U v;
+    std::memcpy(&v, p + i * sizeof(U), sizeof(U));
+    any |= static_cast<U>((v & mask) == mask);
+  }
+  return any != 0;
+}
+}  // namespace
+
+bool anyNonFinite(const void* data, size_t count, DataType dtype) {
+  switch (dtype) {
+    case DataType::kFloat32: return anyExponentAllOnes<uint32_t>(data, count, 0x7f800000u);
+    case DataType::kFloat64:
+      return anyExponentAllOnes<uint64_t>(data, count, 0x7ff0000000000000ull);
+    case DataType::kFloat16:
+      return anyExponentAllOnes<uint16_t>(data, count, static_cast<uint16_t>(0x7c00));
+    case DataType::kBFloat16:
+      return anyExponentAllOnes<uint16_t>(data, count, static_cast<uint16_t>(0x7f80));
+    default: return false;
+  }
 }
 
 float halfToFloat(uint16_t h) {

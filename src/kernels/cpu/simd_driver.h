@@ -116,6 +116,57 @@ void narrowLoop(void* dst, const float* src, size_t count) {
   convertLoop<Half, F32>(dst, src, count);
 }
 
+// Narrow/widen with a float32 multiply by `scale` on the float32 side (the
+// float32 lane's prod, so NaN handling matches the reduce kernels).
+template <class F32>
+typename F32::V splat(float scale) {
+  alignas(64) float s[F32::kLanes];
+  for (float& x : s) x = scale;
+  return F32::load(s);
+}
+
+template <class F32, class Half>
+void narrowScaledLoop(void* dst, const float* src, size_t count, float scale) {
+  constexpr size_t kLanes = F32::kLanes;
+  const typename F32::V k = splat<F32>(scale);
+  auto* pd = static_cast<unsigned char*>(dst);
+  const size_t vectors = count / kLanes;
+  for (size_t v = 0; v < vectors; ++v) {
+    Half::store(pd + v * kLanes * sizeof(typename Half::T),
+                F32::prod(F32::load(src + v * kLanes), k));
+  }
+  const size_t rest = count - vectors * kLanes;
+  if (rest != 0) {
+    alignas(64) float ts[kLanes] = {};
+    alignas(64) typename Half::T td[kLanes];
+    std::memcpy(ts, src + vectors * kLanes, rest * sizeof(float));
+    Half::store(td, F32::prod(F32::load(ts), k));
+    std::memcpy(pd + vectors * kLanes * sizeof(typename Half::T), td,
+                rest * sizeof(typename Half::T));
+  }
+}
+
+template <class F32, class Half>
+void widenScaledLoop(float* dst, const void* src, size_t count, float scale) {
+  constexpr size_t kLanes = F32::kLanes;
+  const typename F32::V k = splat<F32>(scale);
+  const auto* ps = static_cast<const unsigned char*>(src);
+  const size_t vectors = count / kLanes;
+  for (size_t v = 0; v < vectors; ++v) {
+    F32::store(dst + v * kLanes,
+               F32::prod(Half::load(ps + v * kLanes * sizeof(typename Half::T)), k));
+  }
+  const size_t rest = count - vectors * kLanes;
+  if (rest != 0) {
+    alignas(64) typename Half::T ts[kLanes] = {};
+    alignas(64) float td[kLanes];
+    std::memcpy(ts, ps + vectors * kLanes * sizeof(typename Half::T),
+                rest * sizeof(typename Half::T));
+    F32::store(td, F32::prod(Half::load(ts), k));
+    std::memcpy(dst + vectors * kLanes, td, rest * sizeof(float));
+  }
+}
+
 template <class L>
 constexpr void setRow(KernelTable& table, DataType dtype) {
   ReduceFn* row = table.reduce[static_cast<int>(dtype)];
@@ -145,6 +196,10 @@ constexpr KernelTable makeVectorTable(Isa isa) {
   t.floatToHalf = &narrowLoop<F32, F16>;
   t.bfloat16ToFloat = &widenLoop<F32, BF16Convert>;
   t.floatToBfloat16 = &narrowLoop<F32, BF16Convert>;
+  t.halfToFloatScaled = &widenScaledLoop<F32, F16>;
+  t.floatToHalfScaled = &narrowScaledLoop<F32, F16>;
+  t.bfloat16ToFloatScaled = &widenScaledLoop<F32, BF16Convert>;
+  t.floatToBfloat16Scaled = &narrowScaledLoop<F32, BF16Convert>;
   return t;
 }
 

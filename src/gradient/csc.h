@@ -1,0 +1,65 @@
+// Coarse-grained sparse communication (CSC, GradientFlow): a float32 bucket
+// is cut into chunks of C elements; every rank adds its gradient to its
+// local residual (error feedback; with momentum correction it adds its
+// velocity instead, as in Deep Gradient Compression), computes each chunk's
+// L1 norm, and the norms are allreduced; every rank then picks the same top
+// fraction of chunks (ties by index) with no further negotiation, and only
+// those travel (float32 or the wire type). The gradient comes back with the
+// reduced picked chunks and zeros elsewhere; the other chunks stay in the
+// residual for the next step. Written over the communicator and the kernels
+// (kernels/sparse.h), so another backend reuses it unchanged.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/engine.h"
+#include "gflow/communicator.h"
+#include "gflow/reducer.h"
+#include "gradient/bucket_plan.h"
+#include "gradient/fuser.h"
+#include "gradient/timeline.h"
+
+namespace gflow::gradient {
+
+struct CscConfig {
+  double density = 0.1;      // fraction of chunks sent, (0, 1]
+  size_t chunk = 1024;       // elements per chunk
+  float momentum = 0.0f;     // > 0: momentum correction (velocity per element)
+  uint64_t warmupSteps = 0;  // the first steps send every chunk
+};
+
+class Csc {
+ public:
+  // Residual (and velocity) storage for every float32 tensor of `tensors`.
+  Csc(const std::vector<Tensor>& tensors, CscConfig config);
+
+  // Chunks sent per bucket of `n` elements at `step`.
+  size_t picked(size_t n, uint64_t step) const;
+  const CscConfig& config() const { return config_; }
+
+  // Two ops on `comm`: the allreduce (sum) of the bucket's chunk norms, then
+  // the allreduce (`op`, on the wire type) of its picked chunks. `region`
+  // holds b.bytes (the packed residual).
+  std::vector<std::shared_ptr<WorkState>> fire(Communicator& comm, const Bucket& b, char* region,
+                                               ReduceOp op, const WireOptions& wire, uint64_t step,
+                                               ReducerStats* stats, Timeline* timeline,
+                                               const std::string& label,
+                                               std::shared_ptr<const void> owner,
+                                               std::shared_ptr<std::atomic<bool>> nonFinite);
+
+ private:
+  struct Job;
+  void accumulate(const Job& job);
+  void finish(Job& job);
+
+  const std::vector<Tensor>& tensors_;
+  CscConfig config_;
+  std::vector<size_t> offset_;   // per tensor: start in residual_/velocity_
+  std::vector<float> residual_;  // error feedback
+  std::vector<float> velocity_;  // momentum correction
+};
+
+}  // namespace gflow::gradient

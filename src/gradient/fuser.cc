@@ -1,0 +1,108 @@
+#include "gradient/fuser.h"
+
+#include <array>
+
+#include "core/internal.h"
+#include "gradient/csc.h"
+#include "gradient/fusion.h"
+#include "kernels/convert.h"
+
+namespace gflow::gradient {
+
+using internal::CommunicatorAccess;
+
+std::string bucketLabel(const Bucket& b, const std::vector<std::string>& names) {
+  if (b.direct) {
+    return names.size() > b.tensors[0] ? names[b.tensors[0]]
+                                       : "tensor " + std::to_string(b.tensors[0]);
+  }
+  return "bucket of " + std::to_string(b.tensors.size()) + (b.inPlace ? " (in place)" : "");
+}
+
+Fuser::Fuser(Communicator& comm, const std::vector<Tensor>& tensors,
+             const std::vector<std::string>& names, ReduceOp op, Timeline* timeline,
+             WireOptions wire, Csc* csc)
+    : comm_(comm),
+      tensors_(tensors),
+      names_(names),
+      op_(op),
+      timeline_(timeline),
+      wire_(wire),
+      csc_(csc) {}
+
+bool Fuser::packs(const Bucket& b) const {
+  return !b.inPlace || (isFloat32(b) && (wire_.compressed() || csc_ != nullptr));
+}
+
+Fired Fuser::fire(const Bucket& b, char* region, uint64_t step, ReducerStats* stats,
+                  std::shared_ptr<const void> owner, std::shared_ptr<std::atomic<bool>> nonFinite) {
+  Fired fired;
+  const bool pack = packs(b);
+  if (stats) (pack ? stats->packedBytes : stats->inPlaceBytes) += b.bytes;
+  if (csc_ && isFloat32(b)) {
+    fired.works = csc_->fire(comm_, b, region, op_, wire_, step, stats, timeline_,
+                             bucketLabel(b, names_), std::move(owner), std::move(nonFinite));
+    return fired;
+  }
+  if (stats) ++stats->fusedOps;
+  auto bucket = std::make_shared<const Bucket>(b);
+  const bool compress = isFloat32(b) && wire_.compressed();
+  const size_t count = b.bytes / dataTypeSize(b.dtype);
+  const Tensor buffer(pack ? static_cast<void*>(region) : b.start, count,
+                      compress ? wire_.wire : b.dtype);
+  const std::vector<Tensor>* tensors = &tensors_;
+  const WireOptions w = wire_;
+  Timeline* tl = timeline_;
+  std::string label, args;
+  if (tl) {
+    label = bucketLabel(b, names_);
+    args = "\"step\": " + std::to_string(step) + ", \"bytes\": " + std::to_string(b.bytes) +
+           ", \"tensors\": " + std::to_string(b.tensors.size()) +
+           ", \"first\": " + std::to_string(b.tensors[0]);
+  }
+  // Phase boundaries for the timeline: queued, packed.
+  auto times = std::make_shared<std::array<int64_t, 2>>();
+  if (tl) (*times)[0] = Timeline::nowUs();
+  auto before = [=] {
+    (void)owner;
+    const int64_t start = tl ? Timeline::nowUs() : 0;
+    if (tl) tl->span("queued: " + label, "queue", Timeline::kQueue, (*times)[0], start, args);
+    if (compress) {
+      auto* wire = reinterpret_cast<uint16_t*>(region);
+      for (size_t k = 0; k < bucket->tensors.size(); ++k) {
+        const Tensor& t = (*tensors)[bucket->tensors[k]];
+        kernels::narrow(wire + bucket->offsets[k] / sizeof(float),
+                        static_cast<const float*>(t.data), t.count, w.wire, w.prescale);
+      }
+    } else if (pack) {
+      gradient::pack(*bucket, *tensors, region);
+    }
+    if (tl && pack)
+      tl->span("pack: " + label, "pack", Timeline::kComm, start, Timeline::nowUs(), args);
+    if (tl) (*times)[1] = Timeline::nowUs();
+  };
+  auto after = [=] {
+    (void)owner;
+    const int64_t reduced = tl ? Timeline::nowUs() : 0;
+    if (tl)
+      tl->span("allreduce: " + label, "allreduce", Timeline::kComm, (*times)[1], reduced, args);
+    if (compress) {
+      const auto* wire = reinterpret_cast<const uint16_t*>(region);
+      if (nonFinite && kernels::anyNonFinite(wire, count, w.wire)) nonFinite->store(true);
+      for (size_t k = 0; k < bucket->tensors.size(); ++k) {
+        const Tensor& t = (*tensors)[bucket->tensors[k]];
+        kernels::widen(static_cast<float*>(t.data), wire + bucket->offsets[k] / sizeof(float),
+                       t.count, w.wire, w.postscale);
+      }
+    } else if (pack) {
+      gradient::unpack(*bucket, region, *tensors);
+    }
+    if (tl && pack) {
+      tl->span("unpack: " + label, "unpack", Timeline::kComm, reduced, Timeline::nowUs(), args);
+    }
+  };
+  fired.works.push_back(CommunicatorAccess::fusedAllreduce(comm_, buffer, op_, before, after));
+  return fired;
+}
+
+}  // namespace gflow::gradient

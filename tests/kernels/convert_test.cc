@@ -1,0 +1,176 @@
+// Wire conversions (kernels/convert.h) and CSC kernels (kernels/sparse.h)
+// against independent references: narrowing with a scale is one float32
+// multiply then one round-to-nearest-even to the 16-bit type, on every ISA
+// this CPU runs; the inf/NaN scan; chunk norms, top chunks and chunk moves.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "kernels/convert.h"
+#include "kernels/reduce.h"
+#include "kernels/sparse.h"
+
+namespace gflow::kernels {
+namespace {
+
+// Reference float -> float16 / bfloat16, round to nearest even, from the
+// bit patterns (shares no code with src/kernels).
+uint16_t refHalf(float f) {
+  if (std::isnan(f)) return 0x7e00;
+  const bool neg = std::signbit(f);
+  double a = std::fabs(static_cast<double>(f));
+  const uint16_t sign = neg ? 0x8000 : 0;
+  if (a >= 65520.0) return sign | 0x7c00;  // rounds to inf
+  int e;
+  std::frexp(a, &e);  // a = m * 2^e, m in [0.5, 1)
+  // Quantum: 2^(e-11) for normals, 2^-24 for subnormals.
+  const int q = std::max(e - 11, -24);
+  const double n = std::nearbyint(std::ldexp(a, -q));  // current rounding mode: to even
+  const double v = std::ldexp(n, q);
+  if (v == 0) return sign;
+  int ve;
+  std::frexp(v, &ve);
+  if (ve - 1 < -14) return sign | static_cast<uint16_t>(std::ldexp(v, 24));  // subnormal
+  const auto exp = static_cast<uint16_t>(ve - 1 + 15);
+  const auto mant = static_cast<uint16_t>(std::ldexp(v, -(ve - 1) + 10) - 1024);
+  return sign | static_cast<uint16_t>(exp << 10) | mant;
+}
+
+uint16_t refBfloat16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  if (std::isnan(f)) return static_cast<uint16_t>((x >> 16) | 0x40);
+  const uint32_t lsb = (x >> 16) & 1;
+  return static_cast<uint16_t>((x + 0x7fff + lsb) >> 16);
+}
+
+std::vector<float> interestingFloats() {
+  std::vector<float> v = {0.0f,
+                          -0.0f,
+                          1.0f,
+                          -1.0f,
+                          0.1f,
+                          65504.0f,
+                          65519.0f,
+                          65520.0f,
+                          1e-8f,
+                          -3e-7f,
+                          6.1e-5f,
+                          1e30f,
+                          -1e30f,
+                          std::numeric_limits<float>::infinity(),
+                          -std::numeric_limits<float>::infinity(),
+                          std::numeric_limits<float>::denorm_min()};
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> ex(-30, 20);
+  for (int i = 0; i < 5000; ++i) v.push_back(std::ldexp(u(rng), ex(rng)));
+  return v;
+}
+
+class ConvertTest : public ::testing::TestWithParam<Isa> {
+ protected:
+  void SetUp() override {
+    saved_ = activeIsa();
+    if (!setIsa(GetParam())) GTEST_SKIP() << "CPU lacks " << toString(GetParam());
+  }
+  void TearDown() override { setIsa(saved_); }
+  Isa saved_ = Isa::kBaseline;
+};
+
+TEST_P(ConvertTest, NarrowWithScaleIsOneMultiplyThenOneRounding) {
+  const std::vector<float> x = interestingFloats();
+  for (float scale : {1.0f, 0.25f, 1.0f / 3.0f, 1000.0f}) {
+    for (DataType wire : {DataType::kFloat16, DataType::kBFloat16}) {
+      std::vector<uint16_t> out(x.size());
+      narrow(out.data(), x.data(), x.size(), wire, scale);
+      for (size_t i = 0; i < x.size(); ++i) {
+        const float scaled = x[i] * scale;
+        const uint16_t want = wire == DataType::kFloat16 ? refHalf(scaled) : refBfloat16(scaled);
+        if (std::isnan(scaled)) {
+          const uint16_t mask = wire == DataType::kFloat16 ? 0x7c00 : 0x7f80;
+          ASSERT_EQ(out[i] & mask, mask) << i;
+          continue;
+        }
+        ASSERT_EQ(out[i], want) << toString(wire) << " x=" << x[i] << " scale=" << scale;
+      }
+      // Widening back with a scale: exact widening, one multiply.
+      std::vector<float> back(x.size());
+      widen(back.data(), out.data(), out.size(), wire, 2.0f);
+      for (size_t i = 0; i < x.size(); i += 7) {
+        const float w = wire == DataType::kFloat16 ? halfToFloat(out[i]) : bfloat16ToFloat(out[i]);
+        if (!std::isnan(w)) {
+          ASSERT_EQ(back[i], w * 2.0f) << i;
+        }
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(, ConvertTest, ::testing::Values(Isa::kBaseline, Isa::kAvx2, Isa::kAvx512),
+                         [](const ::testing::TestParamInfo<Isa>& i) { return toString(i.param); });
+
+TEST(NonFinite, FindsInfAndNanAnywhereInEveryFloatType) {
+  for (size_t n : {1u, 7u, 64u, 1001u}) {
+    for (size_t at : {size_t(0), n / 2, n - 1}) {
+      std::vector<float> f(n, 1.5f);
+      std::vector<double> d(n, -2.0);
+      std::vector<uint16_t> h(n, 0x3c00), b(n, 0x3f80);
+      EXPECT_FALSE(anyNonFinite(f.data(), n, DataType::kFloat32));
+      EXPECT_FALSE(anyNonFinite(d.data(), n, DataType::kFloat64));
+      EXPECT_FALSE(anyNonFinite(h.data(), n, DataType::kFloat16));
+      EXPECT_FALSE(anyNonFinite(b.data(), n, DataType::kBFloat16));
+      f[at] = std::numeric_limits<float>::quiet_NaN();
+      d[at] = -std::numeric_limits<double>::infinity();
+      h[at] = 0xfc00;  // -inf
+      b[at] = 0x7fc1;  // NaN
+      EXPECT_TRUE(anyNonFinite(f.data(), n, DataType::kFloat32));
+      EXPECT_TRUE(anyNonFinite(d.data(), n, DataType::kFloat64));
+      EXPECT_TRUE(anyNonFinite(h.data(), n, DataType::kFloat16));
+      EXPECT_TRUE(anyNonFinite(b.data(), n, DataType::kBFloat16));
+    }
+  }
+  const uint16_t maxHalf = 0x7bff;
+  EXPECT_FALSE(anyNonFinite(&maxHalf, 1, DataType::kFloat16));
+  const int32_t i = -1;
+  EXPECT_FALSE(anyNonFinite(&i, 1, DataType::kInt32));
+}
+
+TEST(Sparse, ChunkNormsTopChunksAndMoves) {
+  std::vector<float> x(1000);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = (i % 3 == 0 ? -1.0f : 0.5f) * float(i % 11);
+  const size_t chunk = 64, chunks = numChunks(x.size(), chunk);
+  ASSERT_EQ(chunks, 16u);  // the last one has 40 elements
+  std::vector<float> norms(chunks);
+  chunkL1Norms(x.data(), x.size(), chunk, norms.data());
+  for (size_t c = 0; c < chunks; ++c) {
+    double want = 0;
+    for (size_t i = c * chunk; i < std::min(x.size(), (c + 1) * chunk); ++i)
+      want += std::fabs(x[i]);
+    EXPECT_EQ(norms[c], static_cast<float>(want)) << c;  // small halves: exact
+  }
+  // Ties go to the lower index; NaN counts as the largest; result ascending.
+  const std::vector<float> n = {1, 5, 3, 5, std::numeric_limits<float>::quiet_NaN(), 0, 5};
+  EXPECT_EQ(topChunks(n.data(), n.size(), 3), (std::vector<uint32_t>{1, 3, 4}));
+  EXPECT_EQ(topChunks(n.data(), n.size(), 1), (std::vector<uint32_t>{4}));
+  EXPECT_EQ(topChunks(n.data(), n.size(), 99).size(), n.size());
+  // Gather with a short, zero-padded last chunk; scatter back.
+  const std::vector<uint32_t> picked = {2, 15};
+  std::vector<float> packed(picked.size() * chunk, -7.0f), y(x.size(), 0.0f);
+  gatherChunks(x.data(), x.size(), chunk, picked, packed.data());
+  EXPECT_EQ(packed[0], x[128]);
+  EXPECT_EQ(packed[chunk + 39], x[999]);
+  EXPECT_EQ(packed[chunk + 40], 0.0f);
+  scatterChunks(packed.data(), y.size(), chunk, picked, y.data());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const bool in = (i >= 128 && i < 192) || i >= 960;
+    ASSERT_EQ(y[i], in ? x[i] : 0.0f) << i;
+  }
+}
+
+}  // namespace
+}  // namespace gflow::kernels
