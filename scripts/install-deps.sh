@@ -13,6 +13,8 @@ packages=(
   libhwloc-dev libibverbs-dev
   # multi-host tests (network namespaces) and tooling
   iproute2 procps python3
+  # examples/digits_train: zlib, and the digits data shipped by scikit-learn
+  zlib1g-dev python3-sklearn
 )
 
 missing=()

@@ -80,7 +80,7 @@ struct PeerStats {
   uint64_t messagesReceived = 0;
 };
 
-struct Stats {
+struct GFLOW_EXPORT Stats {
   std::vector<PeerStats> peers;  // indexed by peer rank
   uint64_t allreduce = 0;
   uint64_t reduceScatter = 0;
