@@ -63,7 +63,9 @@ namespace gflow {
 
 // Coarse-grained sparse communication (docs/compression.md): each float32
 // bucket is cut into chunks; only the top `density` fraction of chunks by L1
-// norm (the same on every rank) travels, the rest accumulate locally.
+// norm (the same on every rank) travels, the rest accumulate locally. With
+// CSC, buckets hold fusionThreshold / density bytes, so that about the
+// threshold travels per bucket.
 struct SparseOptions {
   // Fraction of chunks sent per step, in (0, 1]; 0: dense (off); negative:
   // GFLOW_CSC_DENSITY (default 0).

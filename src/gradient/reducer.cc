@@ -122,6 +122,7 @@ class GradientReducer::Impl {
   uint64_t threshold = 0;
   std::chrono::milliseconds cycle{0};
   BucketPlan plan;  // fixed buckets
+  uint64_t bucketBytes = 0;  // the planning threshold (threshold / density with CSC)
   gradient::WireOptions wire;
   gradient::CscConfig sparse;  // density 0: dense
   mutable std::mutex mutex;
@@ -274,7 +275,15 @@ void GradientReducer::Impl::setUp(const ReducerOptions& options) {
   timeline_ = Timeline::open(spec, comm->rank());
   if (sparse.density > 0) csc_ = std::make_unique<Csc>(tensors, sparse);
   fuser_ = std::make_unique<Fuser>(*comm, tensors, names, op, timeline_.get(), wire, csc_.get());
-  plan = gradient::planBuckets(tensors, threshold);
+  // With CSC a bucket sends about density * its bytes: buckets of
+  // threshold / density keep what travels per bucket near the threshold
+  // (large enough for the bandwidth-optimal ring, few norm/pick rounds).
+  bucketBytes = threshold;
+  if (csc_) {
+    bucketBytes = static_cast<uint64_t>(
+        std::min(static_cast<double>(threshold) / sparse.density, double(uint64_t(1) << 40)));
+  }
+  plan = gradient::planBuckets(tensors, bucketBytes);
   poolOffset_.assign(tensors.size(), 0);
   std::vector<uint64_t> poolBytes(kNumDataTypes, 0);
   // Fusion-buffer slots: for every tensor a round may pack (cycle-time
@@ -283,7 +292,7 @@ void GradientReducer::Impl::setUp(const ReducerOptions& options) {
   const bool convertsFloat32 = wire.compressed() || csc_ != nullptr;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const bool packs = cycle.count() > 0
-                           ? tensors[i].nbytes() < threshold ||
+                           ? tensors[i].nbytes() < bucketBytes ||
                                  (convertsFloat32 && tensors[i].dtype == DataType::kFloat32)
                            : fuser_->packs(plan.buckets[plan.bucketOf[i]]);
     if (!packs) continue;
@@ -470,7 +479,7 @@ void GradientReducer::Impl::roundLoop() {
     const bool pending = active && readyUnsentBytes_ > 0;
     const bool due = pending && std::chrono::steady_clock::now() >= lastRound + cycle;
     if (active &&
-        (due || waiting_ || readyUnsentBytes_ >= threshold || readyCount_ == tensors.size())) {
+        (due || waiting_ || readyUnsentBytes_ >= bucketBytes || readyCount_ == tensors.size())) {
       roundLocked(lock);
       lastRound = std::chrono::steady_clock::now();
       cv_.notify_all();
@@ -535,7 +544,7 @@ void GradientReducer::Impl::roundLocked(std::unique_lock<std::mutex>& lock) {
     }
   }
   try {
-    for (const Bucket& b : gradient::planBuckets(tensors, threshold, agreed).buckets) {
+    for (const Bucket& b : gradient::planBuckets(tensors, bucketBytes, agreed).buckets) {
       fireLocked(b);
     }
   } catch (const std::exception& e) {

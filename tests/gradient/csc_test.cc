@@ -120,7 +120,8 @@ TEST_P(CscExact, MatchesTheReferenceStepByStep) {
     }
     ReducerOptions o;
     o.op = ReduceOp::kSum;
-    o.fusionThreshold = 2048 * 4;
+    // CSC plans buckets of threshold / density bytes: two buckets of 8 KiB.
+    o.fusionThreshold = static_cast<uint64_t>(2048 * 4 * p.density);
     o.cycleTime = milliseconds(0);
     o.sparse.density = p.density;
     o.sparse.chunk = chunk;
