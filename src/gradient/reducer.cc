@@ -15,6 +15,7 @@
 #include <atomic>
 #include <cmath>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <mutex>
@@ -84,7 +85,16 @@ void validateTensors(Communicator& comm, const char* op, const std::vector<Tenso
 gradient::CscConfig cscConfig(Communicator& comm, const SparseOptions& o) {
   const char* kCreate = "reducer.create";
   gradient::CscConfig c;
-  c.density = o.density < 0 ? std::stod(params::getString("GFLOW_CSC_DENSITY")) : o.density;
+  c.density = o.density;
+  if (o.density < 0) {
+    const std::string text = params::getString("GFLOW_CSC_DENSITY");
+    char* end = nullptr;
+    c.density = std::strtod(text.c_str(), &end);
+    if (text.empty() || *end != '\0') {
+      CommunicatorAccess::failInvalid(comm, kCreate,
+                                      "GFLOW_CSC_DENSITY='" + text + "' is not a number");
+    }
+  }
   c.chunk = o.chunk > 0 ? o.chunk : params::getInt("GFLOW_CSC_CHUNK");
   c.momentum = o.momentum;
   c.warmupSteps = o.warmupSteps;
