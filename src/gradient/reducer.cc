@@ -131,7 +131,7 @@ class GradientReducer::Impl {
   ReduceOp op;
   uint64_t threshold = 0;
   std::chrono::milliseconds cycle{0};
-  BucketPlan plan;  // fixed buckets
+  BucketPlan plan;           // fixed buckets
   uint64_t bucketBytes = 0;  // the planning threshold (threshold / density with CSC)
   gradient::WireOptions wire;
   gradient::CscConfig sparse;  // density 0: dense
