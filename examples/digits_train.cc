@@ -167,7 +167,9 @@ int main(int argc, char** argv) {
     o.fusionThreshold = 1 << 20;  // one fused bucket: the whole model
     o.names = {"w2", "b2", "w1", "b1"};
     float momentum = 0.9f;  // optimizer momentum, unless CSC's correction holds it
-    const size_t stepsPerEpoch = (mine.size() + 15) / 16;
+    // From the global size, so every rank runs the same number of steps.
+    const size_t shard = (train.size() + static_cast<size_t>(size) - 1) / static_cast<size_t>(size);
+    const size_t stepsPerEpoch = (shard + 15) / 16;
     if (args.mode == "fp16" || args.mode == "csc16") o.wire = gflow::DataType::kFloat16;
     if (args.mode == "bf16") o.wire = gflow::DataType::kBFloat16;
     if (args.mode == "csc" || args.mode == "csc16") {

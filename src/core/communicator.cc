@@ -442,7 +442,7 @@ std::shared_ptr<WorkState> doAllreduceWith(Communicator::Impl& I, Tensor inout,
   I.checkUsable(name);
   I.validateTensor(name, "inout", inout);
   I.validateOp(name, o.op);
-  const bool compress = o.wire != inout.dtype;
+  const bool compress = o.wire != DataType::kFloat32 && o.wire != inout.dtype;
   if (compress && (inout.dtype != DataType::kFloat32 ||
                    (o.wire != DataType::kFloat16 && o.wire != DataType::kBFloat16))) {
     I.invalid(name, std::string("wire type ") + toString(o.wire) + " for " + toString(inout.dtype) +
@@ -470,16 +470,20 @@ std::shared_ptr<WorkState> doAllreduceWith(Communicator::Impl& I, Tensor inout,
     w = doAllreduce(
         I, inout, inout, o.op, blocking, [scale, pre] { scale(pre); },
         [scale, post, flag, inout] {
-          scale(post);
+          // The reduced values, before postscale (as on the compressed path).
           flag->store(kernels::anyNonFinite(inout.data, inout.count, inout.dtype),
                       std::memory_order_release);
+          scale(post);
         });
   } else {
     auto wire = std::make_shared<std::vector<uint16_t>>(n);
     const Tensor onWire(wire->data(), n, o.wire);
+    // avg sums on the wire first and divides last, so a float16 sum of N
+    // in-range values could overflow: the division moves into the prescale.
+    const internal::WireOp wo = internal::wireOp(o.op, o.prescale, I.size);
     w = doAllreduce(
-        I, onWire, onWire, o.op, blocking,
-        [wire, data, n, o] { kernels::narrow(wire->data(), data, n, o.wire, o.prescale); },
+        I, onWire, onWire, wo.op, blocking,
+        [wire, data, n, o, wo] { kernels::narrow(wire->data(), data, n, o.wire, wo.prescale); },
         [wire, data, n, o, flag] {
           flag->store(kernels::anyNonFinite(wire->data(), n, o.wire), std::memory_order_release);
           kernels::widen(data, wire->data(), n, o.wire, o.postscale);

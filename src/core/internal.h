@@ -11,6 +11,18 @@
 
 namespace gflow::internal {
 
+// The op and prescale a compressed (float16/bfloat16) allreduce runs with:
+// avg becomes sum with the 1/N folded into the prescale, so the wire carries
+// the average's magnitude, not N times it (no overflow of an in-range avg).
+struct WireOp {
+  ReduceOp op;
+  float prescale;
+};
+inline WireOp wireOp(ReduceOp op, float prescale, int size) {
+  if (op == ReduceOp::kAvg) return {ReduceOp::kSum, prescale / static_cast<float>(size)};
+  return {op, prescale};
+}
+
 struct CommunicatorAccess {
   // Allreduce of `buffer` in place as one op in the communicator's order:
   // on the progress thread, `before` runs just before the collective and

@@ -16,14 +16,18 @@ using internal::CommunicatorAccess;
 // One bucket's sparse allreduce, shared by its two ops.
 struct Csc::Job {
   Bucket bucket;
-  float* packed = nullptr;  // the bucket's residual, packed (the region)
-  size_t n = 0;             // elements
-  size_t k = 0;             // chunks sent
+  size_t chunk = 0;  // min(configured chunk, bucket elements): same on every rank
+  size_t k = 0;      // chunks sent
   std::vector<float> norms;
-  std::vector<uint32_t> picked;
-  std::vector<float> values;     // k * chunk
+  std::vector<size_t> picked;
+  std::vector<float> values;     // k * chunk, zero padded
   std::vector<uint16_t> onWire;  // compressed values
 };
+
+void Csc::reset() {
+  std::fill(residual_.begin(), residual_.end(), 0.0f);
+  std::fill(velocity_.begin(), velocity_.end(), 0.0f);
+}
 
 Csc::Csc(const std::vector<Tensor>& tensors, CscConfig config)
     : tensors_(tensors), config_(config), offset_(tensors.size(), 0) {
@@ -36,79 +40,100 @@ Csc::Csc(const std::vector<Tensor>& tensors, CscConfig config)
   if (config_.momentum > 0.0f) velocity_.assign(total, 0.0f);
 }
 
-size_t Csc::picked(size_t n, uint64_t step) const {
-  const size_t chunks = kernels::numChunks(n, config_.chunk);
+size_t Csc::picked(size_t n, size_t chunk, uint64_t step) const {
+  const size_t chunks = kernels::numChunks(n, chunk);
   if (step < config_.warmupSteps) return chunks;
   const auto k = static_cast<size_t>(std::ceil(config_.density * static_cast<double>(chunks)));
   return std::clamp<size_t>(k, chunks == 0 ? 0 : 1, chunks);
 }
 
-// residual += gradient (or velocity = m * velocity + gradient, residual +=
-// velocity), then the bucket's residual packed into the region.
-void Csc::accumulate(const Job& job) {
-  const float m = config_.momentum;
-  for (size_t j = 0; j < job.bucket.tensors.size(); ++j) {
-    const size_t t = job.bucket.tensors[j];
-    const auto* g = static_cast<const float*>(tensors_[t].data);
-    float* v = residual_.data() + offset_[t];
+template <class Fn>
+void Csc::forEachPiece(const Bucket& b, size_t chunk, Fn fn) const {
+  for (size_t j = 0; j < b.tensors.size(); ++j) {
+    const size_t t = b.tensors[j];
     const size_t len = tensors_[t].count;
-    if (m > 0.0f) {
-      float* u = velocity_.data() + offset_[t];
-      for (size_t i = 0; i < len; ++i) {
-        u[i] = m * u[i] + g[i];
-        v[i] += u[i];
-      }
-    } else {
-      for (size_t i = 0; i < len; ++i) v[i] += g[i];
+    size_t at = b.offsets[j] / sizeof(float);
+    for (size_t from = 0; from < len;) {
+      const size_t to = std::min(len, from + (chunk - at % chunk));
+      fn(t, from, to, at);
+      at += to - from;
+      from = to;
     }
-    if (len > 0) std::memcpy(job.packed + job.bucket.offsets[j] / sizeof(float), v, len * 4);
   }
+}
+
+// residual += gradient (or velocity = m * velocity + gradient, residual +=
+// velocity), with each chunk's L1 norm of the new residual, in one pass.
+void Csc::accumulate(Job& job) {
+  const float m = config_.momentum;
+  std::fill(job.norms.begin(), job.norms.end(), 0.0f);
+  forEachPiece(job.bucket, job.chunk, [&](size_t t, size_t from, size_t to, size_t at) {
+    const float* g = static_cast<const float*>(tensors_[t].data) + from;
+    float* v = residual_.data() + offset_[t] + from;
+    job.norms[at / job.chunk] += m > 0.0f
+                                     ? kernels::accumulateMomentumL1(
+                                           v, velocity_.data() + offset_[t] + from, g, m, to - from)
+                                     : kernels::accumulateL1(v, g, to - from);
+  });
+}
+
+namespace {
+// Where chunk c is in the picked list, or SIZE_MAX.
+size_t slotOf(const std::vector<size_t>& picked, size_t c) {
+  const auto it = std::lower_bound(picked.begin(), picked.end(), c);
+  return it != picked.end() && *it == c ? static_cast<size_t>(it - picked.begin()) : SIZE_MAX;
+}
+}  // namespace
+
+// The picked chunks of the residual into `values` (picked chunk j at
+// j * chunk; the padding of a short last chunk stays zero).
+void Csc::gather(Job& job) const {
+  const size_t chunk = job.chunk;
+  forEachPiece(job.bucket, job.chunk, [&](size_t t, size_t from, size_t to, size_t at) {
+    const size_t slot = slotOf(job.picked, at / chunk);
+    if (slot == SIZE_MAX) return;
+    std::memcpy(job.values.data() + slot * chunk + at % chunk, residual_.data() + offset_[t] + from,
+                (to - from) * sizeof(float));
+  });
 }
 
 // Writes the result: each tensor gets the reduced values of its picked
-// ranges and zeros elsewhere; the picked ranges leave the residual (and the
+// chunks and zeros elsewhere; the picked chunks leave the residual (and the
 // velocity: momentum factor masking).
 void Csc::finish(Job& job) {
-  const size_t chunk = config_.chunk;
-  for (size_t j = 0; j < job.bucket.tensors.size(); ++j) {
-    const size_t t = job.bucket.tensors[j];
-    auto* g = static_cast<float*>(tensors_[t].data);
-    const size_t len = tensors_[t].count;
-    if (len == 0) continue;
-    std::fill(g, g + len, 0.0f);
-    const size_t begin = job.bucket.offsets[j] / sizeof(float), end = begin + len;
-    // Picked chunks that overlap [begin, end), in ascending order.
-    auto it = std::lower_bound(job.picked.begin(), job.picked.end(),
-                               static_cast<uint32_t>(begin / chunk));
-    for (; it != job.picked.end() && static_cast<size_t>(*it) * chunk < end; ++it) {
-      const size_t c0 = static_cast<size_t>(*it) * chunk;
-      const size_t from = std::max(begin, c0), to = std::min(end, c0 + chunk);
-      const float* src = job.values.data() + static_cast<size_t>(it - job.picked.begin()) * chunk;
-      std::memcpy(g + (from - begin), src + (from - c0), (to - from) * sizeof(float));
-      std::fill(residual_.begin() + static_cast<std::ptrdiff_t>(offset_[t] + from - begin),
-                residual_.begin() + static_cast<std::ptrdiff_t>(offset_[t] + to - begin), 0.0f);
-      if (!velocity_.empty()) {
-        std::fill(velocity_.begin() + static_cast<std::ptrdiff_t>(offset_[t] + from - begin),
-                  velocity_.begin() + static_cast<std::ptrdiff_t>(offset_[t] + to - begin), 0.0f);
-      }
+  const size_t chunk = job.chunk;
+  // Momentum factor masking: a sent chunk's velocity restarts. When every
+  // chunk is sent (warm-up, density 1) the velocity is kept, which is plain
+  // momentum SGD.
+  const bool mask = job.k < job.norms.size();
+  forEachPiece(job.bucket, job.chunk, [&](size_t t, size_t from, size_t to, size_t at) {
+    float* g = static_cast<float*>(tensors_[t].data) + from;
+    const size_t len = to - from, slot = slotOf(job.picked, at / chunk);
+    if (slot == SIZE_MAX) {
+      std::fill_n(g, len, 0.0f);
+      return;
     }
-  }
+    std::memcpy(g, job.values.data() + slot * chunk + at % chunk, len * sizeof(float));
+    std::fill_n(residual_.data() + offset_[t] + from, len, 0.0f);
+    if (mask && !velocity_.empty()) std::fill_n(velocity_.data() + offset_[t] + from, len, 0.0f);
+  });
 }
 
-std::vector<std::shared_ptr<WorkState>> Csc::fire(Communicator& comm, const Bucket& b, char* region,
-                                                  ReduceOp op, const WireOptions& wire,
-                                                  uint64_t step, ReducerStats* stats,
-                                                  Timeline* timeline, const std::string& label,
+std::vector<std::shared_ptr<WorkState>> Csc::fire(Communicator& comm, const Bucket& b, ReduceOp op,
+                                                  const WireOptions& wire, uint64_t step,
+                                                  ReducerStats* stats, Timeline* timeline,
+                                                  const std::string& label,
                                                   std::shared_ptr<const void> owner,
                                                   std::shared_ptr<std::atomic<bool>> nonFinite) {
   auto job = std::make_shared<Job>();
   job->bucket = b;
-  job->packed = reinterpret_cast<float*>(region);
-  job->n = b.bytes / sizeof(float);
-  job->k = picked(job->n, step);
-  const size_t chunks = kernels::numChunks(job->n, config_.chunk);
+  const size_t n = b.bytes / sizeof(float);
+  // A bucket smaller than a chunk is one chunk of its own size (no padding).
+  job->chunk = std::max<size_t>(1, std::min(config_.chunk, n));
+  job->k = picked(n, job->chunk, step);
+  const size_t chunks = kernels::numChunks(n, job->chunk);
   job->norms.assign(chunks, 0.0f);
-  job->values.assign(job->k * config_.chunk, 0.0f);
+  job->values.assign(job->k * job->chunk, 0.0f);
   if (wire.compressed()) job->onWire.assign(job->values.size(), 0);
   if (stats) {
     stats->fusedOps += 2;
@@ -124,7 +149,6 @@ std::vector<std::shared_ptr<WorkState>> Csc::fire(Communicator& comm, const Buck
   auto normsBefore = [this, job, owner, tl, t0] {
     (void)owner;
     accumulate(*job);
-    kernels::chunkL1Norms(job->packed, job->n, config_.chunk, job->norms.data());
     if (tl) (*t0)[0] = Timeline::nowUs();
   };
   auto normsAfter = [tl, t0, label, args] {
@@ -140,12 +164,15 @@ std::vector<std::shared_ptr<WorkState>> Csc::fire(Communicator& comm, const Buck
   const Tensor values = wire.compressed()
                             ? Tensor(job->onWire.data(), job->onWire.size(), wire.wire)
                             : Tensor(job->values.data(), job->values.size(), DataType::kFloat32);
-  auto valuesBefore = [this, job, wire, tl, t0] {
+  // On a compressed wire avg is a sum with 1/N in the prescale (no overflow).
+  const internal::WireOp wo = wire.compressed() ? internal::wireOp(op, wire.prescale, comm.size())
+                                                : internal::WireOp{op, wire.prescale};
+  auto valuesBefore = [this, job, wire, wo, tl, t0] {
     job->picked = kernels::topChunks(job->norms.data(), job->norms.size(), job->k);
-    kernels::gatherChunks(job->packed, job->n, config_.chunk, job->picked, job->values.data());
+    gather(*job);
     if (wire.compressed()) {
       kernels::narrow(job->onWire.data(), job->values.data(), job->values.size(), wire.wire,
-                      wire.prescale);
+                      wo.prescale);
     }
     if (tl) (*t0)[1] = Timeline::nowUs();
   };
@@ -166,7 +193,18 @@ std::vector<std::shared_ptr<WorkState>> Csc::fire(Communicator& comm, const Buck
                args);
     finish(*job);
   };
-  works.push_back(CommunicatorAccess::fusedAllreduce(comm, values, op, valuesBefore, valuesAfter));
+  try {
+    works.push_back(
+        CommunicatorAccess::fusedAllreduce(comm, values, wo.op, valuesBefore, valuesAfter));
+  } catch (...) {
+    // The communicator failed between the two submits: the norms op still
+    // runs (and fails); it touches this Csc, so let it end first.
+    try {
+      works.front()->wait(std::chrono::milliseconds(0));
+    } catch (const Error&) {
+    }
+    throw;
+  }
   return works;
 }
 

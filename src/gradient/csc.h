@@ -36,15 +36,20 @@ class Csc {
   // Residual (and velocity) storage for every float32 tensor of `tensors`.
   Csc(const std::vector<Tensor>& tensors, CscConfig config);
 
-  // Chunks sent per bucket of `n` elements at `step`.
-  size_t picked(size_t n, uint64_t step) const;
+  // Chunks sent per bucket of `n` elements cut in `chunk`s at `step`.
+  size_t picked(size_t n, size_t chunk, uint64_t step) const;
+  // Drops the residual and velocity: after a step whose result held inf or
+  // NaN (every rank agrees on it), so they carry neither into later steps
+  // nor the loss scale the step was computed at.
+  void reset();
   const CscConfig& config() const { return config_; }
 
   // Two ops on `comm`: the allreduce (sum) of the bucket's chunk norms, then
-  // the allreduce (`op`, on the wire type) of its picked chunks. `region`
-  // holds b.bytes (the packed residual).
-  std::vector<std::shared_ptr<WorkState>> fire(Communicator& comm, const Bucket& b, char* region,
-                                               ReduceOp op, const WireOptions& wire, uint64_t step,
+  // the allreduce (`op`, on the wire type) of its picked chunks. The bucket
+  // is never packed: chunks are cut over the bucket's tensors in order and
+  // read and written in place in the residual.
+  std::vector<std::shared_ptr<WorkState>> fire(Communicator& comm, const Bucket& b, ReduceOp op,
+                                               const WireOptions& wire, uint64_t step,
                                                ReducerStats* stats, Timeline* timeline,
                                                const std::string& label,
                                                std::shared_ptr<const void> owner,
@@ -52,7 +57,12 @@ class Csc {
 
  private:
   struct Job;
-  void accumulate(const Job& job);
+  // Calls fn(tensor, from, to, at) for the bucket's tensors cut at chunk
+  // boundaries: elements [from, to) of `tensor` sit at bucket position `at`.
+  template <class Fn>
+  void forEachPiece(const Bucket& b, size_t chunk, Fn fn) const;
+  void accumulate(Job& job);
+  void gather(Job& job) const;
   void finish(Job& job);
 
   const std::vector<Tensor>& tensors_;

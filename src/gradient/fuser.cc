@@ -31,7 +31,8 @@ Fuser::Fuser(Communicator& comm, const std::vector<Tensor>& tensors,
       csc_(csc) {}
 
 bool Fuser::packs(const Bucket& b) const {
-  return !b.inPlace || (isFloat32(b) && (wire_.compressed() || csc_ != nullptr));
+  if (isFloat32(b) && csc_ != nullptr) return false;  // CSC works in the residual
+  return !b.inPlace || (isFloat32(b) && wire_.compressed());
 }
 
 Fired Fuser::fire(const Bucket& b, char* region, uint64_t step, ReducerStats* stats,
@@ -40,8 +41,8 @@ Fired Fuser::fire(const Bucket& b, char* region, uint64_t step, ReducerStats* st
   const bool pack = packs(b);
   if (stats) (pack ? stats->packedBytes : stats->inPlaceBytes) += b.bytes;
   if (csc_ && isFloat32(b)) {
-    fired.works = csc_->fire(comm_, b, region, op_, wire_, step, stats, timeline_,
-                             bucketLabel(b, names_), std::move(owner), std::move(nonFinite));
+    fired.works = csc_->fire(comm_, b, op_, wire_, step, stats, timeline_, bucketLabel(b, names_),
+                             std::move(owner), std::move(nonFinite));
     return fired;
   }
   if (stats) ++stats->fusedOps;
@@ -51,7 +52,13 @@ Fired Fuser::fire(const Bucket& b, char* region, uint64_t step, ReducerStats* st
   const Tensor buffer(pack ? static_cast<void*>(region) : b.start, count,
                       compress ? wire_.wire : b.dtype);
   const std::vector<Tensor>* tensors = &tensors_;
-  const WireOptions w = wire_;
+  WireOptions w = wire_;
+  ReduceOp op = op_;
+  if (compress) {  // avg: sum on the wire with 1/N in the prescale
+    const internal::WireOp wo = internal::wireOp(op_, w.prescale, comm_.size());
+    op = wo.op;
+    w.prescale = wo.prescale;
+  }
   Timeline* tl = timeline_;
   std::string label, args;
   if (tl) {
@@ -101,7 +108,7 @@ Fired Fuser::fire(const Bucket& b, char* region, uint64_t step, ReducerStats* st
       tl->span("unpack: " + label, "unpack", Timeline::kComm, reduced, Timeline::nowUs(), args);
     }
   };
-  fired.works.push_back(CommunicatorAccess::fusedAllreduce(comm_, buffer, op_, before, after));
+  fired.works.push_back(CommunicatorAccess::fusedAllreduce(comm_, buffer, op, before, after));
   return fired;
 }
 

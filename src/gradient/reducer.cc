@@ -1,13 +1,13 @@
 // GradientReducer: lazy allreduce with chunk fusion (include/gflow/reducer.h).
 //
-// Gradients that are fused live, between pack and unpack, in one persistent
-// pool per dtype laid out in registration order; a bucket (fixed or
-// negotiated) packs its tensors contiguously from its first tensor's pool
-// offset. Fixed buckets are consecutive runs of one dtype, so their regions
-// are disjoint; the buckets of one negotiated round are ascending runs of
-// the agreed tensors, so theirs are too, and rounds never overlap in time
-// (a round's unpacks run on the progress thread before the next round's
-// packs).
+// Gradients that are packed live, between pack and unpack, in one persistent
+// pool per dtype laid out in registration order (slots only for tensors that
+// may be packed); a bucket (fixed or negotiated) packs its tensors
+// contiguously from its first tensor's slot. A bucket's region may run over
+// the slots of tensors of other buckets (its tensors need not be adjacent in
+// the list), which is safe because buckets run one at a time on the
+// progress thread and each touches its region only within its own ops.
+// CSC buckets need no region: they work in the per-tensor residual.
 #include "gflow/reducer.h"
 
 #include <algorithm>
@@ -103,9 +103,9 @@ gradient::CscConfig cscConfig(Communicator& comm, const SparseOptions& o) {
         comm, kCreate,
         "CSC density " + std::to_string(c.density) + " is outside [0, 1] (GFLOW_CSC_DENSITY)");
   }
-  if (c.chunk == 0 || c.chunk > (size_t(1) << 30)) {
+  if (c.chunk == 0 || c.chunk > (size_t(1) << 24)) {
     CommunicatorAccess::failInvalid(comm, kCreate,
-                                    "CSC chunk must be 1..2^30 elements (GFLOW_CSC_CHUNK)");
+                                    "CSC chunk must be 1..2^24 elements (GFLOW_CSC_CHUNK)");
   }
   if (!(c.momentum >= 0 && c.momentum < 1)) {
     CommunicatorAccess::failInvalid(comm, kCreate, "CSC momentum must be in [0, 1)");
@@ -299,10 +299,12 @@ void GradientReducer::Impl::setUp(const ReducerOptions& options) {
   // Fusion-buffer slots: for every tensor a round may pack (cycle-time
   // mode: all but direct ones, and those too when float32 is compressed or
   // sparse), or the tensors of the fixed buckets that are packed.
-  const bool convertsFloat32 = wire.compressed() || csc_ != nullptr;
+  // (CSC buckets work in their residual and need no slot.)
+  const bool convertsFloat32 = wire.compressed() && csc_ == nullptr;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const bool packs = cycle.count() > 0
-                           ? tensors[i].nbytes() < bucketBytes ||
+                           ? (tensors[i].nbytes() < bucketBytes &&
+                              !(csc_ && tensors[i].dtype == DataType::kFloat32)) ||
                                  (convertsFloat32 && tensors[i].dtype == DataType::kFloat32)
                            : fuser_->packs(plan.buckets[plan.bucketOf[i]]);
     if (!packs) continue;
@@ -476,6 +478,9 @@ void GradientReducer::Impl::wait(std::chrono::milliseconds timeout) {
   ++stats.steps;
   ++step_;
   lastNonFinite_ = nonFinite_->load();
+  // The caller skips such a step; CSC must not carry its inf/NaN (or the
+  // loss scale it was computed at) into later steps. Every rank agrees.
+  if (lastNonFinite_ && csc_) csc_->reset();
   resetStepLocked();
 }
 

@@ -1,7 +1,6 @@
-// Kernels of coarse-grained sparse communication (CSC): per-chunk L1 norms,
-// the top chunks by norm, and moving whole chunks between a dense vector and
-// a packed one. A chunk is `chunk` consecutive elements; the last one of a
-// vector may be shorter.
+// Kernels of coarse-grained sparse communication (CSC): the residual update
+// fused with the L1 norm of the result, and the top chunks by norm. A chunk
+// is `chunk` consecutive elements of a bucket; the last one may be shorter.
 #pragma once
 
 #include <cstddef>
@@ -14,19 +13,16 @@ inline size_t numChunks(size_t n, size_t chunk) {
   return (n + chunk - 1) / chunk;
 }
 
-// norms[c] = sum of |x[i]| over chunk c (float32, eight partial sums).
-void chunkL1Norms(const float* x, size_t n, size_t chunk, float* norms);
+// v[i] += g[i]; returns the sum of |v[i]| after the update (float32, eight
+// partial sums): error feedback and a chunk norm in one pass.
+float accumulateL1(float* v, const float* g, size_t n);
+// Momentum correction (Deep Gradient Compression): u[i] = m * u[i] + g[i],
+// v[i] += u[i]; returns the sum of |v[i]|.
+float accumulateMomentumL1(float* v, float* u, const float* g, float m, size_t n);
 
 // The `k` chunks with the largest norms, ties to the lower index, returned
 // in ascending order. Deterministic: the same norms give the same chunks. A
 // NaN norm counts as the largest (a diverging chunk is sent, not hidden).
-std::vector<uint32_t> topChunks(const float* norms, size_t count, size_t k);
-
-// out[j*chunk ..] = chunk picked[j] of x, zero-padded to `chunk` elements.
-void gatherChunks(const float* x, size_t n, size_t chunk, const std::vector<uint32_t>& picked,
-                  float* out);
-// The inverse: chunk picked[j] of x = in[j*chunk ..] (padding dropped).
-void scatterChunks(const float* in, size_t n, size_t chunk, const std::vector<uint32_t>& picked,
-                   float* x);
+std::vector<size_t> topChunks(const float* norms, size_t count, size_t k);
 
 }  // namespace gflow::kernels

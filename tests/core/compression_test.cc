@@ -69,10 +69,11 @@ TEST_P(Compressed, WithinTheBoundAndBitwiseIdenticalOnEveryRank) {
           mag += std::fabs(x);
         }
         const int N = c.ranks;
+        // avg runs as a sum with 1/N folded into the prescale.
         double bound = (N + 1) * u * mag + N * eta / prescale;
         if (op == ReduceOp::kAvg) {
           exact /= N;
-          bound = bound / N + u * std::fabs(exact);
+          bound = (N + 1) * u * mag / N + N * N * eta / prescale;
         }
         bound += 1e-6 * std::fabs(exact);  // the float32 pre/postscale multiplies
         ASSERT_LE(std::fabs(results[0][i] - exact), bound)
@@ -149,6 +150,24 @@ TEST(Compression, ReportsInfAndNanOnEveryRank) {
     Work plainOp = c.allreduceAsync(tensor(f.data() + 4, 1), ReduceOp::kSum);
     plainOp.wait();
     EXPECT_FALSE(plainOp.nonFinite());
+  });
+}
+
+TEST(Compression, DefaultOptionsWorkOnEveryDtype) {
+  testing::runRanks(2, [](Communicator& c) {
+    std::vector<double> d(10, 1.5);
+    std::vector<int32_t> i(10, 3);
+    std::vector<uint16_t> h(10, 0x3c00);  // float16 1.0
+    EXPECT_FALSE(
+        c.allreduce(Tensor(d.data(), d.size(), DataType::kFloat64), AllreduceOptions{}).nonFinite);
+    EXPECT_FALSE(
+        c.allreduce(Tensor(i.data(), i.size(), DataType::kInt32), AllreduceOptions{}).nonFinite);
+    AllreduceOptions same;
+    same.wire = DataType::kFloat16;  // the data's own type: no conversion
+    c.allreduce(Tensor(h.data(), h.size(), DataType::kFloat16), same);
+    EXPECT_EQ(d[9], 3.0);
+    EXPECT_EQ(i[9], 6);
+    EXPECT_EQ(h[9], 0x4000);  // 2.0
   });
 }
 

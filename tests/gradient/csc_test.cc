@@ -83,7 +83,7 @@ struct Reference {
           for (int r = 0; r < ranks; ++r) {
             out[i] += residual[r][i];
             residual[r][i] = 0;
-            velocity[r][i] = 0;
+            if (k < chunks) velocity[r][i] = 0;  // masking, unless every chunk is sent
           }
         }
       }
@@ -249,6 +249,51 @@ TEST(ReducerCompression, CscWithCycleTimeRoundsAndFloat16) {
         }
       }
     }
+  });
+}
+
+TEST(ReducerCompression, AStepWithInfClearsTheCscResidual) {
+  testing::runRanks(2, [](Communicator& c) {
+    std::vector<float> g(1000);
+    ReducerOptions o;
+    o.op = ReduceOp::kSum;
+    o.sparse.density = 0.1;
+    o.sparse.chunk = 100;
+    GradientReducer r(borrow(c), {tensor(g.data(), g.size())}, o);
+    // Step 0: chunk 3 is the largest and carries an inf on rank 1; the other
+    // chunks stay in the residual.
+    for (size_t i = 0; i < g.size(); ++i) g[i] = float(i / 100 + 1);
+    if (c.rank() == 1) g[350] = INFINITY;
+    r.ready(0);
+    r.wait();
+    EXPECT_TRUE(r.nonFinite());
+    // Step 1: had the residual been kept, chunk 9 (10 + 10 from step 0, plus
+    // this step's 1) would win; cleared, the winner is this step's largest.
+    for (size_t i = 0; i < g.size(); ++i) g[i] = i / 100 == 4 ? 5.0f : 1.0f;
+    r.ready(0);
+    r.wait();
+    EXPECT_FALSE(r.nonFinite());
+    for (size_t i = 0; i < g.size(); ++i) ASSERT_EQ(g[i], i / 100 == 4 ? 10.0f : 0.0f) << i;
+  });
+}
+
+TEST(ReducerCompression, AvgOnAFloat16WireDoesNotOverflowWhenTheSumWould) {
+  testing::runRanks(4, [](Communicator& c) {
+    std::vector<float> g(500, 20000.0f);  // sum 80000 > 65504, avg 20000
+    ReducerOptions o;
+    o.op = ReduceOp::kAvg;
+    o.wire = DataType::kFloat16;
+    GradientReducer r(borrow(c), {tensor(g.data(), g.size())}, o);
+    r.ready(0);
+    r.wait();
+    EXPECT_FALSE(r.nonFinite());
+    EXPECT_EQ(g[499], 20000.0f);
+    std::vector<float> v(10, 20000.0f);
+    AllreduceOptions ao;
+    ao.op = ReduceOp::kAvg;
+    ao.wire = DataType::kFloat16;
+    EXPECT_FALSE(c.allreduce(tensor(v.data(), v.size()), ao).nonFinite);
+    EXPECT_EQ(v[9], 20000.0f);
   });
 }
 

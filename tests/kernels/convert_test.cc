@@ -1,7 +1,8 @@
 // Wire conversions (kernels/convert.h) and CSC kernels (kernels/sparse.h)
 // against independent references: narrowing with a scale is one float32
 // multiply then one round-to-nearest-even to the 16-bit type, on every ISA
-// this CPU runs; the inf/NaN scan; chunk norms, top chunks and chunk moves.
+// this CPU runs; the inf/NaN scan; the residual update with its L1 norm and
+// the top chunks.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -140,36 +141,39 @@ TEST(NonFinite, FindsInfAndNanAnywhereInEveryFloatType) {
   EXPECT_FALSE(anyNonFinite(&i, 1, DataType::kInt32));
 }
 
-TEST(Sparse, ChunkNormsTopChunksAndMoves) {
-  std::vector<float> x(1000);
-  for (size_t i = 0; i < x.size(); ++i) x[i] = (i % 3 == 0 ? -1.0f : 0.5f) * float(i % 11);
-  const size_t chunk = 64, chunks = numChunks(x.size(), chunk);
-  ASSERT_EQ(chunks, 16u);  // the last one has 40 elements
-  std::vector<float> norms(chunks);
-  chunkL1Norms(x.data(), x.size(), chunk, norms.data());
-  for (size_t c = 0; c < chunks; ++c) {
-    double want = 0;
-    for (size_t i = c * chunk; i < std::min(x.size(), (c + 1) * chunk); ++i)
-      want += std::fabs(x[i]);
-    EXPECT_EQ(norms[c], static_cast<float>(want)) << c;  // small halves: exact
+TEST(Sparse, AccumulateReturnsTheL1NormOfTheNewResidual) {
+  for (size_t n : {0u, 1u, 7u, 8u, 9u, 100u, 1001u}) {
+    std::vector<float> v(n), u(n), g(n);
+    for (size_t i = 0; i < n; ++i) {
+      v[i] = (i % 3 == 0 ? -1.0f : 0.5f) * float(i % 11);
+      u[i] = float(i % 5) - 2.0f;
+      g[i] = float(i % 7) - 3.0f;
+    }
+    std::vector<float> v2 = v, u2 = u;
+    double want = 0, wantM = 0;
+    for (size_t i = 0; i < n; ++i) want += std::fabs(double(v[i]) + g[i]);
+    EXPECT_EQ(accumulateL1(v.data(), g.data(), n), static_cast<float>(want)) << n;  // exact: halves
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(v[i], v2[i] + g[i]);
+    for (size_t i = 0; i < n; ++i) wantM += std::fabs(double(v2[i]) + (0.5 * u2[i] + g[i]));
+    std::vector<float> v3 = v2;
+    EXPECT_EQ(accumulateMomentumL1(v3.data(), u2.data(), g.data(), 0.5f, n),
+              static_cast<float>(wantM))
+        << n;
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_EQ(u2[i], 0.5f * u[i] + g[i]);
+      ASSERT_EQ(v3[i], v2[i] + u2[i]);
+    }
   }
-  // Ties go to the lower index; NaN counts as the largest; result ascending.
+}
+
+TEST(Sparse, TopChunksTiesToTheLowerIndexNanFirstAscending) {
   const std::vector<float> n = {1, 5, 3, 5, std::numeric_limits<float>::quiet_NaN(), 0, 5};
-  EXPECT_EQ(topChunks(n.data(), n.size(), 3), (std::vector<uint32_t>{1, 3, 4}));
-  EXPECT_EQ(topChunks(n.data(), n.size(), 1), (std::vector<uint32_t>{4}));
+  EXPECT_EQ(topChunks(n.data(), n.size(), 3), (std::vector<size_t>{1, 3, 4}));
+  EXPECT_EQ(topChunks(n.data(), n.size(), 1), (std::vector<size_t>{4}));
+  EXPECT_EQ(topChunks(n.data(), n.size(), 0).size(), 0u);
   EXPECT_EQ(topChunks(n.data(), n.size(), 99).size(), n.size());
-  // Gather with a short, zero-padded last chunk; scatter back.
-  const std::vector<uint32_t> picked = {2, 15};
-  std::vector<float> packed(picked.size() * chunk, -7.0f), y(x.size(), 0.0f);
-  gatherChunks(x.data(), x.size(), chunk, picked, packed.data());
-  EXPECT_EQ(packed[0], x[128]);
-  EXPECT_EQ(packed[chunk + 39], x[999]);
-  EXPECT_EQ(packed[chunk + 40], 0.0f);
-  scatterChunks(packed.data(), y.size(), chunk, picked, y.data());
-  for (size_t i = 0; i < x.size(); ++i) {
-    const bool in = (i >= 128 && i < 192) || i >= 960;
-    ASSERT_EQ(y[i], in ? x[i] : 0.0f) << i;
-  }
+  const std::vector<float> flat(10, 2.0f);
+  EXPECT_EQ(topChunks(flat.data(), flat.size(), 2), (std::vector<size_t>{0, 1}));
 }
 
 }  // namespace
