@@ -25,14 +25,15 @@ void markInPlace(Bucket& b, const std::vector<Tensor>& tensors) {
 
 }  // namespace
 
-BucketPlan planBuckets(const std::vector<Tensor>& tensors, uint64_t threshold) {
+BucketPlan planBuckets(const std::vector<Tensor>& tensors, uint64_t threshold,
+                       uint64_t float32Threshold) {
   std::vector<size_t> all(tensors.size());
   for (size_t i = 0; i < all.size(); ++i) all[i] = i;
-  return planBuckets(tensors, threshold, all);
+  return planSubset(tensors, threshold, all, float32Threshold);
 }
 
-BucketPlan planBuckets(const std::vector<Tensor>& tensors, uint64_t threshold,
-                       const std::vector<size_t>& indices) {
+BucketPlan planSubset(const std::vector<Tensor>& tensors, uint64_t threshold,
+                      const std::vector<size_t>& indices, uint64_t float32Threshold) {
   GFLOW_ENFORCE(threshold > 0);
   BucketPlan plan;
   plan.bucketOf.assign(tensors.size(), SIZE_MAX);
@@ -49,7 +50,9 @@ BucketPlan planBuckets(const std::vector<Tensor>& tensors, uint64_t threshold,
   auto add = [&](size_t i) {
     const Tensor& t = tensors[i];
     const uint64_t bytes = t.nbytes();
-    if (bytes >= threshold) {
+    const uint64_t limit =
+        t.dtype == DataType::kFloat32 && float32Threshold > 0 ? float32Threshold : threshold;
+    if (bytes >= limit) {
       Bucket d;
       d.dtype = t.dtype;
       d.tensors = {i};
@@ -64,7 +67,7 @@ BucketPlan planBuckets(const std::vector<Tensor>& tensors, uint64_t threshold,
     b.tensors.push_back(i);
     b.offsets.push_back(b.bytes);
     b.bytes += bytes;
-    if (b.bytes >= threshold) close(b);
+    if (b.bytes >= limit) close(b);
   };
   for (size_t i : indices) add(i);
   // The partly filled buckets, by their first tensor's position.

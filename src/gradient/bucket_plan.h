@@ -34,10 +34,14 @@ struct BucketPlan {
 // Plans all of `tensors`, in order. Buckets of one dtype close when they
 // reach `threshold` bytes; buckets are ordered by when they close, the
 // partly filled ones at the end by their first tensor. threshold must be > 0.
-BucketPlan planBuckets(const std::vector<Tensor>& tensors, uint64_t threshold);
-// The same for the subset `indices` (ascending) of `tensors`; an empty
-// subset gives no buckets.
+// `float32Threshold` (0: the same) applies to float32 tensors instead (CSC
+// plans its float32 buckets larger than the dense ones).
 BucketPlan planBuckets(const std::vector<Tensor>& tensors, uint64_t threshold,
-                       const std::vector<size_t>& indices);
+                       uint64_t float32Threshold = 0);
+// The same for the subset `indices` (ascending) of `tensors`; an empty
+// subset gives no buckets. (A name of its own: an overload would let `{}`
+// for the indices silently mean "all".)
+BucketPlan planSubset(const std::vector<Tensor>& tensors, uint64_t threshold,
+                      const std::vector<size_t>& indices, uint64_t float32Threshold = 0);
 
 }  // namespace gflow::gradient

@@ -132,7 +132,7 @@ class GradientReducer::Impl {
   uint64_t threshold = 0;
   std::chrono::milliseconds cycle{0};
   BucketPlan plan;           // fixed buckets
-  uint64_t bucketBytes = 0;  // the planning threshold (threshold / density with CSC)
+  uint64_t bucketBytes = 0;  // float32 planning threshold (threshold / density with CSC)
   gradient::WireOptions wire;
   gradient::CscConfig sparse;  // density 0: dense
   mutable std::mutex mutex;
@@ -293,7 +293,7 @@ void GradientReducer::Impl::setUp(const ReducerOptions& options) {
     bucketBytes = static_cast<uint64_t>(
         std::min(static_cast<double>(threshold) / sparse.density, double(uint64_t(1) << 40)));
   }
-  plan = gradient::planBuckets(tensors, bucketBytes);
+  plan = gradient::planBuckets(tensors, threshold, csc_ ? bucketBytes : 0);
   poolOffset_.assign(tensors.size(), 0);
   std::vector<uint64_t> poolBytes(kNumDataTypes, 0);
   // Fusion-buffer slots: for every tensor a round may pack (cycle-time
@@ -303,7 +303,7 @@ void GradientReducer::Impl::setUp(const ReducerOptions& options) {
   const bool convertsFloat32 = wire.compressed() && csc_ == nullptr;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const bool packs = cycle.count() > 0
-                           ? (tensors[i].nbytes() < bucketBytes &&
+                           ? (tensors[i].nbytes() < threshold &&
                               !(csc_ && tensors[i].dtype == DataType::kFloat32)) ||
                                  (convertsFloat32 && tensors[i].dtype == DataType::kFloat32)
                            : fuser_->packs(plan.buckets[plan.bucketOf[i]]);
@@ -559,7 +559,8 @@ void GradientReducer::Impl::roundLocked(std::unique_lock<std::mutex>& lock) {
     }
   }
   try {
-    for (const Bucket& b : gradient::planBuckets(tensors, bucketBytes, agreed).buckets) {
+    for (const Bucket& b :
+         gradient::planSubset(tensors, threshold, agreed, csc_ ? bucketBytes : 0).buckets) {
       fireLocked(b);
     }
   } catch (const std::exception& e) {

@@ -51,12 +51,29 @@ TEST(BucketPlan, BigTensorsGoDirectAndDtypesNeverMix) {
 TEST(BucketPlan, SubsetKeepsItsOrderAndEmptyTensorsStayPlanned) {
   auto t = shapes(
       {{4, DataType::kInt32}, {0, DataType::kInt32}, {4, DataType::kInt32}, {4, DataType::kInt32}});
-  BucketPlan p = planBuckets(t, 1 << 20, {1, 3});
+  BucketPlan p = planSubset(t, 1 << 20, {1, 3});
   ASSERT_EQ(p.buckets.size(), 1u);
   EXPECT_EQ(p.buckets[0].tensors, (std::vector<size_t>{1, 3}));
   EXPECT_EQ(p.buckets[0].bytes, 16u);
   EXPECT_EQ(p.bucketOf[0], SIZE_MAX);
-  EXPECT_TRUE(planBuckets(t, 1 << 20, {}).buckets.empty());
+  EXPECT_TRUE(planSubset(t, 1 << 20, {}).buckets.empty());
+}
+
+TEST(BucketPlan, Float32CanHaveItsOwnThreshold) {
+  // CSC plans float32 buckets at threshold / density; other dtypes keep the
+  // dense threshold.
+  auto t = shapes({{100, DataType::kFloat32},
+                   {100, DataType::kFloat64},
+                   {100, DataType::kFloat32},
+                   {100, DataType::kFloat64},
+                   {500, DataType::kFloat32}});
+  BucketPlan p = planBuckets(t, 800, 4000);
+  ASSERT_EQ(p.buckets.size(), 3u);
+  EXPECT_EQ(p.buckets[0].tensors, (std::vector<size_t>{1}));  // 800 bytes: direct
+  EXPECT_TRUE(p.buckets[0].direct);
+  EXPECT_EQ(p.buckets[1].tensors, (std::vector<size_t>{3}));
+  EXPECT_EQ(p.buckets[2].tensors, (std::vector<size_t>{0, 2, 4}));  // 2800 bytes < 4000
+  EXPECT_FALSE(p.buckets[2].direct);
 }
 
 TEST(Fusion, PackUnpackRoundTripsEveryByte) {
