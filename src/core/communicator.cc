@@ -476,17 +476,18 @@ std::shared_ptr<WorkState> doAllreduceWith(Communicator::Impl& I, Tensor inout,
           scale(post);
         });
   } else {
-    auto wire = std::make_shared<std::vector<uint16_t>>(n);
-    const Tensor onWire(wire->data(), n, o.wire);
+    // Not value-initialised: narrow() writes every element first.
+    std::shared_ptr<uint16_t[]> wire(new uint16_t[n]);
+    const Tensor onWire(wire.get(), n, o.wire);
     // avg sums on the wire first and divides last, so a float16 sum of N
     // in-range values could overflow: the division moves into the prescale.
     const internal::WireOp wo = internal::wireOp(o.op, o.prescale, I.size);
     w = doAllreduce(
         I, onWire, onWire, wo.op, blocking,
-        [wire, data, n, o, wo] { kernels::narrow(wire->data(), data, n, o.wire, wo.prescale); },
+        [wire, data, n, o, wo] { kernels::narrow(wire.get(), data, n, o.wire, wo.prescale); },
         [wire, data, n, o, flag] {
-          flag->store(kernels::anyNonFinite(wire->data(), n, o.wire), std::memory_order_release);
-          kernels::widen(data, wire->data(), n, o.wire, o.postscale);
+          flag->store(kernels::anyNonFinite(wire.get(), n, o.wire), std::memory_order_release);
+          kernels::widen(data, wire.get(), n, o.wire, o.postscale);
         });
   }
   w->setNonFiniteFlag(flag);

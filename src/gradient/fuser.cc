@@ -39,13 +39,15 @@ Fired Fuser::fire(const Bucket& b, char* region, uint64_t step, ReducerStats* st
                   std::shared_ptr<const void> owner, std::shared_ptr<std::atomic<bool>> nonFinite) {
   Fired fired;
   const bool pack = packs(b);
-  if (stats) (pack ? stats->packedBytes : stats->inPlaceBytes) += b.bytes;
   if (csc_ && isFloat32(b)) {
     fired.works = csc_->fire(comm_, b, op_, wire_, step, stats, timeline_, bucketLabel(b, names_),
                              std::move(owner), std::move(nonFinite));
     return fired;
   }
-  if (stats) ++stats->fusedOps;
+  if (stats) {
+    ++stats->fusedOps;
+    (pack ? stats->packedBytes : stats->inPlaceBytes) += b.bytes;
+  }
   auto bucket = std::make_shared<const Bucket>(b);
   const bool compress = isFloat32(b) && wire_.compressed();
   const size_t count = b.bytes / dataTypeSize(b.dtype);
