@@ -102,8 +102,9 @@ struct ReducerOptions {
 };
 
 struct ReducerStats {
-  uint64_t steps = 0;             // completed wait()s
-  uint64_t fusedOps = 0;          // allreduces issued (buckets or rounds' pieces)
+  uint64_t steps = 0;     // completed wait()s
+  uint64_t fusedOps = 0;  // allreduces issued (buckets or rounds' pieces)
+  // Dense buckets only (CSC buckets count in sparseChunks):
   uint64_t packedBytes = 0;       // bytes copied into fusion buffers (and back out)
   uint64_t inPlaceBytes = 0;      // bytes reduced in place without a copy
   uint64_t controlOps = 0;        // negotiation allreduces (cycle-time mode)
