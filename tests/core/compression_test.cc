@@ -58,6 +58,7 @@ TEST_P(Compressed, WithinTheBoundAndBitwiseIdenticalOnEveryRank) {
             results[comm.rank()] = v;
           },
           base);
+      for (int r = 0; r < c.ranks; ++r) ASSERT_EQ(results[r].size(), n) << "rank " << r;
       const double u = unitRoundoff(c.wire), eta = underflowError(c.wire);
       std::vector<std::vector<float>> in;
       for (int r = 0; r < c.ranks; ++r) in.push_back(inputs(r, n, 3.0f));

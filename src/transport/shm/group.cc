@@ -165,7 +165,13 @@ std::unique_ptr<Group> Group::connect(const GroupOptions& o, std::string* why) {
         mine = "the segment of local rank " + std::to_string(p) + " is not gflow's";
         break;
       }
-      g->watch_[p] = ProcessWatch(static_cast<pid_t>(pid));
+      // A member in this process (ranks as threads) dies only with us; its
+      // leaving is seen through `left`. No pidfd for it: polling a pidfd of
+      // our own process can only mislead (a closed and reused descriptor
+      // number reads as "exited").
+      if (static_cast<pid_t>(pid) != ::getpid()) {
+        g->watch_[p] = ProcessWatch(static_cast<pid_t>(pid));
+      }
     }
     g->ctl_[p] = c;
     g->slots_[p] = reinterpret_cast<char*>(c) + ctlBytes;
