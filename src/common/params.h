@@ -21,7 +21,8 @@ namespace gflow::params {
     "'allreduce:0-64k:rd,allreduce:64k-:ring' "                                                \
     "(docs/algorithms.md).")                                                                   \
   X(transport, "GFLOW_TRANSPORT", kString, "tcp",                                              \
-    "Network transport between hosts (and between local ranks when GFLOW_SHM=0): tcp.")        \
+    "Network transport between hosts (and between local ranks when GFLOW_SHM=0): tcp or "      \
+    "verbs (RDMA, needs rdma-core's libibverbs and an RDMA device).")                           \
   X(shm, "GFLOW_SHM", kInt, "1",                                                               \
     "1: ranks on the same host exchange data through shared memory; 0: through the "           \
     "network transport.")                                                                      \
@@ -49,6 +50,26 @@ namespace gflow::params {
   X(spinUs, "GFLOW_SPIN_US", kInt, "auto",                                                     \
     "Microseconds a waiting rank busy-polls before sleeping in epoll. 'auto': 50 when the "    \
     "host has more cores than local ranks, else 0.")                                           \
+  X(ibHca, "GFLOW_IB_HCA", kString, "",                                                        \
+    "verbs: RDMA devices/ports to use: 'mlx5_0:1,mlx5_1' (prefixes), '=' exact names, '^' "    \
+    "to exclude. Default: the device nearest the rank's cpus, else the first active port.")    \
+  X(ibGidIndex, "GFLOW_IB_GID_INDEX", kString, "auto",                                         \
+    "verbs: GID index for RoCE. 'auto': a RoCE v2 IPv4-mapped GID, else the first one.")       \
+  X(ibTimeout, "GFLOW_IB_TIMEOUT", kInt, "18",                                                 \
+    "verbs: ACK timeout exponent (4.096 us x 2^value, 1-31) before a retry.")                  \
+  X(ibRetryCnt, "GFLOW_IB_RETRY_CNT", kInt, "7",                                               \
+    "verbs: retries (0-7) before a silent peer fails the transfer (retry exceeded).")          \
+  X(ibMtu, "GFLOW_IB_MTU", kInt, "0",                                                          \
+    "verbs: path MTU in bytes (256-4096); 0 = the port's active MTU.")                         \
+  X(ibQpsPerPeer, "GFLOW_IB_QPS_PER_PEER", kInt, "2",                                          \
+    "verbs: RC queue pairs per peer; large messages are striped over them.")                   \
+  X(ibEagerBytes, "GFLOW_IB_EAGER_BYTES", kBytes, "8K",                                        \
+    "verbs: messages up to this size are copied through registered slots; larger ones are "    \
+    "written zero-copy into the receiver's buffer.")                                           \
+  X(ibEagerSlots, "GFLOW_IB_EAGER_SLOTS", kInt, "64",                                          \
+    "verbs: eager slots (credits) per peer and direction.")                                    \
+  X(ibRegCache, "GFLOW_IB_REG_CACHE", kBytes, "4G",                                            \
+    "verbs: bound on per-op memory registrations; idle ones are dropped past it.")             \
   X(pieceBytes, "GFLOW_PIECE_BYTES", kBytes, "256K",                                           \
     "Pipelining granularity of ring algorithms (send/receive/reduce overlap).")                \
   X(ringWindow, "GFLOW_RING_WINDOW", kInt, "8",                                                \

@@ -13,6 +13,10 @@ struct TestEnvironment {
     setenv("GFLOW_SHM_CHUNK", "4K", 0);
     // Hierarchical allreduces of more than 8 KiB run as pipelined segments.
     setenv("GFLOW_HIER_SEGMENT", "4K", 0);
+    // verbs: ring pieces (1 KiB) go zero-copy (rendezvous), smaller messages
+    // through a ring of 8 eager slots, so credits run out and come back.
+    setenv("GFLOW_IB_EAGER_BYTES", "512", 0);
+    setenv("GFLOW_IB_EAGER_SLOTS", "8", 0);
   }
 } testEnvironment;
 }  // namespace

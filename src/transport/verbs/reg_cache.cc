@@ -1,0 +1,171 @@
+#include "transport/verbs/reg_cache.h"
+
+#include <unistd.h>
+
+#include <cstring>
+
+#include "common/check.h"
+
+namespace gflow::transport::verbs {
+namespace {
+
+uintptr_t pageSize() {
+  static const uintptr_t p = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  return p;
+}
+
+constexpr int kAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+
+}  // namespace
+
+RegCache::Ref& RegCache::Ref::operator=(Ref&& o) noexcept {
+  if (this != &o) {
+    reset();
+    cache_ = o.cache_;
+    entry_ = o.entry_;
+    o.entry_ = nullptr;
+  }
+  return *this;
+}
+
+void RegCache::Ref::reset() {
+  if (entry_) cache_->release(entry_);
+  entry_ = nullptr;
+}
+
+RegCache::RegCache(std::shared_ptr<Device> device, uint64_t limitBytes, int rank)
+    : device_(std::move(device)), limit_(limitBytes), rank_(rank) {}
+
+RegCache::~RegCache() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& kv : entries_) {
+    if (kv.second->mr) device_->api().deregMr(kv.second->mr);
+  }
+  entries_.clear();
+}
+
+RegCache::Entry* RegCache::findLocked(uintptr_t s, uintptr_t e) {
+  // Entries starting at or before s; explicit ones first (they never go).
+  Entry* best = nullptr;
+  for (auto it = entries_.upper_bound(s); it != entries_.begin();) {
+    --it;
+    Entry* en = it->second.get();
+    if (en->start <= s && e <= en->end) {
+      if (en->explicitEntry) return en;
+      if (!best) best = en;
+    }
+  }
+  return best;
+}
+
+RegCache::Entry* RegCache::registerLocked(uintptr_t s, uintptr_t e, bool explicitEntry) {
+  const uintptr_t ps = pageSize();
+  const uintptr_t as = s & ~(ps - 1);
+  const uintptr_t ae = (e + ps - 1) & ~(ps - 1);
+  const uint64_t bytes = ae - as;
+  if (!explicitEntry && tempBytes_ + bytes > limit_) {
+    for (auto it = entries_.begin(); it != entries_.end() && tempBytes_ + bytes > limit_;) {
+      auto next = std::next(it);
+      if (!it->second->explicitEntry && it->second->refs == 0) dropLocked(it);
+      it = next;
+    }
+  }
+  ibv_mr* mr = device_->api().regMr(device_->pd(), reinterpret_cast<void*>(as), bytes, kAccess);
+  if (!mr) {
+    const int err = errno;
+    GFLOW_THROW(kInternal, (ErrorContext{"", 0, rank_, -1}))
+        << "ibv_reg_mr of " << bytes << " bytes at " << reinterpret_cast<void*>(as) << " on "
+        << device_->name() << " failed: " << std::strerror(err)
+        << (err == ENOMEM || err == EPERM || err == EFAULT
+                ? " (is the locked-memory limit high enough? ulimit -l unlimited)"
+                : "");
+  }
+  ++counters_.registrations;
+  auto en = std::make_unique<Entry>();
+  en->mr = mr;
+  en->start = as;
+  en->end = ae;
+  en->explicitEntry = explicitEntry;
+  en->id = nextId_++;
+  if (!explicitEntry) tempBytes_ += bytes;
+  Entry* raw = en.get();
+  entries_.emplace(as, std::move(en));
+  return raw;
+}
+
+void RegCache::dropLocked(std::multimap<uintptr_t, std::unique_ptr<Entry>>::iterator it) {
+  Entry* en = it->second.get();
+  if (en->mr) device_->api().deregMr(en->mr);
+  ++counters_.deregistrations;
+  if (!en->explicitEntry) tempBytes_ -= en->end - en->start;
+  entries_.erase(it);
+}
+
+RegCache::Ref RegCache::acquire(const void* p, size_t n) {
+  const uintptr_t s = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t e = s + (n ? n : 1);
+  std::lock_guard<std::mutex> lock(mu_);
+  Entry* en = findLocked(s, e);
+  if (en) {
+    ++counters_.hits;
+  } else {
+    en = registerLocked(s, e, false);
+  }
+  ++en->refs;
+  return Ref(this, en);
+}
+
+void RegCache::release(Entry* e) {
+  std::lock_guard<std::mutex> lock(mu_);
+  --e->refs;
+  if (e->explicitEntry && e->refs == 0 && e->mr == nullptr) {
+    // Removed by its owner while a transfer used it: finish the removal.
+    for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+      if (it->second.get() == e) {
+        entries_.erase(it);
+        break;
+      }
+    }
+  }
+}
+
+uint64_t RegCache::addExplicit(const void* p, size_t n) {
+  const uintptr_t s = reinterpret_cast<uintptr_t>(p);
+  std::lock_guard<std::mutex> lock(mu_);
+  return registerLocked(s, s + (n ? n : 1), true)->id;
+}
+
+void RegCache::removeExplicit(uint64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+    Entry* en = it->second.get();
+    if (en->id != id) continue;
+    if (en->refs > 0) {
+      // A transfer still uses it: deregister now (the peer can no longer
+      // write there), erase when the last reference goes.
+      if (en->mr) device_->api().deregMr(en->mr);
+      ++counters_.deregistrations;
+      en->mr = nullptr;
+      en->end = en->start;  // never found again
+    } else {
+      dropLocked(it);
+    }
+    return;
+  }
+}
+
+void RegCache::endOp() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    auto next = std::next(it);
+    if (!it->second->explicitEntry && it->second->refs == 0) dropLocked(it);
+    it = next;
+  }
+}
+
+RegCache::Counters RegCache::counters() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return counters_;
+}
+
+}  // namespace gflow::transport::verbs

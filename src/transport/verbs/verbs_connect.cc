@@ -1,0 +1,385 @@
+// Verbs context setup: device, registered rings, RC queue pairs per peer
+// connected through the bootstrap store, teardown.
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+
+#include "common/check.h"
+#include "common/logging.h"
+#include "common/params.h"
+#include "transport/verbs/verbs_context.h"
+
+namespace gflow::transport::verbs {
+namespace {
+
+constexpr uint32_t kInfoMagic = 0x67664942;  // "gfIB"
+constexpr uint32_t kInfoVersion = 1;
+constexpr int kMaxQps = 16;
+constexpr size_t kCreditBytes = 64;  // one cache line per credit word
+
+// What one rank tells one peer about its end of their connection.
+struct ConnInfo {
+  uint32_t magic;
+  uint32_t version;
+  uint32_t qps;
+  uint32_t slots;
+  uint64_t slotBytes;
+  uint16_t lid;
+  uint8_t linkLayer;
+  uint8_t mtu;
+  uint32_t reserved;
+  uint8_t gid[16];
+  uint64_t ringAddr;  // inbound ring for this peer, then its credit word
+  uint32_t ringKey;
+  uint32_t reserved2;
+  uint32_t qpn[kMaxQps];
+  uint32_t psn[kMaxQps];
+};
+
+ibv_mtu mtuFromBytes(int64_t bytes, int rank) {
+  switch (bytes) {
+    case 256: return IBV_MTU_256;
+    case 512: return IBV_MTU_512;
+    case 1024: return IBV_MTU_1024;
+    case 2048: return IBV_MTU_2048;
+    case 4096: return IBV_MTU_4096;
+    default:
+      GFLOW_THROW(kInvalidArgument, (ErrorContext{"init", 0, rank, -1}))
+          << "GFLOW_IB_MTU=" << bytes << " must be 0 (the port's active MTU), 256, 512, 1024, "
+          << "2048 or 4096";
+  }
+}
+
+char* allocBlock(size_t bytes) {
+  const size_t ps = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  void* p = nullptr;
+  if (posix_memalign(&p, ps, (bytes + ps - 1) / ps * ps) != 0) throw std::bad_alloc();
+  std::memset(p, 0, bytes);
+  return static_cast<char*>(p);
+}
+
+}  // namespace
+
+VerbsContext::VerbsContext(const ContextOptions& options)
+    : Context(options.rank, options.size), timeout_(options.timeout) {
+  unexpectedLimit_ = params::getBytes("GFLOW_UNEXPECTED_LIMIT");
+  stripeMin_ = std::max<uint64_t>(params::getBytes("GFLOW_STRIPE_MIN"), 4096);
+  const std::string spin = params::getString("GFLOW_SPIN_US");
+  if (spin == "auto") {
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    spinUs_ = cores > std::max(1, options.size) ? 50 : 0;
+  } else {
+    spinUs_ = static_cast<int>(params::getInt("GFLOW_SPIN_US"));
+  }
+  const ErrorContext ictx{"init", 0, rank(), -1};
+  qpsPerPeer_ = static_cast<int>(params::getInt("GFLOW_IB_QPS_PER_PEER"));
+  if (qpsPerPeer_ < 1 || qpsPerPeer_ > kMaxQps) {
+    GFLOW_THROW(kInvalidArgument, ictx)
+        << "GFLOW_IB_QPS_PER_PEER=" << qpsPerPeer_ << " must be between 1 and " << kMaxQps;
+  }
+  slots_ = static_cast<int>(params::getInt("GFLOW_IB_EAGER_SLOTS"));
+  if (slots_ < 2 || slots_ > 4096) {
+    GFLOW_THROW(kInvalidArgument, ictx)
+        << "GFLOW_IB_EAGER_SLOTS=" << slots_ << " must be between 2 and 4096";
+  }
+  const uint64_t eager = params::getBytes("GFLOW_IB_EAGER_BYTES");
+  if (eager < 256 || eager > (1u << 20)) {
+    GFLOW_THROW(kInvalidArgument, ictx)
+        << "GFLOW_IB_EAGER_BYTES=" << eager << " must be between 256 and 1M";
+  }
+  eagerMax_ = static_cast<size_t>(eager);
+  slotBytes_ = (sizeof(SlotHeader) + eagerMax_ + 63) / 64 * 64;
+  ringBytes_ = static_cast<size_t>(slots_) * slotBytes_;
+  // Send queue: a full eager ring, credit returns, probes and rendezvous
+  // writes; more wait in software (PendingWr). Receive queue: one WR per
+  // write-with-immediate that may be in flight.
+  sendDepth_ = slots_ + 64;
+  recvDepth_ = slots_ + 128;
+  int ev = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  GFLOW_SYSCHECK(ev, "eventfd");
+  wakeFd_ = ev;
+  peers_.resize(size());
+  for (auto& p : peers_) p = std::make_unique<Peer>();
+  try {
+    connectAll(options);
+  } catch (...) {
+    destroyAll();
+    throw;
+  }
+}
+
+VerbsContext::~VerbsContext() {
+  destroyAll();
+}
+
+void VerbsContext::destroyAll() {
+  if (!device_) {
+    if (wakeFd_ >= 0) ::close(wakeFd_);
+    wakeFd_ = -1;
+    return;
+  }
+  const VerbsApi& api = device_->api();
+  // Eager sends complete once copied: let the writes still in flight land
+  // (bounded) before the queue pairs go, as TCP delivers what a closed
+  // socket had buffered.
+  if (!failedFlag_.load(std::memory_order_acquire) && !qpsErrored_) {
+    const Deadline d =
+        Deadline::after(std::min<std::chrono::milliseconds>(timeout_, std::chrono::seconds(10)));
+    try {
+      for (;;) {
+        bool busy = false;
+        for (auto& pp : peers_) {
+          for (size_t q = 0; q < pp->outstanding.size(); ++q)
+            busy = busy || pp->outstanding[q] > 0 || !pp->waiting[q].empty();
+        }
+        if (!busy || d.expired()) break;
+        if (progress() == 0) sleepForEvents(std::min(d.remainingMs(), 10));
+      }
+    } catch (const Error&) {
+      // Failed while draining: nothing more to deliver.
+    }
+  }
+  // Queue pairs first: nothing may write into the rings once they are freed.
+  for (auto& pp : peers_) {
+    if (!pp) continue;
+    Peer& p = *pp;
+    for (ibv_qp* qp : p.qps) {
+      if (qp) api.destroyQp(qp);
+    }
+    p.qps.clear();
+    p.msgs.clear();
+  }
+  sendOps_.clear();
+  for (auto& pp : peers_) {
+    if (!pp) continue;
+    Peer& p = *pp;
+    if (p.inMr) api.deregMr(p.inMr);
+    if (p.outMr) api.deregMr(p.outMr);
+    std::free(p.inBlock);
+    std::free(p.outBlock);
+    p.inMr = p.outMr = nullptr;
+    p.inBlock = p.outBlock = nullptr;
+  }
+  // Per-op registrations go now; explicit ones live as long as their
+  // handles (which keep the cache and the device).
+  if (cache_) cache_->endOp();
+  cache_.reset();
+  device_.reset();
+  if (wakeFd_ >= 0) ::close(wakeFd_);
+  wakeFd_ = -1;
+}
+
+void VerbsContext::createQueuePairs(Peer& p, int peer) {
+  const VerbsApi& api = device_->api();
+  const ErrorContext ictx{"init", 0, rank(), peer};
+  for (int q = 0; q < qpsPerPeer_; ++q) {
+    ibv_qp_init_attr ia{};
+    ia.send_cq = device_->cq();
+    ia.recv_cq = device_->cq();
+    ia.qp_type = IBV_QPT_RC;
+    ia.cap.max_send_wr = static_cast<uint32_t>(sendDepth_);
+    ia.cap.max_recv_wr = static_cast<uint32_t>(recvDepth_);
+    ia.cap.max_send_sge = 1;
+    ia.cap.max_recv_sge = 1;
+    ia.cap.max_inline_data = 64;
+    ibv_qp* qp = api.createQp(device_->pd(), &ia);
+    if (!qp) {
+      GFLOW_THROW(kInternal, ictx)
+          << "ibv_create_qp on " << device_->name() << " failed: " << std::strerror(errno)
+          << " (too many ranks x GFLOW_IB_QPS_PER_PEER for the device?)";
+    }
+    p.qps.push_back(qp);
+    qpIndex_[qp->qp_num] = {peer, q};
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_INIT;
+    a.pkey_index = 0;
+    a.port_num = static_cast<uint8_t>(device_->port());
+    a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+    if (int rc = api.modifyQp(
+            qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) {
+      GFLOW_THROW(kInternal, ictx) << "ibv_modify_qp(INIT) failed: " << std::strerror(rc);
+    }
+    postReceives(peer, q, recvDepth_);
+  }
+  p.outstanding.assign(qpsPerPeer_, 0);
+  p.waiting.resize(qpsPerPeer_);
+}
+
+void VerbsContext::postReceives(int peer, int q, int n) {
+  Peer& p = *peers_[peer];
+  for (int i = 0; i < n; ++i) {
+    ibv_recv_wr wr{};
+    // Writes with immediate carry no receive buffer: the data lands where
+    // the sender wrote it.
+    wr.wr_id = makeWrId(kWrRecv, peer, static_cast<uint32_t>(q));
+    wr.num_sge = 0;
+    ibv_recv_wr* bad = nullptr;
+    if (int rc = device_->api().postRecv(p.qps[q], &wr, &bad)) {
+      fail(Error(ErrorCode::kInternal, std::string("ibv_post_recv failed: ") + std::strerror(rc),
+                 ErrorContext{"", group_, rank(), peer}));
+    }
+  }
+}
+
+void VerbsContext::connectAll(const ContextOptions& o) {
+  Device::Settings ds;
+  ds.rank = rank();
+  ds.cqEntries = std::max(1, size() - 1) * qpsPerPeer_ * (sendDepth_ + recvDepth_) + 64;
+  device_ = std::make_shared<Device>(ds);
+  cache_ = std::make_shared<RegCache>(device_, params::getBytes("GFLOW_IB_REG_CACHE"), rank());
+  const VerbsApi& api = device_->api();
+  const ErrorContext ictx{"init", 0, rank(), -1};
+
+  ibv_mtu mtu = device_->portAttr().active_mtu;
+  if (int64_t want = params::getInt("GFLOW_IB_MTU"); want != 0) {
+    mtu = std::min(mtu, mtuFromBytes(want, rank()));
+  }
+  const int64_t ibTimeout = params::getInt("GFLOW_IB_TIMEOUT");
+  const int64_t retry = params::getInt("GFLOW_IB_RETRY_CNT");
+  if (ibTimeout < 1 || ibTimeout > 31 || retry < 0 || retry > 7) {
+    GFLOW_THROW(kInvalidArgument, ictx)
+        << "GFLOW_IB_TIMEOUT=" << ibTimeout << " must be 1-31 (4.096 us x 2^value) and "
+        << "GFLOW_IB_RETRY_CNT=" << retry << " must be 0-7";
+  }
+
+  std::mt19937 rng(std::random_device{}());
+  std::vector<ConnInfo> mine(size());
+  for (int peer = 0; peer < size(); ++peer) {
+    if (peer == rank()) continue;
+    Peer& p = *peers_[peer];
+    p.inBlock = allocBlock(ringBytes_ + kCreditBytes);
+    p.inRing = p.inBlock;
+    p.inMr = api.regMr(device_->pd(), p.inBlock, ringBytes_ + kCreditBytes,
+                       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+    p.outBlock = allocBlock(ringBytes_);
+    p.outRing = p.outBlock;
+    p.outMr =
+        p.inMr ? api.regMr(device_->pd(), p.outBlock, ringBytes_, IBV_ACCESS_LOCAL_WRITE) : nullptr;
+    if (!p.inMr || !p.outMr) {
+      GFLOW_THROW(kInternal, ictx) << "ibv_reg_mr of the eager rings (" << ringBytes_
+                                   << " bytes per peer) failed: " << std::strerror(errno)
+                                   << " (is the locked-memory limit high enough? ulimit -l)";
+    }
+    p.outBusy.assign(slots_, false);
+    createQueuePairs(p, peer);
+    ConnInfo& ci = mine[peer];
+    std::memset(&ci, 0, sizeof(ci));
+    ci.magic = kInfoMagic;
+    ci.version = kInfoVersion;
+    ci.qps = static_cast<uint32_t>(qpsPerPeer_);
+    ci.slots = static_cast<uint32_t>(slots_);
+    ci.slotBytes = slotBytes_;
+    ci.lid = device_->portAttr().lid;
+    ci.linkLayer = device_->portAttr().link_layer;
+    ci.mtu = static_cast<uint8_t>(mtu);
+    std::memcpy(ci.gid, device_->gid().raw, 16);
+    ci.ringAddr = reinterpret_cast<uintptr_t>(p.inBlock);
+    ci.ringKey = p.inMr->rkey;
+    for (int q = 0; q < qpsPerPeer_; ++q) {
+      ci.qpn[q] = p.qps[q]->qp_num;
+      ci.psn[q] = rng() & 0xffffff;
+    }
+    std::vector<uint8_t> blob(sizeof(ci));
+    std::memcpy(blob.data(), &ci, sizeof(ci));
+    o.store->set(o.prefix + "verbs/" + std::to_string(rank()) + "/" + std::to_string(peer), blob);
+  }
+
+  for (int peer = 0; peer < size(); ++peer) {
+    if (peer == rank()) continue;
+    Peer& p = *peers_[peer];
+    const ErrorContext pctx{"init", 0, rank(), peer};
+    std::vector<uint8_t> blob = o.store->get(
+        o.prefix + "verbs/" + std::to_string(peer) + "/" + std::to_string(rank()), o.timeout);
+    ConnInfo ti{};
+    if (blob.size() != sizeof(ti)) {
+      GFLOW_THROW(kInvalidArgument, pctx)
+          << "rank " << peer << " published a verbs address of " << blob.size()
+          << " bytes (expected " << sizeof(ti) << "): different gflow versions?";
+    }
+    std::memcpy(&ti, blob.data(), sizeof(ti));
+    if (ti.magic != kInfoMagic || ti.version != kInfoVersion) {
+      GFLOW_THROW(kInvalidArgument, pctx)
+          << "rank " << peer << " speaks verbs protocol version " << ti.version << ", this rank "
+          << kInfoVersion << ": every rank must run the same gflow";
+    }
+    if (ti.qps != static_cast<uint32_t>(qpsPerPeer_) || ti.slots != static_cast<uint32_t>(slots_) ||
+        ti.slotBytes != slotBytes_) {
+      GFLOW_THROW(kInvalidArgument, pctx)
+          << "rank " << peer << " and this rank configure the verbs transport differently "
+          << "(GFLOW_IB_QPS_PER_PEER " << ti.qps << " vs " << qpsPerPeer_
+          << ", GFLOW_IB_EAGER_SLOTS " << ti.slots << " vs " << slots_ << ", slot bytes "
+          << ti.slotBytes << " vs " << slotBytes_ << " from GFLOW_IB_EAGER_BYTES)";
+    }
+    if (ti.linkLayer != device_->portAttr().link_layer) {
+      GFLOW_THROW(kInvalidArgument, pctx)
+          << "rank " << peer << " uses an "
+          << (ti.linkLayer == IBV_LINK_LAYER_ETHERNET ? "Ethernet (RoCE)" : "InfiniBand")
+          << " port, this rank " << device_->describe() << ": they cannot connect";
+    }
+    p.remoteRing = ti.ringAddr;
+    p.remoteRingKey = ti.ringKey;
+    p.remoteCredit = ti.ringAddr + ringBytes_;
+    p.remoteCreditKey = ti.ringKey;
+    const ConnInfo& mi = mine[peer];
+    for (int q = 0; q < qpsPerPeer_; ++q) {
+      ibv_qp_attr a{};
+      a.qp_state = IBV_QPS_RTR;
+      a.path_mtu = static_cast<ibv_mtu>(std::min<int>(mtu, ti.mtu));
+      a.dest_qp_num = ti.qpn[q];
+      a.rq_psn = ti.psn[q];
+      a.max_dest_rd_atomic = 1;
+      a.min_rnr_timer = 12;  // 0.64 ms
+      a.ah_attr.port_num = static_cast<uint8_t>(device_->port());
+      if (device_->roce()) {
+        a.ah_attr.is_global = 1;
+        std::memcpy(a.ah_attr.grh.dgid.raw, ti.gid, 16);
+        a.ah_attr.grh.sgid_index = static_cast<uint8_t>(device_->gidIndex());
+        a.ah_attr.grh.hop_limit = 64;
+      } else {
+        a.ah_attr.dlid = ti.lid;
+      }
+      if (int rc =
+              api.modifyQp(p.qps[q], &a,
+                           IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                               IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER)) {
+        GFLOW_THROW(kInternal, pctx)
+            << "connecting to rank " << peer << " (ibv_modify_qp to RTR, remote "
+            << (device_->roce() ? "GID " + formatGid(a.ah_attr.grh.dgid)
+                                : "LID " + std::to_string(ti.lid))
+            << ") failed: " << std::strerror(rc)
+            << (device_->roce() ? " (is the peer's address reachable from this port?)" : "");
+      }
+      ibv_qp_attr r{};
+      r.qp_state = IBV_QPS_RTS;
+      r.timeout = static_cast<uint8_t>(ibTimeout);
+      r.retry_cnt = static_cast<uint8_t>(retry);
+      r.rnr_retry = 7;  // infinite: a busy receiver is not an error
+      r.sq_psn = mi.psn[q];
+      r.max_rd_atomic = 1;
+      if (int rc = api.modifyQp(p.qps[q], &r,
+                                IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+                                    IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC)) {
+        GFLOW_THROW(kInternal, pctx) << "connecting to rank " << peer
+                                     << " (ibv_modify_qp to RTS) failed: " << std::strerror(rc);
+      }
+    }
+  }
+  // Every queue pair must be ready to receive before anyone writes.
+  o.store->set(o.prefix + "verbs/ready/" + std::to_string(rank()), {1});
+  std::vector<std::string> keys;
+  for (int peer = 0; peer < size(); ++peer) {
+    if (peer != rank()) keys.push_back(o.prefix + "verbs/ready/" + std::to_string(peer));
+  }
+  if (!keys.empty()) o.store->wait(keys, o.timeout);
+  const auto now = std::chrono::steady_clock::now();
+  for (auto& p : peers_) p->lastAck = now;
+  GFLOW_LOG(DEBUG) << "rank " << rank() << ": verbs connected to " << size() - 1 << " peers, "
+                   << qpsPerPeer_ << " QPs each, eager " << eagerMax_ << " bytes x " << slots_
+                   << " slots";
+}
+
+}  // namespace gflow::transport::verbs

@@ -1,0 +1,747 @@
+// Verbs transport data path: eager slots with credits, receiver-driven
+// rendezvous, tag matching and envelope checks (protocol: verbs_context.h).
+#include "transport/verbs/verbs_context.h"
+
+#include <arpa/inet.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/check.h"
+#include "common/logging.h"
+
+namespace gflow::transport::verbs {
+namespace {
+
+// Bookkeeping charged per staged message on top of its payload.
+constexpr uint64_t kStagedOverhead = 256;
+// Largest single RDMA write (the verbs limit is 2^31 bytes).
+constexpr uint64_t kMaxWrite = uint64_t{1} << 30;
+constexpr size_t kMaxErrorText = 1024;
+
+bool isPast(uint64_t group, uint64_t current) {
+  return static_cast<int64_t>(group - current) < 0;
+}
+
+std::string printable(const char* p, size_t n) {
+  std::string s;
+  s.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    unsigned char ch = static_cast<unsigned char>(p[i]);
+    s.push_back(ch >= 0x20 && ch < 0x7f ? static_cast<char>(ch) : '?');
+  }
+  return s;
+}
+
+Envelope envOf(const SlotHeader& h) {
+  Envelope e;
+  std::memcpy(e.words, h.env, sizeof(e.words));
+  return e;
+}
+
+class VerbsRegion final : public MemoryRegion {
+ public:
+  VerbsRegion(void* d, size_t n, std::shared_ptr<RegCache> cache, uint64_t id)
+      : MemoryRegion(d, n), cache_(std::move(cache)), id_(id) {}
+  ~VerbsRegion() override { cache_->removeExplicit(id_); }
+
+ private:
+  std::shared_ptr<RegCache> cache_;
+  uint64_t id_;
+};
+
+}  // namespace
+
+std::unique_ptr<MemoryRegion> VerbsContext::registerMemory(void* data, size_t size) {
+  const uint64_t id = cache_->addExplicit(data, size);
+  return std::make_unique<VerbsRegion>(data, size, cache_, id);
+}
+
+VerbsContext::Counters VerbsContext::counters() const {
+  Counters c;
+  {
+    std::lock_guard<std::mutex> lock(countersMutex_);
+    c = counters_;
+  }
+  if (cache_) {
+    RegCache::Counters rc = cache_->counters();
+    c.registrations = rc.registrations;
+    c.registrationHits = rc.hits;
+  }
+  return c;
+}
+
+uint64_t VerbsContext::creditsConsumed(int peer) const {
+  const Peer& p = *peers_[peer];
+  uint64_t v;
+  // Written by the peer's RDMA write; the CQ poll that preceded this read
+  // orders it (and a stale value only delays a send).
+  std::memcpy(&v, p.inBlock + ringBytes_, sizeof(v));
+  __atomic_thread_fence(__ATOMIC_ACQUIRE);
+  return v;
+}
+
+// ---- posting ---------------------------------------------------------------
+
+void VerbsContext::postWr(int peer, int q, PendingWr w) {
+  Peer& p = *peers_[peer];
+  if (!p.waiting[q].empty() || p.outstanding[q] >= sendDepth_) {
+    p.waiting[q].push_back(std::move(w));
+    return;
+  }
+  if (w.hasSge) {
+    if (w.inlineData) w.sge.addr = reinterpret_cast<uintptr_t>(&w.inlineValue);
+    w.wr.sg_list = &w.sge;
+    w.wr.num_sge = 1;
+  } else {
+    w.wr.sg_list = nullptr;
+    w.wr.num_sge = 0;
+  }
+  w.wr.next = nullptr;
+  ibv_send_wr* bad = nullptr;
+  if (int rc = device_->api().postSend(p.qps[q], &w.wr, &bad)) {
+    fail(Error(ErrorCode::kInternal,
+               "ibv_post_send to rank " + std::to_string(peer) + " failed: " + std::strerror(rc),
+               ErrorContext{"", group_, rank(), peer}));
+  }
+  ++p.outstanding[q];
+}
+
+void VerbsContext::pumpWaiting(int peer, int q) {
+  Peer& p = *peers_[peer];
+  while (!p.waiting[q].empty() && p.outstanding[q] < sendDepth_) {
+    PendingWr w = std::move(p.waiting[q].front());
+    p.waiting[q].pop_front();
+    // postWr queues again if anything waits: post directly.
+    std::deque<PendingWr> rest;
+    rest.swap(p.waiting[q]);
+    postWr(peer, q, std::move(w));
+    rest.swap(p.waiting[q]);
+  }
+}
+
+void VerbsContext::queueEager(int peer, OutMsg msg) {
+  peers_[peer]->eagerQueue.push_back(std::move(msg));
+  pumpEager(peer);
+}
+
+void VerbsContext::pumpEager(int peer) {
+  Peer& p = *peers_[peer];
+  while (!p.eagerQueue.empty()) {
+    const uint64_t inUse = p.sent - creditsConsumed(peer);
+    const int slot = static_cast<int>(p.sent % static_cast<uint64_t>(slots_));
+    if (inUse >= static_cast<uint64_t>(slots_) || p.outBusy[slot]) return;
+    OutMsg& m = p.eagerQueue.front();
+    m.hdr.seq = static_cast<uint32_t>(p.sent);
+    char* dst = p.outRing + static_cast<size_t>(slot) * slotBytes_;
+    std::memcpy(dst, &m.hdr, sizeof(m.hdr));
+    const char* src = m.owned.empty() ? m.payload : m.owned.data();
+    if (m.hdr.payload > 0) std::memcpy(dst + sizeof(SlotHeader), src, m.hdr.payload);
+    PendingWr w;
+    w.wr.wr_id = makeWrId(kWrSlot, peer, static_cast<uint32_t>(slot));
+    w.wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+    w.wr.send_flags = IBV_SEND_SIGNALED;
+    w.wr.imm_data = htonl(makeImm(kImmSlot, static_cast<uint32_t>(slot)));
+    w.wr.wr.rdma.remote_addr = p.remoteRing + static_cast<uint64_t>(slot) * slotBytes_;
+    w.wr.wr.rdma.rkey = p.remoteRingKey;
+    w.sge.addr = reinterpret_cast<uintptr_t>(dst);
+    w.sge.length = static_cast<uint32_t>(sizeof(SlotHeader) + m.hdr.payload);
+    w.sge.lkey = p.outMr->lkey;
+    w.hasSge = true;
+    p.outBusy[slot] = true;
+    ++p.sent;
+    {
+      std::lock_guard<std::mutex> lock(countersMutex_);
+      ++counters_.eagerMessages;
+      if (m.hdr.type != kSlotData) ++counters_.controlMessages;
+    }
+    RequestPtr req = std::move(m.req);
+    const uint64_t bytes = m.hdr.type == kSlotData ? m.hdr.len : 0;
+    p.eagerQueue.pop_front();
+    postWr(peer, 0, std::move(w));
+    if (req) {
+      p.bytesSent.fetch_add(bytes, std::memory_order_relaxed);
+      req->complete();
+    }
+  }
+}
+
+void VerbsContext::returnCredits(int peer, bool force) {
+  Peer& p = *peers_[peer];
+  const uint64_t pending = p.consumed - p.creditReturned;
+  if (pending == 0 || (!force && pending < static_cast<uint64_t>(std::max(1, slots_ / 4)))) return;
+  PendingWr w;
+  w.wr.wr_id = makeWrId(kWrCredit, peer, 0);
+  // With an immediate, so a sender sleeping on credits wakes up.
+  w.wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+  w.wr.imm_data = htonl(makeImm(kImmCredit, 0));
+  w.wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+  w.wr.wr.rdma.remote_addr = p.remoteCredit;
+  w.wr.wr.rdma.rkey = p.remoteCreditKey;
+  w.inlineValue = p.consumed;
+  w.sge.length = sizeof(uint64_t);
+  w.sge.lkey = 0;
+  w.hasSge = true;
+  w.inlineData = true;
+  p.creditReturned = p.consumed;
+  {
+    std::lock_guard<std::mutex> lock(countersMutex_);
+    ++counters_.creditWrites;
+  }
+  postWr(peer, 0, std::move(w));
+}
+
+void VerbsContext::sendControl(int peer, uint16_t type, Tag tag, const Envelope& env, uint64_t len,
+                               const void* payload, size_t n) {
+  OutMsg m;
+  m.hdr.magic = kSlotMagic;
+  m.hdr.type = type;
+  m.hdr.group = tag.group;
+  m.hdr.index = tag.index;
+  std::memcpy(m.hdr.env, env.words, sizeof(m.hdr.env));
+  m.hdr.len = len;
+  m.hdr.payload = static_cast<uint32_t>(n);
+  if (n > 0)
+    m.owned.assign(static_cast<const char*>(payload), static_cast<const char*>(payload) + n);
+  queueEager(peer, std::move(m));
+}
+
+// ---- API -------------------------------------------------------------------
+
+RequestPtr VerbsContext::isend(int peer, const void* data, size_t bytes, Tag tag,
+                               const Envelope& env) {
+  checkFailed();
+  GFLOW_ENFORCE(peer >= 0 && peer < size() && peer != rank());
+  checkPeer(peer);
+  auto req = std::make_shared<Request>(peer, true, bytes);
+  Peer& p = *peers_[peer];
+  p.messagesSent.fetch_add(1, std::memory_order_relaxed);
+  if (bytes <= eagerMax_) {
+    OutMsg m;
+    m.hdr.magic = kSlotMagic;
+    m.hdr.type = kSlotData;
+    m.hdr.group = tag.group;
+    m.hdr.index = tag.index;
+    std::memcpy(m.hdr.env, env.words, sizeof(m.hdr.env));
+    m.hdr.len = bytes;
+    m.hdr.payload = static_cast<uint32_t>(bytes);
+    m.payload = static_cast<const char*>(data);
+    m.req = req;
+    queueEager(peer, std::move(m));
+    return req;
+  }
+  auto op = std::make_unique<SendOp>();
+  op->req = req;
+  op->peer = peer;
+  op->tag = tag;
+  op->env = env;
+  op->data = static_cast<const char*>(data);
+  op->len = bytes;
+  op->reg = cache_->acquire(data, bytes);
+  const uint32_t id = nextSendOp_++;
+  if (nextSendOp_ == 0) nextSendOp_ = 1;
+  sendOps_.emplace(id, std::move(op));
+  auto cts = p.ctsArrived.find(tag);
+  if (cts != p.ctsArrived.end()) {
+    const CtsInfo info = cts->second;
+    p.ctsArrived.erase(cts);
+    matchCts(id, info);
+  } else {
+    p.awaitingCts.emplace(tag, id);
+    sendControl(peer, kSlotRts, tag, env, bytes, nullptr, 0);
+  }
+  return req;
+}
+
+RequestPtr VerbsContext::irecv(int peer, void* data, size_t bytes, Tag tag, const Envelope& env) {
+  checkFailed();
+  GFLOW_ENFORCE(peer >= 0 && peer < size() && peer != rank());
+  auto req = std::make_shared<Request>(peer, false, bytes);
+  Peer& p = *peers_[peer];
+  const ErrorContext ectx{"", tag.group, rank(), peer};
+  auto it = p.msgs.find(tag);
+  RecvMsg* m = nullptr;
+  // No check of Peer::lost here: the data may be queued in the completion
+  // queue from before the peer left; wait() raises it once that is drained.
+  if (it == p.msgs.end()) {
+    auto nm = std::make_unique<RecvMsg>();
+    nm->tag = tag;
+    nm->env = env;
+    nm->len = bytes;
+    m = nm.get();
+    p.msgs.emplace(tag, std::move(nm));
+  } else {
+    m = it->second.get();
+    if (m->req) fail(Error(ErrorCode::kInternal, "two receives posted for one tag", ectx));
+    if (m->env != env) {
+      fail(Error(ErrorCode::kMismatch,
+                 "rank " + std::to_string(peer) + " called " + describe(m->env) +
+                     " while this rank called " + describe(env),
+                 ectx));
+    }
+    if (m->len != bytes) {
+      fail(Error(ErrorCode::kMismatch,
+                 "rank " + std::to_string(peer) + " sent " + std::to_string(m->len) +
+                     " bytes where this rank expects " + std::to_string(bytes) + " (" +
+                     describe(env) + ")",
+                 ectx));
+    }
+  }
+  m->req = req;
+  m->user = static_cast<char*>(data);
+  if (m->staged) {
+    completeRecv(p, m);
+  } else if (bytes > eagerMax_) {
+    startRendezvousRecv(peer, *m);
+  }
+  return req;
+}
+
+void VerbsContext::startRendezvousRecv(int peer, RecvMsg& m) {
+  m.rendezvous = true;
+  m.reg = cache_->acquire(m.user, m.len);
+  uint32_t idx;
+  if (!freeRdv_.empty()) {
+    idx = freeRdv_.back();
+    freeRdv_.pop_back();
+  } else {
+    if (rdv_.size() >= 0xffff) {
+      fail(Error(ErrorCode::kInternal, "more than 65535 rendezvous receives outstanding",
+                 ErrorContext{"", group_, rank(), peer}));
+    }
+    idx = static_cast<uint32_t>(rdv_.size());
+    rdv_.emplace_back();
+  }
+  Rdv& r = rdv_[idx];
+  r.used = true;
+  r.peer = peer;
+  r.tag = m.tag;
+  r.gen = static_cast<uint16_t>((r.gen + 1) & 0x0fff);
+  m.rid = (uint32_t(r.gen) << 16) | idx;
+  CtsPayload c{reinterpret_cast<uintptr_t>(m.user), m.reg.rkey(), m.rid};
+  sendControl(peer, kSlotCts, m.tag, m.env, m.len, &c, sizeof(c));
+}
+
+void VerbsContext::matchCts(uint32_t opId, const CtsInfo& info) {
+  const CtsPayload& cts = info.cts;
+  SendOp& op = *sendOps_.at(opId);
+  const int peer = op.peer;
+  if (info.env != op.env || info.len != op.len) {
+    fail(Error(ErrorCode::kMismatch,
+               "rank " + std::to_string(peer) + " expects " + std::to_string(info.len) +
+                   " bytes for " + describe(info.env) + " where this rank sends " +
+                   std::to_string(op.len) + " bytes for " + describe(op.env),
+               ErrorContext{"", group_, rank(), peer}));
+  }
+  uint64_t stripes = std::max<uint64_t>(1, std::min<uint64_t>(qpsPerPeer_, op.len / stripeMin_));
+  uint64_t per = (op.len / stripes + 4095) & ~uint64_t(4095);
+  per = std::min(per, kMaxWrite);
+  const uint64_t count = (op.len + per - 1) / per;
+  op.writesLeft = static_cast<int>(count);
+  for (uint64_t k = 0; k < count; ++k) {
+    const uint64_t off = k * per;
+    const uint64_t len = std::min(per, op.len - off);
+    PendingWr w;
+    w.wr.wr_id = makeWrId(kWrData, peer, opId);
+    w.wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+    w.wr.send_flags = IBV_SEND_SIGNALED;
+    w.wr.imm_data = htonl(makeImm(kImmData, cts.rid));
+    w.wr.wr.rdma.remote_addr = cts.addr + off;
+    w.wr.wr.rdma.rkey = cts.rkey;
+    w.sge.addr = reinterpret_cast<uintptr_t>(op.data + off);
+    w.sge.length = static_cast<uint32_t>(len);
+    w.sge.lkey = op.reg.lkey();
+    w.hasSge = true;
+    postWr(peer, static_cast<int>(k % static_cast<uint64_t>(qpsPerPeer_)), std::move(w));
+  }
+  std::lock_guard<std::mutex> lock(countersMutex_);
+  counters_.rendezvousWrites += count;
+}
+
+void VerbsContext::completeRecv(Peer& p, RecvMsg* m) {
+  if (m->staged) {
+    if (m->len > 0) std::memcpy(m->user, m->staging.get(), m->len);
+    p.unexpectedBytes -= m->len + kStagedOverhead;
+  }
+  p.bytesReceived.fetch_add(m->len, std::memory_order_relaxed);
+  p.messagesReceived.fetch_add(1, std::memory_order_relaxed);
+  RequestPtr req = m->req;
+  const Tag tag = m->tag;
+  p.msgs.erase(tag);
+  req->complete();
+}
+
+void VerbsContext::checkGroup(int peer, uint64_t group, const Envelope& env) {
+  const ErrorContext ectx{"", group_, rank(), peer};
+  if (groupActive_ && group == group_ && env != groupEnv_) {
+    fail(Error(ErrorCode::kMismatch,
+               "rank " + std::to_string(peer) + " called " + describe(env) +
+                   " while this rank called " + describe(groupEnv_),
+               ectx));
+  }
+  if (groupActive_ && isPast(group, group_)) {
+    fail(Error(ErrorCode::kMismatch,
+               "rank " + std::to_string(peer) + " sent data for op #" + std::to_string(group) +
+                   " (" + describe(env) +
+                   ") that this rank never expected; ranks called different collectives",
+               ectx));
+  }
+}
+
+void VerbsContext::beginGroup(uint64_t group, const Envelope& env) {
+  checkFailed();
+  // The previous op is over: its per-op registrations go (see reg_cache.h).
+  cache_->endOp();
+  group_ = group;
+  groupEnv_ = env;
+  groupActive_ = true;
+  if (deferredError_ && !isPast(group, deferredGroup_)) fail(*deferredError_);
+  for (int peer = 0; peer < size(); ++peer) {
+    if (peer == rank()) continue;
+    for (auto& kv : peers_[peer]->msgs) {
+      const RecvMsg& m = *kv.second;
+      if (m.req) continue;
+      if (m.tag.group == group && m.env != env) {
+        fail(Error(ErrorCode::kMismatch,
+                   "rank " + std::to_string(peer) + " called " + describe(m.env) +
+                       " while this rank called " + describe(env),
+                   ErrorContext{"", group, rank(), peer}));
+      }
+      if (isPast(m.tag.group, group)) {
+        fail(Error(ErrorCode::kMismatch,
+                   "rank " + std::to_string(peer) + " sent data for op #" +
+                       std::to_string(m.tag.group) + " (" + describe(m.env) +
+                       ") that this rank never expected; ranks called different collectives",
+                   ErrorContext{"", group, rank(), peer}));
+      }
+    }
+  }
+}
+
+// ---- inbound -----------------------------------------------------------------
+
+void VerbsContext::handleSlot(int peer, const char* slot) {
+  SlotHeader h;
+  std::memcpy(&h, slot, sizeof(h));
+  if (h.magic != kSlotMagic) protocolError(peer, "bad slot magic");
+  if (h.payload > eagerMax_) protocolError(peer, "slot payload larger than the eager size");
+  if (h.seq != static_cast<uint32_t>(peers_[peer]->consumed)) {
+    protocolError(peer, "eager message " + std::to_string(h.seq) + " arrived where " +
+                            std::to_string(static_cast<uint32_t>(peers_[peer]->consumed)) +
+                            " was expected");
+  }
+  const char* payload = slot + sizeof(SlotHeader);
+  switch (h.type) {
+    case kSlotData: handleData(peer, h, payload); break;
+    case kSlotRts:
+      if (h.payload != 0) protocolError(peer, "RTS with a payload");
+      handleAnnounce(peer, h);
+      break;
+    case kSlotCts:
+      if (h.payload != sizeof(CtsPayload)) protocolError(peer, "CTS of the wrong size");
+      handleCts(peer, h, payload);
+      break;
+    case kSlotError: handleError(peer, h, payload); break;
+    default: protocolError(peer, "unknown slot type " + std::to_string(h.type));
+  }
+}
+
+void VerbsContext::handleData(int peer, const SlotHeader& h, const char* payload) {
+  Peer& p = *peers_[peer];
+  const Envelope env = envOf(h);
+  if (h.len != h.payload) protocolError(peer, "eager message length differs from its payload");
+  checkGroup(peer, h.group, env);
+  const Tag tag{h.group, h.index};
+  const ErrorContext ectx{"", group_, rank(), peer};
+  auto it = p.msgs.find(tag);
+  if (it == p.msgs.end()) {
+    if (p.unexpectedBytes + h.len + kStagedOverhead > unexpectedLimit_) {
+      fail(Error(ErrorCode::kInternal,
+                 "rank " + std::to_string(peer) + " sent " +
+                     std::to_string(p.unexpectedBytes + h.len) +
+                     " bytes that no receive has asked for (GFLOW_UNEXPECTED_LIMIT " +
+                     std::to_string(unexpectedLimit_) + ")",
+                 ectx));
+    }
+    auto nm = std::make_unique<RecvMsg>();
+    nm->tag = tag;
+    nm->env = env;
+    nm->len = h.len;
+    nm->staging.reset(new char[h.len > 0 ? h.len : 1]);
+    if (h.len > 0) std::memcpy(nm->staging.get(), payload, h.len);
+    nm->staged = true;
+    p.unexpectedBytes += h.len + kStagedOverhead;
+    p.msgs.emplace(tag, std::move(nm));
+    return;
+  }
+  RecvMsg* m = it->second.get();
+  if (m->staged || m->announced) protocolError(peer, "two messages with one tag");
+  if (m->env != env) {
+    fail(Error(ErrorCode::kMismatch,
+               "rank " + std::to_string(peer) + " called " + describe(env) +
+                   " while this rank called " + describe(m->env),
+               ectx));
+  }
+  if (m->len != h.len) {
+    fail(Error(ErrorCode::kMismatch,
+               "rank " + std::to_string(peer) + " sent " + std::to_string(h.len) +
+                   " bytes where this rank expects " + std::to_string(m->len) + " (" +
+                   describe(m->env) + ")",
+               ectx));
+  }
+  if (h.len > 0) std::memcpy(m->user, payload, h.len);
+  completeRecv(p, m);
+}
+
+void VerbsContext::handleAnnounce(int peer, const SlotHeader& h) {
+  Peer& p = *peers_[peer];
+  const Envelope env = envOf(h);
+  checkGroup(peer, h.group, env);
+  const Tag tag{h.group, h.index};
+  const ErrorContext ectx{"", group_, rank(), peer};
+  if (h.len <= eagerMax_) protocolError(peer, "RTS for an eager-sized message");
+  auto it = p.msgs.find(tag);
+  if (it == p.msgs.end()) {
+    auto nm = std::make_unique<RecvMsg>();
+    nm->tag = tag;
+    nm->env = env;
+    nm->len = h.len;
+    nm->announced = true;
+    p.msgs.emplace(tag, std::move(nm));
+    return;
+  }
+  RecvMsg* m = it->second.get();
+  if (m->staged || m->announced) protocolError(peer, "two messages with one tag");
+  if (m->env != env || m->len != h.len) {
+    fail(Error(ErrorCode::kMismatch,
+               "rank " + std::to_string(peer) + " sends " + std::to_string(h.len) + " bytes for " +
+                   describe(env) + " where this rank expects " + std::to_string(m->len) +
+                   " bytes for " + describe(m->env),
+               ectx));
+  }
+  m->announced = true;  // the CTS is already on its way
+}
+
+void VerbsContext::handleCts(int peer, const SlotHeader& h, const char* payload) {
+  Peer& p = *peers_[peer];
+  CtsInfo info;
+  std::memcpy(&info.cts, payload, sizeof(info.cts));
+  info.env = envOf(h);
+  info.len = h.len;
+  const Tag tag{h.group, h.index};
+  auto it = p.awaitingCts.find(tag);
+  if (it == p.awaitingCts.end()) {
+    // Checked against the send when it is posted.
+    if (p.ctsArrived.size() >= 65536 || !p.ctsArrived.emplace(tag, info).second) {
+      protocolError(peer, "unexpected or duplicate CTS");
+    }
+    return;
+  }
+  const uint32_t id = it->second;
+  p.awaitingCts.erase(it);
+  // An RTS still waiting for a credit is moot now, and must not arrive after
+  // the data it announces (the data does not wait for credits).
+  for (auto q = p.eagerQueue.begin(); q != p.eagerQueue.end(); ++q) {
+    if (q->hdr.type == kSlotRts && q->hdr.group == tag.group && q->hdr.index == tag.index) {
+      p.eagerQueue.erase(q);
+      break;
+    }
+  }
+  matchCts(id, info);
+}
+
+void VerbsContext::handleError(int peer, const SlotHeader& h, const char* payload) {
+  ErrorCode code = ErrorCode::kPeerLost;
+  std::string text;
+  if (h.payload > 0) {
+    uint8_t raw = static_cast<uint8_t>(payload[0]);
+    if (raw <= static_cast<uint8_t>(ErrorCode::kInternal)) code = static_cast<ErrorCode>(raw);
+    text = printable(payload + 1, std::min<size_t>(h.payload - 1, kMaxErrorText));
+  }
+  if (code == ErrorCode::kAborted || code == ErrorCode::kInvalidArgument ||
+      code == ErrorCode::kInternal) {
+    code = ErrorCode::kPeerLost;
+  }
+  Error e(code, "rank " + std::to_string(peer) + " failed: " + text,
+          ErrorContext{"", group_, rank(), peer});
+  if (groupActive_ && isPast(group_, h.group)) {
+    if (!deferredError_) {
+      deferredError_.emplace(e);
+      deferredGroup_ = h.group;
+    }
+    return;
+  }
+  fail(e);
+}
+
+void VerbsContext::handleRendezvousData(int peer, uint32_t rid, uint32_t bytes) {
+  const uint32_t idx = rid & 0xffff;
+  const uint16_t gen = static_cast<uint16_t>(rid >> 16);
+  if (idx >= rdv_.size() || !rdv_[idx].used || rdv_[idx].gen != gen || rdv_[idx].peer != peer) {
+    protocolError(peer, "write for an unknown rendezvous id " + std::to_string(rid));
+  }
+  Peer& p = *peers_[peer];
+  auto it = p.msgs.find(rdv_[idx].tag);
+  if (it == p.msgs.end()) protocolError(peer, "write for a finished receive");
+  RecvMsg* m = it->second.get();
+  if (bytes > m->len - m->received) protocolError(peer, "rendezvous writes exceed the message");
+  m->received += bytes;
+  if (m->received < m->len) return;
+  rdv_[idx].used = false;
+  freeRdv_.push_back(idx);
+  m->reg.reset();
+  completeRecv(p, m);
+}
+
+// ---- failure -----------------------------------------------------------------
+
+bool VerbsContext::hasPendingWith(int peer) const {
+  const Peer& p = *peers_[peer];
+  if (!p.awaitingCts.empty()) return true;
+  for (const auto& kv : p.msgs) {
+    if (kv.second->req) return true;
+  }
+  for (const OutMsg& m : p.eagerQueue) {
+    if (m.req) return true;
+  }
+  for (const auto& kv : sendOps_) {
+    if (kv.second->peer == peer) return true;
+  }
+  return false;
+}
+
+void VerbsContext::checkLost() {
+  for (int peer = 0; peer < size(); ++peer) {
+    if (peer != rank() && peers_[peer]->lost && hasPendingWith(peer)) fail(*peers_[peer]->lost);
+  }
+}
+
+void VerbsContext::checkPeer(int peer) {
+  const Peer& p = *peers_[peer];
+  if (p.lost) fail(*p.lost);
+}
+
+void VerbsContext::protocolError(int peer, const std::string& what) {
+  GFLOW_LOG(WARN) << "rank " << rank() << ": invalid verbs message from rank " << peer << ": "
+                  << what;
+  fail(Error(ErrorCode::kInternal,
+             "invalid verbs message from rank " + std::to_string(peer) + ": " + what,
+             ErrorContext{"", group_, rank(), peer}));
+}
+
+std::shared_ptr<const Error> VerbsContext::error() const {
+  std::lock_guard<std::mutex> lock(errorMutex_);
+  return error_;
+}
+
+void VerbsContext::checkFailed() {
+  if (failedFlag_.load(std::memory_order_acquire)) fail(*error());
+}
+
+void VerbsContext::abort(const Error& error) {
+  {
+    std::lock_guard<std::mutex> lock(errorMutex_);
+    if (!error_) error_ = std::make_shared<const Error>(error);
+  }
+  failedFlag_.store(true, std::memory_order_release);
+  uint64_t one = 1;
+  ssize_t rc = ::write(wakeFd_, &one, sizeof(one));
+  (void)rc;
+}
+
+void VerbsContext::fail(const Error& e) {
+  std::shared_ptr<const Error> first;
+  {
+    std::lock_guard<std::mutex> lock(errorMutex_);
+    if (!error_) error_ = std::make_shared<const Error>(e);
+    first = error_;
+  }
+  failedFlag_.store(true, std::memory_order_release);
+  for (auto& pp : peers_) {
+    for (auto& kv : pp->msgs) {
+      if (kv.second->req) kv.second->req->fail(*first);
+    }
+    for (OutMsg& m : pp->eagerQueue) {
+      if (m.req) m.req->fail(*first);
+    }
+  }
+  for (auto& kv : sendOps_) kv.second->req->fail(*first);
+  throw *first;
+}
+
+void VerbsContext::errorQueuePairs() {
+  if (qpsErrored_ || !device_) return;
+  qpsErrored_ = true;
+  // No peer can write into this rank's memory any more (its writes fail),
+  // and receives posted into user buffers are over.
+  for (auto& pp : peers_) {
+    for (ibv_qp* qp : pp->qps) {
+      ibv_qp_attr a{};
+      a.qp_state = IBV_QPS_ERR;
+      device_->api().modifyQp(qp, &a, IBV_QP_STATE);
+    }
+  }
+}
+
+void VerbsContext::notifyPeers(const Error& error) {
+  if (!device_ || qpsErrored_) return;
+  std::string text = error.what();
+  if (text.size() > std::min(kMaxErrorText, eagerMax_ - 1)) {
+    text.resize(std::min(kMaxErrorText, eagerMax_ - 1));
+  }
+  std::vector<char> payload(1 + text.size());
+  payload[0] = static_cast<char>(error.code());
+  std::memcpy(payload.data() + 1, text.data(), text.size());
+  try {
+    for (int peer = 0; peer < size(); ++peer) {
+      if (peer == rank()) continue;
+      Peer& p = *peers_[peer];
+      // Best effort: the report goes first if a slot is free now.
+      OutMsg m;
+      m.hdr.magic = kSlotMagic;
+      m.hdr.type = kSlotError;
+      m.hdr.group = group_;
+      m.hdr.payload = static_cast<uint32_t>(payload.size());
+      m.hdr.len = payload.size();
+      m.owned = payload;
+      for (OutMsg& q : p.eagerQueue) {
+        if (q.req) q.req->fail(error);
+      }
+      p.eagerQueue.clear();
+      p.eagerQueue.push_back(std::move(m));
+      pumpEager(peer);
+    }
+    // Let the writes go out (bounded), then stop all traffic.
+    Deadline d = Deadline::after(std::chrono::milliseconds(300));
+    while (!d.expired()) {
+      bool busy = false;
+      for (auto& pp : peers_) {
+        for (int o : pp->outstanding) busy = busy || o > 0;
+        busy = busy || !pp->eagerQueue.empty();
+      }
+      if (!busy) break;
+      try {
+        if (progress() == 0) sleepForEvents(1);
+      } catch (const Error&) {
+        break;
+      }
+    }
+  } catch (const Error&) {
+    // Best effort.
+  }
+  errorQueuePairs();
+}
+
+PeerStats VerbsContext::peerStats(int peer) const {
+  PeerStats s;
+  if (peer < 0 || peer >= size() || peer == rank()) return s;
+  const Peer& p = *peers_[peer];
+  s.bytesSent = p.bytesSent.load(std::memory_order_relaxed);
+  s.bytesReceived = p.bytesReceived.load(std::memory_order_relaxed);
+  s.messagesSent = p.messagesSent.load(std::memory_order_relaxed);
+  s.messagesReceived = p.messagesReceived.load(std::memory_order_relaxed);
+  return s;
+}
+
+}  // namespace gflow::transport::verbs

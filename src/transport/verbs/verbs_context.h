@@ -1,0 +1,282 @@
+// RDMA verbs transport: RC queue pairs per peer, RDMA WRITE with immediate
+// into memory the receiver advertised, completion polling by the waiting
+// thread. docs/backends.md describes the protocol; in short:
+//
+//   - Eager (messages <= GFLOW_IB_EAGER_BYTES, and control messages): each
+//     direction of a pair has a ring of GFLOW_IB_EAGER_SLOTS slots in the
+//     receiver's registered memory. The sender copies header + payload into
+//     its own registered staging slot and writes it to the same slot of the
+//     receiver's ring with an immediate naming the slot; the receiver copies
+//     it out (into the posted receive, or staging when none is posted yet)
+//     and returns credits by writing its consumed count into a word in the
+//     sender's memory. Eager traffic uses the pair's first QP, so slots arrive
+//     in order.
+//   - Rendezvous (larger messages), receiver-driven: posting the receive
+//     registers the destination buffer and sends a CTS (address, rkey, id);
+//     the sender writes straight from its registered buffer, striped over the
+//     pair's QPs, each write carrying the id as immediate; the receiver
+//     counts bytes. A send that finds no CTS yet announces itself (RTS), so
+//     mismatched ops are caught before any data moves.
+//   - Registrations come from RegCache (explicit regions, or per-op).
+//   - Errors: work-completion errors and async events become gflow::Error
+//     naming the peer and the verbs status; a waiter probes a silent peer
+//     with a zero-length write, so a dead peer gives peer_lost, not a hang.
+#pragma once
+
+#include <chrono>
+#include <deque>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "transport/transport.h"
+#include "transport/verbs/device.h"
+#include "transport/verbs/reg_cache.h"
+
+namespace gflow::transport::verbs {
+
+// The slot header that precedes every eager message (64 bytes).
+struct SlotHeader {
+  uint32_t magic;
+  uint16_t type;
+  uint16_t reserved;
+  uint32_t payload;  // bytes following the header in this slot
+  uint32_t seq;      // low 32 bits of the sender's eager message number
+  uint64_t group;
+  uint64_t index;
+  uint64_t env[3];
+  uint64_t len;  // message bytes (data, RTS, CTS) or error text bytes
+};
+static_assert(sizeof(SlotHeader) == 64, "slot header layout");
+
+enum SlotType : uint16_t { kSlotData = 1, kSlotRts = 2, kSlotCts = 3, kSlotError = 4 };
+constexpr uint32_t kSlotMagic = 0x67665653;  // "gfVS"
+
+// Immediate data (network order on the wire): kind in the top 4 bits, slot
+// index or rendezvous id below.
+enum ImmKind : uint32_t { kImmSlot = 1, kImmData = 2, kImmCredit = 3 };
+inline uint32_t makeImm(ImmKind k, uint32_t v) {
+  return (uint32_t(k) << 28) | (v & 0x0fffffffu);
+}
+
+// Work request ids: kind, peer, value.
+enum WrKind : uint64_t { kWrSlot = 1, kWrData = 2, kWrRecv = 3, kWrCredit = 4, kWrProbe = 5 };
+inline uint64_t makeWrId(WrKind k, int peer, uint32_t value) {
+  return (uint64_t(k) << 56) | (uint64_t(uint32_t(peer) & 0xffffff) << 32) | value;
+}
+inline WrKind wrKind(uint64_t id) {
+  return static_cast<WrKind>(id >> 56);
+}
+inline int wrPeer(uint64_t id) {
+  return static_cast<int>((id >> 32) & 0xffffff);
+}
+inline uint32_t wrValue(uint64_t id) {
+  return static_cast<uint32_t>(id);
+}
+
+struct CtsPayload {
+  uint64_t addr;
+  uint32_t rkey;
+  uint32_t rid;
+};
+
+class VerbsContext final : public Context {
+ public:
+  explicit VerbsContext(const ContextOptions& options);
+  ~VerbsContext() override;
+
+  std::unique_ptr<MemoryRegion> registerMemory(void* data, size_t size) override;
+  RequestPtr isend(int peer, const void* data, size_t bytes, Tag tag, const Envelope& env) override;
+  RequestPtr irecv(int peer, void* data, size_t bytes, Tag tag, const Envelope& env) override;
+  void beginGroup(uint64_t group, const Envelope& env) override;
+  void wait(const RequestPtr& req, Deadline deadline) override;
+  bool test(const RequestPtr& req) override;
+  void abort(const Error& error) override;
+  void notifyPeers(const Error& error) override;
+  std::shared_ptr<const Error> error() const override;
+  PeerStats peerStats(int peer) const override;
+
+  // Protocol counters of this context (benchmarks, tests).
+  struct Counters {
+    uint64_t eagerMessages = 0;     // slots written (data and control)
+    uint64_t controlMessages = 0;   // of which RTS / CTS / error
+    uint64_t rendezvousWrites = 0;  // RDMA writes of rendezvous data
+    uint64_t creditWrites = 0;
+    uint64_t completions = 0;  // work completions polled
+    uint64_t cqEvents = 0;     // sleeps ended by a completion event
+    uint64_t registrations = 0;
+    uint64_t registrationHits = 0;
+  };
+  Counters counters() const;
+
+ private:
+  struct TagHash {
+    size_t operator()(const Tag& t) const { return t.group * 0x9E3779B97F4A7C15ull ^ t.index; }
+  };
+  // A work request waiting for send-queue space.
+  struct PendingWr {
+    ibv_send_wr wr{};
+    ibv_sge sge{};
+    uint64_t inlineValue = 0;
+    bool hasSge = false;
+    bool inlineData = false;
+  };
+  struct OutMsg {  // an eager slot to write
+    SlotHeader hdr{};
+    const char* payload = nullptr;
+    std::vector<char> owned;  // control payloads
+    RequestPtr req;           // completes once copied (data messages)
+  };
+  struct RecvMsg {
+    Tag tag;
+    Envelope env;
+    uint64_t len = 0;
+    RequestPtr req;  // null until posted
+    char* user = nullptr;
+    std::unique_ptr<char[]> staging;  // eager data that arrived first
+    bool staged = false;
+    bool announced = false;  // an RTS arrived
+    bool rendezvous = false;
+    uint32_t rid = 0;
+    uint64_t received = 0;
+    RegCache::Ref reg;
+  };
+  struct SendOp {
+    RequestPtr req;
+    int peer = -1;
+    Tag tag;
+    Envelope env;
+    const char* data = nullptr;
+    uint64_t len = 0;
+    int writesLeft = 0;
+    RegCache::Ref reg;
+  };
+  struct CtsInfo {  // a CTS that arrived before its send was posted
+    CtsPayload cts{};
+    Envelope env;
+    uint64_t len = 0;
+  };
+  struct Rdv {  // a posted rendezvous receive, by id
+    int peer = -1;
+    Tag tag;
+    uint16_t gen = 0;
+    bool used = false;
+  };
+  struct Peer {
+    std::vector<ibv_qp*> qps;
+    std::vector<int> outstanding;  // send WRs posted, not completed, per QP
+    std::vector<std::deque<PendingWr>> waiting;
+    // Outbound eager ring.
+    uint64_t remoteRing = 0;
+    uint32_t remoteRingKey = 0;
+    uint64_t remoteCredit = 0;
+    uint32_t remoteCreditKey = 0;
+    uint64_t sent = 0;
+    char* outRing = nullptr;
+    std::vector<bool> outBusy;
+    std::deque<OutMsg> eagerQueue;
+    // Inbound ring + the credit word the peer writes (one registered block),
+    // and the outbound staging slots (local-only registration).
+    char* inBlock = nullptr;
+    ibv_mr* inMr = nullptr;
+    char* outBlock = nullptr;
+    ibv_mr* outMr = nullptr;
+    char* inRing = nullptr;
+    uint64_t consumed = 0;
+    uint64_t creditReturned = 0;
+    std::unordered_map<Tag, std::unique_ptr<RecvMsg>, TagHash> msgs;
+    std::unordered_map<Tag, CtsInfo, TagHash> ctsArrived;
+    std::unordered_map<Tag, uint32_t, TagHash> awaitingCts;  // tag -> send op id
+    uint64_t unexpectedBytes = 0;
+    // A transfer to this peer failed while nothing was pending with it (e.g.
+    // a credit return after the peer finished and left): raised when this
+    // rank next needs the peer.
+    std::optional<Error> lost;
+    // Liveness probe.
+    bool probeInFlight = false;
+    std::chrono::steady_clock::time_point lastProbe{};
+    std::chrono::steady_clock::time_point lastAck{};
+    std::atomic<uint64_t> bytesSent{0}, bytesReceived{0}, messagesSent{0}, messagesReceived{0};
+  };
+
+  // Setup (verbs_connect.cc).
+  void connectAll(const ContextOptions& options);
+  void createQueuePairs(Peer& p, int peer);
+  void postReceives(int peer, int q, int n);
+  void destroyAll();
+
+  // Data path (verbs_context.cc).
+  uint64_t creditsConsumed(int peer) const;  // the peer's consumed count
+  void queueEager(int peer, OutMsg msg);
+  void pumpEager(int peer);
+  void postWr(int peer, int q, PendingWr w);
+  void pumpWaiting(int peer, int q);
+  void returnCredits(int peer, bool force);
+  void sendControl(int peer, uint16_t type, Tag tag, const Envelope& env, uint64_t len,
+                   const void* payload, size_t n);
+  void startRendezvousRecv(int peer, RecvMsg& m);
+  void matchCts(uint32_t opId, const CtsInfo& info);  // checks, then writes
+  void handleSlot(int peer, const char* slot);
+  void handleData(int peer, const SlotHeader& h, const char* payload);
+  void handleAnnounce(int peer, const SlotHeader& h);
+  void handleCts(int peer, const SlotHeader& h, const char* payload);
+  void handleError(int peer, const SlotHeader& h, const char* payload);
+  void handleRendezvousData(int peer, uint32_t rid, uint32_t bytes);
+  void completeRecv(Peer& p, RecvMsg* m);
+  void checkGroup(int peer, uint64_t group, const Envelope& env);
+  bool hasPendingWith(int peer) const;
+  void checkPeer(int peer);  // raises Peer::lost
+  void checkLost();          // raises Peer::lost of a peer something waits on
+
+  // Progress (verbs_progress.cc).
+  int progress();  // polls completions; returns how many
+  void handleCompletion(const ibv_wc& wc);
+  void handleAsyncEvents();
+  void sleepForEvents(int timeoutMs);
+  void probe(int peer);
+  [[noreturn]] void failTimeout(const RequestPtr& req, bool peerAlive);
+  [[noreturn]] void protocolError(int peer, const std::string& what);
+  [[noreturn]] void fail(const Error& e);
+  void checkFailed();
+  void errorQueuePairs();
+
+  std::chrono::milliseconds timeout_;
+  uint64_t unexpectedLimit_ = 0;
+  uint64_t stripeMin_ = 0;
+  int spinUs_ = 0;
+  int qpsPerPeer_ = 2;
+  int slots_ = 32;
+  size_t slotBytes_ = 0;  // header + eager payload
+  size_t eagerMax_ = 0;
+  int sendDepth_ = 0;
+  int recvDepth_ = 0;
+  uint64_t commId_ = 0;
+
+  std::shared_ptr<Device> device_;
+  std::shared_ptr<RegCache> cache_;
+  std::vector<std::unique_ptr<Peer>> peers_;
+  std::unordered_map<uint32_t, std::pair<int, int>> qpIndex_;  // qp_num -> peer, QP
+  size_t ringBytes_ = 0;                                       // slots_ x slotBytes_
+
+  std::unordered_map<uint32_t, std::unique_ptr<SendOp>> sendOps_;
+  uint32_t nextSendOp_ = 1;
+  std::vector<Rdv> rdv_;
+  std::vector<uint32_t> freeRdv_;
+
+  std::optional<Error> deferredError_;
+  uint64_t deferredGroup_ = 0;
+  uint64_t group_ = 0;
+  Envelope groupEnv_{};
+  bool groupActive_ = false;
+  bool qpsErrored_ = false;
+
+  Counters counters_;
+  int wakeFd_ = -1;
+  std::atomic<bool> failedFlag_{false};
+  mutable std::mutex errorMutex_;
+  mutable std::mutex countersMutex_;
+  std::shared_ptr<const Error> error_;
+};
+
+}  // namespace gflow::transport::verbs

@@ -1,0 +1,303 @@
+// Verbs transport progress: completion polling, adaptive busy-poll / event
+// wait, async events, liveness probes and deadlines.
+#include <arpa/inet.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/check.h"
+#include "common/logging.h"
+#include "transport/verbs/verbs_context.h"
+
+namespace gflow::transport::verbs {
+namespace {
+
+constexpr int kPollBatch = 32;
+constexpr auto kProbeAfter = std::chrono::seconds(1);
+
+const char* wrWhat(WrKind k) {
+  switch (k) {
+    case kWrSlot: return "eager write";
+    case kWrData: return "rendezvous write";
+    case kWrRecv: return "receive";
+    case kWrCredit: return "credit return";
+    case kWrProbe: return "liveness probe";
+  }
+  return "work request";
+}
+
+}  // namespace
+
+int VerbsContext::progress() {
+  ibv_wc wc[kPollBatch];
+  const int n = device_->api().pollCq(device_->cq(), kPollBatch, wc);
+  if (n < 0) {
+    fail(Error(ErrorCode::kInternal,
+               "ibv_poll_cq on " + device_->name() + " failed (CQ overrun or device error)",
+               ErrorContext{"", group_, rank(), -1}));
+  }
+  if (n > 0) {
+    std::lock_guard<std::mutex> lock(countersMutex_);
+    counters_.completions += static_cast<uint64_t>(n);
+  }
+  for (int i = 0; i < n; ++i) handleCompletion(wc[i]);
+  for (int peer = 0; peer < size(); ++peer) {
+    if (peer != rank() && !peers_[peer]->eagerQueue.empty()) pumpEager(peer);
+  }
+  return n;
+}
+
+void VerbsContext::handleCompletion(const ibv_wc& wc) {
+  const WrKind kind = wrKind(wc.wr_id);
+  const int peer = wrPeer(wc.wr_id);
+  auto qi = qpIndex_.find(wc.qp_num);
+  if (peer < 0 || peer >= size() || peer == rank() || qi == qpIndex_.end() ||
+      qi->second.first != peer) {
+    fail(Error(ErrorCode::kInternal, "work completion for an unknown queue pair or request",
+               ErrorContext{"", group_, rank(), -1}));
+  }
+  const int q = qi->second.second;
+  Peer& p = *peers_[peer];
+  if (kind != kWrRecv) {
+    --p.outstanding[q];
+  }
+  if (wc.status != IBV_WC_SUCCESS) {
+    if (qpsErrored_ || failedFlag_.load(std::memory_order_acquire)) return;  // flushes
+    const ErrorCode code = wc.status == IBV_WC_RETRY_EXC_ERR ||
+                                   wc.status == IBV_WC_REM_ACCESS_ERR ||
+                                   wc.status == IBV_WC_WR_FLUSH_ERR
+                               ? ErrorCode::kPeerLost
+                               : ErrorCode::kInternal;
+    char vendor[32];
+    std::snprintf(vendor, sizeof(vendor), "0x%x", wc.vendor_err);
+    Error e(code,
+            std::string("RDMA ") + wrWhat(kind) + (kind == kWrRecv ? " from" : " to") + " rank " +
+                std::to_string(peer) + " on " + device_->name() + " failed: " +
+                device_->api().wcStatusStr(wc.status) + " (status " + std::to_string(wc.status) +
+                ", vendor error " + vendor + "): " + adviceForStatus(wc.status),
+            ErrorContext{"", group_, rank(), peer});
+    // Not failed at once: completions that arrived before the connection
+    // broke may still be queued behind this one (a peer that finished and
+    // left sent everything first). The error is raised once the queue is
+    // drained if anything waits on the peer, or when it is next used.
+    if (!p.lost) p.lost.emplace(e);
+    return;
+  }
+  p.lastAck = std::chrono::steady_clock::now();
+  switch (kind) {
+    case kWrRecv: {
+      postReceives(peer, q, 1);
+      if (wc.opcode != IBV_WC_RECV_RDMA_WITH_IMM || !(wc.wc_flags & IBV_WC_WITH_IMM)) {
+        protocolError(peer, "inbound completion without an immediate");
+      }
+      const uint32_t imm = ntohl(wc.imm_data);
+      const uint32_t v = imm & 0x0fffffffu;
+      switch (imm >> 28) {
+        case kImmSlot: {
+          const uint32_t expect = static_cast<uint32_t>(p.consumed % static_cast<uint64_t>(slots_));
+          if (q != 0 || v != expect) {
+            protocolError(peer, "eager slot " + std::to_string(v) + " on QP " + std::to_string(q) +
+                                    " where slot " + std::to_string(expect) +
+                                    " on QP 0 was expected");
+          }
+          handleSlot(peer, p.inRing + static_cast<size_t>(v) * slotBytes_);
+          ++p.consumed;
+          returnCredits(peer, false);
+          break;
+        }
+        case kImmData: handleRendezvousData(peer, v, wc.byte_len); break;
+        case kImmCredit: pumpEager(peer); break;
+        default: protocolError(peer, "unknown immediate " + std::to_string(imm));
+      }
+      return;
+    }
+    case kWrSlot: {
+      const uint32_t slot = wrValue(wc.wr_id);
+      if (slot < p.outBusy.size()) p.outBusy[slot] = false;
+      break;
+    }
+    case kWrData: {
+      auto it = sendOps_.find(wrValue(wc.wr_id));
+      if (it != sendOps_.end() && --it->second->writesLeft == 0) {
+        SendOp& op = *it->second;
+        p.bytesSent.fetch_add(op.len, std::memory_order_relaxed);
+        RequestPtr req = op.req;
+        sendOps_.erase(it);
+        req->complete();
+      }
+      break;
+    }
+    case kWrProbe: p.probeInFlight = false; break;
+    case kWrCredit: break;
+  }
+  pumpWaiting(peer, q);
+}
+
+void VerbsContext::handleAsyncEvents() {
+  const VerbsApi& api = device_->api();
+  for (;;) {
+    ibv_async_event ev{};
+    if (api.getAsyncEvent(device_->context(), &ev) != 0) return;
+    const ibv_event_type type = ev.event_type;
+    int peer = -1;
+    if (type == IBV_EVENT_QP_FATAL || type == IBV_EVENT_QP_REQ_ERR ||
+        type == IBV_EVENT_QP_ACCESS_ERR || type == IBV_EVENT_COMM_EST ||
+        type == IBV_EVENT_SQ_DRAINED || type == IBV_EVENT_PATH_MIG ||
+        type == IBV_EVENT_PATH_MIG_ERR || type == IBV_EVENT_QP_LAST_WQE_REACHED) {
+      auto it = ev.element.qp ? qpIndex_.find(ev.element.qp->qp_num) : qpIndex_.end();
+      if (it != qpIndex_.end()) peer = it->second.first;
+    }
+    const std::string name = api.eventTypeStr(type);
+    api.ackAsyncEvent(&ev);
+    bool fatal = false;
+    ErrorCode code = ErrorCode::kPeerLost;
+    std::string advice;
+    switch (type) {
+      case IBV_EVENT_QP_FATAL:
+      case IBV_EVENT_QP_REQ_ERR:
+      case IBV_EVENT_QP_ACCESS_ERR:
+      case IBV_EVENT_PATH_MIG_ERR:
+        fatal = !qpsErrored_;
+        advice = "the connection broke (peer failure, or a protocol error on the wire)";
+        break;
+      case IBV_EVENT_PORT_ERR:
+        fatal = true;
+        advice = "port " + std::to_string(ev.element.port_num) +
+                 " went down: check the cable/switch (ibstat, ip link)";
+        break;
+      case IBV_EVENT_CQ_ERR:
+        fatal = true;
+        code = ErrorCode::kInternal;
+        advice = "completion queue overrun (a gflow bug)";
+        break;
+      case IBV_EVENT_DEVICE_FATAL:
+        fatal = true;
+        code = ErrorCode::kInternal;
+        advice = "the adapter failed (dmesg; the driver must be reset)";
+        break;
+      default: break;
+    }
+    if (!fatal) {
+      GFLOW_LOG(DEBUG) << "rank " << rank() << ": " << device_->name() << " async event: " << name;
+      continue;
+    }
+    fail(Error(code,
+               device_->name() + " reported '" + name + "'" +
+                   (peer >= 0 ? " on the connection to rank " + std::to_string(peer) : "") + ": " +
+                   advice,
+               ErrorContext{"", group_, rank(), peer}));
+  }
+}
+
+void VerbsContext::sleepForEvents(int timeoutMs) {
+  const VerbsApi& api = device_->api();
+  // A peer waiting for credits must not wait for this rank's sleep.
+  for (int peer = 0; peer < size(); ++peer) {
+    if (peer != rank()) returnCredits(peer, true);
+  }
+  if (int rc = api.reqNotifyCq(device_->cq(), 0)) {
+    fail(Error(ErrorCode::kInternal, std::string("ibv_req_notify_cq failed: ") + std::strerror(rc),
+               ErrorContext{"", group_, rank(), -1}));
+  }
+  // A completion that arrived before arming raises no event.
+  if (progress() > 0) return;
+  pollfd fds[3] = {{device_->channel()->fd, POLLIN, 0},
+                   {device_->context()->async_fd, POLLIN, 0},
+                   {wakeFd_, POLLIN, 0}};
+  int rc = ::poll(fds, 3, std::max(0, timeoutMs));
+  if (rc <= 0) return;
+  if (fds[0].revents & POLLIN) {
+    ibv_cq* cq = nullptr;
+    void* ctx = nullptr;
+    unsigned got = 0;
+    while (api.getCqEvent(device_->channel(), &cq, &ctx) == 0) ++got;
+    if (got > 0) {
+      api.ackCqEvents(device_->cq(), got);
+      std::lock_guard<std::mutex> lock(countersMutex_);
+      counters_.cqEvents += got;
+    }
+  }
+  if (fds[1].revents & POLLIN) handleAsyncEvents();
+  if (fds[2].revents & POLLIN) {
+    uint64_t v;
+    ssize_t r = ::read(wakeFd_, &v, sizeof(v));
+    (void)r;
+  }
+}
+
+void VerbsContext::probe(int peer) {
+  Peer& p = *peers_[peer];
+  p.probeInFlight = true;
+  p.lastProbe = std::chrono::steady_clock::now();
+  PendingWr w;
+  w.wr.wr_id = makeWrId(kWrProbe, peer, 0);
+  w.wr.opcode = IBV_WR_RDMA_WRITE;  // zero bytes: only the acknowledgement matters
+  w.wr.send_flags = IBV_SEND_SIGNALED;
+  w.wr.wr.rdma.remote_addr = p.remoteCredit;
+  w.wr.wr.rdma.rkey = p.remoteCreditKey;
+  w.hasSge = false;
+  postWr(peer, 0, std::move(w));
+}
+
+bool VerbsContext::test(const RequestPtr& req) {
+  checkFailed();
+  if (!req->done() && progress() == 0) checkLost();
+  if (req->failed()) throw req->error();
+  return req->done();
+}
+
+void VerbsContext::wait(const RequestPtr& req, Deadline deadline) {
+  if (req->done()) {
+    if (req->failed()) throw req->error();
+    return;
+  }
+  checkFailed();
+  const auto start = std::chrono::steady_clock::now();
+  const auto spinUntil = start + std::chrono::microseconds(spinUs_);
+  unsigned idle = 0;
+  while (!req->done()) {
+    const int n = progress();
+    checkFailed();
+    if (req->done()) break;
+    if (n > 0) {
+      idle = 0;
+      continue;
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (now < spinUntil) {
+      if ((++idle & 4095) == 0) handleAsyncEvents();
+      continue;
+    }
+    Peer& p = *peers_[req->peer()];
+    checkLost();  // the completion queue is drained
+    if (now - start >= kProbeAfter && !p.probeInFlight && now - p.lastProbe >= kProbeAfter) {
+      probe(req->peer());
+    }
+    if (deadline.expired()) {
+      // Alive: the peer acknowledged something (a probe, data) recently.
+      failTimeout(req, now - p.lastAck < 3 * kProbeAfter);
+    }
+    sleepForEvents(std::min(deadline.remainingMs(), 250));
+  }
+  if (req->failed()) throw req->error();
+}
+
+void VerbsContext::failTimeout(const RequestPtr& req, bool peerAlive) {
+  const int peer = req->peer();
+  std::string what = std::string(req->isSend() ? "sending " : "receiving ") +
+                     std::to_string(req->bytes()) + " bytes " + (req->isSend() ? "to" : "from") +
+                     " rank " + std::to_string(peer) +
+                     " over verbs did not finish within the deadline (GFLOW_TIMEOUT); ";
+  if (peerAlive) {
+    what += "rank " + std::to_string(peer) +
+            " is alive but waiting itself: the stalled rank is further along the chain";
+  } else {
+    what += "rank " + std::to_string(peer) + " is not responding (stopped, hung or not calling " +
+            "this collective)";
+  }
+  fail(Error(ErrorCode::kTimeout, what, ErrorContext{"", group_, rank(), peer}));
+}
+
+}  // namespace gflow::transport::verbs
