@@ -97,6 +97,22 @@ struct GFLOW_EXPORT Stats {
   uint64_t bytesReceived() const;
 };
 
+// Memory pinned for zero-copy transfers (Communicator::registerMemory). The
+// registration ends when the handle is destroyed.
+class GFLOW_EXPORT MemoryRegistration {
+ public:
+  virtual ~MemoryRegistration();
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+
+ protected:
+  MemoryRegistration(void* data, size_t bytes) : data_(data), bytes_(bytes) {}
+
+ private:
+  void* data_;
+  size_t bytes_;
+};
+
 class GFLOW_EXPORT Communicator {
  public:
   // Creates the world communicator. Collective: every rank must call it.
@@ -153,6 +169,18 @@ class GFLOW_EXPORT Communicator {
 
   // Per-peer traffic and op counts since creation.
   Stats stats() const;
+
+  // Registers [data, data + bytes) with every network transport of this
+  // communicator that needs it: the verbs transport pins it once (one
+  // ibv_reg_mr per connection context) so that every later op on tensors
+  // inside it moves data zero-copy without registering again; without it,
+  // verbs registers the op's buffers per op (gflow cannot see memory being
+  // freed and re-mapped between ops). TCP and shared memory need nothing.
+  // The memory must stay allocated and mapped until the handle is destroyed
+  // (destroy it before freeing the memory); ops may run meanwhile. Local
+  // (not collective). Throws Error(kInternal) when the device refuses (e.g.
+  // the locked-memory limit, ulimit -l).
+  std::unique_ptr<MemoryRegistration> registerMemory(void* data, size_t bytes);
 
   // The error that failed this communicator, or nullptr.
   std::shared_ptr<const Error> error() const;

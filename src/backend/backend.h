@@ -83,6 +83,11 @@ class Backend {
   virtual void abort(const Error& error) = 0;
   virtual void notifyPeers(const Error& error) = 0;
   virtual PeerStats peerStats(int peer) const = 0;
+  // Registers user memory with every network transport context of this
+  // backend (zero-copy RDMA); the regions are valid while `out` holds them.
+  // Thread-safe with respect to running ops.
+  virtual void registerMemory(void* data, size_t bytes,
+                              std::vector<std::unique_ptr<transport::MemoryRegion>>* out) = 0;
 };
 
 // The host backend over a connected transport context.

@@ -36,6 +36,10 @@ class Router final : public Backend {
     for (Backend* b : all()) accumulate(s, b->peerStats(peer));
     return s;
   }
+  void registerMemory(void* data, size_t bytes,
+                      std::vector<std::unique_ptr<transport::MemoryRegion>>* out) override {
+    for (Backend* b : all()) b->registerMemory(data, bytes, out);
+  }
 
  private:
   Backend& pick(const Op& op) {

@@ -656,6 +656,26 @@ void internal::CommunicatorAccess::abortWith(Communicator& comm, const Error& e)
   }
 }
 
+MemoryRegistration::~MemoryRegistration() = default;
+
+namespace {
+class Registration final : public MemoryRegistration {
+ public:
+  Registration(void* d, size_t n) : MemoryRegistration(d, n) {}
+  std::vector<std::unique_ptr<transport::MemoryRegion>> regions;
+};
+}  // namespace
+
+std::unique_ptr<MemoryRegistration> Communicator::registerMemory(void* data, size_t bytes) {
+  if (!data && bytes > 0) {
+    GFLOW_THROW(kInvalidArgument, (ErrorContext{"register_memory", 0, impl_->rank, -1}))
+        << "registerMemory of " << bytes << " bytes at a null pointer";
+  }
+  auto r = std::make_unique<Registration>(data, bytes);
+  if (bytes > 0) impl_->backend->registerMemory(data, bytes, &r->regions);
+  return r;
+}
+
 Stats Communicator::stats() const {
   Stats s;
   s.peers.resize(impl_->size);

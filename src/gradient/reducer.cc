@@ -175,6 +175,7 @@ class GradientReducer::Impl {
   // Waits for every op fired (ignoring their errors) and starts a new step.
   void abandonStepLocked();
   void resetStepLocked();
+  void registerBuffers(const std::vector<Tensor>& tensors);
   [[noreturn]] void missingTensors(std::unique_lock<std::mutex>& lock);
   // Cycle-time mode: the round thread's loop and one round.
   void roundLoop();
@@ -194,6 +195,9 @@ class GradientReducer::Impl {
  private:
   std::vector<std::vector<char>> pool_;  // per dtype
   std::vector<uint64_t> poolOffset_;     // per tensor (fused ones)
+  // The gradients and the pool, registered once for zero-copy transports
+  // (verbs) instead of per op; released before the pool is freed.
+  std::vector<std::unique_ptr<MemoryRegistration>> registrations_;
 
   std::condition_variable cv_;
   uint64_t step_ = 0;
@@ -313,6 +317,7 @@ void GradientReducer::Impl::setUp(const ReducerOptions& options) {
     used += tensors[i].nbytes();
   }
   for (uint64_t bytes : poolBytes) pool_.emplace_back(bytes);
+  registerBuffers(tensors);
   ready_.assign(tensors.size(), 0);
   sent_.assign(tensors.size(), 0);
   resetStepLocked();
@@ -336,6 +341,24 @@ GradientReducer::Impl::~Impl() {
   lock.lock();
   // Ops in flight read the tensors and the pool: let them finish.
   abandonStepLocked();
+}
+
+void GradientReducer::Impl::registerBuffers(const std::vector<Tensor>& tensors) {
+  // Tensors adjacent in memory (views into one flat gradient buffer) share
+  // one registration.
+  std::vector<std::pair<char*, size_t>> ranges;
+  for (const Tensor& t : tensors) {
+    char* p = static_cast<char*>(t.data);
+    if (!ranges.empty() && ranges.back().first + ranges.back().second == p) {
+      ranges.back().second += t.nbytes();
+    } else if (t.nbytes() > 0) {
+      ranges.emplace_back(p, t.nbytes());
+    }
+  }
+  for (auto& b : pool_) {
+    if (!b.empty()) ranges.emplace_back(b.data(), b.size());
+  }
+  for (auto& r : ranges) registrations_.push_back(comm->registerMemory(r.first, r.second));
 }
 
 void GradientReducer::Impl::resetStepLocked() {

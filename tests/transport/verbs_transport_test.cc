@@ -332,6 +332,56 @@ TEST(VerbsCollectives, HierarchicalUsesSharedMemoryInsideAndVerbsAcrossHosts) {
   });
 }
 
+TEST(VerbsCollectives, RegisteredBuffersAndTheReducerRegisterOnceNotEveryStep) {
+  sv::Installed dev;
+  auto world = testing::makeWorldWith(2, testing::onHosts({0, 1}, verbsOptions("ring")));
+  std::vector<std::vector<float>> bufs(2, std::vector<float>(300000, 1.0f));
+  auto steps = [&](int k) {
+    for (int i = 0; i < k; ++i) {
+      testing::forEachRank(world, [&](Communicator& c) {
+        c.allreduce(tensor(bufs[c.rank()].data(), bufs[c.rank()].size()));
+      });
+    }
+  };
+  steps(1);  // scratch buffers registered (once: they persist)
+  uint64_t before = sv::counters().regMr;
+  steps(3);
+  const uint64_t perStepUnregistered = (sv::counters().regMr - before) / 3;
+  EXPECT_GT(perStepUnregistered, 0u) << "unregistered buffers are registered per op";
+  std::vector<std::unique_ptr<MemoryRegistration>> regs;
+  for (auto& c : world) regs.push_back(c->registerMemory(bufs[c->rank()].data(), 1200000));
+  before = sv::counters().regMr;
+  steps(5);
+  EXPECT_EQ(sv::counters().regMr, before) << "registered buffers must not be registered again";
+  EXPECT_EQ(bufs[0][299999], 512.0f);  // 2^9 after 9 doubling steps
+  regs.clear();
+
+  // The reducer registers its gradients and fusion pool at creation.
+  std::vector<std::vector<float>> grads(2, std::vector<float>(40000));
+  std::vector<std::unique_ptr<GradientReducer>> reducers(2);
+  testing::forEachRank(world, [&](Communicator& c) {
+    std::vector<Tensor> ts;
+    for (size_t off = 0; off < 40000; off += 10000)
+      ts.push_back(tensor(&grads[c.rank()][off], 10000));
+    reducers[c.rank()] = std::make_unique<GradientReducer>(world[c.rank()], ts);
+  });
+  auto step = [&](Communicator& c, int k) {
+    std::fill(grads[c.rank()].begin(), grads[c.rank()].end(), float(c.rank() + k));
+    for (size_t i = 0; i < 4; ++i) reducers[c.rank()]->ready(i);
+    reducers[c.rank()]->wait();
+    ASSERT_EQ(grads[c.rank()][39999], float(2 * k + 1) / 2);
+  };
+  // The first step sizes (and registers, once) the reducer communicator's
+  // scratch memory.
+  testing::forEachRank(world, [&](Communicator& c) { step(c, 0); });
+  before = sv::counters().regMr;
+  testing::forEachRank(world, [&](Communicator& c) {
+    for (int k = 1; k < 5; ++k) step(c, k);
+  });
+  EXPECT_EQ(sv::counters().regMr, before);
+  reducers.clear();
+}
+
 TEST(VerbsCollectives, MismatchedCountsFailEveryRankWithMismatch) {
   sv::Installed dev;
   auto world = testing::makeWorldWith(3, testing::onHosts({0, 1, 2}, verbsOptions("ring")));

@@ -267,6 +267,11 @@ class HierarchicalBackend final : public Backend {
     if (c != crossIndex_.end()) accumulate(s, cross_->peerStats(c->second));
     return s;
   }
+  void registerMemory(void* data, size_t bytes,
+                      std::vector<std::unique_ptr<transport::MemoryRegion>>* out) override {
+    local_->registerMemory(data, bytes, out);
+    cross_->registerMemory(data, bytes, out);
+  }
 
  private:
   [[noreturn]] void unsupported(const Op& op) {

@@ -46,16 +46,25 @@ class Exchange {
   std::vector<transport::RequestPtr> pendingSends_;
 };
 
-// Growable scratch memory owned by the backend, reused across ops.
+// Growable scratch memory owned by the backend, reused across ops. It is
+// registered with the transport (RDMA: once, not per op) for as long as it
+// lives at one address; growing it drops the old registration first.
 class Scratch {
  public:
+  explicit Scratch(transport::Context& ctx) : ctx_(ctx) {}
   char* get(size_t bytes) {
-    if (buf_.size() < bytes) buf_.resize(bytes);
+    if (buf_.size() < bytes) {
+      region_.reset();
+      buf_.resize(bytes);
+      region_ = ctx_.registerMemory(buf_.data(), buf_.size());
+    }
     return buf_.data();
   }
 
  private:
+  transport::Context& ctx_;
   std::vector<char> buf_;
+  std::unique_ptr<transport::MemoryRegion> region_;  // before buf_ goes
 };
 
 // Tuning shared by the ring algorithms (GFLOW_PIECE_BYTES, GFLOW_RING_WINDOW).

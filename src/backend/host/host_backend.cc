@@ -21,7 +21,8 @@ namespace {
 
 class HostBackend final : public Backend {
  public:
-  explicit HostBackend(std::unique_ptr<transport::Context> ctx) : ctx_(std::move(ctx)) {
+  explicit HostBackend(std::unique_ptr<transport::Context> ctx)
+      : ctx_(std::move(ctx)), scratch_(*ctx_) {
     ctx_->setEnvelopeFormatter(describe);
   }
 
@@ -52,6 +53,10 @@ class HostBackend final : public Backend {
   void abort(const Error& error) override { ctx_->abort(error); }
   void notifyPeers(const Error& error) override { ctx_->notifyPeers(error); }
   PeerStats peerStats(int peer) const override { return ctx_->peerStats(peer); }
+  void registerMemory(void* data, size_t bytes,
+                      std::vector<std::unique_ptr<transport::MemoryRegion>>* out) override {
+    out->push_back(ctx_->registerMemory(data, bytes));
+  }
 
  private:
   std::unique_ptr<transport::Context> ctx_;

@@ -195,6 +195,9 @@ class ShmBackend final : public Backend {
   void abort(const Error& error) override { g_->abort(error); }
   void notifyPeers(const Error& error) override { g_->notifyPeers(error); }
   PeerStats peerStats(int peer) const override { return g_->peerStats(peer); }
+  // Shared memory copies through its own segments: nothing to register.
+  void registerMemory(void*, size_t,
+                      std::vector<std::unique_ptr<transport::MemoryRegion>>*) override {}
 
  private:
   std::unique_ptr<Group> g_;

@@ -426,10 +426,10 @@ void VerbsContext::handleSlot(int peer, const char* slot) {
   std::memcpy(&h, slot, sizeof(h));
   if (h.magic != kSlotMagic) protocolError(peer, "bad slot magic");
   if (h.payload > eagerMax_) protocolError(peer, "slot payload larger than the eager size");
-  if (h.seq != static_cast<uint32_t>(peers_[peer]->consumed)) {
+  const uint32_t expect = static_cast<uint32_t>(peers_[peer]->consumed - 1);
+  if (h.seq != expect) {
     protocolError(peer, "eager message " + std::to_string(h.seq) + " arrived where " +
-                            std::to_string(static_cast<uint32_t>(peers_[peer]->consumed)) +
-                            " was expected");
+                            std::to_string(expect) + " was expected");
   }
   const char* payload = slot + sizeof(SlotHeader);
   switch (h.type) {

@@ -42,7 +42,16 @@ int VerbsContext::progress() {
     std::lock_guard<std::mutex> lock(countersMutex_);
     counters_.completions += static_cast<uint64_t>(n);
   }
-  for (int i = 0; i < n; ++i) handleCompletion(wc[i]);
+  for (int i = 0; i < n; ++i) {
+    try {
+      handleCompletion(wc[i]);
+    } catch (const Error&) {
+      // The context failed: account for the rest of the batch (it does not
+      // throw any more) so that none of it is lost.
+      for (int j = i + 1; j < n; ++j) handleCompletion(wc[j]);
+      throw;
+    }
+  }
   for (int peer = 0; peer < size(); ++peer) {
     if (peer != rank() && !peers_[peer]->eagerQueue.empty()) pumpEager(peer);
   }
@@ -63,8 +72,14 @@ void VerbsContext::handleCompletion(const ibv_wc& wc) {
   if (kind != kWrRecv) {
     --p.outstanding[q];
   }
+  if (qpsErrored_ || failedFlag_.load(std::memory_order_acquire)) {
+    // Failed: only the send accounting goes on (notifyPeers and teardown
+    // wait for it); nothing more lands in user buffers.
+    if (kind == kWrSlot && wrValue(wc.wr_id) < p.outBusy.size())
+      p.outBusy[wrValue(wc.wr_id)] = false;
+    return;
+  }
   if (wc.status != IBV_WC_SUCCESS) {
-    if (qpsErrored_ || failedFlag_.load(std::memory_order_acquire)) return;  // flushes
     const ErrorCode code = wc.status == IBV_WC_RETRY_EXC_ERR ||
                                    wc.status == IBV_WC_REM_ACCESS_ERR ||
                                    wc.status == IBV_WC_WR_FLUSH_ERR
@@ -102,8 +117,10 @@ void VerbsContext::handleCompletion(const ibv_wc& wc) {
                                     " where slot " + std::to_string(expect) +
                                     " on QP 0 was expected");
           }
-          handleSlot(peer, p.inRing + static_cast<size_t>(v) * slotBytes_);
+          // Counted before it is handled: a handler that fails the context
+          // must not leave later slots looking out of order.
           ++p.consumed;
+          handleSlot(peer, p.inRing + static_cast<size_t>(v) * slotBytes_);
           returnCredits(peer, false);
           break;
         }
