@@ -45,8 +45,8 @@ namespace gflow::params {
     "Smallest message striped across several sockets of a peer.")                              \
   X(socketBuffer, "GFLOW_SOCKET_BUFFER", kBytes, "4M", "SO_SNDBUF/SO_RCVBUF of data sockets.") \
   X(unexpectedLimit, "GFLOW_UNEXPECTED_LIMIT", kBytes, "256M",                                 \
-    "Bytes a peer may send ahead of the matching receive before gflow stops reading it "       \
-    "(back-pressure, not an error).")                                                          \
+    "Bytes a peer may send ahead of the matching receive. TCP stops reading the peer "         \
+    "(back-pressure); verbs fails the op (its eager ring also carries control messages).")     \
   X(spinUs, "GFLOW_SPIN_US", kInt, "auto",                                                     \
     "Microseconds a waiting rank busy-polls before sleeping in epoll. 'auto': 50 when the "    \
     "host has more cores than local ranks, else 0.")                                           \

@@ -189,6 +189,70 @@ TEST(VerbsTransport, ExplicitRegistrationIsReusedAcrossOpsPerOpRegistrationsAreN
   EXPECT_EQ(sv::liveObjects(), 0u) << sv::describeLiveObjects();
 }
 
+TEST(VerbsTransport, DroppingARegistrationWhileATransferUsesItIsSafe) {
+  sv::Installed dev;
+  constexpr size_t kBytes = 100000;
+  std::atomic<int> posted{0};
+  expectNoErrors(runContexts(2, [&](VerbsContext& c) {
+    c.beginGroup(1, kEnv);
+    std::vector<char> buf = pattern(kBytes, c.rank());
+    std::vector<char> in(kBytes);
+    auto reg = c.registerMemory(c.rank() == 0 ? buf.data() : in.data(), kBytes);
+    transport::RequestPtr r;
+    if (c.rank() == 0) {
+      r = c.isend(1, buf.data(), kBytes, Tag{1, 0}, kEnv);  // waits for the CTS
+      reg.reset();                                          // dropped mid-transfer
+      posted = 1;
+    } else {
+      while (posted == 0) std::this_thread::yield();
+      r = c.irecv(0, in.data(), kBytes, Tag{1, 0}, kEnv);
+      reg.reset();
+    }
+    c.wait(r, kLong());
+    if (c.rank() == 1) {
+      ASSERT_EQ(in, pattern(kBytes, 0));
+    }
+  }));
+  EXPECT_EQ(sv::counters().regMr, sv::counters().deregMr + 0) << "every registration released";
+}
+
+TEST(VerbsTransport, TimeoutSaysWhetherTheSilentPeerIsInsideGflow) {
+  sv::Installed dev;
+  for (bool peerWaits : {true, false}) {
+    std::atomic<bool> done{false};
+    auto errs = runContexts(
+        2,
+        [&](VerbsContext& c) {
+          c.beginGroup(1, kEnv);
+          char b = 0;
+          if (c.rank() == 0) {
+            auto r = c.irecv(1, &b, 1, Tag{1, 0}, kEnv);
+            try {
+              c.wait(r, Deadline::after(std::chrono::milliseconds(200)));
+            } catch (...) {
+              done = true;
+              throw;
+            }
+          } else if (peerWaits) {
+            // Inside gflow, waiting on something else: answers PING.
+            auto r = c.irecv(0, &b, 1, Tag{1, 1}, kEnv);
+            try {
+              c.wait(r, Deadline::after(std::chrono::seconds(10)));
+            } catch (const Error&) {
+            }
+          } else {
+            while (!done) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          }
+        },
+        std::chrono::seconds(1));
+    ASSERT_TRUE(errs[0]);
+    const Error e = errorOf(errs[0]);
+    EXPECT_EQ(e.code(), ErrorCode::kTimeout) << e.what();
+    const std::string want = peerWaits ? "is alive but waiting itself" : "is not responding";
+    EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+  }
+}
+
 TEST(VerbsTransport, SizeOrEnvelopeDisagreementIsAMismatchNotAHang) {
   sv::Installed dev;
   for (size_t recvBytes : {size_t{100}, size_t{4000}}) {

@@ -240,7 +240,13 @@ Device::Device(const Settings& s) : api_(verbs::api()) {
             << std::strerror(errno);
       }
     }
-    const int cqe = std::min(s.cqEntries, std::max(devAttr_.max_cqe, 1));
+    const int cqe = s.cqEntries;
+    if (cqe > devAttr_.max_cqe) {
+      GFLOW_THROW(kInvalidArgument, initCtx(s.rank))
+          << "verbs transport: " << name_ << " completion queues hold at most " << devAttr_.max_cqe
+          << " entries, " << cqe << " needed (ranks x GFLOW_IB_QPS_PER_PEER x "
+          << "GFLOW_IB_EAGER_SLOTS): lower GFLOW_IB_QPS_PER_PEER or GFLOW_IB_EAGER_SLOTS";
+    }
     cq_ = api_.createCq(ctx_, cqe, nullptr, channel_, 0);
     if (!cq_) {
       GFLOW_THROW(kInternal, initCtx(s.rank)) << "verbs transport: ibv_create_cq(" << cqe << ") on "

@@ -14,7 +14,7 @@ uintptr_t pageSize() {
   return p;
 }
 
-constexpr int kAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+constexpr int kWritable = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
 
 }  // namespace
 
@@ -44,13 +44,13 @@ RegCache::~RegCache() {
   entries_.clear();
 }
 
-RegCache::Entry* RegCache::findLocked(uintptr_t s, uintptr_t e) {
+RegCache::Entry* RegCache::findLocked(uintptr_t s, uintptr_t e, bool writable) {
   // Entries starting at or before s; explicit ones first (they never go).
   Entry* best = nullptr;
   for (auto it = entries_.upper_bound(s); it != entries_.begin();) {
     --it;
     Entry* en = it->second.get();
-    if (en->start <= s && e <= en->end) {
+    if (en->start <= s && e <= en->end && !en->removed && (en->writable || !writable)) {
       if (en->explicitEntry) return en;
       if (!best) best = en;
     }
@@ -58,7 +58,8 @@ RegCache::Entry* RegCache::findLocked(uintptr_t s, uintptr_t e) {
   return best;
 }
 
-RegCache::Entry* RegCache::registerLocked(uintptr_t s, uintptr_t e, bool explicitEntry) {
+RegCache::Entry* RegCache::registerLocked(uintptr_t s, uintptr_t e, bool explicitEntry,
+                                          bool writable) {
   const uintptr_t ps = pageSize();
   const uintptr_t as = s & ~(ps - 1);
   const uintptr_t ae = (e + ps - 1) & ~(ps - 1);
@@ -70,7 +71,13 @@ RegCache::Entry* RegCache::registerLocked(uintptr_t s, uintptr_t e, bool explici
       it = next;
     }
   }
-  ibv_mr* mr = device_->api().regMr(device_->pd(), reinterpret_cast<void*>(as), bytes, kAccess);
+  ibv_mr* mr = device_->api().regMr(device_->pd(), reinterpret_cast<void*>(as), bytes,
+                                    writable ? kWritable : 0);
+  if (!mr && explicitEntry && (errno == EFAULT || errno == EACCES)) {
+    // Read-only memory (constants, a PROT_READ mapping): usable for sends.
+    mr = device_->api().regMr(device_->pd(), reinterpret_cast<void*>(as), bytes, 0);
+    writable = false;
+  }
   if (!mr) {
     const int err = errno;
     GFLOW_THROW(kInternal, (ErrorContext{"", 0, rank_, -1}))
@@ -83,6 +90,9 @@ RegCache::Entry* RegCache::registerLocked(uintptr_t s, uintptr_t e, bool explici
   ++counters_.registrations;
   auto en = std::make_unique<Entry>();
   en->mr = mr;
+  en->lkey = mr->lkey;
+  en->rkey = mr->rkey;
+  en->writable = writable;
   en->start = as;
   en->end = ae;
   en->explicitEntry = explicitEntry;
@@ -101,15 +111,15 @@ void RegCache::dropLocked(std::multimap<uintptr_t, std::unique_ptr<Entry>>::iter
   entries_.erase(it);
 }
 
-RegCache::Ref RegCache::acquire(const void* p, size_t n) {
+RegCache::Ref RegCache::acquire(const void* p, size_t n, bool writable) {
   const uintptr_t s = reinterpret_cast<uintptr_t>(p);
   const uintptr_t e = s + (n ? n : 1);
   std::lock_guard<std::mutex> lock(mu_);
-  Entry* en = findLocked(s, e);
+  Entry* en = findLocked(s, e, writable);
   if (en) {
     ++counters_.hits;
   } else {
-    en = registerLocked(s, e, false);
+    en = registerLocked(s, e, false, writable);
   }
   ++en->refs;
   return Ref(this, en);
@@ -118,11 +128,11 @@ RegCache::Ref RegCache::acquire(const void* p, size_t n) {
 void RegCache::release(Entry* e) {
   std::lock_guard<std::mutex> lock(mu_);
   --e->refs;
-  if (e->explicitEntry && e->refs == 0 && e->mr == nullptr) {
-    // Removed by its owner while a transfer used it: finish the removal.
+  if (e->removed && e->refs == 0) {
+    // Its owner dropped it while a transfer used it: deregister now.
     for (auto it = entries_.begin(); it != entries_.end(); ++it) {
       if (it->second.get() == e) {
-        entries_.erase(it);
+        dropLocked(it);
         break;
       }
     }
@@ -132,7 +142,7 @@ void RegCache::release(Entry* e) {
 uint64_t RegCache::addExplicit(const void* p, size_t n) {
   const uintptr_t s = reinterpret_cast<uintptr_t>(p);
   std::lock_guard<std::mutex> lock(mu_);
-  return registerLocked(s, s + (n ? n : 1), true)->id;
+  return registerLocked(s, s + (n ? n : 1), true, true)->id;
 }
 
 void RegCache::removeExplicit(uint64_t id) {
@@ -141,12 +151,9 @@ void RegCache::removeExplicit(uint64_t id) {
     Entry* en = it->second.get();
     if (en->id != id) continue;
     if (en->refs > 0) {
-      // A transfer still uses it: deregister now (the peer can no longer
-      // write there), erase when the last reference goes.
-      if (en->mr) device_->api().deregMr(en->mr);
-      ++counters_.deregistrations;
-      en->mr = nullptr;
-      en->end = en->start;  // never found again
+      // A transfer still uses it: hidden from new transfers now,
+      // deregistered when the last one finishes (release()).
+      en->removed = true;
     } else {
       dropLocked(it);
     }

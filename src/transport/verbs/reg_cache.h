@@ -32,8 +32,11 @@ class RegCache {
   struct Entry {
     ibv_mr* mr = nullptr;
     uintptr_t start = 0, end = 0;
+    uint32_t lkey = 0, rkey = 0;  // copied: valid even after mr goes
     int refs = 0;
     bool explicitEntry = false;
+    bool writable = true;  // registered for local and remote write
+    bool removed = false;  // owner dropped it while in use
     uint64_t id = 0;
   };
   // Holds an entry in use (a transfer in flight); releasing it lets the
@@ -46,8 +49,8 @@ class RegCache {
     Ref& operator=(Ref&& o) noexcept;
     ~Ref() { reset(); }
     void reset();
-    uint32_t lkey() const { return entry_->mr->lkey; }
-    uint32_t rkey() const { return entry_->mr->rkey; }
+    uint32_t lkey() const { return entry_->lkey; }
+    uint32_t rkey() const { return entry_->rkey; }
     explicit operator bool() const { return entry_ != nullptr; }
 
    private:
@@ -64,9 +67,11 @@ class RegCache {
   RegCache(std::shared_ptr<Device> device, uint64_t limitBytes, int rank);
   ~RegCache();
 
-  // An entry covering [p, p+n), registering one if needed. Throws
-  // Error(kInternal) naming the range and errno when registration fails.
-  Ref acquire(const void* p, size_t n);
+  // An entry covering [p, p+n), registering one if needed; `writable`: the
+  // peer writes into it (receives), else it is only read (sends, which may
+  // come from read-only memory). Throws Error(kInternal) naming the range
+  // and errno when registration fails.
+  Ref acquire(const void* p, size_t n, bool writable);
   // Explicit registration; returns its id for removeExplicit.
   uint64_t addExplicit(const void* p, size_t n);
   void removeExplicit(uint64_t id);
@@ -76,8 +81,8 @@ class RegCache {
   Counters counters() const;
 
  private:
-  Entry* findLocked(uintptr_t s, uintptr_t e);
-  Entry* registerLocked(uintptr_t s, uintptr_t e, bool explicitEntry);
+  Entry* findLocked(uintptr_t s, uintptr_t e, bool writable);
+  Entry* registerLocked(uintptr_t s, uintptr_t e, bool explicitEntry, bool writable);
   void dropLocked(std::multimap<uintptr_t, std::unique_ptr<Entry>>::iterator it);
   void release(Entry* e);
 

@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "common/check.h"
+#include "common/logging.h"
 
 namespace gflow::transport::verbs {
 namespace {
@@ -54,6 +55,17 @@ Loaded load() {
                 "); the verbs transport needs rdma-core's libibverbs (Debian: apt-get install "
                 "libibverbs1 ibverbs-providers)";
     return out;
+  }
+  // Registered pages must not become copy-on-write in the parent when the
+  // process forks (data loader workers): on kernels before 5.13 rdma-core
+  // marks them MADV_DONTFORK after ibv_fork_init, which must come before any
+  // other verb; newer kernels need nothing and it returns at once.
+  using ForkInit = int (*)();
+  if (auto forkInit = reinterpret_cast<ForkInit>(dlsym(h, "ibv_fork_init"))) {
+    if (int rc = forkInit()) {
+      GFLOW_LOG(DEBUG) << "ibv_fork_init failed (" << rc
+                       << "): forking while RDMA memory is registered is unsafe on this kernel";
+    }
   }
   VerbsApi& t = out.table;
   t.source = std::string(kLibrary) + " (rdma-core)";

@@ -31,7 +31,7 @@ struct ConnInfo {
   uint16_t lid;
   uint8_t linkLayer;
   uint8_t mtu;
-  uint32_t reserved;
+  uint32_t eagerBytes;
   uint8_t gid[16];
   uint64_t ringAddr;  // inbound ring for this peer, then its credit word
   uint32_t ringKey;
@@ -130,14 +130,8 @@ void VerbsContext::destroyAll() {
     const Deadline d =
         Deadline::after(std::min<std::chrono::milliseconds>(timeout_, std::chrono::seconds(10)));
     try {
-      for (;;) {
-        bool busy = false;
-        for (auto& pp : peers_) {
-          for (size_t q = 0; q < pp->outstanding.size(); ++q)
-            busy = busy || pp->outstanding[q] > 0 || !pp->waiting[q].empty();
-        }
-        if (!busy || d.expired()) break;
-        if (progress() == 0) sleepForEvents(std::min(d.remainingMs(), 10));
+      while (!drained() && !d.expired()) {
+        if (progress() == 0) sleepForEvents(std::min(d.remainingMs(), 10), false);
       }
     } catch (const Error&) {
       // Failed while draining: nothing more to deliver.
@@ -273,6 +267,7 @@ void VerbsContext::connectAll(const ContextOptions& o) {
     ci.qps = static_cast<uint32_t>(qpsPerPeer_);
     ci.slots = static_cast<uint32_t>(slots_);
     ci.slotBytes = slotBytes_;
+    ci.eagerBytes = static_cast<uint32_t>(eagerMax_);
     ci.lid = device_->portAttr().lid;
     ci.linkLayer = device_->portAttr().link_layer;
     ci.mtu = static_cast<uint8_t>(mtu);
@@ -307,12 +302,12 @@ void VerbsContext::connectAll(const ContextOptions& o) {
           << kInfoVersion << ": every rank must run the same gflow";
     }
     if (ti.qps != static_cast<uint32_t>(qpsPerPeer_) || ti.slots != static_cast<uint32_t>(slots_) ||
-        ti.slotBytes != slotBytes_) {
+        ti.slotBytes != slotBytes_ || ti.eagerBytes != eagerMax_) {
       GFLOW_THROW(kInvalidArgument, pctx)
           << "rank " << peer << " and this rank configure the verbs transport differently "
           << "(GFLOW_IB_QPS_PER_PEER " << ti.qps << " vs " << qpsPerPeer_
-          << ", GFLOW_IB_EAGER_SLOTS " << ti.slots << " vs " << slots_ << ", slot bytes "
-          << ti.slotBytes << " vs " << slotBytes_ << " from GFLOW_IB_EAGER_BYTES)";
+          << ", GFLOW_IB_EAGER_SLOTS " << ti.slots << " vs " << slots_ << ", GFLOW_IB_EAGER_BYTES "
+          << ti.eagerBytes << " vs " << eagerMax_ << ")";
     }
     if (ti.linkLayer != device_->portAttr().link_layer) {
       GFLOW_THROW(kInvalidArgument, pctx)
@@ -375,8 +370,6 @@ void VerbsContext::connectAll(const ContextOptions& o) {
     if (peer != rank()) keys.push_back(o.prefix + "verbs/ready/" + std::to_string(peer));
   }
   if (!keys.empty()) o.store->wait(keys, o.timeout);
-  const auto now = std::chrono::steady_clock::now();
-  for (auto& p : peers_) p->lastAck = now;
   GFLOW_LOG(DEBUG) << "rank " << rank() << ": verbs connected to " << size() - 1 << " peers, "
                    << qpsPerPeer_ << " QPs each, eager " << eagerMax_ << " bytes x " << slots_
                    << " slots";

@@ -86,6 +86,13 @@ uint64_t VerbsContext::creditsConsumed(int peer) const {
 
 void VerbsContext::postWr(int peer, int q, PendingWr w) {
   Peer& p = *peers_[peer];
+  const WrKind kind = wrKind(w.wr.wr_id);
+  if (kind == kWrSlot || kind == kWrData) ++p.dataOutstanding;
+  postOrQueue(peer, q, std::move(w));
+}
+
+void VerbsContext::postOrQueue(int peer, int q, PendingWr w) {
+  Peer& p = *peers_[peer];
   if (!p.waiting[q].empty() || p.outstanding[q] >= sendDepth_) {
     p.waiting[q].push_back(std::move(w));
     return;
@@ -113,10 +120,10 @@ void VerbsContext::pumpWaiting(int peer, int q) {
   while (!p.waiting[q].empty() && p.outstanding[q] < sendDepth_) {
     PendingWr w = std::move(p.waiting[q].front());
     p.waiting[q].pop_front();
-    // postWr queues again if anything waits: post directly.
+    // postOrQueue queues again if anything waits: post directly.
     std::deque<PendingWr> rest;
     rest.swap(p.waiting[q]);
-    postWr(peer, q, std::move(w));
+    postOrQueue(peer, q, std::move(w));
     rest.swap(p.waiting[q]);
   }
 }
@@ -238,7 +245,7 @@ RequestPtr VerbsContext::isend(int peer, const void* data, size_t bytes, Tag tag
   op->env = env;
   op->data = static_cast<const char*>(data);
   op->len = bytes;
-  op->reg = cache_->acquire(data, bytes);
+  op->reg = cache_->acquire(data, bytes, false);
   const uint32_t id = nextSendOp_++;
   if (nextSendOp_ == 0) nextSendOp_ = 1;
   sendOps_.emplace(id, std::move(op));
@@ -300,7 +307,7 @@ RequestPtr VerbsContext::irecv(int peer, void* data, size_t bytes, Tag tag, cons
 
 void VerbsContext::startRendezvousRecv(int peer, RecvMsg& m) {
   m.rendezvous = true;
-  m.reg = cache_->acquire(m.user, m.len);
+  m.reg = cache_->acquire(m.user, m.len, true);
   uint32_t idx;
   if (!freeRdv_.empty()) {
     idx = freeRdv_.back();
@@ -399,6 +406,15 @@ void VerbsContext::beginGroup(uint64_t group, const Envelope& env) {
   if (deferredError_ && !isPast(group, deferredGroup_)) fail(*deferredError_);
   for (int peer = 0; peer < size(); ++peer) {
     if (peer == rank()) continue;
+    for (auto& kv : peers_[peer]->ctsArrived) {
+      if (kv.first.group == group ? kv.second.env != env : isPast(kv.first.group, group)) {
+        fail(Error(ErrorCode::kMismatch,
+                   "rank " + std::to_string(peer) + " expects data for op #" +
+                       std::to_string(kv.first.group) + " (" + describe(kv.second.env) +
+                       ") that this rank does not send; ranks called different collectives",
+                   ErrorContext{"", group, rank(), peer}));
+      }
+    }
     for (auto& kv : peers_[peer]->msgs) {
       const RecvMsg& m = *kv.second;
       if (m.req) continue;
@@ -443,6 +459,10 @@ void VerbsContext::handleSlot(int peer, const char* slot) {
       handleCts(peer, h, payload);
       break;
     case kSlotError: handleError(peer, h, payload); break;
+    case kSlotPing:  // a waiter asks whether this rank is inside gflow
+      sendControl(peer, kSlotPong, Tag{h.group, 0}, Envelope{}, 0, nullptr, 0);
+      break;
+    case kSlotPong: ++peers_[peer]->pongs; break;
     default: protocolError(peer, "unknown slot type " + std::to_string(h.type));
   }
 }
@@ -529,6 +549,7 @@ void VerbsContext::handleCts(int peer, const SlotHeader& h, const char* payload)
   std::memcpy(&info.cts, payload, sizeof(info.cts));
   info.env = envOf(h);
   info.len = h.len;
+  checkGroup(peer, h.group, info.env);
   const Tag tag{h.group, h.index};
   auto it = p.awaitingCts.find(tag);
   if (it == p.awaitingCts.end()) {
@@ -717,8 +738,7 @@ void VerbsContext::notifyPeers(const Error& error) {
     while (!d.expired()) {
       bool busy = false;
       for (auto& pp : peers_) {
-        for (int o : pp->outstanding) busy = busy || o > 0;
-        busy = busy || !pp->eagerQueue.empty();
+        if (!pp->lost) busy = busy || pp->dataOutstanding > 0 || !pp->eagerQueue.empty();
       }
       if (!busy) break;
       try {

@@ -50,7 +50,14 @@ struct SlotHeader {
 };
 static_assert(sizeof(SlotHeader) == 64, "slot header layout");
 
-enum SlotType : uint16_t { kSlotData = 1, kSlotRts = 2, kSlotCts = 3, kSlotError = 4 };
+enum SlotType : uint16_t {
+  kSlotData = 1,
+  kSlotRts = 2,
+  kSlotCts = 3,
+  kSlotError = 4,
+  kSlotPing = 5,
+  kSlotPong = 6
+};
 constexpr uint32_t kSlotMagic = 0x67665653;  // "gfVS"
 
 // Immediate data (network order on the wire): kind in the top 4 bits, slot
@@ -166,6 +173,7 @@ class VerbsContext final : public Context {
   struct Peer {
     std::vector<ibv_qp*> qps;
     std::vector<int> outstanding;  // send WRs posted, not completed, per QP
+    int dataOutstanding = 0;       // eager and rendezvous writes not completed
     std::vector<std::deque<PendingWr>> waiting;
     // Outbound eager ring.
     uint64_t remoteRing = 0;
@@ -193,10 +201,12 @@ class VerbsContext final : public Context {
     // a credit return after the peer finished and left): raised when this
     // rank next needs the peer.
     std::optional<Error> lost;
-    // Liveness probe.
+    // Liveness: a zero-byte write proves the peer's QP exists (a dead
+    // process's does not); a PING slot answered with PONG proves its
+    // software is inside gflow.
+    uint64_t pongs = 0;
     bool probeInFlight = false;
     std::chrono::steady_clock::time_point lastProbe{};
-    std::chrono::steady_clock::time_point lastAck{};
     std::atomic<uint64_t> bytesSent{0}, bytesReceived{0}, messagesSent{0}, messagesReceived{0};
   };
 
@@ -211,6 +221,7 @@ class VerbsContext final : public Context {
   void queueEager(int peer, OutMsg msg);
   void pumpEager(int peer);
   void postWr(int peer, int q, PendingWr w);
+  void postOrQueue(int peer, int q, PendingWr w);
   void pumpWaiting(int peer, int q);
   void returnCredits(int peer, bool force);
   void sendControl(int peer, uint16_t type, Tag tag, const Envelope& env, uint64_t len,
@@ -233,9 +244,11 @@ class VerbsContext final : public Context {
   int progress();  // polls completions; returns how many
   void handleCompletion(const ibv_wc& wc);
   void handleAsyncEvents();
-  void sleepForEvents(int timeoutMs);
+  // returnCreditsFirst: false at teardown (peers may have left).
+  void sleepForEvents(int timeoutMs, bool returnCreditsFirst = true);
   void probe(int peer);
   [[noreturn]] void failTimeout(const RequestPtr& req, bool peerAlive);
+  bool drained() const;  // no eager/rendezvous write in flight to a live peer
   [[noreturn]] void protocolError(int peer, const std::string& what);
   [[noreturn]] void fail(const Error& e);
   void checkFailed();

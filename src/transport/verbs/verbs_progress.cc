@@ -69,9 +69,8 @@ void VerbsContext::handleCompletion(const ibv_wc& wc) {
   }
   const int q = qi->second.second;
   Peer& p = *peers_[peer];
-  if (kind != kWrRecv) {
-    --p.outstanding[q];
-  }
+  if (kind != kWrRecv) --p.outstanding[q];
+  if (kind == kWrSlot || kind == kWrData) --p.dataOutstanding;
   if (qpsErrored_ || failedFlag_.load(std::memory_order_acquire)) {
     // Failed: only the send accounting goes on (notifyPeers and teardown
     // wait for it); nothing more lands in user buffers.
@@ -100,7 +99,6 @@ void VerbsContext::handleCompletion(const ibv_wc& wc) {
     if (!p.lost) p.lost.emplace(e);
     return;
   }
-  p.lastAck = std::chrono::steady_clock::now();
   switch (kind) {
     case kWrRecv: {
       postReceives(peer, q, 1);
@@ -180,9 +178,14 @@ void VerbsContext::handleAsyncEvents() {
         advice = "the connection broke (peer failure, or a protocol error on the wire)";
         break;
       case IBV_EVENT_PORT_ERR:
-        fatal = true;
-        advice = "port " + std::to_string(ev.element.port_num) +
-                 " went down: check the cable/switch (ibstat, ip link)";
+        // Another port's flap is not ours; on ours, RC retransmits through
+        // a short flap and work completions fail if it lasts.
+        if (ev.element.port_num == device_->port()) {
+          GFLOW_LOG(WARN) << "rank " << rank() << ": " << device_->name() << " port "
+                          << device_->port() << " went down (" << name
+                          << "); transfers fail if it stays down (check ibstat, the cable, "
+                          << "the switch)";
+        }
         break;
       case IBV_EVENT_CQ_ERR:
         fatal = true;
@@ -208,11 +211,11 @@ void VerbsContext::handleAsyncEvents() {
   }
 }
 
-void VerbsContext::sleepForEvents(int timeoutMs) {
+void VerbsContext::sleepForEvents(int timeoutMs, bool returnCreditsFirst) {
   const VerbsApi& api = device_->api();
   // A peer waiting for credits must not wait for this rank's sleep.
-  for (int peer = 0; peer < size(); ++peer) {
-    if (peer != rank()) returnCredits(peer, true);
+  for (int peer = 0; returnCreditsFirst && peer < size(); ++peer) {
+    if (peer != rank() && !peers_[peer]->lost) returnCredits(peer, true);
   }
   if (int rc = api.reqNotifyCq(device_->cq(), 0)) {
     fail(Error(ErrorCode::kInternal, std::string("ibv_req_notify_cq failed: ") + std::strerror(rc),
@@ -265,6 +268,13 @@ bool VerbsContext::test(const RequestPtr& req) {
   return req->done();
 }
 
+bool VerbsContext::drained() const {
+  for (const auto& pp : peers_) {
+    if (!pp->lost && pp->dataOutstanding > 0) return false;
+  }
+  return true;
+}
+
 void VerbsContext::wait(const RequestPtr& req, Deadline deadline) {
   if (req->done()) {
     if (req->failed()) throw req->error();
@@ -273,30 +283,47 @@ void VerbsContext::wait(const RequestPtr& req, Deadline deadline) {
   checkFailed();
   const auto start = std::chrono::steady_clock::now();
   const auto spinUntil = start + std::chrono::microseconds(spinUs_);
-  unsigned idle = 0;
+  // After the deadline: PING the peer and give it `grace` to answer PONG
+  // (its software is inside gflow), as the TCP transport does.
+  const auto grace = std::chrono::milliseconds(std::clamp<int64_t>(timeout_.count() / 4, 50, 2000));
+  bool pinging = false;
+  uint64_t pongsBefore = 0;
+  Deadline pingEnd = Deadline::never();
+  unsigned iter = 0;
   while (!req->done()) {
     const int n = progress();
     checkFailed();
     if (req->done()) break;
-    if (n > 0) {
-      idle = 0;
-      continue;
-    }
+    ++iter;
+    // Busy: keep polling, but look at the deadline and the peers now and
+    // then, so traffic from others cannot starve a wait on a dead peer.
+    if (n > 0 && (iter & 63) != 0) continue;
     const auto now = std::chrono::steady_clock::now();
+    if (n == 0) checkLost();  // the completion queue is drained
     if (now < spinUntil) {
-      if ((++idle & 4095) == 0) handleAsyncEvents();
+      if ((iter & 4095) == 0) handleAsyncEvents();
       continue;
     }
-    Peer& p = *peers_[req->peer()];
-    checkLost();  // the completion queue is drained
+    const int peer = req->peer();
+    Peer& p = *peers_[peer];
     if (now - start >= kProbeAfter && !p.probeInFlight && now - p.lastProbe >= kProbeAfter) {
-      probe(req->peer());
+      probe(peer);
     }
-    if (deadline.expired()) {
-      // Alive: the peer acknowledged something (a probe, data) recently.
-      failTimeout(req, now - p.lastAck < 3 * kProbeAfter);
+    if (!pinging && deadline.expired()) {
+      pinging = true;
+      pongsBefore = p.pongs;
+      sendControl(peer, kSlotPing, Tag{group_, 0}, Envelope{}, 0, nullptr, 0);
+      pingEnd = Deadline::after(grace);
+    } else if (pinging && pingEnd.expired()) {
+      const bool alive = p.pongs > pongsBefore;
+      // Alive: give the rank that really waits on the stalled one time to
+      // report it first.
+      if (!alive || pingEnd.at() - deadline.at() >= 3 * grace) failTimeout(req, alive);
+      pingEnd = Deadline::after(2 * grace);
     }
-    sleepForEvents(std::min(deadline.remainingMs(), 250));
+    if (n == 0) {
+      sleepForEvents(std::min(pinging ? pingEnd.remainingMs() : deadline.remainingMs(), 250));
+    }
   }
   if (req->failed()) throw req->error();
 }
