@@ -114,7 +114,9 @@ TEST(VerbsTransport, MessagesOfEverySizeArriveIntactInAnyPostingOrder) {
     for (auto& r : reqs) c.wait(r, kLong());
     for (size_t k = 0; k < sizes.size(); ++k) {
       const std::vector<char> want = pattern(sizes[k], static_cast<int>(k) + 10 * peer);
-      ASSERT_EQ(0, std::memcmp(in[k].data(), want.data(), sizes[k])) << "size " << sizes[k];
+      if (sizes[k] > 0) {
+        ASSERT_EQ(0, std::memcmp(in[k].data(), want.data(), sizes[k])) << "size " << sizes[k];
+      }
       ASSERT_EQ(in[k][sizes[k]], 0) << "wrote past the receive, size " << sizes[k];
     }
     auto counters = c.counters();

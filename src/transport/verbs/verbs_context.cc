@@ -73,13 +73,7 @@ VerbsContext::Counters VerbsContext::counters() const {
 }
 
 uint64_t VerbsContext::creditsConsumed(int peer) const {
-  const Peer& p = *peers_[peer];
-  uint64_t v;
-  // Written by the peer's RDMA write; the CQ poll that preceded this read
-  // orders it (and a stale value only delays a send).
-  std::memcpy(&v, p.inBlock + ringBytes_, sizeof(v));
-  __atomic_thread_fence(__ATOMIC_ACQUIRE);
-  return v;
+  return peers_[peer]->creditSeen;
 }
 
 // ---- posting ---------------------------------------------------------------
@@ -98,7 +92,6 @@ void VerbsContext::postOrQueue(int peer, int q, PendingWr w) {
     return;
   }
   if (w.hasSge) {
-    if (w.inlineData) w.sge.addr = reinterpret_cast<uintptr_t>(&w.inlineValue);
     w.wr.sg_list = &w.sge;
     w.wr.num_sge = 1;
   } else {
@@ -181,16 +174,15 @@ void VerbsContext::returnCredits(int peer, bool force) {
   PendingWr w;
   w.wr.wr_id = makeWrId(kWrCredit, peer, 0);
   // With an immediate, so a sender sleeping on credits wakes up.
+  // A zero-byte write whose immediate carries the consumed count (low 28
+  // bits; the sender extends it): nothing is written into the sender's
+  // memory, and a sender sleeping on credits wakes up.
   w.wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
-  w.wr.imm_data = htonl(makeImm(kImmCredit, 0));
-  w.wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+  w.wr.imm_data = htonl(makeImm(kImmCredit, static_cast<uint32_t>(p.consumed)));
+  w.wr.send_flags = IBV_SEND_SIGNALED;
   w.wr.wr.rdma.remote_addr = p.remoteCredit;
   w.wr.wr.rdma.rkey = p.remoteCreditKey;
-  w.inlineValue = p.consumed;
-  w.sge.length = sizeof(uint64_t);
-  w.sge.lkey = 0;
-  w.hasSge = true;
-  w.inlineData = true;
+  w.hasSge = false;
   p.creditReturned = p.consumed;
   {
     std::lock_guard<std::mutex> lock(countersMutex_);

@@ -125,9 +125,7 @@ class VerbsContext final : public Context {
   struct PendingWr {
     ibv_send_wr wr{};
     ibv_sge sge{};
-    uint64_t inlineValue = 0;
     bool hasSge = false;
-    bool inlineData = false;
   };
   struct OutMsg {  // an eager slot to write
     SlotHeader hdr{};
@@ -181,6 +179,7 @@ class VerbsContext final : public Context {
     uint64_t remoteCredit = 0;
     uint32_t remoteCreditKey = 0;
     uint64_t sent = 0;
+    uint64_t creditSeen = 0;  // the peer's consumed count, from credit immediates
     char* outRing = nullptr;
     std::vector<bool> outBusy;
     std::deque<OutMsg> eagerQueue;
@@ -218,6 +217,7 @@ class VerbsContext final : public Context {
 
   // Data path (verbs_context.cc).
   uint64_t creditsConsumed(int peer) const;  // the peer's consumed count
+  void creditReturned(int peer, uint32_t low28);
   void queueEager(int peer, OutMsg msg);
   void pumpEager(int peer);
   void postWr(int peer, int q, PendingWr w);

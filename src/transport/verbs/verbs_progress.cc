@@ -123,7 +123,16 @@ void VerbsContext::handleCompletion(const ibv_wc& wc) {
           break;
         }
         case kImmData: handleRendezvousData(peer, v, wc.byte_len); break;
-        case kImmCredit: pumpEager(peer); break;
+        case kImmCredit: {
+          // Credit returns come in order on QP 0; extend the low 28 bits.
+          const uint64_t delta = (v - static_cast<uint32_t>(p.creditSeen)) & 0x0fffffffu;
+          if (q != 0 || p.creditSeen + delta > p.sent) {
+            protocolError(peer, "credit return for eager messages never sent");
+          }
+          p.creditSeen += delta;
+          pumpEager(peer);
+          break;
+        }
         default: protocolError(peer, "unknown immediate " + std::to_string(imm));
       }
       return;
