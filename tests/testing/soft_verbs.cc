@@ -689,6 +689,16 @@ void killContextsOpenedBy(std::thread::id thread) {
   kick(f);
 }
 
+std::vector<ibv_context*> contextsOpenedBy(std::thread::id thread) {
+  Fabric& f = fabric();
+  Lock lock(f.mu);
+  std::vector<ibv_context*> out;
+  for (Ctx* c : f.ctxs) {
+    if (c->opener == thread && !c->dead) out.push_back(&c->ctx);
+  }
+  return out;
+}
+
 void injectAsyncEvent(ibv_context* ctx, ibv_event_type type, int port) {
   Fabric& f = fabric();
   Lock lock(f.mu);

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace gflow::testing::softverbs {
 
@@ -81,6 +82,8 @@ void resetCounters();
 // returns -1/EIO (its channel fds become readable so a blocked waiter
 // wakes); destroying its objects still works.
 void killContextsOpenedBy(std::thread::id thread);
+// The live contexts `thread` opened (to inject events into a rank's).
+std::vector<ibv_context*> contextsOpenedBy(std::thread::id thread);
 // Queues an async event on `ctx` (element.port_num = port); async_fd becomes
 // readable.
 void injectAsyncEvent(ibv_context* ctx, ibv_event_type type, int port = 1);

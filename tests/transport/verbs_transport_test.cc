@@ -515,6 +515,78 @@ TEST(VerbsFaults, APeerThatDiesIsPeerLostNotAHang) {
   EXPECT_NE(all.find("rank 2"), std::string::npos) << all;
 }
 
+// Runs `steps` allreduces on 3 verbs ranks after `inject` ran on rank 1;
+// returns every rank's first error (empty string: none).
+std::vector<std::string> allreduceAfter(const std::function<void()>& inject, int steps) {
+  std::vector<std::string> what(3);
+  std::atomic<int> arrived{0};
+  testing::runRanksCollect(
+      3,
+      [&](Communicator& c) {
+        std::vector<float> v(20000, 1.0f);
+        c.allreduce(tensor(v.data(), v.size()));
+        c.barrier();
+        if (c.rank() == 1) inject();
+        ++arrived;
+        while (arrived < 3) std::this_thread::yield();
+        try {
+          for (int i = 0; i < steps; ++i) {
+            c.allreduce(tensor(v.data(), v.size()));
+            c.barrier();
+          }
+        } catch (const Error& e) {
+          what[c.rank()] = std::string(toString(e.code())) + ": " + e.what();
+        }
+      },
+      [] {
+        Options o = verbsOptions("ring");
+        o.timeout = std::chrono::seconds(30);
+        return o;
+      }());
+  return what;
+}
+
+TEST(VerbsFaults, FatalAsyncEventFailsTheRankAndItsPeersNotAHang) {
+  sv::Installed dev;
+  auto what = allreduceAfter(
+      [] {
+        for (ibv_context* ctx : sv::contextsOpenedBy(std::this_thread::get_id()))
+          sv::injectAsyncEvent(ctx, IBV_EVENT_DEVICE_FATAL);
+      },
+      20);
+  EXPECT_NE(what[1].find("reported 'local catastrophic error'"), std::string::npos) << what[1];
+  for (int r : {0, 2}) {
+    EXPECT_FALSE(what[r].empty()) << "rank " << r << " completed after its peer failed";
+    EXPECT_EQ(what[r].find("timeout"), std::string::npos) << what[r];
+  }
+}
+
+TEST(VerbsFaults, PortEventOfAnotherPortOrAFlapIsNotFatal) {
+  sv::Installed dev;
+  auto what = allreduceAfter(
+      [] {
+        for (ibv_context* ctx : sv::contextsOpenedBy(std::this_thread::get_id())) {
+          sv::injectAsyncEvent(ctx, IBV_EVENT_PORT_ERR, 2);
+          sv::injectAsyncEvent(ctx, IBV_EVENT_PORT_ERR, 1);
+          sv::injectAsyncEvent(ctx, IBV_EVENT_PORT_ACTIVE, 1);
+        }
+      },
+      5);
+  for (const std::string& w : what) EXPECT_TRUE(w.empty()) << w;
+}
+
+TEST(VerbsFaults, RemoteAccessErrorFailsEveryRankNamingTheStatus) {
+  sv::Installed dev;
+  auto what = allreduceAfter([] { sv::injectRemoteAccessErrorOnNextWrite(); }, 3);
+  std::string all;
+  for (const std::string& w : what) {
+    EXPECT_FALSE(w.empty());
+    EXPECT_EQ(w.find("timeout"), std::string::npos) << w;
+    all += w + "\n";
+  }
+  EXPECT_NE(all.find("remote access error"), std::string::npos) << all;
+}
+
 // ---- device selection --------------------------------------------------------
 
 TEST(VerbsDeviceSelection, HcaSpecSyntax) {
