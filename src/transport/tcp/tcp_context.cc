@@ -12,6 +12,7 @@
 #include "common/check.h"
 #include "common/logging.h"
 #include "common/params.h"
+#include "transport/common.h"
 
 namespace gflow::transport::tcp {
 namespace {
@@ -21,40 +22,13 @@ class TrivialRegion final : public MemoryRegion {
   TrivialRegion(void* d, size_t n) : MemoryRegion(d, n) {}
 };
 
-// Bookkeeping charged per staged message on top of its payload, so a flood
-// of tiny messages is bounded by GFLOW_UNEXPECTED_LIMIT too.
-constexpr uint64_t kStagedOverhead = 256;
-
-bool isPast(uint64_t group, uint64_t current) {
-  return static_cast<int64_t>(group - current) < 0;
-}
-
-std::string printable(const char* p, size_t n) {
-  std::string s;
-  s.reserve(n);
-  for (size_t i = 0; i < n; ++i) {
-    unsigned char ch = static_cast<unsigned char>(p[i]);
-    s.push_back(ch >= 0x20 && ch < 0x7f ? static_cast<char>(ch) : '?');
-  }
-  return s;
-}
-
 }  // namespace
 
 TcpContext::TcpContext(const ContextOptions& options)
     : Context(options.rank, options.size), timeout_(options.timeout) {
   unexpectedLimit_ = params::getBytes("GFLOW_UNEXPECTED_LIMIT");
   stripeMin_ = std::max<uint64_t>(params::getBytes("GFLOW_STRIPE_MIN"), 4096);
-  const std::string spin = params::getString("GFLOW_SPIN_US");
-  if (spin == "auto") {
-    // Busy-polling only pays when every rank of this host has a core to
-    // itself; otherwise spinning ranks steal the core the peer needs.
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    int local = std::max(1, options.size);
-    spinUs_ = cores > local ? 50 : 0;
-  } else {
-    spinUs_ = static_cast<int>(params::getInt("GFLOW_SPIN_US"));
-  }
+  spinUs_ = spinMicros(options.size);
   socketsPerPeer_ = options.socketsPerPeer > 0
                         ? options.socketsPerPeer
                         : static_cast<int>(params::getInt("GFLOW_SOCKETS_PER_PEER"));
@@ -167,17 +141,10 @@ void TcpContext::beginGroup(uint64_t group, const Envelope& env) {
       RecvMsg& m = *kv.second;
       if (m.req) continue;
       if (m.tag.group == group && m.env != env) {
-        fail(Error(ErrorCode::kMismatch,
-                   "rank " + std::to_string(peer) + " called " + describe(m.env) +
-                       " while this rank called " + describe(env),
-                   ErrorContext{"", group, rank(), peer}));
+        fail(envelopeMismatch(rank(), group, peer, describe(m.env), describe(env)));
       }
       if (isPast(m.tag.group, group)) {
-        fail(Error(ErrorCode::kMismatch,
-                   "rank " + std::to_string(peer) + " sent data for op #" +
-                       std::to_string(m.tag.group) + " (" + describe(m.env) +
-                       ") that this rank never expected; ranks called different collectives",
-                   ErrorContext{"", group, rank(), peer}));
+        fail(unexpectedOp(rank(), group, peer, m.tag.group, describe(m.env)));
       }
     }
   }
@@ -251,17 +218,10 @@ RequestPtr TcpContext::irecv(int peer, void* data, size_t bytes, Tag tag, const 
                ErrorContext{"", tag.group, rank(), peer}));
   }
   if (m->env != env) {
-    fail(Error(ErrorCode::kMismatch,
-               "rank " + std::to_string(peer) + " called " + describe(m->env) +
-                   " while this rank called " + describe(env),
-               ErrorContext{"", tag.group, rank(), peer}));
+    fail(envelopeMismatch(rank(), tag.group, peer, describe(m->env), describe(env)));
   }
   if (m->len != bytes) {
-    fail(Error(ErrorCode::kMismatch,
-               "rank " + std::to_string(peer) + " sent " + std::to_string(m->len) +
-                   " bytes where this rank expects " + std::to_string(bytes) + " (" +
-                   describe(env) + ")",
-               ErrorContext{"", tag.group, rank(), peer}));
+    fail(sizeMismatch(rank(), tag.group, peer, m->len, bytes, describe(env)));
   }
   m->req = req;
   m->user = static_cast<char*>(data);
@@ -451,10 +411,7 @@ void TcpContext::startFragment(Conn& c) {
   Envelope env;
   std::memcpy(env.words, h.env, sizeof(env.words));
   if (groupActive_ && h.group == group_ && env != groupEnv_) {
-    fail(Error(ErrorCode::kMismatch,
-               "rank " + std::to_string(c.peer) + " called " + describe(env) +
-                   " while this rank called " + describe(groupEnv_),
-               ectx));
+    fail(envelopeMismatch(rank(), group_, c.peer, describe(env), describe(groupEnv_)));
   }
   PeerState& p = *peers_[c.peer];
   Tag tag{h.group, h.index};
@@ -462,11 +419,7 @@ void TcpContext::startFragment(Conn& c) {
   RecvMsg* m = nullptr;
   if (it == p.msgs.end()) {
     if (groupActive_ && isPast(h.group, group_)) {
-      fail(Error(ErrorCode::kMismatch,
-                 "rank " + std::to_string(c.peer) + " sent data for op #" +
-                     std::to_string(h.group) + " (" + describe(env) +
-                     ") that this rank never expected; ranks called different collectives",
-                 ectx));
+      fail(unexpectedOp(rank(), group_, c.peer, h.group, describe(env)));
     }
     if (p.unexpectedBytes + h.msgLen + kStagedOverhead > unexpectedLimit_) {
       // Back-pressure: leave the payload in the socket until a receive is
@@ -490,17 +443,10 @@ void TcpContext::startFragment(Conn& c) {
   } else {
     m = it->second.get();
     if (m->env != env) {
-      fail(Error(ErrorCode::kMismatch,
-                 "rank " + std::to_string(c.peer) + " called " + describe(env) +
-                     " while this rank called " + describe(m->env),
-                 ectx));
+      fail(envelopeMismatch(rank(), group_, c.peer, describe(env), describe(m->env)));
     }
     if (m->len != h.msgLen) {
-      fail(Error(ErrorCode::kMismatch,
-                 "rank " + std::to_string(c.peer) + " sent " + std::to_string(h.msgLen) +
-                     " bytes where this rank expects " + std::to_string(m->len) + " (" +
-                     describe(m->env) + ")",
-                 ectx));
+      fail(sizeMismatch(rank(), group_, c.peer, h.msgLen, m->len, describe(m->env)));
     }
   }
   if (h.fragLen > m->len - m->claimed) protocolError("fragments exceed the message length");
@@ -543,20 +489,7 @@ void TcpContext::finishFragment(Conn& c) {
 void TcpContext::handleErrorFrame(Conn& c) {
   // Payload: code (1 byte), then a human-readable description.
   const std::vector<char>& b = c.ctrl;
-  ErrorCode code = ErrorCode::kPeerLost;
-  std::string text;
-  if (!b.empty()) {
-    uint8_t raw = static_cast<uint8_t>(b[0]);
-    if (raw <= static_cast<uint8_t>(ErrorCode::kInternal)) code = static_cast<ErrorCode>(raw);
-    text = printable(b.data() + 1, b.size() - 1);
-  }
-  // A peer that aborted or failed locally is, for this rank, a lost peer.
-  if (code == ErrorCode::kAborted || code == ErrorCode::kInvalidArgument ||
-      code == ErrorCode::kInternal) {
-    code = ErrorCode::kPeerLost;
-  }
-  Error e(code, "rank " + std::to_string(c.peer) + " failed: " + text,
-          ErrorContext{"", group_, rank(), c.peer});
+  Error e = peerReport(rank(), group_, c.peer, b.data(), b.size());
   // The sender's op number is in the header: a report about an op this rank
   // has not started yet waits until it does (this rank's current op may
   // still complete, as it did on the other ranks).
@@ -705,19 +638,7 @@ void TcpContext::wait(const RequestPtr& req, Deadline deadline) {
 }
 
 void TcpContext::failTimeout(const RequestPtr& req, bool peerAlive) {
-  const int peer = req->peer();
-  std::string what = std::string(req->isSend() ? "sending " : "receiving ") +
-                     std::to_string(req->bytes()) + " bytes " + (req->isSend() ? "to" : "from") +
-                     " rank " + std::to_string(peer) +
-                     " did not finish within the deadline (GFLOW_TIMEOUT); ";
-  if (peerAlive) {
-    what += "rank " + std::to_string(peer) +
-            " is alive but waiting itself: the stalled rank is further along the chain";
-  } else {
-    what += "rank " + std::to_string(peer) + " is not responding (stopped, hung or not calling " +
-            "this collective)";
-  }
-  fail(Error(ErrorCode::kTimeout, what, ErrorContext{"", group_, rank(), peer}));
+  fail(requestTimeout(rank(), group_, *req, peerAlive, ""));
 }
 
 void TcpContext::notifyPeers(const Error& error) {

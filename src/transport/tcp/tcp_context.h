@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/socket.h"
+#include "transport/common.h"
 #include "transport/tcp/frame.h"
 #include "transport/transport.h"
 
@@ -38,10 +39,6 @@ class TcpContext final : public Context {
   PeerStats peerStats(int peer) const override;
 
  private:
-  struct TagHash {
-    size_t operator()(const Tag& t) const { return t.group * 0x9E3779B97F4A7C15ull ^ t.index; }
-  };
-
   // One message being received: posted by irecv, or announced by the first
   // fragment header to arrive, or both.
   struct RecvMsg {

@@ -11,6 +11,7 @@
 #include "common/check.h"
 #include "common/logging.h"
 #include "common/params.h"
+#include "transport/common.h"
 #include "transport/verbs/verbs_context.h"
 
 namespace gflow::transport::verbs {
@@ -68,13 +69,7 @@ VerbsContext::VerbsContext(const ContextOptions& options)
     : Context(options.rank, options.size), timeout_(options.timeout) {
   unexpectedLimit_ = params::getBytes("GFLOW_UNEXPECTED_LIMIT");
   stripeMin_ = std::max<uint64_t>(params::getBytes("GFLOW_STRIPE_MIN"), 4096);
-  const std::string spin = params::getString("GFLOW_SPIN_US");
-  if (spin == "auto") {
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    spinUs_ = cores > std::max(1, options.size) ? 50 : 0;
-  } else {
-    spinUs_ = static_cast<int>(params::getInt("GFLOW_SPIN_US"));
-  }
+  spinUs_ = spinMicros(options.size);
   const ErrorContext ictx{"init", 0, rank(), -1};
   qpsPerPeer_ = static_cast<int>(params::getInt("GFLOW_IB_QPS_PER_PEER"));
   if (qpsPerPeer_ < 1 || qpsPerPeer_ > kMaxQps) {

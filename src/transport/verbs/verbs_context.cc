@@ -10,29 +10,14 @@
 
 #include "common/check.h"
 #include "common/logging.h"
+#include "transport/common.h"
 
 namespace gflow::transport::verbs {
 namespace {
 
-// Bookkeeping charged per staged message on top of its payload.
-constexpr uint64_t kStagedOverhead = 256;
 // Largest single RDMA write (the verbs limit is 2^31 bytes).
 constexpr uint64_t kMaxWrite = uint64_t{1} << 30;
 constexpr size_t kMaxErrorText = 1024;
-
-bool isPast(uint64_t group, uint64_t current) {
-  return static_cast<int64_t>(group - current) < 0;
-}
-
-std::string printable(const char* p, size_t n) {
-  std::string s;
-  s.reserve(n);
-  for (size_t i = 0; i < n; ++i) {
-    unsigned char ch = static_cast<unsigned char>(p[i]);
-    s.push_back(ch >= 0x20 && ch < 0x7f ? static_cast<char>(ch) : '?');
-  }
-  return s;
-}
 
 Envelope envOf(const SlotHeader& h) {
   Envelope e;
@@ -274,17 +259,10 @@ RequestPtr VerbsContext::irecv(int peer, void* data, size_t bytes, Tag tag, cons
     m = it->second.get();
     if (m->req) fail(Error(ErrorCode::kInternal, "two receives posted for one tag", ectx));
     if (m->env != env) {
-      fail(Error(ErrorCode::kMismatch,
-                 "rank " + std::to_string(peer) + " called " + describe(m->env) +
-                     " while this rank called " + describe(env),
-                 ectx));
+      fail(envelopeMismatch(rank(), group_, peer, describe(m->env), describe(env)));
     }
     if (m->len != bytes) {
-      fail(Error(ErrorCode::kMismatch,
-                 "rank " + std::to_string(peer) + " sent " + std::to_string(m->len) +
-                     " bytes where this rank expects " + std::to_string(bytes) + " (" +
-                     describe(env) + ")",
-                 ectx));
+      fail(sizeMismatch(rank(), group_, peer, m->len, bytes, describe(env)));
     }
   }
   m->req = req;
@@ -374,17 +352,10 @@ void VerbsContext::completeRecv(Peer& p, RecvMsg* m) {
 void VerbsContext::checkGroup(int peer, uint64_t group, const Envelope& env) {
   const ErrorContext ectx{"", group_, rank(), peer};
   if (groupActive_ && group == group_ && env != groupEnv_) {
-    fail(Error(ErrorCode::kMismatch,
-               "rank " + std::to_string(peer) + " called " + describe(env) +
-                   " while this rank called " + describe(groupEnv_),
-               ectx));
+    fail(envelopeMismatch(rank(), group_, peer, describe(env), describe(groupEnv_)));
   }
   if (groupActive_ && isPast(group, group_)) {
-    fail(Error(ErrorCode::kMismatch,
-               "rank " + std::to_string(peer) + " sent data for op #" + std::to_string(group) +
-                   " (" + describe(env) +
-                   ") that this rank never expected; ranks called different collectives",
-               ectx));
+    fail(unexpectedOp(rank(), group_, peer, group, describe(env)));
   }
 }
 
@@ -411,17 +382,10 @@ void VerbsContext::beginGroup(uint64_t group, const Envelope& env) {
       const RecvMsg& m = *kv.second;
       if (m.req) continue;
       if (m.tag.group == group && m.env != env) {
-        fail(Error(ErrorCode::kMismatch,
-                   "rank " + std::to_string(peer) + " called " + describe(m.env) +
-                       " while this rank called " + describe(env),
-                   ErrorContext{"", group, rank(), peer}));
+        fail(envelopeMismatch(rank(), group, peer, describe(m.env), describe(env)));
       }
       if (isPast(m.tag.group, group)) {
-        fail(Error(ErrorCode::kMismatch,
-                   "rank " + std::to_string(peer) + " sent data for op #" +
-                       std::to_string(m.tag.group) + " (" + describe(m.env) +
-                       ") that this rank never expected; ranks called different collectives",
-                   ErrorContext{"", group, rank(), peer}));
+        fail(unexpectedOp(rank(), group, peer, m.tag.group, describe(m.env)));
       }
     }
   }
@@ -490,17 +454,10 @@ void VerbsContext::handleData(int peer, const SlotHeader& h, const char* payload
   RecvMsg* m = it->second.get();
   if (m->staged || m->announced) protocolError(peer, "two messages with one tag");
   if (m->env != env) {
-    fail(Error(ErrorCode::kMismatch,
-               "rank " + std::to_string(peer) + " called " + describe(env) +
-                   " while this rank called " + describe(m->env),
-               ectx));
+    fail(envelopeMismatch(rank(), group_, peer, describe(env), describe(m->env)));
   }
   if (m->len != h.len) {
-    fail(Error(ErrorCode::kMismatch,
-               "rank " + std::to_string(peer) + " sent " + std::to_string(h.len) +
-                   " bytes where this rank expects " + std::to_string(m->len) + " (" +
-                   describe(m->env) + ")",
-               ectx));
+    fail(sizeMismatch(rank(), group_, peer, h.len, m->len, describe(m->env)));
   }
   if (h.len > 0) std::memcpy(m->user, payload, h.len);
   completeRecv(p, m);
@@ -565,19 +522,7 @@ void VerbsContext::handleCts(int peer, const SlotHeader& h, const char* payload)
 }
 
 void VerbsContext::handleError(int peer, const SlotHeader& h, const char* payload) {
-  ErrorCode code = ErrorCode::kPeerLost;
-  std::string text;
-  if (h.payload > 0) {
-    uint8_t raw = static_cast<uint8_t>(payload[0]);
-    if (raw <= static_cast<uint8_t>(ErrorCode::kInternal)) code = static_cast<ErrorCode>(raw);
-    text = printable(payload + 1, std::min<size_t>(h.payload - 1, kMaxErrorText));
-  }
-  if (code == ErrorCode::kAborted || code == ErrorCode::kInvalidArgument ||
-      code == ErrorCode::kInternal) {
-    code = ErrorCode::kPeerLost;
-  }
-  Error e(code, "rank " + std::to_string(peer) + " failed: " + text,
-          ErrorContext{"", group_, rank(), peer});
+  Error e = peerReport(rank(), group_, peer, payload, std::min<size_t>(h.payload, kMaxErrorText));
   if (groupActive_ && isPast(group_, h.group)) {
     if (!deferredError_) {
       deferredError_.emplace(e);

@@ -30,6 +30,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "transport/common.h"
 #include "transport/transport.h"
 #include "transport/verbs/device.h"
 #include "transport/verbs/reg_cache.h"
@@ -118,9 +119,6 @@ class VerbsContext final : public Context {
   Counters counters() const;
 
  private:
-  struct TagHash {
-    size_t operator()(const Tag& t) const { return t.group * 0x9E3779B97F4A7C15ull ^ t.index; }
-  };
   // A work request waiting for send-queue space.
   struct PendingWr {
     ibv_send_wr wr{};

@@ -9,6 +9,7 @@
 
 #include "common/check.h"
 #include "common/logging.h"
+#include "transport/common.h"
 #include "transport/verbs/verbs_context.h"
 
 namespace gflow::transport::verbs {
@@ -338,19 +339,7 @@ void VerbsContext::wait(const RequestPtr& req, Deadline deadline) {
 }
 
 void VerbsContext::failTimeout(const RequestPtr& req, bool peerAlive) {
-  const int peer = req->peer();
-  std::string what = std::string(req->isSend() ? "sending " : "receiving ") +
-                     std::to_string(req->bytes()) + " bytes " + (req->isSend() ? "to" : "from") +
-                     " rank " + std::to_string(peer) +
-                     " over verbs did not finish within the deadline (GFLOW_TIMEOUT); ";
-  if (peerAlive) {
-    what += "rank " + std::to_string(peer) +
-            " is alive but waiting itself: the stalled rank is further along the chain";
-  } else {
-    what += "rank " + std::to_string(peer) + " is not responding (stopped, hung or not calling " +
-            "this collective)";
-  }
-  fail(Error(ErrorCode::kTimeout, what, ErrorContext{"", group_, rank(), peer}));
+  fail(requestTimeout(rank(), group_, *req, peerAlive, " over verbs"));
 }
 
 }  // namespace gflow::transport::verbs

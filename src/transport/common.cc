@@ -1,0 +1,87 @@
+#include "transport/common.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "common/params.h"
+
+namespace gflow::transport {
+
+std::string printable(const char* p, size_t n) {
+  std::string s;
+  s.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    unsigned char ch = static_cast<unsigned char>(p[i]);
+    s.push_back(ch >= 0x20 && ch < 0x7f ? static_cast<char>(ch) : '?');
+  }
+  return s;
+}
+
+int spinMicros(int localRanks) {
+  if (params::getString("GFLOW_SPIN_US") != "auto") {
+    return static_cast<int>(params::getInt("GFLOW_SPIN_US"));
+  }
+  const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  return cores > std::max(1, localRanks) ? 50 : 0;
+}
+
+Error envelopeMismatch(int rank, uint64_t group, int peer, const std::string& theirs,
+                       const std::string& mine) {
+  return Error(
+      ErrorCode::kMismatch,
+      "rank " + std::to_string(peer) + " called " + theirs + " while this rank called " + mine,
+      ErrorContext{"", group, rank, peer});
+}
+
+Error unexpectedOp(int rank, uint64_t group, int peer, uint64_t theirGroup,
+                   const std::string& theirs) {
+  return Error(ErrorCode::kMismatch,
+               "rank " + std::to_string(peer) + " sent data for op #" + std::to_string(theirGroup) +
+                   " (" + theirs +
+                   ") that this rank never expected; ranks called different collectives",
+               ErrorContext{"", group, rank, peer});
+}
+
+Error sizeMismatch(int rank, uint64_t group, int peer, uint64_t sent, uint64_t expected,
+                   const std::string& op) {
+  return Error(ErrorCode::kMismatch,
+               "rank " + std::to_string(peer) + " sent " + std::to_string(sent) +
+                   " bytes where this rank expects " + std::to_string(expected) + " (" + op + ")",
+               ErrorContext{"", group, rank, peer});
+}
+
+Error requestTimeout(int rank, uint64_t group, const Request& req, bool alive, const char* via) {
+  const int peer = req.peer();
+  std::string what = std::string(req.isSend() ? "sending " : "receiving ") +
+                     std::to_string(req.bytes()) + " bytes " + (req.isSend() ? "to" : "from") +
+                     " rank " + std::to_string(peer) + via +
+                     " did not finish within the deadline (GFLOW_TIMEOUT); ";
+  if (alive) {
+    what += "rank " + std::to_string(peer) +
+            " is alive but waiting itself: the stalled rank is further along the chain";
+  } else {
+    what += "rank " + std::to_string(peer) + " is not responding (stopped, hung or not calling " +
+            "this collective)";
+  }
+  return Error(ErrorCode::kTimeout, what, ErrorContext{"", group, rank, peer});
+}
+
+Error peerReport(int rank, uint64_t group, int peer, const char* payload, size_t n) {
+  ErrorCode code = ErrorCode::kPeerLost;
+  std::string text;
+  if (n > 0) {
+    const uint8_t raw = static_cast<uint8_t>(payload[0]);
+    if (raw <= static_cast<uint8_t>(ErrorCode::kInternal)) code = static_cast<ErrorCode>(raw);
+    text = printable(payload + 1, n - 1);
+  }
+  // A peer that aborted or failed locally is, for this rank, a lost peer.
+  if (code == ErrorCode::kAborted || code == ErrorCode::kInvalidArgument ||
+      code == ErrorCode::kInternal) {
+    code = ErrorCode::kPeerLost;
+  }
+  return Error(code, "rank " + std::to_string(peer) + " failed: " + text,
+               ErrorContext{"", group, rank, peer});
+}
+
+}  // namespace gflow::transport

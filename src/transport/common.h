@@ -1,0 +1,51 @@
+// Pieces both network transports (tcp/, verbs/) share: tag hashing, op
+// ordering, staging accounting, the GFLOW_SPIN_US default, and the error
+// texts of the contract (mismatch, timeout, a peer's error report), so that
+// a failure reads the same whatever carried it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "gflow/error.h"
+#include "transport/transport.h"
+
+namespace gflow::transport {
+
+struct TagHash {
+  size_t operator()(const Tag& t) const { return t.group * 0x9E3779B97F4A7C15ull ^ t.index; }
+};
+
+// Bookkeeping charged per staged (unexpected) message on top of its payload,
+// so a flood of tiny messages is bounded by GFLOW_UNEXPECTED_LIMIT too.
+constexpr uint64_t kStagedOverhead = 256;
+
+// Op numbers wrap: is `group` before `current`?
+inline bool isPast(uint64_t group, uint64_t current) {
+  return static_cast<int64_t>(group - current) < 0;
+}
+
+// Peer-supplied text made safe to print (non-printable bytes become '?').
+std::string printable(const char* p, size_t n);
+
+// GFLOW_SPIN_US, where 'auto' is 50 us when this host has more cores than
+// `localRanks`, else 0 (spinning ranks would steal the core a peer needs).
+int spinMicros(int localRanks);
+
+// A peer called another op than this rank (same op number).
+Error envelopeMismatch(int rank, uint64_t group, int peer, const std::string& theirs,
+                       const std::string& mine);
+// A peer sent data for an op this rank has passed without receiving it.
+Error unexpectedOp(int rank, uint64_t group, int peer, uint64_t theirGroup,
+                   const std::string& theirs);
+// The peer's message and this rank's receive differ in size.
+Error sizeMismatch(int rank, uint64_t group, int peer, uint64_t sent, uint64_t expected,
+                   const std::string& op);
+// `req` did not finish by its deadline; `alive`: the peer answered a probe
+// from inside gflow. `via`: " over verbs" or "".
+Error requestTimeout(int rank, uint64_t group, const Request& req, bool alive, const char* via);
+// A peer's error report (code byte, then text) as this rank's error.
+Error peerReport(int rank, uint64_t group, int peer, const char* payload, size_t n);
+
+}  // namespace gflow::transport
