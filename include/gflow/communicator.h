@@ -173,7 +173,8 @@ class GFLOW_EXPORT Communicator {
   // Registers [data, data + bytes) with every network transport of this
   // communicator that needs it: the verbs transport pins it once (one
   // ibv_reg_mr per connection context) so that every later op on tensors
-  // inside it moves data zero-copy without registering again; without it,
+  // inside it moves its large messages zero-copy without registering again
+  // (small ones are copied through registered slots anyway); without it,
   // verbs registers the op's buffers per op (gflow cannot see memory being
   // freed and re-mapped between ops). TCP and shared memory need nothing.
   // The memory must stay allocated and mapped until the handle is destroyed

@@ -18,12 +18,12 @@ std::string printable(const char* p, size_t n) {
   return s;
 }
 
-int spinMicros(int localRanks) {
+int spinMicros(int ranks) {
   if (params::getString("GFLOW_SPIN_US") != "auto") {
     return static_cast<int>(params::getInt("GFLOW_SPIN_US"));
   }
   const long cores = sysconf(_SC_NPROCESSORS_ONLN);
-  return cores > std::max(1, localRanks) ? 50 : 0;
+  return cores > std::max(1, ranks) ? 50 : 0;
 }
 
 Error envelopeMismatch(int rank, uint64_t group, int peer, const std::string& theirs,

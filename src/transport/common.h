@@ -30,8 +30,9 @@ inline bool isPast(uint64_t group, uint64_t current) {
 std::string printable(const char* p, size_t n);
 
 // GFLOW_SPIN_US, where 'auto' is 50 us when this host has more cores than
-// `localRanks`, else 0 (spinning ranks would steal the core a peer needs).
-int spinMicros(int localRanks);
+// `ranks` (the ranks the context connects), else 0 (spinning ranks would
+// steal the core a peer needs).
+int spinMicros(int ranks);
 
 // A peer called another op than this rank (same op number).
 Error envelopeMismatch(int rank, uint64_t group, int peer, const std::string& theirs,

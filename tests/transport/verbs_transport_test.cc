@@ -293,6 +293,48 @@ TEST(VerbsTransport, SizeOrEnvelopeDisagreementIsAMismatchNotAHang) {
   }
 }
 
+TEST(VerbsTransport, EnvelopeDisagreementIsAMismatchForEagerAndRendezvous) {
+  sv::Installed dev;
+  constexpr Envelope kOther{{1, 2, 4}};
+  for (size_t bytes : {size_t{64}, size_t{3000}}) {
+    for (bool recvFirst : {true, false}) {
+      auto errs = runContexts(
+          2,
+          [&](VerbsContext& c) {
+            std::vector<char> buf(bytes);
+            const Envelope& mine = c.rank() == 0 ? kEnv : kOther;
+            c.beginGroup(1, mine);
+            transport::RequestPtr r;
+            if (c.rank() == 0) {
+              if (!recvFirst) r = c.isend(1, buf.data(), bytes, Tag{1, 0}, mine);
+              if (recvFirst) {
+                std::this_thread::sleep_for(std::chrono::milliseconds(20));
+                r = c.isend(1, buf.data(), bytes, Tag{1, 0}, mine);
+              }
+            } else {
+              if (!recvFirst) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+              r = c.irecv(0, buf.data(), bytes, Tag{1, 0}, mine);
+            }
+            try {
+              c.wait(r, Deadline::after(std::chrono::seconds(5)));
+            } catch (const Error&) {
+              c.notifyPeers(*c.error());
+              throw;
+            }
+          },
+          std::chrono::seconds(5));
+      bool mismatch = false;
+      for (auto& e : errs) {
+        if (!e) continue;
+        const Error err = errorOf(e);
+        EXPECT_NE(err.code(), ErrorCode::kTimeout) << err.what();
+        mismatch = mismatch || err.code() == ErrorCode::kMismatch;
+      }
+      EXPECT_TRUE(mismatch) << bytes << " bytes, receive first " << recvFirst;
+    }
+  }
+}
+
 TEST(VerbsTransport, NoDeviceIsAClearErrorAtCreation) {
   sv::Config cfg;
   cfg.devices = 0;
@@ -446,6 +488,42 @@ TEST(VerbsCollectives, RegisteredBuffersAndTheReducerRegisterOnceNotEveryStep) {
   });
   EXPECT_EQ(sv::counters().regMr, before);
   reducers.clear();
+}
+
+TEST(VerbsCollectives, ARankThatLeavesRightAfterItsLastOpStillDeliversIt) {
+  // The last op's eager sends complete once copied; destroying the
+  // communicator right away must still let them land (a peer that has not
+  // received them yet would otherwise fail with peer_lost).
+  sv::Installed dev;
+  for (int round = 0; round < 30; ++round) {
+    auto store = createHashStore();
+    std::vector<std::string> errs(3);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 3; ++r) {
+      threads.emplace_back([&, r] {
+        try {
+          Options o = verbsOptions("ring");
+          o.rank = r;
+          o.size = 3;
+          o.store = store;
+          o.hostId = "host" + std::to_string(r);
+          o.timeout = std::chrono::seconds(20);
+          auto c = Communicator::create(o);
+          if (r == 0) std::this_thread::sleep_for(std::chrono::milliseconds(round % 3));
+          std::vector<float> v(100, 1.0f);
+          c->allreduce(tensor(v.data(), v.size()));
+          if (v[99] != 3.0f) errs[r] = "wrong result";
+          c->barrier();
+          // Destroyed here, right after the last op.
+        } catch (const std::exception& e) {
+          errs[r] = e.what();
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (int r = 0; r < 3; ++r) EXPECT_EQ(errs[r], "") << "round " << round << " rank " << r;
+    if (::testing::Test::HasFailure()) break;
+  }
 }
 
 TEST(VerbsCollectives, MismatchedCountsFailEveryRankWithMismatch) {

@@ -244,8 +244,9 @@ Device::Device(const Settings& s) : api_(verbs::api()) {
     if (cqe > devAttr_.max_cqe) {
       GFLOW_THROW(kInvalidArgument, initCtx(s.rank))
           << "verbs transport: " << name_ << " completion queues hold at most " << devAttr_.max_cqe
-          << " entries, " << cqe << " needed (ranks x GFLOW_IB_QPS_PER_PEER x "
-          << "GFLOW_IB_EAGER_SLOTS): lower GFLOW_IB_QPS_PER_PEER or GFLOW_IB_EAGER_SLOTS";
+          << " entries, " << cqe << " needed ((ranks - 1) x GFLOW_IB_QPS_PER_PEER x "
+          << "(2 x GFLOW_IB_EAGER_SLOTS + 192) + 64): lower GFLOW_IB_QPS_PER_PEER or "
+          << "GFLOW_IB_EAGER_SLOTS";
     }
     cq_ = api_.createCq(ctx_, cqe, nullptr, channel_, 0);
     if (!cq_) {

@@ -6,14 +6,17 @@
 //     serve every later transfer inside them, so a buffer reused every step is
 //     registered once.
 //   - per-op: registered on demand for a message outside every explicit
-//     region. They serve the rest of the op (a ring's many pieces of one
-//     buffer) and are deregistered when the next op begins, because gflow
+//     region (its range, rounded to pages). They serve later transfers inside
+//     that range in the op and are deregistered when the next op begins, because gflow
 //     cannot see the caller free and re-map memory: a registration kept across
 //     that would pin the old pages and move data to the wrong memory. Their
 //     total size is bounded (GFLOW_IB_REG_CACHE): past it, idle entries are
 //     dropped first.
-// Every entry allows local and remote write. Thread-safe (the caller's thread
-// registers explicit memory while the progress thread transfers).
+// Receive buffers and explicit entries allow local and remote write (an
+// explicit region that is read-only memory falls back to no access flags,
+// enough for sends); per-op send entries need none. Thread-safe (the
+// caller's thread registers explicit memory while the progress thread
+// transfers).
 #pragma once
 
 #include <infiniband/verbs.h>

@@ -120,8 +120,13 @@ void VerbsContext::destroyAll() {
   const VerbsApi& api = device_->api();
   // Eager sends complete once copied: let the writes still in flight land
   // (bounded) before the queue pairs go, as TCP delivers what a closed
-  // socket had buffered.
-  if (!failedFlag_.load(std::memory_order_acquire) && !qpsErrored_) {
+  // socket had buffered. This holds after an abort too (a communicator
+  // aborts its transport when it is destroyed): only what was posted goes
+  // out, nothing still queued for a failed op.
+  if (failedFlag_.load(std::memory_order_acquire)) {
+    for (auto& pp : peers_) pp->eagerQueue.clear();
+  }
+  if (!qpsErrored_) {
     const Deadline d =
         Deadline::after(std::min<std::chrono::milliseconds>(timeout_, std::chrono::seconds(10)));
     try {

@@ -158,7 +158,6 @@ void VerbsContext::returnCredits(int peer, bool force) {
   if (pending == 0 || (!force && pending < static_cast<uint64_t>(std::max(1, slots_ / 4)))) return;
   PendingWr w;
   w.wr.wr_id = makeWrId(kWrCredit, peer, 0);
-  // With an immediate, so a sender sleeping on credits wakes up.
   // A zero-byte write whose immediate carries the consumed count (low 28
   // bits; the sender extends it): nothing is written into the sender's
   // memory, and a sender sleeping on credits wakes up.

@@ -8,9 +8,9 @@
 //     its own registered staging slot and writes it to the same slot of the
 //     receiver's ring with an immediate naming the slot; the receiver copies
 //     it out (into the posted receive, or staging when none is posted yet)
-//     and returns credits by writing its consumed count into a word in the
-//     sender's memory. Eager traffic uses the pair's first QP, so slots arrive
-//     in order.
+//     and returns credits as a zero-byte write whose immediate carries its
+//     consumed count. Eager traffic uses the pair's first QP, so slots and
+//     credits arrive in order.
 //   - Rendezvous (larger messages), receiver-driven: posting the receive
 //     registers the destination buffer and sends a CTS (address, rkey, id);
 //     the sender writes straight from its registered buffer, striped over the

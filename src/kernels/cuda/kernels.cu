@@ -1,0 +1,309 @@
+// CUDA kernels (contract in kernels.h).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cub/device/device_radix_sort.cuh>
+
+#include "kernels/cuda/kernels.h"
+
+namespace gflow::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+int blocksFor(size_t n, int perThread = 1) {
+  const size_t per = static_cast<size_t>(kThreads) * perThread;
+  const size_t b = (n + per - 1) / per;
+  return static_cast<int>(b < 1 ? 1 : (b > 65535u * 8 ? 65535u * 8 : b));
+}
+
+int lastError() {
+  return static_cast<int>(cudaGetLastError());
+}
+
+__global__ void copySegments(const CopySegment* segs, size_t n) {
+  for (size_t s = blockIdx.y; s < n; s += gridDim.y) {
+    const CopySegment seg = segs[s];
+    const uintptr_t a = reinterpret_cast<uintptr_t>(seg.src) | reinterpret_cast<uintptr_t>(seg.dst);
+    const size_t stride = static_cast<size_t>(blockDim.x) * gridDim.x;
+    const size_t first = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if ((a & 15) == 0) {
+      const size_t vecs = seg.bytes / 16;
+      const uint4* src = static_cast<const uint4*>(seg.src);
+      uint4* dst = static_cast<uint4*>(seg.dst);
+      for (size_t i = first; i < vecs; i += stride) dst[i] = src[i];
+      const char* s8 = static_cast<const char*>(seg.src);
+      char* d8 = static_cast<char*>(seg.dst);
+      for (size_t i = vecs * 16 + first; i < seg.bytes; i += stride) d8[i] = s8[i];
+    } else {
+      const char* s8 = static_cast<const char*>(seg.src);
+      char* d8 = static_cast<char*>(seg.dst);
+      for (size_t i = first; i < seg.bytes; i += stride) d8[i] = s8[i];
+    }
+  }
+}
+
+__global__ void narrowHalf(__half* dst, const float* src, size_t n, float scale) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(blockDim.x) * gridDim.x) {
+    dst[i] = __float2half_rn(__fmul_rn(src[i], scale));
+  }
+}
+
+__global__ void narrowBf16(__nv_bfloat16* dst, const float* src, size_t n, float scale) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(blockDim.x) * gridDim.x) {
+    dst[i] = __float2bfloat16_rn(__fmul_rn(src[i], scale));
+  }
+}
+
+__global__ void widenHalf(float* dst, const __half* src, size_t n, float scale) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(blockDim.x) * gridDim.x) {
+    dst[i] = __fmul_rn(__half2float(src[i]), scale);
+  }
+}
+
+__global__ void widenBf16(float* dst, const __nv_bfloat16* src, size_t n, float scale) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(blockDim.x) * gridDim.x) {
+    dst[i] = __fmul_rn(__bfloat162float(src[i]), scale);
+  }
+}
+
+template <typename T>
+__device__ bool finite(T x) {
+  return isfinite(static_cast<float>(x));
+}
+template <>
+__device__ bool finite<double>(double x) {
+  return isfinite(x);
+}
+template <>
+__device__ bool finite<__half>(__half x) {
+  return isfinite(__half2float(x));
+}
+template <>
+__device__ bool finite<__nv_bfloat16>(__nv_bfloat16 x) {
+  return isfinite(__bfloat162float(x));
+}
+
+template <typename T>
+__global__ void nonFinite(const T* data, size_t n, int* flag) {
+  bool bad = false;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(blockDim.x) * gridDim.x) {
+    bad = bad || !finite(data[i]);
+  }
+  if (__syncthreads_or(bad) && threadIdx.x == 0) atomicExch(flag, 1);
+}
+
+// One block per chunk: update, then a block reduction of |v|.
+__global__ void chunkNorms(float* v, float* u, const float* g, float m, size_t n, size_t chunk,
+                           float* norms) {
+  __shared__ float partial[kThreads];
+  const size_t c = blockIdx.x;
+  const size_t begin = c * chunk;
+  const size_t end = begin + chunk < n ? begin + chunk : n;
+  float sum = 0.0f;
+  for (size_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    float add = g[i];
+    if (u) {
+      add = __fadd_rn(__fmul_rn(m, u[i]), g[i]);
+      u[i] = add;
+    }
+    const float nv = __fadd_rn(v[i], add);
+    v[i] = nv;
+    sum += fabsf(nv);
+  }
+  partial[threadIdx.x] = sum;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) partial[threadIdx.x] += partial[threadIdx.x + s];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) norms[c] = partial[0];
+}
+
+// Sort keys: larger norm -> larger key; NaN the largest of all.
+__global__ void normKeys(const float* norms, size_t count, uint32_t* keys, uint32_t* vals) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < count;
+       i += size_t(blockDim.x) * gridDim.x) {
+    const float f = norms[i];
+    uint32_t b = __float_as_uint(f);
+    if (isnan(f)) {
+      b = 0xffffffffu;
+    } else {
+      b = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+      if (b == 0xffffffffu) b = 0xfffffffeu;  // keep NaN strictly above
+    }
+    keys[i] = b;
+    vals[i] = static_cast<uint32_t>(i);
+  }
+}
+
+__global__ void gather(float* packed, const float* v, const uint32_t* idx, size_t k, size_t chunk,
+                       size_t n) {
+  const size_t total = k * chunk;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total;
+       i += size_t(blockDim.x) * gridDim.x) {
+    const size_t e = static_cast<size_t>(idx[i / chunk]) * chunk + i % chunk;
+    packed[i] = e < n ? v[e] : 0.0f;
+  }
+}
+
+__global__ void scatter(float* grad, float* v, float* u, const float* packed, const uint32_t* idx,
+                        size_t k, size_t chunk, size_t n) {
+  const size_t total = k * chunk;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total;
+       i += size_t(blockDim.x) * gridDim.x) {
+    const size_t e = static_cast<size_t>(idx[i / chunk]) * chunk + i % chunk;
+    if (e >= n) continue;
+    grad[e] = packed[i];
+    v[e] = 0.0f;
+    if (u) u[e] = 0.0f;
+  }
+}
+
+size_t align256(size_t b) {
+  return (b + 255) & ~size_t(255);
+}
+
+}  // namespace
+
+int batchedCopy(const CopySegment* segments, size_t n, void* scratch, void* stream) {
+  if (n == 0) return 0;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  cudaError_t e = cudaMemcpyAsync(scratch, segments, n * sizeof(CopySegment),
+                                  cudaMemcpyHostToDevice, s);
+  if (e != cudaSuccess) return static_cast<int>(e);
+  uint64_t biggest = 0;
+  for (size_t i = 0; i < n; ++i) biggest = segments[i].bytes > biggest ? segments[i].bytes : biggest;
+  dim3 grid(blocksFor(biggest / 16 + 1), n < 65535 ? static_cast<unsigned>(n) : 65535u);
+  copySegments<<<grid, kThreads, 0, s>>>(static_cast<const CopySegment*>(scratch), n);
+  return lastError();
+}
+
+int narrow(void* dst, const float* src, size_t count, DataType wire, float scale, void* stream) {
+  if (count == 0) return 0;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (wire == DataType::kFloat16) {
+    narrowHalf<<<blocksFor(count), kThreads, 0, s>>>(static_cast<__half*>(dst), src, count, scale);
+  } else if (wire == DataType::kBFloat16) {
+    narrowBf16<<<blocksFor(count), kThreads, 0, s>>>(static_cast<__nv_bfloat16*>(dst), src, count,
+                                                     scale);
+  } else {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
+  return lastError();
+}
+
+int widen(float* dst, const void* src, size_t count, DataType wire, float scale, void* stream) {
+  if (count == 0) return 0;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (wire == DataType::kFloat16) {
+    widenHalf<<<blocksFor(count), kThreads, 0, s>>>(dst, static_cast<const __half*>(src), count,
+                                                    scale);
+  } else if (wire == DataType::kBFloat16) {
+    widenBf16<<<blocksFor(count), kThreads, 0, s>>>(
+        dst, static_cast<const __nv_bfloat16*>(src), count, scale);
+  } else {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
+  return lastError();
+}
+
+int flagNonFinite(const void* data, size_t count, DataType dtype, int* flag, void* stream) {
+  if (count == 0) return 0;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const int b = blocksFor(count, 8);
+  switch (dtype) {
+    case DataType::kFloat32:
+      nonFinite<<<b, kThreads, 0, s>>>(static_cast<const float*>(data), count, flag);
+      break;
+    case DataType::kFloat64:
+      nonFinite<<<b, kThreads, 0, s>>>(static_cast<const double*>(data), count, flag);
+      break;
+    case DataType::kFloat16:
+      nonFinite<<<b, kThreads, 0, s>>>(static_cast<const __half*>(data), count, flag);
+      break;
+    case DataType::kBFloat16:
+      nonFinite<<<b, kThreads, 0, s>>>(static_cast<const __nv_bfloat16*>(data), count, flag);
+      break;
+    default:
+      return 0;  // integers are always finite
+  }
+  return lastError();
+}
+
+int accumulateChunkNorms(float* v, float* u, const float* g, float m, size_t n, size_t chunk,
+                         float* norms, void* stream) {
+  if (n == 0) return 0;
+  if (chunk == 0) return static_cast<int>(cudaErrorInvalidValue);
+  const size_t chunks = (n + chunk - 1) / chunk;
+  chunkNorms<<<static_cast<unsigned>(chunks), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      v, u, g, m, n, chunk, norms);
+  return lastError();
+}
+
+size_t topChunksTempBytes(size_t count) {
+  size_t sortBytes = 0, selBytes = 0;
+  const int c = static_cast<int>(count);
+  cub::DeviceRadixSort::SortPairsDescending(nullptr, sortBytes, static_cast<uint32_t*>(nullptr),
+                                            static_cast<uint32_t*>(nullptr),
+                                            static_cast<uint32_t*>(nullptr),
+                                            static_cast<uint32_t*>(nullptr), c);
+  cub::DeviceRadixSort::SortKeys(nullptr, selBytes, static_cast<uint32_t*>(nullptr),
+                                 static_cast<uint32_t*>(nullptr), c);
+  return 4 * align256(count * sizeof(uint32_t)) + align256(sortBytes > selBytes ? sortBytes : selBytes);
+}
+
+int topChunks(const float* norms, size_t count, size_t k, uint32_t* idx, void* temp,
+              size_t tempBytes, void* stream) {
+  if (k > count) k = count;
+  if (k == 0) return 0;
+  if (tempBytes < topChunksTempBytes(count) || count > 0x7fffffffu) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  char* t = static_cast<char*>(temp);
+  const size_t a = align256(count * sizeof(uint32_t));
+  uint32_t* keys = reinterpret_cast<uint32_t*>(t);
+  uint32_t* keysOut = reinterpret_cast<uint32_t*>(t + a);
+  uint32_t* vals = reinterpret_cast<uint32_t*>(t + 2 * a);
+  uint32_t* valsOut = reinterpret_cast<uint32_t*>(t + 3 * a);
+  void* cubTemp = t + 4 * a;
+  size_t cubBytes = tempBytes - 4 * a;
+  normKeys<<<blocksFor(count), kThreads, 0, s>>>(norms, count, keys, vals);
+  // Radix sort is stable: equal norms keep ascending chunk order.
+  cudaError_t e = cub::DeviceRadixSort::SortPairsDescending(
+      cubTemp, cubBytes, keys, keysOut, vals, valsOut, static_cast<int>(count), 0, 32, s);
+  if (e != cudaSuccess) return static_cast<int>(e);
+  // The first k chunk indices, in ascending order.
+  cubBytes = tempBytes - 4 * a;
+  e = cub::DeviceRadixSort::SortKeys(cubTemp, cubBytes, valsOut, idx, static_cast<int>(k), 0, 32,
+                                     s);
+  if (e != cudaSuccess) return static_cast<int>(e);
+  return lastError();
+}
+
+int gatherChunks(float* packed, const float* v, const uint32_t* idx, size_t k, size_t chunk,
+                 size_t n, void* stream) {
+  if (k == 0) return 0;
+  gather<<<blocksFor(k * chunk), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(packed, v, idx,
+                                                                                 k, chunk, n);
+  return lastError();
+}
+
+int scatterChunks(float* grad, float* v, float* u, const float* packed, const uint32_t* idx,
+                  size_t k, size_t chunk, size_t n, void* stream) {
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  cudaError_t e = cudaMemsetAsync(grad, 0, n * sizeof(float), s);
+  if (e != cudaSuccess) return static_cast<int>(e);
+  if (k == 0) return 0;
+  scatter<<<blocksFor(k * chunk), kThreads, 0, s>>>(grad, v, u, packed, idx, k, chunk, n);
+  return lastError();
+}
+
+}  // namespace gflow::kernels::cuda
