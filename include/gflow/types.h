@@ -33,7 +33,7 @@ constexpr int kNumReduceOps = 5;
 
 enum class DeviceType : uint8_t {
   kCPU = 0,
-  kCUDA = 1,  // device buffers; served by the NCCL backend (later issue)
+  kCUDA = 1,  // device buffers: staged through pinned host memory (docs/backends.md)
 };
 
 struct Device {
@@ -42,15 +42,19 @@ struct Device {
 };
 
 // A non-owning view of `count` contiguous elements of `dtype` at `data`.
+// Device tensors (device.type kCUDA) also name the CUDA stream (a
+// cudaStream_t; nullptr: the legacy default stream) whose earlier work
+// produces them: gflow waits for that work before reading them.
 struct Tensor {
   void* data = nullptr;
   size_t count = 0;
   DataType dtype = DataType::kFloat32;
   Device device{};
+  void* stream = nullptr;
 
   Tensor() = default;
-  Tensor(void* d, size_t n, DataType t, Device dev = Device{})
-      : data(d), count(n), dtype(t), device(dev) {}
+  Tensor(void* d, size_t n, DataType t, Device dev = Device{}, void* s = nullptr)
+      : data(d), count(n), dtype(t), device(dev), stream(s) {}
 
   size_t nbytes() const;
 };

@@ -10,6 +10,7 @@
 #include "common/logging.h"
 #include "common/params.h"
 #include "core/communicator_impl.h"
+#include "core/cuda_plugin.h"
 #include "core/internal.h"
 #include "gflow/communicator.h"
 #include "kernels/convert.h"
@@ -72,9 +73,29 @@ void Communicator::Impl::validateTensor(const char* op, const char* name, const 
     invalid(op, std::string(name) + " has an invalid dtype (" +
                     std::to_string(static_cast<int>(t.dtype)) + ")");
   }
-  if (t.device.type != DeviceType::kCPU) {
-    invalid(op, std::string(name) + " is a " + toString(t.device.type) +
-                    " tensor; this build's host backend takes cpu tensors only");
+  if (t.device.type == DeviceType::kCUDA) {
+    std::string why;
+    const cuda::Plugin* p = cuda::load(&why);
+    if (!p) invalid(op, std::string(name) + " is a cuda tensor, but " + why);
+    int n = 0;
+    p->deviceCount(&n);
+    if (t.device.index < 0 || t.device.index >= n) {
+      invalid(op, std::string(name) + " is on cuda:" + std::to_string(t.device.index) +
+                      ", but this process sees " + std::to_string(n) + " GPU(s)");
+    }
+    int dev = -1;
+    p->pointerDevice(t.data, &dev);
+    if (t.count > 0 && dev != t.device.index) {
+      invalid(op,
+              std::string(name) + ".data is not memory of cuda:" + std::to_string(t.device.index) +
+                  " (it is " +
+                  (dev < 0 ? std::string("host memory") : "memory of cuda:" + std::to_string(dev)) +
+                  ")");
+    }
+    cudaPlugin.store(p);
+  } else if (t.device.type != DeviceType::kCPU) {
+    invalid(op, std::string(name) + " has an invalid device type (" +
+                    std::to_string(static_cast<int>(t.device.type)) + ")");
   }
   if (t.count > 0 && t.data == nullptr) {
     invalid(op, std::string(name) + ".data is null but count is " + std::to_string(t.count));
@@ -422,13 +443,24 @@ std::shared_ptr<WorkState> doAllreduce(Communicator::Impl& I, Tensor in, Tensor 
   }
   OpDesc d{OpKind::kAllreduce, in.dtype, op, Algorithm::kAuto, 0, in.count};
   Communicator::Impl* self = &I;
-  return I.submit(
-      d, blocking,
-      [self, in, out, before = std::move(before), after = std::move(after)](const backend::Op& o) {
-        if (before) before();
-        self->backend->allreduce(o, in.data, out.data);
-        if (after) after();
-      });
+  const bool inPlace = in.data == out.data;
+  auto st = inPlace
+                ? DeviceStaging::prepare(I.cudaPlugin, name, I.rank, {{in, DeviceStaging::kInOut}})
+                : DeviceStaging::prepare(I.cudaPlugin, name, I.rank,
+                                         {{in, DeviceStaging::kIn}, {out, DeviceStaging::kOut}});
+  return I.submit(d, blocking,
+                  [self, in, out, st, inPlace, before = std::move(before),
+                   after = std::move(after)](const backend::Op& o) {
+                    if (before) before();
+                    if (st) {
+                      st->toHost(self->stagingPool());
+                      self->backend->allreduce(o, st->data(0), st->data(inPlace ? 0 : 1));
+                      st->toDevice(self->stagingPool());
+                    } else {
+                      self->backend->allreduce(o, in.data, out.data);
+                    }
+                    if (after) after();
+                  });
 }
 
 // Allreduce with AllreduceOptions: float32 data narrowed to the wire type
@@ -442,6 +474,11 @@ std::shared_ptr<WorkState> doAllreduceWith(Communicator::Impl& I, Tensor inout,
   I.checkUsable(name);
   I.validateTensor(name, "inout", inout);
   I.validateOp(name, o.op);
+  if (inout.device.type == DeviceType::kCUDA) {
+    I.invalid(name,
+              "AllreduceOptions (wire compression, scaling, the inf/NaN report) take cpu "
+              "tensors in this version; allreduce(Tensor, ReduceOp) takes cuda tensors");
+  }
   const bool compress = o.wire != DataType::kFloat32 && o.wire != inout.dtype;
   if (compress && (inout.dtype != DataType::kFloat32 ||
                    (o.wire != DataType::kFloat16 && o.wire != DataType::kBFloat16))) {
@@ -505,8 +542,13 @@ std::shared_ptr<WorkState> doReduceScatter(Communicator::Impl& I, Tensor in, Ten
   }
   OpDesc d{OpKind::kReduceScatter, in.dtype, op, Algorithm::kAuto, 0, out.count};
   Communicator::Impl* self = &I;
-  return I.submit(d, blocking, [self, in, out](const backend::Op& o) {
-    self->backend->reduceScatter(o, in.data, out.data);
+  auto st = DeviceStaging::prepare(I.cudaPlugin, name, I.rank,
+                                   {{in, DeviceStaging::kIn}, {out, DeviceStaging::kOut}});
+  return I.submit(d, blocking, [self, in, out, st](const backend::Op& o) {
+    if (!st) return self->backend->reduceScatter(o, in.data, out.data);
+    st->toHost(self->stagingPool());
+    self->backend->reduceScatter(o, st->data(0), st->data(1));
+    st->toDevice(self->stagingPool());
   });
 }
 
@@ -521,8 +563,23 @@ std::shared_ptr<WorkState> doAllgather(Communicator::Impl& I, Tensor in, Tensor 
   }
   OpDesc d{OpKind::kAllgather, in.dtype, ReduceOp::kSum, Algorithm::kAuto, 0, in.count};
   Communicator::Impl* self = &I;
-  return I.submit(d, blocking, [self, in, out](const backend::Op& o) {
-    self->backend->allgather(o, in.data, out.data);
+  if (in.data == own && in.device.type != out.device.type) {
+    I.invalid(name, "in is this rank's block of out but on another device");
+  }
+  // In place (in is this rank's block of out): out carries it.
+  auto st = in.data == own
+                ? DeviceStaging::prepare(I.cudaPlugin, name, I.rank, {{out, DeviceStaging::kInOut}})
+                : DeviceStaging::prepare(I.cudaPlugin, name, I.rank,
+                                         {{in, DeviceStaging::kIn}, {out, DeviceStaging::kOut}});
+  const bool inPlace = in.data == own;
+  const size_t block = in.nbytes() * static_cast<size_t>(I.rank);
+  return I.submit(d, blocking, [self, in, out, st, inPlace, block](const backend::Op& o) {
+    if (!st) return self->backend->allgather(o, in.data, out.data);
+    st->toHost(self->stagingPool());
+    void* hostOut = st->data(inPlace ? 0 : 1);
+    const void* hostIn = inPlace ? static_cast<const char*>(hostOut) + block : st->data(0);
+    self->backend->allgather(o, hostIn, hostOut);
+    st->toDevice(self->stagingPool());
   });
 }
 
@@ -537,8 +594,13 @@ std::shared_ptr<WorkState> doBroadcast(Communicator::Impl& I, Tensor inout, int 
   }
   OpDesc d{OpKind::kBroadcast, inout.dtype, ReduceOp::kSum, Algorithm::kAuto, root, inout.count};
   Communicator::Impl* self = &I;
-  return I.submit(d, blocking,
-                  [self, inout](const backend::Op& o) { self->backend->broadcast(o, inout.data); });
+  auto st = DeviceStaging::prepare(I.cudaPlugin, name, I.rank, {{inout, DeviceStaging::kInOut}});
+  return I.submit(d, blocking, [self, inout, st](const backend::Op& o) {
+    if (!st) return self->backend->broadcast(o, inout.data);
+    st->toHost(self->stagingPool());
+    self->backend->broadcast(o, st->data(0));
+    st->toDevice(self->stagingPool());
+  });
 }
 
 std::shared_ptr<WorkState> doBarrier(Communicator::Impl& I, bool blocking) {

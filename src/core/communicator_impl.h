@@ -12,6 +12,7 @@
 
 #include "backend/backend.h"
 #include "core/algorithm_select.h"
+#include "core/device_staging.h"
 #include "core/engine.h"
 #include "gflow/communicator.h"
 #include "transport/transport.h"
@@ -31,6 +32,14 @@ struct Communicator::Impl {
   transport::ContextOptions contextOptions;  // template for split()
   std::unique_ptr<AlgorithmSelector> selector;
   std::unique_ptr<backend::Backend> backend;
+  // Device tensors: the CUDA component (set when an op first validates
+  // one) and the staging memory and streams (executing thread only).
+  std::atomic<const cuda::Plugin*> cudaPlugin{nullptr};
+  std::unique_ptr<DeviceStagingPool> staging;
+  DeviceStagingPool& stagingPool() {
+    if (!staging) staging = std::make_unique<DeviceStagingPool>(*cudaPlugin.load());
+    return *staging;
+  }
   Engine engine;
 
   uint64_t seq = 0;  // touched only by the executing thread

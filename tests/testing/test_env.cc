@@ -17,6 +17,11 @@ struct TestEnvironment {
     // through a ring of 8 eager slots, so credits run out and come back.
     setenv("GFLOW_IB_EAGER_BYTES", "512", 0);
     setenv("GFLOW_IB_EAGER_SLOTS", "8", 0);
+#ifdef GFLOW_TEST_CUDA_PLUGIN
+    // The CUDA component of this build (the test binary links libgflow
+    // statically, so "next to libgflow" is not where it is).
+    setenv("GFLOW_CUDA_PLUGIN", GFLOW_TEST_CUDA_PLUGIN, 0);
+#endif
   }
 } testEnvironment;
 }  // namespace
