@@ -75,6 +75,17 @@ Error errorOf(const std::exception_ptr& p) {
 }
 
 constexpr Envelope kEnv{{1, 2, 3}};
+
+// Waits for `r`; on failure tells the peers (as the communicator does) and
+// rethrows, so the peer fails too instead of waiting for its deadline.
+void waitOrNotify(VerbsContext& c, const transport::RequestPtr& r, std::chrono::milliseconds d) {
+  try {
+    c.wait(r, Deadline::after(d));
+  } catch (const Error&) {
+    c.notifyPeers(*c.error());
+    throw;
+  }
+}
 Deadline kLong() {
   return Deadline::after(std::chrono::seconds(20));
 }
@@ -265,21 +276,11 @@ TEST(VerbsTransport, SizeOrEnvelopeDisagreementIsAMismatchNotAHang) {
           std::vector<char> buf(8192);
           c.beginGroup(1, kEnv);
           if (c.rank() == 0) {
-            auto s = c.isend(1, buf.data(), sendBytes, Tag{1, 0}, kEnv);
-            try {
-              c.wait(s, Deadline::after(std::chrono::seconds(5)));
-            } catch (const Error&) {
-              c.notifyPeers(*c.error());
-              throw;
-            }
+            waitOrNotify(c, c.isend(1, buf.data(), sendBytes, Tag{1, 0}, kEnv),
+                         std::chrono::seconds(5));
           } else {
             auto r = c.irecv(0, buf.data(), recvBytes, Tag{1, 0}, kEnv);
-            try {
-              c.wait(r, Deadline::after(std::chrono::seconds(5)));
-            } catch (const Error&) {
-              c.notifyPeers(*c.error());
-              throw;
-            }
+            waitOrNotify(c, r, std::chrono::seconds(5));
           }
         },
         std::chrono::seconds(5));
@@ -315,12 +316,7 @@ TEST(VerbsTransport, EnvelopeDisagreementIsAMismatchForEagerAndRendezvous) {
               if (!recvFirst) std::this_thread::sleep_for(std::chrono::milliseconds(20));
               r = c.irecv(0, buf.data(), bytes, Tag{1, 0}, mine);
             }
-            try {
-              c.wait(r, Deadline::after(std::chrono::seconds(5)));
-            } catch (const Error&) {
-              c.notifyPeers(*c.error());
-              throw;
-            }
+            waitOrNotify(c, r, std::chrono::seconds(5));
           },
           std::chrono::seconds(5));
       bool mismatch = false;

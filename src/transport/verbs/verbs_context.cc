@@ -19,6 +19,18 @@ namespace {
 constexpr uint64_t kMaxWrite = uint64_t{1} << 30;
 constexpr size_t kMaxErrorText = 1024;
 
+SlotHeader slotHeader(uint16_t type, Tag tag, const Envelope& env, uint64_t len, size_t payload) {
+  SlotHeader h{};
+  h.magic = kSlotMagic;
+  h.type = type;
+  h.group = tag.group;
+  h.index = tag.index;
+  std::memcpy(h.env, env.words, sizeof(h.env));
+  h.len = len;
+  h.payload = static_cast<uint32_t>(payload);
+  return h;
+}
+
 Envelope envOf(const SlotHeader& h) {
   Envelope e;
   std::memcpy(e.words, h.env, sizeof(e.words));
@@ -178,13 +190,7 @@ void VerbsContext::returnCredits(int peer, bool force) {
 void VerbsContext::sendControl(int peer, uint16_t type, Tag tag, const Envelope& env, uint64_t len,
                                const void* payload, size_t n) {
   OutMsg m;
-  m.hdr.magic = kSlotMagic;
-  m.hdr.type = type;
-  m.hdr.group = tag.group;
-  m.hdr.index = tag.index;
-  std::memcpy(m.hdr.env, env.words, sizeof(m.hdr.env));
-  m.hdr.len = len;
-  m.hdr.payload = static_cast<uint32_t>(n);
+  m.hdr = slotHeader(type, tag, env, len, n);
   if (n > 0)
     m.owned.assign(static_cast<const char*>(payload), static_cast<const char*>(payload) + n);
   queueEager(peer, std::move(m));
@@ -202,13 +208,7 @@ RequestPtr VerbsContext::isend(int peer, const void* data, size_t bytes, Tag tag
   p.messagesSent.fetch_add(1, std::memory_order_relaxed);
   if (bytes <= eagerMax_) {
     OutMsg m;
-    m.hdr.magic = kSlotMagic;
-    m.hdr.type = kSlotData;
-    m.hdr.group = tag.group;
-    m.hdr.index = tag.index;
-    std::memcpy(m.hdr.env, env.words, sizeof(m.hdr.env));
-    m.hdr.len = bytes;
-    m.hdr.payload = static_cast<uint32_t>(bytes);
+    m.hdr = slotHeader(kSlotData, tag, env, bytes, bytes);
     m.payload = static_cast<const char*>(data);
     m.req = req;
     queueEager(peer, std::move(m));
@@ -656,11 +656,7 @@ void VerbsContext::notifyPeers(const Error& error) {
       Peer& p = *peers_[peer];
       // Best effort: the report goes first if a slot is free now.
       OutMsg m;
-      m.hdr.magic = kSlotMagic;
-      m.hdr.type = kSlotError;
-      m.hdr.group = group_;
-      m.hdr.payload = static_cast<uint32_t>(payload.size());
-      m.hdr.len = payload.size();
+      m.hdr = slotHeader(kSlotError, Tag{group_, 0}, Envelope{}, payload.size(), payload.size());
       m.owned = payload;
       for (OutMsg& q : p.eagerQueue) {
         if (q.req) q.req->fail(error);
