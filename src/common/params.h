@@ -71,9 +71,9 @@ namespace gflow::params {
     "verbs: eager slots (credits) per peer and direction.")                                     \
   X(ibRegCache, "GFLOW_IB_REG_CACHE", kBytes, "4G",                                             \
     "verbs: bound on per-op memory registrations; idle ones are dropped past it.")              \
-  X(cudaPlugin, "GFLOW_CUDA_PLUGIN", kString, "",                                              \
-    "Path of gflow's CUDA component (libgflow_cuda.so.0), loaded when an op meets a device "  \
-    "tensor. Default: next to libgflow, then the loader's search path.")                      \
+  X(cudaPlugin, "GFLOW_CUDA_PLUGIN", kString, "",                                               \
+    "Path of gflow's CUDA component (libgflow_cuda.so.0), loaded when an op meets a device "    \
+    "tensor. Default: next to libgflow, then the loader's search path.")                        \
   X(pieceBytes, "GFLOW_PIECE_BYTES", kBytes, "256K",                                            \
     "Pipelining granularity of ring algorithms (send/receive/reduce overlap).")                 \
   X(ringWindow, "GFLOW_RING_WINDOW", kInt, "8",                                                 \

@@ -175,11 +175,12 @@ size_t align256(size_t b) {
 int batchedCopy(const CopySegment* segments, size_t n, void* scratch, void* stream) {
   if (n == 0) return 0;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  cudaError_t e = cudaMemcpyAsync(scratch, segments, n * sizeof(CopySegment),
-                                  cudaMemcpyHostToDevice, s);
+  cudaError_t e =
+      cudaMemcpyAsync(scratch, segments, n * sizeof(CopySegment), cudaMemcpyHostToDevice, s);
   if (e != cudaSuccess) return static_cast<int>(e);
   uint64_t biggest = 0;
-  for (size_t i = 0; i < n; ++i) biggest = segments[i].bytes > biggest ? segments[i].bytes : biggest;
+  for (size_t i = 0; i < n; ++i)
+    biggest = segments[i].bytes > biggest ? segments[i].bytes : biggest;
   dim3 grid(blocksFor(biggest / 16 + 1), n < 65535 ? static_cast<unsigned>(n) : 65535u);
   copySegments<<<grid, kThreads, 0, s>>>(static_cast<const CopySegment*>(scratch), n);
   return lastError();
@@ -206,8 +207,8 @@ int widen(float* dst, const void* src, size_t count, DataType wire, float scale,
     widenHalf<<<blocksFor(count), kThreads, 0, s>>>(dst, static_cast<const __half*>(src), count,
                                                     scale);
   } else if (wire == DataType::kBFloat16) {
-    widenBf16<<<blocksFor(count), kThreads, 0, s>>>(
-        dst, static_cast<const __nv_bfloat16*>(src), count, scale);
+    widenBf16<<<blocksFor(count), kThreads, 0, s>>>(dst, static_cast<const __nv_bfloat16*>(src),
+                                                    count, scale);
   } else {
     return static_cast<int>(cudaErrorInvalidValue);
   }
@@ -231,8 +232,7 @@ int flagNonFinite(const void* data, size_t count, DataType dtype, int* flag, voi
     case DataType::kBFloat16:
       nonFinite<<<b, kThreads, 0, s>>>(static_cast<const __nv_bfloat16*>(data), count, flag);
       break;
-    default:
-      return 0;  // integers are always finite
+    default: return 0;  // integers are always finite
   }
   return lastError();
 }
@@ -250,13 +250,13 @@ int accumulateChunkNorms(float* v, float* u, const float* g, float m, size_t n, 
 size_t topChunksTempBytes(size_t count) {
   size_t sortBytes = 0, selBytes = 0;
   const int c = static_cast<int>(count);
-  cub::DeviceRadixSort::SortPairsDescending(nullptr, sortBytes, static_cast<uint32_t*>(nullptr),
-                                            static_cast<uint32_t*>(nullptr),
-                                            static_cast<uint32_t*>(nullptr),
-                                            static_cast<uint32_t*>(nullptr), c);
+  cub::DeviceRadixSort::SortPairsDescending(
+      nullptr, sortBytes, static_cast<uint32_t*>(nullptr), static_cast<uint32_t*>(nullptr),
+      static_cast<uint32_t*>(nullptr), static_cast<uint32_t*>(nullptr), c);
   cub::DeviceRadixSort::SortKeys(nullptr, selBytes, static_cast<uint32_t*>(nullptr),
                                  static_cast<uint32_t*>(nullptr), c);
-  return 4 * align256(count * sizeof(uint32_t)) + align256(sortBytes > selBytes ? sortBytes : selBytes);
+  return 4 * align256(count * sizeof(uint32_t)) +
+         align256(sortBytes > selBytes ? sortBytes : selBytes);
 }
 
 int topChunks(const float* norms, size_t count, size_t k, uint32_t* idx, void* temp,
@@ -292,7 +292,7 @@ int gatherChunks(float* packed, const float* v, const uint32_t* idx, size_t k, s
                  size_t n, void* stream) {
   if (k == 0) return 0;
   gather<<<blocksFor(k * chunk), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(packed, v, idx,
-                                                                                 k, chunk, n);
+                                                                                   k, chunk, n);
   return lastError();
 }
 

@@ -51,7 +51,8 @@ int eventDestroy(void* ev) {
   return static_cast<int>(cudaEventDestroy(static_cast<cudaEvent_t>(ev)));
 }
 int eventRecord(void* ev, void* s) {
-  return static_cast<int>(cudaEventRecord(static_cast<cudaEvent_t>(ev), static_cast<cudaStream_t>(s)));
+  return static_cast<int>(
+      cudaEventRecord(static_cast<cudaEvent_t>(ev), static_cast<cudaStream_t>(s)));
 }
 int streamWaitEvent(void* s, void* ev) {
   return static_cast<int>(

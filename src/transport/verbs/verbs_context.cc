@@ -84,10 +84,16 @@ void VerbsContext::postWr(int peer, int q, PendingWr w) {
 
 void VerbsContext::postOrQueue(int peer, int q, PendingWr w) {
   Peer& p = *peers_[peer];
+  // In order: behind anything already waiting for send-queue space.
   if (!p.waiting[q].empty() || p.outstanding[q] >= sendDepth_) {
     p.waiting[q].push_back(std::move(w));
     return;
   }
+  post(peer, q, w);
+}
+
+void VerbsContext::post(int peer, int q, PendingWr& w) {
+  Peer& p = *peers_[peer];
   if (w.hasSge) {
     w.wr.sg_list = &w.sge;
     w.wr.num_sge = 1;
@@ -110,11 +116,7 @@ void VerbsContext::pumpWaiting(int peer, int q) {
   while (!p.waiting[q].empty() && p.outstanding[q] < sendDepth_) {
     PendingWr w = std::move(p.waiting[q].front());
     p.waiting[q].pop_front();
-    // postOrQueue queues again if anything waits: post directly.
-    std::deque<PendingWr> rest;
-    rest.swap(p.waiting[q]);
-    postOrQueue(peer, q, std::move(w));
-    rest.swap(p.waiting[q]);
+    post(peer, q, w);
   }
 }
 

@@ -220,6 +220,7 @@ class VerbsContext final : public Context {
   void pumpEager(int peer);
   void postWr(int peer, int q, PendingWr w);
   void postOrQueue(int peer, int q, PendingWr w);
+  void post(int peer, int q, PendingWr& w);  // now; the send queue has room
   void pumpWaiting(int peer, int q);
   void returnCredits(int peer, bool force);
   void sendControl(int peer, uint16_t type, Tag tag, const Envelope& env, uint64_t len,
