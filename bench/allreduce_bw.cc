@@ -3,6 +3,7 @@
 //   gflowrun -n 4 -- allreduce_bw -b 8 -e 64M -f 2
 //   mpirun -np 4 allreduce_bw -d all -o all
 //   gflowrun -n 4 -- allreduce_bw --backend verbs     (RDMA; docs/backends.md)
+//   gflowrun -n 8 -- allreduce_bw --device cuda       (GPU buffers: NCCL or staged)
 //
 // The communicator comes from the environment (gflowrun, torchrun, Open MPI or
 // Slurm variables), as in any gflow program; the sweep itself is
@@ -11,8 +12,13 @@
 #include <cstdlib>
 #include <exception>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
+
+#if GFLOW_BENCH_CUDA
+#include <cuda_runtime.h>
+#endif
 
 #include "common/options.h"
 #include "common/sweep.h"
@@ -21,14 +27,100 @@
 namespace gflow::bench {
 namespace {
 
+// --device cuda: the sweep's buffers live on this rank's GPU (local rank
+// modulo the GPUs it sees); the host buffers are copied there after each fill
+// and back for the check, outside the timed loop.
+class DeviceBuffers {
+ public:
+#if GFLOW_BENCH_CUDA
+  explicit DeviceBuffers(int localRank) {
+    int n = 0;
+    if (cudaError_t e = cudaGetDeviceCount(&n); e != cudaSuccess || n == 0) {
+      throw std::runtime_error(std::string("--device cuda: no usable GPU (") +
+                               (e != cudaSuccess ? cudaGetErrorString(e) : "none found") + ")");
+    }
+    device_ = localRank % n;
+    check(cudaSetDevice(device_), "cudaSetDevice");
+    check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+  }
+  ~DeviceBuffers() {
+    release();
+    cudaStreamDestroy(stream_);
+  }
+  void bind(size_t bytes, bool inPlace) {
+    release();
+    check(cudaMalloc(&in_, bytes ? bytes : 1), "cudaMalloc");
+    out_ = in_;
+    if (!inPlace) check(cudaMalloc(&out_, bytes ? bytes : 1), "cudaMalloc");
+  }
+  void upload(const void* in, const void* out, size_t bytes) {
+    check(cudaMemcpy(in_, in, bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+    if (out_ != in_) check(cudaMemcpy(out_, out, bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+  }
+  void download(void* out, size_t bytes) {
+    check(cudaMemcpy(out, out_, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
+  }
+  void* in() const {
+    return in_;
+  }
+  void* out() const {
+    return out_;
+  }
+  void* stream() const {
+    return stream_;
+  }
+  int device() const {
+    return device_;
+  }
+
+ private:
+  static void check(cudaError_t e, const char* what) {
+    if (e != cudaSuccess) {
+      throw std::runtime_error(std::string(what) + " failed: " + cudaGetErrorString(e));
+    }
+  }
+  void release() {
+    if (out_ && out_ != in_) cudaFree(out_);
+    if (in_) cudaFree(in_);
+    in_ = out_ = nullptr;
+  }
+  void* in_ = nullptr;
+  void* out_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  int device_ = 0;
+#else
+  explicit DeviceBuffers(int) {
+    throw std::runtime_error(
+        "--device cuda: this allreduce_bw was built without CUDA (GFLOW_WITH_CUDA)");
+  }
+  void bind(size_t, bool) {}
+  void upload(const void*, const void*, size_t) {}
+  void download(void*, size_t) {}
+  void* in() const {
+    return nullptr;
+  }
+  void* out() const {
+    return nullptr;
+  }
+  void* stream() const {
+    return nullptr;
+  }
+  int device() const {
+    return 0;
+  }
+#endif
+};
+
 class GflowBackend : public Backend {
  public:
-  GflowBackend(const std::string& algorithm, const std::string& transport, bool registerBuffers)
+  GflowBackend(const std::string& algorithm, const std::string& transport, bool registerBuffers,
+               bool onDevice)
       : transport_(transport), register_(registerBuffers) {
     Options options;
     options.algorithm = algorithm;
     options.transport = transport;
     comm_ = Communicator::create(options);
+    if (onDevice) device_ = std::make_unique<DeviceBuffers>(comm_->localRank());
     if (!algorithm.empty()) {
       algorithm_ = algorithm;
     } else if (const char* env = std::getenv("GFLOW_ALGO"); env && *env) {
@@ -44,8 +136,11 @@ class GflowBackend : public Backend {
         !transport_.empty() ? transport_ : (env && *env ? env : "default");
     return RunInfo{"gflow", algorithm_, comm_->size(),
                    std::string("gflow ") + GFLOW_VERSION_STRING + ", transport " + transport +
-                       (register_ ? " (buffers registered)" : "") + ", hosts " +
-                       std::to_string(comm_->numHosts()) + ", local size " +
+                       (register_ ? " (buffers registered)" : "") +
+                       (device_ ? ", buffers on cuda:" + std::to_string(device_->device()) +
+                                      " (GFLOW_DEVICE_BACKEND)"
+                                : "") +
+                       ", hosts " + std::to_string(comm_->numHosts()) + ", local size " +
                        std::to_string(comm_->localSize())};
   }
   bool supports(DataType, ReduceOp) const override { return true; }
@@ -53,6 +148,14 @@ class GflowBackend : public Backend {
   std::function<void()> prepare(void* in, void* out, size_t count, DataType dtype,
                                 ReduceOp op) override {
     Communicator* c = comm_.get();
+    if (device_) {
+      device_->bind(count * dataTypeSize(dtype), in == out);
+      const Device gpu{DeviceType::kCUDA, device_->device()};
+      const Tensor din(device_->in(), count, dtype, gpu, device_->stream());
+      const Tensor dout(device_->out(), count, dtype, gpu, device_->stream());
+      if (in == out) return [=] { c->allreduce(din, op); };
+      return [=] { c->allreduce(din, dout, op); };
+    }
     // Zero-copy transports: pin the sweep's buffers once per size, as a
     // training loop pins its gradient buffers (not timed).
     regs_.clear();
@@ -63,6 +166,13 @@ class GflowBackend : public Backend {
     }
     if (in == out) return [=] { c->allreduce(Tensor(in, count, dtype), op); };
     return [=] { c->allreduce(Tensor(in, count, dtype), Tensor(out, count, dtype), op); };
+  }
+
+  void upload(const void* in, const void* out, size_t bytes) override {
+    if (device_) device_->upload(in, out, bytes);
+  }
+  void download(void* out, size_t bytes) override {
+    if (device_) device_->download(out, bytes);
   }
 
   void barrier() override { comm_->barrier(); }
@@ -81,6 +191,7 @@ class GflowBackend : public Backend {
   std::string transport_;
   bool register_ = false;
   std::vector<std::unique_ptr<MemoryRegistration>> regs_;
+  std::unique_ptr<DeviceBuffers> device_;
 };
 
 }  // namespace
@@ -93,7 +204,7 @@ int main(int argc, char** argv) {
                   "algorithm, passed as Options::algorithm (GFLOW_ALGO syntax: ring, rd, hier,\n"
                   "               shm, auto, allreduce:0-64k:rd,allreduce:64k-:ring, ...)",
                   {}};
-  std::string transport, registerFlag = "auto";
+  std::string transport, registerFlag = "auto", device = "cpu";
   info.extraFlags.push_back(
       {"--backend", "NAME",
        "network transport between hosts: tcp or verbs (Options::transport; default\n"
@@ -105,16 +216,25 @@ int main(int argc, char** argv) {
        "register the buffers (Communicator::registerMemory) before each size;\n"
        "               auto: yes with --backend verbs",
        &registerFlag});
+  info.extraFlags.push_back(
+      {"--device", "cpu|cuda",
+       "where the buffers live; cuda: this rank's GPU (local rank modulo the GPUs),\n"
+       "               run by NCCL or staged through host memory (GFLOW_DEVICE_BACKEND)",
+       &device});
   SweepConfig cfg;
   if (int rc = parseSweepArgs(argc, argv, info, &cfg); rc >= 0) return rc;
   if (registerFlag != "yes" && registerFlag != "no" && registerFlag != "auto") {
     std::fprintf(stderr, "allreduce_bw: --register takes yes, no or auto\n");
     return 2;
   }
+  if (device != "cpu" && device != "cuda") {
+    std::fprintf(stderr, "allreduce_bw: --device takes cpu or cuda\n");
+    return 2;
+  }
   const bool registerBuffers =
       registerFlag == "yes" || (registerFlag == "auto" && transport == "verbs");
   try {
-    GflowBackend backend(cfg.algorithm, transport, registerBuffers);
+    GflowBackend backend(cfg.algorithm, transport, registerBuffers, device == "cuda");
     return runSweep(backend, cfg);
   } catch (const gflow::Error& e) {
     std::fprintf(stderr, "allreduce_bw: %s\n", e.what());

@@ -34,7 +34,9 @@ Measurement measure(Backend& be, const SweepConfig& cfg, const CheckPattern& pat
                     void* out, size_t count, DataType dtype, ReduceOp op) {
   fillValue(dtype, stableValue(op), in, count);
   if (out != in) fillValue(dtype, stableValue(op), out, count);
+  const uint64_t bytes = count * dataTypeSize(dtype);
   std::function<void()> run = be.prepare(in, out, count, dtype, op);
+  be.upload(in, out, bytes);
 
   for (int i = 0; i < cfg.warmup; ++i) run();
   be.barrier();
@@ -43,14 +45,15 @@ Measurement measure(Backend& be, const SweepConfig& cfg, const CheckPattern& pat
   auto t1 = std::chrono::steady_clock::now();
   double us = std::chrono::duration<double, std::micro>(t1 - t0).count() / cfg.iters;
 
-  uint64_t bytes = count * dataTypeSize(dtype);
   Measurement m = makeMeasurement(bytes, be.maxOverRanks(us), be.size());
   if (cfg.check) {
     pattern.fillInput(be.rank(), in, count);
     // Zero never is a correct result (every pattern value is >= 1), so an
     // output the library leaves untouched counts as wrong.
     if (out != in) std::memset(out, 0, bytes);
+    be.upload(in, out, bytes);
     run();
+    be.download(out, bytes);
     m.wrong = be.sumOverRanks(pattern.countWrong(out, count));
   }
   return m;

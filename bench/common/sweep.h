@@ -39,6 +39,11 @@ class Backend {
   // an algorithm up per buffer (Gloo) do it here, outside the timed loop.
   virtual std::function<void()> prepare(void* in, void* out, size_t count, DataType dtype,
                                         ReduceOp op) = 0;
+  // Backends that run on copies of the buffers (device memory) move the
+  // host contents there after each fill and bring the result back before
+  // the check; neither is timed.
+  virtual void upload(const void* /*in*/, const void* /*out*/, size_t /*bytes*/) {}
+  virtual void download(void* /*out*/, size_t /*bytes*/) {}
 
   virtual void barrier() = 0;
   virtual double maxOverRanks(double v) = 0;

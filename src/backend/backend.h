@@ -59,6 +59,8 @@ struct Op {
   uint64_t seq = 0;
   OpDesc desc;
   Deadline deadline = Deadline::never();
+  // Device ops on the NCCL backend: the caller's CUDA stream (cudaStream_t).
+  void* stream = nullptr;
 };
 
 // Adds `p` to `into` (composed backends sum their parts' traffic).

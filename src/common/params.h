@@ -23,6 +23,13 @@ namespace gflow::params {
   X(transport, "GFLOW_TRANSPORT", kString, "tcp",                                               \
     "Network transport between hosts (and between local ranks when GFLOW_SHM=0): tcp or "       \
     "verbs (RDMA, needs rdma-core's libibverbs and an RDMA device).")                           \
+  X(deviceBackend, "GFLOW_DEVICE_BACKEND", kString, "auto",                                     \
+    "CUDA tensors: nccl (NCCL on the caller's stream; an error when it cannot run), staged "    \
+    "(copied through pinned host memory to the host backends), or auto (nccl when every rank "  \
+    "loads NCCL and the ranks of a host use different GPUs, else staged).")                     \
+  X(ncclVerify, "GFLOW_NCCL_VERIFY", kInt, "1",                                                 \
+    "1: before each NCCL collective, ranks check over the host transport that they all call "   \
+    "the same op (a mismatch is an error instead of a hang or wrong data); 0: skip the check.") \
   X(shm, "GFLOW_SHM", kInt, "1",                                                                \
     "1: ranks on the same host exchange data through shared memory; 0: through the "            \
     "network transport.")                                                                       \

@@ -40,8 +40,9 @@ std::shared_ptr<const Error> Communicator::Impl::setFailed(const Error& e) {
 
 void Communicator::Impl::notifyOnce(const std::shared_ptr<const Error>& e) {
   if (!backend || notified.exchange(true)) return;
-  backend->abort(*e);
+  abortBackends(*e);
   backend->notifyPeers(*e);
+  if (nccl) nccl->notifyPeers(*e);
 }
 
 void Communicator::Impl::fail(const Error& e) {
@@ -62,7 +63,7 @@ void Communicator::Impl::invalid(const char* op, const std::string& what) {
   // communicator and telling them turns their wait into an immediate error.
   auto first = setFailed(e);
   if (backend) {
-    backend->abort(*first);
+    abortBackends(*first);
     engine.tryRunExclusive([&] { notifyOnce(first); });
   }
   throw e;
@@ -224,6 +225,9 @@ std::unique_ptr<Communicator::Impl> Communicator::Impl::connect(
     }
   }
   impl->buildHierarchy(ctxOpts, localRank, localSize);
+  impl->nccl = std::make_unique<backend::NcclBackend>(
+      backend::NcclSetup{rank, size, ctxOpts.store, ctxOpts.prefix, ctxOpts.timeout, impl->hostOf});
+  impl->ncclVerify = params::getInt("GFLOW_NCCL_VERIFY") != 0;
   impl->opCount[kindIndex(OpKind::kAllgather)] = 0;  // internal op, not the user's
   impl->pathCount[2] = 0;
   return impl;
@@ -320,7 +324,7 @@ Communicator::~Communicator() {
           ErrorContext{"", 0, impl_->rank, -1});
   // Wake a running op (if any) and drop queued ones before joining the
   // worker; the transport is going away anyway.
-  if (impl_->backend) impl_->backend->abort(e);
+  impl_->abortBackends(e);
   impl_->engine.shutdown(e);
 }
 
@@ -452,7 +456,12 @@ std::shared_ptr<WorkState> doAllreduce(Communicator::Impl& I, Tensor in, Tensor 
                   [self, in, out, st, inPlace, before = std::move(before),
                    after = std::move(after)](const backend::Op& o) {
                     if (before) before();
-                    if (st) {
+                    // Staging waits for what before() enqueued on the stream.
+                    if (before && st) st->recordAgain();
+                    backend::Op n = o;
+                    if (st && self->onNccl(n, *st)) {
+                      self->nccl->allreduce(n, in.data, out.data);
+                    } else if (st) {
                       st->toHost(self->stagingPool());
                       self->backend->allreduce(o, st->data(0), st->data(inPlace ? 0 : 1));
                       st->toDevice(self->stagingPool());
@@ -546,6 +555,8 @@ std::shared_ptr<WorkState> doReduceScatter(Communicator::Impl& I, Tensor in, Ten
                                    {{in, DeviceStaging::kIn}, {out, DeviceStaging::kOut}});
   return I.submit(d, blocking, [self, in, out, st](const backend::Op& o) {
     if (!st) return self->backend->reduceScatter(o, in.data, out.data);
+    backend::Op n = o;
+    if (self->onNccl(n, *st)) return self->nccl->reduceScatter(n, in.data, out.data);
     st->toHost(self->stagingPool());
     self->backend->reduceScatter(o, st->data(0), st->data(1));
     st->toDevice(self->stagingPool());
@@ -575,6 +586,8 @@ std::shared_ptr<WorkState> doAllgather(Communicator::Impl& I, Tensor in, Tensor 
   const size_t block = in.nbytes() * static_cast<size_t>(I.rank);
   return I.submit(d, blocking, [self, in, out, st, inPlace, block](const backend::Op& o) {
     if (!st) return self->backend->allgather(o, in.data, out.data);
+    backend::Op n = o;
+    if (self->onNccl(n, *st)) return self->nccl->allgather(n, in.data, out.data);
     st->toHost(self->stagingPool());
     void* hostOut = st->data(inPlace ? 0 : 1);
     const void* hostIn = inPlace ? static_cast<const char*>(hostOut) + block : st->data(0);
@@ -597,6 +610,8 @@ std::shared_ptr<WorkState> doBroadcast(Communicator::Impl& I, Tensor inout, int 
   auto st = DeviceStaging::prepare(I.cudaPlugin, name, I.rank, {{inout, DeviceStaging::kInOut}});
   return I.submit(d, blocking, [self, inout, st](const backend::Op& o) {
     if (!st) return self->backend->broadcast(o, inout.data);
+    backend::Op n = o;
+    if (self->onNccl(n, *st)) return self->nccl->broadcast(n, inout.data);
     st->toHost(self->stagingPool());
     self->backend->broadcast(o, st->data(0));
     st->toDevice(self->stagingPool());
@@ -677,7 +692,10 @@ std::shared_ptr<Communicator> Communicator::split(int color, int key) {
   allgather(Tensor(mine.data(), 2, DataType::kInt64),
             Tensor(all.data(), all.size(), DataType::kInt64));
   const uint64_t splitId = I.splitCount++;
-  if (color < 0) return nullptr;
+  if (color < 0) {
+    I.splitNccl(-1, key, nullptr);  // collective over the parent's NCCL ranks
+    return nullptr;
+  }
   std::vector<std::pair<int64_t, int>> members;  // (key, parent rank)
   for (int r = 0; r < I.size; ++r) {
     if (all[2 * r] == color) members.emplace_back(all[2 * r + 1], r);
@@ -697,6 +715,9 @@ std::shared_ptr<Communicator> Communicator::split(int color, int key) {
   // The sub-communicator inherits the parent's algorithm configuration.
   auto impl = Impl::connect(newRank, co.size, co, I.transportName, I.algoSpec, I.algoSource,
                             I.hostOf[I.rank], -1, -1);
+  // Where NCCL runs this communicator, the new one gets its part of it
+  // (ncclCommSplit) instead of creating its own.
+  I.splitNccl(color, key, impl.get());
   return std::shared_ptr<Communicator>(new Communicator(std::move(impl)));
 }
 
@@ -711,7 +732,7 @@ void internal::CommunicatorAccess::abortWith(Communicator& comm, const Error& e)
   Communicator::Impl& I = *comm.impl_;
   auto first = I.setFailed(e);
   if (I.backend) {
-    I.backend->abort(*first);
+    I.abortBackends(*first);
     // Tell the peers now if no op is running; a running op tells them when
     // it unwinds with the abort error.
     I.engine.tryRunExclusive([&] { I.notifyOnce(first); });

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/nccl/nccl_backend.h"
 #include "core/algorithm_select.h"
 #include "core/device_staging.h"
 #include "core/engine.h"
@@ -40,6 +41,9 @@ struct Communicator::Impl {
     if (!staging) staging = std::make_unique<DeviceStagingPool>(*cudaPlugin.load());
     return *staging;
   }
+  // Device ops on NCCL (idle until the first op on device tensors).
+  std::unique_ptr<backend::NcclBackend> nccl;
+  bool ncclVerify = true;  // GFLOW_NCCL_VERIFY
   Engine engine;
 
   uint64_t seq = 0;  // touched only by the executing thread
@@ -69,6 +73,15 @@ struct Communicator::Impl {
   void checkUsable(const char* op);
   void validateTensor(const char* op, const char* name, const Tensor& t);
   void validateOp(const char* op, ReduceOp rop);
+  // abort() of every backend (host and NCCL); any thread.
+  void abortBackends(const Error& e);
+  // Executing thread, for an op with device tensors `st`: true when NCCL
+  // runs it. Then op.stream is the tensors' stream, and the ranks have
+  // checked over the host backend that they all run this op on NCCL
+  // (GFLOW_NCCL_VERIFY). False: stage it.
+  bool onNccl(backend::Op& op, const DeviceStaging& st);
+  // Communicator::split's part on the NCCL backend (src/core/device_ops.cc).
+  void splitNccl(int color, int key, Impl* child);
 
   // Builds the backends for (store, prefix): the flat host backend over the
   // network transport, then, from the host grouping, the shared-memory

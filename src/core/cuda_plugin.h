@@ -15,4 +15,8 @@ namespace gflow::cuda {
 // (the CUDA runtime's reason, e.g. no driver).
 const Plugin* load(std::string* why);
 
+// Tests: makes load() return `p` (a software CUDA, tests/testing/soft_cuda)
+// instead of the component; nullptr restores the component.
+void installPluginForTesting(const Plugin* p);
+
 }  // namespace gflow::cuda

@@ -84,6 +84,34 @@ std::shared_ptr<DeviceStaging> DeviceStaging::prepare(const cuda::Plugin* plugin
   return st;
 }
 
+bool DeviceStaging::single(int* device, void** stream) const {
+  *device = -1;
+  *stream = nullptr;
+  bool same = true;
+  for (const Item& it : items_) {
+    if (it.t.device.type != DeviceType::kCUDA) {
+      same = false;
+      continue;
+    }
+    if (*device < 0) {
+      *device = it.t.device.index;
+      *stream = it.t.stream;
+    } else if (it.t.device.index != *device || it.t.stream != *stream) {
+      same = false;
+    }
+  }
+  return same;
+}
+
+void DeviceStaging::recordAgain() {
+  for (size_t i = 0; i < items_.size(); ++i) {
+    const Tensor& t = items_[i].t;
+    if (!events_[i]) continue;
+    check(onDevice(*p_, t.device.index, [&] { return p_->eventRecord(events_[i], t.stream); }),
+          "recording an event on the tensor's stream");
+  }
+}
+
 DeviceStaging::~DeviceStaging() {
   for (void* ev : events_) {
     if (ev) p_->eventDestroy(ev);

@@ -48,6 +48,15 @@ class DeviceStaging {
                                                 int rank, std::initializer_list<Item> items);
   ~DeviceStaging();
 
+  // Whether every item is a cuda tensor, all on one device and stream
+  // (what NCCL can run in place); sets `device` (of the first cuda item,
+  // whatever the answer) and `stream`.
+  bool single(int* device, void** stream) const;
+
+  // Executing thread: moves each device tensor's event to the work enqueued
+  // on its stream so far (the fused ops' packing kernels).
+  void recordAgain();
+
   // On the executing thread, around the host collective.
   void toHost(DeviceStagingPool& pool);
   // Where item i lives during the collective (staging for device tensors).

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "core/internal.h"
+#include "gradient/device_ops.h"
 #include "kernels/convert.h"
 #include "kernels/sparse.h"
 
@@ -27,14 +28,24 @@ struct Csc::Job {
 void Csc::reset() {
   std::fill(residual_.begin(), residual_.end(), 0.0f);
   std::fill(velocity_.begin(), velocity_.end(), 0.0f);
+  if (residualDevice_) device_->zero(residualDevice_, total_ * sizeof(float));
+  if (velocityDevice_) device_->zero(velocityDevice_, total_ * sizeof(float));
 }
 
-Csc::Csc(const std::vector<Tensor>& tensors, CscConfig config)
-    : tensors_(tensors), config_(config), offset_(tensors.size(), 0) {
+Csc::Csc(const std::vector<Tensor>& tensors, CscConfig config, DeviceOps* device)
+    : tensors_(tensors), config_(config), offset_(tensors.size(), 0), device_(device) {
   size_t total = 0;
   for (size_t i = 0; i < tensors.size(); ++i) {
     offset_[i] = total;
     if (tensors[i].dtype == DataType::kFloat32) total += tensors[i].count;
+  }
+  total_ = total;
+  if (device_) {
+    residualDevice_ = static_cast<float*>(device_->allocate(total * sizeof(float)));
+    if (config_.momentum > 0.0f) {
+      velocityDevice_ = static_cast<float*>(device_->allocate(total * sizeof(float)));
+    }
+    return;
   }
   residual_.assign(total, 0.0f);
   if (config_.momentum > 0.0f) velocity_.assign(total, 0.0f);
@@ -125,6 +136,17 @@ std::vector<std::shared_ptr<WorkState>> Csc::fire(Communicator& comm, const Buck
                                                   const std::string& label,
                                                   std::shared_ptr<const void> owner,
                                                   std::shared_ptr<std::atomic<bool>> nonFinite) {
+  if (stats) {
+    const size_t n = b.bytes / sizeof(float);
+    const size_t chunk = std::max<size_t>(1, std::min(config_.chunk, n));
+    stats->fusedOps += 2;
+    stats->sparseChunksSent += picked(n, chunk, step);
+    stats->sparseChunks += kernels::numChunks(n, chunk);
+  }
+  if (device_) {
+    return fireOnDevice(comm, b, op, wire, step, timeline, label, std::move(owner),
+                        std::move(nonFinite));
+  }
   auto job = std::make_shared<Job>();
   job->bucket = b;
   const size_t n = b.bytes / sizeof(float);
@@ -135,11 +157,6 @@ std::vector<std::shared_ptr<WorkState>> Csc::fire(Communicator& comm, const Buck
   job->norms.assign(chunks, 0.0f);
   job->values.assign(job->k * job->chunk, 0.0f);
   if (wire.compressed()) job->onWire.assign(job->values.size(), 0);
-  if (stats) {
-    stats->fusedOps += 2;
-    stats->sparseChunksSent += job->k;
-    stats->sparseChunks += chunks;
-  }
   Timeline* tl = timeline;
   const std::string args = "\"step\": " + std::to_string(step) +
                            ", \"chunks\": " + std::to_string(chunks) +

@@ -31,10 +31,14 @@ struct CscConfig {
   uint64_t warmupSteps = 0;  // the first steps send every chunk
 };
 
+class DeviceOps;
+
 class Csc {
  public:
-  // Residual (and velocity) storage for every float32 tensor of `tensors`.
-  Csc(const std::vector<Tensor>& tensors, CscConfig config);
+  // Residual (and velocity) storage for every float32 tensor of `tensors`;
+  // in device memory with `device` (cuda tensors: the steps run as its
+  // kernels, csc_device.cc).
+  Csc(const std::vector<Tensor>& tensors, CscConfig config, DeviceOps* device = nullptr);
 
   // Chunks sent per bucket of `n` elements cut in `chunk`s at `step`.
   size_t picked(size_t n, size_t chunk, uint64_t step) const;
@@ -57,6 +61,11 @@ class Csc {
 
  private:
   struct Job;
+  struct DeviceJob;
+  std::vector<std::shared_ptr<WorkState>> fireOnDevice(
+      Communicator& comm, const Bucket& b, ReduceOp op, const WireOptions& wire, uint64_t step,
+      Timeline* timeline, const std::string& label, std::shared_ptr<const void> owner,
+      std::shared_ptr<std::atomic<bool>> nonFinite);
   // Calls fn(tensor, from, to, at) for the bucket's tensors cut at chunk
   // boundaries: elements [from, to) of `tensor` sit at bucket position `at`.
   template <class Fn>
@@ -70,6 +79,10 @@ class Csc {
   std::vector<size_t> offset_;   // per tensor: start in residual_/velocity_
   std::vector<float> residual_;  // error feedback
   std::vector<float> velocity_;  // momentum correction
+  DeviceOps* device_ = nullptr;
+  float* residualDevice_ = nullptr;  // cuda tensors: residual_ and velocity_ on the GPU
+  float* velocityDevice_ = nullptr;
+  size_t total_ = 0;  // float32 elements of all tensors
 };
 
 }  // namespace gflow::gradient

@@ -4,6 +4,7 @@
 
 #include "core/internal.h"
 #include "gradient/csc.h"
+#include "gradient/device_ops.h"
 #include "gradient/fusion.h"
 #include "kernels/convert.h"
 
@@ -21,14 +22,15 @@ std::string bucketLabel(const Bucket& b, const std::vector<std::string>& names) 
 
 Fuser::Fuser(Communicator& comm, const std::vector<Tensor>& tensors,
              const std::vector<std::string>& names, ReduceOp op, Timeline* timeline,
-             WireOptions wire, Csc* csc)
+             WireOptions wire, Csc* csc, DeviceOps* device)
     : comm_(comm),
       tensors_(tensors),
       names_(names),
       op_(op),
       timeline_(timeline),
       wire_(wire),
-      csc_(csc) {}
+      csc_(csc),
+      device_(device) {}
 
 bool Fuser::packs(const Bucket& b) const {
   if (isFloat32(b) && csc_ != nullptr) return false;  // CSC works in the residual
@@ -51,8 +53,10 @@ Fired Fuser::fire(const Bucket& b, char* region, uint64_t step, ReducerStats* st
   auto bucket = std::make_shared<const Bucket>(b);
   const bool compress = isFloat32(b) && wire_.compressed();
   const size_t count = b.bytes / dataTypeSize(b.dtype);
+  DeviceOps* dev = device_;
   const Tensor buffer(pack ? static_cast<void*>(region) : b.start, count,
-                      compress ? wire_.wire : b.dtype);
+                      compress ? wire_.wire : b.dtype, dev ? dev->where() : Device{},
+                      dev ? dev->stream() : nullptr);
   const std::vector<Tensor>* tensors = &tensors_;
   WireOptions w = wire_;
   ReduceOp op = op_;
@@ -80,11 +84,20 @@ Fired Fuser::fire(const Bucket& b, char* region, uint64_t step, ReducerStats* st
       auto* wire = reinterpret_cast<uint16_t*>(region);
       for (size_t k = 0; k < bucket->tensors.size(); ++k) {
         const Tensor& t = (*tensors)[bucket->tensors[k]];
-        kernels::narrow(wire + bucket->offsets[k] / sizeof(float),
-                        static_cast<const float*>(t.data), t.count, w.wire, w.prescale);
+        uint16_t* to = wire + bucket->offsets[k] / sizeof(float);
+        const auto* from = static_cast<const float*>(t.data);
+        if (dev) {
+          dev->narrow(to, from, t.count, w.wire, w.prescale);
+        } else {
+          kernels::narrow(to, from, t.count, w.wire, w.prescale);
+        }
       }
     } else if (pack) {
-      gradient::pack(*bucket, *tensors, region);
+      if (dev) {
+        dev->pack(*bucket, *tensors, region);
+      } else {
+        gradient::pack(*bucket, *tensors, region);
+      }
     }
     if (tl && pack)
       tl->span("pack: " + label, "pack", Timeline::kComm, start, Timeline::nowUs(), args);
@@ -97,15 +110,29 @@ Fired Fuser::fire(const Bucket& b, char* region, uint64_t step, ReducerStats* st
       tl->span("allreduce: " + label, "allreduce", Timeline::kComm, (*times)[1], reduced, args);
     if (compress) {
       const auto* wire = reinterpret_cast<const uint16_t*>(region);
-      if (nonFinite && kernels::anyNonFinite(wire, count, w.wire)) nonFinite->store(true);
+      if (nonFinite && (dev ? dev->nonFinite(wire, count, w.wire)
+                            : kernels::anyNonFinite(wire, count, w.wire))) {
+        nonFinite->store(true);
+      }
       for (size_t k = 0; k < bucket->tensors.size(); ++k) {
         const Tensor& t = (*tensors)[bucket->tensors[k]];
-        kernels::widen(static_cast<float*>(t.data), wire + bucket->offsets[k] / sizeof(float),
-                       t.count, w.wire, w.postscale);
+        auto* to = static_cast<float*>(t.data);
+        const uint16_t* from = wire + bucket->offsets[k] / sizeof(float);
+        if (dev) {
+          dev->widen(to, from, t.count, w.wire, w.postscale);
+        } else {
+          kernels::widen(to, from, t.count, w.wire, w.postscale);
+        }
       }
     } else if (pack) {
-      gradient::unpack(*bucket, region, *tensors);
+      if (dev) {
+        dev->unpack(*bucket, region, *tensors);
+      } else {
+        gradient::unpack(*bucket, region, *tensors);
+      }
     }
+    // The op (and the step) completes with the results in the tensors.
+    if (dev) dev->synchronize();
     if (tl && pack) {
       tl->span("unpack: " + label, "unpack", Timeline::kComm, reduced, Timeline::nowUs(), args);
     }

@@ -20,6 +20,7 @@
 namespace gflow::gradient {
 
 class Csc;
+class DeviceOps;
 
 // How float32 buckets travel.
 struct WireOptions {
@@ -36,10 +37,12 @@ struct Fired {
 
 class Fuser {
  public:
-  // `csc` (may be null) makes float32 buckets sparse.
+  // `csc` (may be null) makes float32 buckets sparse. `device` (null for
+  // cpu tensors): the tensors are cuda tensors, packed and converted by its
+  // kernels into device regions.
   Fuser(Communicator& comm, const std::vector<Tensor>& tensors,
         const std::vector<std::string>& names, ReduceOp op, Timeline* timeline, WireOptions wire,
-        Csc* csc);
+        Csc* csc, DeviceOps* device = nullptr);
 
   // Whether bucket b is packed into a region of b.bytes (not reduced in place).
   bool packs(const Bucket& b) const;
@@ -60,6 +63,7 @@ class Fuser {
   Timeline* timeline_;
   WireOptions wire_;
   Csc* csc_;
+  DeviceOps* device_;
 };
 
 // The timeline label of a bucket ("bucket of 7", a direct tensor's name).

@@ -23,10 +23,12 @@
 
 #include "common/check.h"
 #include "common/params.h"
+#include "core/cuda_plugin.h"
 #include "core/engine.h"
 #include "core/internal.h"
 #include "gradient/bucket_plan.h"
 #include "gradient/csc.h"
+#include "gradient/device_ops.h"
 #include "gradient/fuser.h"
 #include "gradient/fusion.h"
 #include "gradient/registration.h"
@@ -56,12 +58,24 @@ void validateTensors(Communicator& comm, const char* op, const std::vector<Tenso
   for (size_t i = 0; i < tensors.size(); ++i) {
     const Tensor& x = tensors[i];
     const char* why = static_cast<int>(x.dtype) >= kNumDataTypes ? "has an invalid dtype"
-                      : x.device.type != DeviceType::kCPU        ? "is not a cpu tensor"
-                      : x.count > 0 && !x.data                   ? "has null data"
-                                                                 : nullptr;
+                      : x.device.type != DeviceType::kCPU && x.device.type != DeviceType::kCUDA
+                          ? "has an invalid device type"
+                      : x.count > 0 && !x.data ? "has null data"
+                                               : nullptr;
     if (why) {
       CommunicatorAccess::failInvalid(comm, op,
                                       gradient::describeTensor(i, tensors, names) + " " + why);
+    }
+  }
+  // Cuda gradients: the CUDA component, one GPU and stream, their memory.
+  if (std::any_of(tensors.begin(), tensors.end(),
+                  [](const Tensor& t) { return t.device.type == DeviceType::kCUDA; })) {
+    std::string why;
+    const cuda::Plugin* plugin = cuda::load(&why);
+    if (!plugin)
+      CommunicatorAccess::failInvalid(comm, op, "the gradients are cuda tensors, but " + why);
+    if (gradient::commonDevice(plugin, tensors, names, &why) == -2) {
+      CommunicatorAccess::failInvalid(comm, op, why);
     }
   }
   // Overlapping tensors would be reduced twice (or packed over each other).
@@ -144,7 +158,7 @@ class GradientReducer::Impl {
   }
   std::string stepText() const { return "step " + std::to_string(step_); }
   char* regionOf(const Bucket& b) {
-    return fuser_->packs(b) ? pool_[static_cast<int>(b.dtype)].data() + poolOffset_[b.tensors[0]]
+    return fuser_->packs(b) ? poolData_[static_cast<int>(b.dtype)] + poolOffset_[b.tensors[0]]
                             : nullptr;
   }
   // Queues bucket b. A failure (the communicator failed) is kept for wait().
@@ -182,6 +196,8 @@ class GradientReducer::Impl {
   void roundLocked(std::unique_lock<std::mutex>& lock);
 
   std::unique_ptr<Timeline> timeline_;
+  // Cuda gradients: kernels and device memory (pool, CSC residual).
+  std::unique_ptr<gradient::DeviceOps> deviceOps_;
   std::unique_ptr<Csc> csc_;
   std::unique_ptr<Fuser> fuser_;
   // This step's inf/NaN flag (a fresh one per step, so ops of an abandoned
@@ -193,7 +209,8 @@ class GradientReducer::Impl {
   bool lastNonFinite() const { return lastNonFinite_; }
 
  private:
-  std::vector<std::vector<char>> pool_;  // per dtype
+  std::vector<std::vector<char>> pool_;  // per dtype (cpu gradients)
+  std::vector<char*> poolData_;          // per dtype: pool_ or device memory
   std::vector<uint64_t> poolOffset_;     // per tensor (fused ones)
   // The gradients and the pool, registered once for zero-copy transports
   // (verbs) instead of per op; released before the pool is freed.
@@ -287,8 +304,17 @@ void GradientReducer::Impl::setUp(const ReducerOptions& options) {
   const std::string spec =
       options.timeline.empty() ? params::getString("GFLOW_TIMELINE") : options.timeline;
   timeline_ = Timeline::open(spec, comm->rank());
-  if (sparse.density > 0) csc_ = std::make_unique<Csc>(tensors, sparse);
-  fuser_ = std::make_unique<Fuser>(*comm, tensors, names, op, timeline_.get(), wire, csc_.get());
+  std::string why;
+  const int device = gradient::commonDevice(nullptr, tensors, names, &why);
+  if (device >= 0) {
+    // Copy tables: up to three segments per tensor (CSC: gradient,
+    // residual, velocity).
+    deviceOps_ = std::make_unique<gradient::DeviceOps>(*cuda::load(nullptr), device,
+                                                       tensors[0].stream, 3 * tensors.size());
+  }
+  if (sparse.density > 0) csc_ = std::make_unique<Csc>(tensors, sparse, deviceOps_.get());
+  fuser_ = std::make_unique<Fuser>(*comm, tensors, names, op, timeline_.get(), wire, csc_.get(),
+                                   deviceOps_.get());
   // With CSC a bucket sends about density * its bytes: buckets of
   // threshold / density keep what travels per bucket near the threshold
   // (large enough for the bandwidth-optimal ring, few norm/pick rounds).
@@ -316,8 +342,13 @@ void GradientReducer::Impl::setUp(const ReducerOptions& options) {
     poolOffset_[i] = used;
     used += tensors[i].nbytes();
   }
-  for (uint64_t bytes : poolBytes) pool_.emplace_back(bytes);
-  registerBuffers(tensors);
+  for (uint64_t bytes : poolBytes) {
+    pool_.emplace_back(deviceOps_ ? 0 : bytes);
+    poolData_.push_back(deviceOps_ ? static_cast<char*>(deviceOps_->allocate(bytes))
+                                   : pool_.back().data());
+  }
+  // Device memory travels through staging buffers or NCCL, not verbs.
+  if (!deviceOps_) registerBuffers(tensors);
   ready_.assign(tensors.size(), 0);
   sent_.assign(tensors.size(), 0);
   resetStepLocked();
@@ -649,18 +680,31 @@ Work allreduceCoalesced(Communicator& comm, const std::vector<Tensor>& tensors, 
   struct Batch {
     std::vector<Tensor> tensors;
     std::vector<std::string> names;
+    std::unique_ptr<gradient::DeviceOps> device;  // cuda tensors
     std::vector<std::vector<char>> buffers;
+    std::vector<char*> regions;
   };
   auto batch = std::make_shared<Batch>();
   batch->tensors = tensors;
+  std::string why;
+  const int device = gradient::commonDevice(nullptr, tensors, {}, &why);
+  if (device >= 0) {
+    batch->device = std::make_unique<gradient::DeviceOps>(*cuda::load(nullptr), device,
+                                                          tensors[0].stream, tensors.size());
+  }
   const BucketPlan plan = gradient::planBuckets(tensors, thresholdOr(comm, kOp, fusionThreshold));
   batch->buffers.reserve(plan.buckets.size());
-  for (const Bucket& b : plan.buckets) batch->buffers.emplace_back(b.inPlace ? 0 : b.bytes);
-  Fuser fuser(comm, batch->tensors, batch->names, op, nullptr, gradient::WireOptions{}, nullptr);
+  for (const Bucket& b : plan.buckets) {
+    const size_t bytes = b.inPlace ? 0 : b.bytes;
+    batch->buffers.emplace_back(batch->device ? 0 : bytes);
+    batch->regions.push_back(batch->device ? static_cast<char*>(batch->device->allocate(bytes))
+                                           : batch->buffers.back().data());
+  }
+  Fuser fuser(comm, batch->tensors, batch->names, op, nullptr, gradient::WireOptions{}, nullptr,
+              batch->device.get());
   std::shared_ptr<WorkState> last;
   for (size_t k = 0; k < plan.buckets.size(); ++k) {
-    last = fuser.fire(plan.buckets[k], batch->buffers[k].data(), 0, nullptr, batch, nullptr)
-               .works.back();
+    last = fuser.fire(plan.buckets[k], batch->regions[k], 0, nullptr, batch, nullptr).works.back();
   }
   // Ops run in issue order and the first failure fails every later one, so
   // the last op's completion is the batch's.

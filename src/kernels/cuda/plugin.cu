@@ -4,6 +4,10 @@
 #include "kernels/cuda/plugin.h"
 
 namespace gflow::cuda {
+
+// nccl_loader.cu (built with NCCL) or the fallback below.
+const nccl::Api* loadNccl(const char** why);
+
 namespace {
 
 const char* errorString(int err) {
@@ -22,6 +26,9 @@ int pointerDevice(const void* p, int* device) {
   }
   *device = (a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged) ? a.device : -1;
   return 0;
+}
+int pciBusId(int device, char* out, int len) {
+  return static_cast<int>(cudaDeviceGetPCIBusId(out, len, device));
 }
 int getDevice(int* d) {
   return static_cast<int>(cudaGetDevice(d));
@@ -58,9 +65,18 @@ int streamWaitEvent(void* s, void* ev) {
   return static_cast<int>(
       cudaStreamWaitEvent(static_cast<cudaStream_t>(s), static_cast<cudaEvent_t>(ev), 0));
 }
+int eventQuery(void* ev) {
+  return static_cast<int>(cudaEventQuery(static_cast<cudaEvent_t>(ev)));
+}
 int memcpyAsync(void* dst, const void* src, size_t bytes, void* s) {
   return static_cast<int>(
       cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(s)));
+}
+int deviceAlloc(void** p, size_t bytes) {
+  return static_cast<int>(cudaMalloc(p, bytes));
+}
+int deviceFree(void* p) {
+  return static_cast<int>(cudaFree(p));
 }
 int hostAlloc(void** p, size_t bytes) {
   return static_cast<int>(cudaHostAlloc(p, bytes, cudaHostAllocPortable));
@@ -75,6 +91,7 @@ Plugin makeTable() {
   t.errorString = errorString;
   t.deviceCount = deviceCount;
   t.pointerDevice = pointerDevice;
+  t.pciBusId = pciBusId;
   t.getDevice = getDevice;
   t.setDevice = setDevice;
   t.streamCreate = streamCreate;
@@ -84,7 +101,10 @@ Plugin makeTable() {
   t.eventDestroy = eventDestroy;
   t.eventRecord = eventRecord;
   t.streamWaitEvent = streamWaitEvent;
+  t.eventQuery = eventQuery;
   t.memcpyAsync = memcpyAsync;
+  t.deviceAlloc = deviceAlloc;
+  t.deviceFree = deviceFree;
   t.hostAlloc = hostAlloc;
   t.hostFree = hostFree;
   t.batchedCopy = kernels::cuda::batchedCopy;
@@ -96,6 +116,7 @@ Plugin makeTable() {
   t.topChunks = kernels::cuda::topChunks;
   t.gatherChunks = kernels::cuda::gatherChunks;
   t.scatterChunks = kernels::cuda::scatterChunks;
+  t.nccl = loadNccl;
   return t;
 }
 

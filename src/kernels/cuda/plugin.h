@@ -12,11 +12,15 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "backend/nccl/nccl_api.h"
 #include "kernels/cuda/kernels.h"
 
 namespace gflow::cuda {
 
-constexpr uint32_t kPluginAbi = 1;
+constexpr uint32_t kPluginAbi = 2;
+// eventQuery's answer while the work before the event is still running
+// (cudaErrorNotReady).
+constexpr int kNotReady = 600;
 
 struct Plugin {
   uint32_t abi = 0;  // kPluginAbi of the component
@@ -24,6 +28,9 @@ struct Plugin {
   int (*deviceCount)(int* n) = nullptr;
   // The device whose memory `p` is (-1: host memory or unknown to CUDA).
   int (*pointerDevice)(const void* p, int* device) = nullptr;
+  // The PCI bus id of `device` ("0000:3b:00.0"), the GPU's identity across
+  // processes whatever CUDA_VISIBLE_DEVICES says.
+  int (*pciBusId)(int device, char* out, int len) = nullptr;
   int (*getDevice)(int* device) = nullptr;
   int (*setDevice)(int device) = nullptr;
   int (*streamCreate)(void** stream) = nullptr;  // non-blocking, current device
@@ -33,7 +40,11 @@ struct Plugin {
   int (*eventDestroy)(void* event) = nullptr;
   int (*eventRecord)(void* event, void* stream) = nullptr;
   int (*streamWaitEvent)(void* stream, void* event) = nullptr;
+  // 0: the work before the event has finished; kNotReady: not yet.
+  int (*eventQuery)(void* event) = nullptr;
   int (*memcpyAsync)(void* dst, const void* src, size_t bytes, void* stream) = nullptr;
+  int (*deviceAlloc)(void** p, size_t bytes) = nullptr;  // on the current device
+  int (*deviceFree)(void* p) = nullptr;
   int (*hostAlloc)(void** p, size_t bytes) = nullptr;  // pinned host memory
   int (*hostFree)(void* p) = nullptr;
 
@@ -47,6 +58,11 @@ struct Plugin {
   decltype(&kernels::cuda::topChunks) topChunks = nullptr;
   decltype(&kernels::cuda::gatherChunks) gatherChunks = nullptr;
   decltype(&kernels::cuda::scatterChunks) scatterChunks = nullptr;
+
+  // NCCL (backend/nccl/nccl_api.h), loaded by the component on first call:
+  // nullptr with *why set when the component was built without NCCL
+  // (GFLOW_WITH_NCCL) or libnccl.so.2 cannot be loaded. Thread-safe.
+  const nccl::Api* (*nccl)(const char** why) = nullptr;
 };
 
 }  // namespace gflow::cuda

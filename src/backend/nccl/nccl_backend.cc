@@ -1,0 +1,432 @@
+#include "backend/nccl/nccl_backend.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include "backend/hierarchical/hierarchical.h"
+#include "common/check.h"
+#include "common/logging.h"
+#include "common/params.h"
+#include "transport/common.h"
+
+namespace gflow::backend {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// How often a waiting rank reads the peers' failure reports in the store.
+constexpr std::chrono::milliseconds kReportPoll{100};
+
+std::string hex(uint64_t v) {
+  char b[17];
+  std::snprintf(b, sizeof(b), "%016llx", static_cast<unsigned long long>(v));
+  return b;
+}
+
+// Waits a little longer each time: yields first, then sleeps up to 1 ms.
+void backoff(int round) {
+  if (round < 64) {
+    std::this_thread::yield();
+  } else {
+    std::this_thread::sleep_for(std::chrono::microseconds(round < 256 ? 50 : 1000));
+  }
+}
+
+ErrorCode codeOf(int result) {
+  // A remote or system error is NCCL losing a connection to a peer.
+  return result == nccl::kRemoteError || result == nccl::kSystemError ? ErrorCode::kPeerLost
+                                                                      : ErrorCode::kInternal;
+}
+
+}  // namespace
+
+class NcclBackend::DeviceGuard {
+ public:
+  DeviceGuard(const cuda::Plugin& p, int device) : p_(p) {
+    if (p_.getDevice(&before_) != 0) before_ = -1;
+    if (before_ != device) p_.setDevice(device);
+  }
+  ~DeviceGuard() {
+    int now = -1;
+    if (before_ >= 0 && p_.getDevice(&now) == 0 && now != before_) p_.setDevice(before_);
+  }
+
+ private:
+  const cuda::Plugin& p_;
+  int before_ = -1;
+};
+
+NcclBackend::NcclBackend(NcclSetup setup) : s_(std::move(setup)) {}
+
+NcclBackend::~NcclBackend() {
+  if (!plugin_ || !api_ || !comm_) {
+    if (plugin_ && event_) plugin_->eventDestroy(event_);
+    return;
+  }
+  DeviceGuard g(*plugin_, device_);
+  if (failed_) {
+    abortComms();
+  } else {
+    // Clean exit: flush (a peer may still be receiving this rank's last
+    // sends through NCCL's proxy), then free; abort when that fails.
+    const Deadline d = Deadline::after(std::min(s_.timeout, std::chrono::milliseconds(30000)));
+    for (void** c : {&intra_, &cross_, &comm_}) {
+      if (!*c) continue;
+      const int r = finalize(*c, d);
+      if (r == nccl::kSuccess) {
+        api_->commDestroy(*c);
+      } else {
+        GFLOW_LOG(WARN) << "rank " << s_.rank << ": an NCCL communicator did not finalize ("
+                        << api_->getErrorString(r) << "); aborting it";
+        api_->commAbort(*c);
+      }
+      *c = nullptr;
+    }
+  }
+  if (event_) plugin_->eventDestroy(event_);
+}
+
+int NcclBackend::finalize(void* comm, const Deadline& d) {
+  int r = api_->commFinalize(comm);
+  for (int round = 0; r == nccl::kInProgress; ++round) {
+    if (d.expired()) return nccl::kInProgress;
+    backoff(round);
+    int a = nccl::kSuccess;
+    const int q = api_->commGetAsyncError(comm, &a);
+    r = q != nccl::kSuccess ? q : a;
+  }
+  return r;
+}
+
+bool NcclBackend::use(const Op& op, const cuda::Plugin& plugin, int device) {
+  if (state_ == State::kUndecided) {
+    plugin_ = &plugin;
+    decide(op, device);
+  }
+  if (state_ == State::kStaged) return false;
+  if (state_ == State::kBroken) {
+    GFLOW_THROW(kInternal, (ErrorContext{"", op.seq, s_.rank, -1}))
+        << "the NCCL communicator failed earlier on this rank";
+  }
+  return true;
+}
+
+void NcclBackend::decide(const Op& op, int device) {
+  const std::string mode = params::getString("GFLOW_DEVICE_BACKEND");
+  if (mode != "auto" && mode != "nccl" && mode != "staged") {
+    GFLOW_THROW(kInvalidArgument, (ErrorContext{"", op.seq, s_.rank, -1}))
+        << "GFLOW_DEVICE_BACKEND is '" << mode << "'; expected auto, nccl or staged";
+  }
+  std::string why;
+  if (mode == "staged") {
+    why = "GFLOW_DEVICE_BACKEND=staged";
+  } else if (!plugin_->nccl) {
+    why = "the CUDA component has no NCCL table";
+  } else {
+    const char* w = nullptr;
+    api_ = plugin_->nccl(&w);
+    if (!api_) why = w ? w : "NCCL could not be loaded";
+  }
+  std::string gpu = "cuda:" + std::to_string(device);
+  char bus[64] = {};
+  if (plugin_->pciBusId && plugin_->pciBusId(device, bus, sizeof(bus) - 1) == 0 && bus[0]) {
+    gpu = bus;
+  }
+  // One record per rank: "1 <host> <gpu>" or "0 <why>".
+  const std::string key = s_.prefix + "nccl/rank";
+  const std::string mine = why.empty() ? "1 " + hex(s_.hostOf[s_.rank]) + " " + gpu : "0 " + why;
+  s_.store->setString(key + std::to_string(s_.rank), mine);
+  std::vector<std::string> all(s_.size);
+  for (int r = 0; r < s_.size; ++r) {
+    try {
+      all[r] = s_.store->getString(key + std::to_string(r),
+                                   std::chrono::milliseconds(op.deadline.remainingMs()));
+    } catch (const Error& e) {
+      GFLOW_THROW(kTimeout, (ErrorContext{"", op.seq, s_.rank, r}))
+          << "rank " << r << " did not reach this communicator's first op on cuda tensors "
+          << "(choosing NCCL or staging): " << e.detail();
+    }
+  }
+  std::string blocker;  // why NCCL cannot run, naming the rank
+  for (int r = 0; r < s_.size && blocker.empty(); ++r) {
+    if (all[r].rfind("1 ", 0) != 0) blocker = "rank " + std::to_string(r) + ": " + all[r].substr(2);
+    for (int q = 0; q < r && blocker.empty(); ++q) {
+      if (all[q] == all[r]) {
+        blocker = "ranks " + std::to_string(q) + " and " + std::to_string(r) +
+                  " use the same GPU (" + all[r].substr(all[r].rfind(' ') + 1) +
+                  "), which NCCL does not allow";
+      }
+    }
+  }
+  if (!blocker.empty()) {
+    if (mode == "nccl") {
+      GFLOW_THROW(kInvalidArgument, (ErrorContext{"", op.seq, s_.rank, -1}))
+          << "GFLOW_DEVICE_BACKEND=nccl, but NCCL cannot run this communicator: " << blocker;
+    }
+    if (s_.rank == 0) {
+      GFLOW_LOG(INFO) << "cuda tensors are staged through host memory (not NCCL: " << blocker
+                      << ")";
+    }
+    state_ = State::kStaged;
+    return;
+  }
+  device_ = device;
+  state_ = State::kBroken;  // until start() succeeds
+  try {
+    start(op);
+  } catch (...) {
+    abortComms();
+    throw;
+  }
+  state_ = State::kNccl;
+  if (s_.rank == 0) {
+    GFLOW_LOG(INFO) << "cuda tensors run on NCCL " << api_->version / 10000 << "."
+                    << api_->version / 100 % 100 << "." << api_->version % 100 << " (" << s_.size
+                    << " ranks" << (intra_ ? ", hierarchical allreduce" : "") << ")";
+  }
+}
+
+void NcclBackend::start(const Op& op) {
+  DeviceGuard g(*plugin_, device_);
+  nccl::UniqueId id{};
+  const std::string key = s_.prefix + "nccl/id";
+  if (s_.rank == 0) {
+    check(op, nullptr, "ncclGetUniqueId", api_->getUniqueId(&id));
+    s_.store->set(key, std::vector<uint8_t>(id.bytes, id.bytes + sizeof(id.bytes)));
+  } else {
+    const std::vector<uint8_t> v =
+        s_.store->get(key, std::chrono::milliseconds(op.deadline.remainingMs()));
+    if (v.size() != sizeof(id.bytes)) {
+      GFLOW_THROW(kInternal, (ErrorContext{"", op.seq, s_.rank, 0}))
+          << "the NCCL unique id in the store has " << v.size() << " bytes, expected "
+          << sizeof(id.bytes);
+    }
+    std::memcpy(id.bytes, v.data(), v.size());
+  }
+  const int r = api_->commInitRank(&comm_, s_.size, &id, s_.rank);
+  if (r != nccl::kSuccess && r != nccl::kInProgress) failNccl(op, r, "ncclCommInitRank", comm_);
+  waitReady(op, comm_, "ncclCommInitRank");
+  prepare(op);
+}
+
+void NcclBackend::prepare(const Op& op) {
+  if (int e = plugin_->eventCreate(&event_)) failCuda(op, e, "creating the NCCL op event");
+  const Hierarchy h = Hierarchy::fromHostHashes(s_.rank, s_.hostOf);
+  if (h.numHosts > 1 && h.numHosts < s_.size && h.uniform) {
+    localRank_ = h.localRank();
+    localSize_ = h.localSize();
+    check(op, comm_, "ncclCommSplit (intra-host)",
+          api_->commSplit(comm_, h.host(), s_.rank, &intra_));
+    if (intra_) waitReady(op, intra_, "ncclCommSplit (intra-host)");
+    check(op, comm_, "ncclCommSplit (cross-host)",
+          api_->commSplit(comm_, h.localRank(), h.host(), &cross_));
+    if (cross_) waitReady(op, cross_, "ncclCommSplit (cross-host)");
+  }
+}
+
+void NcclBackend::splitInto(const Op& op, int color, int key, NcclBackend* child) {
+  if (state_ != State::kNccl) return;
+  DeviceGuard g(*plugin_, device_);
+  void* part = nullptr;
+  check(op, comm_, "ncclCommSplit", api_->commSplit(comm_, color, key, &part));
+  if (part) waitReady(op, part, "ncclCommSplit");
+  waitReady(op, comm_, "ncclCommSplit");
+  if (!child || !part) {
+    if (part) api_->commAbort(part);  // not ours to keep (cannot happen with color < 0)
+    return;
+  }
+  child->plugin_ = plugin_;
+  child->api_ = api_;
+  child->device_ = device_;
+  child->comm_ = part;
+  child->state_ = State::kBroken;  // until prepared
+  try {
+    child->prepare(op);
+  } catch (...) {
+    child->abortComms();
+    throw;
+  }
+  child->state_ = State::kNccl;
+}
+
+void NcclBackend::check(const Op& op, void* comm, const char* what, int result) {
+  if (result == nccl::kInProgress && comm) {
+    waitReady(op, comm, what);
+  } else if (result != nccl::kSuccess && result != nccl::kInProgress) {
+    failNccl(op, result, what, comm);
+  }
+}
+
+void NcclBackend::waitReady(const Op& op, void* comm, const char* what) {
+  Clock::time_point poll = Clock::now();
+  for (int round = 0;; ++round) {
+    int a = nccl::kSuccess;
+    if (int r = api_->commGetAsyncError(comm, &a)) failNccl(op, r, "ncclCommGetAsyncError", comm);
+    if (a == nccl::kSuccess) return;
+    if (a != nccl::kInProgress) failNccl(op, a, what, comm);
+    checkWaiting(op, what, &poll);
+    backoff(round);
+  }
+}
+
+void NcclBackend::finish(const Op& op, const char* what) {
+  if (int e = plugin_->eventRecord(event_, op.stream)) {
+    failCuda(op, e, "recording an event after the NCCL op");
+  }
+  Clock::time_point poll = Clock::now();
+  for (int round = 0;; ++round) {
+    const int q = plugin_->eventQuery(event_);
+    if (q != 0 && q != cuda::kNotReady) failCuda(op, q, "waiting for the NCCL op on the GPU");
+    // Also once the GPU is done: kernels that a peer's abort released end
+    // without their result, which only the asynchronous error tells.
+    for (void* c : {comm_, intra_, cross_}) {
+      int a = nccl::kSuccess;
+      if (!c) continue;
+      if (int r = api_->commGetAsyncError(c, &a)) failNccl(op, r, "ncclCommGetAsyncError", c);
+      if (a != nccl::kSuccess && a != nccl::kInProgress) failNccl(op, a, what, c);
+    }
+    if (q == 0) return;
+    checkWaiting(op, what, &poll);
+    backoff(round);
+  }
+}
+
+void NcclBackend::checkWaiting(const Op& op, const char* what, Clock::time_point* poll) {
+  if (abortRequested_.load(std::memory_order_acquire)) {
+    abortComms();
+    std::lock_guard<std::mutex> lock(m_);
+    throw *abortError_;
+  }
+  if (op.deadline.expired()) {
+    abortComms();
+    GFLOW_THROW(kTimeout, (ErrorContext{"", op.seq, s_.rank, -1}))
+        << what << " did not complete within the deadline (GFLOW_TIMEOUT, " << s_.timeout.count()
+        << " ms): a rank did not call it, called another op, is stuck or died; the NCCL "
+           "communicator was aborted";
+  }
+  const Clock::time_point now = Clock::now();
+  if (now - *poll < kReportPoll) return;
+  *poll = now;
+  // A peer that failed wrote a report (notifyPeers); the store may itself be
+  // gone with rank 0, which only leaves the deadline.
+  int64_t failures = 0;
+  try {
+    failures = s_.store->add(s_.prefix + "nccl/failed", 0);
+  } catch (const Error&) {
+    return;
+  }
+  if (failures <= 0) return;
+  std::vector<uint8_t> report;
+  try {
+    report = s_.store->get(s_.prefix + "nccl/failure", std::chrono::milliseconds(1000));
+  } catch (const Error&) {
+    const std::string unknown = "-1 \x02another rank failed (its report could not be read)";
+    report.assign(unknown.begin(), unknown.end());
+  }
+  abortComms();
+  // "<rank> <code byte><text>", the transport's error report after the rank.
+  const std::string r(report.begin(), report.end());
+  const size_t space = r.find(' ');
+  const int peer = space == std::string::npos ? -1 : std::atoi(r.substr(0, space).c_str());
+  const std::string payload = space == std::string::npos ? r : r.substr(space + 1);
+  throw transport::peerReport(s_.rank, op.seq, peer, payload.data(), payload.size());
+}
+
+void NcclBackend::failNccl(const Op& op, int result, const char* what, void* comm) {
+  std::string detail = std::string(what) + " failed: " + api_->getErrorString(result);
+  const char* last = api_->getLastError(comm);
+  if (last && *last) detail += std::string(" (") + last + ")";
+  abortComms();
+  throw Error(codeOf(result), detail, ErrorContext{"", op.seq, s_.rank, -1});
+}
+
+void NcclBackend::failCuda(const Op& op, int err, const char* what) {
+  abortComms();
+  GFLOW_THROW(kInternal, (ErrorContext{"", op.seq, s_.rank, -1}))
+      << "CUDA failed while " << what << ": " << plugin_->errorString(err);
+}
+
+void NcclBackend::abortComms() {
+  state_ = State::kBroken;
+  failed_ = true;
+  if (!api_) return;
+  for (void** c : {&intra_, &cross_, &comm_}) {
+    if (*c) api_->commAbort(*c);
+    *c = nullptr;
+  }
+}
+
+void NcclBackend::abort(const Error& error) {
+  std::lock_guard<std::mutex> lock(m_);
+  if (!abortError_) abortError_ = std::make_shared<const Error>(error);
+  abortRequested_.store(true, std::memory_order_release);
+}
+
+void NcclBackend::notifyPeers(const Error& error) {
+  if (state_ == State::kUndecided || state_ == State::kStaged) return;
+  failed_ = true;
+  std::string report = std::to_string(s_.rank) + " ";
+  report += static_cast<char>(error.code());
+  report += error.detail();
+  try {
+    // The first report wins; readers wait briefly for its text.
+    if (s_.store->add(s_.prefix + "nccl/reporters", 1) == 1) {
+      s_.store->set(s_.prefix + "nccl/failure", std::vector<uint8_t>(report.begin(), report.end()));
+      s_.store->add(s_.prefix + "nccl/failed", 1);
+    }
+  } catch (const Error& e) {
+    GFLOW_LOG(DEBUG) << "rank " << s_.rank << ": could not report the failure to NCCL peers "
+                     << "through the store: " << e.what();
+  }
+}
+
+// ---- collectives -----------------------------------------------------------
+
+void NcclBackend::allreduce(const Op& op, const void* in, void* out) {
+  DeviceGuard g(*plugin_, device_);
+  const int dt = static_cast<int>(op.desc.dtype), rop = static_cast<int>(op.desc.op);
+  const uint64_t n = op.desc.count;
+  if (op.desc.algo == Algorithm::kHierarchical && intra_ && cross_ && n >= uint64_t(localSize_) &&
+      n % localSize_ == 0) {
+    // Reduce-scatter within the host, allreduce of this rank's block across
+    // hosts, allgather within the host, back to back on the caller's stream.
+    const uint64_t chunk = n / localSize_;
+    char* mine = static_cast<char*>(out) + chunk * localRank_ * dataTypeSize(op.desc.dtype);
+    check(op, intra_, "ncclReduceScatter (intra-host)",
+          api_->reduceScatter(in, mine, chunk, dt, rop, intra_, op.stream));
+    check(op, cross_, "ncclAllReduce (cross-host)",
+          api_->allReduce(mine, mine, chunk, dt, rop, cross_, op.stream));
+    check(op, intra_, "ncclAllGather (intra-host)",
+          api_->allGather(mine, out, chunk, dt, intra_, op.stream));
+    return finish(op, "hierarchical allreduce over NCCL");
+  }
+  check(op, comm_, "ncclAllReduce", api_->allReduce(in, out, n, dt, rop, comm_, op.stream));
+  finish(op, "ncclAllReduce");
+}
+
+void NcclBackend::reduceScatter(const Op& op, const void* in, void* out) {
+  DeviceGuard g(*plugin_, device_);
+  check(op, comm_, "ncclReduceScatter",
+        api_->reduceScatter(in, out, op.desc.count, static_cast<int>(op.desc.dtype),
+                            static_cast<int>(op.desc.op), comm_, op.stream));
+  finish(op, "ncclReduceScatter");
+}
+
+void NcclBackend::allgather(const Op& op, const void* in, void* out) {
+  DeviceGuard g(*plugin_, device_);
+  check(op, comm_, "ncclAllGather",
+        api_->allGather(in, out, op.desc.count, static_cast<int>(op.desc.dtype), comm_, op.stream));
+  finish(op, "ncclAllGather");
+}
+
+void NcclBackend::broadcast(const Op& op, void* buf) {
+  DeviceGuard g(*plugin_, device_);
+  check(op, comm_, "ncclBroadcast",
+        api_->broadcast(buf, buf, op.desc.count, static_cast<int>(op.desc.dtype), op.desc.root,
+                        comm_, op.stream));
+  finish(op, "ncclBroadcast");
+}
+
+}  // namespace gflow::backend

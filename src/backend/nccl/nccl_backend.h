@@ -1,0 +1,123 @@
+// The NCCL backend: collectives on CUDA tensors run by NCCL on the caller's
+// stream (docs/backends.md, "NCCL").
+//
+// A communicator owns one, idle until its first op on device tensors. That
+// op decides, on every rank at once through the bootstrap store, whether
+// NCCL runs the communicator's device ops (GFLOW_DEVICE_BACKEND; every rank
+// must load NCCL and the ranks of a host must use different GPUs, which
+// NCCL requires) or gflow stages them through host memory. With NCCL, rank 0
+// creates the ncclUniqueId and publishes it through the store, every rank
+// creates a non-blocking NCCL communicator on its GPU, and, on several hosts
+// with several ranks each, splits it (ncclCommSplit) into an intra-host and
+// a cross-host communicator for the hierarchical allreduce.
+//
+// Each op is enqueued on the caller's stream and followed by an event; the
+// executing thread polls the event, NCCL's asynchronous error, abort() and
+// the op's deadline, and the peers' failure reports in the store. A failure
+// or deadline aborts the NCCL communicators (ncclCommAbort), so kernels
+// waiting for a dead peer end, and raises gflow::Error: no hang.
+//
+// All calls except abort() come from the communicator's executing thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/nccl/nccl_api.h"
+#include "gflow/store.h"
+#include "kernels/cuda/plugin.h"
+
+namespace gflow::backend {
+
+struct NcclSetup {
+  int rank = 0;
+  int size = 1;
+  std::shared_ptr<Store> store;
+  std::string prefix;  // the communicator's store keys
+  std::chrono::milliseconds timeout{300000};
+  std::vector<uint64_t> hostOf;  // host identity of every rank
+};
+
+class NcclBackend {
+ public:
+  explicit NcclBackend(NcclSetup setup);
+  ~NcclBackend();
+  NcclBackend(const NcclBackend&) = delete;
+  NcclBackend& operator=(const NcclBackend&) = delete;
+
+  // Before every op on device tensors (`device`: the GPU of its first one):
+  // whether NCCL runs this communicator's device ops. The first call decides
+  // (collective: every rank makes it at the same op) and starts NCCL on
+  // `device`. Throws gflow::Error when NCCL was required
+  // (GFLOW_DEVICE_BACKEND=nccl) but cannot run, or fails to start.
+  bool use(const Op& op, const cuda::Plugin& plugin, int device);
+  bool active() const { return state_ == State::kNccl; }
+  int device() const { return device_; }
+
+  // Communicator::split, on this (the parent's) executing thread and
+  // collective over its ranks: when NCCL runs this communicator, splits it
+  // with ncclCommSplit (color < 0: joins none) and hands the new NCCL
+  // communicator to `child` (the new communicator's backend, or nullptr).
+  void splitInto(const Op& op, int color, int key, NcclBackend* child);
+
+  // op.stream: the caller's stream; buffers: memory of the chosen GPU.
+  // Return once the GPU has finished the op.
+  void allreduce(const Op& op, const void* in, void* out);
+  void reduceScatter(const Op& op, const void* in, void* out);
+  void allgather(const Op& op, const void* in, void* out);
+  void broadcast(const Op& op, void* buf);
+
+  // Any thread: a running op aborts NCCL and raises `error`.
+  void abort(const Error& error);
+  // The communicator failed: tell the peers waiting in NCCL (store).
+  void notifyPeers(const Error& error);
+
+ private:
+  enum class State { kUndecided, kStaged, kNccl, kBroken };
+  void decide(const Op& op, int device);
+  void start(const Op& op);
+  // After the NCCL communicator exists: the op event and, on several hosts,
+  // the intra-/cross-host communicators.
+  void prepare(const Op& op);
+  // Polls `comm` until its pending call completed (kInProgress ends).
+  void waitReady(const Op& op, void* comm, const char* what);
+  // Enqueues on op.stream via `enqueue(comm)`, then waits for the GPU.
+  // The result of enqueueing `what` on `comm`: waits out kInProgress,
+  // raises a failure.
+  void check(const Op& op, void* comm, const char* what, int result);
+  // Records the event after the op on op.stream and waits for the GPU.
+  void finish(const Op& op, const char* what);
+  // Checks abort, the deadline and the peers' reports; throws after
+  // aborting NCCL. `what` names the NCCL call being waited for.
+  void checkWaiting(const Op& op, const char* what, std::chrono::steady_clock::time_point* poll);
+  [[noreturn]] void failNccl(const Op& op, int result, const char* what, void* comm);
+  [[noreturn]] void failCuda(const Op& op, int err, const char* what);
+  void abortComms();
+  // ncclCommFinalize, polled to the end (kSuccess) or a failure / `d`.
+  int finalize(void* comm, const Deadline& d);
+  class DeviceGuard;  // device_ current on this thread for a scope
+
+  NcclSetup s_;
+  const cuda::Plugin* plugin_ = nullptr;
+  const nccl::Api* api_ = nullptr;
+  State state_ = State::kUndecided;
+  int device_ = -1;
+  void* comm_ = nullptr;
+  void* intra_ = nullptr;  // ranks of this host (hierarchical allreduce)
+  void* cross_ = nullptr;  // ranks with this local rank on every host
+  int localRank_ = 0;
+  int localSize_ = 1;
+  void* event_ = nullptr;
+
+  std::mutex m_;
+  std::atomic<bool> abortRequested_{false};
+  std::shared_ptr<const Error> abortError_;  // under m_
+  bool failed_ = false;                      // notifyPeers() was called
+};
+
+}  // namespace gflow::backend

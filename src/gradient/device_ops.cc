@@ -1,0 +1,221 @@
+#include "gradient/device_ops.h"
+
+#include <cstring>
+
+#include "common/check.h"
+#include "gradient/registration.h"
+
+namespace gflow::gradient {
+
+class DeviceOps::Current {
+ public:
+  Current(const cuda::Plugin& p, int device) : p_(p) {
+    if (p_.getDevice(&before_) != 0) before_ = -1;
+    if (before_ != device) p_.setDevice(device);
+  }
+  ~Current() {
+    if (before_ >= 0) p_.setDevice(before_);
+  }
+
+ private:
+  const cuda::Plugin& p_;
+  int before_ = -1;
+};
+
+DeviceOps::DeviceOps(const cuda::Plugin& plugin, int device, void* stream, size_t maxTensors)
+    : p_(plugin), device_(device), stream_(stream), maxSegments_(std::max<size_t>(1, maxTensors)) {
+  Current c(p_, device_);
+  const size_t table = maxSegments_ * sizeof(kernels::cuda::CopySegment);
+  check(p_.hostAlloc(&segmentsHost_, table), "allocating the pinned copy table");
+  segmentsDevice_ = allocate(table);
+  flagDevice_ = static_cast<int*>(allocate(sizeof(int)));
+  void* h = nullptr;
+  check(p_.hostAlloc(&h, sizeof(int)), "allocating the pinned inf/NaN flag");
+  flagHost_ = static_cast<int*>(h);
+}
+
+DeviceOps::~DeviceOps() {
+  Current c(p_, device_);
+  p_.streamSynchronize(stream_);
+  for (void* q : owned_) p_.deviceFree(q);
+  for (const Block& b : blocks_) p_.deviceFree(b.p);
+  if (segmentsHost_) p_.hostFree(segmentsHost_);
+  if (flagHost_) p_.hostFree(flagHost_);
+}
+
+void DeviceOps::check(int err, const char* what) const {
+  if (err == 0) return;
+  GFLOW_THROW(kInternal, ErrorContext{})
+      << "CUDA failed on cuda:" << device_ << " while " << what << ": " << p_.errorString(err);
+}
+
+void* DeviceOps::allocate(size_t bytes) {
+  Current c(p_, device_);
+  void* q = nullptr;
+  check(p_.deviceAlloc(&q, std::max<size_t>(bytes, 1)), "allocating gradient memory");
+  owned_.push_back(q);
+  zero(q, bytes);
+  return q;
+}
+
+void DeviceOps::zero(void* p, size_t bytes) {
+  if (bytes == 0) return;
+  Current c(p_, device_);
+  const std::vector<char> zeros(bytes, 0);
+  check(p_.memcpyAsync(p, zeros.data(), bytes, stream_), "zeroing gradient memory");
+  check(p_.streamSynchronize(stream_), "zeroing gradient memory");
+}
+
+void* DeviceOps::acquire(size_t bytes) {
+  bytes = std::max<size_t>(bytes, 256);
+  std::lock_guard<std::mutex> lock(blocksMutex_);
+  for (Block& b : blocks_) {
+    if (!b.busy && b.bytes >= bytes) {
+      b.busy = true;
+      return b.p;
+    }
+  }
+  Current c(p_, device_);
+  void* q = nullptr;
+  check(p_.deviceAlloc(&q, bytes), "allocating gradient scratch memory");
+  blocks_.push_back(Block{q, bytes, true});
+  return q;
+}
+
+void DeviceOps::release(void* block) {
+  std::lock_guard<std::mutex> lock(blocksMutex_);
+  for (Block& b : blocks_) {
+    if (b.p == block) b.busy = false;
+  }
+}
+
+void DeviceOps::copy(const std::vector<Copy>& copies) {
+  if (copies.empty()) return;
+  GFLOW_ENFORCE(copies.size() <= maxSegments_);
+  Current c(p_, device_);
+  // The pinned table is read by the stream: the previous copy must be past it.
+  check(p_.streamSynchronize(stream_), "waiting for the previous copy");
+  auto* seg = static_cast<kernels::cuda::CopySegment*>(segmentsHost_);
+  for (size_t i = 0; i < copies.size(); ++i) {
+    seg[i] = kernels::cuda::CopySegment{copies[i].src, copies[i].dst, copies[i].bytes};
+  }
+  check(p_.batchedCopy(seg, copies.size(), segmentsDevice_, stream_), "launching a fusion copy");
+}
+
+void DeviceOps::pack(const Bucket& b, const std::vector<Tensor>& tensors, void* region) {
+  std::vector<Copy> copies;
+  for (size_t k = 0; k < b.tensors.size(); ++k) {
+    const Tensor& t = tensors[b.tensors[k]];
+    if (t.count > 0)
+      copies.push_back({t.data, static_cast<char*>(region) + b.offsets[k], t.nbytes()});
+  }
+  copy(copies);
+}
+
+void DeviceOps::unpack(const Bucket& b, const void* region, const std::vector<Tensor>& tensors) {
+  std::vector<Copy> copies;
+  for (size_t k = 0; k < b.tensors.size(); ++k) {
+    const Tensor& t = tensors[b.tensors[k]];
+    if (t.count > 0) {
+      copies.push_back({static_cast<const char*>(region) + b.offsets[k], t.data, t.nbytes()});
+    }
+  }
+  copy(copies);
+}
+
+void DeviceOps::narrow(void* dst, const float* src, size_t count, DataType wire, float scale) {
+  Current c(p_, device_);
+  check(p_.narrow(dst, src, count, wire, scale, stream_), "launching the narrowing kernel");
+}
+
+void DeviceOps::widen(float* dst, const void* src, size_t count, DataType wire, float scale) {
+  Current c(p_, device_);
+  check(p_.widen(dst, src, count, wire, scale, stream_), "launching the widening kernel");
+}
+
+bool DeviceOps::nonFinite(const void* data, size_t count, DataType dtype) {
+  Current c(p_, device_);
+  *flagHost_ = 0;
+  check(p_.memcpyAsync(flagDevice_, flagHost_, sizeof(int), stream_), "clearing the inf/NaN flag");
+  check(p_.flagNonFinite(data, count, dtype, flagDevice_, stream_), "launching the inf/NaN scan");
+  check(p_.memcpyAsync(flagHost_, flagDevice_, sizeof(int), stream_), "reading the inf/NaN flag");
+  check(p_.streamSynchronize(stream_), "reading the inf/NaN flag");
+  return *flagHost_ != 0;
+}
+
+void DeviceOps::accumulateChunkNorms(float* v, float* u, const float* g, float m, size_t n,
+                                     size_t chunk, float* norms) {
+  Current c(p_, device_);
+  check(p_.accumulateChunkNorms(v, u, g, m, n, chunk, norms, stream_),
+        "launching the CSC residual update");
+}
+
+size_t DeviceOps::topChunksTempBytes(size_t count) const {
+  return p_.topChunksTempBytes(count);
+}
+
+void DeviceOps::topChunks(const float* norms, size_t count, size_t k, uint32_t* idx, void* temp,
+                          size_t tempBytes) {
+  Current c(p_, device_);
+  check(p_.topChunks(norms, count, k, idx, temp, tempBytes, stream_),
+        "launching the CSC chunk selection");
+}
+
+void DeviceOps::gatherChunks(float* packed, const float* v, const uint32_t* idx, size_t k,
+                             size_t chunk, size_t n) {
+  Current c(p_, device_);
+  check(p_.gatherChunks(packed, v, idx, k, chunk, n, stream_), "launching the CSC gather");
+}
+
+void DeviceOps::scatterChunks(float* grad, float* v, float* u, const float* packed,
+                              const uint32_t* idx, size_t k, size_t chunk, size_t n) {
+  Current c(p_, device_);
+  check(p_.scatterChunks(grad, v, u, packed, idx, k, chunk, n, stream_),
+        "launching the CSC scatter");
+}
+
+void DeviceOps::synchronize() {
+  Current c(p_, device_);
+  check(p_.streamSynchronize(stream_), "waiting for the gradients' stream");
+}
+
+int commonDevice(const cuda::Plugin* plugin, const std::vector<Tensor>& tensors,
+                 const std::vector<std::string>& names, std::string* why) {
+  int device = -1;
+  size_t first = 0;
+  bool anyCpu = false;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const Tensor& t = tensors[i];
+    if (t.device.type != DeviceType::kCUDA) {
+      anyCpu = true;
+      continue;
+    }
+    if (device < 0) {
+      device = t.device.index;
+      first = i;
+    } else if (t.device.index != device || t.stream != tensors[first].stream) {
+      *why = describeTensor(i, tensors, names) + " and " + describeTensor(first, tensors, names) +
+             " are on different GPUs or streams; a reducer's gradients share one";
+      return -2;
+    }
+  }
+  if (device < 0) return -1;
+  if (anyCpu) {
+    *why = "the gradients mix cpu and cuda tensors; a reducer's gradients are all on one device";
+    return -2;
+  }
+  if (!plugin) return device;  // the caller reports the missing component
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    int dev = -1;
+    if (tensors[i].count > 0 &&
+        (plugin->pointerDevice(tensors[i].data, &dev) != 0 || dev != device)) {
+      *why = describeTensor(i, tensors, names) + " says cuda:" + std::to_string(device) +
+             " but its data is " +
+             (dev < 0 ? std::string("host memory") : "memory of cuda:" + std::to_string(dev));
+      return -2;
+    }
+  }
+  return device;
+}
+
+}  // namespace gflow::gradient

@@ -1,0 +1,379 @@
+// The NCCL backend on the software CUDA and NCCL (tests/testing/soft_cuda.h,
+// soft_nccl.h): choosing NCCL or staging, every collective against a float64
+// or exact reference, split and the hierarchical allreduce on NCCL
+// communicators, and the failure paths (deadline, mismatch, asynchronous
+// error, abort) ending in gflow::Error on every rank instead of a hang.
+// Ranks are threads, each on its own soft GPU unless a test shares one.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backend/nccl/nccl_api.h"
+#include "common/params.h"
+#include "gflow/gflow.h"
+#include "testing/ranks.h"
+#include "testing/soft_cuda.h"
+#include "testing/soft_nccl.h"
+
+namespace gflow {
+namespace {
+
+namespace softcuda = testing::softcuda;
+namespace softnccl = testing::softnccl;
+using std::chrono::milliseconds;
+
+// Device memory of the soft GPU `device`, freed with the object.
+class DeviceBuffer {
+ public:
+  DeviceBuffer(int device, size_t bytes) : device_(device), p_(softcuda::alloc(device, bytes)) {}
+  ~DeviceBuffer() { softcuda::free(p_); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  template <typename T>
+  T* as() {
+    return static_cast<T*>(p_);
+  }
+  Tensor tensor(size_t count, DataType dt, size_t offsetElems = 0) {
+    return Tensor(static_cast<char*>(p_) + offsetElems * dataTypeSize(dt), count, dt,
+                  Device{DeviceType::kCUDA, device_});
+  }
+
+ private:
+  int device_;
+  void* p_;
+};
+
+class NcclBackendTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    softcuda::install(4);
+    softnccl::enable();
+  }
+  void TearDown() override {
+    for (const char* v : {"GFLOW_DEVICE_BACKEND", "GFLOW_NCCL_VERIFY"}) unsetenv(v);
+    params::resetCacheForTesting();
+    softcuda::uninstall();
+  }
+  static void setParam(const char* name, const char* value) {
+    setenv(name, value, 1);
+    params::resetCacheForTesting();
+  }
+  // Options of a world whose ranks give up after `ms`.
+  static Options within(int64_t ms) {
+    Options o;
+    o.timeout = milliseconds(ms);
+    return o;
+  }
+};
+
+// Rank r's value at i: exact in every dtype used below.
+double valueAt(int r, size_t i) {
+  return static_cast<double>((r + 1) * 3 + static_cast<int>(i % 7)) - 4.0;
+}
+
+TEST_F(NcclBackendTest, AllreduceRunsOnNcclAndMatchesAFloat64Reference) {
+  constexpr int kRanks = 3;
+  constexpr size_t kCount = 1000;
+  testing::runRanks(kRanks, [&](Communicator& c) {
+    const int r = c.rank();
+    DeviceBuffer buf(r, kCount * 8), out(r, kCount * 8);
+    // float32 sum, in place.
+    for (size_t i = 0; i < kCount; ++i) buf.as<float>()[i] = static_cast<float>(valueAt(r, i));
+    c.allreduce(buf.tensor(kCount, DataType::kFloat32));
+    for (size_t i = 0; i < kCount; ++i) {
+      double want = 0;
+      for (int q = 0; q < kRanks; ++q) want += valueAt(q, i);
+      ASSERT_EQ(buf.as<float>()[i], static_cast<float>(want)) << i;
+    }
+    // int64 max, out of place.
+    for (size_t i = 0; i < kCount; ++i) buf.as<int64_t>()[i] = (r * 7919 + int64_t(i) * 31) % 101;
+    c.allreduce(buf.tensor(kCount, DataType::kInt64), out.tensor(kCount, DataType::kInt64),
+                ReduceOp::kMax);
+    for (size_t i = 0; i < kCount; ++i) {
+      int64_t want = 0;
+      for (int q = 0; q < kRanks; ++q) want = std::max<int64_t>(want, (q * 7919 + i * 31) % 101);
+      ASSERT_EQ(out.as<int64_t>()[i], want) << i;
+    }
+    // float64 avg.
+    for (size_t i = 0; i < kCount; ++i) buf.as<double>()[i] = valueAt(r, i);
+    c.allreduce(buf.tensor(kCount, DataType::kFloat64), ReduceOp::kAvg);
+    for (size_t i = 0; i < kCount; ++i) {
+      double want = 0;
+      for (int q = 0; q < kRanks; ++q) want += valueAt(q, i);
+      ASSERT_NEAR(buf.as<double>()[i], want / kRanks, 1e-12) << i;
+    }
+  });
+  EXPECT_EQ(softnccl::inits(), kRanks);
+  EXPECT_EQ(softnccl::collectivesRun(), 3 * kRanks);
+  EXPECT_EQ(softcuda::hostAllocs(), 0u) << "NCCL ops must not stage through host memory";
+}
+
+TEST_F(NcclBackendTest, ReduceScatterAllgatherAndBroadcastRunOnNccl) {
+  constexpr int kRanks = 3;
+  constexpr size_t kBlock = 37;
+  testing::runRanks(kRanks, [&](Communicator& c) {
+    const int r = c.rank();
+    DeviceBuffer big(r, kBlock * kRanks * 4), small(r, kBlock * 4);
+    float* b = big.as<float>();
+    float* s = small.as<float>();
+    for (size_t i = 0; i < kBlock * kRanks; ++i) b[i] = static_cast<float>(valueAt(r, i));
+    c.reduceScatter(big.tensor(kBlock * kRanks, DataType::kFloat32),
+                    small.tensor(kBlock, DataType::kFloat32));
+    for (size_t i = 0; i < kBlock; ++i) {
+      double want = 0;
+      for (int q = 0; q < kRanks; ++q) want += valueAt(q, r * kBlock + i);
+      ASSERT_EQ(s[i], static_cast<float>(want)) << i;
+    }
+    // Allgather out of place, then in place (in = this rank's block of out).
+    for (size_t i = 0; i < kBlock; ++i) s[i] = static_cast<float>(r * 1000 + i);
+    c.allgather(small.tensor(kBlock, DataType::kFloat32),
+                big.tensor(kBlock * kRanks, DataType::kFloat32));
+    for (int q = 0; q < kRanks; ++q) {
+      for (size_t i = 0; i < kBlock; ++i) ASSERT_EQ(b[q * kBlock + i], float(q * 1000 + i));
+    }
+    std::memset(b, 0, kBlock * kRanks * 4);
+    for (size_t i = 0; i < kBlock; ++i) b[r * kBlock + i] = static_cast<float>(r - 7.0 * i);
+    c.allgather(big.tensor(kBlock, DataType::kFloat32, r * kBlock),
+                big.tensor(kBlock * kRanks, DataType::kFloat32));
+    for (int q = 0; q < kRanks; ++q) {
+      for (size_t i = 0; i < kBlock; ++i) ASSERT_EQ(b[q * kBlock + i], float(q - 7.0 * i));
+    }
+    for (size_t i = 0; i < kBlock; ++i) s[i] = r == 1 ? static_cast<float>(i) * 0.5f : -1.0f;
+    c.broadcast(small.tensor(kBlock, DataType::kFloat32), 1);
+    for (size_t i = 0; i < kBlock; ++i) ASSERT_EQ(s[i], static_cast<float>(i) * 0.5f);
+  });
+  EXPECT_EQ(softnccl::collectivesRun(), 4 * kRanks);
+}
+
+TEST_F(NcclBackendTest, RanksSharingAGpuAreStagedThroughHostMemory) {
+  testing::runRanks(2, [&](Communicator& c) {
+    DeviceBuffer buf(0, 64 * 4);
+    for (int i = 0; i < 64; ++i) buf.as<float>()[i] = static_cast<float>(c.rank() + i);
+    c.allreduce(buf.tensor(64, DataType::kFloat32));
+    for (int i = 0; i < 64; ++i) ASSERT_EQ(buf.as<float>()[i], static_cast<float>(1 + 2 * i));
+  });
+  EXPECT_EQ(softnccl::inits(), 0);
+  EXPECT_GT(softcuda::hostAllocs(), 0u);
+}
+
+TEST_F(NcclBackendTest, StagedWhenConfiguredSo) {
+  setParam("GFLOW_DEVICE_BACKEND", "staged");
+  testing::runRanks(2, [&](Communicator& c) {
+    DeviceBuffer buf(c.rank(), 16 * 4);
+    for (int i = 0; i < 16; ++i) buf.as<float>()[i] = 1.0f;
+    c.allreduce(buf.tensor(16, DataType::kFloat32));
+    EXPECT_EQ(buf.as<float>()[15], 2.0f);
+  });
+  EXPECT_EQ(softnccl::inits(), 0);
+}
+
+TEST_F(NcclBackendTest, RequiringNcclWhereItCannotRunFailsOnEveryRank) {
+  setParam("GFLOW_DEVICE_BACKEND", "nccl");
+  auto errors = testing::runRanksCollect(2, [&](Communicator& c) {
+    DeviceBuffer buf(0, 16 * 4);
+    c.allreduce(buf.tensor(16, DataType::kFloat32));
+  });
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(errors[r]) << "rank " << r;
+    try {
+      std::rethrow_exception(errors[r]);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+      EXPECT_NE(std::string(e.what()).find("use the same GPU"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST_F(NcclBackendTest, TensorsOnAnotherGpuThanTheNcclCommunicatorAreRejected) {
+  auto errors = testing::runRanksCollect(2, [&](Communicator& c) {
+    DeviceBuffer a(c.rank(), 16 * 4), b(2 + c.rank(), 16 * 4);
+    c.allreduce(a.tensor(16, DataType::kFloat32));
+    c.allreduce(b.tensor(16, DataType::kFloat32));
+  });
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(errors[r]) << "rank " << r;
+    try {
+      std::rethrow_exception(errors[r]);
+    } catch (const Error& e) {
+      // Each rank's own check fires first, or it hears of its peer's.
+      if (e.code() == ErrorCode::kInvalidArgument) {
+        EXPECT_NE(std::string(e.what()).find("runs NCCL on cuda:"), std::string::npos) << e.what();
+      } else {
+        EXPECT_EQ(e.code(), ErrorCode::kPeerLost) << e.what();
+      }
+    }
+  }
+}
+
+// Collects rank r's error code (or fails when the rank succeeded).
+ErrorCode codeOf(const std::exception_ptr& e, std::string* what = nullptr) {
+  if (!e) return static_cast<ErrorCode>(255);
+  try {
+    std::rethrow_exception(e);
+  } catch (const Error& err) {
+    if (what) *what = err.what();
+    return err.code();
+  }
+}
+
+TEST_F(NcclBackendTest, ARankThatNeverCallsEndsInATimeoutAndAbortsNccl) {
+  setParam("GFLOW_NCCL_VERIFY", "0");  // the wait is inside NCCL, not in the check
+  std::atomic<int> done{0};
+  auto errors = testing::runRanksCollect(
+      3,
+      [&](Communicator& c) {
+        DeviceBuffer buf(c.rank(), 16 * 4);
+        c.allreduce(buf.tensor(16, DataType::kFloat32));
+        if (c.rank() == 2) {
+          while (done.load() < 2) std::this_thread::sleep_for(milliseconds(5));
+          return;
+        }
+        try {
+          c.allreduce(buf.tensor(16, DataType::kFloat32));
+        } catch (...) {
+          ++done;
+          throw;
+        }
+        ++done;
+      },
+      within(1500));
+  // The first rank past its deadline aborts NCCL; the other one times out
+  // too or hears of it first (NCCL's remote error).
+  int timeouts = 0;
+  for (int r = 0; r < 2; ++r) {
+    std::string what;
+    const ErrorCode code = codeOf(errors[r], &what);
+    if (code == ErrorCode::kTimeout) {
+      ++timeouts;
+      EXPECT_NE(what.find("ncclAllReduce did not complete within the deadline"), std::string::npos)
+          << what;
+    } else {
+      EXPECT_EQ(code, ErrorCode::kPeerLost) << r << ": " << what;
+    }
+  }
+  EXPECT_GE(timeouts, 1);
+  EXPECT_FALSE(errors[2]);
+  EXPECT_GE(softnccl::aborts(), 2);
+}
+
+TEST_F(NcclBackendTest, DifferentOpsAreAMismatchBeforeNcclRuns) {
+  auto errors = testing::runRanksCollect(
+      3,
+      [&](Communicator& c) {
+        DeviceBuffer buf(c.rank(), 64 * 4);
+        c.allreduce(buf.tensor(c.rank() == 1 ? 32 : 64, DataType::kFloat32));
+      },
+      within(20000));
+  for (int r = 0; r < 3; ++r) {
+    std::string what;
+    const ErrorCode code = codeOf(errors[r], &what);
+    EXPECT_TRUE(code == ErrorCode::kMismatch || code == ErrorCode::kPeerLost) << r << ": " << what;
+  }
+  EXPECT_EQ(softnccl::mismatches(), 0) << "the check must stop them before NCCL";
+  EXPECT_EQ(softnccl::collectivesRun(), 0);
+}
+
+TEST_F(NcclBackendTest, AnAsynchronousNcclErrorFailsTheRankAndItsPeers) {
+  setParam("GFLOW_NCCL_VERIFY", "0");
+  auto errors = testing::runRanksCollect(
+      3,
+      [&](Communicator& c) {
+        DeviceBuffer buf(c.rank(), 16 * 4);
+        c.allreduce(buf.tensor(16, DataType::kFloat32));
+        if (c.rank() == 1) {
+          for (const auto& info : softnccl::comms()) {
+            if (info.device == 1) softnccl::injectAsyncError(info.comm, nccl::kRemoteError);
+          }
+        } else {
+          std::this_thread::sleep_for(milliseconds(50));
+        }
+        c.allreduce(buf.tensor(16, DataType::kFloat32));
+      },
+      within(20000));
+  for (int r = 0; r < 3; ++r) {
+    std::string what;
+    EXPECT_EQ(codeOf(errors[r], &what), ErrorCode::kPeerLost) << r << ": " << what;
+    if (r == 1) {
+      EXPECT_NE(what.find("ncclAllReduce failed"), std::string::npos) << what;
+    }
+  }
+}
+
+TEST_F(NcclBackendTest, AbortEndsAWaitInsideNccl) {
+  setParam("GFLOW_NCCL_VERIFY", "0");
+  auto world = testing::makeWorld(2, within(60000));
+  std::atomic<bool> rank0Done{false};
+  std::string what;
+  ErrorCode code = ErrorCode::kInternal;
+  std::thread aborter;
+  testing::forEachRank(world, [&](Communicator& c) {
+    DeviceBuffer buf(c.rank(), 16 * 4);
+    c.allreduce(buf.tensor(16, DataType::kFloat32));
+    if (c.rank() == 1) {
+      while (!rank0Done.load()) std::this_thread::sleep_for(milliseconds(5));
+      return;
+    }
+    aborter = std::thread([&c] {
+      std::this_thread::sleep_for(milliseconds(200));
+      c.abort();
+    });
+    try {
+      c.allreduce(buf.tensor(16, DataType::kFloat32));
+    } catch (const Error& e) {
+      code = e.code();
+      what = e.what();
+    }
+    rank0Done = true;
+  });
+  aborter.join();
+  EXPECT_EQ(code, ErrorCode::kAborted) << what;
+}
+
+TEST_F(NcclBackendTest, SplitUsesNcclCommSplit) {
+  testing::runRanks(4, [&](Communicator& c) {
+    DeviceBuffer buf(c.rank(), 8 * 4);
+    c.allreduce(buf.tensor(8, DataType::kFloat32));
+    auto sub = c.split(c.rank() % 2, -c.rank());  // keys reverse the order
+    ASSERT_TRUE(sub);
+    EXPECT_EQ(sub->rank(), c.rank() < 2 ? 1 : 0);
+    for (int i = 0; i < 8; ++i) buf.as<float>()[i] = static_cast<float>(c.rank() * 10 + i);
+    sub->allreduce(buf.tensor(8, DataType::kFloat32));
+    const int other = c.rank() < 2 ? c.rank() + 2 : c.rank() - 2;
+    for (int i = 0; i < 8; ++i) {
+      ASSERT_EQ(buf.as<float>()[i], static_cast<float>((c.rank() + other) * 10 + 2 * i));
+    }
+    EXPECT_FALSE(c.split(-1, 0)) << "color < 0 joins no communicator";
+  });
+  EXPECT_EQ(softnccl::inits(), 4) << "children come from ncclCommSplit, not a new init";
+  EXPECT_EQ(softnccl::splits(), 8);
+}
+
+TEST_F(NcclBackendTest, HierarchicalAllreduceRunsOnIntraAndCrossHostNcclCommunicators) {
+  Options base;
+  base.algorithm = "hier";
+  auto world = testing::makeWorldWith(4, testing::onHosts({0, 0, 1, 1}, base));
+  constexpr size_t kCount = 4096 + 2;  // a multiple of the 2 ranks per host
+  testing::forEachRank(world, [&](Communicator& c) {
+    ASSERT_EQ(c.numHosts(), 2);
+    DeviceBuffer buf(c.rank(), kCount * 4);
+    for (size_t i = 0; i < kCount; ++i)
+      buf.as<float>()[i] = static_cast<float>(valueAt(c.rank(), i));
+    c.allreduce(buf.tensor(kCount, DataType::kFloat32));
+    for (size_t i = 0; i < kCount; ++i) {
+      double want = 0;
+      for (int q = 0; q < 4; ++q) want += valueAt(q, i);
+      ASSERT_EQ(buf.as<float>()[i], static_cast<float>(want)) << i;
+    }
+  });
+  EXPECT_EQ(softnccl::splits(), 8) << "an intra-host and a cross-host split per rank";
+  EXPECT_EQ(softnccl::collectivesRun(), 3 * 4) << "reduce-scatter, allreduce, allgather";
+}
+
+}  // namespace
+}  // namespace gflow

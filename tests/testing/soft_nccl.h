@@ -1,0 +1,96 @@
+// A software NCCL for tests: an in-process implementation of gflow's NCCL
+// table (src/backend/nccl/nccl_api.h) whose collectives run as work on the
+// software CUDA's streams (soft_cuda.h), so the NCCL backend runs in CI
+// without a GPU. Ranks are threads of one process, each on its own soft
+// CUDA device. Never part of libgflow.
+//
+// enable() makes the soft CUDA table's `nccl` entry answer api().
+//
+// Behaves like NCCL in non-blocking mode (ncclConfig_t.blocking = 0):
+// - commInitRank returns kInProgress; commGetAsyncError answers kInProgress
+//   until all nranks ranks of the id joined, then kSuccess. The comm is
+//   bound to the caller's current soft CUDA device; two ranks on one device
+//   fail the whole init with kInvalidUsage and the last error "Duplicate GPU
+//   detected: rank R and rank S both on device D".
+// - A collective checks its arguments (a null or unknown comm or a bad
+//   dtype/op/root: kInvalidArgument; a comm not ready yet: kInvalidArgument
+//   as ncclCommEnsureReady; an aborted or destroyed comm, or one being
+//   finalized: kInvalidUsage; a comm in error: its error; a buffer that is
+//   not soft CUDA device memory of the comm's device: kInvalidArgument; a
+//   stream of another device: kUnhandledCudaError) and enqueues its work on
+//   the stream (nullptr: the default stream of the comm's device). A count of
+//   0 is a no-op that takes no part in matching (as in NCCL).
+// - The work of a comm's k-th collective blocks its stream, like a kernel,
+//   until every rank reached its k-th collective; it then reads all inputs,
+//   every rank computes the same bits (reduction in rank order 0..n-1,
+//   float16/bfloat16 accumulated in float32 and rounded once, avg = sum then
+//   one division by n, integers truncating, min/max propagating NaN), and
+//   writes its output only after every rank has read its inputs. If the
+//   ranks' k-th calls disagree (kind, count, dtype, op, root) they hang, as
+//   NCCL would, and mismatches() counts it.
+// - commAbort(comm) ends the blocked (and later) work of every comm of its
+//   communicator without writing outputs; the other, still live comms of it
+//   report kRemoteError from commGetAsyncError (a peer is gone). The comm's
+//   memory is kept as a tombstone until disable(): later calls with it
+//   return kInvalidUsage instead of crashing.
+// - commFinalize returns kInProgress; commGetAsyncError answers kSuccess once
+//   the comm's enqueued collectives finished. commDestroy frees (kSuccess);
+//   when collectives of the comm are still blocked after 2 s (real NCCL would
+//   hang), it aborts the communicator instead, with a note on stderr.
+// - commSplit is collective over the parent's ranks (the j-th split of each
+//   rank matched together) and non-blocking like init: *out is a comm that
+//   becomes ready once every parent rank called; color < 0 gives *out =
+//   nullptr (kSuccess). New ranks are ordered by (key, parent rank); the new
+//   comm keeps the parent's device.
+//
+// Thread-safe.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "backend/nccl/nccl_api.h"
+
+namespace gflow::testing::softnccl {
+
+constexpr int kVersion = 22809;  // Api::version
+
+// Starts (or restarts) the software NCCL with no communicators and zeroed
+// counters; the soft CUDA `nccl` entry answers api() from then on.
+void enable();
+// Aborts every live communicator (waking their blocked work), forgets all of
+// them (tombstones too) and makes the `nccl` entry answer nullptr again.
+// softcuda::uninstall() calls it.
+void disable();
+bool enabled();
+const gflow::nccl::Api* api();
+
+struct CommInfo {
+  void* comm = nullptr;
+  int rank = -1;       // -1 until a split comm is formed
+  int nranks = 0;      // 0 until a split comm is formed
+  int device = -1;     // soft CUDA device
+  int asyncError = 0;  // what commGetAsyncError answers now
+};
+// Live communicators (not aborted or destroyed), in creation order.
+std::vector<CommInfo> comms();
+
+// Makes commGetAsyncError of `comm` answer `result` (e.g. kRemoteError) from
+// now on, with a last error naming the injection. Blocked work is not woken
+// (a GPU kernel would not be either): abort the comm.
+void injectAsyncError(void* comm, int result);
+// The next call of table entry `entry` (its field name in gflow::nccl::Api,
+// e.g. "allReduce", "commInitRank") returns `result` without doing anything.
+// Calls queue up.
+void failNextCall(const char* entry, int result);
+
+// Per-rank work items of collectives that completed and wrote their output.
+int collectivesRun();
+// commInitRank calls accepted, commAbort calls on live comms, commSplit calls
+// accepted (per rank), and mismatched collectives (per round).
+int inits();
+int aborts();
+int splits();
+int mismatches();
+
+}  // namespace gflow::testing::softnccl
