@@ -210,19 +210,25 @@ std::vector<std::shared_ptr<WorkState>> Csc::fire(Communicator& comm, const Buck
                args);
     finish(*job);
   };
+  submitValues(comm, values, wo.op, valuesBefore, valuesAfter, &works);
+  return works;
+}
+
+void Csc::submitValues(Communicator& comm, const Tensor& values, ReduceOp op,
+                       std::function<void()> before, std::function<void()> after,
+                       std::vector<std::shared_ptr<WorkState>>* works) {
   try {
-    works.push_back(
-        CommunicatorAccess::fusedAllreduce(comm, values, wo.op, valuesBefore, valuesAfter));
+    works->push_back(
+        CommunicatorAccess::fusedAllreduce(comm, values, op, std::move(before), std::move(after)));
   } catch (...) {
     // The communicator failed between the two submits: the norms op still
     // runs (and fails); it touches this Csc, so let it end first.
     try {
-      works.front()->wait(std::chrono::milliseconds(0));
+      works->front()->wait(std::chrono::milliseconds(0));
     } catch (const Error&) {
     }
     throw;
   }
-  return works;
 }
 
 }  // namespace gflow::gradient

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -70,6 +71,11 @@ class Csc {
   // boundaries: elements [from, to) of `tensor` sit at bucket position `at`.
   template <class Fn>
   void forEachPiece(const Bucket& b, size_t chunk, Fn fn) const;
+  // Submits the second op (the picked values) after the norms op in
+  // works->front(); when that fails, waits for the first before rethrowing.
+  static void submitValues(Communicator& comm, const Tensor& values, ReduceOp op,
+                           std::function<void()> before, std::function<void()> after,
+                           std::vector<std::shared_ptr<WorkState>>* works);
   void accumulate(Job& job);
   void gather(Job& job) const;
   void finish(Job& job);

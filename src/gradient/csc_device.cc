@@ -144,16 +144,7 @@ std::vector<std::shared_ptr<WorkState>> Csc::fireOnDevice(
     dev->synchronize();
     for (void* p : job->blocks) dev->release(p);
   };
-  try {
-    works.push_back(
-        CommunicatorAccess::fusedAllreduce(comm, values, wo.op, valuesBefore, valuesAfter));
-  } catch (...) {
-    try {
-      works.front()->wait(std::chrono::milliseconds(0));
-    } catch (const Error&) {
-    }
-    throw;
-  }
+  submitValues(comm, values, wo.op, valuesBefore, valuesAfter, &works);
   return works;
 }
 

@@ -58,6 +58,9 @@ class NcclBackendTest : public ::testing::Test {
   void TearDown() override {
     for (const char* v : {"GFLOW_DEVICE_BACKEND", "GFLOW_NCCL_VERIFY"}) unsetenv(v);
     params::resetCacheForTesting();
+    // Communicators gone: gflow freed every device and pinned buffer.
+    EXPECT_EQ(softcuda::allocationsAlive(), 0);
+    EXPECT_EQ(softcuda::hostAllocsAlive(), 0);
     softcuda::uninstall();
   }
   static void setParam(const char* name, const char* value) {

@@ -16,7 +16,7 @@
 #     compression and CSC kernels against the cpu reducer, staged and on NCCL
 #     (nccl_gpu_test.cc);
 #   - allreduce_bw --device cuda, one process per GPU on NCCL and, on one
-#     GPU, 2 processes staged, with the result check on (-c 1).
+#     GPU, 2 processes staged over TCP (GFLOW_SHM=0), with the result check on (-c 1).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 build=${1:-build-gpu}
@@ -37,8 +37,8 @@ echo "== gflow_gpu_tests (kernels, staged collectives, NCCL, device reducer)"
 echo "== allreduce_bw --device cuda on NCCL: $ngpu process(es), one per GPU"
 GFLOW_DEVICE_BACKEND=nccl timeout 300 "$build/tools/gflowrun" -n "$ngpu" -- \
   "$build/bench/allreduce_bw" --device cuda -b 8 -e 256M -f 4 -w 5 -n 20 -c 1 || status=1
-echo "== allreduce_bw --device cuda staged: 2 processes sharing GPU 0"
-CUDA_VISIBLE_DEVICES=0 GFLOW_DEVICE_BACKEND=staged timeout 300 "$build/tools/gflowrun" -n 2 -- \
+echo "== allreduce_bw --device cuda staged over TCP: 2 processes sharing GPU 0"
+CUDA_VISIBLE_DEVICES=0 GFLOW_DEVICE_BACKEND=staged GFLOW_SHM=0 timeout 300 "$build/tools/gflowrun" -n 2 -- \
   "$build/bench/allreduce_bw" --device cuda -b 8 -e 64M -f 8 -w 2 -n 5 -c 1 || status=1
 echo "== done in $(( $(date +%s) - start )) s, status $status"
 exit $status

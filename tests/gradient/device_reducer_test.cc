@@ -107,7 +107,12 @@ class DeviceReducer : public ::testing::TestWithParam<Case> {
     softcuda::install(kRanks);
     softnccl::enable();
   }
-  void TearDown() override { softcuda::uninstall(); }
+  void TearDown() override {
+    // Reducers and communicators gone: gflow freed its device memory.
+    EXPECT_EQ(softcuda::allocationsAlive(), 0);
+    EXPECT_EQ(softcuda::hostAllocsAlive(), 0);
+    softcuda::uninstall();
+  }
 };
 
 TEST_P(DeviceReducer, MatchesTheCpuReducerOnNcclAndStaged) {

@@ -671,6 +671,10 @@ void uninstall() {
   }
   for (auto& str : all) str->stop();  // each worker drains its queue first
   for (auto& str : all) str->worker.join();
+  // Memory still allocated (device and pinned) goes with the soft GPUs.
+  std::lock_guard<std::mutex> l(s.mu);
+  for (auto& kv : s.allocs) std::free(reinterpret_cast<void*>(kv.first));
+  s.allocs.clear();
   gflow::cuda::installPluginForTesting(nullptr);
 }
 
