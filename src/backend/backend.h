@@ -59,8 +59,9 @@ struct Op {
   uint64_t seq = 0;
   OpDesc desc;
   Deadline deadline = Deadline::never();
-  // Device ops on the NCCL backend: the caller's CUDA stream (cudaStream_t).
-  void* stream = nullptr;
+  // Device ops on the NCCL backend: an event (cudaEvent_t) after the work
+  // that produces the op's inputs (recorded on the caller's stream).
+  void* ready = nullptr;
 };
 
 // Adds `p` to `into` (composed backends sum their parts' traffic).

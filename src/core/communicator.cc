@@ -93,6 +93,11 @@ void Communicator::Impl::validateTensor(const char* op, const char* name, const 
                   (dev < 0 ? std::string("host memory") : "memory of cuda:" + std::to_string(dev)) +
                   ")");
     }
+    // cudaStreamPerThread names the calling thread's stream, which is not
+    // the thread gflow works on.
+    if (t.stream == reinterpret_cast<void*>(0x2)) {
+      invalid(op, std::string(name) + ".stream is cudaStreamPerThread; pass the stream itself");
+    }
     cudaPlugin.store(p);
   } else if (t.device.type != DeviceType::kCPU) {
     invalid(op, std::string(name) + " has an invalid device type (" +
@@ -197,9 +202,10 @@ std::unique_ptr<Communicator::Impl> Communicator::Impl::connect(
   // rank's host and a digest of the settings that decide which path an op
   // takes (ranks that disagree would wait in different places until the
   // timeout instead of failing at once).
-  const std::string config = params::getString("GFLOW_SHM") + "|" + algoSpec + "|" +
-                             params::getString("GFLOW_RD_MAX_BYTES") + "|" +
-                             params::getString("GFLOW_SHM_CHUNK");
+  const std::string config =
+      params::getString("GFLOW_SHM") + "|" + algoSpec + "|" +
+      params::getString("GFLOW_RD_MAX_BYTES") + "|" + params::getString("GFLOW_SHM_CHUNK") + "|" +
+      params::getString("GFLOW_DEVICE_BACKEND") + "|" + params::getString("GFLOW_NCCL_VERIFY");
   const auth::Digest cd = auth::sha256(config.data(), config.size());
   uint64_t mine[2] = {hostHash, 0};
   std::memcpy(&mine[1], cd.data(), sizeof(mine[1]));
@@ -219,7 +225,8 @@ std::unique_ptr<Communicator::Impl> Communicator::Impl::connect(
     if (all[2 * r + 1] != all[1]) {
       GFLOW_THROW(kInvalidArgument, (ErrorContext{"init", 0, rank, r}))
           << "rank " << r << " and rank 0 are configured differently (GFLOW_SHM, GFLOW_ALGO / "
-          << "Options::algorithm, GFLOW_RD_MAX_BYTES or GFLOW_SHM_CHUNK); every rank must use "
+          << "Options::algorithm, GFLOW_RD_MAX_BYTES, GFLOW_SHM_CHUNK, GFLOW_DEVICE_BACKEND or "
+          << "GFLOW_NCCL_VERIFY); every rank must use "
           << "the same values (this rank: GFLOW_SHM=" << params::getString("GFLOW_SHM")
           << ", algorithm '" << algoSpec << "')";
     }
@@ -456,7 +463,8 @@ std::shared_ptr<WorkState> doAllreduce(Communicator::Impl& I, Tensor in, Tensor 
                   [self, in, out, st, inPlace, before = std::move(before),
                    after = std::move(after)](const backend::Op& o) {
                     if (before) before();
-                    // Staging waits for what before() enqueued on the stream.
+                    // The collective waits for what before() enqueued on the
+                    // stream (packing kernels).
                     if (before && st) st->recordAgain();
                     backend::Op n = o;
                     if (st && self->onNccl(n, *st)) {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <atomic>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -41,6 +42,9 @@ struct Communicator::Impl {
     if (!staging) staging = std::make_unique<DeviceStagingPool>(*cudaPlugin.load());
     return *staging;
   }
+  // CommunicatorAccess::cached (destroyed after the engine's last op).
+  std::mutex cacheMutex;
+  std::map<std::string, std::shared_ptr<void>> cache;
   // Device ops on NCCL (idle until the first op on device tensors).
   std::unique_ptr<backend::NcclBackend> nccl;
   bool ncclVerify = true;  // GFLOW_NCCL_VERIFY
@@ -76,7 +80,7 @@ struct Communicator::Impl {
   // abort() of every backend (host and NCCL); any thread.
   void abortBackends(const Error& e);
   // Executing thread, for an op with device tensors `st`: true when NCCL
-  // runs it. Then op.stream is the tensors' stream, and the ranks have
+  // runs it. Then op.ready is the event after the inputs' producers, and the ranks have
   // checked over the host backend that they all run this op on NCCL
   // (GFLOW_NCCL_VERIFY). False: stage it.
   bool onNccl(backend::Op& op, const DeviceStaging& st);

@@ -3,8 +3,23 @@
 #include "backend/nccl/nccl_backend.h"
 #include "common/check.h"
 #include "core/communicator_impl.h"
+#include "core/internal.h"
 
 namespace gflow {
+namespace {
+
+// 64 bits of everything in an op's description that must agree.
+uint64_t digest(const backend::OpDesc& d) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (uint64_t v : {uint64_t(d.kind), uint64_t(d.dtype), uint64_t(d.op), uint64_t(d.algo),
+                     uint64_t(int64_t(d.root)), d.count}) {
+    h = (h ^ v) * 0x100000001b3ULL;
+    h ^= h >> 29;
+  }
+  return h;
+}
+
+}  // namespace
 
 using backend::Algorithm;
 using backend::OpDesc;
@@ -17,8 +32,8 @@ void Communicator::Impl::abortBackends(const Error& e) {
 
 bool Communicator::Impl::onNccl(backend::Op& op, const DeviceStaging& st) {
   int device = -1;
-  void* stream = nullptr;
-  const bool single = st.single(&device, &stream);
+  void* ready = nullptr;
+  const bool single = st.single(&device, &ready);
   if (!nccl->use(op, *cudaPlugin.load(), device) || !single) return false;
   if (device != nccl->device()) {
     GFLOW_THROW(kInvalidArgument, (ErrorContext{"", op.seq, rank, -1}))
@@ -27,7 +42,7 @@ bool Communicator::Impl::onNccl(backend::Op& op, const DeviceStaging& st) {
         << " (NCCL binds a communicator to one GPU: use another communicator for this GPU, or "
            "GFLOW_DEVICE_BACKEND=staged)";
   }
-  op.stream = stream;
+  op.ready = ready;
   if (ncclVerify && size > 1) {
     // A tiny allgather over the host backend whose envelope carries this
     // op's fingerprint: ranks that call another op, or stage this one,
@@ -36,11 +51,30 @@ bool Communicator::Impl::onNccl(backend::Op& op, const DeviceStaging& st) {
     v.algo = selector->select(OpKind::kAllgather, sizeof(int64_t) * size, size);
     v.parent = backend::fingerprint(op.desc);
     const backend::Op check{op.seq, v, op.deadline};
-    const int64_t mine = static_cast<int64_t>(v.parent);
+    // The envelope compares 24 bits; the values compare all 64 of a digest
+    // of the whole description.
+    const int64_t mine = static_cast<int64_t>(digest(op.desc));
     std::vector<int64_t> all(static_cast<size_t>(size));
     backend->allgather(check, &mine, all.data());
+    for (int r = 0; r < size; ++r) {
+      if (all[r] != mine) {
+        GFLOW_THROW(kMismatch, (ErrorContext{"", op.seq, rank, r}))
+            << "rank " << r << " called another op on NCCL than this rank ("
+            << backend::describe(backend::encode(op.desc)) << ")";
+      }
+    }
   }
   return true;
+}
+
+std::shared_ptr<void> internal::CommunicatorAccess::cached(
+    Communicator& comm, const std::string& key,
+    const std::function<std::shared_ptr<void>()>& make) {
+  Communicator::Impl& I = *comm.impl_;
+  std::lock_guard<std::mutex> lock(I.cacheMutex);
+  std::shared_ptr<void>& slot = I.cache[key];
+  if (!slot) slot = make();
+  return slot;
 }
 
 void Communicator::Impl::splitNccl(int color, int key, Impl* child) {

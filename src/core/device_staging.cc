@@ -84,19 +84,22 @@ std::shared_ptr<DeviceStaging> DeviceStaging::prepare(const cuda::Plugin* plugin
   return st;
 }
 
-bool DeviceStaging::single(int* device, void** stream) const {
+bool DeviceStaging::single(int* device, void** ready) const {
   *device = -1;
-  *stream = nullptr;
+  *ready = nullptr;
+  void* stream = nullptr;
   bool same = true;
-  for (const Item& it : items_) {
-    if (it.t.device.type != DeviceType::kCUDA) {
+  for (size_t i = 0; i < items_.size(); ++i) {
+    const Tensor& t = items_[i].t;
+    if (t.device.type != DeviceType::kCUDA) {
       same = false;
       continue;
     }
     if (*device < 0) {
-      *device = it.t.device.index;
-      *stream = it.t.stream;
-    } else if (it.t.device.index != *device || it.t.stream != *stream) {
+      *device = t.device.index;
+      *ready = events_[i];
+      stream = t.stream;
+    } else if (t.device.index != *device || t.stream != stream) {
       same = false;
     }
   }

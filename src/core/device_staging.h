@@ -50,8 +50,9 @@ class DeviceStaging {
 
   // Whether every item is a cuda tensor, all on one device and stream
   // (what NCCL can run in place); sets `device` (of the first cuda item,
-  // whatever the answer) and `stream`.
-  bool single(int* device, void** stream) const;
+  // whatever the answer) and `ready`, the event recorded after the work
+  // that produces its inputs.
+  bool single(int* device, void** ready) const;
 
   // Executing thread: moves each device tensor's event to the work enqueued
   // on its stream so far (the fused ops' packing kernels).

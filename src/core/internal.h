@@ -37,6 +37,11 @@ struct CommunicatorAccess {
   // Communicator::abort() with `error` instead of the generic one: pending
   // and later ops fail with it, and so do the peers'.
   static void abortWith(Communicator& comm, const Error& error);
+  // State the gradient layer keeps per communicator under `key` (made by
+  // `make` on first use), destroyed with the communicator after its last op:
+  // device memory that ops use is never freed while ops run.
+  static std::shared_ptr<void> cached(Communicator& comm, const std::string& key,
+                                      const std::function<std::shared_ptr<void>()>& make);
 };
 
 }  // namespace gflow::internal

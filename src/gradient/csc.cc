@@ -32,8 +32,8 @@ void Csc::reset() {
   if (velocityDevice_) device_->zero(velocityDevice_, total_ * sizeof(float));
 }
 
-Csc::Csc(const std::vector<Tensor>& tensors, CscConfig config, DeviceOps* device)
-    : tensors_(tensors), config_(config), offset_(tensors.size(), 0), device_(device) {
+Csc::Csc(const std::vector<Tensor>& tensors, CscConfig config, std::shared_ptr<DeviceOps> device)
+    : tensors_(tensors), config_(config), offset_(tensors.size(), 0), device_(std::move(device)) {
   size_t total = 0;
   for (size_t i = 0; i < tensors.size(); ++i) {
     offset_[i] = total;

@@ -39,7 +39,8 @@ class Csc {
   // Residual (and velocity) storage for every float32 tensor of `tensors`;
   // in device memory with `device` (cuda tensors: the steps run as its
   // kernels, csc_device.cc).
-  Csc(const std::vector<Tensor>& tensors, CscConfig config, DeviceOps* device = nullptr);
+  Csc(const std::vector<Tensor>& tensors, CscConfig config,
+      std::shared_ptr<DeviceOps> device = nullptr);
 
   // Chunks sent per bucket of `n` elements cut in `chunk`s at `step`.
   size_t picked(size_t n, size_t chunk, uint64_t step) const;
@@ -82,11 +83,11 @@ class Csc {
 
   const std::vector<Tensor>& tensors_;
   CscConfig config_;
-  std::vector<size_t> offset_;   // per tensor: start in residual_/velocity_
-  std::vector<float> residual_;  // error feedback
-  std::vector<float> velocity_;  // momentum correction
-  DeviceOps* device_ = nullptr;
-  float* residualDevice_ = nullptr;  // cuda tensors: residual_ and velocity_ on the GPU
+  std::vector<size_t> offset_;         // per tensor: start in residual_/velocity_
+  std::vector<float> residual_;        // error feedback
+  std::vector<float> velocity_;        // momentum correction
+  std::shared_ptr<DeviceOps> device_;  // shared with the jobs, which may outlive this
+  float* residualDevice_ = nullptr;    // cuda tensors: residual_ and velocity_ on the GPU
   float* velocityDevice_ = nullptr;
   size_t total_ = 0;  // float32 elements of all tensors
 };

@@ -22,6 +22,15 @@ namespace gflow::gradient {
 using internal::CommunicatorAccess;
 
 struct Csc::DeviceJob {
+  explicit DeviceJob(std::shared_ptr<DeviceOps> d) : dev(std::move(d)) {}
+  // The scratch goes back when the job's ops are gone, also when they failed
+  // midway (later users of a block queue behind this job's kernels on the
+  // same stream). The ops may be destroyed after the reducer: the job keeps
+  // the device state alive.
+  ~DeviceJob() {
+    for (void* p : blocks) dev->release(p);
+  }
+  std::shared_ptr<DeviceOps> dev;
   Bucket bucket;
   size_t n = 0, chunk = 0, chunks = 0, k = 0;
   // Scratch of the device ops (released when the job ends).
@@ -41,8 +50,8 @@ std::vector<std::shared_ptr<WorkState>> Csc::fireOnDevice(
     Communicator& comm, const Bucket& b, ReduceOp op, const WireOptions& wire, uint64_t step,
     Timeline* timeline, const std::string& label, std::shared_ptr<const void> owner,
     std::shared_ptr<std::atomic<bool>> nonFinite) {
-  DeviceOps* dev = device_;
-  auto job = std::make_shared<DeviceJob>();
+  DeviceOps* dev = device_.get();
+  auto job = std::make_shared<DeviceJob>(device_);
   job->bucket = b;
   job->n = b.bytes / sizeof(float);
   job->chunk = std::max<size_t>(1, std::min(config_.chunk, job->n));
@@ -142,7 +151,6 @@ std::vector<std::shared_ptr<WorkState>> Csc::fireOnDevice(
     dev->scatterChunks(job->g, job->v, u, job->values, job->idx, job->k, job->chunk, job->n);
     dev->copy(copies(false, true));
     dev->synchronize();
-    for (void* p : job->blocks) dev->release(p);
   };
   submitValues(comm, values, wo.op, valuesBefore, valuesAfter, &works);
   return works;

@@ -91,10 +91,18 @@ void DeviceOps::release(void* block) {
 
 void DeviceOps::copy(const std::vector<Copy>& copies) {
   if (copies.empty()) return;
-  GFLOW_ENFORCE(copies.size() <= maxSegments_);
   Current c(p_, device_);
   // The pinned table is read by the stream: the previous copy must be past it.
   check(p_.streamSynchronize(stream_), "waiting for the previous copy");
+  if (copies.size() > maxSegments_) {  // a bigger batch than any before
+    const size_t table = copies.size() * sizeof(kernels::cuda::CopySegment);
+    void* host = nullptr;
+    check(p_.hostAlloc(&host, table), "allocating the pinned copy table");
+    p_.hostFree(segmentsHost_);
+    segmentsHost_ = host;
+    segmentsDevice_ = allocate(table);  // the old one stays with owned_
+    maxSegments_ = copies.size();
+  }
   auto* seg = static_cast<kernels::cuda::CopySegment*>(segmentsHost_);
   for (size_t i = 0; i < copies.size(); ++i) {
     seg[i] = kernels::cuda::CopySegment{copies[i].src, copies[i].dst, copies[i].bytes};
@@ -189,6 +197,11 @@ int commonDevice(const cuda::Plugin* plugin, const std::vector<Tensor>& tensors,
     if (t.device.type != DeviceType::kCUDA) {
       anyCpu = true;
       continue;
+    }
+    if (t.stream == reinterpret_cast<void*>(0x2)) {
+      *why = describeTensor(i, tensors, names) +
+             " names cudaStreamPerThread; pass the stream itself (gflow works on its own threads)";
+      return -2;
     }
     if (device < 0) {
       device = t.device.index;

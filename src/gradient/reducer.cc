@@ -197,7 +197,7 @@ class GradientReducer::Impl {
 
   std::unique_ptr<Timeline> timeline_;
   // Cuda gradients: kernels and device memory (pool, CSC residual).
-  std::unique_ptr<gradient::DeviceOps> deviceOps_;
+  std::shared_ptr<gradient::DeviceOps> deviceOps_;
   std::unique_ptr<Csc> csc_;
   std::unique_ptr<Fuser> fuser_;
   // This step's inf/NaN flag (a fresh one per step, so ops of an abandoned
@@ -309,10 +309,10 @@ void GradientReducer::Impl::setUp(const ReducerOptions& options) {
   if (device >= 0) {
     // Copy tables: up to three segments per tensor (CSC: gradient,
     // residual, velocity).
-    deviceOps_ = std::make_unique<gradient::DeviceOps>(*cuda::load(nullptr), device,
+    deviceOps_ = std::make_shared<gradient::DeviceOps>(*cuda::load(nullptr), device,
                                                        tensors[0].stream, 3 * tensors.size());
   }
-  if (sparse.density > 0) csc_ = std::make_unique<Csc>(tensors, sparse, deviceOps_.get());
+  if (sparse.density > 0) csc_ = std::make_unique<Csc>(tensors, sparse, deviceOps_);
   fuser_ = std::make_unique<Fuser>(*comm, tensors, names, op, timeline_.get(), wire, csc_.get(),
                                    deviceOps_.get());
   // With CSC a bucket sends about density * its bytes: buckets of
@@ -680,24 +680,39 @@ Work allreduceCoalesced(Communicator& comm, const std::vector<Tensor>& tensors, 
   struct Batch {
     std::vector<Tensor> tensors;
     std::vector<std::string> names;
-    std::unique_ptr<gradient::DeviceOps> device;  // cuda tensors
+    // Cuda tensors: the communicator's device state for this GPU and stream
+    // (kept with the communicator, so no op frees device memory) and the
+    // fusion regions taken from it, handed back with the batch.
+    std::shared_ptr<gradient::DeviceOps> device;
     std::vector<std::vector<char>> buffers;
     std::vector<char*> regions;
+    ~Batch() {
+      if (!device) return;
+      for (char* r : regions) device->release(r);
+    }
   };
   auto batch = std::make_shared<Batch>();
   batch->tensors = tensors;
   std::string why;
   const int device = gradient::commonDevice(nullptr, tensors, {}, &why);
   if (device >= 0) {
-    batch->device = std::make_unique<gradient::DeviceOps>(*cuda::load(nullptr), device,
-                                                          tensors[0].stream, tensors.size());
+    const size_t segments = tensors.size();
+    void* stream = tensors[0].stream;
+    batch->device = std::static_pointer_cast<gradient::DeviceOps>(
+        CommunicatorAccess::cached(comm,
+                                   "coalesced/cuda:" + std::to_string(device) + "/" +
+                                       std::to_string(reinterpret_cast<uintptr_t>(stream)),
+                                   [device, stream, segments] {
+                                     return std::make_shared<gradient::DeviceOps>(
+                                         *cuda::load(nullptr), device, stream, segments);
+                                   }));
   }
   const BucketPlan plan = gradient::planBuckets(tensors, thresholdOr(comm, kOp, fusionThreshold));
   batch->buffers.reserve(plan.buckets.size());
   for (const Bucket& b : plan.buckets) {
     const size_t bytes = b.inPlace ? 0 : b.bytes;
     batch->buffers.emplace_back(batch->device ? 0 : bytes);
-    batch->regions.push_back(batch->device ? static_cast<char*>(batch->device->allocate(bytes))
+    batch->regions.push_back(batch->device ? static_cast<char*>(batch->device->acquire(bytes))
                                            : batch->buffers.back().data());
   }
   Fuser fuser(comm, batch->tensors, batch->names, op, nullptr, gradient::WireOptions{}, nullptr,

@@ -380,3 +380,112 @@ TEST_F(NcclBackendTest, HierarchicalAllreduceRunsOnIntraAndCrossHostNcclCommunic
 
 }  // namespace
 }  // namespace gflow
+
+namespace gflow {
+namespace {
+
+TEST_F(NcclBackendTest, CommunicatorsSharingAStreamInAnotherOrderOnEachRankDoNotDeadlock) {
+  // Two communicators whose ops use the same (default) stream, issued in a
+  // different order on each rank: NCCL runs on each communicator's own
+  // stream, so neither waits behind the other's kernel.
+  setParam("GFLOW_NCCL_VERIFY", "0");
+  testing::runRanks(
+      2,
+      [&](Communicator& c) {
+        const int r = c.rank();
+        auto sub = c.split(0, r);
+        DeviceBuffer a(r, 64 * 4), b(r, 64 * 4);
+        c.allreduce(a.tensor(64, DataType::kFloat32));
+        sub->allreduce(b.tensor(64, DataType::kFloat32));
+        for (int round = 0; round < 10; ++round) {
+          for (int i = 0; i < 64; ++i) {
+            a.as<float>()[i] = static_cast<float>(r + i);
+            b.as<float>()[i] = static_cast<float>(10 * r + i);
+          }
+          if (r == 0) {
+            Work w = sub->allreduceAsync(b.tensor(64, DataType::kFloat32));
+            c.allreduce(a.tensor(64, DataType::kFloat32));
+            w.wait();
+          } else {
+            Work w = c.allreduceAsync(a.tensor(64, DataType::kFloat32));
+            sub->allreduce(b.tensor(64, DataType::kFloat32));
+            w.wait();
+          }
+          for (int i = 0; i < 64; ++i) {
+            ASSERT_EQ(a.as<float>()[i], static_cast<float>(1 + 2 * i));
+            ASSERT_EQ(b.as<float>()[i], static_cast<float>(10 + 2 * i));
+          }
+        }
+      },
+      within(5000));
+}
+
+TEST_F(NcclBackendTest, CudaStreamPerThreadIsRejected) {
+  auto errors = testing::runRanksCollect(2, [&](Communicator& c) {
+    DeviceBuffer a(c.rank(), 16 * 4);
+    Tensor t = a.tensor(16, DataType::kFloat32);
+    t.stream = reinterpret_cast<void*>(0x2);  // cudaStreamPerThread
+    c.allreduce(t);
+  });
+  std::string what;
+  for (int r = 0; r < 2; ++r) {
+    if (codeOf(errors[r], &what) == ErrorCode::kInvalidArgument) {
+      EXPECT_NE(what.find("cudaStreamPerThread"), std::string::npos) << what;
+    } else {
+      EXPECT_EQ(codeOf(errors[r]), ErrorCode::kPeerLost) << r;
+    }
+  }
+  EXPECT_EQ(softnccl::inits(), 0);
+}
+
+TEST_F(NcclBackendTest, AFailureWhileNcclStartsReleasesThePeersAtOnce) {
+  softnccl::failNextCall("getUniqueId", nccl::kInternalError);  // rank 0 only calls it
+  const auto t0 = std::chrono::steady_clock::now();
+  auto errors = testing::runRanksCollect(
+      3,
+      [&](Communicator& c) {
+        DeviceBuffer a(c.rank(), 16 * 4);
+        c.allreduce(a.tensor(16, DataType::kFloat32));
+      },
+      within(30000));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10))
+      << "the peers must not wait for their deadline";
+  std::string what;
+  EXPECT_EQ(codeOf(errors[0], &what), ErrorCode::kInternal) << what;
+  EXPECT_NE(what.find("ncclGetUniqueId failed"), std::string::npos) << what;
+  for (int r = 1; r < 3; ++r) {
+    EXPECT_EQ(codeOf(errors[r], &what), ErrorCode::kPeerLost) << what;
+    EXPECT_NE(what.find("rank 0 failed"), std::string::npos) << what;
+  }
+}
+
+TEST_F(NcclBackendTest, PeersWaitingInsideNcclHearOfAFailureThroughTheStore) {
+  // As with real NCCL across processes: the failing rank's abort does not
+  // end the others' kernels; its report in the store does.
+  softnccl::setAbortReleasesPeers(false);
+  setParam("GFLOW_NCCL_VERIFY", "0");
+  const auto t0 = std::chrono::steady_clock::now();
+  auto errors = testing::runRanksCollect(
+      3,
+      [&](Communicator& c) {
+        DeviceBuffer buf(c.rank(), 16 * 4);
+        c.allreduce(buf.tensor(16, DataType::kFloat32));
+        if (c.rank() == 1) {
+          for (const auto& info : softnccl::comms()) {
+            if (info.device == 1) softnccl::injectAsyncError(info.comm, nccl::kSystemError);
+          }
+        }
+        c.allreduce(buf.tensor(16, DataType::kFloat32));
+      },
+      within(30000));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
+  std::string what;
+  EXPECT_EQ(codeOf(errors[1], &what), ErrorCode::kPeerLost) << what;
+  for (int r : {0, 2}) {
+    EXPECT_EQ(codeOf(errors[r], &what), ErrorCode::kPeerLost) << what;
+    EXPECT_NE(what.find("rank 1 failed"), std::string::npos) << what;
+  }
+}
+
+}  // namespace
+}  // namespace gflow

@@ -112,6 +112,7 @@ struct State {
   std::mutex mu;
   std::condition_variable cv;
   std::atomic<bool> enabled{false};
+  bool abortReleasesPeers = true;  // setAbortReleasesPeers
   uint64_t serial = 0;
   std::map<void*, std::shared_ptr<Comm>> comms;  // live ones and tombstones
   std::map<std::string, PendingInit> pending;    // by unique id
@@ -150,6 +151,10 @@ Comm* findLocked(void* comm) {
 }
 
 void abortGroupLocked(Group& g, const Comm* by) {
+  if (!st().abortReleasesPeers && by) {
+    st().cv.notify_all();  // only `by`'s own work ends (it is dead)
+    return;
+  }
   if (g.aborted) return;
   g.aborted = true;
   for (auto& w : g.members) {
@@ -316,7 +321,7 @@ void runCollective(const std::shared_ptr<Comm>& c, const std::shared_ptr<Group>&
     if (wrote) ++s.collectivesRun;
     s.cv.notify_all();
   };
-  if (g->aborted) return done(false);
+  if (g->aborted || c->dead) return done(false);
   Round& round = g->rounds[seq];
   if (round.args.empty()) round.args.resize(n);
   round.args[rank] = a;
@@ -336,7 +341,7 @@ void runCollective(const std::shared_ptr<Comm>& c, const std::shared_ptr<Group>&
     }
     s.cv.notify_all();
   }
-  s.cv.wait(l, [&] { return round.go || g->aborted; });
+  s.cv.wait(l, [&] { return round.go || g->aborted || c->dead; });
   if (!round.go) return done(false);  // aborted before every rank arrived
   // Every rank is inside: read all inputs (arguments are fixed from now on).
   l.unlock();
@@ -645,7 +650,14 @@ void enable() {
   s.failures.clear();
   s.lastError.clear();
   s.collectivesRun = s.inits = s.aborts = s.splits = s.mismatches = 0;
+  s.abortReleasesPeers = true;
   s.enabled.store(true);
+}
+
+void setAbortReleasesPeers(bool release) {
+  State& s = st();
+  std::lock_guard<std::mutex> l(s.mu);
+  s.abortReleasesPeers = release;
 }
 
 void disable() {

@@ -79,6 +79,10 @@ std::vector<CommInfo> comms();
 // now on, with a last error naming the injection. Blocked work is not woken
 // (a GPU kernel would not be either): abort the comm.
 void injectAsyncError(void* comm, int result);
+// false: commAbort ends only the aborting rank's work, and the other ranks
+// of its communicator keep waiting in their collectives with no error, as
+// ranks of real NCCL on other processes may (enable() sets true).
+void setAbortReleasesPeers(bool release);
 // The next call of table entry `entry` (its field name in gflow::nccl::Api,
 // e.g. "allReduce", "commInitRank") returns `result` without doing anything.
 // Calls queue up.

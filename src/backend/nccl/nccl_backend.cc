@@ -63,6 +63,7 @@ NcclBackend::NcclBackend(NcclSetup setup) : s_(std::move(setup)) {}
 NcclBackend::~NcclBackend() {
   if (!plugin_ || !api_ || !comm_) {
     if (plugin_ && event_) plugin_->eventDestroy(event_);
+    if (plugin_ && stream_) plugin_->streamDestroy(stream_);
     return;
   }
   DeviceGuard g(*plugin_, device_);
@@ -86,6 +87,7 @@ NcclBackend::~NcclBackend() {
     }
   }
   if (event_) plugin_->eventDestroy(event_);
+  if (stream_) plugin_->streamDestroy(stream_);
 }
 
 int NcclBackend::finalize(void* comm, const Deadline& d) {
@@ -103,7 +105,12 @@ int NcclBackend::finalize(void* comm, const Deadline& d) {
 bool NcclBackend::use(const Op& op, const cuda::Plugin& plugin, int device) {
   if (state_ == State::kUndecided) {
     plugin_ = &plugin;
-    decide(op, device);
+    try {
+      decide(op, device);
+    } catch (...) {
+      if (state_ == State::kDeciding) state_ = State::kBroken;
+      throw;
+    }
   }
   if (state_ == State::kStaged) return false;
   if (state_ == State::kBroken) {
@@ -114,6 +121,7 @@ bool NcclBackend::use(const Op& op, const cuda::Plugin& plugin, int device) {
 }
 
 void NcclBackend::decide(const Op& op, int device) {
+  state_ = State::kDeciding;  // a failure from here on is reported to the peers
   const std::string mode = params::getString("GFLOW_DEVICE_BACKEND");
   if (mode != "auto" && mode != "nccl" && mode != "staged") {
     GFLOW_THROW(kInvalidArgument, (ErrorContext{"", op.seq, s_.rank, -1}))
@@ -140,18 +148,18 @@ void NcclBackend::decide(const Op& op, int device) {
   s_.store->setString(key + std::to_string(s_.rank), mine);
   std::vector<std::string> all(s_.size);
   for (int r = 0; r < s_.size; ++r) {
-    try {
-      all[r] = s_.store->getString(key + std::to_string(r),
-                                   std::chrono::milliseconds(op.deadline.remainingMs()));
-    } catch (const Error& e) {
-      GFLOW_THROW(kTimeout, (ErrorContext{"", op.seq, s_.rank, r}))
-          << "rank " << r << " did not reach this communicator's first op on cuda tensors "
-          << "(choosing NCCL or staging): " << e.detail();
-    }
+    const std::string what = "rank " + std::to_string(r) +
+                             " reaching this communicator's first op on cuda tensors (where "
+                             "the ranks choose NCCL or staging)";
+    const std::vector<uint8_t> v = waitForKey(op, key + std::to_string(r), what.c_str());
+    all[r] = transport::printable(reinterpret_cast<const char*>(v.data()), v.size());
   }
   std::string blocker;  // why NCCL cannot run, naming the rank
   for (int r = 0; r < s_.size && blocker.empty(); ++r) {
-    if (all[r].rfind("1 ", 0) != 0) blocker = "rank " + std::to_string(r) + ": " + all[r].substr(2);
+    if (all[r].rfind("1 ", 0) != 0) {
+      blocker = "rank " + std::to_string(r) + ": " +
+                (all[r].size() > 2 ? all[r].substr(2) : std::string("(no reason given)"));
+    }
     for (int q = 0; q < r && blocker.empty(); ++q) {
       if (all[q] == all[r]) {
         blocker = "ranks " + std::to_string(q) + " and " + std::to_string(r) +
@@ -196,8 +204,7 @@ void NcclBackend::start(const Op& op) {
     check(op, nullptr, "ncclGetUniqueId", api_->getUniqueId(&id));
     s_.store->set(key, std::vector<uint8_t>(id.bytes, id.bytes + sizeof(id.bytes)));
   } else {
-    const std::vector<uint8_t> v =
-        s_.store->get(key, std::chrono::milliseconds(op.deadline.remainingMs()));
+    const std::vector<uint8_t> v = waitForKey(op, key, "rank 0 publishing the NCCL unique id");
     if (v.size() != sizeof(id.bytes)) {
       GFLOW_THROW(kInternal, (ErrorContext{"", op.seq, s_.rank, 0}))
           << "the NCCL unique id in the store has " << v.size() << " bytes, expected "
@@ -213,6 +220,7 @@ void NcclBackend::start(const Op& op) {
 
 void NcclBackend::prepare(const Op& op) {
   if (int e = plugin_->eventCreate(&event_)) failCuda(op, e, "creating the NCCL op event");
+  if (int e = plugin_->streamCreate(&stream_)) failCuda(op, e, "creating the NCCL stream");
   const Hierarchy h = Hierarchy::fromHostHashes(s_.rank, s_.hostOf);
   if (h.numHosts > 1 && h.numHosts < s_.size && h.uniform) {
     localRank_ = h.localRank();
@@ -251,6 +259,21 @@ void NcclBackend::splitInto(const Op& op, int color, int key, NcclBackend* child
   child->state_ = State::kNccl;
 }
 
+std::vector<uint8_t> NcclBackend::waitForKey(const Op& op, const std::string& key,
+                                             const char* what) {
+  // In slices, so abort() and the peers' failure reports end the wait.
+  Clock::time_point poll = Clock::now() - kReportPoll;
+  for (;;) {
+    const int slice = std::max(1, std::min(100, op.deadline.remainingMs()));
+    try {
+      return s_.store->get(key, std::chrono::milliseconds(slice));
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kTimeout) throw;
+    }
+    checkWaiting(op, op.deadline, what, &poll);
+  }
+}
+
 void NcclBackend::check(const Op& op, void* comm, const char* what, int result) {
   if (result == nccl::kInProgress && comm) {
     waitReady(op, comm, what);
@@ -266,17 +289,37 @@ void NcclBackend::waitReady(const Op& op, void* comm, const char* what) {
     if (int r = api_->commGetAsyncError(comm, &a)) failNccl(op, r, "ncclCommGetAsyncError", comm);
     if (a == nccl::kSuccess) return;
     if (a != nccl::kInProgress) failNccl(op, a, what, comm);
-    checkWaiting(op, what, &poll);
+    checkWaiting(op, op.deadline, what, &poll);
     backoff(round);
   }
 }
 
+void NcclBackend::begin(const Op& op) {
+  if (!op.ready) return;
+  if (int e = plugin_->streamWaitEvent(stream_, op.ready)) {
+    failCuda(op, e, "making the NCCL stream wait for the op's inputs");
+  }
+}
+
 void NcclBackend::finish(const Op& op, const char* what) {
-  if (int e = plugin_->eventRecord(event_, op.stream)) {
+  if (int e = plugin_->eventRecord(event_, stream_)) {
     failCuda(op, e, "recording an event after the NCCL op");
   }
   Clock::time_point poll = Clock::now();
+  // Until the caller's work that produces the inputs has run, the op has
+  // not started: from then on it has a full GFLOW_TIMEOUT.
+  bool inputsReady = op.ready == nullptr;
+  Deadline deadline = op.deadline;
   for (int round = 0;; ++round) {
+    if (!inputsReady) {
+      const int r = plugin_->eventQuery(op.ready);
+      if (r != 0 && r != cuda::kNotReady) failCuda(op, r, "waiting for the op's inputs");
+      if (r == 0) {
+        inputsReady = true;
+        const Deadline fresh = Deadline::after(s_.timeout);
+        if (fresh.at() > deadline.at()) deadline = fresh;
+      }
+    }
     const int q = plugin_->eventQuery(event_);
     if (q != 0 && q != cuda::kNotReady) failCuda(op, q, "waiting for the NCCL op on the GPU");
     // Also once the GPU is done: kernels that a peer's abort released end
@@ -288,23 +331,26 @@ void NcclBackend::finish(const Op& op, const char* what) {
       if (a != nccl::kSuccess && a != nccl::kInProgress) failNccl(op, a, what, c);
     }
     if (q == 0) return;
-    checkWaiting(op, what, &poll);
+    checkWaiting(op, deadline,
+                 inputsReady ? what : "the caller's work producing the op's inputs (on its stream)",
+                 &poll);
     backoff(round);
   }
 }
 
-void NcclBackend::checkWaiting(const Op& op, const char* what, Clock::time_point* poll) {
+void NcclBackend::checkWaiting(const Op& op, const Deadline& deadline, const char* what,
+                               Clock::time_point* poll) {
   if (abortRequested_.load(std::memory_order_acquire)) {
     abortComms();
     std::lock_guard<std::mutex> lock(m_);
     throw *abortError_;
   }
-  if (op.deadline.expired()) {
+  if (deadline.expired()) {
     abortComms();
     GFLOW_THROW(kTimeout, (ErrorContext{"", op.seq, s_.rank, -1}))
         << what << " did not complete within the deadline (GFLOW_TIMEOUT, " << s_.timeout.count()
-        << " ms): a rank did not call it, called another op, is stuck or died; the NCCL "
-           "communicator was aborted";
+        << " ms): a rank did not call it, called another op, is stuck or died"
+        << (api_ ? "; the NCCL communicator was aborted" : "");
   }
   const Clock::time_point now = Clock::now();
   if (now - *poll < kReportPoll) return;
@@ -329,9 +375,15 @@ void NcclBackend::checkWaiting(const Op& op, const char* what, Clock::time_point
   // "<rank> <code byte><text>", the transport's error report after the rank.
   const std::string r(report.begin(), report.end());
   const size_t space = r.find(' ');
-  const int peer = space == std::string::npos ? -1 : std::atoi(r.substr(0, space).c_str());
+  long peer = -1;
+  if (space != std::string::npos) {
+    char* end = nullptr;
+    peer = std::strtol(r.c_str(), &end, 10);
+    if (end != r.c_str() + space || peer < 0 || peer >= s_.size) peer = -1;
+  }
   const std::string payload = space == std::string::npos ? r : r.substr(space + 1);
-  throw transport::peerReport(s_.rank, op.seq, peer, payload.data(), payload.size());
+  throw transport::peerReport(s_.rank, op.seq, static_cast<int>(peer), payload.data(),
+                              payload.size());
 }
 
 void NcclBackend::failNccl(const Op& op, int result, const char* what, void* comm) {
@@ -365,6 +417,7 @@ void NcclBackend::abort(const Error& error) {
 }
 
 void NcclBackend::notifyPeers(const Error& error) {
+  // Only peers that wait inside NCCL or its start read the store report.
   if (state_ == State::kUndecided || state_ == State::kStaged) return;
   failed_ = true;
   std::string report = std::to_string(s_.rank) + " ";
@@ -386,46 +439,53 @@ void NcclBackend::notifyPeers(const Error& error) {
 
 void NcclBackend::allreduce(const Op& op, const void* in, void* out) {
   DeviceGuard g(*plugin_, device_);
+  begin(op);
   const int dt = static_cast<int>(op.desc.dtype), rop = static_cast<int>(op.desc.op);
   const uint64_t n = op.desc.count;
+  // (An integer average of averages would truncate twice: flat instead.)
+  const bool integer = op.desc.dtype == DataType::kInt32 || op.desc.dtype == DataType::kInt64 ||
+                       op.desc.dtype == DataType::kUInt8;
   if (op.desc.algo == Algorithm::kHierarchical && intra_ && cross_ && n >= uint64_t(localSize_) &&
-      n % localSize_ == 0) {
+      n % localSize_ == 0 && !(integer && op.desc.op == ReduceOp::kAvg)) {
     // Reduce-scatter within the host, allreduce of this rank's block across
-    // hosts, allgather within the host, back to back on the caller's stream.
+    // hosts, allgather within the host, back to back on the NCCL stream.
     const uint64_t chunk = n / localSize_;
     char* mine = static_cast<char*>(out) + chunk * localRank_ * dataTypeSize(op.desc.dtype);
     check(op, intra_, "ncclReduceScatter (intra-host)",
-          api_->reduceScatter(in, mine, chunk, dt, rop, intra_, op.stream));
+          api_->reduceScatter(in, mine, chunk, dt, rop, intra_, stream_));
     check(op, cross_, "ncclAllReduce (cross-host)",
-          api_->allReduce(mine, mine, chunk, dt, rop, cross_, op.stream));
+          api_->allReduce(mine, mine, chunk, dt, rop, cross_, stream_));
     check(op, intra_, "ncclAllGather (intra-host)",
-          api_->allGather(mine, out, chunk, dt, intra_, op.stream));
+          api_->allGather(mine, out, chunk, dt, intra_, stream_));
     return finish(op, "hierarchical allreduce over NCCL");
   }
-  check(op, comm_, "ncclAllReduce", api_->allReduce(in, out, n, dt, rop, comm_, op.stream));
+  check(op, comm_, "ncclAllReduce", api_->allReduce(in, out, n, dt, rop, comm_, stream_));
   finish(op, "ncclAllReduce");
 }
 
 void NcclBackend::reduceScatter(const Op& op, const void* in, void* out) {
   DeviceGuard g(*plugin_, device_);
+  begin(op);
   check(op, comm_, "ncclReduceScatter",
         api_->reduceScatter(in, out, op.desc.count, static_cast<int>(op.desc.dtype),
-                            static_cast<int>(op.desc.op), comm_, op.stream));
+                            static_cast<int>(op.desc.op), comm_, stream_));
   finish(op, "ncclReduceScatter");
 }
 
 void NcclBackend::allgather(const Op& op, const void* in, void* out) {
   DeviceGuard g(*plugin_, device_);
+  begin(op);
   check(op, comm_, "ncclAllGather",
-        api_->allGather(in, out, op.desc.count, static_cast<int>(op.desc.dtype), comm_, op.stream));
+        api_->allGather(in, out, op.desc.count, static_cast<int>(op.desc.dtype), comm_, stream_));
   finish(op, "ncclAllGather");
 }
 
 void NcclBackend::broadcast(const Op& op, void* buf) {
   DeviceGuard g(*plugin_, device_);
+  begin(op);
   check(op, comm_, "ncclBroadcast",
         api_->broadcast(buf, buf, op.desc.count, static_cast<int>(op.desc.dtype), op.desc.root,
-                        comm_, op.stream));
+                        comm_, stream_));
   finish(op, "ncclBroadcast");
 }
 

@@ -11,7 +11,9 @@
 // with several ranks each, splits it (ncclCommSplit) into an intra-host and
 // a cross-host communicator for the hierarchical allreduce.
 //
-// Each op is enqueued on the caller's stream and followed by an event; the
+// Each op is enqueued on the communicator's NCCL stream, behind an event
+// recorded on the caller's stream when the op was called, and followed by
+// an event; the
 // executing thread polls the event, NCCL's asynchronous error, abort() and
 // the op's deadline, and the peers' failure reports in the store. A failure
 // or deadline aborts the NCCL communicators (ncclCommAbort), so kernels
@@ -65,8 +67,8 @@ class NcclBackend {
   // communicator to `child` (the new communicator's backend, or nullptr).
   void splitInto(const Op& op, int color, int key, NcclBackend* child);
 
-  // op.stream: the caller's stream; buffers: memory of the chosen GPU.
-  // Return once the GPU has finished the op.
+  // op.ready: the event after the work producing the inputs; buffers:
+  // memory of the chosen GPU. Return once the GPU has finished the op.
   void allreduce(const Op& op, const void* in, void* out);
   void reduceScatter(const Op& op, const void* in, void* out);
   void allgather(const Op& op, const void* in, void* out);
@@ -78,23 +80,28 @@ class NcclBackend {
   void notifyPeers(const Error& error);
 
  private:
-  enum class State { kUndecided, kStaged, kNccl, kBroken };
+  enum class State { kUndecided, kDeciding, kStaged, kNccl, kBroken };
   void decide(const Op& op, int device);
   void start(const Op& op);
+  // A store key a peer writes, waited for under op.deadline, abort() and
+  // the peers' failure reports; `what` names the wait in a timeout.
+  std::vector<uint8_t> waitForKey(const Op& op, const std::string& key, const char* what);
   // After the NCCL communicator exists: the op event and, on several hosts,
   // the intra-/cross-host communicators.
   void prepare(const Op& op);
   // Polls `comm` until its pending call completed (kInProgress ends).
   void waitReady(const Op& op, void* comm, const char* what);
-  // Enqueues on op.stream via `enqueue(comm)`, then waits for the GPU.
   // The result of enqueueing `what` on `comm`: waits out kInProgress,
   // raises a failure.
   void check(const Op& op, void* comm, const char* what, int result);
-  // Records the event after the op on op.stream and waits for the GPU.
+  // Makes the NCCL stream wait for op.ready.
+  void begin(const Op& op);
+  // Records the event after the op on the NCCL stream and waits for the GPU.
   void finish(const Op& op, const char* what);
   // Checks abort, the deadline and the peers' reports; throws after
   // aborting NCCL. `what` names the NCCL call being waited for.
-  void checkWaiting(const Op& op, const char* what, std::chrono::steady_clock::time_point* poll);
+  void checkWaiting(const Op& op, const Deadline& deadline, const char* what,
+                    std::chrono::steady_clock::time_point* poll);
   [[noreturn]] void failNccl(const Op& op, int result, const char* what, void* comm);
   [[noreturn]] void failCuda(const Op& op, int err, const char* what);
   void abortComms();
@@ -113,6 +120,11 @@ class NcclBackend {
   int localRank_ = 0;
   int localSize_ = 1;
   void* event_ = nullptr;
+  // NCCL runs on this stream of the communicator, after the event on the
+  // caller's stream: communicators sharing a caller stream never order each
+  // other's kernels (which could deadlock ranks that issue them in
+  // different orders).
+  void* stream_ = nullptr;
 
   std::mutex m_;
   std::atomic<bool> abortRequested_{false};

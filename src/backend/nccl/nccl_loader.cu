@@ -149,7 +149,7 @@ bool sym(void* h, const char* name, T* out, std::string* missing) {
 
 struct Loaded {
   nccl::Api api;
-  const nccl::Api* table = nullptr;
+  bool ok = false;
   std::string why;
 };
 
@@ -206,7 +206,7 @@ Loaded load() {
   a.reduceScatter = reduceScatter;
   a.allGather = allGather;
   a.broadcast = broadcast;
-  l.table = &l.api;
+  l.ok = true;
   return l;
 }
 
@@ -214,8 +214,8 @@ Loaded load() {
 
 const nccl::Api* loadNccl(const char** why) {
   static const Loaded l = load();
-  if (!l.table && why) *why = l.why.c_str();
-  return l.table;
+  if (!l.ok && why) *why = l.why.c_str();
+  return l.ok ? &l.api : nullptr;
 }
 
 #else  // !GFLOW_HAVE_NCCL
