@@ -20,6 +20,7 @@ the future's exception to the gflow.Error.
 """
 
 import functools
+import os
 
 import torch
 import torch.distributed as dist
@@ -136,7 +137,22 @@ def csc_hook(state, bucket):
 
 def _create_process_group(store, rank, size, timeout):
     from . import _gflow_torch  # built where libtorch-dev was found
-    return _gflow_torch.create_process_group(store, rank, size, timeout)
+    # gflow groups ranks into hosts itself; the launcher's local rank and size
+    # are only a cross-check, and they describe the world group. For a
+    # subgroup (new_group) of a one-host job the group is the host's local
+    # group; on several hosts gflow's grouping alone decides.
+    local = (-1, -1)
+    world = os.environ.get("WORLD_SIZE") or os.environ.get("GFLOW_WORLD_SIZE")
+    if world is not None and int(world) != size:
+        local_world = os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("GFLOW_LOCAL_SIZE")
+        if local_world == world:
+            local = (rank, size)
+        elif local_world is not None and int(local_world) > size:
+            raise gflow.InvalidArgumentError(
+                "gflow backend: a subgroup of %d ranks in a job on several hosts with "
+                "LOCAL_WORLD_SIZE=%s is not supported (the launcher's local size describes the "
+                "world group and gflow checks it against the subgroup)" % (size, local_world))
+    return _gflow_torch.create_process_group(store, rank, size, timeout, *local)
 
 
 def register_backend():

@@ -145,11 +145,13 @@ class GflowWork : public c10d::Work {
 class ProcessGroupGflow : public c10d::ProcessGroup {
  public:
   ProcessGroupGflow(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                    std::chrono::milliseconds timeout)
+                    std::chrono::milliseconds timeout, int localRank, int localSize)
       : c10d::ProcessGroup(rank, size) {
     gflow::Options o;
     o.rank = rank;
     o.size = size;
+    o.localRank = localRank;  // hints only (-1: the launcher's); see gflow/torch.py
+    o.localSize = localSize;
     o.store = std::make_shared<C10dStore>(store);
     o.timeout = timeout;
     comm_ = Communicator::create(o);
@@ -305,10 +307,12 @@ PYBIND11_MODULE(_gflow_torch, m) {
   m.def(
       "create_process_group",
       [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-         std::chrono::milliseconds timeout) -> c10::intrusive_ptr<c10d::ProcessGroup> {
-        return c10::make_intrusive<gflow::torch_backend::ProcessGroupGflow>(store, rank, size,
-                                                                            timeout);
+         std::chrono::milliseconds timeout, int localRank,
+         int localSize) -> c10::intrusive_ptr<c10d::ProcessGroup> {
+        return c10::make_intrusive<gflow::torch_backend::ProcessGroupGflow>(
+            store, rank, size, timeout, localRank, localSize);
       },
       py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
+      py::arg("local_rank") = -1, py::arg("local_size") = -1,
       py::call_guard<py::gil_scoped_release>());
 }
