@@ -185,15 +185,19 @@ def spin():
 
 th = threading.Thread(target=spin)
 th.start()
+comm.barrier()
 if R == 0:
-    time.sleep(0.5)  # rank 0 arrives late: the others block in allreduce
-before = ticks[0]
+    time.sleep(1.0)  # rank 0 arrives late: the others block in allreduce
+before, t0 = ticks[0], time.time()
 comm.allreduce(np.ones(8, np.float32), "sum")
-during = ticks[0] - before
+during, blocked = ticks[0] - before, time.time() - t0
 stop.set()
 th.join()
 if R != 0:
-    assert during > 1000, "the thread ran only %d times while allreduce blocked" % during
+    # Blocked about 1 s (they left the barrier with rank 0): a thread that
+    # cannot take the GIL would not count at all.
+    assert blocked > 0.1, "allreduce returned after %.3f s" % blocked
+    assert during > 1000, "the thread ran only %d times in %.3f s of allreduce" % (during, blocked)
 
 # ---- GradientReducer: dense, gradients ready in a rank-dependent order
 grads = [np.zeros(5000, np.float32), torch.zeros(300), np.zeros(70000, np.float32)]
