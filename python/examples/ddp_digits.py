@@ -1,8 +1,9 @@
 """Data-parallel training of a small MLP on the handwritten digits with
 torch DistributedDataParallel, communicating through gflow.
 
-    torchrun --nproc-per-node 4 python/examples/ddp_digits.py --backend gflow
-    torchrun --nproc-per-node 4 python/examples/ddp_digits.py --backend gloo --hook fp16
+    torchrun --nproc_per_node 4 python/examples/ddp_digits.py --backend gflow
+    torchrun --nproc_per_node 4 python/examples/ddp_digits.py --backend gloo --hook fp16
+    build/tools/gflowrun -n 4 -- python3 python/examples/ddp_digits.py --hook csc
 
 --backend picks the torch.distributed process group ("gflow": gflow's
 ProcessGroup; "gloo": torch's); --hook replaces DDP's gradient allreduce by a
@@ -47,7 +48,14 @@ def main():
     args = p.parse_args()
 
     torch.set_num_threads(1)
-    dist.init_process_group(backend=args.backend)
+    if "RANK" in os.environ:  # torchrun (or its variables): env:// rendezvous
+        dist.init_process_group(backend=args.backend)
+    else:  # gflowrun (one host): a file store named after the job's token
+        store = "/tmp/gflow-ddp-%s" % hashlib.sha256(
+            os.environ["GFLOW_JOB_TOKEN"].encode()).hexdigest()[:16]
+        dist.init_process_group(backend=args.backend, init_method="file://" + store,
+                                rank=int(os.environ["GFLOW_RANK"]),
+                                world_size=int(os.environ["GFLOW_WORLD_SIZE"]))
     rank, size = dist.get_rank(), dist.get_world_size()
 
     torch.manual_seed(0)  # the same initial weights on every rank

@@ -13,8 +13,8 @@ namespace {
 
 using CommPtr = std::shared_ptr<Communicator>;
 
-// Runs `start` (which issues the async op) and either waits for it without
-// the GIL or returns the Work that owns the arrays.
+// After an async op was issued: waits for it without the GIL (blocking
+// call), or returns the Work that owns the arrays (async_op=True).
 py::object finish(Work work, std::vector<HeldTensor> keep, bool asyncOp) {
   auto w = std::make_shared<PyWork>(std::move(work), std::move(keep));
   if (asyncOp) return py::cast(w);
