@@ -15,6 +15,10 @@ packages=(
   iproute2 procps python3
   # examples/digits_train: zlib, and the digits data shipped by scikit-learn
   zlib1g-dev python3-sklearn
+  # python/: the pybind11 module, the torch.distributed backend (libtorch),
+  # pytest, and pip packaging with Debian's setuptools (docs/python.md)
+  python3-dev pybind11-dev python3-numpy python3-pytest python3-setuptools python3-pip
+  python3-wheel python3-torch libtorch-dev
 )
 
 missing=()

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every gflow test on a fresh Debian machine:
 #   1. installs dependencies (scripts/install-deps.sh),
-#   2. builds with -Werror and runs the GoogleTest suite under ctest,
+#   2. builds with -Werror and runs the GoogleTest suite under ctest, then the
+#      Python package's pytest suite (python/tests, against build/python),
 #   3. installs gflow and builds + runs examples/ against the installed package,
 #   4. rebuilds the tests with ASan + UBSan and runs them again.
 # Usage: scripts/test.sh [--quick]   (--quick skips steps 3 and 4)
@@ -20,6 +21,9 @@ cmake --build build -j "$jobs"
 echo "== tests"
 ctest --test-dir build --output-on-failure --timeout 300 -j 2
 
+echo "== Python tests (pytest, Debian's python3)"
+GFLOW_BUILD_DIR="$PWD/build" /usr/bin/python3 -m pytest -q -p no:cacheprovider python/tests
+
 [ "$quick" = 1 ] && exit 0
 
 echo "== install + examples against the installed package"
@@ -32,7 +36,7 @@ PKG_CONFIG_PATH="$PWD/build/install/lib/pkgconfig" pkg-config --exists gflow
 
 echo "== sanitizer build (ASan + UBSan)"
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DGFLOW_SANITIZE=address,undefined \
-  -DGFLOW_BUILD_BENCH=OFF >/dev/null
+  -DGFLOW_BUILD_BENCH=OFF -DGFLOW_BUILD_PYTHON=OFF >/dev/null
 cmake --build build-asan -j "$jobs"
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build-asan --output-on-failure --timeout 600 -j 2

@@ -1,0 +1,44 @@
+# Finds what the Python package needs (python/CMakeLists.txt):
+#   GFLOW_HAVE_PYTHON: pybind11 + GFLOW_PYTHON's headers (the _gflow module);
+#   GFLOW_HAVE_TORCH:  also libtorch with TorchConfig.cmake and libtorch_python
+#                      (the _gflow_torch module, the torch.distributed backend).
+# GFLOW_BUILD_PYTHON / GFLOW_BUILD_TORCH: AUTO (build what is found), ON
+# (fail when missing) or OFF.
+set(GFLOW_HAVE_PYTHON OFF)
+set(GFLOW_HAVE_TORCH OFF)
+if(NOT GFLOW_BUILD_PYTHON STREQUAL "OFF")
+  if(EXISTS "${GFLOW_PYTHON}")
+    set(Python_EXECUTABLE "${GFLOW_PYTHON}")
+    set(PYBIND11_FINDPYTHON ON)
+    find_package(Python COMPONENTS Interpreter Development.Module QUIET)
+    if(Python_FOUND)
+      find_package(pybind11 CONFIG QUIET)
+    endif()
+  endif()
+  if(Python_FOUND AND pybind11_FOUND)
+    set(GFLOW_HAVE_PYTHON ON)
+    message(STATUS "gflow: Python package for ${Python_EXECUTABLE} (${Python_VERSION}), "
+                   "pybind11 ${pybind11_VERSION}")
+  elseif(GFLOW_BUILD_PYTHON STREQUAL "ON")
+    message(FATAL_ERROR "GFLOW_BUILD_PYTHON=ON needs pybind11 (pybind11-dev) and the headers "
+                        "of ${GFLOW_PYTHON} (python3-dev)")
+  else()
+    message(STATUS "gflow: no Python package (pybind11-dev or python3-dev missing)")
+  endif()
+endif()
+
+if(GFLOW_HAVE_PYTHON AND NOT GFLOW_BUILD_TORCH STREQUAL "OFF")
+  find_package(Torch CONFIG QUIET)
+  if(Torch_FOUND)
+    find_library(GFLOW_TORCH_PYTHON_LIBRARY torch_python HINTS "${TORCH_INSTALL_PREFIX}/lib")
+  endif()
+  if(Torch_FOUND AND GFLOW_TORCH_PYTHON_LIBRARY)
+    set(GFLOW_HAVE_TORCH ON)
+    message(STATUS "gflow: torch.distributed backend against libtorch ${Torch_VERSION}")
+  elseif(GFLOW_BUILD_TORCH STREQUAL "ON")
+    message(FATAL_ERROR "GFLOW_BUILD_TORCH=ON needs libtorch-dev (TorchConfig.cmake, "
+                        "libtorch_python)")
+  else()
+    message(STATUS "gflow: no torch.distributed backend (libtorch-dev not found)")
+  endif()
+endif()

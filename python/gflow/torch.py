@@ -1,0 +1,164 @@
+"""PyTorch integration (docs/python.md).
+
+DDP communication hooks that run the bucket's allreduce on gflow::
+
+    comm = gflow.init()
+    model = DistributedDataParallel(model, process_group=...)
+    model.register_comm_hook(comm, gflow.torch.allreduce_hook)
+    model.register_comm_hook(comm, gflow.torch.fp16_compress_hook)    # or bf16_
+    model.register_comm_hook(gflow.torch.CSCState(comm, density=0.1), gflow.torch.csc_hook)
+
+and the "gflow" torch.distributed backend, registered when this module is
+imported::
+
+    import gflow.torch
+    torch.distributed.init_process_group(backend="gflow")
+
+Each hook returns a torch.futures.Future that gflow's completion thread
+completes (holding the GIL) when the allreduce has finished; a failure sets
+the future's exception to the gflow.Error.
+"""
+
+import functools
+import os
+
+import torch
+import torch.distributed as dist
+
+import gflow
+
+__all__ = [
+    "CSCState", "HookState", "allreduce_hook", "bf16_compress_hook", "csc_hook",
+    "fp16_compress_hook", "gflow_bf16_compress_hook", "register_backend",
+]
+
+
+class HookState:
+    """State for the dense hooks: the communicator (None: gflow.init())."""
+
+    def __init__(self, comm=None):
+        self.comm = comm if comm is not None else gflow.init()
+
+
+class CSCState(HookState):
+    """State for csc_hook: coarse-grained sparse communication per bucket.
+
+    density, chunk, momentum and warmup_steps are gflow.GradientReducer's
+    (docs/compression.md); wire="float16"/"bfloat16" also compresses the
+    chunks that are sent. Each DDP bucket gets its own reducer (and its own
+    error-feedback residual), created on the bucket's first use and again when
+    DDP rebuilds its buckets (after the first iteration), which restarts the
+    residual of that bucket.
+    """
+
+    def __init__(self, comm=None, density=0.1, chunk=1024, momentum=0.0, warmup_steps=0,
+                 wire=None):
+        super().__init__(comm)
+        self.density, self.chunk, self.momentum = density, chunk, momentum
+        self.warmup_steps, self.wire = warmup_steps, wire
+        self._reducers = {}  # bucket index -> (data_ptr, numel, GradientReducer)
+
+    def reducer_for(self, buffer, index):
+        entry = self._reducers.get(index)
+        if entry is None or entry[0] != buffer.data_ptr() or entry[1] != buffer.numel():
+            reducer = gflow.GradientReducer(
+                self.comm, [buffer], op="avg", density=self.density, chunk=self.chunk,
+                momentum=self.momentum, warmup_steps=self.warmup_steps, wire=self.wire,
+                names=["ddp_bucket_%d" % index])
+            entry = (buffer.data_ptr(), buffer.numel(), reducer)
+            self._reducers[index] = entry
+        return entry[2]
+
+
+def _comm(state):
+    if state is None:
+        return gflow.init()
+    if isinstance(state, gflow.Communicator):
+        return state
+    return state.comm
+
+
+def _complete(future, result, work):
+    # Runs on gflow's completion thread with the GIL held.
+    try:
+        work.wait()
+    except Exception as e:  # noqa: BLE001 (handed to the future)
+        future.set_exception(e)
+    else:
+        future.set_result(result)
+
+
+def _future_of(work, result):
+    future = torch.futures.Future()
+    work.add_done_callback(functools.partial(_complete, future, result))
+    return future
+
+
+def _allreduce(state, bucket, wire):
+    buffer = bucket.buffer()
+    if wire is not None and buffer.dtype != torch.float32:
+        raise gflow.InvalidArgumentError(
+            "gflow.torch: %s compression takes float32 gradients, the bucket holds %s"
+            % (wire, buffer.dtype))
+    work = _comm(state).allreduce(buffer, "avg", wire=wire, async_op=True)
+    return _future_of(work, buffer)
+
+
+def allreduce_hook(state, bucket):
+    """Averages the bucket with gflow's allreduce (state: Communicator, HookState or None)."""
+    return _allreduce(state, bucket, None)
+
+
+def fp16_compress_hook(state, bucket):
+    """Averages the float32 bucket with float16 on the wire (float32 accumulation)."""
+    return _allreduce(state, bucket, "float16")
+
+
+def gflow_bf16_compress_hook(state, bucket):
+    """Averages the float32 bucket with bfloat16 on the wire (float32 accumulation)."""
+    return _allreduce(state, bucket, "bfloat16")
+
+
+# DDP refuses hooks *named* bf16_compress_hook without CUDA 11 + NCCL 2.10
+# (it takes them for torch's own); the function keeps another name.
+bf16_compress_hook = gflow_bf16_compress_hook
+
+
+def csc_hook(state, bucket):
+    """Coarse-grained sparse averaging of the bucket (state: CSCState)."""
+    if not isinstance(state, CSCState):
+        raise gflow.InvalidArgumentError("gflow.torch.csc_hook needs a gflow.torch.CSCState, got "
+                                         + type(state).__name__)
+    buffer = bucket.buffer()
+    reducer = state.reducer_for(buffer, bucket.index())
+    reducer.ready(0)
+    return _future_of(reducer.wait_async(), buffer)
+
+
+def _create_process_group(store, rank, size, timeout):
+    from . import _gflow_torch  # built where libtorch-dev was found
+    # gflow groups ranks into hosts itself; the launcher's local rank and size
+    # are only a cross-check, and they describe the world group. For a
+    # subgroup (new_group) of a one-host job the group is the host's local
+    # group; on several hosts gflow's grouping alone decides.
+    local = (-1, -1)
+    world = os.environ.get("WORLD_SIZE") or os.environ.get("GFLOW_WORLD_SIZE")
+    if world is not None and int(world) != size:
+        local_world = os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("GFLOW_LOCAL_SIZE")
+        if local_world == world:
+            local = (rank, size)
+        elif local_world is not None and int(local_world) > size:
+            raise gflow.InvalidArgumentError(
+                "gflow backend: a subgroup of %d ranks in a job on several hosts with "
+                "LOCAL_WORLD_SIZE=%s is not supported (the launcher's local size describes the "
+                "world group and gflow checks it against the subgroup)" % (size, local_world))
+    return _gflow_torch.create_process_group(store, rank, size, timeout, *local)
+
+
+def register_backend():
+    """Registers the "gflow" torch.distributed backend (idempotent)."""
+    if not hasattr(dist.Backend, "GFLOW"):
+        dist.Backend.register_backend("gflow", _create_process_group)
+
+
+register_backend()

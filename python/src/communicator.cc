@@ -1,0 +1,231 @@
+// gflow.Communicator, gflow.Work and the process-default communicator
+// (gflow.init / gflow.finalize). Collectives take arrays in place (no
+// copies) and release the GIL while they run; async_op=True returns a Work
+// that keeps the arrays alive until the op has completed.
+#include <pybind11/chrono.h>
+#include <pybind11/stl.h>
+
+#include "bindings.h"
+
+namespace gflow {
+namespace python {
+namespace {
+
+using CommPtr = std::shared_ptr<Communicator>;
+
+// After an async op was issued: waits for it without the GIL (blocking
+// call), or returns the Work that owns the arrays (async_op=True).
+py::object finish(Work work, std::vector<HeldTensor> keep, bool asyncOp) {
+  auto w = std::make_shared<PyWork>(std::move(work), std::move(keep));
+  if (asyncOp) return py::cast(w);
+  w->wait(std::chrono::milliseconds(0));
+  return py::none();
+}
+
+py::object allreduce(Communicator& c, py::handle x, py::handle op, py::handle out, py::handle wire,
+                     float prescale, float postscale, bool asyncOp) {
+  std::vector<HeldTensor> keep;
+  keep.push_back(viewTensor(x, "allreduce: tensor", out.is_none()));
+  const ReduceOp rop = toReduceOp(op);
+  if (!out.is_none()) {
+    if (!wire.is_none() || prescale != 1.0f || postscale != 1.0f) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "allreduce: wire, prescale and postscale apply to in-place allreduce only "
+                  "(drop out=)");
+    }
+    keep.push_back(viewTensor(out, "allreduce: out", true));
+    Work w;
+    {
+      py::gil_scoped_release nogil;
+      w = c.allreduceAsync(keep[0].tensor, keep[1].tensor, rop);
+    }
+    return finish(std::move(w), std::move(keep), asyncOp);
+  }
+  AllreduceOptions o;
+  o.op = rop;
+  o.wire = wire.is_none() ? keep[0].tensor.dtype : toDataType(wire);
+  o.prescale = prescale;
+  o.postscale = postscale;
+  Work w;
+  {
+    py::gil_scoped_release nogil;
+    w = c.allreduceAsync(keep[0].tensor, o);
+  }
+  return finish(std::move(w), std::move(keep), asyncOp);
+}
+
+Options makeOptions(py::handle rank, py::handle size, py::handle root, py::handle timeout,
+                    py::handle algorithm, py::handle transport, py::handle token,
+                    py::handle hostId) {
+  Options o;
+  if (!rank.is_none()) o.rank = rank.cast<int>();
+  if (!size.is_none()) o.size = size.cast<int>();
+  if (!root.is_none()) o.root = root.cast<std::string>();
+  o.timeout = toTimeout(timeout);
+  if (!algorithm.is_none()) o.algorithm = algorithm.cast<std::string>();
+  if (!transport.is_none()) o.transport = transport.cast<std::string>();
+  if (!token.is_none()) o.token = token.cast<std::string>();
+  if (!hostId.is_none()) o.hostId = hostId.cast<std::string>();
+  return o;
+}
+
+py::dict statsDict(const Stats& s) {
+  py::dict d;
+  d["allreduce"] = s.allreduce;
+  d["reduce_scatter"] = s.reduceScatter;
+  d["allgather"] = s.allgather;
+  d["broadcast"] = s.broadcast;
+  d["barrier"] = s.barrier;
+  d["shared_memory_ops"] = s.sharedMemoryOps;
+  d["hierarchical_ops"] = s.hierarchicalOps;
+  d["network_ops"] = s.networkOps;
+  d["bytes_sent"] = s.bytesSent();
+  d["bytes_received"] = s.bytesReceived();
+  return d;
+}
+
+}  // namespace
+
+void bindCommunicator(py::module_& m) {
+  py::enum_<ReduceOp>(m, "ReduceOp")
+      .value("SUM", ReduceOp::kSum)
+      .value("AVG", ReduceOp::kAvg)
+      .value("MIN", ReduceOp::kMin)
+      .value("MAX", ReduceOp::kMax)
+      .value("PROD", ReduceOp::kProd);
+  py::enum_<DataType>(m, "DataType")
+      .value("FLOAT32", DataType::kFloat32)
+      .value("FLOAT16", DataType::kFloat16)
+      .value("BFLOAT16", DataType::kBFloat16)
+      .value("FLOAT64", DataType::kFloat64)
+      .value("INT32", DataType::kInt32)
+      .value("INT64", DataType::kInt64)
+      .value("UINT8", DataType::kUInt8);
+
+  py::class_<PyWork, std::shared_ptr<PyWork>>(m, "Work")
+      .def(
+          "wait", [](PyWork& w, py::handle timeout) { w.wait(toTimeout(timeout)); },
+          py::arg("timeout") = py::none())
+      .def("test", &PyWork::test)
+      .def("done", &PyWork::test)
+      .def_property_readonly("nonfinite", &PyWork::nonFinite)
+      .def(
+          "add_done_callback",
+          [](py::object self, py::object fn) {
+            self.cast<PyWork&>().addDoneCallback(self, std::move(fn));
+          },
+          py::arg("fn"));
+
+  py::class_<Communicator, CommPtr>(m, "Communicator")
+      .def_property_readonly("rank", &Communicator::rank)
+      .def_property_readonly("size", &Communicator::size)
+      .def_property_readonly("local_rank", &Communicator::localRank)
+      .def_property_readonly("local_size", &Communicator::localSize)
+      .def_property_readonly("host_index", &Communicator::hostIndex)
+      .def_property_readonly("num_hosts", &Communicator::numHosts)
+      .def("allreduce", &allreduce, py::arg("tensor"), py::arg("op") = "sum", py::kw_only(),
+           py::arg("out") = py::none(), py::arg("wire") = py::none(), py::arg("prescale") = 1.0f,
+           py::arg("postscale") = 1.0f, py::arg("async_op") = false)
+      .def(
+          "reduce_scatter",
+          [](Communicator& c, py::handle in, py::handle out, py::handle op, bool asyncOp) {
+            std::vector<HeldTensor> keep;
+            keep.push_back(viewTensor(in, "reduce_scatter: input", false));
+            keep.push_back(viewTensor(out, "reduce_scatter: output", true));
+            const ReduceOp rop = toReduceOp(op);
+            Work w;
+            {
+              py::gil_scoped_release nogil;
+              w = c.reduceScatterAsync(keep[0].tensor, keep[1].tensor, rop);
+            }
+            return finish(std::move(w), std::move(keep), asyncOp);
+          },
+          py::arg("input"), py::arg("output"), py::arg("op") = "sum", py::kw_only(),
+          py::arg("async_op") = false)
+      .def(
+          "allgather",
+          [](Communicator& c, py::handle in, py::handle out, bool asyncOp) {
+            std::vector<HeldTensor> keep;
+            keep.push_back(viewTensor(in, "allgather: input", false));
+            keep.push_back(viewTensor(out, "allgather: output", true));
+            Work w;
+            {
+              py::gil_scoped_release nogil;
+              w = c.allgatherAsync(keep[0].tensor, keep[1].tensor);
+            }
+            return finish(std::move(w), std::move(keep), asyncOp);
+          },
+          py::arg("input"), py::arg("output"), py::kw_only(), py::arg("async_op") = false)
+      .def(
+          "broadcast",
+          [](Communicator& c, py::handle x, int root, bool asyncOp) {
+            std::vector<HeldTensor> keep;
+            keep.push_back(viewTensor(x, "broadcast: tensor", true));
+            Work w;
+            {
+              py::gil_scoped_release nogil;
+              w = c.broadcastAsync(keep[0].tensor, root);
+            }
+            return finish(std::move(w), std::move(keep), asyncOp);
+          },
+          py::arg("tensor"), py::arg("root") = 0, py::kw_only(), py::arg("async_op") = false)
+      .def(
+          "barrier",
+          [](Communicator& c, bool asyncOp) {
+            Work w;
+            {
+              py::gil_scoped_release nogil;
+              w = c.barrierAsync();
+            }
+            return finish(std::move(w), {}, asyncOp);
+          },
+          py::kw_only(), py::arg("async_op") = false)
+      .def(
+          "split",
+          [](Communicator& c, int color, int key) {
+            py::gil_scoped_release nogil;
+            return c.split(color, key);
+          },
+          py::arg("color"), py::arg("key") = 0)
+      .def("local_communicator", &Communicator::localCommunicator,
+           py::call_guard<py::gil_scoped_release>())
+      .def("cross_host_communicator", &Communicator::crossHostCommunicator,
+           py::call_guard<py::gil_scoped_release>())
+      .def("abort", &Communicator::abort)
+      .def("stats", [](const Communicator& c) { return statsDict(c.stats()); })
+      .def("__repr__", [](const Communicator& c) {
+        return "<gflow.Communicator rank " + std::to_string(c.rank()) + " of " +
+               std::to_string(c.size()) + ">";
+      });
+
+  m.def(
+      "init",
+      [](py::handle rank, py::handle size, py::handle root, py::handle timeout,
+         py::handle algorithm, py::handle transport, py::handle token, py::handle hostId) {
+        Options o = makeOptions(rank, size, root, timeout, algorithm, transport, token, hostId);
+        py::gil_scoped_release nogil;
+        return init(o);
+      },
+      py::kw_only(), py::arg("rank") = py::none(), py::arg("size") = py::none(),
+      py::arg("root") = py::none(), py::arg("timeout") = py::none(),
+      py::arg("algorithm") = py::none(), py::arg("transport") = py::none(),
+      py::arg("token") = py::none(), py::arg("host_id") = py::none());
+  m.def(
+      "create",
+      [](py::handle rank, py::handle size, py::handle root, py::handle timeout,
+         py::handle algorithm, py::handle transport, py::handle token, py::handle hostId) {
+        Options o = makeOptions(rank, size, root, timeout, algorithm, transport, token, hostId);
+        py::gil_scoped_release nogil;
+        return Communicator::create(o);
+      },
+      py::kw_only(), py::arg("rank") = py::none(), py::arg("size") = py::none(),
+      py::arg("root") = py::none(), py::arg("timeout") = py::none(),
+      py::arg("algorithm") = py::none(), py::arg("transport") = py::none(),
+      py::arg("token") = py::none(), py::arg("host_id") = py::none());
+  m.def("default_communicator", &defaultCommunicator);
+  m.def("finalize", &finalize, py::call_guard<py::gil_scoped_release>());
+  m.def("_shutdown", [] { Completer::instance().shutdown(); });
+}
+
+}  // namespace python
+}  // namespace gflow

@@ -1,0 +1,105 @@
+// gflow.GradientReducer: lazy allreduce with chunk fusion, mixed-precision
+// wire and CSC over arrays the caller owns (docs/gradient.md,
+// docs/compression.md). The reducer keeps its arrays alive.
+#include <pybind11/stl.h>
+
+#include "bindings.h"
+
+namespace gflow {
+namespace python {
+namespace {
+
+struct PyReducer {
+  std::vector<HeldTensor> arrays;  // declared first: destroyed after the reducer
+  std::shared_ptr<GradientReducer> reducer;
+};
+
+std::shared_ptr<PyReducer> make(std::shared_ptr<Communicator> comm, py::list tensors, py::handle op,
+                                uint64_t fusionThreshold, py::handle cycleTimeMs, py::handle wire,
+                                float prescale, float postscale, double density, size_t chunk,
+                                float momentum, uint64_t warmupSteps,
+                                std::vector<std::string> names, std::string timeline) {
+  if (!comm) throw Error(ErrorCode::kInvalidArgument, "GradientReducer: comm is None");
+  auto r = std::make_shared<PyReducer>();
+  std::vector<Tensor> grads;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const std::string what = "GradientReducer: tensor " + std::to_string(i);
+    r->arrays.push_back(viewTensor(tensors[i], what.c_str(), true));
+    grads.push_back(r->arrays.back().tensor);
+  }
+  ReducerOptions o;
+  o.op = toReduceOp(op);
+  o.fusionThreshold = fusionThreshold;
+  if (!cycleTimeMs.is_none()) {
+    o.cycleTime = std::chrono::milliseconds(cycleTimeMs.cast<int64_t>());
+  }
+  if (!wire.is_none()) o.wire = toDataType(wire);
+  o.prescale = prescale;
+  o.postscale = postscale;
+  o.sparse.density = density;
+  o.sparse.chunk = chunk;
+  o.sparse.momentum = momentum;
+  o.sparse.warmupSteps = warmupSteps;
+  o.names = std::move(names);
+  o.timeline = std::move(timeline);
+  py::gil_scoped_release nogil;
+  r->reducer = std::make_shared<GradientReducer>(std::move(comm), std::move(grads), o);
+  return r;
+}
+
+py::dict statsDict(const ReducerStats& s) {
+  py::dict d;
+  d["steps"] = s.steps;
+  d["fused_ops"] = s.fusedOps;
+  d["packed_bytes"] = s.packedBytes;
+  d["in_place_bytes"] = s.inPlaceBytes;
+  d["control_ops"] = s.controlOps;
+  d["sparse_chunks"] = s.sparseChunks;
+  d["sparse_chunks_sent"] = s.sparseChunksSent;
+  return d;
+}
+
+}  // namespace
+
+void bindReducer(py::module_& m) {
+  py::class_<PyReducer, std::shared_ptr<PyReducer>>(m, "GradientReducer")
+      .def(py::init(&make), py::arg("comm"), py::arg("tensors"), py::kw_only(),
+           py::arg("op") = "avg", py::arg("fusion_threshold") = 0,
+           py::arg("cycle_time_ms") = py::none(), py::arg("wire") = py::none(),
+           py::arg("prescale") = 1.0f, py::arg("postscale") = 1.0f, py::arg("density") = -1.0,
+           py::arg("chunk") = 0, py::arg("momentum") = 0.0f, py::arg("warmup_steps") = 0,
+           py::arg("names") = std::vector<std::string>{}, py::arg("timeline") = "")
+      .def(
+          "ready", [](PyReducer& r, size_t i) { r.reducer->ready(i); }, py::arg("index"))
+      .def(
+          "wait",
+          [](PyReducer& r, py::handle timeout) {
+            auto t = toTimeout(timeout);
+            py::gil_scoped_release nogil;
+            r.reducer->wait(t);
+          },
+          py::arg("timeout") = py::none())
+      .def("wait_async",
+           [](py::object self) {
+             std::shared_ptr<GradientReducer> red = self.cast<PyReducer&>().reducer;
+             return std::make_shared<PyWork>(
+                 [red] {
+                   red->wait();
+                   return red->nonFinite();
+                 },
+                 self);
+           })
+      .def("__len__", [](const PyReducer& r) { return r.reducer->numTensors(); })
+      .def_property_readonly("buckets", [](const PyReducer& r) { return r.reducer->buckets(); })
+      .def_property_readonly("fusion_threshold",
+                             [](const PyReducer& r) { return r.reducer->fusionThreshold(); })
+      .def_property_readonly("nonfinite", [](const PyReducer& r) { return r.reducer->nonFinite(); })
+      .def("stats", [](const PyReducer& r) { return statsDict(r.reducer->stats()); })
+      .def("communicator_stats", [](const PyReducer& r) {
+        const Stats s = r.reducer->communicator().stats();
+        return py::make_tuple(s.bytesSent(), s.bytesReceived());
+      });
+}
+
+}  // namespace python
+}  // namespace gflow

@@ -1,0 +1,114 @@
+"""pytest setup for gflow's Python package (docs/testing.md).
+
+The package is imported from the CMake build tree: $GFLOW_BUILD_DIR/python
+(default: <repo>/build/python). Multi-rank tests start one process per rank
+with the variables gflowrun sets (GFLOW_RANK, GFLOW_WORLD_SIZE, GFLOW_ROOT,
+GFLOW_JOB_TOKEN, ...) or torchrun's, each under a timeout, and collect every
+rank's exit status and output.
+"""
+
+import os
+import secrets
+import socket
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BUILD = os.path.abspath(os.environ.get("GFLOW_BUILD_DIR", os.path.join(REPO, "build")))
+PKG = os.path.join(BUILD, "python")
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+if not os.path.exists(os.path.join(PKG, "gflow", "__init__.py")):
+    pytest.exit("gflow's Python package is not built in %s (GFLOW_BUILD_PYTHON needs "
+                "pybind11-dev and python3-dev)" % PKG, returncode=1)
+sys.path.insert(0, PKG)
+
+
+def free_port(consecutive=1):
+    """A port p such that p .. p+consecutive-1 were free just now."""
+    for _ in range(100):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        others = []
+        try:
+            for i in range(1, consecutive):
+                o = socket.socket()
+                o.bind(("127.0.0.1", port + i))
+                others.append(o)
+        except OSError:
+            continue
+        finally:
+            s.close()
+            for o in others:
+                o.close()
+        return port
+    raise RuntimeError("no free port")
+
+
+class Rank:
+    def __init__(self, rank, returncode, stdout, stderr):
+        self.rank, self.returncode, self.stdout, self.stderr = rank, returncode, stdout, stderr
+
+    def __repr__(self):
+        return "rank %d rc=%s\n--- stdout\n%s--- stderr\n%s" % (
+            self.rank, self.returncode, self.stdout, self.stderr[-3000:])
+
+
+def launch(n, argv, style="gflow", env=None, timeout=90):
+    """Runs `argv` (after the Python interpreter) as n ranks; returns [Rank].
+
+    style "gflow": the variables gflowrun sets; "torchrun": RANK, WORLD_SIZE,
+    MASTER_ADDR, MASTER_PORT (gflow's own store then uses MASTER_PORT+1).
+    A rank still running after `timeout` seconds is killed (returncode None).
+    """
+    port = free_port(2)
+    token = secrets.token_hex(16)
+    procs = []
+    for r in range(n):
+        e = dict(os.environ)
+        for k in list(e):
+            if k.startswith("GFLOW_") and k != "GFLOW_BUILD_DIR" or k in (
+                    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                    "MASTER_PORT"):
+                del e[k]
+        e["PYTHONPATH"] = PKG + os.pathsep + HERE
+        e["OMP_NUM_THREADS"] = "1"
+        if style == "gflow":
+            e.update(GFLOW_RANK=str(r), GFLOW_WORLD_SIZE=str(n), GFLOW_LOCAL_RANK=str(r),
+                     GFLOW_LOCAL_SIZE=str(n), GFLOW_ROOT="127.0.0.1:%d" % port,
+                     GFLOW_JOB_TOKEN=token)
+        else:
+            e.update(RANK=str(r), WORLD_SIZE=str(n), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(n),
+                     MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GFLOW_JOB_TOKEN=token)
+        e.update(env or {})
+        procs.append(subprocess.Popen([sys.executable] + list(argv), env=e, cwd=HERE,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    ranks = []
+    for r, p in enumerate(procs):
+        try:
+            out, err = p.communicate(timeout=timeout)
+            rc = p.returncode
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            out, err = p.communicate()
+            rc = None
+        ranks.append(Rank(r, rc, out, err))
+    return ranks
+
+
+def assert_all_ok(ranks):
+    for r in ranks:
+        assert r.returncode == 0, repr(r)
+
+
+@pytest.fixture
+def single():
+    """A one-rank communicator (its own TCP store on a free port)."""
+    import gflow
+    comm = gflow.create(rank=0, size=1, root="127.0.0.1:%d" % free_port(), timeout=30)
+    yield comm
+    del comm

@@ -1,0 +1,13 @@
+"""torch.distributed with backend="gflow": every collective of the backend
+against float64 references on 3 ranks, bootstrapped through
+init_process_group's own store (worker_backend.py)."""
+
+from conftest import assert_all_ok, launch
+
+
+def test_backend_three_ranks():
+    assert_all_ok(launch(3, ["worker_backend.py"], style="torchrun", timeout=120))
+
+
+def test_backend_two_ranks():
+    assert_all_ok(launch(2, ["worker_backend.py"], style="torchrun", timeout=120))

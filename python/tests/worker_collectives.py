@@ -1,0 +1,251 @@
+"""One rank of test_collectives.py: every collective on numpy arrays and CPU
+torch tensors against a float64 / exact-integer reference computed from
+every rank's inputs (each rank can generate all ranks' data). Exits 0 when
+every check passed; an AssertionError exits non-zero with the reason."""
+
+import math
+import sys
+import threading
+import time
+
+import numpy as np
+import torch
+
+import gflow
+
+comm = gflow.init()
+R, N = comm.rank, comm.size
+assert (R, N) == (comm.rank, comm.size) and N >= 2
+assert gflow.default_communicator() is not None
+
+
+def inputs(dtype, count, seed, op="sum"):
+    """Every rank's input for one case (list indexed by rank)."""
+    out = []
+    for r in range(N):
+        rng = np.random.default_rng(seed * 1009 + r)
+        if op == "prod":
+            v = rng.integers(1, 3, count) * rng.choice([-1, 1], count)
+        elif np.issubdtype(np.dtype(dtype), np.integer):
+            lo = 0 if np.dtype(dtype) == np.uint8 else -1000
+            hi = 255 // N if np.dtype(dtype) == np.uint8 else 1000
+            v = rng.integers(lo, hi, count)
+        else:
+            v = rng.uniform(-1, 1, count)
+        if op == "prod" and np.dtype(dtype) == np.uint8:
+            v = np.abs(v)
+        out.append(v.astype(dtype))
+    return out
+
+
+def reference(xs, op):
+    a = np.stack([x.astype(np.float64) for x in xs])
+    integer = np.issubdtype(xs[0].dtype, np.integer)
+    if op == "sum":
+        return a.sum(0)
+    if op == "avg":
+        return np.trunc(a.sum(0) / N) if integer else a.sum(0) / N
+    if op == "min":
+        return a.min(0)
+    if op == "max":
+        return a.max(0)
+    return a.prod(0)
+
+
+def check_close(got, want, xs, what):
+    got = np.asarray(got, dtype=np.float64)
+    if np.issubdtype(xs[0].dtype, np.integer):
+        assert np.array_equal(got, want), what
+        return
+    eps = {np.float16: 2.0**-11, np.float32: 2.0**-24, np.float64: 2.0**-53}[xs[0].dtype.type]
+    scale = np.stack([np.abs(x.astype(np.float64)) for x in xs]).sum(0)
+    bound = (N + 1) * eps * scale + 1e-300
+    assert np.all(np.abs(got - want) <= bound), "%s: max error %g" % (
+        what, np.max(np.abs(got - want) - bound))
+
+
+def same_everywhere(arr, what):
+    """Bitwise equality of `arr` on every rank (allgather of its bytes)."""
+    b = np.frombuffer(np.ascontiguousarray(arr).tobytes(), dtype=np.uint8).copy()
+    out = np.empty(b.size * N, np.uint8)
+    comm.allgather(b, out)
+    rows = out.reshape(N, -1)
+    assert all(np.array_equal(rows[0], rows[i]) for i in range(N)), what + " differs across ranks"
+
+
+# ---- allreduce on numpy arrays, every dtype and op
+seed = 1
+for dtype in (np.float32, np.float64, np.float16, np.int32, np.int64, np.uint8):
+    for op in ("sum", "avg", "min", "max", "prod"):
+        for count in (1, 1000, 40001):
+            seed += 1
+            if dtype == np.float16 and count > 1000:
+                continue
+            xs = inputs(dtype, count, seed, op)
+            x = xs[R].copy()
+            comm.allreduce(x, op)
+            check_close(x, reference(xs, op), xs, "allreduce %s %s n=%d" % (
+                np.dtype(dtype).name, op, count))
+            same_everywhere(x, "allreduce result")
+# ReduceOp enum and 2-d arrays
+xs = inputs(np.float32, 600, 7)
+x = xs[R].reshape(20, 30).copy()
+comm.allreduce(x, gflow.ReduceOp.MAX)
+assert np.array_equal(x.ravel(), reference(xs, "max"))
+
+# ---- torch tensors through DLPack: float32, bfloat16 (exact small integers), int64
+xs = inputs(np.float32, 5000, 11)
+t = torch.from_numpy(xs[R].copy())
+comm.allreduce(t, "sum")
+check_close(t.numpy(), reference(xs, "sum"), xs, "torch float32")
+ints = [np.round(x * 8) for x in inputs(np.float32, 300, 12)]
+tb = torch.tensor(ints[R], dtype=torch.bfloat16)
+comm.allreduce(tb, "sum")
+assert np.array_equal(tb.float().numpy(), reference(ints, "sum")), "torch bfloat16"
+xs = inputs(np.int64, 777, 13)
+ti = torch.from_numpy(xs[R].copy())
+comm.allreduce(ti, "max")
+assert np.array_equal(ti.numpy(), reference(xs, "max"))
+p = torch.nn.Parameter(torch.full((4,), float(R + 1)))  # requires grad: shared memory
+comm.allreduce(p, "sum")
+assert torch.equal(p.detach(), torch.full((4,), N * (N + 1) / 2.0))
+
+# ---- out-of-place: the input is untouched
+xs = inputs(np.float64, 999, 14)
+x = xs[R].copy()
+out = np.empty_like(x)
+comm.allreduce(x, "sum", out=out)
+assert np.array_equal(x, xs[R])
+check_close(out, reference(xs, "sum"), xs, "out-of-place")
+
+# ---- reduce_scatter, allgather, broadcast, barrier
+k = 1234
+xs = inputs(np.float32, k * N, 15)
+out = np.empty(k, np.float32)
+comm.reduce_scatter(xs[R].copy(), out, "sum")
+check_close(out, reference(xs, "sum")[R * k:(R + 1) * k], [x[R * k:(R + 1) * k] for x in xs],
+            "reduce_scatter")
+xs = inputs(np.int32, 321, 16)
+out = torch.empty(321 * N, dtype=torch.int32)
+comm.allgather(xs[R], out)
+assert np.array_equal(out.numpy(), np.concatenate(xs)), "allgather"
+xs = inputs(np.float64, 100, 17)
+x = xs[R].copy()
+comm.broadcast(x, root=N - 1)
+assert np.array_equal(x, xs[N - 1]), "broadcast"
+comm.barrier()
+
+# ---- async: several in flight, waited in reverse, callbacks once each
+cases = [inputs(np.float32, 3000 + i, 20 + i) for i in range(4)]
+arrays = [c[R].copy() for c in cases]
+works = [comm.allreduce(a, "sum", async_op=True) for a in arrays]
+calls = []
+works[0].add_done_callback(lambda w: calls.append(("cb", w.test())))
+for w in reversed(works):
+    w.wait(timeout=60)
+    assert w.test() and w.done()
+for a, c in zip(arrays, cases):
+    check_close(a, reference(c, "sum"), c, "async allreduce")
+deadline = time.time() + 10
+while not calls and time.time() < deadline:
+    time.sleep(0.01)
+assert calls == [("cb", True)], calls
+# a dropped Work keeps its array alive until the op is done
+tmp = inputs(np.float32, 100000, 30)
+comm.allreduce(tmp[R].copy(), "sum", async_op=True)
+comm.barrier(async_op=True).wait()
+
+# ---- float16 / bfloat16 on the wire: the error bound of docs/compression.md
+for wire, u, eta in (("float16", 2.0**-11, 2.0**-25), ("bfloat16", 2.0**-8, 2.0**-134)):
+    xs = inputs(np.float32, 10000, 40)
+    x = xs[R].copy()
+    w = comm.allreduce(x, "sum", wire=wire, async_op=True)
+    w.wait()
+    S = np.stack([np.abs(v.astype(np.float64)) for v in xs]).sum(0)
+    err = np.abs(x.astype(np.float64) - reference(xs, "sum"))
+    assert np.all(err <= (N + 1) * u * S + N * eta), "%s wire error %g" % (wire, err.max())
+    assert not w.nonfinite
+    same_everywhere(x, wire + " result")
+x = np.ones(10, np.float32)
+if R == 0:
+    x[3] = 70000.0  # beyond float16's range
+w = comm.allreduce(x, "sum", wire=torch.float16, async_op=True)
+w.wait()
+assert w.nonfinite, "float16 overflow not reported"
+
+# ---- GIL released during a blocking collective: a Python thread keeps running
+ticks = [0]
+stop = threading.Event()
+
+
+def spin():
+    while not stop.is_set():
+        ticks[0] += 1
+
+
+th = threading.Thread(target=spin)
+th.start()
+comm.barrier()
+if R == 0:
+    time.sleep(1.0)  # rank 0 arrives late: the others block in allreduce
+before, t0 = ticks[0], time.time()
+comm.allreduce(np.ones(8, np.float32), "sum")
+during, blocked = ticks[0] - before, time.time() - t0
+stop.set()
+th.join()
+if R != 0:
+    # Blocked about 1 s (they left the barrier with rank 0): a thread that
+    # cannot take the GIL would not count at all.
+    assert blocked > 0.1, "allreduce returned after %.3f s" % blocked
+    assert during > 1000, "the thread ran only %d times in %.3f s of allreduce" % (during, blocked)
+
+# ---- GradientReducer: dense, gradients ready in a rank-dependent order
+grads = [np.zeros(5000, np.float32), torch.zeros(300), np.zeros(70000, np.float32)]
+reducer = gflow.GradientReducer(comm, grads, op="avg", fusion_threshold=64 << 10)
+assert len(reducer) == 3 and reducer.buckets
+for step in range(3):
+    vals = [inputs(np.float32, g.numel() if torch.is_tensor(g) else g.size, 50 + 10 * step + i)
+            for i, g in enumerate(grads)]
+    order = list(range(3)) if R % 2 == 0 else [2, 0, 1]
+    for i in order:
+        src = torch.from_numpy(vals[i][R]) if torch.is_tensor(grads[i]) else vals[i][R]
+        grads[i][:] = src
+        reducer.ready(i)
+    reducer.wait(timeout=60)
+    for i, g in enumerate(grads):
+        got = g.numpy() if torch.is_tensor(g) else g
+        check_close(got, reference(vals[i], "avg"), vals[i], "reducer step %d tensor %d" % (
+            step, i))
+assert reducer.stats()["steps"] == 3
+
+# ---- GradientReducer with CSC against a numpy simulation (integer values: exact)
+C, density, count = 4, 0.5, 64
+g = np.zeros(count, np.float32)
+csc = gflow.GradientReducer(comm, [g], op="sum", density=density, chunk=C)
+residual = [np.zeros(count) for _ in range(N)]
+for step in range(4):
+    vals = [np.round(v * 10) for v in inputs(np.float64, count, 90 + step)]
+    for r in range(N):
+        residual[r] += vals[r]
+    norms = sum(np.abs(residual[r]).reshape(-1, C).sum(1) for r in range(N))
+    k = math.ceil(density * (count // C))
+    picked = sorted(sorted(range(count // C), key=lambda c: (-norms[c], c))[:k])
+    want = np.zeros(count)
+    for c in picked:
+        sl = slice(c * C, (c + 1) * C)
+        want[sl] = sum(residual[r][sl] for r in range(N))
+        for r in range(N):
+            residual[r][sl] = 0
+    g[:] = vals[R]
+    csc.ready(0)
+    w = csc.wait_async()
+    w.wait(timeout=60)
+    assert np.array_equal(g.astype(np.float64), want), "CSC step %d" % step
+st = csc.stats()
+assert st["sparse_chunks_sent"] * 2 == st["sparse_chunks"], st
+
+# ---- stats
+s = comm.stats()
+assert s["allreduce"] > 0 and s["bytes_sent"] > 0
+print("rank %d ok" % R)
+gflow.finalize()

@@ -1,0 +1,318 @@
+// The "gflow" torch.distributed backend (_gflow_torch): a c10d::ProcessGroup
+// whose collectives run on a gflow::Communicator, bootstrapped through the
+// c10d::Store that init_process_group hands the backend creator. CPU
+// tensors; allreduce (and its coalesced form), broadcast, allgather,
+// reduce_scatter (list and flat forms) and barrier. One translation unit on
+// purpose: the torch headers dominate the build time.
+#include <torch/csrc/utils/pybind.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <pybind11/chrono.h>
+
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "gflow/gflow.h"
+
+namespace gflow {
+namespace torch_backend {
+namespace {
+
+[[noreturn]] void invalid(const std::string& message) {
+  throw Error(ErrorCode::kInvalidArgument, "gflow backend: " + message);
+}
+
+// c10d::Store as a gflow::Store: gflow's bootstrap keys live in the store
+// of init_process_group (under the prefix torch gives each group).
+class C10dStore : public Store {
+ public:
+  explicit C10dStore(c10::intrusive_ptr<c10d::Store> store) : store_(std::move(store)) {}
+
+  void set(const std::string& key, const std::vector<uint8_t>& value) override {
+    store_->set(key, value);
+  }
+  std::vector<uint8_t> get(const std::string& key, std::chrono::milliseconds timeout) override {
+    wait({key}, timeout);
+    return store_->get(key);
+  }
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
+    try {
+      store_->wait(keys, timeout);
+    } catch (const std::exception& e) {
+      throw Error(ErrorCode::kTimeout, std::string("waiting for the c10d store: ") + e.what(),
+                  ErrorContext{"bootstrap"});
+    }
+  }
+  int64_t add(const std::string& key, int64_t delta) override { return store_->add(key, delta); }
+
+ private:
+  c10::intrusive_ptr<c10d::Store> store_;
+};
+
+DataType toDataType(const at::Tensor& t, const char* what) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return DataType::kFloat32;
+    case at::kHalf: return DataType::kFloat16;
+    case at::kBFloat16: return DataType::kBFloat16;
+    case at::kDouble: return DataType::kFloat64;
+    case at::kInt: return DataType::kInt32;
+    case at::kLong: return DataType::kInt64;
+    case at::kByte: return DataType::kUInt8;
+    default:
+      invalid(std::string(what) + ": dtype " + std::string(c10::toString(t.scalar_type())) +
+              " is not supported (float32, float16, bfloat16, float64, int32, int64, uint8)");
+  }
+}
+
+// A view of a CPU tensor that gflow can use in place.
+Tensor view(const at::Tensor& t, const char* what) {
+  if (!t.device().is_cpu()) {
+    invalid(std::string(what) + ": tensor on " + t.device().str() +
+            "; the gflow backend takes CPU tensors");
+  }
+  if (!t.is_contiguous()) invalid(std::string(what) + ": tensor is not contiguous");
+  if (t.is_sparse()) invalid(std::string(what) + ": sparse tensors are not supported");
+  return Tensor(t.data_ptr(), static_cast<size_t>(t.numel()), toDataType(t, what));
+}
+
+ReduceOp toReduceOp(const c10d::ReduceOp& op) {
+  switch (op.op_) {
+    case c10d::ReduceOp::SUM: return ReduceOp::kSum;
+    case c10d::ReduceOp::AVG: return ReduceOp::kAvg;
+    case c10d::ReduceOp::PRODUCT: return ReduceOp::kProd;
+    case c10d::ReduceOp::MIN: return ReduceOp::kMin;
+    case c10d::ReduceOp::MAX: return ReduceOp::kMax;
+    default:
+      invalid("reduce op " + std::to_string(static_cast<int>(op.op_)) +
+              " is not supported (SUM, AVG, PRODUCT, MIN, MAX)");
+  }
+}
+
+const at::Tensor& single(const std::vector<at::Tensor>& tensors, const char* what) {
+  if (tensors.size() != 1) {
+    invalid(std::string(what) + ": expected one tensor per call, got " +
+            std::to_string(tensors.size()));
+  }
+  return tensors[0];
+}
+
+// A c10d::Work completed by the process group's completion thread once the
+// gflow op is done (and, for staged ops, the result copied out).
+class GflowWork : public c10d::Work {
+ public:
+  GflowWork(int rank, c10d::OpType type, gflow::Work work, std::vector<at::Tensor> outputs,
+            std::function<void()> after)
+      : c10d::Work(rank, type),
+        work_(std::move(work)),
+        outputs_(std::move(outputs)),
+        after_(std::move(after)),
+        future_(c10::make_intrusive<c10::ivalue::Future>(
+            c10::ListType::create(c10::TensorType::get()))) {}
+
+  std::vector<at::Tensor> result() override { return outputs_; }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+
+  // Completion thread: waits for the gflow op, then completes the future
+  // (its callbacks run here, e.g. DDP's) and the Work.
+  void complete() {
+    std::exception_ptr error;
+    try {
+      work_.wait();
+      if (after_) after_();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    after_ = nullptr;
+    if (error) {
+      future_->setError(error);
+    } else {
+      future_->markCompleted(c10::IValue(outputs_));
+    }
+    finish(error);
+  }
+
+ private:
+  gflow::Work work_;
+  std::vector<at::Tensor> outputs_;
+  std::function<void()> after_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+class ProcessGroupGflow : public c10d::ProcessGroup {
+ public:
+  ProcessGroupGflow(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                    std::chrono::milliseconds timeout, int localRank, int localSize)
+      : c10d::ProcessGroup(rank, size) {
+    gflow::Options o;
+    o.rank = rank;
+    o.size = size;
+    o.localRank = localRank;  // hints only (-1: the launcher's); see gflow/torch.py
+    o.localSize = localSize;
+    o.store = std::make_shared<C10dStore>(store);
+    o.timeout = timeout;
+    comm_ = Communicator::create(o);
+    thread_ = std::thread([this] { run(); });
+  }
+
+  ~ProcessGroupGflow() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+      cv_.notify_all();
+    }
+    thread_.join();  // completes every queued work first
+  }
+
+  const std::string getBackendName() const override { return "gflow"; }
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override {
+    const at::Tensor& t = single(tensors, "broadcast");
+    if (opts.rootTensor != 0) invalid("broadcast: rootTensor must be 0");
+    return enqueue(c10d::OpType::BROADCAST,
+                   comm_->broadcastAsync(view(t, "broadcast"), static_cast<int>(opts.rootRank)),
+                   {t});
+  }
+
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override {
+    const at::Tensor& t = single(tensors, "allreduce");
+    return enqueue(c10d::OpType::ALLREDUCE,
+                   comm_->allreduceAsync(view(t, "allreduce"), toReduceOp(opts.reduceOp)), {t});
+  }
+
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override {
+    std::vector<Tensor> views;
+    for (const at::Tensor& t : tensors) views.push_back(view(t, "allreduce_coalesced"));
+    return enqueue(c10d::OpType::ALLREDUCE_COALESCED,
+                   allreduceCoalesced(*comm_, views, toReduceOp(opts.reduceOp)), tensors);
+  }
+
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions&) override {
+    const at::Tensor& in = single(inputs, "allgather");
+    if (outputs.size() != 1 || outputs[0].size() != static_cast<size_t>(size_)) {
+      invalid("allgather: expected one list of " + std::to_string(size_) + " output tensors");
+    }
+    for (const at::Tensor& o : outputs[0]) {
+      if (o.numel() != in.numel() || o.scalar_type() != in.scalar_type()) {
+        invalid("allgather: every output tensor must have the input's numel and dtype");
+      }
+    }
+    at::Tensor flat = at::empty({size_ * in.numel()}, in.options());
+    std::vector<at::Tensor> outs = outputs[0];
+    gflow::Work w = comm_->allgatherAsync(view(in, "allgather"), view(flat, "allgather"));
+    return enqueue(c10d::OpType::ALLGATHER, std::move(w), outs, [flat, outs] {
+      for (size_t r = 0; r < outs.size(); ++r) {
+        at::Tensor o = outs[r];
+        o.copy_(flat.narrow(0, static_cast<int64_t>(r) * o.numel(), o.numel()).view_as(o));
+      }
+    });
+  }
+
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& out, at::Tensor& in,
+                                                 const c10d::AllgatherOptions&) override {
+    return enqueue(c10d::OpType::_ALLGATHER_BASE,
+                   comm_->allgatherAsync(view(in, "_allgather_base"), view(out, "_allgather_base")),
+                   {out});
+  }
+
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override {
+    const at::Tensor& out = single(outputs, "reduce_scatter");
+    if (inputs.size() != 1 || inputs[0].size() != static_cast<size_t>(size_)) {
+      invalid("reduce_scatter: expected one list of " + std::to_string(size_) + " input tensors");
+    }
+    std::vector<at::Tensor> flatIn;
+    for (const at::Tensor& i : inputs[0]) {
+      if (i.numel() != out.numel() || i.scalar_type() != out.scalar_type()) {
+        invalid("reduce_scatter: every input tensor must have the output's numel and dtype");
+      }
+      flatIn.push_back(i.reshape({-1}));
+    }
+    at::Tensor in = at::cat(flatIn);
+    at::Tensor result =
+        out.is_contiguous() ? out : at::empty_like(out, at::MemoryFormat::Contiguous);
+    gflow::Work w = comm_->reduceScatterAsync(
+        view(in, "reduce_scatter"), view(result, "reduce_scatter"), toReduceOp(opts.reduceOp));
+    std::function<void()> after;
+    if (!out.is_contiguous()) after = [out, result]() mutable { out.copy_(result); };
+    return enqueue(c10d::OpType::REDUCE_SCATTER, std::move(w), {out}, [in, after] {
+      if (after) after();  // `in` lives until the op is done
+    });
+  }
+
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+      at::Tensor& out, at::Tensor& in, const c10d::ReduceScatterOptions& opts) override {
+    return enqueue(
+        c10d::OpType::_REDUCE_SCATTER_BASE,
+        comm_->reduceScatterAsync(view(in, "_reduce_scatter_base"),
+                                  view(out, "_reduce_scatter_base"), toReduceOp(opts.reduceOp)),
+        {out}, [in] {});
+  }
+
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions&) override {
+    return enqueue(c10d::OpType::BARRIER, comm_->barrierAsync(), {});
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, gflow::Work w,
+                                         std::vector<at::Tensor> outputs,
+                                         std::function<void()> after = nullptr) {
+    auto work = c10::make_intrusive<GflowWork>(rank_, type, std::move(w), std::move(outputs),
+                                               std::move(after));
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(work);
+    cv_.notify_all();
+    return work;
+  }
+
+  // gflow runs a communicator's ops in issue order, so waiting in FIFO
+  // order completes each work as soon as it is done.
+  void run() {
+    for (;;) {
+      c10::intrusive_ptr<GflowWork> w;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        w = queue_.front();
+        queue_.pop_front();
+      }
+      w->complete();
+    }
+  }
+
+  std::shared_ptr<Communicator> comm_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<c10::intrusive_ptr<GflowWork>> queue_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+}  // namespace
+}  // namespace torch_backend
+}  // namespace gflow
+
+PYBIND11_MODULE(_gflow_torch, m) {
+  m.doc() = "gflow's torch.distributed backend (use gflow.torch)";
+  m.def(
+      "create_process_group",
+      [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+         std::chrono::milliseconds timeout, int localRank,
+         int localSize) -> c10::intrusive_ptr<c10d::ProcessGroup> {
+        return c10::make_intrusive<gflow::torch_backend::ProcessGroupGflow>(
+            store, rank, size, timeout, localRank, localSize);
+      },
+      py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
+      py::arg("local_rank") = -1, py::arg("local_size") = -1,
+      py::call_guard<py::gil_scoped_release>());
+}
