@@ -10,7 +10,6 @@
 #include "common/logging.h"
 #include "common/params.h"
 #include "core/communicator_impl.h"
-#include "core/cuda_plugin.h"
 #include "core/internal.h"
 #include "gflow/communicator.h"
 #include "kernels/convert.h"
@@ -75,30 +74,7 @@ void Communicator::Impl::validateTensor(const char* op, const char* name, const 
                     std::to_string(static_cast<int>(t.dtype)) + ")");
   }
   if (t.device.type == DeviceType::kCUDA) {
-    std::string why;
-    const cuda::Plugin* p = cuda::load(&why);
-    if (!p) invalid(op, std::string(name) + " is a cuda tensor, but " + why);
-    int n = 0;
-    p->deviceCount(&n);
-    if (t.device.index < 0 || t.device.index >= n) {
-      invalid(op, std::string(name) + " is on cuda:" + std::to_string(t.device.index) +
-                      ", but this process sees " + std::to_string(n) + " GPU(s)");
-    }
-    int dev = -1;
-    p->pointerDevice(t.data, &dev);
-    if (t.count > 0 && dev != t.device.index) {
-      invalid(op,
-              std::string(name) + ".data is not memory of cuda:" + std::to_string(t.device.index) +
-                  " (it is " +
-                  (dev < 0 ? std::string("host memory") : "memory of cuda:" + std::to_string(dev)) +
-                  ")");
-    }
-    // cudaStreamPerThread names the calling thread's stream, which is not
-    // the thread gflow works on.
-    if (t.stream == reinterpret_cast<void*>(0x2)) {
-      invalid(op, std::string(name) + ".stream is cudaStreamPerThread; pass the stream itself");
-    }
-    cudaPlugin.store(p);
+    validateCudaTensor(op, name, t);
   } else if (t.device.type != DeviceType::kCPU) {
     invalid(op, std::string(name) + " has an invalid device type (" +
                     std::to_string(static_cast<int>(t.device.type)) + ")");

@@ -77,6 +77,9 @@ struct Communicator::Impl {
   void checkUsable(const char* op);
   void validateTensor(const char* op, const char* name, const Tensor& t);
   void validateOp(const char* op, ReduceOp rop);
+  // The cuda part of validateTensor (device_ops.cc): the component, the
+  // GPU index, the pointer's GPU, the stream.
+  void validateCudaTensor(const char* op, const char* name, const Tensor& t);
   // abort() of every backend (host and NCCL); any thread.
   void abortBackends(const Error& e);
   // Executing thread, for an op with device tensors `st`: true when NCCL

@@ -1,8 +1,9 @@
-// The communicator's side of the NCCL backend: choosing NCCL or staging for
+// The communicator's side of device tensors: their validation, choosing NCCL or staging for
 // each op on device tensors, the cross-rank check of NCCL ops, and split.
 #include "backend/nccl/nccl_backend.h"
 #include "common/check.h"
 #include "core/communicator_impl.h"
+#include "core/cuda_plugin.h"
 #include "core/internal.h"
 
 namespace gflow {
@@ -28,6 +29,33 @@ using backend::OpKind;
 void Communicator::Impl::abortBackends(const Error& e) {
   if (backend) backend->abort(e);
   if (nccl) nccl->abort(e);
+}
+
+void Communicator::Impl::validateCudaTensor(const char* op, const char* name, const Tensor& t) {
+  std::string why;
+  const cuda::Plugin* p = cuda::load(&why);
+  if (!p) invalid(op, std::string(name) + " is a cuda tensor, but " + why);
+  int n = 0;
+  p->deviceCount(&n);
+  if (t.device.index < 0 || t.device.index >= n) {
+    invalid(op, std::string(name) + " is on cuda:" + std::to_string(t.device.index) +
+                    ", but this process sees " + std::to_string(n) + " GPU(s)");
+  }
+  int dev = -1;
+  p->pointerDevice(t.data, &dev);
+  if (t.count > 0 && dev != t.device.index) {
+    invalid(op,
+            std::string(name) + ".data is not memory of cuda:" + std::to_string(t.device.index) +
+                " (it is " +
+                (dev < 0 ? std::string("host memory") : "memory of cuda:" + std::to_string(dev)) +
+                ")");
+  }
+  // cudaStreamPerThread names the calling thread's stream, which is not
+  // the thread gflow works on.
+  if (t.stream == reinterpret_cast<void*>(0x2)) {
+    invalid(op, std::string(name) + ".stream is cudaStreamPerThread; pass the stream itself");
+  }
+  cudaPlugin.store(p);
 }
 
 bool Communicator::Impl::onNccl(backend::Op& op, const DeviceStaging& st) {
