@@ -167,6 +167,13 @@ class GFLOW_EXPORT Communicator {
   // thread, including a signal-free watchdog thread; returns immediately.
   void abort();
 
+  // For front ends (language bindings, framework adapters) that check an
+  // op's arguments before calling it: fails this communicator with
+  // Error(kInvalidArgument) naming `op` and `what`, as gflow's own checks
+  // do, so the peers, which are entering the same op, raise at once instead
+  // of waiting for their deadline; then throws that error.
+  [[noreturn]] void failInvalidArgument(const std::string& op, const std::string& what);
+
   // Per-peer traffic and op counts since creation.
   Stats stats() const;
 

@@ -705,6 +705,11 @@ std::shared_ptr<Communicator> Communicator::split(int color, int key) {
   return std::shared_ptr<Communicator>(new Communicator(std::move(impl)));
 }
 
+void Communicator::failInvalidArgument(const std::string& op, const std::string& what) {
+  // The op name outlives the throw: Error copies it.
+  impl_->invalid(op.c_str(), what);
+}
+
 void Communicator::abort() {
   Impl& I = *impl_;
   internal::CommunicatorAccess::abortWith(

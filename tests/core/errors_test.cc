@@ -238,3 +238,34 @@ TEST(Abort, PendingAsyncWorkFailsWithTheError) {
 
 }  // namespace
 }  // namespace gflow
+
+namespace gflow {
+namespace {
+
+TEST(FrontEndChecks, FailInvalidArgumentFailsThePeersAtOnce) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Options o;
+  o.timeout = std::chrono::milliseconds(60000);
+  auto errors = testing::runRanksCollect(
+      3,
+      [](Communicator& c) {
+        std::vector<float> v(16, 1.0f);
+        if (c.rank() == 1) c.failInvalidArgument("allreduce", "x is a read-only array");
+        c.allreduce(tensor(v.data(), v.size()));
+      },
+      o);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(20));
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_TRUE(errors[r]) << r;
+    try {
+      std::rethrow_exception(errors[r]);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), r == 1 ? ErrorCode::kInvalidArgument : ErrorCode::kPeerLost) << e.what();
+      EXPECT_NE(std::string(e.what()).find("x is a read-only array"), std::string::npos)
+          << e.what();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace gflow
