@@ -15,8 +15,10 @@ imported::
     torch.distributed.init_process_group(backend="gflow")
 
 Each hook returns a torch.futures.Future that gflow's completion thread
-completes (holding the GIL) when the allreduce has finished; a failure sets
-the future's exception to the gflow.Error.
+completes (holding the GIL) when the allreduce has finished. A failure is an
+error of the future itself, as DDP's C++ reducer sees it: ``fut.wait()``
+raises a RuntimeError whose message holds the gflow error (torch 1.13 turns
+an exception raised in a ``then`` callback into one).
 """
 
 import functools
@@ -58,7 +60,13 @@ class CSCState(HookState):
         self.warmup_steps, self.wire = warmup_steps, wire
         self._reducers = {}  # bucket index -> (data_ptr, numel, GradientReducer)
 
-    def reducer_for(self, buffer, index):
+    def reducer_for(self, buffer, index, is_last=False):
+        if is_last:
+            # DDP numbers its buckets 0 .. n-1 and runs bucket n-1 last: a
+            # rebuild that left fewer buckets drops the reducers (and their
+            # residuals) of the buckets that are gone.
+            for gone in [i for i in self._reducers if i > index]:
+                del self._reducers[gone]
         entry = self._reducers.get(index)
         if entry is None or entry[0] != buffer.data_ptr() or entry[1] != buffer.numel():
             reducer = gflow.GradientReducer(
@@ -78,29 +86,44 @@ def _comm(state):
     return state.comm
 
 
-def _complete(future, result, work):
-    # Runs on gflow's completion thread with the GIL held.
-    try:
-        work.wait()
-    except Exception as e:  # noqa: BLE001 (handed to the future)
-        future.set_exception(e)
-    else:
-        future.set_result(result)
+def _complete(future, value, work):  # noqa: ARG001 (work is in value)
+    # Runs on gflow's completion thread with the GIL held; the outcome is
+    # checked by _check, in the then() callback.
+    future.set_result(value)
+
+
+def _check(future):
+    # A then() callback: work.wait() raises the gflow error, which torch turns
+    # into an error of the future returned by then() (its C++ side, what DDP's
+    # reducer waits on); Future.set_exception would store the exception as a
+    # successful value that DDP fails to cast to a tensor.
+    work, result = future.value()
+    work.wait()
+    return result
 
 
 def _future_of(work, result):
-    future = torch.futures.Future()
-    work.add_done_callback(functools.partial(_complete, future, result))
-    return future
+    done = torch.futures.Future()
+    work.add_done_callback(functools.partial(_complete, done, (work, result)))
+    return done.then(_check)
+
+
+def _fail(state, op, message):
+    """Raises InvalidArgumentError; a hook that would skip the collective its
+    peers enter fails the communicator first (they raise PeerLostError)."""
+    comm = state if isinstance(state, gflow.Communicator) else getattr(state, "comm", None)
+    if isinstance(comm, gflow.Communicator):
+        comm.fail_invalid_argument(op, message)  # raises InvalidArgumentError
+    raise gflow.InvalidArgumentError(message)
 
 
 def _allreduce(state, bucket, wire):
     buffer = bucket.buffer()
+    comm = _comm(state)
     if wire is not None and buffer.dtype != torch.float32:
-        raise gflow.InvalidArgumentError(
-            "gflow.torch: %s compression takes float32 gradients, the bucket holds %s"
-            % (wire, buffer.dtype))
-    work = _comm(state).allreduce(buffer, "avg", wire=wire, async_op=True)
+        _fail(comm, "allreduce", "gflow.torch: %s compression takes float32 gradients, the "
+              "bucket holds %s" % (wire, buffer.dtype))
+    work = comm.allreduce(buffer, "avg", wire=wire, async_op=True)
     return _future_of(work, buffer)
 
 
@@ -127,10 +150,11 @@ bf16_compress_hook = gflow_bf16_compress_hook
 def csc_hook(state, bucket):
     """Coarse-grained sparse averaging of the bucket (state: CSCState)."""
     if not isinstance(state, CSCState):
-        raise gflow.InvalidArgumentError("gflow.torch.csc_hook needs a gflow.torch.CSCState, got "
-                                         + type(state).__name__)
+        _fail(state, "GradientReducer",
+              "gflow.torch.csc_hook needs a gflow.torch.CSCState, got " + type(state).__name__)
     buffer = bucket.buffer()
-    reducer = state.reducer_for(buffer, bucket.index())
+    is_last = getattr(bucket, "is_last", None)
+    reducer = state.reducer_for(buffer, bucket.index(), bool(is_last()) if is_last else False)
     reducer.ready(0)
     return _future_of(reducer.wait_async(), buffer)
 

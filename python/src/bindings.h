@@ -35,21 +35,48 @@ struct HeldTensor {
 // read-only (when `writable`), non-CPU or unsupported-dtype array.
 HeldTensor viewTensor(py::handle obj, const char* what, bool writable);
 
+// Runs the argument checks (and conversions) `f` of the front end's `op` on
+// `comm`: an argument error, or any other error converting an argument,
+// fails the communicator through Communicator::failInvalidArgument (the
+// peers, entering the same op, raise PeerLostError at once instead of
+// waiting for their deadline, and a caught error cannot let this rank's
+// next call pair with the peers' pending op), then raises it as
+// InvalidArgumentError. Call with the GIL held.
+template <class F>
+auto checkArgs(Communicator& comm, const char* op, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const Error& e) {
+    // An error that names its op came from the library, which has already
+    // failed the communicator (or it is the communicator's own error).
+    if (e.code() != ErrorCode::kInvalidArgument || !e.op().empty()) throw;
+    comm.failInvalidArgument(op, e.detail());
+  } catch (py::error_already_set& e) {
+    const std::string what = e.what();
+    comm.failInvalidArgument(op, what);
+  } catch (const std::exception& e) {
+    comm.failInvalidArgument(op, e.what());
+  }
+}
+
 // "sum" / "avg" / ReduceOp.SUM ...; "float16" / "bf16" / DataType / torch.float16 ...
 ReduceOp toReduceOp(py::handle obj);
 DataType toDataType(py::handle obj);
 // None -> 0 (no limit); seconds as a number or a datetime.timedelta.
 std::chrono::milliseconds toTimeout(py::handle obj);
 
-// One thread that waits for asynchronous work and then runs Python
-// callbacks with the GIL (Completer::instance()). Jobs run in FIFO order.
+// Waits for asynchronous work and then runs Python callbacks with the GIL
+// (Completer::instance()): one lane (thread) per communicator, started on
+// demand and ended when its queue is empty, so that an op still running on
+// one communicator never delays another communicator's callbacks. Jobs of
+// one lane run in FIFO order (a communicator's ops complete in issue order).
 class Completer {
  public:
   static Completer& instance();
   // `wait` runs without the GIL (it must not touch Python objects and must
   // not throw); then `done` runs with the GIL and is destroyed with it.
-  // Call with the GIL held.
-  void enqueue(std::function<void()> wait, std::function<void()> done);
+  // `lane` names the communicator the job waits on. Call with the GIL held.
+  void enqueue(const void* lane, std::function<void()> wait, std::function<void()> done);
   // At interpreter exit (atexit): runs no further callbacks; jobs still
   // waiting are abandoned (their Python objects are leaked, not touched).
   void shutdown();
@@ -59,8 +86,9 @@ class Completer {
     std::function<void()> wait;
     std::function<void()> done;
   };
-  void run();
+  struct Lane;
   struct State;
+  static void run(std::shared_ptr<State> s, const void* key, std::shared_ptr<Lane> lane);
   std::shared_ptr<State> state_;
   Completer();
 };
@@ -69,10 +97,12 @@ class Completer {
 // (a GradientReducer step) that the Completer runs.
 class PyWork {
  public:
-  PyWork(Work work, std::vector<HeldTensor> keep);
+  // Keeps `comm` (and the arrays) alive until the op has completed.
+  PyWork(std::shared_ptr<Communicator> comm, Work work, std::vector<HeldTensor> keep);
   // `deferredWait` returns nonfinite; `keepalive` (e.g. the reducer's Python
-  // object, which owns the gradient arrays) lives until it has returned.
-  PyWork(std::function<bool()> deferredWait, py::object keepalive);
+  // object, which owns the gradient arrays and its communicator) lives until
+  // it has returned. `lane`: the communicator it waits on.
+  PyWork(const void* lane, std::function<bool()> deferredWait, py::object keepalive);
   ~PyWork();
   void wait(std::chrono::milliseconds timeout);
   bool test() const;
@@ -81,6 +111,8 @@ class PyWork {
 
  private:
   struct Deferred;
+  std::shared_ptr<Communicator> comm_;
+  const void* lane_ = nullptr;
   Work work_;
   std::shared_ptr<std::vector<HeldTensor>> keep_;
   std::shared_ptr<Deferred> deferred_;

@@ -14,44 +14,43 @@ namespace {
 using CommPtr = std::shared_ptr<Communicator>;
 
 // After an async op was issued: waits for it without the GIL (blocking
-// call), or returns the Work that owns the arrays (async_op=True).
-py::object finish(Work work, std::vector<HeldTensor> keep, bool asyncOp) {
-  auto w = std::make_shared<PyWork>(std::move(work), std::move(keep));
+// call), or returns the Work that owns the arrays and the communicator
+// (async_op=True).
+py::object finish(const CommPtr& comm, Work work, std::vector<HeldTensor> keep, bool asyncOp) {
+  auto w = std::make_shared<PyWork>(comm, std::move(work), std::move(keep));
   if (asyncOp) return py::cast(w);
   w->wait(std::chrono::milliseconds(0));
   return py::none();
 }
 
-py::object allreduce(Communicator& c, py::handle x, py::handle op, py::handle out, py::handle wire,
-                     float prescale, float postscale, bool asyncOp) {
+py::object allreduce(const CommPtr& comm, py::handle x, py::handle op, py::handle out,
+                     py::handle wire, float prescale, float postscale, bool asyncOp) {
+  Communicator& c = *comm;
   std::vector<HeldTensor> keep;
-  keep.push_back(viewTensor(x, "allreduce: tensor", out.is_none()));
-  const ReduceOp rop = toReduceOp(op);
-  if (!out.is_none()) {
-    if (!wire.is_none() || prescale != 1.0f || postscale != 1.0f) {
-      throw Error(ErrorCode::kInvalidArgument,
-                  "allreduce: wire, prescale and postscale apply to in-place allreduce only "
-                  "(drop out=)");
-    }
-    keep.push_back(viewTensor(out, "allreduce: out", true));
-    Work w;
-    {
-      py::gil_scoped_release nogil;
-      w = c.allreduceAsync(keep[0].tensor, keep[1].tensor, rop);
-    }
-    return finish(std::move(w), std::move(keep), asyncOp);
-  }
   AllreduceOptions o;
-  o.op = rop;
-  o.wire = wire.is_none() ? keep[0].tensor.dtype : toDataType(wire);
-  o.prescale = prescale;
-  o.postscale = postscale;
+  checkArgs(c, "allreduce", [&] {
+    keep.push_back(viewTensor(x, "allreduce: tensor", out.is_none()));
+    o.op = toReduceOp(op);
+    if (!out.is_none()) {
+      if (!wire.is_none() || prescale != 1.0f || postscale != 1.0f) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    "allreduce: wire, prescale and postscale apply to in-place allreduce only "
+                    "(drop out=)");
+      }
+      keep.push_back(viewTensor(out, "allreduce: out", true));
+    } else {
+      o.wire = wire.is_none() ? keep[0].tensor.dtype : toDataType(wire);
+      o.prescale = prescale;
+      o.postscale = postscale;
+    }
+  });
   Work w;
   {
     py::gil_scoped_release nogil;
-    w = c.allreduceAsync(keep[0].tensor, o);
+    w = keep.size() == 2 ? c.allreduceAsync(keep[0].tensor, keep[1].tensor, o.op)
+                         : c.allreduceAsync(keep[0].tensor, o);
   }
-  return finish(std::move(w), std::move(keep), asyncOp);
+  return finish(comm, std::move(w), std::move(keep), asyncOp);
 }
 
 Options makeOptions(py::handle rank, py::handle size, py::handle root, py::handle timeout,
@@ -128,56 +127,69 @@ void bindCommunicator(py::module_& m) {
            py::arg("postscale") = 1.0f, py::arg("async_op") = false)
       .def(
           "reduce_scatter",
-          [](Communicator& c, py::handle in, py::handle out, py::handle op, bool asyncOp) {
+          [](const CommPtr& c, py::handle in, py::handle out, py::handle op, bool asyncOp) {
             std::vector<HeldTensor> keep;
-            keep.push_back(viewTensor(in, "reduce_scatter: input", false));
-            keep.push_back(viewTensor(out, "reduce_scatter: output", true));
-            const ReduceOp rop = toReduceOp(op);
+            const ReduceOp rop = checkArgs(*c, "reduce_scatter", [&] {
+              keep.push_back(viewTensor(in, "reduce_scatter: input", false));
+              keep.push_back(viewTensor(out, "reduce_scatter: output", true));
+              return toReduceOp(op);
+            });
             Work w;
             {
               py::gil_scoped_release nogil;
-              w = c.reduceScatterAsync(keep[0].tensor, keep[1].tensor, rop);
+              w = c->reduceScatterAsync(keep[0].tensor, keep[1].tensor, rop);
             }
-            return finish(std::move(w), std::move(keep), asyncOp);
+            return finish(c, std::move(w), std::move(keep), asyncOp);
           },
           py::arg("input"), py::arg("output"), py::arg("op") = "sum", py::kw_only(),
           py::arg("async_op") = false)
       .def(
           "allgather",
-          [](Communicator& c, py::handle in, py::handle out, bool asyncOp) {
+          [](const CommPtr& c, py::handle in, py::handle out, bool asyncOp) {
             std::vector<HeldTensor> keep;
-            keep.push_back(viewTensor(in, "allgather: input", false));
-            keep.push_back(viewTensor(out, "allgather: output", true));
+            checkArgs(*c, "allgather", [&] {
+              keep.push_back(viewTensor(in, "allgather: input", false));
+              keep.push_back(viewTensor(out, "allgather: output", true));
+            });
             Work w;
             {
               py::gil_scoped_release nogil;
-              w = c.allgatherAsync(keep[0].tensor, keep[1].tensor);
+              w = c->allgatherAsync(keep[0].tensor, keep[1].tensor);
             }
-            return finish(std::move(w), std::move(keep), asyncOp);
+            return finish(c, std::move(w), std::move(keep), asyncOp);
           },
           py::arg("input"), py::arg("output"), py::kw_only(), py::arg("async_op") = false)
       .def(
           "broadcast",
-          [](Communicator& c, py::handle x, int root, bool asyncOp) {
+          [](const CommPtr& c, py::handle x, py::handle rootArg, bool asyncOp) {
             std::vector<HeldTensor> keep;
-            keep.push_back(viewTensor(x, "broadcast: tensor", true));
+            const int root = checkArgs(*c, "broadcast", [&] {
+              keep.push_back(viewTensor(x, "broadcast: tensor", true));
+              if (!PyIndex_Check(rootArg.ptr())) {
+                throw Error(
+                    ErrorCode::kInvalidArgument,
+                    "broadcast: root must be an int, got " +
+                        std::string(py::str(py::type::handle_of(rootArg).attr("__qualname__"))));
+              }
+              return rootArg.cast<int>();
+            });
             Work w;
             {
               py::gil_scoped_release nogil;
-              w = c.broadcastAsync(keep[0].tensor, root);
+              w = c->broadcastAsync(keep[0].tensor, root);
             }
-            return finish(std::move(w), std::move(keep), asyncOp);
+            return finish(c, std::move(w), std::move(keep), asyncOp);
           },
           py::arg("tensor"), py::arg("root") = 0, py::kw_only(), py::arg("async_op") = false)
       .def(
           "barrier",
-          [](Communicator& c, bool asyncOp) {
+          [](const CommPtr& c, bool asyncOp) {
             Work w;
             {
               py::gil_scoped_release nogil;
-              w = c.barrierAsync();
+              w = c->barrierAsync();
             }
-            return finish(std::move(w), {}, asyncOp);
+            return finish(c, std::move(w), {}, asyncOp);
           },
           py::kw_only(), py::arg("async_op") = false)
       .def(
@@ -192,6 +204,12 @@ void bindCommunicator(py::module_& m) {
       .def("cross_host_communicator", &Communicator::crossHostCommunicator,
            py::call_guard<py::gil_scoped_release>())
       .def("abort", &Communicator::abort)
+      .def(
+          "fail_invalid_argument",
+          [](Communicator& c, const std::string& op, const std::string& what) {
+            c.failInvalidArgument(op, what);
+          },
+          py::arg("op"), py::arg("what"))
       .def("stats", [](const Communicator& c) { return statsDict(c.stats()); })
       .def("__repr__", [](const Communicator& c) {
         return "<gflow.Communicator rank " + std::to_string(c.rank()) + " of " +

@@ -3,6 +3,7 @@
 // state behind gflow.Work.
 #include <condition_variable>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -11,14 +12,16 @@
 namespace gflow {
 namespace python {
 
+struct Completer::Lane {
+  std::deque<Job> jobs;
+};
+
 struct Completer::State {
   std::mutex mu;
   std::condition_variable cv;
-  std::deque<Job> jobs;
-  bool started = false;
+  std::map<const void*, std::shared_ptr<Lane>> lanes;  // those with a running thread
   bool stopping = false;
-  bool inCallback = false;
-  std::thread thread;
+  int inCallback = 0;
 };
 
 Completer::Completer() : state_(std::make_shared<State>()) {}
@@ -29,31 +32,34 @@ Completer& Completer::instance() {
   return *c;
 }
 
-void Completer::enqueue(std::function<void()> wait, std::function<void()> done) {
+void Completer::enqueue(const void* key, std::function<void()> wait, std::function<void()> done) {
   std::lock_guard<std::mutex> lock(state_->mu);
   if (state_->stopping) {
     // Interpreter exit: nothing will run; keep the Python objects alive.
     new Job{std::move(wait), std::move(done)};
     return;
   }
-  state_->jobs.push_back(Job{std::move(wait), std::move(done)});
-  if (!state_->started) {
-    state_->started = true;
-    state_->thread = std::thread([this] { run(); });
-  }
-  state_->cv.notify_all();
+  std::shared_ptr<Lane>& lane = state_->lanes[key];
+  const bool start = !lane;
+  if (start) lane = std::make_shared<Lane>();
+  lane->jobs.push_back(Job{std::move(wait), std::move(done)});
+  // Detached: a lane's thread ends by itself when its queue is empty, and
+  // at interpreter exit it may still be waiting on an op.
+  if (start) std::thread(&Completer::run, state_, key, lane).detach();
 }
 
-void Completer::run() {
-  std::shared_ptr<State> s = state_;
+void Completer::run(std::shared_ptr<State> s, const void* key, std::shared_ptr<Lane> lane) {
   for (;;) {
     Job job;
     {
-      std::unique_lock<std::mutex> lock(s->mu);
-      s->cv.wait(lock, [&] { return s->stopping || !s->jobs.empty(); });
+      std::lock_guard<std::mutex> lock(s->mu);
       if (s->stopping) return;
-      job = std::move(s->jobs.front());
-      s->jobs.pop_front();
+      if (lane->jobs.empty()) {
+        s->lanes.erase(key);  // the next job on this communicator starts a new lane
+        return;
+      }
+      job = std::move(lane->jobs.front());
+      lane->jobs.pop_front();
     }
     job.wait();  // without the GIL; must not throw
     {
@@ -62,7 +68,7 @@ void Completer::run() {
         new Job(std::move(job));  // the interpreter is going away: leak
         return;
       }
-      s->inCallback = true;
+      ++s->inCallback;
     }
     {
       py::gil_scoped_acquire gil;
@@ -77,7 +83,7 @@ void Completer::run() {
       job = Job{};  // destroys the captured Python objects with the GIL
     }
     std::lock_guard<std::mutex> lock(s->mu);
-    s->inCallback = false;
+    --s->inCallback;
     s->cv.notify_all();
   }
 }
@@ -87,11 +93,11 @@ void Completer::shutdown() {
   py::gil_scoped_release nogil;  // a running callback may need the GIL to finish
   std::unique_lock<std::mutex> lock(s->mu);
   s->stopping = true;
-  s->cv.notify_all();
-  s->cv.wait(lock, [&] { return !s->inCallback; });
-  for (Job& j : s->jobs) new Job(std::move(j));  // never run, never destroyed
-  s->jobs.clear();
-  if (s->thread.joinable()) s->thread.detach();  // it may still be waiting on an op
+  s->cv.wait(lock, [&] { return s->inCallback == 0; });
+  for (auto& kv : s->lanes) {
+    for (Job& j : kv.second->jobs) new Job(std::move(j));  // never run, never destroyed
+    kv.second->jobs.clear();
+  }
 }
 
 // ---- PyWork -----------------------------------------------------------------
@@ -104,13 +110,17 @@ struct PyWork::Deferred {
   std::exception_ptr error;
 };
 
-PyWork::PyWork(Work work, std::vector<HeldTensor> keep)
-    : work_(std::move(work)), keep_(std::make_shared<std::vector<HeldTensor>>(std::move(keep))) {}
+PyWork::PyWork(std::shared_ptr<Communicator> comm, Work work, std::vector<HeldTensor> keep)
+    : comm_(std::move(comm)),
+      lane_(comm_.get()),
+      work_(std::move(work)),
+      keep_(std::make_shared<std::vector<HeldTensor>>(std::move(keep))) {}
 
-PyWork::PyWork(std::function<bool()> deferredWait, py::object keepalive)
-    : deferred_(std::make_shared<Deferred>()) {
+PyWork::PyWork(const void* lane, std::function<bool()> deferredWait, py::object keepalive)
+    : lane_(lane), deferred_(std::make_shared<Deferred>()) {
   std::shared_ptr<Deferred> d = deferred_;
   Completer::instance().enqueue(
+      lane_,
       [d, deferredWait] {
         bool nonFinite = false;
         std::exception_ptr error;
@@ -129,13 +139,16 @@ PyWork::PyWork(std::function<bool()> deferredWait, py::object keepalive)
 }
 
 PyWork::~PyWork() {
-  // An op still in flight keeps its arrays alive until it completes, even
-  // when the Work object is dropped (runs with the GIL: Python dealloc).
-  if (work_.valid() && keep_ && !keep_->empty() && !work_.test()) {
+  // An op still in flight keeps its arrays and its communicator alive until
+  // it completes, even when the Work object is dropped (runs with the GIL:
+  // Python dealloc).
+  if (work_.valid() && !work_.test()) {
     Work w = work_;
     std::shared_ptr<std::vector<HeldTensor>> keep = std::move(keep_);
+    std::shared_ptr<Communicator> comm = std::move(comm_);
     Completer::instance().enqueue(
-        [w] {
+        lane_,
+        [w, comm] {
           try {
             w.wait();
           } catch (...) {
@@ -198,7 +211,7 @@ void PyWork::addDoneCallback(py::object self, py::object fn) {
       d->cv.wait(lock, [&] { return d->done; });
     };
   }
-  Completer::instance().enqueue(std::move(wait), [self, fn] { fn(self); });
+  Completer::instance().enqueue(lane_, std::move(wait), [self, fn] { fn(self); });
 }
 
 }  // namespace python

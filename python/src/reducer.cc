@@ -22,26 +22,29 @@ std::shared_ptr<PyReducer> make(std::shared_ptr<Communicator> comm, py::list ten
   if (!comm) throw Error(ErrorCode::kInvalidArgument, "GradientReducer: comm is None");
   auto r = std::make_shared<PyReducer>();
   std::vector<Tensor> grads;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const std::string what = "GradientReducer: tensor " + std::to_string(i);
-    r->arrays.push_back(viewTensor(tensors[i], what.c_str(), true));
-    grads.push_back(r->arrays.back().tensor);
-  }
   ReducerOptions o;
-  o.op = toReduceOp(op);
-  o.fusionThreshold = fusionThreshold;
-  if (!cycleTimeMs.is_none()) {
-    o.cycleTime = std::chrono::milliseconds(cycleTimeMs.cast<int64_t>());
-  }
-  if (!wire.is_none()) o.wire = toDataType(wire);
-  o.prescale = prescale;
-  o.postscale = postscale;
-  o.sparse.density = density;
-  o.sparse.chunk = chunk;
-  o.sparse.momentum = momentum;
-  o.sparse.warmupSteps = warmupSteps;
-  o.names = std::move(names);
-  o.timeline = std::move(timeline);
+  // Collective: an argument error here fails `comm` for every rank.
+  checkArgs(*comm, "GradientReducer", [&] {
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const std::string what = "GradientReducer: tensor " + std::to_string(i);
+      r->arrays.push_back(viewTensor(tensors[i], what.c_str(), true));
+      grads.push_back(r->arrays.back().tensor);
+    }
+    o.op = toReduceOp(op);
+    o.fusionThreshold = fusionThreshold;
+    if (!cycleTimeMs.is_none()) {
+      o.cycleTime = std::chrono::milliseconds(cycleTimeMs.cast<int64_t>());
+    }
+    if (!wire.is_none()) o.wire = toDataType(wire);
+    o.prescale = prescale;
+    o.postscale = postscale;
+    o.sparse.density = density;
+    o.sparse.chunk = chunk;
+    o.sparse.momentum = momentum;
+    o.sparse.warmupSteps = warmupSteps;
+    o.names = std::move(names);
+    o.timeline = std::move(timeline);
+  });
   py::gil_scoped_release nogil;
   r->reducer = std::make_shared<GradientReducer>(std::move(comm), std::move(grads), o);
   return r;
@@ -83,6 +86,7 @@ void bindReducer(py::module_& m) {
            [](py::object self) {
              std::shared_ptr<GradientReducer> red = self.cast<PyReducer&>().reducer;
              return std::make_shared<PyWork>(
+                 &red->communicator(),
                  [red] {
                    red->wait();
                    return red->nonFinite();

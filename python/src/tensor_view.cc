@@ -3,6 +3,8 @@
 // conversions of ops, dtypes and timeouts from their Python spellings.
 #include <pybind11/pybind11.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <sstream>
 #include <string>
@@ -166,7 +168,9 @@ HeldTensor viewDLPack(py::handle obj, const char* what) {
     }
   }
   HeldTensor h;
-  h.owner = src;
+  // The tensor object itself (and its detached view): the capsule alone keeps
+  // the storage, but not the object a caller may be watching.
+  h.owner = py::make_tuple(py::reinterpret_borrow<py::object>(obj), src);
   h.capsule = capsule;  // not consumed: its destructor runs the deleter
   h.tensor = Tensor(static_cast<char*>(t.data) + t.byte_offset, static_cast<size_t>(count), dtype);
   return h;
@@ -206,14 +210,24 @@ DataType toDataType(py::handle obj) {
 std::chrono::milliseconds toTimeout(py::handle obj) {
   if (obj.is_none()) return std::chrono::milliseconds(0);
   double seconds;
-  if (py::hasattr(obj, "total_seconds")) {
-    seconds = obj.attr("total_seconds")().cast<double>();
-  } else {
-    seconds = obj.cast<double>();
+  try {
+    if (py::hasattr(obj, "total_seconds")) {
+      seconds = obj.attr("total_seconds")().cast<double>();
+    } else {
+      seconds = obj.cast<double>();
+    }
+  } catch (const py::cast_error&) {
+    invalid("timeout: expected seconds (a number or a datetime.timedelta) or None, got " +
+            typeName(obj));
   }
-  if (!(seconds > 0))
+  if (std::isnan(seconds) || !(seconds > 0)) {
     invalid("timeout must be positive seconds (or None), got " + py::str(obj).cast<std::string>());
-  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0 + 0.5));
+  }
+  if (std::isinf(seconds)) return std::chrono::milliseconds(0);  // no limit
+  // At least 1 ms (0 would mean "no limit"); beyond ~292 million years, none.
+  const double ms = std::ceil(seconds * 1000.0);
+  if (ms >= 9.2e18) return std::chrono::milliseconds(0);
+  return std::chrono::milliseconds(std::max<int64_t>(1, static_cast<int64_t>(ms)));
 }
 
 }  // namespace python

@@ -4,7 +4,8 @@ The package is imported from the CMake build tree: $GFLOW_BUILD_DIR/python
 (default: <repo>/build/python). Multi-rank tests start one process per rank
 with the variables gflowrun sets (GFLOW_RANK, GFLOW_WORLD_SIZE, GFLOW_ROOT,
 GFLOW_JOB_TOKEN, ...) or torchrun's, each under a timeout, and collect every
-rank's exit status and output.
+rank's exit status and output (written to files, so that a chatty rank
+never blocks on a full pipe).
 """
 
 import os
@@ -12,6 +13,8 @@ import secrets
 import socket
 import subprocess
 import sys
+import tempfile
+import time
 
 import pytest
 
@@ -84,19 +87,26 @@ def launch(n, argv, style="gflow", env=None, timeout=90):
             e.update(RANK=str(r), WORLD_SIZE=str(n), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(n),
                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GFLOW_JOB_TOKEN=token)
         e.update(env or {})
-        procs.append(subprocess.Popen([sys.executable] + list(argv), env=e, cwd=HERE,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    ranks = []
-    for r, p in enumerate(procs):
+        out = tempfile.TemporaryFile("w+")
+        err = tempfile.TemporaryFile("w+")
+        procs.append((subprocess.Popen([sys.executable] + list(argv), env=e, cwd=HERE,
+                                       stdout=out, stderr=err, text=True), out, err))
+    deadline = time.monotonic() + timeout
+    codes = []
+    for p, _, _ in procs:
         try:
-            out, err = p.communicate(timeout=timeout)
-            rc = p.returncode
+            codes.append(p.wait(timeout=max(0.1, deadline - time.monotonic())))
         except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            out, err = p.communicate()
-            rc = None
-        ranks.append(Rank(r, rc, out, err))
+            p.kill()
+            p.wait()
+            codes.append(None)
+    ranks = []
+    for r, (p, out, err) in enumerate(procs):
+        out.seek(0)
+        err.seek(0)
+        ranks.append(Rank(r, codes[r], out.read(), err.read()))
+        out.close()
+        err.close()
     return ranks
 
 
@@ -108,7 +118,10 @@ def assert_all_ok(ranks):
 @pytest.fixture
 def single():
     """A one-rank communicator (its own TCP store on a free port)."""
+    yield make_single()
+
+
+def make_single():
+    """A fresh one-rank communicator (an argument error fails its communicator)."""
     import gflow
-    comm = gflow.create(rank=0, size=1, root="127.0.0.1:%d" % free_port(), timeout=30)
-    yield comm
-    del comm
+    return gflow.create(rank=0, size=1, root="127.0.0.1:%d" % free_port(), timeout=30)

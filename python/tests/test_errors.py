@@ -3,13 +3,14 @@ failures across ranks (mismatch, timeout, a dead peer) raise the matching
 subclass on every surviving rank instead of hanging (worker_errors.py)."""
 
 import builtins
+import datetime
 
 import numpy as np
 import pytest
 import torch
 
 import gflow
-from conftest import assert_all_ok, launch
+from conftest import assert_all_ok, launch, make_single
 
 
 def raises(cls, match, fn, *args, **kwargs):
@@ -31,29 +32,61 @@ def test_error_hierarchy():
     assert {c.name.lower() for c in gflow.ErrorCode} == set(gflow._gflow._error_codes().values())
 
 
-def test_bad_arrays(single):
-    e = raises(gflow.InvalidArgumentError, "not contiguous", single.allreduce,
-               np.zeros(10, np.float32)[::2])
-    assert e.op == "" and "ascontiguousarray" in e.detail
-    raises(gflow.InvalidArgumentError, "not contiguous", single.allreduce,
-           torch.zeros(4, 3).t())
-    raises(gflow.InvalidArgumentError, "not supported", single.allreduce,
-           np.zeros(3, np.complex64))
-    raises(gflow.InvalidArgumentError, "not supported", single.allreduce,
-           torch.zeros(3, dtype=torch.bool))
+def _ro():
     ro = np.zeros(3)
     ro.flags.writeable = False
-    raises(gflow.InvalidArgumentError, "read-only", single.allreduce, ro)
-    raises(gflow.InvalidArgumentError, "read-only", single.broadcast, ro)
-    raises(gflow.InvalidArgumentError, "expected a numpy array or a CPU torch tensor, got list",
-           single.allreduce, [1.0, 2.0])
-    raises(gflow.InvalidArgumentError, "reduce", single.allreduce, np.zeros(3), "median")
-    raises(gflow.InvalidArgumentError, "expected", single.allreduce, np.zeros(3), 3.5)
-    raises(gflow.InvalidArgumentError, "data type|dtype", single.allreduce,
-           np.zeros(3, np.float32), wire="float8")
-    raises(gflow.InvalidArgumentError, "in-place", single.allreduce, np.zeros(3, np.float32),
-           out=np.zeros(3, np.float32), wire="float16")
-    raises(gflow.InvalidArgumentError, "timeout", single.barrier(async_op=True).wait, -1)
+    return ro
+
+
+@pytest.mark.parametrize("call, match, op", [
+    (lambda c: c.allreduce(np.zeros(10, np.float32)[::2]), "ascontiguousarray", "allreduce"),
+    (lambda c: c.allreduce(torch.zeros(4, 3).t()), "not contiguous", "allreduce"),
+    (lambda c: c.allreduce(np.zeros(3, np.complex64)), "not supported", "allreduce"),
+    (lambda c: c.allreduce(torch.zeros(3, dtype=torch.bool)), "not supported", "allreduce"),
+    (lambda c: c.allreduce(_ro()), "read-only", "allreduce"),
+    (lambda c: c.broadcast(_ro()), "read-only", "broadcast"),
+    (lambda c: c.broadcast(np.zeros(3), root="0"), "root must be an int", "broadcast"),
+    (lambda c: c.allreduce([1.0, 2.0]),
+     "expected a numpy array or a CPU torch tensor, got list", "allreduce"),
+    (lambda c: c.allreduce(np.zeros(3), "median"), "reduce", "allreduce"),
+    (lambda c: c.allreduce(np.zeros(3), 3.5), "expected", "allreduce"),
+    (lambda c: c.allreduce(np.zeros(3, np.float32), wire="float8"), "data type|dtype",
+     "allreduce"),
+    (lambda c: c.allreduce(np.zeros(3, np.float32), out=np.zeros(3, np.float32), wire="float16"),
+     "in-place", "allreduce"),
+    (lambda c: c.reduce_scatter(np.zeros(3), _ro()), "read-only", "reduce_scatter"),
+    (lambda c: c.allgather([1], np.zeros(3)), "got list", "allgather"),
+    (lambda c: gflow.GradientReducer(c, [np.zeros(4)[::2]]), "tensor 0", "GradientReducer"),
+])
+def test_bad_arrays_fail_the_communicator(call, match, op):
+    # Front-end argument errors fail the communicator (the peers, entering
+    # the same op, fail at once; a caught error cannot pair the next call
+    # with their op): the next call raises the same error.
+    comm = make_single()
+    e = raises(gflow.InvalidArgumentError, match, call, comm)
+    assert e.op == op and e.rank == 0, (e.op, e.rank)
+    again = raises(gflow.InvalidArgumentError, match, comm.barrier)
+    assert again.detail == e.detail
+
+
+def test_timeouts(single):
+    w = single.barrier(async_op=True)
+    w.wait(30)
+    # Work.wait's timeout is local: misuse raises without failing the communicator.
+    for bad in (-1, 0, float("nan"), "soon", [1]):
+        raises(gflow.InvalidArgumentError, "timeout", w.wait, bad)
+    for ok in (1e-7, 0.0004, float("inf"), datetime.timedelta(microseconds=1), None, 30):
+        w.wait(ok)  # sub-millisecond rounds up to 1 ms, never to "no limit"
+    single.barrier()
+    raises(gflow.InvalidArgumentError, "timeout", gflow.create, rank=0, size=1,
+           root="127.0.0.1:1", timeout=float("nan"))
+
+
+def test_fail_invalid_argument(single):
+    e = raises(gflow.InvalidArgumentError, "my check", single.fail_invalid_argument, "allreduce",
+               "my check")
+    assert e.op == "allreduce"
+    raises(gflow.InvalidArgumentError, "my check", single.allreduce, np.zeros(3))
 
 
 @pytest.mark.parametrize("call, match, op", [
@@ -78,8 +111,6 @@ def test_reducer_misuse(single):
     r.ready(0)
     raises(gflow.InvalidArgumentError, "", r.ready, 0)
     r.wait(timeout=10)
-    raises(gflow.InvalidArgumentError, "tensor 0", gflow.GradientReducer, single,
-           [np.zeros(4)[::2]])
     raises(gflow.InvalidArgumentError, "comm is None", gflow.GradientReducer, None, [g])
 
 
@@ -99,7 +130,7 @@ def test_abort_fails_pending_and_later_ops(single):
     assert e.rank == 0
 
 
-@pytest.mark.parametrize("case", ["mismatch", "timeout", "peer_lost"])
+@pytest.mark.parametrize("case", ["mismatch", "timeout", "peer_lost", "bad_input"])
 def test_multi_rank_failures(case):
     ranks = launch(3, ["worker_errors.py", case], timeout=90)
     assert_all_ok(ranks)

@@ -1,7 +1,10 @@
 """gflow.torch's DDP hooks on one rank with a stand-in GradBucket: the
 future is completed by gflow's completion thread with the bucket's buffer,
-CSC keeps one reducer per bucket and replaces it when DDP rebuilds the
-bucket, and misuse raises gflow errors."""
+CSC keeps one reducer per bucket, replaces it when DDP rebuilds the bucket
+and drops those of vanished buckets, misuse raises gflow errors, and a
+failure is an error of the future's C++ side (what DDP waits on). On 3
+ranks (worker_hooks.py): every hook against the float64 average, and a DDP
+step whose peer died raises the gflow error."""
 
 import numpy as np
 import pytest
@@ -9,17 +12,22 @@ import torch
 
 import gflow
 import gflow.torch as gt
+from conftest import assert_all_ok, launch
+from waiting import wait_future
 
 
 class Bucket:
-    def __init__(self, tensor, index=0):
-        self._t, self._i = tensor, index
+    def __init__(self, tensor, index=0, last=False):
+        self._t, self._i, self._last = tensor, index, last
 
     def buffer(self):
         return self._t
 
     def index(self):
         return self._i
+
+    def is_last(self):
+        return self._last
 
 
 @pytest.mark.parametrize("hook", [gt.allreduce_hook, gt.fp16_compress_hook,
@@ -28,15 +36,15 @@ def test_dense_hooks_complete_the_future(single, hook):
     buf = (torch.arange(1000) % 128).float() / 8  # 7 significant bits: exact in (b)f16
     want = buf.clone()
     fut = hook(single, Bucket(buf))
-    assert isinstance(fut, torch.futures.Future)
-    got = fut.wait()
+    assert isinstance(fut, torch._C.Future)  # what then() returns; DDP takes it
+    got = wait_future(fut)
     assert got.data_ptr() == buf.data_ptr()
     assert torch.equal(got, want)  # one rank: the average is the input
 
 
 def test_hook_state_forms(single):
     buf = torch.ones(10)
-    assert torch.equal(gt.allreduce_hook(gt.HookState(single), Bucket(buf)).wait(), buf)
+    assert torch.equal(wait_future(gt.allreduce_hook(gt.HookState(single), Bucket(buf))), buf)
 
 
 def test_compressed_hook_rejects_other_dtypes(single):
@@ -52,15 +60,22 @@ def test_csc_hook_reducer_per_bucket(single):
         b.fill_(2.0)
         fa = gt.csc_hook(state, Bucket(a, 0))
         fb = gt.csc_hook(state, Bucket(b, 1))
-        fa.wait()
-        fb.wait()
+        wait_future(fa)
+        wait_future(fb)
     assert sorted(state._reducers) == [0, 1]
     first = state._reducers[0][2]
     # DDP rebuilt bucket 0 (new memory): a new reducer.
-    gt.csc_hook(state, Bucket(torch.ones(16), 0)).wait()
+    wait_future(gt.csc_hook(state, Bucket(torch.ones(16), 0)))
     assert state._reducers[0][2] is not first
+    # DDP rebuilt its buckets into one: bucket 0 is now the last one; the
+    # reducer of bucket 1 is dropped.
+    wait_future(gt.csc_hook(state, Bucket(torch.ones(48), 0, last=True)))
+    assert sorted(state._reducers) == [0]
     with pytest.raises(gflow.InvalidArgumentError, match="CSCState"):
         gt.csc_hook(single, Bucket(a))
+    # A hook that skips the collective fails the communicator for the peers.
+    with pytest.raises(gflow.InvalidArgumentError, match="CSCState"):
+        single.barrier()
 
 
 def test_backend_registered():
@@ -70,12 +85,24 @@ def test_backend_registered():
 
 
 def test_future_gets_the_error():
-    fut = torch.futures.Future()
-
     class Failed:
+        def add_done_callback(self, fn):
+            fn(self)
+
         def wait(self):
             raise gflow.PeerLostError("peer 3 vanished")
 
-    gt._complete(fut, None, Failed())
-    with pytest.raises(gflow.PeerLostError, match="peer 3 vanished"):
-        fut.wait()
+    fut = gt._future_of(Failed(), torch.ones(3))
+    with pytest.raises(RuntimeError, match="PeerLostError.*peer 3 vanished"):
+        wait_future(fut)
+    # The C++ future holds the error (not an exception object as its value,
+    # which DDP's reducer would fail to cast): a future that wraps the same
+    # C++ future without Python's unwrapping raises too.
+    # (torch's collect_all sees a failed member and fails itself.)
+    with pytest.raises(RuntimeError, match="peer 3 vanished"):
+        inner = wait_future(torch.futures.collect_all([fut]))
+        inner[0].wait()
+
+
+def test_hooks_on_three_ranks_and_ddp_error():
+    assert_all_ok(launch(3, ["worker_hooks.py"], timeout=120))

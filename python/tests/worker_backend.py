@@ -1,14 +1,20 @@
 """One rank of test_torch_backend.py: torch.distributed with backend="gflow"
 (init_process_group's env:// rendezvous) against float64 references."""
 
+import datetime
+import time
+
 import numpy as np
 import torch
 import torch.distributed as dist
 
 import gflow
 import gflow.torch  # noqa: F401 (registers the backend)
+from waiting import wait_future
 
-dist.init_process_group(backend="gflow")
+# Every blocking op and Work.wait() ends by this deadline (a hung regression
+# fails instead of waiting torch's default 30 minutes).
+dist.init_process_group(backend="gflow", timeout=datetime.timedelta(seconds=60))
 R, N = dist.get_rank(), dist.get_world_size()
 assert dist.get_backend() == "gflow"
 
@@ -46,12 +52,42 @@ xs = data(2, 5000)
 t = xs[R].clone()
 work = dist.all_reduce(t, async_op=True)
 fut = work.get_future()
-got = fut.wait()
+got = wait_future(fut)
 assert work.is_completed() and work.is_success()
+work2 = dist.all_reduce(xs[R].clone(), async_op=True)
+work2.wait()
+close(work2.get_future().value()[0], ref(xs, lambda a: a.sum(0)), xs)
 close(got[0], ref(xs, lambda a: a.sum(0)), xs)
 chained = dist.all_reduce(xs[R].clone(), async_op=True).get_future().then(
     lambda f: f.value()[0] * 2)
-close(chained.wait() / 2, ref(xs, lambda a: a.sum(0)), xs)
+close(wait_future(chained) / 2, ref(xs, lambda a: a.sum(0)), xs)
+
+# AVG and allreduce_coalesced
+xs = data(5, 1001)
+t = xs[R].clone()
+dist.all_reduce(t, op=dist.ReduceOp.AVG)
+close(t, ref(xs, lambda a: a.sum(0) / N), xs)
+ys = data(6, 77)
+ts = [xs[R].clone(), ys[R].clone()]
+dist.all_reduce_coalesced(ts)
+close(ts[0], ref(xs, lambda a: a.sum(0)), xs)
+close(ts[1], ref(ys, lambda a: a.sum(0)), ys)
+
+# Temporary inputs of async ops stay alive until the op is done: rank 0
+# joins late, the others free their input and reuse the memory meanwhile.
+xs = data(7, 1000)
+if R == 0:
+    time.sleep(0.3)
+flat = torch.empty(1000 * N)
+w1 = dist._all_gather_base(flat, (xs[R] * 2).flatten(), async_op=True)
+outs = [torch.empty(1000) for _ in range(N)]
+w2 = dist.all_gather(outs, (xs[R] * 3).flatten(), async_op=True)
+junk = [torch.full((1000,), 1e30) for _ in range(64)]
+w1.wait()
+w2.wait()
+assert torch.equal(flat, torch.cat(xs) * 2), "_all_gather_base read a freed input"
+assert all(torch.equal(outs[r], xs[r] * 3) for r in range(N)), "all_gather read a freed input"
+del junk
 
 # broadcast, all_gather (list and flat), reduce_scatter (list and flat), barrier
 b = torch.full((7,), float(R))
@@ -82,17 +118,38 @@ if N >= 3:
         dist.all_reduce(s, group=g)
         assert s.item() == 2.0
 
-# errors name what was wrong (gflow.Error subclasses, also through torch.distributed)
-for bad, what in ((lambda: dist.all_reduce(torch.zeros(4, 3).t()), "not contiguous"),
-                  (lambda: dist.all_reduce(torch.zeros(3, dtype=torch.bool)), "not supported"),
-                  (lambda: dist.all_reduce(torch.zeros(3), op=dist.ReduceOp.BAND),
-                   "not supported")):
+# errors name what was wrong (gflow.Error subclasses, also through
+# torch.distributed); each fails its process group, so each gets a new one
+for bad, what in ((lambda g: dist.all_reduce(torch.zeros(4, 3).t(), group=g), "not contiguous"),
+                  (lambda g: dist.all_reduce(torch.zeros(3, dtype=torch.bool), group=g),
+                   "not supported"),
+                  (lambda g: dist.all_reduce(torch.zeros(3), op=dist.ReduceOp.BAND, group=g),
+                   "not supported"),
+                  (lambda g: dist.all_gather([torch.zeros(3)], torch.zeros(3), group=g),
+                   "output tensors")):
+    g = dist.new_group()
     try:
-        bad()
+        bad(g)
     except gflow.InvalidArgumentError as e:  # gflow's errors keep their Python class
         assert what in str(e), str(e)
     else:
         raise AssertionError("no error: " + what)
+
+# bad input on one rank: the others fail at once with PeerLostError naming it
+g = dist.new_group()
+start = time.time()
+try:
+    if R == 1:
+        time.sleep(0.3)  # the others are in the allreduce
+        dist.all_reduce(torch.zeros(4, 3).t(), group=g)
+    else:
+        dist.all_reduce(torch.zeros(12), group=g)
+except gflow.Error as e:
+    want = gflow.InvalidArgumentError if R == 1 else gflow.PeerLostError
+    assert isinstance(e, want) and "not contiguous" in str(e), (type(e), str(e))
+    assert time.time() - start < 10, time.time() - start
+else:
+    raise AssertionError("no error on rank %d" % R)
 dist.barrier()
 print("rank %d ok" % R, flush=True)
 dist.destroy_process_group()

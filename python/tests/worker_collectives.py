@@ -3,17 +3,20 @@ torch tensors against a float64 / exact-integer reference computed from
 every rank's inputs (each rank can generate all ranks' data). Exits 0 when
 every check passed; an AssertionError exits non-zero with the reason."""
 
+import gc
 import math
 import sys
 import threading
 import time
+import weakref
 
 import numpy as np
 import torch
 
 import gflow
+from waiting import wait_until
 
-comm = gflow.init()
+comm = gflow.init(timeout=60)
 R, N = comm.rank, comm.size
 assert (R, N) == (comm.rank, comm.size) and N >= 2
 assert gflow.default_communicator() is not None
@@ -150,17 +153,26 @@ deadline = time.time() + 10
 while not calls and time.time() < deadline:
     time.sleep(0.01)
 assert calls == [("cb", True)], calls
-# a dropped Work keeps its array alive until the op is done
-tmp = inputs(np.float32, 100000, 30)
-comm.allreduce(tmp[R].copy(), "sum", async_op=True)
-comm.barrier(async_op=True).wait()
+# a dropped Work keeps its tensor alive until the op is done (rank 0 joins
+# late, so the op is in flight on the others when they look)
+tmp = torch.from_numpy(inputs(np.float32, 100000, 30)[R].copy())
+alive = weakref.ref(tmp)
+if R == 0:
+    time.sleep(0.3)
+comm.allreduce(tmp, "sum", async_op=True)
+del tmp
+gc.collect()
+if R != 0:
+    assert alive() is not None, "the tensor of a dropped Work in flight was freed"
+comm.barrier(async_op=True).wait(timeout=60)
+wait_until(lambda: (gc.collect(), alive() is None)[1], what="release after completion")
 
 # ---- float16 / bfloat16 on the wire: the error bound of docs/compression.md
 for wire, u, eta in (("float16", 2.0**-11, 2.0**-25), ("bfloat16", 2.0**-8, 2.0**-134)):
     xs = inputs(np.float32, 10000, 40)
     x = xs[R].copy()
     w = comm.allreduce(x, "sum", wire=wire, async_op=True)
-    w.wait()
+    w.wait(timeout=60)
     S = np.stack([np.abs(v.astype(np.float64)) for v in xs]).sum(0)
     err = np.abs(x.astype(np.float64) - reference(xs, "sum"))
     assert np.all(err <= (N + 1) * u * S + N * eta), "%s wire error %g" % (wire, err.max())
@@ -170,7 +182,7 @@ x = np.ones(10, np.float32)
 if R == 0:
     x[3] = 70000.0  # beyond float16's range
 w = comm.allreduce(x, "sum", wire=torch.float16, async_op=True)
-w.wait()
+w.wait(timeout=60)
 assert w.nonfinite, "float16 overflow not reported"
 
 # ---- GIL released during a blocking collective: a Python thread keeps running

@@ -11,7 +11,7 @@ import numpy as np
 import gflow
 
 case = sys.argv[1]
-comm = gflow.init(timeout=5 if case != "timeout" else 2)
+comm = gflow.init(timeout={"timeout": 2, "bad_input": 60}.get(case, 5))
 R = comm.rank
 
 
@@ -49,6 +49,23 @@ elif case == "peer_lost":
         os._exit(0)
     w = comm.allreduce(np.ones(1 << 16, np.float32), async_op=True)
     start = time.time()
-    expect(gflow.PeerLostError, lambda: w.wait())
+    expect(gflow.PeerLostError, lambda: w.wait(timeout=30))
     assert time.time() - start < 20
     expect(gflow.PeerLostError, comm.barrier)  # the communicator stays failed
+elif case == "bad_input":
+    # Rank 1 passes a read-only array: it raises InvalidArgumentError, and
+    # the others, already in the allreduce, raise PeerLostError naming it at
+    # once (not after the 60 s deadline).
+    if R == 1:
+        time.sleep(0.5)  # the others are waiting in the allreduce
+        ro = np.ones(1000, np.float32)
+        ro.flags.writeable = False
+        e = expect(gflow.InvalidArgumentError, lambda: comm.allreduce(ro))
+        assert e.op == "allreduce" and "read-only" in str(e), e
+    else:
+        start = time.time()
+        e = expect(gflow.PeerLostError, lambda: comm.allreduce(np.ones(1000, np.float32)))
+        assert time.time() - start < 10, time.time() - start
+        assert "read-only" in str(e) and e.peer == 1, (str(e), e.peer)
+    # A caught error does not let the next call pair with the peers' op.
+    expect(gflow.Error, comm.barrier)

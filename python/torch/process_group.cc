@@ -11,6 +11,7 @@
 
 #include <pybind11/chrono.h>
 
+#include <cctype>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -33,23 +34,53 @@ class C10dStore : public Store {
   explicit C10dStore(c10::intrusive_ptr<c10d::Store> store) : store_(std::move(store)) {}
 
   void set(const std::string& key, const std::vector<uint8_t>& value) override {
-    store_->set(key, value);
+    guard("set", [&] { store_->set(key, value); });
   }
   std::vector<uint8_t> get(const std::string& key, std::chrono::milliseconds timeout) override {
     wait({key}, timeout);
-    return store_->get(key);
+    std::vector<uint8_t> value;
+    guard("get", [&] { value = store_->get(key); });
+    return value;
   }
   void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
-    try {
-      store_->wait(keys, timeout);
-    } catch (const std::exception& e) {
-      throw Error(ErrorCode::kTimeout, std::string("waiting for the c10d store: ") + e.what(),
-                  ErrorContext{"bootstrap"});
-    }
+    guard("wait", [&] { store_->wait(keys, timeout); });
   }
-  int64_t add(const std::string& key, int64_t delta) override { return store_->add(key, delta); }
+  int64_t add(const std::string& key, int64_t delta) override {
+    int64_t v = 0;
+    guard("add", [&] { v = store_->add(key, delta); });
+    return v;
+  }
 
  private:
+  // c10d's stores raise c10::Error or std::runtime_error; gflow's bootstrap
+  // wants gflow::Error: a timeout as kTimeout, a lost store connection as
+  // kPeerLost, anything else as kInternal.
+  template <class F>
+  static void guard(const char* what, F&& f) {
+    std::string message;
+    try {
+      f();
+      return;
+    } catch (const Error&) {
+      throw;
+    } catch (const c10::Error& e) {
+      message = e.what_without_backtrace();
+    } catch (const std::exception& e) {
+      message = e.what();
+    }
+    std::string lower = message;
+    for (char& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    auto has = [&](const char* s) { return lower.find(s) != std::string::npos; };
+    ErrorCode code = ErrorCode::kInternal;
+    if (has("timeout") || has("timed out")) {
+      code = ErrorCode::kTimeout;
+    } else if (has("connection") || has("broken pipe") || has("closed") || has("reset by peer")) {
+      code = ErrorCode::kPeerLost;
+    }
+    throw Error(code, std::string("c10d store ") + what + ": " + message,
+                ErrorContext{"bootstrap"});
+  }
+
   c10::intrusive_ptr<c10d::Store> store_;
 };
 
@@ -74,8 +105,8 @@ Tensor view(const at::Tensor& t, const char* what) {
     invalid(std::string(what) + ": tensor on " + t.device().str() +
             "; the gflow backend takes CPU tensors");
   }
-  if (!t.is_contiguous()) invalid(std::string(what) + ": tensor is not contiguous");
   if (t.is_sparse()) invalid(std::string(what) + ": sparse tensors are not supported");
+  if (!t.is_contiguous()) invalid(std::string(what) + ": tensor is not contiguous");
   return Tensor(t.data_ptr(), static_cast<size_t>(t.numel()), toDataType(t, what));
 }
 
@@ -101,14 +132,16 @@ const at::Tensor& single(const std::vector<at::Tensor>& tensors, const char* wha
 }
 
 // A c10d::Work completed by the process group's completion thread once the
-// gflow op is done (and, for staged ops, the result copied out).
+// gflow op is done (and, for staged ops, the result copied out). It holds
+// the op's inputs and outputs (and staging buffers) until then.
 class GflowWork : public c10d::Work {
  public:
   GflowWork(int rank, c10d::OpType type, gflow::Work work, std::vector<at::Tensor> outputs,
-            std::function<void()> after)
+            std::vector<at::Tensor> inputs, std::function<void()> after)
       : c10d::Work(rank, type),
         work_(std::move(work)),
         outputs_(std::move(outputs)),
+        inputs_(std::move(inputs)),
         after_(std::move(after)),
         future_(c10::make_intrusive<c10::ivalue::Future>(
             c10::ListType::create(c10::TensorType::get()))) {}
@@ -116,8 +149,19 @@ class GflowWork : public c10d::Work {
   std::vector<at::Tensor> result() override { return outputs_; }
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
 
-  // Completion thread: waits for the gflow op, then completes the future
-  // (its callbacks run here, e.g. DDP's) and the Work.
+  // The Work is completed before its future (so that after fut.wait()
+  // is_completed() holds); waiting on the Work also waits for the future,
+  // so that after work.wait() the future's value is there.
+  bool wait(std::chrono::milliseconds timeout) override {
+    const bool ok = c10d::Work::wait(timeout);
+    future_->wait();
+    return ok;
+  }
+
+  bool pending() const { return !work_.test(); }
+
+  // Completion thread: waits for the gflow op, then completes the Work and
+  // its future (whose callbacks, e.g. DDP's, run here).
   void complete() {
     std::exception_ptr error;
     try {
@@ -127,19 +171,49 @@ class GflowWork : public c10d::Work {
       error = std::current_exception();
     }
     after_ = nullptr;
+    inputs_.clear();
+    finish(error);
     if (error) {
       future_->setError(error);
     } else {
       future_->markCompleted(c10::IValue(outputs_));
     }
-    finish(error);
   }
 
  private:
   gflow::Work work_;
   std::vector<at::Tensor> outputs_;
+  std::vector<at::Tensor> inputs_;
   std::function<void()> after_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+// The completion thread's queue; shared with the thread so that the thread
+// may outlive the process group (destroyed from one of its own callbacks).
+struct CompletionQueue {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<c10::intrusive_ptr<GflowWork>> queue;
+  c10::intrusive_ptr<GflowWork> current;
+  bool stopping = false;
+
+  // gflow runs a communicator's ops in issue order, so waiting in FIFO
+  // order completes each work as soon as it is done.
+  static void run(std::shared_ptr<CompletionQueue> q) {
+    for (;;) {
+      c10::intrusive_ptr<GflowWork> w;
+      {
+        std::unique_lock<std::mutex> lock(q->mu);
+        q->current.reset();
+        q->cv.wait(lock, [&] { return q->stopping || !q->queue.empty(); });
+        if (q->queue.empty()) return;
+        w = q->queue.front();
+        q->queue.pop_front();
+        q->current = w;
+      }
+      w->complete();
+    }
+  }
 };
 
 class ProcessGroupGflow : public c10d::ProcessGroup {
@@ -155,60 +229,95 @@ class ProcessGroupGflow : public c10d::ProcessGroup {
     o.store = std::make_shared<C10dStore>(store);
     o.timeout = timeout;
     comm_ = Communicator::create(o);
-    thread_ = std::thread([this] { run(); });
+    thread_ = std::thread(&CompletionQueue::run, q_);
   }
 
   ~ProcessGroupGflow() override {
+    bool pending = false;
     {
-      std::lock_guard<std::mutex> lock(mu_);
-      stopping_ = true;
-      cv_.notify_all();
+      std::lock_guard<std::mutex> lock(q_->mu);
+      q_->stopping = true;
+      for (const auto& w : q_->queue) pending = pending || w->pending();
+      pending = pending || (q_->current && q_->current->pending());
+      q_->cv.notify_all();
     }
-    thread_.join();  // completes every queued work first
+    // Ops still in flight fail at once (their futures with AbortedError)
+    // instead of running to the deadline; the thread then drains the queue.
+    if (pending) comm_->abort();
+    if (std::this_thread::get_id() == thread_.get_id()) {
+      thread_.detach();  // destroyed by a callback on the completion thread
+      return;
+    }
+    // A future callback on the thread may need the GIL: never join with it.
+    if (Py_IsInitialized() && PyGILState_Check()) {
+      py::gil_scoped_release nogil;
+      thread_.join();
+    } else {
+      thread_.join();
+    }
   }
 
   const std::string getBackendName() const override { return "gflow"; }
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override {
-    const at::Tensor& t = single(tensors, "broadcast");
-    if (opts.rootTensor != 0) invalid("broadcast: rootTensor must be 0");
+    Tensor v;
+    at::Tensor t = checked("broadcast", [&] {
+      const at::Tensor& one = single(tensors, "broadcast");
+      if (opts.rootTensor != 0) invalid("broadcast: rootTensor must be 0");
+      v = view(one, "broadcast");
+      return one;
+    });
     return enqueue(c10d::OpType::BROADCAST,
-                   comm_->broadcastAsync(view(t, "broadcast"), static_cast<int>(opts.rootRank)),
-                   {t});
+                   comm_->broadcastAsync(v, static_cast<int>(opts.rootRank)), {t});
   }
 
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override {
-    const at::Tensor& t = single(tensors, "allreduce");
-    return enqueue(c10d::OpType::ALLREDUCE,
-                   comm_->allreduceAsync(view(t, "allreduce"), toReduceOp(opts.reduceOp)), {t});
+    Tensor v;
+    ReduceOp op;
+    at::Tensor t = checked("allreduce", [&] {
+      const at::Tensor& one = single(tensors, "allreduce");
+      v = view(one, "allreduce");
+      op = toReduceOp(opts.reduceOp);
+      return one;
+    });
+    return enqueue(c10d::OpType::ALLREDUCE, comm_->allreduceAsync(v, op), {t});
   }
 
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
       std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override {
     std::vector<Tensor> views;
-    for (const at::Tensor& t : tensors) views.push_back(view(t, "allreduce_coalesced"));
-    return enqueue(c10d::OpType::ALLREDUCE_COALESCED,
-                   allreduceCoalesced(*comm_, views, toReduceOp(opts.reduceOp)), tensors);
+    const ReduceOp op = checked("allreduce", [&] {
+      for (const at::Tensor& t : tensors) views.push_back(view(t, "allreduce_coalesced"));
+      return toReduceOp(opts.reduceOp);
+    });
+    return enqueue(c10d::OpType::ALLREDUCE_COALESCED, allreduceCoalesced(*comm_, views, op),
+                   tensors);
   }
 
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                            std::vector<at::Tensor>& inputs,
                                            const c10d::AllgatherOptions&) override {
-    const at::Tensor& in = single(inputs, "allgather");
-    if (outputs.size() != 1 || outputs[0].size() != static_cast<size_t>(size_)) {
-      invalid("allgather: expected one list of " + std::to_string(size_) + " output tensors");
-    }
-    for (const at::Tensor& o : outputs[0]) {
-      if (o.numel() != in.numel() || o.scalar_type() != in.scalar_type()) {
-        invalid("allgather: every output tensor must have the input's numel and dtype");
+    at::Tensor in, flat;
+    Tensor vin, vflat;
+    std::vector<at::Tensor> outs = checked("allgather", [&] {
+      in = single(inputs, "allgather");
+      if (outputs.size() != 1 || outputs[0].size() != static_cast<size_t>(size_)) {
+        invalid("allgather: expected one list of " + std::to_string(size_) + " output tensors");
       }
-    }
-    at::Tensor flat = at::empty({size_ * in.numel()}, in.options());
-    std::vector<at::Tensor> outs = outputs[0];
-    gflow::Work w = comm_->allgatherAsync(view(in, "allgather"), view(flat, "allgather"));
-    return enqueue(c10d::OpType::ALLGATHER, std::move(w), outs, [flat, outs] {
+      for (const at::Tensor& o : outputs[0]) {
+        if (o.numel() != in.numel() || o.scalar_type() != in.scalar_type()) {
+          invalid("allgather: every output tensor must have the input's numel and dtype");
+        }
+      }
+      vin = view(in, "allgather");
+      flat = at::empty({size_ * in.numel()}, in.options());
+      vflat = view(flat, "allgather");
+      return outputs[0];
+    });
+    gflow::Work w = comm_->allgatherAsync(vin, vflat);
+    return enqueue(c10d::OpType::ALLGATHER, std::move(w), outs, {in, flat}, [flat, outs] {
       for (size_t r = 0; r < outs.size(); ++r) {
         at::Tensor o = outs[r];
         o.copy_(flat.narrow(0, static_cast<int64_t>(r) * o.numel(), o.numel()).view_as(o));
@@ -218,44 +327,54 @@ class ProcessGroupGflow : public c10d::ProcessGroup {
 
   c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& out, at::Tensor& in,
                                                  const c10d::AllgatherOptions&) override {
-    return enqueue(c10d::OpType::_ALLGATHER_BASE,
-                   comm_->allgatherAsync(view(in, "_allgather_base"), view(out, "_allgather_base")),
-                   {out});
+    Tensor vin, vout;
+    checked("allgather", [&] {
+      vin = view(in, "_allgather_base");
+      vout = view(out, "_allgather_base");
+    });
+    return enqueue(c10d::OpType::_ALLGATHER_BASE, comm_->allgatherAsync(vin, vout), {out}, {in});
   }
 
   c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
                                                 std::vector<std::vector<at::Tensor>>& inputs,
                                                 const c10d::ReduceScatterOptions& opts) override {
-    const at::Tensor& out = single(outputs, "reduce_scatter");
-    if (inputs.size() != 1 || inputs[0].size() != static_cast<size_t>(size_)) {
-      invalid("reduce_scatter: expected one list of " + std::to_string(size_) + " input tensors");
-    }
-    std::vector<at::Tensor> flatIn;
-    for (const at::Tensor& i : inputs[0]) {
-      if (i.numel() != out.numel() || i.scalar_type() != out.scalar_type()) {
-        invalid("reduce_scatter: every input tensor must have the output's numel and dtype");
+    at::Tensor out, in, result;
+    Tensor vin, vresult;
+    const ReduceOp op = checked("reduce_scatter", [&] {
+      out = single(outputs, "reduce_scatter");
+      if (inputs.size() != 1 || inputs[0].size() != static_cast<size_t>(size_)) {
+        invalid("reduce_scatter: expected one list of " + std::to_string(size_) + " input tensors");
       }
-      flatIn.push_back(i.reshape({-1}));
-    }
-    at::Tensor in = at::cat(flatIn);
-    at::Tensor result =
-        out.is_contiguous() ? out : at::empty_like(out, at::MemoryFormat::Contiguous);
-    gflow::Work w = comm_->reduceScatterAsync(
-        view(in, "reduce_scatter"), view(result, "reduce_scatter"), toReduceOp(opts.reduceOp));
+      std::vector<at::Tensor> flatIn;
+      for (const at::Tensor& i : inputs[0]) {
+        if (i.numel() != out.numel() || i.scalar_type() != out.scalar_type()) {
+          invalid("reduce_scatter: every input tensor must have the output's numel and dtype");
+        }
+        flatIn.push_back(i.reshape({-1}));
+      }
+      in = at::cat(flatIn);
+      result = out.is_contiguous() ? out : at::empty_like(out, at::MemoryFormat::Contiguous);
+      vin = view(in, "reduce_scatter");
+      vresult = view(result, "reduce_scatter");
+      return toReduceOp(opts.reduceOp);
+    });
+    gflow::Work w = comm_->reduceScatterAsync(vin, vresult, op);
     std::function<void()> after;
     if (!out.is_contiguous()) after = [out, result]() mutable { out.copy_(result); };
-    return enqueue(c10d::OpType::REDUCE_SCATTER, std::move(w), {out}, [in, after] {
-      if (after) after();  // `in` lives until the op is done
-    });
+    return enqueue(c10d::OpType::REDUCE_SCATTER, std::move(w), {out}, {in, result},
+                   std::move(after));
   }
 
   c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
       at::Tensor& out, at::Tensor& in, const c10d::ReduceScatterOptions& opts) override {
-    return enqueue(
-        c10d::OpType::_REDUCE_SCATTER_BASE,
-        comm_->reduceScatterAsync(view(in, "_reduce_scatter_base"),
-                                  view(out, "_reduce_scatter_base"), toReduceOp(opts.reduceOp)),
-        {out}, [in] {});
+    Tensor vin, vout;
+    const ReduceOp op = checked("reduce_scatter", [&] {
+      vin = view(in, "_reduce_scatter_base");
+      vout = view(out, "_reduce_scatter_base");
+      return toReduceOp(opts.reduceOp);
+    });
+    return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, comm_->reduceScatterAsync(vin, vout, op),
+                   {out}, {in});
   }
 
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions&) override {
@@ -263,38 +382,38 @@ class ProcessGroupGflow : public c10d::ProcessGroup {
   }
 
  private:
-  c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, gflow::Work w,
-                                         std::vector<at::Tensor> outputs,
-                                         std::function<void()> after = nullptr) {
-    auto work = c10::make_intrusive<GflowWork>(rank_, type, std::move(w), std::move(outputs),
-                                               std::move(after));
-    std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back(work);
-    cv_.notify_all();
-    return work;
-  }
-
-  // gflow runs a communicator's ops in issue order, so waiting in FIFO
-  // order completes each work as soon as it is done.
-  void run() {
-    for (;;) {
-      c10::intrusive_ptr<GflowWork> w;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-        if (queue_.empty()) return;
-        w = queue_.front();
-        queue_.pop_front();
-      }
-      w->complete();
+  // Runs an op's argument checks: any error fails the communicator
+  // (Communicator::failInvalidArgument names `op` and the problem), so the
+  // peers, entering the same collective, raise PeerLostError at once and a
+  // caught error cannot let this rank's next op pair with theirs.
+  template <class F>
+  auto checked(const char* op, F&& f) -> decltype(f()) {
+    try {
+      return f();
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kInvalidArgument || !e.op().empty()) throw;
+      comm_->failInvalidArgument(op, e.detail());
+    } catch (const c10::Error& e) {
+      comm_->failInvalidArgument(op, std::string("gflow backend: ") + e.what_without_backtrace());
+    } catch (const std::exception& e) {
+      comm_->failInvalidArgument(op, std::string("gflow backend: ") + e.what());
     }
   }
 
+  c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, gflow::Work w,
+                                         std::vector<at::Tensor> outputs,
+                                         std::vector<at::Tensor> inputs = {},
+                                         std::function<void()> after = nullptr) {
+    auto work = c10::make_intrusive<GflowWork>(rank_, type, std::move(w), std::move(outputs),
+                                               std::move(inputs), std::move(after));
+    std::lock_guard<std::mutex> lock(q_->mu);
+    q_->queue.push_back(work);
+    q_->cv.notify_all();
+    return work;
+  }
+
   std::shared_ptr<Communicator> comm_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<c10::intrusive_ptr<GflowWork>> queue_;
-  bool stopping_ = false;
+  std::shared_ptr<CompletionQueue> q_ = std::make_shared<CompletionQueue>();
   std::thread thread_;
 };
 
