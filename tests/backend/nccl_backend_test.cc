@@ -75,6 +75,14 @@ class NcclBackendTest : public ::testing::Test {
   }
 };
 
+// Makes NCCL report `result` as the asynchronous error of every live NCCL
+// communicator on soft GPU `device` (the rank that uses it).
+void injectOnDevice(int device, int result) {
+  for (const auto& info : softnccl::comms()) {
+    if (info.device == device) softnccl::injectAsyncError(info.comm, result);
+  }
+}
+
 // Rank r's value at i: exact in every dtype used below.
 double valueAt(int r, size_t i) {
   return static_cast<double>((r + 1) * 3 + static_cast<int>(i % 7)) - 4.0;
@@ -290,9 +298,7 @@ TEST_F(NcclBackendTest, AnAsynchronousNcclErrorFailsTheRankAndItsPeers) {
         DeviceBuffer buf(c.rank(), 16 * 4);
         c.allreduce(buf.tensor(16, DataType::kFloat32));
         if (c.rank() == 1) {
-          for (const auto& info : softnccl::comms()) {
-            if (info.device == 1) softnccl::injectAsyncError(info.comm, nccl::kRemoteError);
-          }
+          injectOnDevice(1, nccl::kRemoteError);
         } else {
           std::this_thread::sleep_for(milliseconds(50));
         }
@@ -471,9 +477,7 @@ TEST_F(NcclBackendTest, PeersWaitingInsideNcclHearOfAFailureThroughTheStore) {
         DeviceBuffer buf(c.rank(), 16 * 4);
         c.allreduce(buf.tensor(16, DataType::kFloat32));
         if (c.rank() == 1) {
-          for (const auto& info : softnccl::comms()) {
-            if (info.device == 1) softnccl::injectAsyncError(info.comm, nccl::kSystemError);
-          }
+          injectOnDevice(1, nccl::kSystemError);
         }
         c.allreduce(buf.tensor(16, DataType::kFloat32));
       },
