@@ -73,13 +73,6 @@ struct AllreduceResult {
   bool nonFinite = false;
 };
 
-struct PeerStats {
-  uint64_t bytesSent = 0;
-  uint64_t bytesReceived = 0;
-  uint64_t messagesSent = 0;
-  uint64_t messagesReceived = 0;
-};
-
 struct GFLOW_EXPORT Stats {
   std::vector<PeerStats> peers;  // indexed by peer rank
   uint64_t allreduce = 0;
@@ -88,11 +81,15 @@ struct GFLOW_EXPORT Stats {
   uint64_t broadcast = 0;
   uint64_t barrier = 0;
   // The same ops by the path that ran them: the shared-memory backend (one
-  // host), the hierarchical one (several hosts) or a flat algorithm over the
-  // network transport.
+  // host), the hierarchical one (several hosts), a flat algorithm over the
+  // network transport, or NCCL (device buffers). Device buffers that are
+  // staged through host memory count in the host path that ran them and in
+  // stagedOps.
   uint64_t sharedMemoryOps = 0;
   uint64_t hierarchicalOps = 0;
   uint64_t networkOps = 0;
+  uint64_t ncclOps = 0;
+  uint64_t stagedOps = 0;
   uint64_t bytesSent() const;
   uint64_t bytesReceived() const;
 };

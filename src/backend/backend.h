@@ -1,6 +1,9 @@
-// Backend: runs collectives on one contiguous buffer. Two kinds implement it:
-// the host backend (our algorithms over a Transport) and, in a later issue,
-// NCCL for device buffers. Layers above (core, gradient) only see this.
+// Backend: runs collectives on one contiguous buffer. Implemented by the
+// host backend (gflow's algorithms over a Transport), the shared-memory
+// backend, the hierarchical composition of two backends, the staged
+// backend (device buffers over a host backend) and NCCL (device buffers);
+// the router (backend/router.h) is the one Backend core calls, and picks
+// among them per op. Layers above (core, gradient) only see this.
 //
 // Calls come from one thread at a time (the communicator's executing thread);
 // abort() from any thread.
@@ -11,7 +14,6 @@
 #include <string>
 
 #include "common/deadline.h"
-#include "gflow/communicator.h"
 #include "gflow/types.h"
 #include "transport/transport.h"
 
@@ -55,13 +57,15 @@ transport::Envelope encode(const OpDesc& d);
 uint64_t fingerprint(const OpDesc& d);
 std::string describe(const transport::Envelope& e);
 
+class DeviceBuffers;  // backend/device_buffers.h
+
 struct Op {
   uint64_t seq = 0;
   OpDesc desc;
   Deadline deadline = Deadline::never();
-  // Device ops on the NCCL backend: an event (cudaEvent_t) after the work
-  // that produces the op's inputs (recorded on the caller's stream).
-  void* ready = nullptr;
+  // Set when any of the op's buffers is device memory: where they live and
+  // the events after the work that produces them (null: host memory).
+  std::shared_ptr<DeviceBuffers> buffers;
 };
 
 // Adds `p` to `into` (composed backends sum their parts' traffic).
@@ -91,16 +95,17 @@ class Backend {
   // Thread-safe with respect to running ops.
   virtual void registerMemory(void* data, size_t bytes,
                               std::vector<std::unique_ptr<transport::MemoryRegion>>* out) = 0;
+  // Communicator::split, collective over this backend's ranks, after the
+  // new communicator's own backend `child` (built like this one; nullptr
+  // where this rank joins no part, color < 0) has connected: hands `child`
+  // what it derives from this backend rather than creating anew (NCCL's
+  // ncclCommSplit). Most backends derive nothing.
+  virtual void splitInto(const Op& op, int color, int key, Backend* child) {
+    (void)op, (void)color, (void)key, (void)child;
+  }
 };
 
 // The host backend over a connected transport context.
 std::unique_ptr<Backend> createHostBackend(std::unique_ptr<transport::Context> context);
-
-// Runs each op on the backend that implements its algorithm: `shm` for
-// kShm, `hierarchical` for kHierarchical, `flat` (the host backend over the
-// network transport) for the rest. abort/notifyPeers reach all of them;
-// peerStats adds them up.
-std::unique_ptr<Backend> createRouter(std::unique_ptr<Backend> flat, std::unique_ptr<Backend> shm,
-                                      std::unique_ptr<Backend> hierarchical);
 
 }  // namespace gflow::backend

@@ -1,17 +1,24 @@
-// The router: one Backend that hands each op to the backend implementing
-// its algorithm (see backend.h).
-#include "backend/backend.h"
+#include "backend/router.h"
+
+#include "backend/device_buffers.h"
+#include "backend/nccl/nccl_backend.h"
+#include "backend/staged/staged_backend.h"
 #include "common/check.h"
 
 #include <vector>
 
 namespace gflow::backend {
-namespace {
 
-class Router final : public Backend {
+// Host buffers: the backend that implements the op's algorithm.
+class ByAlgorithm final : public Backend {
  public:
-  Router(std::unique_ptr<Backend> flat, std::unique_ptr<Backend> shm, std::unique_ptr<Backend> hier)
-      : flat_(std::move(flat)), shm_(std::move(shm)), hier_(std::move(hier)) {}
+  explicit ByAlgorithm(std::unique_ptr<Backend> flat) : flat_(std::move(flat)) {
+    GFLOW_ENFORCE(flat_ != nullptr);
+  }
+  void attach(std::unique_ptr<Backend> shm, std::unique_ptr<Backend> hier) {
+    shm_ = std::move(shm);
+    hier_ = std::move(hier);
+  }
 
   void allreduce(const Op& op, const void* in, void* out) override {
     pick(op).allreduce(op, in, out);
@@ -62,11 +69,145 @@ class Router final : public Backend {
   std::unique_ptr<Backend> hier_;
 };
 
+namespace {
+
+Path hostPath(Algorithm a) {
+  return a == Algorithm::kShm            ? Path::kShm
+         : a == Algorithm::kHierarchical ? Path::kHierarchical
+                                         : Path::kNetwork;
+}
+
+// 64 bits of everything in an op's description that must agree.
+uint64_t digest(const OpDesc& d) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (uint64_t v : {uint64_t(d.kind), uint64_t(d.dtype), uint64_t(d.op), uint64_t(d.algo),
+                     uint64_t(int64_t(d.root)), d.count}) {
+    h = (h ^ v) * 0x100000001b3ULL;
+    h ^= h >> 29;
+  }
+  return h;
+}
+
 }  // namespace
 
-std::unique_ptr<Backend> createRouter(std::unique_ptr<Backend> flat, std::unique_ptr<Backend> shm,
-                                      std::unique_ptr<Backend> hierarchical) {
-  return std::make_unique<Router>(std::move(flat), std::move(shm), std::move(hierarchical));
+Router::Router(RouterParts parts)
+    : rank_(parts.rank),
+      size_(parts.size),
+      verify_(parts.verifyNccl),
+      select_(std::move(parts.select)),
+      host_(std::make_unique<ByAlgorithm>(std::move(parts.flat))),
+      staged_(createStagedBackend(*host_)) {}
+
+Router::~Router() = default;
+
+void Router::attach(std::unique_ptr<Backend> shm, std::unique_ptr<Backend> hierarchical,
+                    const DeviceSetup& device) {
+  host_->attach(std::move(shm), std::move(hierarchical));
+  nccl_ = std::make_unique<NcclBackend>(device);
+}
+
+void Router::allreduce(const Op& op, const void* in, void* out) {
+  route(op).allreduce(op, in, out);
+}
+void Router::reduceScatter(const Op& op, const void* in, void* out) {
+  route(op).reduceScatter(op, in, out);
+}
+void Router::allgather(const Op& op, const void* in, void* out) {
+  route(op).allgather(op, in, out);
+}
+void Router::broadcast(const Op& op, void* buf) {
+  route(op).broadcast(op, buf);
+}
+void Router::barrier(const Op& op) {
+  route(op).barrier(op);
+}
+
+Backend& Router::route(const Op& op) {
+  if (!op.buffers) {
+    count(hostPath(op.desc.algo));
+    return *host_;
+  }
+  if (onNccl(op)) {
+    count(Path::kNccl);
+    return *nccl_;
+  }
+  count(hostPath(op.desc.algo));
+  count(Path::kStaged);
+  return *staged_;
+}
+
+bool Router::onNccl(const Op& op) {
+  int device = -1;
+  void* ready = nullptr;
+  const bool single = op.buffers->single(&device, &ready);
+  if (!nccl_ || !nccl_->use(op, op.buffers->plugin(), device) || !single) return false;
+  if (device != nccl_->device()) {
+    GFLOW_THROW(kInvalidArgument, (ErrorContext{"", op.seq, rank_, -1}))
+        << "this communicator runs NCCL on cuda:" << nccl_->device()
+        << ", but this op's tensors are on cuda:" << device
+        << " (NCCL binds a communicator to one GPU: use another communicator for this GPU, or "
+           "GFLOW_DEVICE_BACKEND=staged)";
+  }
+  if (verify_ && size_ > 1) verifyNccl(op);
+  return true;
+}
+
+void Router::verifyNccl(const Op& op) {
+  // A tiny allgather over the host backend whose envelope carries this op's
+  // fingerprint (24 bits); its values compare all 64 of a digest of the
+  // whole description.
+  OpDesc v{OpKind::kAllgather, DataType::kInt64, ReduceOp::kSum, Algorithm::kAuto, 0, 1};
+  v.algo = select_(OpKind::kAllgather, sizeof(int64_t) * size_, size_);
+  v.parent = fingerprint(op.desc);
+  Op check;
+  check.seq = op.seq;
+  check.desc = v;
+  check.deadline = op.deadline;
+  const int64_t mine = static_cast<int64_t>(digest(op.desc));
+  std::vector<int64_t> all(static_cast<size_t>(size_));
+  host_->allgather(check, &mine, all.data());
+  for (int r = 0; r < size_; ++r) {
+    if (all[r] != mine) {
+      GFLOW_THROW(kMismatch, (ErrorContext{"", op.seq, rank_, r}))
+          << "rank " << r << " called another op on NCCL than this rank ("
+          << describe(encode(op.desc)) << ")";
+    }
+  }
+}
+
+void Router::abort(const Error& error) {
+  host_->abort(error);
+  if (nccl_) nccl_->abort(error);
+}
+
+void Router::notifyPeers(const Error& error) {
+  host_->notifyPeers(error);
+  if (nccl_) nccl_->notifyPeers(error);
+}
+
+PeerStats Router::peerStats(int peer) const {
+  return host_->peerStats(peer);
+}
+
+void Router::registerMemory(void* data, size_t bytes,
+                            std::vector<std::unique_ptr<transport::MemoryRegion>>* out) {
+  host_->registerMemory(data, bytes, out);
+}
+
+void Router::splitInto(const Op& op, int color, int key, Backend* child) {
+  Router* c = child ? dynamic_cast<Router*>(child) : nullptr;
+  GFLOW_ENFORCE(child == nullptr || c != nullptr);
+  if (nccl_) nccl_->splitInto(op, color, key, c ? c->nccl_.get() : nullptr);
+}
+
+PathCounts Router::paths() const {
+  PathCounts out{};
+  for (size_t i = 0; i < kNumPaths; ++i) out[i] = paths_[i].load(std::memory_order_relaxed);
+  return out;
+}
+
+void Router::resetPaths() {
+  for (auto& p : paths_) p.store(0, std::memory_order_relaxed);
 }
 
 }  // namespace gflow::backend

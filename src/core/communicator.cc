@@ -2,6 +2,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "backend/device_buffers.h"
 #include "backend/hierarchical/hierarchical.h"
 #include "backend/shm/shm_backend.h"
 #include "bootstrap/environment.h"
@@ -39,9 +40,8 @@ std::shared_ptr<const Error> Communicator::Impl::setFailed(const Error& e) {
 
 void Communicator::Impl::notifyOnce(const std::shared_ptr<const Error>& e) {
   if (!backend || notified.exchange(true)) return;
-  abortBackends(*e);
+  backend->abort(*e);
   backend->notifyPeers(*e);
-  if (nccl) nccl->notifyPeers(*e);
 }
 
 void Communicator::Impl::fail(const Error& e) {
@@ -62,7 +62,7 @@ void Communicator::Impl::invalid(const char* op, const std::string& what) {
   // communicator and telling them turns their wait into an immediate error.
   auto first = setFailed(e);
   if (backend) {
-    abortBackends(*first);
+    backend->abort(*first);
     engine.tryRunExclusive([&] { notifyOnce(first); });
   }
   throw e;
@@ -73,12 +73,8 @@ void Communicator::Impl::validateTensor(const char* op, const char* name, const 
     invalid(op, std::string(name) + " has an invalid dtype (" +
                     std::to_string(static_cast<int>(t.dtype)) + ")");
   }
-  if (t.device.type == DeviceType::kCUDA) {
-    validateCudaTensor(op, name, t);
-  } else if (t.device.type != DeviceType::kCPU) {
-    invalid(op, std::string(name) + " has an invalid device type (" +
-                    std::to_string(static_cast<int>(t.device.type)) + ")");
-  }
+  const std::string where = backend::checkPlacement(t);
+  if (!where.empty()) invalid(op, name + where);
   if (t.count > 0 && t.data == nullptr) {
     invalid(op, std::string(name) + ".data is null but count is " + std::to_string(t.count));
   }
@@ -107,7 +103,8 @@ int kindIndex(OpKind k) {
 }  // namespace
 
 std::shared_ptr<WorkState> Communicator::Impl::submit(
-    OpDesc desc, bool blocking, std::function<void(const backend::Op&)> body) {
+    OpDesc desc, bool blocking, std::function<void(const backend::Op&)> body,
+    std::shared_ptr<backend::DeviceBuffers> buffers) {
   checkUsable(backend::toString(desc.kind));
   const uint64_t bytes = desc.count * dataTypeSize(desc.dtype) *
                          (desc.kind == OpKind::kAllgather || desc.kind == OpKind::kReduceScatter
@@ -115,11 +112,7 @@ std::shared_ptr<WorkState> Communicator::Impl::submit(
                               : 1);
   desc.algo = selector->select(desc.kind, bytes, size);
   opCount[kindIndex(desc.kind)].fetch_add(1, std::memory_order_relaxed);
-  pathCount[desc.algo == Algorithm::kShm            ? 0
-            : desc.algo == Algorithm::kHierarchical ? 1
-                                                    : 2]
-      .fetch_add(1, std::memory_order_relaxed);
-  auto task = [this, desc, body = std::move(body)] {
+  auto task = [this, desc, body = std::move(body), buffers = std::move(buffers)] {
     const uint64_t mySeq = ++seq;
     const char* name = backend::toString(desc.kind);
     // Failed by abort() or bad input on another thread: tell the peers now
@@ -134,7 +127,7 @@ std::shared_ptr<WorkState> Communicator::Impl::submit(
                       << desc.count * dataTypeSize(desc.dtype) << " bytes x" << size
                       << " ranks): algorithm " << backend::toString(desc.algo);
     }
-    backend::Op op{mySeq, desc, Deadline::after(timeout)};
+    const backend::Op op{mySeq, desc, Deadline::after(timeout), buffers};
     try {
       body(op);
     } catch (const Error& e) {
@@ -172,7 +165,15 @@ std::unique_ptr<Communicator::Impl> Communicator::Impl::connect(
   impl->selector = std::make_unique<AlgorithmSelector>(algoSpec, algoSource, rdMax);
   impl->algoSpec = algoSpec;
   impl->algoSource = algoSource;
-  impl->backend = backend::createHostBackend(transport::createContext(transportName, ctxOpts));
+  backend::RouterParts parts;
+  parts.rank = rank;
+  parts.size = size;
+  parts.flat = backend::createHostBackend(transport::createContext(transportName, ctxOpts));
+  parts.verifyNccl = params::getInt("GFLOW_NCCL_VERIFY") != 0;
+  parts.select = [sel = impl->selector.get()](OpKind kind, uint64_t bytes, int n) {
+    return sel->select(kind, bytes, n);
+  };
+  impl->backend = std::make_unique<backend::Router>(std::move(parts));
 
   // Host grouping and configuration agreement: every rank learns every
   // rank's host and a digest of the settings that decide which path an op
@@ -208,11 +209,8 @@ std::unique_ptr<Communicator::Impl> Communicator::Impl::connect(
     }
   }
   impl->buildHierarchy(ctxOpts, localRank, localSize);
-  impl->nccl = std::make_unique<backend::NcclBackend>(
-      backend::NcclSetup{rank, size, ctxOpts.store, ctxOpts.prefix, ctxOpts.timeout, impl->hostOf});
-  impl->ncclVerify = params::getInt("GFLOW_NCCL_VERIFY") != 0;
   impl->opCount[kindIndex(OpKind::kAllgather)] = 0;  // internal op, not the user's
-  impl->pathCount[2] = 0;
+  impl->backend->resetPaths();
   return impl;
 }
 
@@ -294,7 +292,9 @@ void Communicator::Impl::buildHierarchy(const transport::ContextOptions& ctxOpts
     }
   }
   selector->setCapabilities(caps);
-  backend = backend::createRouter(std::move(backend), std::move(shm), std::move(hier));
+  backend->attach(
+      std::move(shm), std::move(hier),
+      backend::DeviceSetup{rank, size, ctxOpts.store, ctxOpts.prefix, ctxOpts.timeout, hostOf});
 }
 
 // ---- Communicator ----------------------------------------------------------
@@ -307,7 +307,7 @@ Communicator::~Communicator() {
           ErrorContext{"", 0, impl_->rank, -1});
   // Wake a running op (if any) and drop queued ones before joining the
   // worker; the transport is going away anyway.
-  impl_->abortBackends(e);
+  impl_->backend->abort(e);
   impl_->engine.shutdown(e);
 }
 
@@ -389,6 +389,8 @@ std::shared_ptr<Communicator> Communicator::crossHostCommunicator() {
 
 namespace {
 
+using Buffers = backend::DeviceBuffers;
+
 void finish(const std::shared_ptr<WorkState>& w) {
   w->wait(std::chrono::milliseconds(0));
 }
@@ -430,30 +432,21 @@ std::shared_ptr<WorkState> doAllreduce(Communicator::Impl& I, Tensor in, Tensor 
   }
   OpDesc d{OpKind::kAllreduce, in.dtype, op, Algorithm::kAuto, 0, in.count};
   Communicator::Impl* self = &I;
-  const bool inPlace = in.data == out.data;
-  auto st = inPlace
-                ? DeviceStaging::prepare(I.cudaPlugin, name, I.rank, {{in, DeviceStaging::kInOut}})
-                : DeviceStaging::prepare(I.cudaPlugin, name, I.rank,
-                                         {{in, DeviceStaging::kIn}, {out, DeviceStaging::kOut}});
-  return I.submit(d, blocking,
-                  [self, in, out, st, inPlace, before = std::move(before),
-                   after = std::move(after)](const backend::Op& o) {
-                    if (before) before();
-                    // The collective waits for what before() enqueued on the
-                    // stream (packing kernels).
-                    if (before && st) st->recordAgain();
-                    backend::Op n = o;
-                    if (st && self->onNccl(n, *st)) {
-                      self->nccl->allreduce(n, in.data, out.data);
-                    } else if (st) {
-                      st->toHost(self->stagingPool());
-                      self->backend->allreduce(o, st->data(0), st->data(inPlace ? 0 : 1));
-                      st->toDevice(self->stagingPool());
-                    } else {
-                      self->backend->allreduce(o, in.data, out.data);
-                    }
-                    if (after) after();
-                  });
+  auto buffers = in.data == out.data
+                     ? Buffers::bind(name, I.rank, {{in, Buffers::kInOut}})
+                     : Buffers::bind(name, I.rank, {{in, Buffers::kIn}, {out, Buffers::kOut}});
+  return I.submit(
+      d, blocking,
+      [self, in, out, before = std::move(before), after = std::move(after)](const backend::Op& o) {
+        if (before) {
+          before();
+          // The collective waits for what before() enqueued (packing kernels).
+          backend::inputsProduced(o);
+        }
+        self->backend->allreduce(o, in.data, out.data);
+        if (after) after();
+      },
+      std::move(buffers));
 }
 
 // Allreduce with AllreduceOptions: float32 data narrowed to the wire type
@@ -535,16 +528,11 @@ std::shared_ptr<WorkState> doReduceScatter(Communicator::Impl& I, Tensor in, Ten
   }
   OpDesc d{OpKind::kReduceScatter, in.dtype, op, Algorithm::kAuto, 0, out.count};
   Communicator::Impl* self = &I;
-  auto st = DeviceStaging::prepare(I.cudaPlugin, name, I.rank,
-                                   {{in, DeviceStaging::kIn}, {out, DeviceStaging::kOut}});
-  return I.submit(d, blocking, [self, in, out, st](const backend::Op& o) {
-    if (!st) return self->backend->reduceScatter(o, in.data, out.data);
-    backend::Op n = o;
-    if (self->onNccl(n, *st)) return self->nccl->reduceScatter(n, in.data, out.data);
-    st->toHost(self->stagingPool());
-    self->backend->reduceScatter(o, st->data(0), st->data(1));
-    st->toDevice(self->stagingPool());
-  });
+  auto buffers = Buffers::bind(name, I.rank, {{in, Buffers::kIn}, {out, Buffers::kOut}});
+  return I.submit(
+      d, blocking,
+      [self, in, out](const backend::Op& o) { self->backend->reduceScatter(o, in.data, out.data); },
+      std::move(buffers));
 }
 
 std::shared_ptr<WorkState> doAllgather(Communicator::Impl& I, Tensor in, Tensor out,
@@ -562,22 +550,13 @@ std::shared_ptr<WorkState> doAllgather(Communicator::Impl& I, Tensor in, Tensor 
     I.invalid(name, "in is this rank's block of out but on another device");
   }
   // In place (in is this rank's block of out): out carries it.
-  auto st = in.data == own
-                ? DeviceStaging::prepare(I.cudaPlugin, name, I.rank, {{out, DeviceStaging::kInOut}})
-                : DeviceStaging::prepare(I.cudaPlugin, name, I.rank,
-                                         {{in, DeviceStaging::kIn}, {out, DeviceStaging::kOut}});
-  const bool inPlace = in.data == own;
-  const size_t block = in.nbytes() * static_cast<size_t>(I.rank);
-  return I.submit(d, blocking, [self, in, out, st, inPlace, block](const backend::Op& o) {
-    if (!st) return self->backend->allgather(o, in.data, out.data);
-    backend::Op n = o;
-    if (self->onNccl(n, *st)) return self->nccl->allgather(n, in.data, out.data);
-    st->toHost(self->stagingPool());
-    void* hostOut = st->data(inPlace ? 0 : 1);
-    const void* hostIn = inPlace ? static_cast<const char*>(hostOut) + block : st->data(0);
-    self->backend->allgather(o, hostIn, hostOut);
-    st->toDevice(self->stagingPool());
-  });
+  auto buffers = in.data == own
+                     ? Buffers::bind(name, I.rank, {{out, Buffers::kInOut}})
+                     : Buffers::bind(name, I.rank, {{in, Buffers::kIn}, {out, Buffers::kOut}});
+  return I.submit(
+      d, blocking,
+      [self, in, out](const backend::Op& o) { self->backend->allgather(o, in.data, out.data); },
+      std::move(buffers));
 }
 
 std::shared_ptr<WorkState> doBroadcast(Communicator::Impl& I, Tensor inout, int root,
@@ -591,15 +570,10 @@ std::shared_ptr<WorkState> doBroadcast(Communicator::Impl& I, Tensor inout, int 
   }
   OpDesc d{OpKind::kBroadcast, inout.dtype, ReduceOp::kSum, Algorithm::kAuto, root, inout.count};
   Communicator::Impl* self = &I;
-  auto st = DeviceStaging::prepare(I.cudaPlugin, name, I.rank, {{inout, DeviceStaging::kInOut}});
-  return I.submit(d, blocking, [self, inout, st](const backend::Op& o) {
-    if (!st) return self->backend->broadcast(o, inout.data);
-    backend::Op n = o;
-    if (self->onNccl(n, *st)) return self->nccl->broadcast(n, inout.data);
-    st->toHost(self->stagingPool());
-    self->backend->broadcast(o, st->data(0));
-    st->toDevice(self->stagingPool());
-  });
+  auto buffers = Buffers::bind(name, I.rank, {{inout, Buffers::kInOut}});
+  return I.submit(
+      d, blocking, [self, inout](const backend::Op& o) { self->backend->broadcast(o, inout.data); },
+      std::move(buffers));
 }
 
 std::shared_ptr<WorkState> doBarrier(Communicator::Impl& I, bool blocking) {
@@ -677,7 +651,7 @@ std::shared_ptr<Communicator> Communicator::split(int color, int key) {
             Tensor(all.data(), all.size(), DataType::kInt64));
   const uint64_t splitId = I.splitCount++;
   if (color < 0) {
-    I.splitNccl(-1, key, nullptr);  // collective over the parent's NCCL ranks
+    I.splitBackend(-1, key, nullptr);  // collective over the parent's ranks
     return nullptr;
   }
   std::vector<std::pair<int64_t, int>> members;  // (key, parent rank)
@@ -701,8 +675,35 @@ std::shared_ptr<Communicator> Communicator::split(int color, int key) {
                             I.hostOf[I.rank], -1, -1);
   // Where NCCL runs this communicator, the new one gets its part of it
   // (ncclCommSplit) instead of creating its own.
-  I.splitNccl(color, key, impl.get());
+  I.splitBackend(color, key, impl.get());
   return std::shared_ptr<Communicator>(new Communicator(std::move(impl)));
+}
+
+void Communicator::Impl::splitBackend(int color, int key, Impl* child) {
+  // On the executing thread, after every earlier op: whether NCCL runs this
+  // communicator is known there, and the same on every rank.
+  auto task = [this, color, key, child] {
+    if (auto e = error()) throw *e;
+    const backend::Op op{seq, OpDesc{}, Deadline::after(timeout), nullptr};
+    try {
+      backend->splitInto(op, color, key, child ? child->backend.get() : nullptr);
+    } catch (const Error& e) {
+      Error full = e.withContext(ErrorContext{"split", seq, rank, e.peer()});
+      fail(full);
+      throw full;
+    }
+  };
+  engine.submit(std::move(task), true)->wait(std::chrono::milliseconds(0));
+}
+
+std::shared_ptr<void> internal::CommunicatorAccess::cached(
+    Communicator& comm, const std::string& key,
+    const std::function<std::shared_ptr<void>()>& make) {
+  Communicator::Impl& I = *comm.impl_;
+  std::lock_guard<std::mutex> lock(I.cacheMutex);
+  std::shared_ptr<void>& slot = I.cache[key];
+  if (!slot) slot = make();
+  return slot;
 }
 
 void Communicator::failInvalidArgument(const std::string& op, const std::string& what) {
@@ -721,7 +722,7 @@ void internal::CommunicatorAccess::abortWith(Communicator& comm, const Error& e)
   Communicator::Impl& I = *comm.impl_;
   auto first = I.setFailed(e);
   if (I.backend) {
-    I.abortBackends(*first);
+    I.backend->abort(*first);
     // Tell the peers now if no op is running; a running op tells them when
     // it unwinds with the abort error.
     I.engine.tryRunExclusive([&] { I.notifyOnce(first); });
@@ -759,9 +760,13 @@ Stats Communicator::stats() const {
   s.allgather = impl_->opCount[kindIndex(OpKind::kAllgather)];
   s.broadcast = impl_->opCount[kindIndex(OpKind::kBroadcast)];
   s.barrier = impl_->opCount[kindIndex(OpKind::kBarrier)];
-  s.sharedMemoryOps = impl_->pathCount[0];
-  s.hierarchicalOps = impl_->pathCount[1];
-  s.networkOps = impl_->pathCount[2];
+  const backend::PathCounts paths = impl_->backend->paths();
+  auto path = [&](backend::Path p) { return paths[static_cast<size_t>(p)]; };
+  s.sharedMemoryOps = path(backend::Path::kShm);
+  s.hierarchicalOps = path(backend::Path::kHierarchical);
+  s.networkOps = path(backend::Path::kNetwork);
+  s.ncclOps = path(backend::Path::kNccl);
+  s.stagedOps = path(backend::Path::kStaged);
   return s;
 }
 

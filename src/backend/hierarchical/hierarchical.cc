@@ -299,7 +299,8 @@ class HierarchicalBackend final : public Backend {
 
   template <class F>
   void runLocal(const Op& op, OpKind kind, ReduceOp rop, uint64_t count, int root, F&& f) {
-    Op sub{++localSeq_, subDesc(op, kind, rop, count, root, Algorithm::kShm), op.deadline};
+    Op sub{++localSeq_, subDesc(op, kind, rop, count, root, Algorithm::kShm), op.deadline,
+           op.buffers};
     run(sub, localRanks_, "on this host", f);
   }
 
@@ -308,7 +309,7 @@ class HierarchicalBackend final : public Backend {
     const uint64_t bytes = count * dataTypeSize(op.desc.dtype);
     const int n = static_cast<int>(crossRanks_.size());
     const Algorithm algo = crossSelect_(kind, bytes, n);
-    Op sub{++crossSeq_, subDesc(op, kind, rop, count, root, algo), op.deadline};
+    Op sub{++crossSeq_, subDesc(op, kind, rop, count, root, algo), op.deadline, op.buffers};
     run(sub, crossRanks_, "across hosts", f);
   }
 

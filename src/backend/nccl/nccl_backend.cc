@@ -5,6 +5,7 @@
 #include <cstring>
 #include <thread>
 
+#include "backend/device_buffers.h"
 #include "backend/hierarchical/hierarchical.h"
 #include "common/check.h"
 #include "common/logging.h"
@@ -64,6 +65,7 @@ NcclBackend::~NcclBackend() {
   if (!plugin_ || !api_ || !comm_) {
     if (plugin_ && event_) plugin_->eventDestroy(event_);
     if (plugin_ && stream_) plugin_->streamDestroy(stream_);
+    if (plugin_ && barrierWord_) plugin_->deviceFree(barrierWord_);
     return;
   }
   DeviceGuard g(*plugin_, device_);
@@ -88,6 +90,7 @@ NcclBackend::~NcclBackend() {
   }
   if (event_) plugin_->eventDestroy(event_);
   if (stream_) plugin_->streamDestroy(stream_);
+  if (barrierWord_) plugin_->deviceFree(barrierWord_);
 }
 
 int NcclBackend::finalize(void* comm, const Deadline& d) {
@@ -234,8 +237,10 @@ void NcclBackend::prepare(const Op& op) {
   }
 }
 
-void NcclBackend::splitInto(const Op& op, int color, int key, NcclBackend* child) {
+void NcclBackend::splitInto(const Op& op, int color, int key, Backend* into) {
   if (state_ != State::kNccl) return;
+  auto* child = into ? dynamic_cast<NcclBackend*>(into) : nullptr;
+  GFLOW_ENFORCE(into == nullptr || child != nullptr);
   DeviceGuard g(*plugin_, device_);
   void* part = nullptr;
   check(op, comm_, "ncclCommSplit", api_->commSplit(comm_, color, key, &part));
@@ -294,9 +299,22 @@ void NcclBackend::waitReady(const Op& op, void* comm, const char* what) {
   }
 }
 
+namespace {
+
+// The event after the work producing the op's inputs (null: none).
+void* readyEvent(const Op& op) {
+  int device = -1;
+  void* ready = nullptr;
+  if (op.buffers) op.buffers->single(&device, &ready);
+  return ready;
+}
+
+}  // namespace
+
 void NcclBackend::begin(const Op& op) {
-  if (!op.ready) return;
-  if (int e = plugin_->streamWaitEvent(stream_, op.ready)) {
+  void* ready = readyEvent(op);
+  if (!ready) return;
+  if (int e = plugin_->streamWaitEvent(stream_, ready)) {
     failCuda(op, e, "making the NCCL stream wait for the op's inputs");
   }
 }
@@ -308,11 +326,12 @@ void NcclBackend::finish(const Op& op, const char* what) {
   Clock::time_point poll = Clock::now();
   // Until the caller's work that produces the inputs has run, the op has
   // not started: from then on it has a full GFLOW_TIMEOUT.
-  bool inputsReady = op.ready == nullptr;
+  void* ready = readyEvent(op);
+  bool inputsReady = ready == nullptr;
   Deadline deadline = op.deadline;
   for (int round = 0;; ++round) {
     if (!inputsReady) {
-      const int r = plugin_->eventQuery(op.ready);
+      const int r = plugin_->eventQuery(ready);
       if (r != 0 && r != cuda::kNotReady) failCuda(op, r, "waiting for the op's inputs");
       if (r == 0) {
         inputsReady = true;
@@ -487,6 +506,20 @@ void NcclBackend::broadcast(const Op& op, void* buf) {
         api_->broadcast(buf, buf, op.desc.count, static_cast<int>(op.desc.dtype), op.desc.root,
                         comm_, stream_));
   finish(op, "ncclBroadcast");
+}
+
+void NcclBackend::barrier(const Op& op) {
+  DeviceGuard g(*plugin_, device_);
+  if (!barrierWord_) {
+    if (int e = plugin_->deviceAlloc(&barrierWord_, sizeof(int32_t))) {
+      failCuda(op, e, "allocating the barrier's device word");
+    }
+  }
+  begin(op);
+  check(op, comm_, "ncclAllReduce (barrier)",
+        api_->allReduce(barrierWord_, barrierWord_, 1, static_cast<int>(DataType::kInt32),
+                        static_cast<int>(ReduceOp::kSum), comm_, stream_));
+  finish(op, "ncclAllReduce (barrier)");
 }
 
 }  // namespace gflow::backend

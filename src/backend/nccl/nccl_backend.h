@@ -31,24 +31,18 @@
 
 #include "backend/backend.h"
 #include "backend/nccl/nccl_api.h"
+#include "backend/router.h"
 #include "gflow/store.h"
 #include "kernels/cuda/plugin.h"
 
 namespace gflow::backend {
 
-struct NcclSetup {
-  int rank = 0;
-  int size = 1;
-  std::shared_ptr<Store> store;
-  std::string prefix;  // the communicator's store keys
-  std::chrono::milliseconds timeout{300000};
-  std::vector<uint64_t> hostOf;  // host identity of every rank
-};
+using NcclSetup = DeviceSetup;  // backend/router.h
 
-class NcclBackend {
+class NcclBackend final : public Backend {
  public:
   explicit NcclBackend(NcclSetup setup);
-  ~NcclBackend();
+  ~NcclBackend() override;
   NcclBackend(const NcclBackend&) = delete;
   NcclBackend& operator=(const NcclBackend&) = delete;
 
@@ -64,20 +58,29 @@ class NcclBackend {
   // Communicator::split, on this (the parent's) executing thread and
   // collective over its ranks: when NCCL runs this communicator, splits it
   // with ncclCommSplit (color < 0: joins none) and hands the new NCCL
-  // communicator to `child` (the new communicator's backend, or nullptr).
-  void splitInto(const Op& op, int color, int key, NcclBackend* child);
+  // communicator to `child` (the new communicator's NCCL backend, or
+  // nullptr).
+  void splitInto(const Op& op, int color, int key, Backend* child) override;
 
-  // op.ready: the event after the work producing the inputs; buffers:
-  // memory of the chosen GPU. Return once the GPU has finished the op.
-  void allreduce(const Op& op, const void* in, void* out);
-  void reduceScatter(const Op& op, const void* in, void* out);
-  void allgather(const Op& op, const void* in, void* out);
-  void broadcast(const Op& op, void* buf);
+  // Buffers: memory of the chosen GPU, described by op.buffers (whose
+  // event after the work producing the inputs the NCCL stream waits for).
+  // Return once the GPU has finished the op.
+  void allreduce(const Op& op, const void* in, void* out) override;
+  void reduceScatter(const Op& op, const void* in, void* out) override;
+  void allgather(const Op& op, const void* in, void* out) override;
+  void broadcast(const Op& op, void* buf) override;
+  // An allreduce of one int32 in device memory of this communicator's GPU.
+  void barrier(const Op& op) override;
 
   // Any thread: a running op aborts NCCL and raises `error`.
-  void abort(const Error& error);
+  void abort(const Error& error) override;
   // The communicator failed: tell the peers waiting in NCCL (store).
-  void notifyPeers(const Error& error);
+  void notifyPeers(const Error& error) override;
+  // NCCL keeps no per-peer counters.
+  PeerStats peerStats(int) const override { return {}; }
+  // Device memory is never registered with a host transport.
+  void registerMemory(void*, size_t,
+                      std::vector<std::unique_ptr<transport::MemoryRegion>>*) override {}
 
  private:
   enum class State { kUndecided, kDeciding, kStaged, kNccl, kBroken };
@@ -94,7 +97,7 @@ class NcclBackend {
   // The result of enqueueing `what` on `comm`: waits out kInProgress,
   // raises a failure.
   void check(const Op& op, void* comm, const char* what, int result);
-  // Makes the NCCL stream wait for op.ready.
+  // Makes the NCCL stream wait for the op's inputs (op.buffers).
   void begin(const Op& op);
   // Records the event after the op on the NCCL stream and waits for the GPU.
   void finish(const Op& op, const char* what);
@@ -120,6 +123,7 @@ class NcclBackend {
   int localRank_ = 0;
   int localSize_ = 1;
   void* event_ = nullptr;
+  void* barrierWord_ = nullptr;  // device memory, on the first barrier
   // NCCL runs on this stream of the communicator, after the event on the
   // caller's stream: communicators sharing a caller stream never order each
   // other's kernels (which could deadlock ranks that issue them in

@@ -1,10 +1,13 @@
-#include "core/device_staging.h"
+#include "backend/device_buffers.h"
+
+#include "backend/backend.h"
 
 #include <cstring>
 
 #include "common/check.h"
+#include "core/cuda_plugin.h"
 
-namespace gflow {
+namespace gflow::backend {
 namespace {
 
 // Runs `fn` with `device` current on this thread, restoring the caller's.
@@ -22,14 +25,14 @@ int onDevice(const cuda::Plugin& p, int device, F&& fn) {
 
 }  // namespace
 
-DeviceStagingPool::~DeviceStagingPool() {
+StagingPool::~StagingPool() {
   for (void* s : streams_) {
     if (s) p_.streamDestroy(s);
   }
   if (host_) p_.hostFree(host_);
 }
 
-char* DeviceStagingPool::host(size_t bytes) {
+char* StagingPool::host(size_t bytes) {
   if (bytes > hostBytes_) {
     if (host_) p_.hostFree(host_);
     host_ = nullptr;
@@ -43,7 +46,7 @@ char* DeviceStagingPool::host(size_t bytes) {
   return static_cast<char*>(host_);
 }
 
-void* DeviceStagingPool::stream(int device) {
+void* StagingPool::stream(int device) {
   if (static_cast<size_t>(device) >= streams_.size()) streams_.resize(device + 1, nullptr);
   if (!streams_[device]) {
     void* s = nullptr;
@@ -56,12 +59,15 @@ void* DeviceStagingPool::stream(int device) {
   return streams_[device];
 }
 
-std::shared_ptr<DeviceStaging> DeviceStaging::prepare(const cuda::Plugin* plugin, const char* op,
-                                                      int rank, std::initializer_list<Item> items) {
+std::shared_ptr<DeviceBuffers> DeviceBuffers::bind(const char* op, int rank,
+                                                   std::initializer_list<Item> items) {
   bool any = false;
   for (const Item& it : items) any = any || it.t.device.type == DeviceType::kCUDA;
   if (!any) return nullptr;
-  auto st = std::shared_ptr<DeviceStaging>(new DeviceStaging());
+  std::string why;
+  const cuda::Plugin* plugin = cuda::load(&why);
+  GFLOW_ENFORCE(plugin != nullptr);  // checkPlacement accepted the tensors
+  auto st = std::shared_ptr<DeviceBuffers>(new DeviceBuffers());
   st->p_ = plugin;
   st->op_ = op;
   st->rank_ = rank;
@@ -70,7 +76,7 @@ std::shared_ptr<DeviceStaging> DeviceStaging::prepare(const cuda::Plugin* plugin
   st->ptr_.assign(st->items_.size(), nullptr);
   for (size_t i = 0; i < st->items_.size(); ++i) {
     const Tensor& t = st->items_[i].t;
-    st->ptr_[i] = t.data;
+    st->ptr_[i] = static_cast<char*>(t.data);
     if (t.device.type != DeviceType::kCUDA) continue;
     void* ev = nullptr;
     st->check(onDevice(*plugin, t.device.index,
@@ -84,7 +90,7 @@ std::shared_ptr<DeviceStaging> DeviceStaging::prepare(const cuda::Plugin* plugin
   return st;
 }
 
-bool DeviceStaging::single(int* device, void** ready) const {
+bool DeviceBuffers::single(int* device, void** ready) const {
   *device = -1;
   *ready = nullptr;
   void* stream = nullptr;
@@ -106,7 +112,7 @@ bool DeviceStaging::single(int* device, void** ready) const {
   return same;
 }
 
-void DeviceStaging::recordAgain() {
+void DeviceBuffers::recordAgain() {
   for (size_t i = 0; i < items_.size(); ++i) {
     const Tensor& t = items_[i].t;
     if (!events_[i]) continue;
@@ -115,19 +121,19 @@ void DeviceStaging::recordAgain() {
   }
 }
 
-DeviceStaging::~DeviceStaging() {
+DeviceBuffers::~DeviceBuffers() {
   for (void* ev : events_) {
     if (ev) p_->eventDestroy(ev);
   }
 }
 
-void DeviceStaging::check(int err, const char* what) const {
+void DeviceBuffers::check(int err, const char* what) const {
   if (err == 0) return;
   GFLOW_THROW(kInternal, (ErrorContext{op_, 0, rank_, -1}))
       << "CUDA failed while " << what << ": " << p_->errorString(err);
 }
 
-void DeviceStaging::toHost(DeviceStagingPool& pool) {
+void DeviceBuffers::toHost(StagingPool& pool) {
   size_t total = 0;
   for (const Item& it : items_) {
     if (it.t.device.type == DeviceType::kCUDA) total += (it.t.nbytes() + 255) & ~size_t(255);
@@ -151,7 +157,17 @@ void DeviceStaging::toHost(DeviceStagingPool& pool) {
   }
 }
 
-void DeviceStaging::toDevice(DeviceStagingPool& pool) {
+void* DeviceBuffers::host(const void* p) const {
+  const char* c = static_cast<const char*>(p);
+  for (size_t i = 0; i < items_.size(); ++i) {
+    const char* base = static_cast<const char*>(items_[i].t.data);
+    if (c == base || (c > base && c < base + items_[i].t.nbytes())) return ptr_[i] + (c - base);
+  }
+  GFLOW_ENFORCE(false);  // every buffer of an op is one of its items
+  return nullptr;
+}
+
+void DeviceBuffers::toDevice(StagingPool& pool) {
   for (size_t i = 0; i < items_.size(); ++i) {
     const Tensor& t = items_[i].t;
     if (t.device.type != DeviceType::kCUDA || items_[i].role == kIn || t.nbytes() == 0) continue;
@@ -166,4 +182,40 @@ void DeviceStaging::toDevice(DeviceStagingPool& pool) {
   }
 }
 
-}  // namespace gflow
+}  // namespace gflow::backend
+
+namespace gflow::backend {
+
+std::string checkPlacement(const Tensor& t) {
+  if (t.device.type == DeviceType::kCPU) return "";
+  if (t.device.type != DeviceType::kCUDA) {
+    return " has an invalid device type (" + std::to_string(static_cast<int>(t.device.type)) + ")";
+  }
+  std::string why;
+  const cuda::Plugin* p = cuda::load(&why);
+  if (!p) return " is a cuda tensor, but " + why;
+  int n = 0;
+  p->deviceCount(&n);
+  if (t.device.index < 0 || t.device.index >= n) {
+    return " is on cuda:" + std::to_string(t.device.index) + ", but this process sees " +
+           std::to_string(n) + " GPU(s)";
+  }
+  int dev = -1;
+  p->pointerDevice(t.data, &dev);
+  if (t.count > 0 && dev != t.device.index) {
+    return ".data is not memory of cuda:" + std::to_string(t.device.index) + " (it is " +
+           (dev < 0 ? std::string("host memory") : "memory of cuda:" + std::to_string(dev)) + ")";
+  }
+  // cudaStreamPerThread names the calling thread's stream, which is not
+  // the thread gflow works on.
+  if (t.stream == reinterpret_cast<void*>(0x2)) {
+    return ".stream is cudaStreamPerThread; pass the stream itself";
+  }
+  return "";
+}
+
+void inputsProduced(const Op& op) {
+  if (op.buffers) op.buffers->recordAgain();
+}
+
+}  // namespace gflow::backend

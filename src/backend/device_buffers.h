@@ -1,0 +1,103 @@
+// DeviceBuffers: the buffers of one op as the caller passed them, when any
+// of them is CUDA memory. Built on the caller's thread when the op is
+// called (backend::bindBuffers): it records an event on each device
+// tensor's stream, so the op waits for exactly the work the caller had
+// enqueued there by then. The backends that run device buffers read it from
+// Op::buffers: NCCL waits on the event of its single device and stream, the
+// staged backend copies through pinned host memory after the events.
+//
+// Thread safety: built on the caller's thread, then used by the
+// communicator's executing thread only.
+#pragma once
+
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gflow/types.h"
+#include "kernels/cuda/plugin.h"
+
+namespace gflow::backend {
+
+class StagingPool;
+
+class DeviceBuffers {
+ public:
+  enum Role { kIn, kOut, kInOut };
+  struct Item {
+    Tensor t;
+    Role role;
+  };
+
+  // nullptr when no tensor of `items` is on a device. Throws gflow::Error
+  // (kInternal, naming `op` and `rank`) when CUDA fails.
+  static std::shared_ptr<DeviceBuffers> bind(const char* op, int rank,
+                                             std::initializer_list<Item> items);
+  ~DeviceBuffers();
+  DeviceBuffers(const DeviceBuffers&) = delete;
+  DeviceBuffers& operator=(const DeviceBuffers&) = delete;
+
+  const cuda::Plugin& plugin() const { return *p_; }
+
+  // Whether every item is a cuda tensor, all on one device and stream
+  // (what NCCL can run in place); sets `device` (of the first cuda item,
+  // whatever the answer) and `ready`, the event recorded after the work
+  // that produces its inputs.
+  bool single(int* device, void** ready) const;
+
+  // Executing thread: moves each event to the work enqueued on its stream
+  // so far (the packing kernels a fused op ran just before its collective).
+  void recordAgain();
+
+  // Staging (executing thread, around a host collective): toHost copies
+  // the device inputs into `pool`'s pinned memory; host(p) is where the
+  // byte at `p` (inside an item) lives during the collective (p itself for
+  // host items); toDevice copies the outputs back.
+  void toHost(StagingPool& pool);
+  void* host(const void* p) const;
+  void toDevice(StagingPool& pool);
+
+ private:
+  DeviceBuffers() = default;
+  void check(int err, const char* what) const;
+
+  const cuda::Plugin* p_ = nullptr;
+  const char* op_ = "";
+  int rank_ = -1;
+  std::vector<Item> items_;
+  std::vector<void*> events_;  // per item (nullptr: host tensor)
+  std::vector<char*> ptr_;     // per item: where it lives during a collective
+};
+
+// Per communicator: the pinned buffer and the copy streams of staging, used
+// by one op at a time on the executing thread.
+class StagingPool {
+ public:
+  explicit StagingPool(const cuda::Plugin& p) : p_(p) {}
+  ~StagingPool();
+  StagingPool(const StagingPool&) = delete;
+  StagingPool& operator=(const StagingPool&) = delete;
+  char* host(size_t bytes);  // pinned; valid until the next call
+  void* stream(int device);  // created on first use
+
+ private:
+  const cuda::Plugin& p_;
+  void* host_ = nullptr;
+  size_t hostBytes_ = 0;
+  std::vector<void*> streams_;  // by device index
+};
+
+// Checks where a tensor passed to a collective lives (host memory, or a
+// GPU this process can use, with its stream): empty when the op can use
+// it, otherwise why not, as words that follow the argument's name
+// (" is on cuda:3, but this process sees 2 GPU(s)").
+std::string checkPlacement(const Tensor& t);
+
+struct Op;
+// Executing thread: the op's inputs were produced again just now (a fused
+// op's packing kernels, enqueued on the tensors' streams right before its
+// collective); the op waits for that work. Nothing for host buffers.
+void inputsProduced(const Op& op);
+
+}  // namespace gflow::backend
