@@ -25,16 +25,23 @@
 
 namespace gflow {
 
-class WorkState;
-namespace internal {
-struct CommunicatorAccess;  // src/core/internal.h: library-internal entry points
-}
-
 // Handle to an asynchronous collective. Copyable; all copies share the state.
 class GFLOW_EXPORT Work {
  public:
+  // What a Work reports on: the completion of one op. gflow's ops implement
+  // it; a front end may implement it to hand out Works of its own.
+  class Completion {
+   public:
+    virtual ~Completion();
+    virtual bool done() const = 0;
+    // Waits up to `timeout` (0: until done); rethrows the op's error.
+    virtual void wait(std::chrono::milliseconds timeout) = 0;
+    // Whether the op's result held an inf or NaN (once done).
+    virtual bool nonFinite() const = 0;
+  };
+
   Work() = default;
-  explicit Work(std::shared_ptr<WorkState> state) : state_(std::move(state)) {}
+  explicit Work(std::shared_ptr<Completion> completion) : state_(std::move(completion)) {}
 
   // True once the op has finished (successfully or not). Never blocks.
   bool test() const;
@@ -49,7 +56,7 @@ class GFLOW_EXPORT Work {
   bool nonFinite() const;
 
  private:
-  std::shared_ptr<WorkState> state_;
+  std::shared_ptr<Completion> state_;
 };
 
 // An allreduce's options beyond its operator (Communicator::allreduce).
@@ -115,7 +122,7 @@ class GFLOW_EXPORT Communicator {
   // Creates the world communicator. Collective: every rank must call it.
   static std::shared_ptr<Communicator> create(const Options& options = Options{});
 
-  ~Communicator();
+  virtual ~Communicator();
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
 
@@ -164,13 +171,6 @@ class GFLOW_EXPORT Communicator {
   // thread, including a signal-free watchdog thread; returns immediately.
   void abort();
 
-  // For front ends (language bindings, framework adapters) that check an
-  // op's arguments before calling it: fails this communicator with
-  // Error(kInvalidArgument) naming `op` and `what`, as gflow's own checks
-  // do, so the peers, which are entering the same op, raise at once instead
-  // of waiting for their deadline; then throws that error.
-  [[noreturn]] void failInvalidArgument(const std::string& op, const std::string& what);
-
   // Per-peer traffic and op counts since creation.
   Stats stats() const;
 
@@ -190,12 +190,10 @@ class GFLOW_EXPORT Communicator {
   // The error that failed this communicator, or nullptr.
   std::shared_ptr<const Error> error() const;
 
-  struct Impl;
-  explicit Communicator(std::unique_ptr<Impl> impl);
-
- private:
-  friend struct internal::CommunicatorAccess;
-  std::unique_ptr<Impl> impl_;
+ protected:
+  // The library's communicator derives from this class; users get theirs
+  // from create() and split().
+  Communicator() = default;
 };
 
 }  // namespace gflow

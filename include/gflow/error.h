@@ -45,10 +45,6 @@ class GFLOW_EXPORT Error : public std::runtime_error {
   int rank() const noexcept { return ctx_.rank; }
   int peer() const noexcept { return ctx_.peer; }
 
-  // The same error re-labelled with a (more complete) context; used when a
-  // low-level failure is handed to the op that was waiting on it.
-  Error withContext(const ErrorContext& ctx) const;
-
  private:
   ErrorCode code_;
   std::string detail_;

@@ -143,9 +143,8 @@ class GFLOW_EXPORT GradientReducer {
   // The reducer's own communicator (for its Stats: bytes on the wire).
   const Communicator& communicator() const;
 
-  class Impl;
-
  private:
+  class Impl;
   std::unique_ptr<Impl> impl_;
 };
 

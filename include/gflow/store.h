@@ -68,9 +68,8 @@ class GFLOW_EXPORT TcpStore : public Store {
   // The port the server listens on (useful with port 0).
   uint16_t port() const;
 
-  struct Impl;
-
  private:
+  struct Impl;
   std::unique_ptr<Impl> impl_;
 };
 

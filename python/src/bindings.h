@@ -11,6 +11,7 @@
 #include <optional>
 #include <vector>
 
+#include "core/frontend.h"
 #include "gflow/gflow.h"
 
 namespace gflow {
@@ -37,7 +38,7 @@ HeldTensor viewTensor(py::handle obj, const char* what, bool writable);
 
 // Runs the argument checks (and conversions) `f` of the front end's `op` on
 // `comm`: an argument error, or any other error converting an argument,
-// fails the communicator through Communicator::failInvalidArgument (the
+// fails the communicator through frontend::failInvalidArgument (the
 // peers, entering the same op, raise PeerLostError at once instead of
 // waiting for their deadline, and a caught error cannot let this rank's
 // next call pair with the peers' pending op), then raises it as
@@ -50,12 +51,12 @@ auto checkArgs(Communicator& comm, const char* op, F&& f) -> decltype(f()) {
     // An error that names its op came from the library, which has already
     // failed the communicator (or it is the communicator's own error).
     if (e.code() != ErrorCode::kInvalidArgument || !e.op().empty()) throw;
-    comm.failInvalidArgument(op, e.detail());
+    gflow::frontend::failInvalidArgument(comm, op, e.detail());
   } catch (py::error_already_set& e) {
     const std::string what = e.what();
-    comm.failInvalidArgument(op, what);
+    gflow::frontend::failInvalidArgument(comm, op, what);
   } catch (const std::exception& e) {
-    comm.failInvalidArgument(op, e.what());
+    gflow::frontend::failInvalidArgument(comm, op, e.what());
   }
 }
 

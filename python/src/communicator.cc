@@ -207,7 +207,7 @@ void bindCommunicator(py::module_& m) {
       .def(
           "fail_invalid_argument",
           [](Communicator& c, const std::string& op, const std::string& what) {
-            c.failInvalidArgument(op, what);
+            gflow::frontend::failInvalidArgument(c, op, what);
           },
           py::arg("op"), py::arg("what"))
       .def("stats", [](const Communicator& c) { return statsDict(c.stats()); })

@@ -17,6 +17,7 @@
 #include <mutex>
 #include <thread>
 
+#include "core/frontend.h"
 #include "gflow/gflow.h"
 
 namespace gflow {
@@ -383,7 +384,7 @@ class ProcessGroupGflow : public c10d::ProcessGroup {
 
  private:
   // Runs an op's argument checks: any error fails the communicator
-  // (Communicator::failInvalidArgument names `op` and the problem), so the
+  // (frontend::failInvalidArgument names `op` and the problem), so the
   // peers, entering the same collective, raise PeerLostError at once and a
   // caught error cannot let this rank's next op pair with theirs.
   template <class F>
@@ -392,11 +393,12 @@ class ProcessGroupGflow : public c10d::ProcessGroup {
       return f();
     } catch (const Error& e) {
       if (e.code() != ErrorCode::kInvalidArgument || !e.op().empty()) throw;
-      comm_->failInvalidArgument(op, e.detail());
+      gflow::frontend::failInvalidArgument(*comm_, op, e.detail());
     } catch (const c10::Error& e) {
-      comm_->failInvalidArgument(op, std::string("gflow backend: ") + e.what_without_backtrace());
+      gflow::frontend::failInvalidArgument(
+          *comm_, op, std::string("gflow backend: ") + e.what_without_backtrace());
     } catch (const std::exception& e) {
-      comm_->failInvalidArgument(op, std::string("gflow backend: ") + e.what());
+      gflow::frontend::failInvalidArgument(*comm_, op, std::string("gflow backend: ") + e.what());
     }
   }
 

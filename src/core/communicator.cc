@@ -11,6 +11,7 @@
 #include "common/logging.h"
 #include "common/params.h"
 #include "core/communicator_impl.h"
+#include "core/frontend.h"
 #include "core/internal.h"
 #include "gflow/communicator.h"
 #include "kernels/convert.h"
@@ -22,14 +23,29 @@ using backend::Algorithm;
 using backend::OpDesc;
 using backend::OpKind;
 
-// ---- Impl ----------------------------------------------------------------
+// ---- CommunicatorImpl ------------------------------------------------------
 
-std::shared_ptr<const Error> Communicator::Impl::error() {
+namespace {
+
+// `e` re-labelled with the op that was waiting on it; fields `ctx` leaves
+// unset keep e's.
+Error relabel(const Error& e, ErrorContext ctx) {
+  const ErrorContext& had = e.context();
+  if (ctx.op.empty()) ctx.op = had.op;
+  if (ctx.seq == 0) ctx.seq = had.seq;
+  if (ctx.rank < 0) ctx.rank = had.rank;
+  if (ctx.peer < 0) ctx.peer = had.peer;
+  return Error(e.code(), e.detail(), std::move(ctx));
+}
+
+}  // namespace
+
+std::shared_ptr<const Error> CommunicatorImpl::error() {
   std::lock_guard<std::mutex> lock(errorMutex);
   return failed;
 }
 
-std::shared_ptr<const Error> Communicator::Impl::setFailed(const Error& e) {
+std::shared_ptr<const Error> CommunicatorImpl::setFailed(const Error& e) {
   std::lock_guard<std::mutex> lock(errorMutex);
   if (!failed) {
     failed = std::make_shared<const Error>(e);
@@ -38,17 +54,17 @@ std::shared_ptr<const Error> Communicator::Impl::setFailed(const Error& e) {
   return failed;
 }
 
-void Communicator::Impl::notifyOnce(const std::shared_ptr<const Error>& e) {
+void CommunicatorImpl::notifyOnce(const std::shared_ptr<const Error>& e) {
   if (!backend || notified.exchange(true)) return;
   backend->abort(*e);
   backend->notifyPeers(*e);
 }
 
-void Communicator::Impl::fail(const Error& e) {
+void CommunicatorImpl::fail(const Error& e) {
   notifyOnce(setFailed(e));
 }
 
-void Communicator::Impl::checkUsable(const char* op) {
+void CommunicatorImpl::checkUsable(const char* op) {
   if (auto e = error()) {
     // The original error, so every later call names the root cause.
     (void)op;
@@ -56,7 +72,7 @@ void Communicator::Impl::checkUsable(const char* op) {
   }
 }
 
-void Communicator::Impl::invalid(const char* op, const std::string& what) {
+void CommunicatorImpl::invalid(const char* op, const std::string& what) {
   Error e(ErrorCode::kInvalidArgument, what, ErrorContext{op, 0, rank, -1});
   // Peers are already inside (or about to enter) this collective; failing the
   // communicator and telling them turns their wait into an immediate error.
@@ -68,7 +84,7 @@ void Communicator::Impl::invalid(const char* op, const std::string& what) {
   throw e;
 }
 
-void Communicator::Impl::validateTensor(const char* op, const char* name, const Tensor& t) {
+void CommunicatorImpl::validateTensor(const char* op, const char* name, const Tensor& t) {
   if (static_cast<int>(t.dtype) >= kNumDataTypes) {
     invalid(op, std::string(name) + " has an invalid dtype (" +
                     std::to_string(static_cast<int>(t.dtype)) + ")");
@@ -83,7 +99,7 @@ void Communicator::Impl::validateTensor(const char* op, const char* name, const 
   }
 }
 
-void Communicator::Impl::validateOp(const char* op, ReduceOp rop) {
+void CommunicatorImpl::validateOp(const char* op, ReduceOp rop) {
   if (static_cast<int>(rop) >= kNumReduceOps) {
     invalid(op, "invalid reduce op (" + std::to_string(static_cast<int>(rop)) + ")");
   }
@@ -102,7 +118,7 @@ int kindIndex(OpKind k) {
 
 }  // namespace
 
-std::shared_ptr<WorkState> Communicator::Impl::submit(
+std::shared_ptr<WorkState> CommunicatorImpl::submit(
     OpDesc desc, bool blocking, std::function<void(const backend::Op&)> body,
     std::shared_ptr<backend::DeviceBuffers> buffers) {
   checkUsable(backend::toString(desc.kind));
@@ -131,7 +147,7 @@ std::shared_ptr<WorkState> Communicator::Impl::submit(
     try {
       body(op);
     } catch (const Error& e) {
-      Error full = e.withContext(ErrorContext{name, mySeq, rank, e.peer()});
+      Error full = relabel(e, ErrorContext{name, mySeq, rank, e.peer()});
       fail(full);
       throw full;
     } catch (const std::exception& e) {
@@ -148,11 +164,11 @@ std::shared_ptr<WorkState> Communicator::Impl::submit(
   return engine.submit(std::move(task), blocking);
 }
 
-std::unique_ptr<Communicator::Impl> Communicator::Impl::connect(
+std::unique_ptr<CommunicatorImpl> CommunicatorImpl::connect(
     int rank, int size, transport::ContextOptions ctxOpts, const std::string& transportName,
     const std::string& algoSpec, const std::string& algoSource, uint64_t hostHash, int localRank,
     int localSize) {
-  auto impl = std::make_unique<Impl>();
+  auto impl = std::make_unique<CommunicatorImpl>();
   impl->rank = rank;
   impl->size = size;
   impl->timeout = ctxOpts.timeout;
@@ -191,7 +207,7 @@ std::unique_ptr<Communicator::Impl> Communicator::Impl::connect(
   d.kind = OpKind::kAllgather;
   d.dtype = DataType::kInt64;
   d.count = 2;
-  Impl* self = impl.get();
+  CommunicatorImpl* self = impl.get();
   auto w = impl->submit(d, true, [self, &mine, &all](const backend::Op& op) {
     self->backend->allgather(op, mine, all.data());
   });
@@ -214,8 +230,8 @@ std::unique_ptr<Communicator::Impl> Communicator::Impl::connect(
   return impl;
 }
 
-void Communicator::Impl::buildHierarchy(const transport::ContextOptions& ctxOpts,
-                                        int launcherLocalRank, int launcherLocalSize) {
+void CommunicatorImpl::buildHierarchy(const transport::ContextOptions& ctxOpts,
+                                      int launcherLocalRank, int launcherLocalSize) {
   const backend::Hierarchy h = backend::Hierarchy::fromHostHashes(rank, hostOf);
   hostIndex = h.host();
   numHosts = h.numHosts;
@@ -299,16 +315,15 @@ void Communicator::Impl::buildHierarchy(const transport::ContextOptions& ctxOpts
 
 // ---- Communicator ----------------------------------------------------------
 
-Communicator::Communicator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Communicator::~Communicator() = default;
 
-Communicator::~Communicator() {
-  if (!impl_) return;
-  Error e(ErrorCode::kAborted, "the communicator was destroyed",
-          ErrorContext{"", 0, impl_->rank, -1});
+CommunicatorImpl::~CommunicatorImpl() {
+  if (!backend) return;
+  Error e(ErrorCode::kAborted, "the communicator was destroyed", ErrorContext{"", 0, rank, -1});
   // Wake a running op (if any) and drop queued ones before joining the
   // worker; the transport is going away anyway.
-  impl_->backend->abort(e);
-  impl_->engine.shutdown(e);
+  backend->abort(e);
+  engine.shutdown(e);
 }
 
 std::shared_ptr<Communicator> Communicator::create(const Options& options) {
@@ -351,40 +366,40 @@ std::shared_ptr<Communicator> Communicator::create(const Options& options) {
   auth::Digest h = auth::sha256(host.data(), host.size());
   uint64_t hostHash;
   std::memcpy(&hostHash, h.data(), sizeof(hostHash));
-  auto impl = Impl::connect(id.rank, id.size, co, transportName, algo,
-                            algoFromOptions ? "Options::algorithm" : "GFLOW_ALGO", hostHash,
-                            id.localRank, id.localSize);
+  auto impl = CommunicatorImpl::connect(id.rank, id.size, co, transportName, algo,
+                                        algoFromOptions ? "Options::algorithm" : "GFLOW_ALGO",
+                                        hostHash, id.localRank, id.localSize);
   GFLOW_LOG(INFO) << "rank " << id.rank << "/" << id.size << " ready (host " << impl->hostIndex
                   << "/" << impl->numHosts << ", local " << impl->localRank << "/"
                   << impl->localSize << ", identity from " << id.source << ")";
-  return std::shared_ptr<Communicator>(new Communicator(std::move(impl)));
+  return std::shared_ptr<Communicator>(std::move(impl));
 }
 
 int Communicator::rank() const {
-  return impl_->rank;
+  return impl(*this).rank;
 }
 int Communicator::size() const {
-  return impl_->size;
+  return impl(*this).size;
 }
 int Communicator::localRank() const {
-  return impl_->localRank;
+  return impl(*this).localRank;
 }
 int Communicator::localSize() const {
-  return impl_->localSize;
+  return impl(*this).localSize;
 }
 int Communicator::hostIndex() const {
-  return impl_->hostIndex;
+  return impl(*this).hostIndex;
 }
 int Communicator::numHosts() const {
-  return impl_->numHosts;
+  return impl(*this).numHosts;
 }
 
 std::shared_ptr<Communicator> Communicator::localCommunicator() {
-  return split(impl_->hostIndex, impl_->rank);
+  return split(impl(*this).hostIndex, impl(*this).rank);
 }
 
 std::shared_ptr<Communicator> Communicator::crossHostCommunicator() {
-  return split(impl_->localRank, impl_->hostIndex);
+  return split(impl(*this).localRank, impl(*this).hostIndex);
 }
 
 namespace {
@@ -397,8 +412,8 @@ void finish(const std::shared_ptr<WorkState>& w) {
 
 // Shared checks of reduce-scatter / allgather: `big` holds size() blocks of
 // `small.count` elements.
-void checkBlocks(Communicator::Impl& I, const char* name, const Tensor& small,
-                 const char* smallName, const Tensor& big, const char* bigName) {
+void checkBlocks(CommunicatorImpl& I, const char* name, const Tensor& small, const char* smallName,
+                 const Tensor& big, const char* bigName) {
   I.validateTensor(name, smallName, small);
   I.validateTensor(name, bigName, big);
   if (small.dtype != big.dtype) {
@@ -414,7 +429,7 @@ void checkBlocks(Communicator::Impl& I, const char* name, const Tensor& small,
 
 // `before`/`after` (optional) run on the executing thread around the
 // collective: the fused ops of the gradient layer pack and unpack there.
-std::shared_ptr<WorkState> doAllreduce(Communicator::Impl& I, Tensor in, Tensor out, ReduceOp op,
+std::shared_ptr<WorkState> doAllreduce(CommunicatorImpl& I, Tensor in, Tensor out, ReduceOp op,
                                        bool blocking, std::function<void()> before = {},
                                        std::function<void()> after = {}) {
   const char* name = "allreduce";
@@ -431,7 +446,7 @@ std::shared_ptr<WorkState> doAllreduce(Communicator::Impl& I, Tensor in, Tensor 
     I.invalid(name, "in and out overlap without being the same buffer");
   }
   OpDesc d{OpKind::kAllreduce, in.dtype, op, Algorithm::kAuto, 0, in.count};
-  Communicator::Impl* self = &I;
+  CommunicatorImpl* self = &I;
   auto buffers = in.data == out.data
                      ? Buffers::bind(name, I.rank, {{in, Buffers::kInOut}})
                      : Buffers::bind(name, I.rank, {{in, Buffers::kIn}, {out, Buffers::kOut}});
@@ -454,7 +469,7 @@ std::shared_ptr<WorkState> doAllreduce(Communicator::Impl& I, Tensor in, Tensor 
 // widened back (with postscale) right after it, so the collective itself is
 // a float16/bfloat16 allreduce whose every hop adds in float32; the result
 // is scanned for inf/NaN (every rank holds the same bits, so all agree).
-std::shared_ptr<WorkState> doAllreduceWith(Communicator::Impl& I, Tensor inout,
+std::shared_ptr<WorkState> doAllreduceWith(CommunicatorImpl& I, Tensor inout,
                                            const AllreduceOptions& o, bool blocking) {
   const char* name = "allreduce";
   I.checkUsable(name);
@@ -517,8 +532,8 @@ std::shared_ptr<WorkState> doAllreduceWith(Communicator::Impl& I, Tensor inout,
   return w;
 }
 
-std::shared_ptr<WorkState> doReduceScatter(Communicator::Impl& I, Tensor in, Tensor out,
-                                           ReduceOp op, bool blocking) {
+std::shared_ptr<WorkState> doReduceScatter(CommunicatorImpl& I, Tensor in, Tensor out, ReduceOp op,
+                                           bool blocking) {
   const char* name = "reduce_scatter";
   I.checkUsable(name);
   I.validateOp(name, op);
@@ -527,7 +542,7 @@ std::shared_ptr<WorkState> doReduceScatter(Communicator::Impl& I, Tensor in, Ten
     I.invalid(name, "in and out must not overlap");
   }
   OpDesc d{OpKind::kReduceScatter, in.dtype, op, Algorithm::kAuto, 0, out.count};
-  Communicator::Impl* self = &I;
+  CommunicatorImpl* self = &I;
   auto buffers = Buffers::bind(name, I.rank, {{in, Buffers::kIn}, {out, Buffers::kOut}});
   return I.submit(
       d, blocking,
@@ -535,8 +550,7 @@ std::shared_ptr<WorkState> doReduceScatter(Communicator::Impl& I, Tensor in, Ten
       std::move(buffers));
 }
 
-std::shared_ptr<WorkState> doAllgather(Communicator::Impl& I, Tensor in, Tensor out,
-                                       bool blocking) {
+std::shared_ptr<WorkState> doAllgather(CommunicatorImpl& I, Tensor in, Tensor out, bool blocking) {
   const char* name = "allgather";
   I.checkUsable(name);
   checkBlocks(I, name, in, "in", out, "out");
@@ -545,7 +559,7 @@ std::shared_ptr<WorkState> doAllgather(Communicator::Impl& I, Tensor in, Tensor 
     I.invalid(name, "in overlaps out but is not this rank's block of out");
   }
   OpDesc d{OpKind::kAllgather, in.dtype, ReduceOp::kSum, Algorithm::kAuto, 0, in.count};
-  Communicator::Impl* self = &I;
+  CommunicatorImpl* self = &I;
   if (in.data == own && in.device.type != out.device.type) {
     I.invalid(name, "in is this rank's block of out but on another device");
   }
@@ -559,8 +573,7 @@ std::shared_ptr<WorkState> doAllgather(Communicator::Impl& I, Tensor in, Tensor 
       std::move(buffers));
 }
 
-std::shared_ptr<WorkState> doBroadcast(Communicator::Impl& I, Tensor inout, int root,
-                                       bool blocking) {
+std::shared_ptr<WorkState> doBroadcast(CommunicatorImpl& I, Tensor inout, int root, bool blocking) {
   const char* name = "broadcast";
   I.checkUsable(name);
   I.validateTensor(name, "inout", inout);
@@ -569,81 +582,81 @@ std::shared_ptr<WorkState> doBroadcast(Communicator::Impl& I, Tensor inout, int 
               "root " + std::to_string(root) + " is outside [0, " + std::to_string(I.size) + ")");
   }
   OpDesc d{OpKind::kBroadcast, inout.dtype, ReduceOp::kSum, Algorithm::kAuto, root, inout.count};
-  Communicator::Impl* self = &I;
+  CommunicatorImpl* self = &I;
   auto buffers = Buffers::bind(name, I.rank, {{inout, Buffers::kInOut}});
   return I.submit(
       d, blocking, [self, inout](const backend::Op& o) { self->backend->broadcast(o, inout.data); },
       std::move(buffers));
 }
 
-std::shared_ptr<WorkState> doBarrier(Communicator::Impl& I, bool blocking) {
+std::shared_ptr<WorkState> doBarrier(CommunicatorImpl& I, bool blocking) {
   I.checkUsable("barrier");
   OpDesc d{OpKind::kBarrier, DataType::kUInt8, ReduceOp::kSum, Algorithm::kAuto, 0, 0};
-  Communicator::Impl* self = &I;
+  CommunicatorImpl* self = &I;
   return I.submit(d, blocking, [self](const backend::Op& o) { self->backend->barrier(o); });
 }
 
 }  // namespace
 
 void Communicator::allreduce(Tensor inout, ReduceOp op) {
-  finish(doAllreduce(*impl_, inout, inout, op, true));
+  finish(doAllreduce(impl(*this), inout, inout, op, true));
 }
 void Communicator::allreduce(Tensor in, Tensor out, ReduceOp op) {
-  finish(doAllreduce(*impl_, in, out, op, true));
+  finish(doAllreduce(impl(*this), in, out, op, true));
 }
 AllreduceResult Communicator::allreduce(Tensor inout, const AllreduceOptions& options) {
-  auto w = doAllreduceWith(*impl_, inout, options, true);
+  auto w = doAllreduceWith(impl(*this), inout, options, true);
   finish(w);
   return AllreduceResult{w->nonFinite()};
 }
 void Communicator::reduceScatter(Tensor in, Tensor out, ReduceOp op) {
-  finish(doReduceScatter(*impl_, in, out, op, true));
+  finish(doReduceScatter(impl(*this), in, out, op, true));
 }
 void Communicator::allgather(Tensor in, Tensor out) {
-  finish(doAllgather(*impl_, in, out, true));
+  finish(doAllgather(impl(*this), in, out, true));
 }
 void Communicator::broadcast(Tensor inout, int root) {
-  finish(doBroadcast(*impl_, inout, root, true));
+  finish(doBroadcast(impl(*this), inout, root, true));
 }
 void Communicator::barrier() {
-  finish(doBarrier(*impl_, true));
+  finish(doBarrier(impl(*this), true));
 }
 
 Work Communicator::allreduceAsync(Tensor inout, ReduceOp op) {
-  return Work(doAllreduce(*impl_, inout, inout, op, false));
+  return Work(doAllreduce(impl(*this), inout, inout, op, false));
 }
 Work Communicator::allreduceAsync(Tensor inout, const AllreduceOptions& options) {
-  return Work(doAllreduceWith(*impl_, inout, options, false));
+  return Work(doAllreduceWith(impl(*this), inout, options, false));
 }
 Work Communicator::allreduceAsync(Tensor in, Tensor out, ReduceOp op) {
-  return Work(doAllreduce(*impl_, in, out, op, false));
+  return Work(doAllreduce(impl(*this), in, out, op, false));
 }
 Work Communicator::reduceScatterAsync(Tensor in, Tensor out, ReduceOp op) {
-  return Work(doReduceScatter(*impl_, in, out, op, false));
+  return Work(doReduceScatter(impl(*this), in, out, op, false));
 }
 Work Communicator::allgatherAsync(Tensor in, Tensor out) {
-  return Work(doAllgather(*impl_, in, out, false));
+  return Work(doAllgather(impl(*this), in, out, false));
 }
 Work Communicator::broadcastAsync(Tensor inout, int root) {
-  return Work(doBroadcast(*impl_, inout, root, false));
+  return Work(doBroadcast(impl(*this), inout, root, false));
 }
 Work Communicator::barrierAsync() {
-  return Work(doBarrier(*impl_, false));
+  return Work(doBarrier(impl(*this), false));
 }
 
 std::shared_ptr<WorkState> internal::CommunicatorAccess::fusedAllreduce(
     Communicator& comm, Tensor buffer, ReduceOp op, std::function<void()> before,
     std::function<void()> after) {
-  return doAllreduce(*comm.impl_, buffer, buffer, op, false, std::move(before), std::move(after));
+  return doAllreduce(impl(comm), buffer, buffer, op, false, std::move(before), std::move(after));
 }
 
 void internal::CommunicatorAccess::failInvalid(Communicator& comm, const char* op,
                                                const std::string& what) {
-  comm.impl_->invalid(op, what);
+  impl(comm).invalid(op, what);
 }
 
 std::shared_ptr<Communicator> Communicator::split(int color, int key) {
-  Impl& I = *impl_;
+  CommunicatorImpl& I = impl(*this);
   I.checkUsable("split");
   std::vector<int64_t> mine{color, key};
   std::vector<int64_t> all(2 * static_cast<size_t>(I.size));
@@ -671,15 +684,15 @@ std::shared_ptr<Communicator> Communicator::split(int color, int key) {
   co.prefix = I.contextOptions.prefix + "split" + std::to_string(splitId) + "/c" +
               std::to_string(color) + "/";
   // The sub-communicator inherits the parent's algorithm configuration.
-  auto impl = Impl::connect(newRank, co.size, co, I.transportName, I.algoSpec, I.algoSource,
-                            I.hostOf[I.rank], -1, -1);
+  auto impl = CommunicatorImpl::connect(newRank, co.size, co, I.transportName, I.algoSpec,
+                                        I.algoSource, I.hostOf[I.rank], -1, -1);
   // Where NCCL runs this communicator, the new one gets its part of it
   // (ncclCommSplit) instead of creating its own.
   I.splitBackend(color, key, impl.get());
-  return std::shared_ptr<Communicator>(new Communicator(std::move(impl)));
+  return std::shared_ptr<Communicator>(std::move(impl));
 }
 
-void Communicator::Impl::splitBackend(int color, int key, Impl* child) {
+void CommunicatorImpl::splitBackend(int color, int key, CommunicatorImpl* child) {
   // On the executing thread, after every earlier op: whether NCCL runs this
   // communicator is known there, and the same on every rank.
   auto task = [this, color, key, child] {
@@ -688,7 +701,7 @@ void Communicator::Impl::splitBackend(int color, int key, Impl* child) {
     try {
       backend->splitInto(op, color, key, child ? child->backend.get() : nullptr);
     } catch (const Error& e) {
-      Error full = e.withContext(ErrorContext{"split", seq, rank, e.peer()});
+      Error full = relabel(e, ErrorContext{"split", seq, rank, e.peer()});
       fail(full);
       throw full;
     }
@@ -699,27 +712,28 @@ void Communicator::Impl::splitBackend(int color, int key, Impl* child) {
 std::shared_ptr<void> internal::CommunicatorAccess::cached(
     Communicator& comm, const std::string& key,
     const std::function<std::shared_ptr<void>()>& make) {
-  Communicator::Impl& I = *comm.impl_;
+  CommunicatorImpl& I = impl(comm);
   std::lock_guard<std::mutex> lock(I.cacheMutex);
   std::shared_ptr<void>& slot = I.cache[key];
   if (!slot) slot = make();
   return slot;
 }
 
-void Communicator::failInvalidArgument(const std::string& op, const std::string& what) {
+void frontend::failInvalidArgument(Communicator& comm, const std::string& op,
+                                   const std::string& what) {
   // The op name outlives the throw: Error copies it.
-  impl_->invalid(op.c_str(), what);
+  impl(comm).invalid(op.c_str(), what);
 }
 
 void Communicator::abort() {
-  Impl& I = *impl_;
+  CommunicatorImpl& I = impl(*this);
   internal::CommunicatorAccess::abortWith(
       *this, Error(ErrorCode::kAborted, "abort() was called on rank " + std::to_string(I.rank),
                    ErrorContext{"abort", 0, I.rank, -1}));
 }
 
 void internal::CommunicatorAccess::abortWith(Communicator& comm, const Error& e) {
-  Communicator::Impl& I = *comm.impl_;
+  CommunicatorImpl& I = impl(comm);
   auto first = I.setFailed(e);
   if (I.backend) {
     I.backend->abort(*first);
@@ -741,26 +755,26 @@ class Registration final : public MemoryRegistration {
 
 std::unique_ptr<MemoryRegistration> Communicator::registerMemory(void* data, size_t bytes) {
   if (!data && bytes > 0) {
-    GFLOW_THROW(kInvalidArgument, (ErrorContext{"register_memory", 0, impl_->rank, -1}))
+    GFLOW_THROW(kInvalidArgument, (ErrorContext{"register_memory", 0, impl(*this).rank, -1}))
         << "registerMemory of " << bytes << " bytes at a null pointer";
   }
   auto r = std::make_unique<Registration>(data, bytes);
-  if (bytes > 0) impl_->backend->registerMemory(data, bytes, &r->regions);
+  if (bytes > 0) impl(*this).backend->registerMemory(data, bytes, &r->regions);
   return r;
 }
 
 Stats Communicator::stats() const {
   Stats s;
-  s.peers.resize(impl_->size);
-  for (int p = 0; p < impl_->size; ++p) {
-    if (p != impl_->rank) s.peers[p] = impl_->backend->peerStats(p);
+  s.peers.resize(impl(*this).size);
+  for (int p = 0; p < impl(*this).size; ++p) {
+    if (p != impl(*this).rank) s.peers[p] = impl(*this).backend->peerStats(p);
   }
-  s.allreduce = impl_->opCount[kindIndex(OpKind::kAllreduce)];
-  s.reduceScatter = impl_->opCount[kindIndex(OpKind::kReduceScatter)];
-  s.allgather = impl_->opCount[kindIndex(OpKind::kAllgather)];
-  s.broadcast = impl_->opCount[kindIndex(OpKind::kBroadcast)];
-  s.barrier = impl_->opCount[kindIndex(OpKind::kBarrier)];
-  const backend::PathCounts paths = impl_->backend->paths();
+  s.allreduce = impl(*this).opCount[kindIndex(OpKind::kAllreduce)];
+  s.reduceScatter = impl(*this).opCount[kindIndex(OpKind::kReduceScatter)];
+  s.allgather = impl(*this).opCount[kindIndex(OpKind::kAllgather)];
+  s.broadcast = impl(*this).opCount[kindIndex(OpKind::kBroadcast)];
+  s.barrier = impl(*this).opCount[kindIndex(OpKind::kBarrier)];
+  const backend::PathCounts paths = impl(*this).backend->paths();
   auto path = [&](backend::Path p) { return paths[static_cast<size_t>(p)]; };
   s.sharedMemoryOps = path(backend::Path::kShm);
   s.hierarchicalOps = path(backend::Path::kHierarchical);
@@ -771,7 +785,7 @@ Stats Communicator::stats() const {
 }
 
 std::shared_ptr<const Error> Communicator::error() const {
-  return impl_->error();
+  return impl(*this).error();
 }
 
 uint64_t Stats::bytesSent() const {

@@ -1,7 +1,8 @@
-// Communicator::Impl: the front door behind the public Communicator. It
-// checks arguments, stamps each op with its sequence number and chosen
-// algorithm, runs it through the engine on the backend, and turns the first
-// failure into the communicator's sticky error.
+// CommunicatorImpl: the communicator behind the public Communicator (which
+// it derives from). It checks arguments, stamps each op with its sequence
+// number and chosen algorithm, runs it through the engine on the router
+// (the one Backend it calls), and turns the first failure into the
+// communicator's sticky error.
 #pragma once
 
 #include <atomic>
@@ -20,7 +21,11 @@
 
 namespace gflow {
 
-struct Communicator::Impl {
+class CommunicatorImpl final : public Communicator {
+ public:
+  CommunicatorImpl() = default;
+  ~CommunicatorImpl() override;
+
   int rank = 0;
   int size = 1;
   int localRank = 0;
@@ -68,18 +73,28 @@ struct Communicator::Impl {
   void validateOp(const char* op, ReduceOp rop);
   // Communicator::split's part that the parent's backend derives
   // (Backend::splitInto), on the executing thread after every earlier op.
-  void splitBackend(int color, int key, Impl* child);
+  void splitBackend(int color, int key, CommunicatorImpl* child);
 
   // Builds the backends for (store, prefix): the flat host backend over the
   // network transport, then, from the host grouping, the shared-memory
   // backend (one host) or the hierarchical one (several hosts).
-  static std::unique_ptr<Impl> connect(int rank, int size, transport::ContextOptions ctxOpts,
-                                       const std::string& transportName,
-                                       const std::string& algoSpec, const std::string& algoSource,
-                                       uint64_t hostHash, int localRank, int localSize);
+  static std::unique_ptr<CommunicatorImpl> connect(int rank, int size,
+                                                   transport::ContextOptions ctxOpts,
+                                                   const std::string& transportName,
+                                                   const std::string& algoSpec,
+                                                   const std::string& algoSource, uint64_t hostHash,
+                                                   int localRank, int localSize);
   // Connects the shm or hierarchical backends once hostOf is known.
   void buildHierarchy(const transport::ContextOptions& ctxOpts, int launcherLocalRank,
                       int launcherLocalSize);
 };
+
+// The implementation behind a Communicator (every Communicator is one).
+inline CommunicatorImpl& impl(Communicator& c) {
+  return static_cast<CommunicatorImpl&>(c);
+}
+inline CommunicatorImpl& impl(const Communicator& c) {
+  return const_cast<CommunicatorImpl&>(static_cast<const CommunicatorImpl&>(c));
+}
 
 }  // namespace gflow

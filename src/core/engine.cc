@@ -27,6 +27,8 @@ void WorkState::wait(std::chrono::milliseconds timeout) {
   if (error_) throw *error_;
 }
 
+Work::Completion::~Completion() = default;
+
 bool Work::test() const {
   if (!state_) return true;
   return state_->done();

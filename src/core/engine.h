@@ -21,16 +21,18 @@
 namespace gflow {
 
 // Shared completion state behind gflow::Work.
-class WorkState {
+class WorkState final : public Work::Completion {
  public:
   void finish(std::shared_ptr<const Error> error);
-  bool done() const { return done_.load(std::memory_order_acquire); }
+  bool done() const override { return done_.load(std::memory_order_acquire); }
   // Waits up to `timeout` (0: until done); rethrows the op's error.
-  void wait(std::chrono::milliseconds timeout);
+  void wait(std::chrono::milliseconds timeout) override;
   // The op's inf/NaN flag (Work::nonFinite), set by the op before it
   // finishes; attached by the submitter before the Work is handed out.
   void setNonFiniteFlag(std::shared_ptr<const std::atomic<bool>> flag) { flag_ = std::move(flag); }
-  bool nonFinite() const { return done() && flag_ && flag_->load(std::memory_order_acquire); }
+  bool nonFinite() const override {
+    return done() && flag_ && flag_->load(std::memory_order_acquire);
+  }
 
  private:
   std::atomic<bool> done_{false};

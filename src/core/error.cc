@@ -41,13 +41,4 @@ Error::Error(ErrorCode code, const std::string& detail, ErrorContext ctx)
       detail_(detail),
       ctx_(std::move(ctx)) {}
 
-Error Error::withContext(const ErrorContext& ctx) const {
-  ErrorContext merged = ctx;
-  if (merged.op.empty()) merged.op = ctx_.op;
-  if (merged.seq == 0) merged.seq = ctx_.seq;
-  if (merged.rank < 0) merged.rank = ctx_.rank;
-  if (merged.peer < 0) merged.peer = ctx_.peer;
-  return Error(code_, detail_, merged);
-}
-
 }  // namespace gflow

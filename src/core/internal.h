@@ -9,6 +9,10 @@
 
 #include "gflow/communicator.h"
 
+namespace gflow {
+class WorkState;  // core/engine.h
+}  // namespace gflow
+
 namespace gflow::internal {
 
 // The op and prescale a compressed (float16/bfloat16) allreduce runs with:
