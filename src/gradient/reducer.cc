@@ -24,11 +24,10 @@
 #include "common/check.h"
 #include "common/params.h"
 #include "core/cuda_plugin.h"
-#include "core/engine.h"
 #include "core/internal.h"
 #include "gradient/bucket_plan.h"
 #include "gradient/csc.h"
-#include "gradient/device_ops.h"
+#include "gradient/cuda_kernels.h"
 #include "gradient/fuser.h"
 #include "gradient/fusion.h"
 #include "gradient/registration.h"
@@ -196,8 +195,9 @@ class GradientReducer::Impl {
   void roundLocked(std::unique_lock<std::mutex>& lock);
 
   std::unique_ptr<Timeline> timeline_;
-  // Cuda gradients: kernels and device memory (pool, CSC residual).
-  std::shared_ptr<gradient::DeviceOps> deviceOps_;
+  // Cuda gradients: kernels and device memory (pool, CSC residual); null
+  // for cpu gradients, whose steps run on the host kernels.
+  std::shared_ptr<gradient::CudaKernels> deviceOps_;
   std::unique_ptr<Csc> csc_;
   std::unique_ptr<Fuser> fuser_;
   // This step's inf/NaN flag (a fresh one per step, so ops of an abandoned
@@ -309,12 +309,20 @@ void GradientReducer::Impl::setUp(const ReducerOptions& options) {
   if (device >= 0) {
     // Copy tables: up to three segments per tensor (CSC: gradient,
     // residual, velocity).
-    deviceOps_ = std::make_shared<gradient::DeviceOps>(*cuda::load(nullptr), device,
-                                                       tensors[0].stream, 3 * tensors.size());
+    deviceOps_ = std::make_shared<gradient::CudaKernels>(*cuda::load(nullptr), device,
+                                                         tensors[0].stream, 3 * tensors.size());
   }
   if (sparse.density > 0) csc_ = std::make_unique<Csc>(tensors, sparse, deviceOps_);
-  fuser_ = std::make_unique<Fuser>(*comm, tensors, names, op, timeline_.get(), wire, csc_.get(),
-                                   deviceOps_.get());
+  gradient::FuserConfig fc;
+  fc.comm = comm.get();
+  fc.tensors = &tensors;
+  fc.names = &names;
+  fc.op = op;
+  fc.timeline = timeline_.get();
+  fc.wire = wire;
+  fc.csc = csc_.get();
+  fc.kernels = deviceOps_;
+  fuser_ = std::make_unique<Fuser>(std::move(fc));
   // With CSC a bucket sends about density * its bytes: buckets of
   // threshold / density keep what travels per bucket near the threshold
   // (large enough for the bandwidth-optimal ring, few norm/pick rounds).
@@ -683,7 +691,7 @@ Work allreduceCoalesced(Communicator& comm, const std::vector<Tensor>& tensors, 
     // Cuda tensors: the communicator's device state for this GPU and stream
     // (kept with the communicator, so no op frees device memory) and the
     // fusion regions taken from it, handed back with the batch.
-    std::shared_ptr<gradient::DeviceOps> device;
+    std::shared_ptr<gradient::CudaKernels> device;
     std::vector<std::vector<char>> buffers;
     std::vector<char*> regions;
     ~Batch() {
@@ -698,12 +706,12 @@ Work allreduceCoalesced(Communicator& comm, const std::vector<Tensor>& tensors, 
   if (device >= 0) {
     const size_t segments = tensors.size();
     void* stream = tensors[0].stream;
-    batch->device = std::static_pointer_cast<gradient::DeviceOps>(
+    batch->device = std::static_pointer_cast<gradient::CudaKernels>(
         CommunicatorAccess::cached(comm,
                                    "coalesced/cuda:" + std::to_string(device) + "/" +
                                        std::to_string(reinterpret_cast<uintptr_t>(stream)),
                                    [device, stream, segments] {
-                                     return std::make_shared<gradient::DeviceOps>(
+                                     return std::make_shared<gradient::CudaKernels>(
                                          *cuda::load(nullptr), device, stream, segments);
                                    }));
   }
@@ -715,8 +723,13 @@ Work allreduceCoalesced(Communicator& comm, const std::vector<Tensor>& tensors, 
     batch->regions.push_back(batch->device ? static_cast<char*>(batch->device->acquire(bytes))
                                            : batch->buffers.back().data());
   }
-  Fuser fuser(comm, batch->tensors, batch->names, op, nullptr, gradient::WireOptions{}, nullptr,
-              batch->device.get());
+  gradient::FuserConfig fc;
+  fc.comm = &comm;
+  fc.tensors = &batch->tensors;
+  fc.names = &batch->names;
+  fc.op = op;
+  fc.kernels = batch->device;
+  Fuser fuser(std::move(fc));
   std::shared_ptr<WorkState> last;
   for (size_t k = 0; k < plan.buckets.size(); ++k) {
     last = fuser.fire(plan.buckets[k], batch->regions[k], 0, nullptr, batch, nullptr).works.back();

@@ -98,4 +98,25 @@ void Timeline::flush() {
   std::fflush(file_);
 }
 
+OpSpans::OpSpans(Timeline* timeline, std::string label,
+                 std::initializer_list<std::pair<const char*, uint64_t>> args)
+    : timeline_(timeline), label_(std::move(label)) {
+  if (!timeline_) return;
+  for (const auto& [name, value] : args) {
+    if (!args_.empty()) args_ += ", ";
+    args_ += jsonString(name) + ": " + std::to_string(value);
+  }
+}
+
+int64_t OpSpans::now() const {
+  return timeline_ ? Timeline::nowUs() : 0;
+}
+
+void OpSpans::span(const char* phase, const char* category, int tid, int64_t beginUs,
+                   int64_t endUs) const {
+  if (timeline_) {
+    timeline_->span(std::string(phase) + ": " + label_, category, tid, beginUs, endUs, args_);
+  }
+}
+
 }  // namespace gflow::gradient
