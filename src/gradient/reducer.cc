@@ -171,6 +171,8 @@ class GradientReducer::Impl {
   }
   // Creation after the split: everything that can fail on one rank only.
   void setUp(const ReducerOptions& options);
+  void setUpKernels();
+  void allocatePool();
   // Wire and CSC settings as one number, for the registration check.
   int64_t compressionDigest() const {
     uint64_t h = static_cast<uint64_t>(wire.wire);
@@ -304,6 +306,27 @@ void GradientReducer::Impl::setUp(const ReducerOptions& options) {
   const std::string spec =
       options.timeline.empty() ? params::getString("GFLOW_TIMELINE") : options.timeline;
   timeline_ = Timeline::open(spec, comm->rank());
+  setUpKernels();
+  // With CSC a bucket sends about density * its bytes: buckets of
+  // threshold / density keep what travels per bucket near the threshold
+  // (large enough for the bandwidth-optimal ring, few norm/pick rounds).
+  bucketBytes = threshold;
+  if (csc_) {
+    bucketBytes = static_cast<uint64_t>(
+        std::min(static_cast<double>(threshold) / sparse.density, double(uint64_t(1) << 40)));
+  }
+  plan = gradient::planBuckets(tensors, threshold, csc_ ? bucketBytes : 0);
+  allocatePool();
+  // Device memory travels through staging buffers or NCCL, not verbs.
+  if (!deviceOps_) registerBuffers(tensors);
+  ready_.assign(tensors.size(), 0);
+  sent_.assign(tensors.size(), 0);
+  resetStepLocked();
+}
+
+// The kernels the steps run on (chosen here, once, from the gradients'
+// device), CSC's residual and the Fuser.
+void GradientReducer::Impl::setUpKernels() {
   std::string why;
   const int device = gradient::commonDevice(nullptr, tensors, names, &why);
   if (device >= 0) {
@@ -323,15 +346,11 @@ void GradientReducer::Impl::setUp(const ReducerOptions& options) {
   fc.csc = csc_.get();
   fc.kernels = deviceOps_;
   fuser_ = std::make_unique<Fuser>(std::move(fc));
-  // With CSC a bucket sends about density * its bytes: buckets of
-  // threshold / density keep what travels per bucket near the threshold
-  // (large enough for the bandwidth-optimal ring, few norm/pick rounds).
-  bucketBytes = threshold;
-  if (csc_) {
-    bucketBytes = static_cast<uint64_t>(
-        std::min(static_cast<double>(threshold) / sparse.density, double(uint64_t(1) << 40)));
-  }
-  plan = gradient::planBuckets(tensors, threshold, csc_ ? bucketBytes : 0);
+}
+
+// Fusion-buffer slots and the pool per dtype (device memory for cuda
+// gradients).
+void GradientReducer::Impl::allocatePool() {
   poolOffset_.assign(tensors.size(), 0);
   std::vector<uint64_t> poolBytes(kNumDataTypes, 0);
   // Fusion-buffer slots: for every tensor a round may pack (cycle-time
@@ -355,11 +374,6 @@ void GradientReducer::Impl::setUp(const ReducerOptions& options) {
     poolData_.push_back(deviceOps_ ? static_cast<char*>(deviceOps_->allocate(bytes))
                                    : pool_.back().data());
   }
-  // Device memory travels through staging buffers or NCCL, not verbs.
-  if (!deviceOps_) registerBuffers(tensors);
-  ready_.assign(tensors.size(), 0);
-  sent_.assign(tensors.size(), 0);
-  resetStepLocked();
 }
 
 GradientReducer::Impl::~Impl() {
