@@ -26,12 +26,9 @@ struct Csc::Job {
     return blocks.back();
   }
   std::shared_ptr<kernels::GradientKernels> kernels;
-  Bucket bucket;
-  size_t n = 0, chunk = 0, chunks = 0, k = 0;
+  kernels::GradientKernels::SparseBucket sparse;  // the bucket's tensors, residual, velocity
+  size_t chunks = 0, k = 0;
   std::vector<void*> blocks;
-  float* g = nullptr;  // the bucket's gradients, contiguous
-  float* v = nullptr;  // its residual
-  float* u = nullptr;  // its velocity (momentum)
   float* norms = nullptr;
   uint32_t* idx = nullptr;
   float* values = nullptr;  // k * chunk picked values
@@ -71,49 +68,36 @@ size_t Csc::picked(size_t n, size_t chunk, uint64_t step) const {
 std::shared_ptr<Csc::Job> Csc::makeJob(const Bucket& b, const WireOptions& wire,
                                        uint64_t step) const {
   auto job = std::make_shared<Job>(kernels_);
-  job->bucket = b;
-  job->n = b.bytes / sizeof(float);
+  auto& sp = job->sparse;
+  sp.n = b.bytes / sizeof(float);
   // A bucket smaller than a chunk is one chunk of its own size (no padding).
-  job->chunk = std::max<size_t>(1, std::min(config_.chunk, job->n));
-  job->k = picked(job->n, job->chunk, step);
-  job->chunks = kernels::numChunks(job->n, job->chunk);
-  job->g = static_cast<float*>(job->take(job->n * sizeof(float)));
-  job->v = static_cast<float*>(job->take(job->n * sizeof(float)));
-  if (velocity_) job->u = static_cast<float*>(job->take(job->n * sizeof(float)));
+  sp.chunk = std::max<size_t>(1, std::min(config_.chunk, sp.n));
+  for (size_t j = 0; j < b.tensors.size(); ++j) {
+    const size_t t = b.tensors[j];
+    sp.pieces.push_back({static_cast<float*>(tensors_[t].data), residual_ + offset_[t],
+                         velocity_ ? velocity_ + offset_[t] : nullptr, tensors_[t].count,
+                         b.offsets[j] / sizeof(float)});
+  }
+  if (const size_t staged = kernels_->stagingElements(sp.n) * sizeof(float)) {
+    sp.staged.g = static_cast<float*>(job->take(staged));
+    sp.staged.v = static_cast<float*>(job->take(staged));
+    if (velocity_) sp.staged.u = static_cast<float*>(job->take(staged));
+  }
+  job->k = picked(sp.n, sp.chunk, step);
+  job->chunks = kernels::numChunks(sp.n, sp.chunk);
   job->norms = static_cast<float*>(job->take(job->chunks * sizeof(float)));
   job->idx = static_cast<uint32_t*>(job->take(job->k * sizeof(uint32_t)));
-  job->values = static_cast<float*>(job->take(job->k * job->chunk * sizeof(float)));
-  if (wire.compressed()) job->onWire = job->take(job->k * job->chunk * sizeof(uint16_t));
+  job->values = static_cast<float*>(job->take(job->k * sp.chunk * sizeof(float)));
+  if (wire.compressed()) job->onWire = job->take(job->k * sp.chunk * sizeof(uint16_t));
   job->tempBytes = kernels_->topChunksTempBytes(job->chunks);
   job->temp = job->take(job->tempBytes);
   return job;
 }
 
-std::vector<kernels::GradientKernels::Copy> Csc::copies(const Job& job, bool toBucket) const {
-  std::vector<kernels::GradientKernels::Copy> c;
-  const Bucket& bk = job.bucket;
-  for (size_t j = 0; j < bk.tensors.size(); ++j) {
-    const size_t t = bk.tensors[j];
-    const size_t at = bk.offsets[j] / sizeof(float), len = tensors_[t].count;
-    if (len == 0) continue;
-    auto add = [&](float* tensorSide, float* bucketSide) {
-      if (toBucket) {
-        c.push_back({tensorSide, bucketSide + at, len * sizeof(float)});
-      } else {
-        c.push_back({bucketSide + at, tensorSide, len * sizeof(float)});
-      }
-    };
-    add(static_cast<float*>(tensors_[t].data), job.g);
-    add(residual_ + offset_[t], job.v);
-    if (job.u) add(velocity_ + offset_[t], job.u);
-  }
-  return c;
-}
-
 internal::FusedSteps Csc::valuesSteps(const std::shared_ptr<Job>& job, Communicator& comm,
                                       ReduceOp op, const WireOptions& wire,
                                       std::shared_ptr<std::atomic<bool>> nonFinite) const {
-  const size_t count = job->k * job->chunk;
+  const size_t count = job->k * job->sparse.chunk;
   if (wire.compressed()) {
     internal::CompressedAllreduce c;
     c.kernels = kernels_;
@@ -156,10 +140,9 @@ std::vector<std::shared_ptr<WorkState>> Csc::fire(Communicator& comm, const Buck
   auto t0 = std::make_shared<std::array<int64_t, 2>>();
   // 1. Norms of (residual + gradient), summed over ranks.
   const float m = config_.momentum;
-  auto normsBefore = [job, m, owner, spans, t0, in = copies(*job, true)] {
+  auto normsBefore = [job, m, owner, spans, t0] {
     (void)owner;
-    job->kernels->copy(in);
-    job->kernels->accumulateChunkNorms(job->v, job->u, job->g, m, job->n, job->chunk, job->norms);
+    job->kernels->accumulateChunkNorms(job->sparse, m, job->norms);
     (*t0)[0] = spans->now();
   };
   auto normsAfter = [spans, t0] {
@@ -174,21 +157,18 @@ std::vector<std::shared_ptr<WorkState>> Csc::fire(Communicator& comm, const Buck
   const internal::FusedSteps s = valuesSteps(job, comm, op, wire, std::move(nonFinite));
   auto valuesBefore = [job, spans, t0, run = s.before] {
     job->kernels->topChunks(job->norms, job->chunks, job->k, job->idx, job->temp, job->tempBytes);
-    job->kernels->gatherChunks(job->values, job->v, job->idx, job->k, job->chunk, job->n);
+    job->kernels->gatherChunks(job->values, job->sparse, job->idx, job->k);
     if (run) run();
     (*t0)[1] = spans->now();
   };
-  auto valuesAfter = [job, owner, spans, t0, run = s.after, out = copies(*job, false)] {
+  auto valuesAfter = [job, owner, spans, t0, run = s.after] {
     (void)owner;
     if (run) run();
     spans->span("csc chunks", "allreduce", Timeline::kComm, (*t0)[1], spans->now());
     // Momentum factor masking: a sent chunk's velocity restarts. When every
     // chunk is sent (warm-up, density 1) the velocity is kept, which is
     // plain momentum SGD.
-    float* u = job->k < job->chunks ? job->u : nullptr;
-    job->kernels->scatterChunks(job->g, job->v, u, job->values, job->idx, job->k, job->chunk,
-                                job->n);
-    job->kernels->copy(out);
+    job->kernels->scatterChunks(job->sparse, job->values, job->idx, job->k, job->k < job->chunks);
     job->kernels->synchronize();
   };
   submitValues(comm, s.buffer, s.op, valuesBefore, valuesAfter, &works);

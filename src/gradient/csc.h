@@ -7,10 +7,9 @@
 // those travel (float32 or the wire type). The gradient comes back with the
 // reduced picked chunks and zeros elsewhere; the other chunks stay in the
 // residual for the next step. Written over the communicator and the kernels
-// (kernels::GradientKernels), so host and cuda tensors share the protocol:
-// the bucket's gradients, residual and velocity are copied into contiguous
-// bucket order (one batched copy), where the kernels work chunk by chunk,
-// and copied back at the end.
+// (kernels::GradientKernels), so host and cuda tensors share the protocol.
+// The host kernels work in place in the tensors and the residual; the CUDA
+// kernels stage the bucket contiguously (one batched copy in, one out).
 #pragma once
 
 #include <atomic>
@@ -65,9 +64,6 @@ class Csc {
  private:
   struct Job;
   std::shared_ptr<Job> makeJob(const Bucket& b, const WireOptions& wire, uint64_t step) const;
-  // The batched copies between the tensors (and their residual / velocity)
-  // and the job's bucket-ordered scratch.
-  std::vector<kernels::GradientKernels::Copy> copies(const Job& job, bool toBucket) const;
   // The second op's steps: the picked chunks (on the wire type).
   internal::FusedSteps valuesSteps(const std::shared_ptr<Job>& job, Communicator& comm, ReduceOp op,
                                    const WireOptions& wire,

@@ -130,11 +130,37 @@ bool CudaKernels::nonFinite(const void* data, size_t count, DataType dtype) {
   return *flagHost_ != 0;
 }
 
-void CudaKernels::accumulateChunkNorms(float* v, float* u, const float* g, float m, size_t n,
-                                       size_t chunk, float* norms) {
+namespace {
+
+// The batched copies between a sparse bucket's pieces and its staging.
+std::vector<kernels::GradientKernels::Copy> stagingCopies(
+    const kernels::GradientKernels::SparseBucket& b, bool toStaging) {
+  std::vector<kernels::GradientKernels::Copy> c;
+  for (const auto& p : b.pieces) {
+    if (p.count == 0) continue;
+    auto add = [&](float* piece, float* staged) {
+      const size_t bytes = p.count * sizeof(float);
+      if (toStaging) {
+        c.push_back({piece, staged + p.at, bytes});
+      } else {
+        c.push_back({staged + p.at, piece, bytes});
+      }
+    };
+    add(p.g, b.staged.g);
+    add(p.v, b.staged.v);
+    if (p.u) add(p.u, b.staged.u);
+  }
+  return c;
+}
+
+}  // namespace
+
+void CudaKernels::accumulateChunkNorms(SparseBucket& b, float m, float* norms) {
+  copy(stagingCopies(b, true));
   Current c(p_, device_);
-  check(p_.accumulateChunkNorms(v, u, g, m, n, chunk, norms, stream_),
-        "launching the CSC residual update");
+  check(
+      p_.accumulateChunkNorms(b.staged.v, b.staged.u, b.staged.g, m, b.n, b.chunk, norms, stream_),
+      "launching the CSC residual update");
 }
 
 size_t CudaKernels::topChunksTempBytes(size_t count) const {
@@ -148,17 +174,22 @@ void CudaKernels::topChunks(const float* norms, size_t count, size_t k, uint32_t
         "launching the CSC chunk selection");
 }
 
-void CudaKernels::gatherChunks(float* packed, const float* v, const uint32_t* idx, size_t k,
-                               size_t chunk, size_t n) {
+void CudaKernels::gatherChunks(float* packed, const SparseBucket& b, const uint32_t* idx,
+                               size_t k) {
   Current c(p_, device_);
-  check(p_.gatherChunks(packed, v, idx, k, chunk, n, stream_), "launching the CSC gather");
+  check(p_.gatherChunks(packed, b.staged.v, idx, k, b.chunk, b.n, stream_),
+        "launching the CSC gather");
 }
 
-void CudaKernels::scatterChunks(float* grad, float* v, float* u, const float* packed,
-                                const uint32_t* idx, size_t k, size_t chunk, size_t n) {
-  Current c(p_, device_);
-  check(p_.scatterChunks(grad, v, u, packed, idx, k, chunk, n, stream_),
-        "launching the CSC scatter");
+void CudaKernels::scatterChunks(SparseBucket& b, const float* packed, const uint32_t* idx, size_t k,
+                                bool maskVelocity) {
+  {
+    Current c(p_, device_);
+    float* u = maskVelocity ? b.staged.u : nullptr;
+    check(p_.scatterChunks(b.staged.g, b.staged.v, u, packed, idx, k, b.chunk, b.n, stream_),
+          "launching the CSC scatter");
+  }
+  copy(stagingCopies(b, false));
 }
 
 void CudaKernels::synchronize() {

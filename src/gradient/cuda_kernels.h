@@ -44,15 +44,15 @@ class CudaKernels final : public kernels::GradientKernels {
   void narrow(void* dst, const float* src, size_t count, DataType wire, float scale) override;
   void widen(float* dst, const void* src, size_t count, DataType wire, float scale) override;
   bool nonFinite(const void* data, size_t count, DataType dtype) override;
-  void accumulateChunkNorms(float* v, float* u, const float* g, float m, size_t n, size_t chunk,
-                            float* norms) override;
+  // CSC stages each bucket contiguously (one batched copy in, one out).
+  size_t stagingElements(size_t n) const override { return n; }
+  void accumulateChunkNorms(SparseBucket& b, float m, float* norms) override;
   size_t topChunksTempBytes(size_t count) const override;
   void topChunks(const float* norms, size_t count, size_t k, uint32_t* idx, void* temp,
                  size_t tempBytes) override;
-  void gatherChunks(float* packed, const float* v, const uint32_t* idx, size_t k, size_t chunk,
-                    size_t n) override;
-  void scatterChunks(float* grad, float* v, float* u, const float* packed, const uint32_t* idx,
-                     size_t k, size_t chunk, size_t n) override;
+  void gatherChunks(float* packed, const SparseBucket& b, const uint32_t* idx, size_t k) override;
+  void scatterChunks(SparseBucket& b, const float* packed, const uint32_t* idx, size_t k,
+                     bool maskVelocity) override;
   void synchronize() override;
 
  private:

@@ -54,25 +54,51 @@ class GradientKernels {
   // Whether any element is inf or NaN (floating dtypes; false otherwise).
   virtual bool nonFinite(const void* data, size_t count, DataType dtype) = 0;
 
-  // CSC over `n` contiguous elements cut in chunks of `chunk`:
-  // v += g (u == nullptr), or u = m u + g and v += u; norms[c] = the L1 norm
-  // of chunk c of the new v.
-  virtual void accumulateChunkNorms(float* v, float* u, const float* g, float m, size_t n,
-                                    size_t chunk, float* norms) = 0;
+  // CSC on one bucket: `n` float32 elements in chunks of `chunk` (the last
+  // one may be shorter), laid out as the bucket's tensors in order. Each
+  // piece is one tensor: its gradient `g`, its residual `v` and velocity `u`
+  // (u null without momentum), at bucket element `at`. Where the
+  // implementation works on contiguous memory (stagingElements() > 0), the
+  // caller gives it g/v/u scratch of n elements each in `staged`, which
+  // stays the bucket's from accumulateChunkNorms to scatterChunks.
+  struct SparseBucket {
+    struct Piece {
+      float* g;
+      float* v;
+      float* u;
+      size_t count;
+      size_t at;
+    };
+    std::vector<Piece> pieces;
+    size_t n = 0;
+    size_t chunk = 1;
+    struct {
+      float* g = nullptr;
+      float* v = nullptr;
+      float* u = nullptr;
+    } staged;
+  };
+  // Elements of each of staged.g/v/u for a bucket of `n` (0: none needed).
+  virtual size_t stagingElements(size_t n) const = 0;
+  // v += g (no velocity), or u = m u + g and v += u; norms[c] = the L1 norm
+  // of chunk c of the new v (float32; on the host a chunk that spans two
+  // tensors sums the norms of its two parts).
+  virtual void accumulateChunkNorms(SparseBucket& b, float m, float* norms) = 0;
   // Scratch bytes topChunks needs for `count` norms.
   virtual size_t topChunksTempBytes(size_t count) const = 0;
   // idx[0..k) = the k chunks with the largest norms, ascending (sparse.h's
   // topChunks: ties to the lower index, NaN the largest).
   virtual void topChunks(const float* norms, size_t count, size_t k, uint32_t* idx, void* temp,
                          size_t tempBytes) = 0;
-  // packed[j * chunk ..] = chunk idx[j] of v (a short last chunk padded with
-  // zeros).
-  virtual void gatherChunks(float* packed, const float* v, const uint32_t* idx, size_t k,
-                            size_t chunk, size_t n) = 0;
-  // grad = the packed chunks at their place and zeros elsewhere; the picked
-  // chunks of v (and of u when not null) become zero.
-  virtual void scatterChunks(float* grad, float* v, float* u, const float* packed,
-                             const uint32_t* idx, size_t k, size_t chunk, size_t n) = 0;
+  // packed[j * chunk ..] = chunk idx[j] of the residual (a short last chunk
+  // padded with zeros).
+  virtual void gatherChunks(float* packed, const SparseBucket& b, const uint32_t* idx,
+                            size_t k) = 0;
+  // Each gradient = the packed chunks at their place and zeros elsewhere;
+  // the picked chunks of the residual (and, with `maskVelocity`, of the
+  // velocity) become zero.
+  virtual void scatterChunks(SparseBucket& b, const float* packed, const uint32_t* idx, size_t k,
+                             bool maskVelocity) = 0;
 
   // Waits until everything called so far has run (a no-op on the host).
   virtual void synchronize() = 0;

@@ -1,6 +1,7 @@
 #include "kernels/host_kernels.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
@@ -54,13 +55,41 @@ bool HostKernels::nonFinite(const void* data, size_t count, DataType dtype) {
   return anyNonFinite(data, count, dtype);
 }
 
-void HostKernels::accumulateChunkNorms(float* v, float* u, const float* g, float m, size_t n,
-                                       size_t chunk, float* norms) {
-  for (size_t c = 0, at = 0; at < n; ++c, at += chunk) {
-    const size_t len = std::min(chunk, n - at);
-    norms[c] = u ? accumulateMomentumL1(v + at, u + at, g + at, m, len)
-                 : accumulateL1(v + at, g + at, len);
+namespace {
+
+using Piece = GradientKernels::SparseBucket::Piece;
+
+// Calls fn(piece, from, to, at) for the bucket's pieces cut at chunk
+// boundaries: elements [from, to) of the piece sit at bucket element `at`.
+template <class Fn>
+void forEachPart(const GradientKernels::SparseBucket& b, Fn fn) {
+  for (const Piece& p : b.pieces) {
+    size_t at = p.at;
+    for (size_t from = 0; from < p.count;) {
+      const size_t to = std::min(p.count, from + (b.chunk - at % b.chunk));
+      fn(p, from, to, at);
+      at += to - from;
+      from = to;
+    }
   }
+}
+
+// Where chunk c is in the picked list idx[0..k) (ascending), or SIZE_MAX.
+size_t slotOf(const uint32_t* idx, size_t k, size_t c) {
+  const uint32_t* it = std::lower_bound(idx, idx + k, static_cast<uint32_t>(c));
+  return it != idx + k && *it == c ? static_cast<size_t>(it - idx) : SIZE_MAX;
+}
+
+}  // namespace
+
+// One pass per part: the residual update fused with the part's L1 norm.
+void HostKernels::accumulateChunkNorms(SparseBucket& b, float m, float* norms) {
+  std::fill_n(norms, numChunks(b.n, b.chunk), 0.0f);
+  forEachPart(b, [&](const Piece& p, size_t from, size_t to, size_t at) {
+    norms[at / b.chunk] +=
+        p.u ? accumulateMomentumL1(p.v + from, p.u + from, p.g + from, m, to - from)
+            : accumulateL1(p.v + from, p.g + from, to - from);
+  });
 }
 
 void HostKernels::topChunks(const float* norms, size_t count, size_t k, uint32_t* idx, void*,
@@ -69,24 +98,28 @@ void HostKernels::topChunks(const float* norms, size_t count, size_t k, uint32_t
   for (size_t j = 0; j < picked.size(); ++j) idx[j] = static_cast<uint32_t>(picked[j]);
 }
 
-void HostKernels::gatherChunks(float* packed, const float* v, const uint32_t* idx, size_t k,
-                               size_t chunk, size_t n) {
-  for (size_t j = 0; j < k; ++j) {
-    const size_t at = static_cast<size_t>(idx[j]) * chunk, len = std::min(chunk, n - at);
-    std::memcpy(packed + j * chunk, v + at, len * sizeof(float));
-    std::fill(packed + j * chunk + len, packed + (j + 1) * chunk, 0.0f);
-  }
+void HostKernels::gatherChunks(float* packed, const SparseBucket& b, const uint32_t* idx,
+                               size_t k) {
+  std::fill_n(packed, k * b.chunk, 0.0f);
+  forEachPart(b, [&](const Piece& p, size_t from, size_t to, size_t at) {
+    const size_t slot = slotOf(idx, k, at / b.chunk);
+    if (slot == SIZE_MAX) return;
+    std::memcpy(packed + slot * b.chunk + at % b.chunk, p.v + from, (to - from) * sizeof(float));
+  });
 }
 
-void HostKernels::scatterChunks(float* grad, float* v, float* u, const float* packed,
-                                const uint32_t* idx, size_t k, size_t chunk, size_t n) {
-  std::fill_n(grad, n, 0.0f);
-  for (size_t j = 0; j < k; ++j) {
-    const size_t at = static_cast<size_t>(idx[j]) * chunk, len = std::min(chunk, n - at);
-    std::memcpy(grad + at, packed + j * chunk, len * sizeof(float));
-    std::fill_n(v + at, len, 0.0f);
-    if (u) std::fill_n(u + at, len, 0.0f);
-  }
+void HostKernels::scatterChunks(SparseBucket& b, const float* packed, const uint32_t* idx, size_t k,
+                                bool maskVelocity) {
+  forEachPart(b, [&](const Piece& p, size_t from, size_t to, size_t at) {
+    const size_t len = to - from, slot = slotOf(idx, k, at / b.chunk);
+    if (slot == SIZE_MAX) {
+      std::fill_n(p.g + from, len, 0.0f);
+      return;
+    }
+    std::memcpy(p.g + from, packed + slot * b.chunk + at % b.chunk, len * sizeof(float));
+    std::fill_n(p.v + from, len, 0.0f);
+    if (maskVelocity && p.u) std::fill_n(p.u + from, len, 0.0f);
+  });
 }
 
 const std::shared_ptr<GradientKernels>& hostKernels() {

@@ -1,5 +1,6 @@
 // GradientKernels on host memory: the CPU kernels of this layer
-// (convert.h, sparse.h) and memcpy, run on the calling thread. Stateless
+// (convert.h, sparse.h) and memcpy, run on the calling thread. CSC works in
+// place in the tensors, residual and velocity (no staging copies). Stateless
 // apart from the memory it hands out (freed with it); one process-wide
 // instance serves every caller (hostKernels()).
 #pragma once
@@ -29,15 +30,14 @@ class HostKernels final : public GradientKernels {
   void narrow(void* dst, const float* src, size_t count, DataType wire, float scale) override;
   void widen(float* dst, const void* src, size_t count, DataType wire, float scale) override;
   bool nonFinite(const void* data, size_t count, DataType dtype) override;
-  void accumulateChunkNorms(float* v, float* u, const float* g, float m, size_t n, size_t chunk,
-                            float* norms) override;
+  size_t stagingElements(size_t) const override { return 0; }  // works in place
+  void accumulateChunkNorms(SparseBucket& b, float m, float* norms) override;
   size_t topChunksTempBytes(size_t) const override { return 0; }
   void topChunks(const float* norms, size_t count, size_t k, uint32_t* idx, void* temp,
                  size_t tempBytes) override;
-  void gatherChunks(float* packed, const float* v, const uint32_t* idx, size_t k, size_t chunk,
-                    size_t n) override;
-  void scatterChunks(float* grad, float* v, float* u, const float* packed, const uint32_t* idx,
-                     size_t k, size_t chunk, size_t n) override;
+  void gatherChunks(float* packed, const SparseBucket& b, const uint32_t* idx, size_t k) override;
+  void scatterChunks(SparseBucket& b, const float* packed, const uint32_t* idx, size_t k,
+                     bool maskVelocity) override;
   void synchronize() override {}
 
  private:

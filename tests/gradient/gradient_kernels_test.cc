@@ -107,15 +107,30 @@ TEST(HostKernels, NonFiniteFindsInfAndNanOfFloatingTypesOnly) {
   EXPECT_FALSE(k.nonFinite(ints.data(), ints.size(), DataType::kInt32));
 }
 
+// A sparse bucket over `sizes` consecutive tensors of g / v / u (u may be
+// null), at consecutive bucket positions.
+GradientKernels::SparseBucket bucketOver(const std::vector<size_t>& sizes, float* g, float* v,
+                                         float* u, size_t chunk) {
+  GradientKernels::SparseBucket b;
+  b.chunk = chunk;
+  for (size_t s : sizes) {
+    b.pieces.push_back({g + b.n, v + b.n, u ? u + b.n : nullptr, s, b.n});
+    b.n += s;
+  }
+  return b;
+}
+
 TEST(HostKernels, ChunkNormsMatchAFloat64Reference) {
+  // Tensors of 300, 0, 45 and 655 elements: chunks of 64 span tensors.
+  const std::vector<size_t> sizes = {300, 0, 45, 655};
   const size_t n = 1000, chunk = 64;
   const float m = 0.5f;  // exact products of the integer data
   for (bool momentum : {false, true}) {
     auto g = integerFloats(n, 1), v = integerFloats(n, 2), u = integerFloats(n, 3);
     std::vector<double> rv(v.begin(), v.end()), ru(u.begin(), u.end());
-    std::vector<float> norms(kernels::numChunks(n, chunk));
-    kernels::hostKernels()->accumulateChunkNorms(v.data(), momentum ? u.data() : nullptr, g.data(),
-                                                 m, n, chunk, norms.data());
+    std::vector<float> norms(kernels::numChunks(n, chunk), -1.0f);
+    auto b = bucketOver(sizes, g.data(), v.data(), momentum ? u.data() : nullptr, chunk);
+    kernels::hostKernels()->accumulateChunkNorms(b, m, norms.data());
     for (size_t c = 0; c < norms.size(); ++c) {
       double want = 0;
       for (size_t i = c * chunk; i < std::min(n, (c + 1) * chunk); ++i) {
@@ -141,22 +156,26 @@ TEST(HostKernels, TopChunksGatherAndScatterMatchPlainLoops) {
   std::vector<uint32_t> idx(4);
   k.topChunks(norms.data(), norms.size(), 4, idx.data(), nullptr, k.topChunksTempBytes(7));
   EXPECT_EQ(idx, (std::vector<uint32_t>{0, 2, 4, 5}));
-  // n = 10 in chunks of 4: the last chunk (2) is short and padded.
+  // n = 10 in chunks of 4 over tensors of 3 and 7: chunk 0 spans both, the
+  // last chunk (2) is short and padded.
   const size_t n = 10, chunk = 4;
   const std::vector<uint32_t> pick = {0, 2};
   auto v = randomFloats(n, 4), u = randomFloats(n, 5);
+  std::vector<float> grad(n, 9.0f);
+  auto b = bucketOver({3, 7}, grad.data(), v.data(), u.data(), chunk);
   std::vector<float> packed(2 * chunk, -1.0f);
-  k.gatherChunks(packed.data(), v.data(), pick.data(), 2, chunk, n);
+  k.gatherChunks(packed.data(), b, pick.data(), 2);
   const std::vector<float> want = {v[0], v[1], v[2], v[3], v[8], v[9], 0.0f, 0.0f};
   EXPECT_EQ(packed, want);
-  std::vector<float> grad(n, 9.0f);
-  const auto v0 = v, u0 = u;
-  k.scatterChunks(grad.data(), v.data(), u.data(), packed.data(), pick.data(), 2, chunk, n);
-  for (size_t i = 0; i < n; ++i) {
-    const bool picked = i < 4 || i >= 8;
-    EXPECT_EQ(grad[i], picked ? v0[i] : 0.0f) << i;
-    EXPECT_EQ(v[i], picked ? 0.0f : v0[i]) << i;
-    EXPECT_EQ(u[i], picked ? 0.0f : u0[i]) << i;
+  for (bool mask : {false, true}) {
+    const auto v0 = v, u0 = u;
+    k.scatterChunks(b, packed.data(), pick.data(), 2, mask);
+    for (size_t i = 0; i < n; ++i) {
+      const bool picked = i < 4 || i >= 8;
+      EXPECT_EQ(grad[i], picked ? want[i < 4 ? i : i - 4] : 0.0f) << i;
+      EXPECT_EQ(v[i], picked ? 0.0f : v0[i]) << i;
+      EXPECT_EQ(u[i], picked && mask ? 0.0f : u0[i]) << i;
+    }
   }
 }
 
@@ -201,6 +220,8 @@ class HostAndCudaKernels : public ::testing::Test {
     ASSERT_EQ(std::memcmp(host.data(), device, host.size() * sizeof(T)), 0) << what;
   }
   GradientKernels& host() { return *kernels::hostKernels(); }
+  void cscSteps(const std::vector<size_t>& sizes, std::vector<float> g, std::vector<float> v,
+                std::vector<float> u, float m);
   std::unique_ptr<gradient::CudaKernels> cuda_;
   std::vector<void*> mem_;
 };
@@ -226,17 +247,24 @@ TEST_F(HostAndCudaKernels, NarrowWidenAndNonFiniteAgreeBitForBit) {
   EXPECT_FALSE(cuda_->nonFinite(onDevice(x), 5, DataType::kFloat32));
 }
 
-TEST_F(HostAndCudaKernels, CscStepsAgreeBitForBit) {
-  const size_t n = 1001, chunk = 50, chunks = kernels::numChunks(n, chunk), k = 6;
-  auto g = randomFloats(n, 8), v = randomFloats(n, 9), u = randomFloats(n, 10);
+// Every CSC step on both, with tensors of `sizes` and `g`, `v`, `u` as the
+// bucket's data: the results must be the same bits.
+void HostAndCudaKernels::cscSteps(const std::vector<size_t>& sizes, std::vector<float> g,
+                                  std::vector<float> v, std::vector<float> u, float m) {
+  const size_t n = g.size(), chunk = 50, chunks = kernels::numChunks(n, chunk), k = 6;
   float *dg = onDevice(g), *dv = onDevice(v), *du = onDevice(u);
+  auto hb = bucketOver(sizes, g.data(), v.data(), u.data(), chunk);
+  auto db = bucketOver(sizes, dg, dv, du, chunk);
+  ASSERT_EQ(host().stagingElements(n), 0u);
+  ASSERT_EQ(cuda_->stagingElements(n), n);
+  db.staged.g = onDevice(std::vector<float>(n));
+  db.staged.v = onDevice(std::vector<float>(n));
+  db.staged.u = onDevice(std::vector<float>(n));
   std::vector<float> hn(chunks);
   float* dn = onDevice(hn);
-  host().accumulateChunkNorms(v.data(), u.data(), g.data(), 0.9f, n, chunk, hn.data());
-  cuda_->accumulateChunkNorms(dv, du, dg, 0.9f, n, chunk, dn);
+  host().accumulateChunkNorms(hb, m, hn.data());
+  cuda_->accumulateChunkNorms(db, m, dn);
   expectSameBits(hn, dn, "norms");
-  expectSameBits(v, dv, "residual");
-  expectSameBits(u, du, "velocity");
   std::vector<uint32_t> hi(k);
   uint32_t* di = onDevice(hi);
   const size_t temp = cuda_->topChunksTempBytes(chunks);
@@ -246,14 +274,25 @@ TEST_F(HostAndCudaKernels, CscStepsAgreeBitForBit) {
   expectSameBits(hi, di, "top chunks");
   std::vector<float> hp(k * chunk);
   float* dp = onDevice(hp);
-  host().gatherChunks(hp.data(), v.data(), hi.data(), k, chunk, n);
-  cuda_->gatherChunks(dp, dv, di, k, chunk, n);
+  host().gatherChunks(hp.data(), hb, hi.data(), k);
+  cuda_->gatherChunks(dp, db, di, k);
   expectSameBits(hp, dp, "gather");
-  host().scatterChunks(g.data(), v.data(), u.data(), hp.data(), hi.data(), k, chunk, n);
-  cuda_->scatterChunks(dg, dv, du, dp, di, k, chunk, n);
+  host().scatterChunks(hb, hp.data(), hi.data(), k, true);
+  cuda_->scatterChunks(db, dp, di, k, true);
   expectSameBits(g, dg, "scatter: gradient");
   expectSameBits(v, dv, "scatter: residual");
   expectSameBits(u, du, "scatter: velocity");
+}
+
+TEST_F(HostAndCudaKernels, CscStepsAgreeBitForBit) {
+  // Tensors cut at chunk boundaries: any data, the same float32 sums.
+  cscSteps({150, 0, 300, 551}, randomFloats(1001, 8), randomFloats(1001, 9), randomFloats(1001, 10),
+           0.9f);
+  // Chunks spanning tensors: the host sums a chunk's parts, the GPU the
+  // whole chunk, so integer data (and an exact momentum) keeps every sum
+  // exact in any order.
+  cscSteps({7, 130, 3000, 64, 1}, integerFloats(3202, 11), integerFloats(3202, 12),
+           integerFloats(3202, 13), 0.5f);
 }
 
 TEST_F(HostAndCudaKernels, BatchedCopyAndZeroAgree) {
