@@ -65,7 +65,7 @@ size_t Csc::picked(size_t n, size_t chunk, uint64_t step) const {
   return std::clamp<size_t>(k, chunks == 0 ? 0 : 1, chunks);
 }
 
-std::shared_ptr<Csc::Job> Csc::makeJob(const Bucket& b, const WireOptions& wire,
+std::shared_ptr<Csc::Job> Csc::makeJob(const Bucket& b, const internal::WireFormat& wire,
                                        uint64_t step) const {
   auto job = std::make_shared<Job>(kernels_);
   auto& sp = job->sparse;
@@ -95,7 +95,7 @@ std::shared_ptr<Csc::Job> Csc::makeJob(const Bucket& b, const WireOptions& wire,
 }
 
 internal::FusedSteps Csc::valuesSteps(const std::shared_ptr<Job>& job, Communicator& comm,
-                                      ReduceOp op, const WireOptions& wire,
+                                      ReduceOp op, const internal::WireFormat& wire,
                                       std::shared_ptr<std::atomic<bool>> nonFinite) const {
   const size_t count = job->k * job->sparse.chunk;
   if (wire.compressed()) {
@@ -108,6 +108,7 @@ internal::FusedSteps Csc::valuesSteps(const std::shared_ptr<Job>& job, Communica
     c.count = count;
     c.spans = {internal::WireSpan{job->values, count, 0}};
     c.nonFinite = std::move(nonFinite);
+    c.owner = job;
     return internal::compressedSteps(std::move(c));
   }
   internal::FusedSteps s;
@@ -122,7 +123,7 @@ internal::FusedSteps Csc::valuesSteps(const std::shared_ptr<Job>& job, Communica
 }
 
 std::vector<std::shared_ptr<WorkState>> Csc::fire(Communicator& comm, const Bucket& b, ReduceOp op,
-                                                  const WireOptions& wire, uint64_t step,
+                                                  const internal::WireFormat& wire, uint64_t step,
                                                   ReducerStats* stats, Timeline* timeline,
                                                   const std::string& label,
                                                   std::shared_ptr<const void> owner,
@@ -134,9 +135,7 @@ std::vector<std::shared_ptr<WorkState>> Csc::fire(Communicator& comm, const Buck
     stats->sparseChunks += job->chunks;
   }
   auto spans = std::make_shared<const OpSpans>(
-      timeline, label,
-      std::initializer_list<std::pair<const char*, uint64_t>>{
-          {"step", step}, {"chunks", job->chunks}, {"picked", job->k}});
+      timeline, label, SpanArgs{{"step", step}, {"chunks", job->chunks}, {"picked", job->k}});
   auto t0 = std::make_shared<std::array<int64_t, 2>>();
   // 1. Norms of (residual + gradient), summed over ranks.
   const float m = config_.momentum;

@@ -55,7 +55,7 @@ class Csc {
   // is never packed: chunks are cut over the bucket's tensors in order and
   // read and written in place in the residual.
   std::vector<std::shared_ptr<WorkState>> fire(Communicator& comm, const Bucket& b, ReduceOp op,
-                                               const WireOptions& wire, uint64_t step,
+                                               const internal::WireFormat& wire, uint64_t step,
                                                ReducerStats* stats, Timeline* timeline,
                                                const std::string& label,
                                                std::shared_ptr<const void> owner,
@@ -63,10 +63,11 @@ class Csc {
 
  private:
   struct Job;
-  std::shared_ptr<Job> makeJob(const Bucket& b, const WireOptions& wire, uint64_t step) const;
+  std::shared_ptr<Job> makeJob(const Bucket& b, const internal::WireFormat& wire,
+                               uint64_t step) const;
   // The second op's steps: the picked chunks (on the wire type).
   internal::FusedSteps valuesSteps(const std::shared_ptr<Job>& job, Communicator& comm, ReduceOp op,
-                                   const WireOptions& wire,
+                                   const internal::WireFormat& wire,
                                    std::shared_ptr<std::atomic<bool>> nonFinite) const;
   // Submits the second op (the picked values) after the norms op in
   // works->front(); when that fails, waits for the first before rethrowing.

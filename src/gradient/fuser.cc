@@ -74,12 +74,11 @@ Fired Fuser::fire(const Bucket& b, char* region, uint64_t step, ReducerStats* st
   const internal::FusedSteps steps = isFloat32(b) && c_.wire.compressed()
                                          ? compressedSteps(b, region, std::move(nonFinite))
                                          : denseSteps(b, region);
-  auto spans = std::make_shared<const OpSpans>(
-      c_.timeline, label,
-      std::initializer_list<std::pair<const char*, uint64_t>>{{"step", step},
-                                                              {"bytes", b.bytes},
-                                                              {"tensors", b.tensors.size()},
-                                                              {"first", b.tensors[0]}});
+  auto spans = std::make_shared<const OpSpans>(c_.timeline, label,
+                                               SpanArgs{{"step", step},
+                                                        {"bytes", b.bytes},
+                                                        {"tensors", b.tensors.size()},
+                                                        {"first", b.tensors[0]}});
   // Phase boundaries for the timeline: queued, packed.
   auto times = std::make_shared<std::array<int64_t, 2>>();
   (*times)[0] = spans->now();

@@ -24,9 +24,6 @@ namespace gflow::gradient {
 
 class Csc;
 
-// How float32 buckets travel.
-using WireOptions = internal::WireFormat;
-
 // What one fire() hands back to its caller.
 struct Fired {
   std::vector<std::shared_ptr<WorkState>> works;
@@ -39,8 +36,8 @@ struct FuserConfig {
   const std::vector<std::string>* names = nullptr;  // timeline labels (may be empty)
   ReduceOp op = ReduceOp::kSum;
   Timeline* timeline = nullptr;  // may be null
-  WireOptions wire;
-  Csc* csc = nullptr;  // not null: float32 buckets are sparse
+  internal::WireFormat wire;     // how float32 buckets travel
+  Csc* csc = nullptr;            // not null: float32 buckets are sparse
   // Where the tensors live (null: host memory); regions are its memory too.
   std::shared_ptr<kernels::GradientKernels> kernels;
 };

@@ -146,7 +146,7 @@ class GradientReducer::Impl {
   std::chrono::milliseconds cycle{0};
   BucketPlan plan;           // fixed buckets
   uint64_t bucketBytes = 0;  // float32 planning threshold (threshold / density with CSC)
-  gradient::WireOptions wire;
+  internal::WireFormat wire;
   gradient::CscConfig sparse;  // density 0: dense
   mutable std::mutex mutex;
   ReducerStats stats;
@@ -290,7 +290,7 @@ void GradientReducer::Impl::setUp(const ReducerOptions& options) {
         std::to_string(names.size()) + " names for " + std::to_string(tensors.size()) + " tensors");
   }
   validateTensors(*comm, kCreate, tensors, names);
-  wire = gradient::WireOptions{options.wire, options.prescale, options.postscale};
+  wire = internal::WireFormat{options.wire, options.prescale, options.postscale};
   if (wire.wire != DataType::kFloat32 && wire.wire != DataType::kFloat16 &&
       wire.wire != DataType::kBFloat16) {
     CommunicatorAccess::failInvalid(*comm, kCreate,
@@ -456,8 +456,7 @@ void GradientReducer::Impl::ready(size_t index) {
   if (timeline_) {
     timeline_->instant(
         "ready: " + (index < names.size() ? names[index] : "tensor " + std::to_string(index)),
-        "ready", Timeline::kCompute,
-        "\"step\": " + std::to_string(step_) + ", \"tensor\": " + std::to_string(index));
+        "ready", Timeline::kCompute, gradient::jsonArgs({{"step", step_}, {"tensor", index}}));
   }
   if (cycle.count() > 0) {
     readyUnsentBytes_ += tensors[index].nbytes();
@@ -548,7 +547,7 @@ void GradientReducer::Impl::wait(std::chrono::milliseconds timeout) {
   lock.lock();
   if (timeline_) {
     timeline_->span("wait", "wait", Timeline::kCompute, begin, Timeline::nowUs(),
-                    "\"step\": " + std::to_string(step_));
+                    gradient::jsonArgs({{"step", step_}}));
     timeline_->flush();
   }
   ++stats.steps;

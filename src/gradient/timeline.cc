@@ -98,14 +98,18 @@ void Timeline::flush() {
   std::fflush(file_);
 }
 
-OpSpans::OpSpans(Timeline* timeline, std::string label,
-                 std::initializer_list<std::pair<const char*, uint64_t>> args)
-    : timeline_(timeline), label_(std::move(label)) {
-  if (!timeline_) return;
-  for (const auto& [name, value] : args) {
-    if (!args_.empty()) args_ += ", ";
-    args_ += jsonString(name) + ": " + std::to_string(value);
+std::string jsonArgs(SpanArgs fields) {
+  std::string out;
+  for (const auto& [name, value] : fields) {
+    if (!out.empty()) out += ", ";
+    out += jsonString(name) + ": " + std::to_string(value);
   }
+  return out;
+}
+
+OpSpans::OpSpans(Timeline* timeline, std::string label, SpanArgs args)
+    : timeline_(timeline), label_(std::move(label)) {
+  if (timeline_) args_ = jsonArgs(args);
 }
 
 int64_t OpSpans::now() const {
