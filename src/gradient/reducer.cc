@@ -199,7 +199,7 @@ class GradientReducer::Impl {
   std::unique_ptr<Timeline> timeline_;
   // Cuda gradients: kernels and device memory (pool, CSC residual); null
   // for cpu gradients, whose steps run on the host kernels.
-  std::shared_ptr<gradient::CudaKernels> deviceOps_;
+  std::shared_ptr<gradient::CudaKernels> cudaKernels_;
   std::unique_ptr<Csc> csc_;
   std::unique_ptr<Fuser> fuser_;
   // This step's inf/NaN flag (a fresh one per step, so ops of an abandoned
@@ -318,7 +318,7 @@ void GradientReducer::Impl::setUp(const ReducerOptions& options) {
   plan = gradient::planBuckets(tensors, threshold, csc_ ? bucketBytes : 0);
   allocatePool();
   // Device memory travels through staging buffers or NCCL, not verbs.
-  if (!deviceOps_) registerBuffers(tensors);
+  if (!cudaKernels_) registerBuffers(tensors);
   ready_.assign(tensors.size(), 0);
   sent_.assign(tensors.size(), 0);
   resetStepLocked();
@@ -332,10 +332,10 @@ void GradientReducer::Impl::setUpKernels() {
   if (device >= 0) {
     // Copy tables: up to three segments per tensor (CSC: gradient,
     // residual, velocity).
-    deviceOps_ = std::make_shared<gradient::CudaKernels>(*cuda::load(nullptr), device,
-                                                         tensors[0].stream, 3 * tensors.size());
+    cudaKernels_ = std::make_shared<gradient::CudaKernels>(*cuda::load(nullptr), device,
+                                                           tensors[0].stream, 3 * tensors.size());
   }
-  if (sparse.density > 0) csc_ = std::make_unique<Csc>(tensors, sparse, deviceOps_);
+  if (sparse.density > 0) csc_ = std::make_unique<Csc>(tensors, sparse, cudaKernels_);
   gradient::FuserConfig fc;
   fc.comm = comm.get();
   fc.tensors = &tensors;
@@ -344,7 +344,7 @@ void GradientReducer::Impl::setUpKernels() {
   fc.timeline = timeline_.get();
   fc.wire = wire;
   fc.csc = csc_.get();
-  fc.kernels = deviceOps_;
+  fc.kernels = cudaKernels_;
   fuser_ = std::make_unique<Fuser>(std::move(fc));
 }
 
@@ -370,9 +370,9 @@ void GradientReducer::Impl::allocatePool() {
     used += tensors[i].nbytes();
   }
   for (uint64_t bytes : poolBytes) {
-    pool_.emplace_back(deviceOps_ ? 0 : bytes);
-    poolData_.push_back(deviceOps_ ? static_cast<char*>(deviceOps_->allocate(bytes))
-                                   : pool_.back().data());
+    pool_.emplace_back(cudaKernels_ ? 0 : bytes);
+    poolData_.push_back(cudaKernels_ ? static_cast<char*>(cudaKernels_->allocate(bytes))
+                                     : pool_.back().data());
   }
 }
 
