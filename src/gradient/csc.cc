@@ -41,7 +41,8 @@ Csc::Csc(const std::vector<Tensor>& tensors, CscConfig config,
          std::shared_ptr<kernels::GradientKernels> kernels)
     : tensors_(tensors),
       config_(config),
-      kernels_(kernels ? std::move(kernels) : kernels::hostKernels()),
+      // Its own host kernels: they own the residual, freed with the last job.
+      kernels_(kernels ? std::move(kernels) : std::make_shared<kernels::HostKernels>()),
       offset_(tensors.size(), 0) {
   for (size_t i = 0; i < tensors.size(); ++i) {
     offset_[i] = total_;

@@ -1,8 +1,10 @@
 // GradientKernels on host memory: the CPU kernels of this layer
 // (convert.h, sparse.h) and memcpy, run on the calling thread. CSC works in
-// place in the tensors, residual and velocity (no staging copies). Stateless
-// apart from the memory it hands out (freed with it); one process-wide
-// instance serves every caller (hostKernels()).
+// place in the tensors, residual and velocity (no staging copies).
+// Stateless apart from the memory allocate() hands out, which lives as long
+// as the instance: an owner of such memory (CSC's residual) makes its own
+// instance; the shared one (hostKernels()) serves callers that only compute.
+// Thread-safe.
 #pragma once
 
 #include <memory>
@@ -45,7 +47,8 @@ class HostKernels final : public GradientKernels {
   std::vector<void*> owned_;  // allocate()'s memory
 };
 
-// The process-wide host kernels (never destroyed before exit).
+// The process-wide host kernels (never destroyed; do not allocate() from
+// it, that memory would stay until exit).
 const std::shared_ptr<GradientKernels>& hostKernels();
 
 }  // namespace gflow::kernels
