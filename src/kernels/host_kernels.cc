@@ -27,7 +27,7 @@ void HostKernels::zero(void* p, size_t bytes) {
 }
 
 void* HostKernels::acquire(size_t bytes) {
-  // Zeroed, as the vectors the host path allocated per job were.
+  // Zeroed (the interface promises nothing; zeros cost little here).
   void* p = std::calloc(std::max<size_t>(bytes, 1), 1);
   if (!p) throw std::bad_alloc();
   return p;
