@@ -516,17 +516,17 @@ std::shared_ptr<WorkState> doAllreduceWith(CommunicatorImpl& I, Tensor inout,
   } else {
     // Not value-initialised: narrow() writes every element first.
     std::shared_ptr<uint16_t[]> wire(new uint16_t[n]);
-    const Tensor onWire(wire.get(), n, o.wire);
-    // avg sums on the wire first and divides last, so a float16 sum of N
-    // in-range values could overflow: the division moves into the prescale.
-    const internal::WireOp wo = internal::wireOp(o.op, o.prescale, I.size);
-    w = doAllreduce(
-        I, onWire, onWire, wo.op, blocking,
-        [wire, data, n, o, wo] { kernels::narrow(wire.get(), data, n, o.wire, wo.prescale); },
-        [wire, data, n, o, flag] {
-          flag->store(kernels::anyNonFinite(wire.get(), n, o.wire), std::memory_order_release);
-          kernels::widen(data, wire.get(), n, o.wire, o.postscale);
-        });
+    internal::CompressedAllreduce c;
+    c.format = internal::WireFormat{o.wire, o.prescale, o.postscale};
+    c.op = o.op;
+    c.worldSize = I.size;
+    c.wire = wire.get();
+    c.count = n;
+    c.spans = {internal::WireSpan{data, n, 0}};
+    c.nonFinite = flag;
+    c.owner = wire;
+    const internal::FusedSteps s = internal::compressedSteps(std::move(c));
+    w = doAllreduce(I, s.buffer, s.buffer, s.op, blocking, s.before, s.after);
   }
   w->setNonFiniteFlag(flag);
   return w;

@@ -1,12 +1,16 @@
 // Library-internal entry points into a Communicator for the layers above
 // core (src/gradient): composite ops that run extra work on the progress
-// thread around a collective, and failing a communicator from outside an op.
+// thread around a collective, the compressed allreduce they share with
+// core, and failing a communicator from outside an op. The gradient layer
+// reaches core only through this header.
 #pragma once
 
 #include <functional>
 #include <memory>
 #include <string>
 
+#include "core/compressed_allreduce.h"  // re-exported: the one compressed allreduce
+#include "core/engine.h"                // re-exported: WorkState, what the ops hand back
 #include "gflow/communicator.h"
 
 namespace gflow {
@@ -14,18 +18,6 @@ class WorkState;  // core/engine.h
 }  // namespace gflow
 
 namespace gflow::internal {
-
-// The op and prescale a compressed (float16/bfloat16) allreduce runs with:
-// avg becomes sum with the 1/N folded into the prescale, so the wire carries
-// the average's magnitude, not N times it (no overflow of an in-range avg).
-struct WireOp {
-  ReduceOp op;
-  float prescale;
-};
-inline WireOp wireOp(ReduceOp op, float prescale, int size) {
-  if (op == ReduceOp::kAvg) return {ReduceOp::kSum, prescale / static_cast<float>(size)};
-  return {op, prescale};
-}
 
 struct CommunicatorAccess {
   // Allreduce of `buffer` in place as one op in the communicator's order:

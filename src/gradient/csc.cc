@@ -3,52 +3,60 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
-#include <cstring>
 
-#include "core/internal.h"
-#include "gradient/device_ops.h"
-#include "kernels/convert.h"
+#include "kernels/host_kernels.h"
 #include "kernels/sparse.h"
 
 namespace gflow::gradient {
 
 using internal::CommunicatorAccess;
 
-// One bucket's sparse allreduce, shared by its two ops.
+// One bucket's sparse allreduce, shared by its two ops. The scratch goes
+// back when the job's ops are gone, also when they failed midway (on a GPU
+// later users of a block queue behind this job's kernels on the same
+// stream). The ops may be destroyed after the Csc: the job keeps the
+// kernels alive.
 struct Csc::Job {
-  Bucket bucket;
-  size_t chunk = 0;  // min(configured chunk, bucket elements): same on every rank
-  size_t k = 0;      // chunks sent
-  std::vector<float> norms;
-  std::vector<size_t> picked;
-  std::vector<float> values;     // k * chunk, zero padded
-  std::vector<uint16_t> onWire;  // compressed values
+  explicit Job(std::shared_ptr<kernels::GradientKernels> k) : kernels(std::move(k)) {}
+  ~Job() {
+    for (void* p : blocks) kernels->release(p);
+  }
+  void* take(size_t bytes) {
+    blocks.push_back(kernels->acquire(bytes));
+    return blocks.back();
+  }
+  std::shared_ptr<kernels::GradientKernels> kernels;
+  kernels::GradientKernels::SparseBucket sparse;  // the bucket's tensors, residual, velocity
+  size_t chunks = 0, k = 0;
+  std::vector<void*> blocks;
+  float* norms = nullptr;
+  uint32_t* idx = nullptr;
+  float* values = nullptr;  // k * chunk picked values
+  void* onWire = nullptr;   // compressed values
+  void* temp = nullptr;
+  size_t tempBytes = 0;
 };
 
-void Csc::reset() {
-  std::fill(residual_.begin(), residual_.end(), 0.0f);
-  std::fill(velocity_.begin(), velocity_.end(), 0.0f);
-  if (residualDevice_) device_->zero(residualDevice_, total_ * sizeof(float));
-  if (velocityDevice_) device_->zero(velocityDevice_, total_ * sizeof(float));
+Csc::Csc(const std::vector<Tensor>& tensors, CscConfig config,
+         std::shared_ptr<kernels::GradientKernels> kernels)
+    : tensors_(tensors),
+      config_(config),
+      // Its own host kernels: they own the residual, freed with the last job.
+      kernels_(kernels ? std::move(kernels) : std::make_shared<kernels::HostKernels>()),
+      offset_(tensors.size(), 0) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    offset_[i] = total_;
+    if (tensors[i].dtype == DataType::kFloat32) total_ += tensors[i].count;
+  }
+  residual_ = static_cast<float*>(kernels_->allocate(total_ * sizeof(float)));
+  if (config_.momentum > 0.0f) {
+    velocity_ = static_cast<float*>(kernels_->allocate(total_ * sizeof(float)));
+  }
 }
 
-Csc::Csc(const std::vector<Tensor>& tensors, CscConfig config, std::shared_ptr<DeviceOps> device)
-    : tensors_(tensors), config_(config), offset_(tensors.size(), 0), device_(std::move(device)) {
-  size_t total = 0;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    offset_[i] = total;
-    if (tensors[i].dtype == DataType::kFloat32) total += tensors[i].count;
-  }
-  total_ = total;
-  if (device_) {
-    residualDevice_ = static_cast<float*>(device_->allocate(total * sizeof(float)));
-    if (config_.momentum > 0.0f) {
-      velocityDevice_ = static_cast<float*>(device_->allocate(total * sizeof(float)));
-    }
-    return;
-  }
-  residual_.assign(total, 0.0f);
-  if (config_.momentum > 0.0f) velocity_.assign(total, 0.0f);
+void Csc::reset() {
+  kernels_->zero(residual_, total_ * sizeof(float));
+  if (velocity_) kernels_->zero(velocity_, total_ * sizeof(float));
 }
 
 size_t Csc::picked(size_t n, size_t chunk, uint64_t step) const {
@@ -58,159 +66,112 @@ size_t Csc::picked(size_t n, size_t chunk, uint64_t step) const {
   return std::clamp<size_t>(k, chunks == 0 ? 0 : 1, chunks);
 }
 
-template <class Fn>
-void Csc::forEachPiece(const Bucket& b, size_t chunk, Fn fn) const {
+std::shared_ptr<Csc::Job> Csc::makeJob(const Bucket& b, const internal::WireFormat& wire,
+                                       uint64_t step) const {
+  auto job = std::make_shared<Job>(kernels_);
+  auto& sp = job->sparse;
+  sp.n = b.bytes / sizeof(float);
+  // A bucket smaller than a chunk is one chunk of its own size (no padding).
+  sp.chunk = std::max<size_t>(1, std::min(config_.chunk, sp.n));
   for (size_t j = 0; j < b.tensors.size(); ++j) {
     const size_t t = b.tensors[j];
-    const size_t len = tensors_[t].count;
-    size_t at = b.offsets[j] / sizeof(float);
-    for (size_t from = 0; from < len;) {
-      const size_t to = std::min(len, from + (chunk - at % chunk));
-      fn(t, from, to, at);
-      at += to - from;
-      from = to;
-    }
+    sp.pieces.push_back({static_cast<float*>(tensors_[t].data), residual_ + offset_[t],
+                         velocity_ ? velocity_ + offset_[t] : nullptr, tensors_[t].count,
+                         b.offsets[j] / sizeof(float)});
   }
+  if (const size_t staged = kernels_->stagingElements(sp.n) * sizeof(float)) {
+    sp.staged.g = static_cast<float*>(job->take(staged));
+    sp.staged.v = static_cast<float*>(job->take(staged));
+    if (velocity_) sp.staged.u = static_cast<float*>(job->take(staged));
+  }
+  job->k = picked(sp.n, sp.chunk, step);
+  job->chunks = kernels::numChunks(sp.n, sp.chunk);
+  job->norms = static_cast<float*>(job->take(job->chunks * sizeof(float)));
+  job->idx = static_cast<uint32_t*>(job->take(job->k * sizeof(uint32_t)));
+  job->values = static_cast<float*>(job->take(job->k * sp.chunk * sizeof(float)));
+  if (wire.compressed()) job->onWire = job->take(job->k * sp.chunk * sizeof(uint16_t));
+  job->tempBytes = kernels_->topChunksTempBytes(job->chunks);
+  job->temp = job->take(job->tempBytes);
+  return job;
 }
 
-// residual += gradient (or velocity = m * velocity + gradient, residual +=
-// velocity), with each chunk's L1 norm of the new residual, in one pass.
-void Csc::accumulate(Job& job) {
-  const float m = config_.momentum;
-  std::fill(job.norms.begin(), job.norms.end(), 0.0f);
-  forEachPiece(job.bucket, job.chunk, [&](size_t t, size_t from, size_t to, size_t at) {
-    const float* g = static_cast<const float*>(tensors_[t].data) + from;
-    float* v = residual_.data() + offset_[t] + from;
-    job.norms[at / job.chunk] += m > 0.0f
-                                     ? kernels::accumulateMomentumL1(
-                                           v, velocity_.data() + offset_[t] + from, g, m, to - from)
-                                     : kernels::accumulateL1(v, g, to - from);
-  });
-}
-
-namespace {
-// Where chunk c is in the picked list, or SIZE_MAX.
-size_t slotOf(const std::vector<size_t>& picked, size_t c) {
-  const auto it = std::lower_bound(picked.begin(), picked.end(), c);
-  return it != picked.end() && *it == c ? static_cast<size_t>(it - picked.begin()) : SIZE_MAX;
-}
-}  // namespace
-
-// The picked chunks of the residual into `values` (picked chunk j at
-// j * chunk; the padding of a short last chunk stays zero).
-void Csc::gather(Job& job) const {
-  const size_t chunk = job.chunk;
-  forEachPiece(job.bucket, job.chunk, [&](size_t t, size_t from, size_t to, size_t at) {
-    const size_t slot = slotOf(job.picked, at / chunk);
-    if (slot == SIZE_MAX) return;
-    std::memcpy(job.values.data() + slot * chunk + at % chunk, residual_.data() + offset_[t] + from,
-                (to - from) * sizeof(float));
-  });
-}
-
-// Writes the result: each tensor gets the reduced values of its picked
-// chunks and zeros elsewhere; the picked chunks leave the residual (and the
-// velocity: momentum factor masking).
-void Csc::finish(Job& job) {
-  const size_t chunk = job.chunk;
-  // Momentum factor masking: a sent chunk's velocity restarts. When every
-  // chunk is sent (warm-up, density 1) the velocity is kept, which is plain
-  // momentum SGD.
-  const bool mask = job.k < job.norms.size();
-  forEachPiece(job.bucket, job.chunk, [&](size_t t, size_t from, size_t to, size_t at) {
-    float* g = static_cast<float*>(tensors_[t].data) + from;
-    const size_t len = to - from, slot = slotOf(job.picked, at / chunk);
-    if (slot == SIZE_MAX) {
-      std::fill_n(g, len, 0.0f);
-      return;
+internal::FusedSteps Csc::valuesSteps(const std::shared_ptr<Job>& job, Communicator& comm,
+                                      ReduceOp op, const internal::WireFormat& wire,
+                                      std::shared_ptr<std::atomic<bool>> nonFinite) const {
+  const size_t count = job->k * job->sparse.chunk;
+  if (wire.compressed()) {
+    internal::CompressedAllreduce c;
+    c.kernels = kernels_;
+    c.format = wire;
+    c.op = op;
+    c.worldSize = comm.size();
+    c.wire = job->onWire;
+    c.count = count;
+    c.spans = {internal::WireSpan{job->values, count, 0}};
+    c.nonFinite = std::move(nonFinite);
+    c.owner = job;
+    return internal::compressedSteps(std::move(c));
+  }
+  internal::FusedSteps s;
+  s.buffer = Tensor(job->values, count, DataType::kFloat32, kernels_->where(), kernels_->stream());
+  s.op = op;
+  s.after = [job, count, nonFinite] {
+    if (nonFinite && job->kernels->nonFinite(job->values, count, DataType::kFloat32)) {
+      nonFinite->store(true);
     }
-    std::memcpy(g, job.values.data() + slot * chunk + at % chunk, len * sizeof(float));
-    std::fill_n(residual_.data() + offset_[t] + from, len, 0.0f);
-    if (mask && !velocity_.empty()) std::fill_n(velocity_.data() + offset_[t] + from, len, 0.0f);
-  });
+  };
+  return s;
 }
 
 std::vector<std::shared_ptr<WorkState>> Csc::fire(Communicator& comm, const Bucket& b, ReduceOp op,
-                                                  const WireOptions& wire, uint64_t step,
+                                                  const internal::WireFormat& wire, uint64_t step,
                                                   ReducerStats* stats, Timeline* timeline,
                                                   const std::string& label,
                                                   std::shared_ptr<const void> owner,
                                                   std::shared_ptr<std::atomic<bool>> nonFinite) {
+  auto job = makeJob(b, wire, step);
   if (stats) {
-    const size_t n = b.bytes / sizeof(float);
-    const size_t chunk = std::max<size_t>(1, std::min(config_.chunk, n));
     stats->fusedOps += 2;
-    stats->sparseChunksSent += picked(n, chunk, step);
-    stats->sparseChunks += kernels::numChunks(n, chunk);
+    stats->sparseChunksSent += job->k;
+    stats->sparseChunks += job->chunks;
   }
-  if (device_) {
-    return fireOnDevice(comm, b, op, wire, step, timeline, label, std::move(owner),
-                        std::move(nonFinite));
-  }
-  auto job = std::make_shared<Job>();
-  job->bucket = b;
-  const size_t n = b.bytes / sizeof(float);
-  // A bucket smaller than a chunk is one chunk of its own size (no padding).
-  job->chunk = std::max<size_t>(1, std::min(config_.chunk, n));
-  job->k = picked(n, job->chunk, step);
-  const size_t chunks = kernels::numChunks(n, job->chunk);
-  job->norms.assign(chunks, 0.0f);
-  job->values.assign(job->k * job->chunk, 0.0f);
-  if (wire.compressed()) job->onWire.assign(job->values.size(), 0);
-  Timeline* tl = timeline;
-  const std::string args = "\"step\": " + std::to_string(step) +
-                           ", \"chunks\": " + std::to_string(chunks) +
-                           ", \"picked\": " + std::to_string(job->k);
+  auto spans = std::make_shared<const OpSpans>(
+      timeline, label, SpanArgs{{"step", step}, {"chunks", job->chunks}, {"picked", job->k}});
   auto t0 = std::make_shared<std::array<int64_t, 2>>();
   // 1. Norms of (residual + gradient), summed over ranks.
-  auto normsBefore = [this, job, owner, tl, t0] {
+  const float m = config_.momentum;
+  auto normsBefore = [job, m, owner, spans, t0] {
     (void)owner;
-    accumulate(*job);
-    if (tl) (*t0)[0] = Timeline::nowUs();
+    job->kernels->accumulateChunkNorms(job->sparse, m, job->norms);
+    (*t0)[0] = spans->now();
   };
-  auto normsAfter = [tl, t0, label, args] {
-    if (tl)
-      tl->span("csc norms: " + label, "allreduce", Timeline::kComm, (*t0)[0], Timeline::nowUs(),
-               args);
+  auto normsAfter = [spans, t0] {
+    spans->span("csc norms", "allreduce", Timeline::kComm, (*t0)[0], spans->now());
   };
   std::vector<std::shared_ptr<WorkState>> works;
   works.push_back(CommunicatorAccess::fusedAllreduce(
-      comm, Tensor(job->norms.data(), job->norms.size(), DataType::kFloat32), ReduceOp::kSum,
-      normsBefore, normsAfter));
+      comm,
+      Tensor(job->norms, job->chunks, DataType::kFloat32, kernels_->where(), kernels_->stream()),
+      ReduceOp::kSum, normsBefore, normsAfter));
   // 2. The same top chunks on every rank (the norms are the same bits).
-  const Tensor values = wire.compressed()
-                            ? Tensor(job->onWire.data(), job->onWire.size(), wire.wire)
-                            : Tensor(job->values.data(), job->values.size(), DataType::kFloat32);
-  // On a compressed wire avg is a sum with 1/N in the prescale (no overflow).
-  const internal::WireOp wo = wire.compressed() ? internal::wireOp(op, wire.prescale, comm.size())
-                                                : internal::WireOp{op, wire.prescale};
-  auto valuesBefore = [this, job, wire, wo, tl, t0] {
-    job->picked = kernels::topChunks(job->norms.data(), job->norms.size(), job->k);
-    gather(*job);
-    if (wire.compressed()) {
-      kernels::narrow(job->onWire.data(), job->values.data(), job->values.size(), wire.wire,
-                      wo.prescale);
-    }
-    if (tl) (*t0)[1] = Timeline::nowUs();
+  const internal::FusedSteps s = valuesSteps(job, comm, op, wire, std::move(nonFinite));
+  auto valuesBefore = [job, spans, t0, run = s.before] {
+    job->kernels->topChunks(job->norms, job->chunks, job->k, job->idx, job->temp, job->tempBytes);
+    job->kernels->gatherChunks(job->values, job->sparse, job->idx, job->k);
+    if (run) run();
+    (*t0)[1] = spans->now();
   };
-  auto valuesAfter = [this, job, wire, nonFinite, owner, tl, t0, label, args] {
+  auto valuesAfter = [job, owner, spans, t0, run = s.after] {
     (void)owner;
-    if (wire.compressed()) {
-      if (nonFinite && kernels::anyNonFinite(job->onWire.data(), job->onWire.size(), wire.wire)) {
-        nonFinite->store(true);
-      }
-      kernels::widen(job->values.data(), job->onWire.data(), job->values.size(), wire.wire,
-                     wire.postscale);
-    } else if (nonFinite &&
-               kernels::anyNonFinite(job->values.data(), job->values.size(), DataType::kFloat32)) {
-      nonFinite->store(true);
-    }
-    if (tl)
-      tl->span("csc chunks: " + label, "allreduce", Timeline::kComm, (*t0)[1], Timeline::nowUs(),
-               args);
-    finish(*job);
+    if (run) run();
+    spans->span("csc chunks", "allreduce", Timeline::kComm, (*t0)[1], spans->now());
+    // Momentum factor masking: a sent chunk's velocity restarts. When every
+    // chunk is sent (warm-up, density 1) the velocity is kept, which is
+    // plain momentum SGD.
+    job->kernels->scatterChunks(job->sparse, job->values, job->idx, job->k, job->k < job->chunks);
+    job->kernels->synchronize();
   };
-  submitValues(comm, values, wo.op, valuesBefore, valuesAfter, &works);
+  submitValues(comm, s.buffer, s.op, valuesBefore, valuesAfter, &works);
   return works;
 }
 

@@ -7,7 +7,9 @@
 // those travel (float32 or the wire type). The gradient comes back with the
 // reduced picked chunks and zeros elsewhere; the other chunks stay in the
 // residual for the next step. Written over the communicator and the kernels
-// (kernels/sparse.h), so another backend reuses it unchanged.
+// (kernels::GradientKernels), so host and cuda tensors share the protocol.
+// The host kernels work in place in the tensors and the residual; the CUDA
+// kernels stage the bucket contiguously (one batched copy in, one out).
 #pragma once
 
 #include <atomic>
@@ -16,12 +18,13 @@
 #include <string>
 #include <vector>
 
-#include "core/engine.h"
+#include "core/internal.h"
 #include "gflow/communicator.h"
 #include "gflow/reducer.h"
 #include "gradient/bucket_plan.h"
 #include "gradient/fuser.h"
 #include "gradient/timeline.h"
+#include "kernels/gradient_kernels.h"
 
 namespace gflow::gradient {
 
@@ -32,15 +35,12 @@ struct CscConfig {
   uint64_t warmupSteps = 0;  // the first steps send every chunk
 };
 
-class DeviceOps;
-
 class Csc {
  public:
-  // Residual (and velocity) storage for every float32 tensor of `tensors`;
-  // in device memory with `device` (cuda tensors: the steps run as its
-  // kernels, csc_device.cc).
+  // Residual (and velocity) storage for every float32 tensor of `tensors`,
+  // in the memory of `kernels` (null: host memory), where the steps run.
   Csc(const std::vector<Tensor>& tensors, CscConfig config,
-      std::shared_ptr<DeviceOps> device = nullptr);
+      std::shared_ptr<kernels::GradientKernels> kernels = nullptr);
 
   // Chunks sent per bucket of `n` elements cut in `chunk`s at `step`.
   size_t picked(size_t n, size_t chunk, uint64_t step) const;
@@ -55,7 +55,7 @@ class Csc {
   // is never packed: chunks are cut over the bucket's tensors in order and
   // read and written in place in the residual.
   std::vector<std::shared_ptr<WorkState>> fire(Communicator& comm, const Bucket& b, ReduceOp op,
-                                               const WireOptions& wire, uint64_t step,
+                                               const internal::WireFormat& wire, uint64_t step,
                                                ReducerStats* stats, Timeline* timeline,
                                                const std::string& label,
                                                std::shared_ptr<const void> owner,
@@ -63,33 +63,26 @@ class Csc {
 
  private:
   struct Job;
-  struct DeviceJob;
-  std::vector<std::shared_ptr<WorkState>> fireOnDevice(
-      Communicator& comm, const Bucket& b, ReduceOp op, const WireOptions& wire, uint64_t step,
-      Timeline* timeline, const std::string& label, std::shared_ptr<const void> owner,
-      std::shared_ptr<std::atomic<bool>> nonFinite);
-  // Calls fn(tensor, from, to, at) for the bucket's tensors cut at chunk
-  // boundaries: elements [from, to) of `tensor` sit at bucket position `at`.
-  template <class Fn>
-  void forEachPiece(const Bucket& b, size_t chunk, Fn fn) const;
+  std::shared_ptr<Job> makeJob(const Bucket& b, const internal::WireFormat& wire,
+                               uint64_t step) const;
+  // The second op's steps: the picked chunks (on the wire type).
+  internal::FusedSteps valuesSteps(const std::shared_ptr<Job>& job, Communicator& comm, ReduceOp op,
+                                   const internal::WireFormat& wire,
+                                   std::shared_ptr<std::atomic<bool>> nonFinite) const;
   // Submits the second op (the picked values) after the norms op in
   // works->front(); when that fails, waits for the first before rethrowing.
   static void submitValues(Communicator& comm, const Tensor& values, ReduceOp op,
                            std::function<void()> before, std::function<void()> after,
                            std::vector<std::shared_ptr<WorkState>>* works);
-  void accumulate(Job& job);
-  void gather(Job& job) const;
-  void finish(Job& job);
 
   const std::vector<Tensor>& tensors_;
   CscConfig config_;
-  std::vector<size_t> offset_;         // per tensor: start in residual_/velocity_
-  std::vector<float> residual_;        // error feedback
-  std::vector<float> velocity_;        // momentum correction
-  std::shared_ptr<DeviceOps> device_;  // shared with the jobs, which may outlive this
-  float* residualDevice_ = nullptr;    // cuda tensors: residual_ and velocity_ on the GPU
-  float* velocityDevice_ = nullptr;
-  size_t total_ = 0;  // float32 elements of all tensors
+  std::shared_ptr<kernels::GradientKernels>
+      kernels_;                 // shared with the jobs, which may outlive this
+  std::vector<size_t> offset_;  // per tensor: start in residual_/velocity_
+  float* residual_ = nullptr;   // error feedback (kernels_' memory)
+  float* velocity_ = nullptr;   // momentum correction
+  size_t total_ = 0;            // float32 elements of all tensors
 };
 
 }  // namespace gflow::gradient

@@ -1,9 +1,11 @@
 // Fuser: fires one bucket as ops on the communicator's engine. Dense float32
 // (or any dtype): pack -> allreduce -> unpack, or in place. Compressed
-// (float32 gradients as float16/bfloat16 on the wire): pack and narrow ->
-// allreduce on the wire type -> widen and unpack. Sparse (CSC, csc.h): two
-// ops, chunk norms then the picked chunks. Shared by GradientReducer and
-// allreduceCoalesced; the timeline spans of every phase are recorded here.
+// (float32 gradients as float16/bfloat16 on the wire): core's one compressed
+// allreduce (core/compressed_allreduce.h) over the bucket's tensors. Sparse
+// (CSC, csc.h): two ops, chunk norms then the picked chunks. Shared by
+// GradientReducer and allreduceCoalesced; the element work runs on the
+// kernels the config names (host or CUDA, chosen once by the owner), and
+// the timeline spans of every phase are recorded here.
 #pragma once
 
 #include <atomic>
@@ -11,38 +13,38 @@
 #include <string>
 #include <vector>
 
-#include "core/engine.h"
+#include "core/internal.h"
 #include "gflow/communicator.h"
 #include "gflow/reducer.h"
 #include "gradient/bucket_plan.h"
 #include "gradient/timeline.h"
+#include "kernels/gradient_kernels.h"
 
 namespace gflow::gradient {
 
 class Csc;
-class DeviceOps;
-
-// How float32 buckets travel.
-struct WireOptions {
-  DataType wire = DataType::kFloat32;  // kFloat16 / kBFloat16: compressed
-  float prescale = 1.0f;
-  float postscale = 1.0f;
-  bool compressed() const { return wire != DataType::kFloat32; }
-};
 
 // What one fire() hands back to its caller.
 struct Fired {
   std::vector<std::shared_ptr<WorkState>> works;
 };
 
+// What a Fuser works with, by name. The referenced objects outlive the Fuser.
+struct FuserConfig {
+  Communicator* comm = nullptr;
+  const std::vector<Tensor>* tensors = nullptr;
+  const std::vector<std::string>* names = nullptr;  // timeline labels (may be empty)
+  ReduceOp op = ReduceOp::kSum;
+  Timeline* timeline = nullptr;  // may be null
+  internal::WireFormat wire;     // how float32 buckets travel
+  Csc* csc = nullptr;            // not null: float32 buckets are sparse
+  // Where the tensors live (null: host memory); regions are its memory too.
+  std::shared_ptr<kernels::GradientKernels> kernels;
+};
+
 class Fuser {
  public:
-  // `csc` (may be null) makes float32 buckets sparse. `device` (null for
-  // cpu tensors): the tensors are cuda tensors, packed and converted by its
-  // kernels into device regions.
-  Fuser(Communicator& comm, const std::vector<Tensor>& tensors,
-        const std::vector<std::string>& names, ReduceOp op, Timeline* timeline, WireOptions wire,
-        Csc* csc, DeviceOps* device = nullptr);
+  explicit Fuser(FuserConfig config);
 
   // Whether bucket b is packed into a region of b.bytes (not reduced in place).
   bool packs(const Bucket& b) const;
@@ -55,15 +57,12 @@ class Fuser {
 
  private:
   bool isFloat32(const Bucket& b) const { return b.dtype == DataType::kFloat32; }
+  // The op's buffer and its before/after element work, without the timeline.
+  internal::FusedSteps compressedSteps(const Bucket& b, char* region,
+                                       std::shared_ptr<std::atomic<bool>> nonFinite) const;
+  internal::FusedSteps denseSteps(const Bucket& b, char* region) const;
 
-  Communicator& comm_;
-  const std::vector<Tensor>& tensors_;
-  const std::vector<std::string>& names_;
-  ReduceOp op_;
-  Timeline* timeline_;
-  WireOptions wire_;
-  Csc* csc_;
-  DeviceOps* device_;
+  FuserConfig c_;
 };
 
 // The timeline label of a bucket ("bucket of 7", a direct tensor's name).

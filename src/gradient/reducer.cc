@@ -24,11 +24,10 @@
 #include "common/check.h"
 #include "common/params.h"
 #include "core/cuda_plugin.h"
-#include "core/engine.h"
 #include "core/internal.h"
 #include "gradient/bucket_plan.h"
 #include "gradient/csc.h"
-#include "gradient/device_ops.h"
+#include "gradient/cuda_kernels.h"
 #include "gradient/fuser.h"
 #include "gradient/fusion.h"
 #include "gradient/registration.h"
@@ -147,7 +146,7 @@ class GradientReducer::Impl {
   std::chrono::milliseconds cycle{0};
   BucketPlan plan;           // fixed buckets
   uint64_t bucketBytes = 0;  // float32 planning threshold (threshold / density with CSC)
-  gradient::WireOptions wire;
+  internal::WireFormat wire;
   gradient::CscConfig sparse;  // density 0: dense
   mutable std::mutex mutex;
   ReducerStats stats;
@@ -172,6 +171,8 @@ class GradientReducer::Impl {
   }
   // Creation after the split: everything that can fail on one rank only.
   void setUp(const ReducerOptions& options);
+  void setUpKernels();
+  void allocatePool();
   // Wire and CSC settings as one number, for the registration check.
   int64_t compressionDigest() const {
     uint64_t h = static_cast<uint64_t>(wire.wire);
@@ -196,8 +197,9 @@ class GradientReducer::Impl {
   void roundLocked(std::unique_lock<std::mutex>& lock);
 
   std::unique_ptr<Timeline> timeline_;
-  // Cuda gradients: kernels and device memory (pool, CSC residual).
-  std::shared_ptr<gradient::DeviceOps> deviceOps_;
+  // Cuda gradients: kernels and device memory (pool, CSC residual); null
+  // for cpu gradients, whose steps run on the host kernels.
+  std::shared_ptr<gradient::CudaKernels> cudaKernels_;
   std::unique_ptr<Csc> csc_;
   std::unique_ptr<Fuser> fuser_;
   // This step's inf/NaN flag (a fresh one per step, so ops of an abandoned
@@ -288,7 +290,7 @@ void GradientReducer::Impl::setUp(const ReducerOptions& options) {
         std::to_string(names.size()) + " names for " + std::to_string(tensors.size()) + " tensors");
   }
   validateTensors(*comm, kCreate, tensors, names);
-  wire = gradient::WireOptions{options.wire, options.prescale, options.postscale};
+  wire = internal::WireFormat{options.wire, options.prescale, options.postscale};
   if (wire.wire != DataType::kFloat32 && wire.wire != DataType::kFloat16 &&
       wire.wire != DataType::kBFloat16) {
     CommunicatorAccess::failInvalid(*comm, kCreate,
@@ -304,17 +306,7 @@ void GradientReducer::Impl::setUp(const ReducerOptions& options) {
   const std::string spec =
       options.timeline.empty() ? params::getString("GFLOW_TIMELINE") : options.timeline;
   timeline_ = Timeline::open(spec, comm->rank());
-  std::string why;
-  const int device = gradient::commonDevice(nullptr, tensors, names, &why);
-  if (device >= 0) {
-    // Copy tables: up to three segments per tensor (CSC: gradient,
-    // residual, velocity).
-    deviceOps_ = std::make_shared<gradient::DeviceOps>(*cuda::load(nullptr), device,
-                                                       tensors[0].stream, 3 * tensors.size());
-  }
-  if (sparse.density > 0) csc_ = std::make_unique<Csc>(tensors, sparse, deviceOps_);
-  fuser_ = std::make_unique<Fuser>(*comm, tensors, names, op, timeline_.get(), wire, csc_.get(),
-                                   deviceOps_.get());
+  setUpKernels();
   // With CSC a bucket sends about density * its bytes: buckets of
   // threshold / density keep what travels per bucket near the threshold
   // (large enough for the bandwidth-optimal ring, few norm/pick rounds).
@@ -324,6 +316,41 @@ void GradientReducer::Impl::setUp(const ReducerOptions& options) {
         std::min(static_cast<double>(threshold) / sparse.density, double(uint64_t(1) << 40)));
   }
   plan = gradient::planBuckets(tensors, threshold, csc_ ? bucketBytes : 0);
+  allocatePool();
+  // Device memory travels through staging buffers or NCCL, not verbs.
+  if (!cudaKernels_) registerBuffers(tensors);
+  ready_.assign(tensors.size(), 0);
+  sent_.assign(tensors.size(), 0);
+  resetStepLocked();
+}
+
+// The kernels the steps run on (chosen here, once, from the gradients'
+// device), CSC's residual and the Fuser.
+void GradientReducer::Impl::setUpKernels() {
+  std::string why;
+  const int device = gradient::commonDevice(nullptr, tensors, names, &why);
+  if (device >= 0) {
+    // Copy tables: up to three segments per tensor (CSC: gradient,
+    // residual, velocity).
+    cudaKernels_ = std::make_shared<gradient::CudaKernels>(*cuda::load(nullptr), device,
+                                                           tensors[0].stream, 3 * tensors.size());
+  }
+  if (sparse.density > 0) csc_ = std::make_unique<Csc>(tensors, sparse, cudaKernels_);
+  gradient::FuserConfig fc;
+  fc.comm = comm.get();
+  fc.tensors = &tensors;
+  fc.names = &names;
+  fc.op = op;
+  fc.timeline = timeline_.get();
+  fc.wire = wire;
+  fc.csc = csc_.get();
+  fc.kernels = cudaKernels_;
+  fuser_ = std::make_unique<Fuser>(std::move(fc));
+}
+
+// Fusion-buffer slots and the pool per dtype (device memory for cuda
+// gradients).
+void GradientReducer::Impl::allocatePool() {
   poolOffset_.assign(tensors.size(), 0);
   std::vector<uint64_t> poolBytes(kNumDataTypes, 0);
   // Fusion-buffer slots: for every tensor a round may pack (cycle-time
@@ -343,15 +370,10 @@ void GradientReducer::Impl::setUp(const ReducerOptions& options) {
     used += tensors[i].nbytes();
   }
   for (uint64_t bytes : poolBytes) {
-    pool_.emplace_back(deviceOps_ ? 0 : bytes);
-    poolData_.push_back(deviceOps_ ? static_cast<char*>(deviceOps_->allocate(bytes))
-                                   : pool_.back().data());
+    pool_.emplace_back(cudaKernels_ ? 0 : bytes);
+    poolData_.push_back(cudaKernels_ ? static_cast<char*>(cudaKernels_->allocate(bytes))
+                                     : pool_.back().data());
   }
-  // Device memory travels through staging buffers or NCCL, not verbs.
-  if (!deviceOps_) registerBuffers(tensors);
-  ready_.assign(tensors.size(), 0);
-  sent_.assign(tensors.size(), 0);
-  resetStepLocked();
 }
 
 GradientReducer::Impl::~Impl() {
@@ -434,8 +456,7 @@ void GradientReducer::Impl::ready(size_t index) {
   if (timeline_) {
     timeline_->instant(
         "ready: " + (index < names.size() ? names[index] : "tensor " + std::to_string(index)),
-        "ready", Timeline::kCompute,
-        "\"step\": " + std::to_string(step_) + ", \"tensor\": " + std::to_string(index));
+        "ready", Timeline::kCompute, gradient::jsonArgs({{"step", step_}, {"tensor", index}}));
   }
   if (cycle.count() > 0) {
     readyUnsentBytes_ += tensors[index].nbytes();
@@ -526,7 +547,7 @@ void GradientReducer::Impl::wait(std::chrono::milliseconds timeout) {
   lock.lock();
   if (timeline_) {
     timeline_->span("wait", "wait", Timeline::kCompute, begin, Timeline::nowUs(),
-                    "\"step\": " + std::to_string(step_));
+                    gradient::jsonArgs({{"step", step_}}));
     timeline_->flush();
   }
   ++stats.steps;
@@ -683,7 +704,7 @@ Work allreduceCoalesced(Communicator& comm, const std::vector<Tensor>& tensors, 
     // Cuda tensors: the communicator's device state for this GPU and stream
     // (kept with the communicator, so no op frees device memory) and the
     // fusion regions taken from it, handed back with the batch.
-    std::shared_ptr<gradient::DeviceOps> device;
+    std::shared_ptr<gradient::CudaKernels> device;
     std::vector<std::vector<char>> buffers;
     std::vector<char*> regions;
     ~Batch() {
@@ -698,12 +719,12 @@ Work allreduceCoalesced(Communicator& comm, const std::vector<Tensor>& tensors, 
   if (device >= 0) {
     const size_t segments = tensors.size();
     void* stream = tensors[0].stream;
-    batch->device = std::static_pointer_cast<gradient::DeviceOps>(
+    batch->device = std::static_pointer_cast<gradient::CudaKernels>(
         CommunicatorAccess::cached(comm,
                                    "coalesced/cuda:" + std::to_string(device) + "/" +
                                        std::to_string(reinterpret_cast<uintptr_t>(stream)),
                                    [device, stream, segments] {
-                                     return std::make_shared<gradient::DeviceOps>(
+                                     return std::make_shared<gradient::CudaKernels>(
                                          *cuda::load(nullptr), device, stream, segments);
                                    }));
   }
@@ -715,8 +736,13 @@ Work allreduceCoalesced(Communicator& comm, const std::vector<Tensor>& tensors, 
     batch->regions.push_back(batch->device ? static_cast<char*>(batch->device->acquire(bytes))
                                            : batch->buffers.back().data());
   }
-  Fuser fuser(comm, batch->tensors, batch->names, op, nullptr, gradient::WireOptions{}, nullptr,
-              batch->device.get());
+  gradient::FuserConfig fc;
+  fc.comm = &comm;
+  fc.tensors = &batch->tensors;
+  fc.names = &batch->names;
+  fc.op = op;
+  fc.kernels = batch->device;
+  Fuser fuser(std::move(fc));
   std::shared_ptr<WorkState> last;
   for (size_t k = 0; k < plan.buckets.size(); ++k) {
     last = fuser.fire(plan.buckets[k], batch->regions[k], 0, nullptr, batch, nullptr).works.back();

@@ -98,4 +98,29 @@ void Timeline::flush() {
   std::fflush(file_);
 }
 
+std::string jsonArgs(SpanArgs fields) {
+  std::string out;
+  for (const auto& [name, value] : fields) {
+    if (!out.empty()) out += ", ";
+    out += jsonString(name) + ": " + std::to_string(value);
+  }
+  return out;
+}
+
+OpSpans::OpSpans(Timeline* timeline, std::string label, SpanArgs args)
+    : timeline_(timeline), label_(std::move(label)) {
+  if (timeline_) args_ = jsonArgs(args);
+}
+
+int64_t OpSpans::now() const {
+  return timeline_ ? Timeline::nowUs() : 0;
+}
+
+void OpSpans::span(const char* phase, const char* category, int tid, int64_t beginUs,
+                   int64_t endUs) const {
+  if (timeline_) {
+    timeline_->span(std::string(phase) + ": " + label_, category, tid, beginUs, endUs, args_);
+  }
+}
+
 }  // namespace gflow::gradient

@@ -6,9 +6,11 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 
 namespace gflow::gradient {
 
@@ -44,5 +46,26 @@ class Timeline {
 
 // `s` as a JSON string literal (quotes included).
 std::string jsonString(const std::string& s);
+// Named integer fields as an `args` body: {{"step", 3}} -> "\"step\": 3".
+using SpanArgs = std::initializer_list<std::pair<const char*, uint64_t>>;
+std::string jsonArgs(SpanArgs fields);
+
+// The spans of one fired op, all on one timeline with one label and one set
+// of args: span("pack", ...) records "pack: <label>". Every call is a no-op
+// without a timeline, so callers record phases unconditionally. Immutable
+// after construction: shared by the op's steps on any thread.
+class OpSpans {
+ public:
+  // `args`: named integer fields of every span ({"step", 3}, ...).
+  OpSpans(Timeline* timeline, std::string label, SpanArgs args);
+  // Timeline::nowUs(), or 0 without a timeline.
+  int64_t now() const;
+  void span(const char* phase, const char* category, int tid, int64_t beginUs, int64_t endUs) const;
+
+ private:
+  Timeline* timeline_;
+  std::string label_;
+  std::string args_;
+};
 
 }  // namespace gflow::gradient

@@ -5,8 +5,10 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 
+#include "core/compressed_allreduce.h"
 #include "gflow/gflow.h"
 #include "testing/ranks.h"
 
@@ -203,6 +205,43 @@ TEST(Compression, BadOptionsAreInvalidAndDisagreementIsAMismatch) {
       EXPECT_EQ(err.code(), ErrorCode::kMismatch) << err.what();
     }
   }
+}
+
+// The one compressed allreduce's steps, without a collective between them
+// (a world of one: the wire holds what this rank narrowed): spans narrowed
+// at their wire offsets with the prescale (avg's 1/N folded in, the op a
+// sum), the wire scanned before widening, widened with the postscale.
+TEST(CompressedSteps, NarrowAtTheSpansScanThenWidenWithTheScales) {
+  std::vector<float> a = {1.0f, -2.0f, 0.5f}, b = {8.0f, 3.0f};
+  const std::vector<float> a0 = a, b0 = b;
+  std::vector<uint16_t> wire(6, 0xffff);  // element 3 belongs to no span
+  auto flag = std::make_shared<std::atomic<bool>>(false);
+  internal::CompressedAllreduce c;
+  c.format = internal::WireFormat{DataType::kFloat16, 2.0f, 3.0f};
+  c.op = ReduceOp::kAvg;
+  c.worldSize = 4;
+  c.wire = wire.data();
+  c.count = wire.size();
+  c.spans = {internal::WireSpan{a.data(), a.size(), 0}, internal::WireSpan{b.data(), b.size(), 4}};
+  c.nonFinite = flag;
+  const internal::FusedSteps s = internal::compressedSteps(std::move(c));
+  EXPECT_EQ(s.op, ReduceOp::kSum);
+  EXPECT_EQ(s.buffer.data, wire.data());
+  EXPECT_EQ(s.buffer.count, 6u);
+  EXPECT_EQ(s.buffer.dtype, DataType::kFloat16);
+  s.before();
+  // float16 bits of x * 2 / 4 = x / 2 (all exact): 0.5, -1, 0.25 | 4, 1.5.
+  const std::vector<uint16_t> want = {0x3800, 0xbc00, 0x3400, 0xffff, 0x4400, 0x3e00};
+  EXPECT_EQ(wire, want);
+  wire[3] = 0;  // a finite value outside the spans
+  s.after();
+  EXPECT_FALSE(flag->load());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], a0[i] / 2 * 3) << i;
+  for (size_t i = 0; i < b.size(); ++i) EXPECT_EQ(b[i], b0[i] / 2 * 3) << i;
+  // The scan covers the whole wire, and runs on the reduced wire values.
+  wire[3] = 0x7c00;  // +inf
+  s.after();
+  EXPECT_TRUE(flag->load());
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-#include "gradient/device_ops.h"
+#include "gradient/cuda_kernels.h"
 
 #include <cstring>
 
@@ -7,7 +7,7 @@
 
 namespace gflow::gradient {
 
-class DeviceOps::Current {
+class CudaKernels::Current {
  public:
   Current(const cuda::Plugin& p, int device) : p_(p) {
     if (p_.getDevice(&before_) != 0) before_ = -1;
@@ -22,7 +22,7 @@ class DeviceOps::Current {
   int before_ = -1;
 };
 
-DeviceOps::DeviceOps(const cuda::Plugin& plugin, int device, void* stream, size_t maxTensors)
+CudaKernels::CudaKernels(const cuda::Plugin& plugin, int device, void* stream, size_t maxTensors)
     : p_(plugin), device_(device), stream_(stream), maxSegments_(std::max<size_t>(1, maxTensors)) {
   Current c(p_, device_);
   const size_t table = maxSegments_ * sizeof(kernels::cuda::CopySegment);
@@ -34,7 +34,7 @@ DeviceOps::DeviceOps(const cuda::Plugin& plugin, int device, void* stream, size_
   flagHost_ = static_cast<int*>(h);
 }
 
-DeviceOps::~DeviceOps() {
+CudaKernels::~CudaKernels() {
   Current c(p_, device_);
   p_.streamSynchronize(stream_);
   for (void* q : owned_) p_.deviceFree(q);
@@ -43,13 +43,13 @@ DeviceOps::~DeviceOps() {
   if (flagHost_) p_.hostFree(flagHost_);
 }
 
-void DeviceOps::check(int err, const char* what) const {
+void CudaKernels::check(int err, const char* what) const {
   if (err == 0) return;
   GFLOW_THROW(kInternal, ErrorContext{})
       << "CUDA failed on cuda:" << device_ << " while " << what << ": " << p_.errorString(err);
 }
 
-void* DeviceOps::allocate(size_t bytes) {
+void* CudaKernels::allocate(size_t bytes) {
   Current c(p_, device_);
   void* q = nullptr;
   check(p_.deviceAlloc(&q, std::max<size_t>(bytes, 1)), "allocating gradient memory");
@@ -58,7 +58,7 @@ void* DeviceOps::allocate(size_t bytes) {
   return q;
 }
 
-void DeviceOps::zero(void* p, size_t bytes) {
+void CudaKernels::zero(void* p, size_t bytes) {
   if (bytes == 0) return;
   Current c(p_, device_);
   const std::vector<char> zeros(bytes, 0);
@@ -66,7 +66,7 @@ void DeviceOps::zero(void* p, size_t bytes) {
   check(p_.streamSynchronize(stream_), "zeroing gradient memory");
 }
 
-void* DeviceOps::acquire(size_t bytes) {
+void* CudaKernels::acquire(size_t bytes) {
   bytes = std::max<size_t>(bytes, 256);
   std::lock_guard<std::mutex> lock(blocksMutex_);
   for (Block& b : blocks_) {
@@ -82,14 +82,14 @@ void* DeviceOps::acquire(size_t bytes) {
   return q;
 }
 
-void DeviceOps::release(void* block) {
+void CudaKernels::release(void* block) {
   std::lock_guard<std::mutex> lock(blocksMutex_);
   for (Block& b : blocks_) {
     if (b.p == block) b.busy = false;
   }
 }
 
-void DeviceOps::copy(const std::vector<Copy>& copies) {
+void CudaKernels::copy(const std::vector<Copy>& copies) {
   if (copies.empty()) return;
   Current c(p_, device_);
   // The pinned table is read by the stream: the previous copy must be past it.
@@ -110,38 +110,17 @@ void DeviceOps::copy(const std::vector<Copy>& copies) {
   check(p_.batchedCopy(seg, copies.size(), segmentsDevice_, stream_), "launching a fusion copy");
 }
 
-void DeviceOps::pack(const Bucket& b, const std::vector<Tensor>& tensors, void* region) {
-  std::vector<Copy> copies;
-  for (size_t k = 0; k < b.tensors.size(); ++k) {
-    const Tensor& t = tensors[b.tensors[k]];
-    if (t.count > 0)
-      copies.push_back({t.data, static_cast<char*>(region) + b.offsets[k], t.nbytes()});
-  }
-  copy(copies);
-}
-
-void DeviceOps::unpack(const Bucket& b, const void* region, const std::vector<Tensor>& tensors) {
-  std::vector<Copy> copies;
-  for (size_t k = 0; k < b.tensors.size(); ++k) {
-    const Tensor& t = tensors[b.tensors[k]];
-    if (t.count > 0) {
-      copies.push_back({static_cast<const char*>(region) + b.offsets[k], t.data, t.nbytes()});
-    }
-  }
-  copy(copies);
-}
-
-void DeviceOps::narrow(void* dst, const float* src, size_t count, DataType wire, float scale) {
+void CudaKernels::narrow(void* dst, const float* src, size_t count, DataType wire, float scale) {
   Current c(p_, device_);
   check(p_.narrow(dst, src, count, wire, scale, stream_), "launching the narrowing kernel");
 }
 
-void DeviceOps::widen(float* dst, const void* src, size_t count, DataType wire, float scale) {
+void CudaKernels::widen(float* dst, const void* src, size_t count, DataType wire, float scale) {
   Current c(p_, device_);
   check(p_.widen(dst, src, count, wire, scale, stream_), "launching the widening kernel");
 }
 
-bool DeviceOps::nonFinite(const void* data, size_t count, DataType dtype) {
+bool CudaKernels::nonFinite(const void* data, size_t count, DataType dtype) {
   Current c(p_, device_);
   *flagHost_ = 0;
   check(p_.memcpyAsync(flagDevice_, flagHost_, sizeof(int), stream_), "clearing the inf/NaN flag");
@@ -151,38 +130,69 @@ bool DeviceOps::nonFinite(const void* data, size_t count, DataType dtype) {
   return *flagHost_ != 0;
 }
 
-void DeviceOps::accumulateChunkNorms(float* v, float* u, const float* g, float m, size_t n,
-                                     size_t chunk, float* norms) {
-  Current c(p_, device_);
-  check(p_.accumulateChunkNorms(v, u, g, m, n, chunk, norms, stream_),
-        "launching the CSC residual update");
+namespace {
+
+// The batched copies between a sparse bucket's pieces and its staging.
+std::vector<kernels::GradientKernels::Copy> stagingCopies(
+    const kernels::GradientKernels::SparseBucket& b, bool toStaging) {
+  std::vector<kernels::GradientKernels::Copy> c;
+  for (const auto& p : b.pieces) {
+    if (p.count == 0) continue;
+    auto add = [&](float* piece, float* staged) {
+      const size_t bytes = p.count * sizeof(float);
+      if (toStaging) {
+        c.push_back({piece, staged + p.at, bytes});
+      } else {
+        c.push_back({staged + p.at, piece, bytes});
+      }
+    };
+    add(p.g, b.staged.g);
+    add(p.v, b.staged.v);
+    if (p.u) add(p.u, b.staged.u);
+  }
+  return c;
 }
 
-size_t DeviceOps::topChunksTempBytes(size_t count) const {
+}  // namespace
+
+void CudaKernels::accumulateChunkNorms(SparseBucket& b, float m, float* norms) {
+  copy(stagingCopies(b, true));
+  Current c(p_, device_);
+  check(
+      p_.accumulateChunkNorms(b.staged.v, b.staged.u, b.staged.g, m, b.n, b.chunk, norms, stream_),
+      "launching the CSC residual update");
+}
+
+size_t CudaKernels::topChunksTempBytes(size_t count) const {
   return p_.topChunksTempBytes(count);
 }
 
-void DeviceOps::topChunks(const float* norms, size_t count, size_t k, uint32_t* idx, void* temp,
-                          size_t tempBytes) {
+void CudaKernels::topChunks(const float* norms, size_t count, size_t k, uint32_t* idx, void* temp,
+                            size_t tempBytes) {
   Current c(p_, device_);
   check(p_.topChunks(norms, count, k, idx, temp, tempBytes, stream_),
         "launching the CSC chunk selection");
 }
 
-void DeviceOps::gatherChunks(float* packed, const float* v, const uint32_t* idx, size_t k,
-                             size_t chunk, size_t n) {
+void CudaKernels::gatherChunks(float* packed, const SparseBucket& b, const uint32_t* idx,
+                               size_t k) {
   Current c(p_, device_);
-  check(p_.gatherChunks(packed, v, idx, k, chunk, n, stream_), "launching the CSC gather");
+  check(p_.gatherChunks(packed, b.staged.v, idx, k, b.chunk, b.n, stream_),
+        "launching the CSC gather");
 }
 
-void DeviceOps::scatterChunks(float* grad, float* v, float* u, const float* packed,
-                              const uint32_t* idx, size_t k, size_t chunk, size_t n) {
-  Current c(p_, device_);
-  check(p_.scatterChunks(grad, v, u, packed, idx, k, chunk, n, stream_),
-        "launching the CSC scatter");
+void CudaKernels::scatterChunks(SparseBucket& b, const float* packed, const uint32_t* idx, size_t k,
+                                bool maskVelocity) {
+  {
+    Current c(p_, device_);
+    float* u = maskVelocity ? b.staged.u : nullptr;
+    check(p_.scatterChunks(b.staged.g, b.staged.v, u, packed, idx, k, b.chunk, b.n, stream_),
+          "launching the CSC scatter");
+  }
+  copy(stagingCopies(b, false));
 }
 
-void DeviceOps::synchronize() {
+void CudaKernels::synchronize() {
   Current c(p_, device_);
   check(p_.streamSynchronize(stream_), "waiting for the gradients' stream");
 }
