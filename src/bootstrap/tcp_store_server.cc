@@ -58,6 +58,22 @@ std::string hex32(uint32_t v) {
   return s;
 }
 
+ProtocolError malformed(Op op, const char* why) {
+  return ProtocolError{std::string("malformed ") + opName(op) + " request: " + why};
+}
+
+// A key count and that many keys (wait, check).
+std::vector<std::string> readKeys(proto::Reader& r, Op op) {
+  uint32_t count = r.u32();
+  if (!r.ok()) throw malformed(op, "truncated key count");
+  if (count > proto::kMaxKeysPerRequest) throw malformed(op, "too many keys");
+  std::vector<std::string> keys(count);
+  for (auto& k : keys) {
+    if (!r.key(&k, proto::kMaxKeyBytes)) throw malformed(op, "key truncated or longer than 4 KiB");
+  }
+  return keys;
+}
+
 }  // namespace
 
 TcpStoreServer::TcpStoreServer(const std::string& host, uint16_t port, std::string token,
@@ -306,97 +322,90 @@ void TcpStoreServer::processFrames(Conn& c) {
 
 void TcpStoreServer::dispatch(Conn& c, Op op, const uint8_t* body, size_t len) {
   proto::Reader r(body, len);
-  auto malformed = [&](const char* why) {
-    return ProtocolError{std::string("malformed ") + opName(op) + " request: " + why};
-  };
-  auto readKeys = [&](std::vector<std::string>* keys) {
-    uint32_t count = r.u32();
-    if (!r.ok()) throw malformed("truncated key count");
-    if (count > proto::kMaxKeysPerRequest) throw malformed("too many keys");
-    keys->resize(count);
-    for (auto& k : *keys) {
-      if (!r.key(&k, proto::kMaxKeyBytes)) throw malformed("key truncated or longer than 4 KiB");
-    }
-  };
   switch (op) {
-    case Op::kSet: {
-      std::string key;
-      if (!r.key(&key, proto::kMaxKeyBytes)) throw malformed("key truncated or longer than 4 KiB");
-      size_t valueLen = r.left();
-      if (valueLen > proto::kMaxValueBytes) throw malformed("value larger than 64 MiB");
-      auto it = data_.find(key);
-      size_t oldBytes = it == data_.end() ? 0 : key.size() + it->second->size();
-      size_t newTotal = storedBytes_ - oldBytes + key.size() + valueLen;
-      if (newTotal > kMaxStoredBytes) {
-        std::string msg = "store is full: setting '" + key.substr(0, 128) + "' (" +
-                          std::to_string(valueLen) + " bytes) would exceed " +
-                          std::to_string(kMaxStoredBytes) + " stored bytes";
-        respond(c, Status::kError, std::vector<uint8_t>(msg.begin(), msg.end()));
-        return;
-      }
-      auto v = std::make_shared<const std::vector<uint8_t>>(r.cursor(), r.cursor() + valueLen);
-      storedBytes_ = newTotal;
-      data_[key] = std::move(v);
-      respond(c, Status::kOk, {});
-      notifyKey(key);
-      return;
-    }
-    case Op::kGet: {
-      uint64_t timeoutMs = r.u64();
-      std::string key;
-      if (!r.key(&key, proto::kMaxKeyBytes) || !r.atEnd()) throw malformed("bad key field");
-      auto it = data_.find(key);
-      if (it != data_.end()) {
-        respond(c, Status::kOk, {}, it->second);
-      } else {
-        park(c, op, {std::move(key)}, timeoutMs);
-      }
-      return;
-    }
-    case Op::kWait: {
-      uint64_t timeoutMs = r.u64();
-      std::vector<std::string> keys;
-      readKeys(&keys);
-      if (!r.atEnd()) throw malformed("trailing bytes");
-      if (missingOf(keys).empty()) {
-        respond(c, Status::kOk, {});
-      } else {
-        park(c, op, std::move(keys), timeoutMs);
-      }
-      return;
-    }
-    case Op::kAdd: {
-      auto delta = static_cast<int64_t>(r.u64());
-      std::string key;
-      if (!r.key(&key, proto::kMaxKeyBytes) || !r.atEnd()) throw malformed("bad key field");
-      auto it = data_.find(key);
-      int64_t result = 0;
-      std::string error;
-      if (!proto::applyAdd(key, it == data_.end() ? nullptr : it->second.get(), delta, &result,
-                           &error)) {
-        respond(c, Status::kError, std::vector<uint8_t>(error.begin(), error.end()));
-        return;
-      }
-      std::string s = std::to_string(result);
-      storedBytes_ -= it == data_.end() ? 0 : key.size() + it->second->size();
-      storedBytes_ += key.size() + s.size();
-      data_[key] = std::make_shared<const std::vector<uint8_t>>(s.begin(), s.end());
-      std::vector<uint8_t> out;
-      proto::Writer(&out).u64(static_cast<uint64_t>(result));
-      respond(c, Status::kOk, out);
-      notifyKey(key);
-      return;
-    }
-    case Op::kCheck: {
-      std::vector<std::string> keys;
-      readKeys(&keys);
-      if (!r.atEnd()) throw malformed("trailing bytes");
-      std::vector<uint8_t> out;
-      for (const auto& k : keys) out.push_back(data_.count(k) ? 1 : 0);
-      respond(c, Status::kOk, out);
-      return;
-    }
+    case Op::kSet: return onSet(c, r);
+    case Op::kGet: return onGet(c, r);
+    case Op::kWait: return onWait(c, r);
+    case Op::kAdd: return onAdd(c, r);
+    case Op::kCheck: return onCheck(c, r);
   }
+}
+
+void TcpStoreServer::onSet(Conn& c, proto::Reader& r) {
+  std::string key;
+  if (!r.key(&key, proto::kMaxKeyBytes)) {
+    throw malformed(Op::kSet, "key truncated or longer than 4 KiB");
+  }
+  size_t valueLen = r.left();
+  if (valueLen > proto::kMaxValueBytes) throw malformed(Op::kSet, "value larger than 64 MiB");
+  auto it = data_.find(key);
+  size_t oldBytes = it == data_.end() ? 0 : key.size() + it->second->size();
+  size_t newTotal = storedBytes_ - oldBytes + key.size() + valueLen;
+  if (newTotal > kMaxStoredBytes) {
+    std::string msg = "store is full: setting '" + key.substr(0, 128) + "' (" +
+                      std::to_string(valueLen) + " bytes) would exceed " +
+                      std::to_string(kMaxStoredBytes) + " stored bytes";
+    respond(c, Status::kError, std::vector<uint8_t>(msg.begin(), msg.end()));
+    return;
+  }
+  auto v = std::make_shared<const std::vector<uint8_t>>(r.cursor(), r.cursor() + valueLen);
+  storedBytes_ = newTotal;
+  data_[key] = std::move(v);
+  respond(c, Status::kOk, {});
+  notifyKey(key);
+}
+
+void TcpStoreServer::onGet(Conn& c, proto::Reader& r) {
+  uint64_t timeoutMs = r.u64();
+  std::string key;
+  if (!r.key(&key, proto::kMaxKeyBytes) || !r.atEnd()) throw malformed(Op::kGet, "bad key field");
+  auto it = data_.find(key);
+  if (it != data_.end()) {
+    respond(c, Status::kOk, {}, it->second);
+  } else {
+    park(c, Op::kGet, {std::move(key)}, timeoutMs);
+  }
+}
+
+void TcpStoreServer::onWait(Conn& c, proto::Reader& r) {
+  uint64_t timeoutMs = r.u64();
+  std::vector<std::string> keys = readKeys(r, Op::kWait);
+  if (!r.atEnd()) throw malformed(Op::kWait, "trailing bytes");
+  if (missingOf(keys).empty()) {
+    respond(c, Status::kOk, {});
+  } else {
+    park(c, Op::kWait, std::move(keys), timeoutMs);
+  }
+}
+
+void TcpStoreServer::onAdd(Conn& c, proto::Reader& r) {
+  auto delta = static_cast<int64_t>(r.u64());
+  std::string key;
+  if (!r.key(&key, proto::kMaxKeyBytes) || !r.atEnd()) throw malformed(Op::kAdd, "bad key field");
+  auto it = data_.find(key);
+  int64_t result = 0;
+  std::string error;
+  if (!proto::applyAdd(key, it == data_.end() ? nullptr : it->second.get(), delta, &result,
+                       &error)) {
+    respond(c, Status::kError, std::vector<uint8_t>(error.begin(), error.end()));
+    return;
+  }
+  std::string s = std::to_string(result);
+  storedBytes_ -= it == data_.end() ? 0 : key.size() + it->second->size();
+  storedBytes_ += key.size() + s.size();
+  data_[key] = std::make_shared<const std::vector<uint8_t>>(s.begin(), s.end());
+  std::vector<uint8_t> out;
+  proto::Writer(&out).u64(static_cast<uint64_t>(result));
+  respond(c, Status::kOk, out);
+  notifyKey(key);
+}
+
+void TcpStoreServer::onCheck(Conn& c, proto::Reader& r) {
+  std::vector<std::string> keys = readKeys(r, Op::kCheck);
+  if (!r.atEnd()) throw malformed(Op::kCheck, "trailing bytes");
+  std::vector<uint8_t> out;
+  for (const auto& k : keys) out.push_back(data_.count(k) ? 1 : 0);
+  respond(c, Status::kOk, out);
 }
 
 std::vector<std::string> TcpStoreServer::missingOf(const std::vector<std::string>& keys) const {

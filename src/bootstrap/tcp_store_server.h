@@ -80,6 +80,12 @@ class TcpStoreServer {
   void readSome(Conn& c);
   void processFrames(Conn& c);
   void dispatch(Conn& c, proto::Op op, const uint8_t* body, size_t len);
+  // One handler per request op; each throws ProtocolError on a malformed body.
+  void onSet(Conn& c, proto::Reader& r);
+  void onGet(Conn& c, proto::Reader& r);
+  void onWait(Conn& c, proto::Reader& r);
+  void onAdd(Conn& c, proto::Reader& r);
+  void onCheck(Conn& c, proto::Reader& r);
   void park(Conn& c, proto::Op op, std::vector<std::string> keys, uint64_t timeoutMs);
   void unpark(Conn& c);
   void notifyKey(const std::string& key);
