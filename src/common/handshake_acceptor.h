@@ -19,9 +19,10 @@
 // connection. Running out of descriptors pauses accepting for a moment (WARN)
 // rather than failing.
 //
-// Thread safety: construct, stop() and destroy from one owner thread. The
-// callback runs on handshake threads, concurrently with itself; it must not
-// call stop().
+// Thread safety: construct, stop() and destroy from one owner thread;
+// pending() from any thread. The callback runs on handshake threads,
+// concurrently with itself; it must not call stop(), and it should block only
+// in I/O on the handshake's socket, which stop() can interrupt.
 #pragma once
 
 #include <atomic>
@@ -50,9 +51,9 @@ class HandshakeAcceptor {
     const std::string& peer() const { return peer_; }  // "ip:port", for messages
     // Authentication and the callback together must finish by this time.
     Deadline deadline() const { return deadline_; }
-    // Hands the socket to the caller; the handshake then counts as done and
-    // stop() no longer touches it. Returns an invalid Socket when stop() has
-    // begun (the caller drops the connection).
+    // Hands the socket to the caller, after which stop() no longer touches
+    // it (so take() is the callback's last blocking step). Returns an invalid
+    // Socket when stop() has begun (the caller drops the connection).
     Socket take();
 
    private:
