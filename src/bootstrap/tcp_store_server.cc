@@ -11,14 +11,11 @@
 #include <algorithm>
 #include <atomic>
 #include <climits>
-#include <list>
 #include <map>
 #include <mutex>
-#include <system_error>
 #include <thread>
 #include <unordered_map>
 
-#include "common/auth.h"
 #include "common/check.h"
 #include "common/logging.h"
 #include "common/socket.h"
@@ -30,8 +27,8 @@ using proto::Op;
 using proto::Status;
 using Value = TcpStoreServer::Value;
 
-// Connections (authenticated or handshaking). Each rank needs about one, so
-// this is above any job size we expect; `ulimit -n` usually binds first.
+// Authenticated connections. Each rank needs about one, so this is above any
+// job size we expect; `ulimit -n` usually binds first.
 constexpr size_t kMaxConnections = 65536;
 constexpr size_t kMaxHandshakes = 256;
 constexpr size_t kMaxStoredBytes = size_t{1} << 30;
@@ -61,34 +58,63 @@ std::string hex32(uint32_t v) {
   return s;
 }
 
+ProtocolError malformed(Op op, const char* why) {
+  return ProtocolError{std::string("malformed ") + opName(op) + " request: " + why};
+}
+
+// A key count and that many keys (wait, check).
+std::vector<std::string> readKeys(proto::Reader& r, Op op) {
+  uint32_t count = r.u32();
+  if (!r.ok()) throw malformed(op, "truncated key count");
+  if (count > proto::kMaxKeysPerRequest) throw malformed(op, "too many keys");
+  std::vector<std::string> keys(count);
+  for (auto& k : keys) {
+    if (!r.key(&k, proto::kMaxKeyBytes)) throw malformed(op, "key truncated or longer than 4 KiB");
+  }
+  return keys;
+}
+
 }  // namespace
 
 TcpStoreServer::TcpStoreServer(const std::string& host, uint16_t port, std::string token,
-                               std::chrono::milliseconds handshakeTimeout)
-    : token_(std::move(token)), handshakeTimeout_(std::min(handshakeTimeout, kMaxHandshakeTime)) {
+                               std::chrono::milliseconds handshakeTimeout) {
+  net::Socket listener;
   try {
-    listen_ = net::listenOn(host, net::PortRange{port, port}, &port_);
+    listener = net::listenOn(host, net::PortRange{port, port}, &port_);
   } catch (const Error& e) {
     GFLOW_THROW(kInvalidArgument, (ErrorContext{"store", 0, -1, -1}))
         << "cannot start the store server on " << host << ":" << port << ": " << e.detail();
   }
-  net::setNonBlocking(listen_.fd(), true);
   wake_ = net::Socket(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   GFLOW_SYSCHECK(wake_.fd(), "eventfd");
   epoll_ = net::Socket(::epoll_create1(EPOLL_CLOEXEC));
   GFLOW_SYSCHECK(epoll_.fd(), "epoll_create1");
   GFLOW_SYSCHECK(arm(wake_.fd(), kWakeTag, EPOLLIN, true) ? 0 : -1, "epoll_ctl");
-  GFLOW_SYSCHECK(arm(listen_.fd(), kListenTag, EPOLLIN, true) ? 0 : -1, "epoll_ctl");
-  listenArmed_ = true;
+  net::HandshakeAcceptor::Options ao;
+  ao.name = "store";
+  ao.token = std::move(token);
+  ao.label = proto::kAuthLabel;
+  ao.timeout = std::min(handshakeTimeout, kMaxHandshakeTime);
+  ao.maxPending = kMaxHandshakes;
+  acceptor_ = std::make_unique<net::HandshakeAcceptor>(
+      std::move(listener), std::move(ao),
+      [this](net::HandshakeAcceptor::Handshake& h) { onAuthenticated(h); });
+  // Arrivals before the loop runs wait in arrivals_ (and the eventfd count).
   thread_ = std::thread([this] { run(); });
 }
 
 TcpStoreServer::~TcpStoreServer() {
+  // The acceptor first: its callbacks post to the loop through wake_.
+  acceptor_.reset();
   stop_.store(true);
+  wakeLoop();
+  thread_.join();
+}
+
+void TcpStoreServer::wakeLoop() {
   uint64_t one = 1;
   ssize_t r = ::write(wake_.fd(), &one, sizeof(one));
-  (void)r;
-  thread_.join();
+  (void)r;  // the counter cannot overflow in practice
 }
 
 void TcpStoreServer::run() {
@@ -102,10 +128,6 @@ void TcpStoreServer::run() {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
   }
-  // Unblock handshakes still waiting on silent peers, then wait for them.
-  for (auto& h : handshakes_) ::shutdown(h->sock.fd(), SHUT_RDWR);
-  for (auto& h : handshakes_) h->thread.join();
-  handshakes_.clear();
   conns_.clear();
 }
 
@@ -117,13 +139,7 @@ bool TcpStoreServer::arm(int fd, uint64_t tag, uint32_t events, bool add) {
 }
 
 void TcpStoreServer::loopOnce() {
-  reapHandshakes();
-  const bool accepting = handshakes_.size() < kMaxHandshakes && acceptPausedUntil_.expired();
-  if (accepting != listenArmed_ &&
-      arm(listen_.fd(), kListenTag, accepting ? static_cast<uint32_t>(EPOLLIN) : 0u, false)) {
-    listenArmed_ = accepting;
-  }
-  int timeoutMs = accepting ? -1 : 100;  // re-check a paused accept soon
+  int timeoutMs = -1;
   if (!parkedByDeadline_.empty()) {
     // Round up so a sub-millisecond remainder does not spin.
     auto left = parkedByDeadline_.begin()->first - Deadline::Clock::now();
@@ -144,8 +160,7 @@ void TcpStoreServer::loopOnce() {
       uint64_t count;
       while (::read(wake_.fd(), &count, sizeof(count)) > 0) {
       }
-    } else if (tag == kListenTag) {
-      if (listenArmed_) acceptAll();
+      admitArrivals();
     } else {
       auto it = conns_.find(tag);
       if (it != conns_.end() && !it->second.dead) onEvents(it->second, events[i].events);
@@ -179,81 +194,33 @@ void TcpStoreServer::loopOnce() {
   dead_.clear();
 }
 
-void TcpStoreServer::acceptAll() {
-  for (;;) {
-    int fd = ::accept4(listen_.fd(), nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) {
-      int err = errno;
-      if (err == EINTR || err == ECONNABORTED || err == EPROTO) continue;
-      if (err == EAGAIN || err == EWOULDBLOCK) return;
-      // Out of descriptors or memory: the pending connection stays in the
-      // backlog, so pause accepting instead of spinning on it.
-      GFLOW_LOG(WARN) << "store: cannot accept connections: " << detail::errnoString(err)
-                      << (err == EMFILE || err == ENFILE ? " (raise 'ulimit -n')" : "");
-      acceptPausedUntil_ = Deadline::after(std::chrono::milliseconds(100));
-      return;
-    }
-    net::Socket s(fd);
-    std::string peer = net::peerAddress(fd);
-    if (conns_.size() + handshakes_.size() >= kMaxConnections) {
-      GFLOW_LOG(WARN) << "store: refusing connection from " << peer << ": " << kMaxConnections
+void TcpStoreServer::onAuthenticated(net::HandshakeAcceptor::Handshake& h) {
+  net::Socket sock = h.take();
+  if (!sock.valid()) return;  // shutting down
+  {
+    std::lock_guard<std::mutex> lock(arrivalsMutex_);
+    arrivals_.push_back(Arrival{std::move(sock), h.peer()});
+  }
+  wakeLoop();
+}
+
+void TcpStoreServer::admitArrivals() {
+  std::vector<Arrival> arrivals;
+  {
+    std::lock_guard<std::mutex> lock(arrivalsMutex_);
+    arrivals.swap(arrivals_);
+  }
+  for (Arrival& a : arrivals) {
+    if (conns_.size() >= kMaxConnections) {
+      GFLOW_LOG(WARN) << "store: refusing connection from " << a.peer << ": " << kMaxConnections
                       << " connections already open";
-      continue;
-    }
-    startHandshake(std::move(s), std::move(peer));
-    if (handshakes_.size() >= kMaxHandshakes) return;
-  }
-}
-
-void TcpStoreServer::startHandshake(net::Socket s, std::string peer) {
-  auto h = std::make_unique<Handshake>();
-  h->sock = std::move(s);
-  h->peer = std::move(peer);
-  Handshake* hp = h.get();
-  try {
-    hp->thread = std::thread([this, hp] {
-      try {
-        auth::authenticate(hp->sock.fd(), token_, proto::kAuthLabel, /*initiator=*/false,
-                           Deadline::after(handshakeTimeout_));
-        hp->state.store(1);
-      } catch (const Error& e) {
-        hp->error = e.detail();
-        hp->state.store(2);
-      } catch (const std::exception& e) {
-        hp->error = e.what();
-        hp->state.store(2);
-      }
-      uint64_t one = 1;
-      ssize_t r = ::write(wake_.fd(), &one, sizeof(one));
-      (void)r;
-    });
-  } catch (const std::system_error& e) {
-    GFLOW_LOG(WARN) << "store: dropping connection from " << hp->peer
-                    << ": cannot start its handshake: " << e.what();
-    return;
-  }
-  handshakes_.push_back(std::move(h));
-}
-
-void TcpStoreServer::reapHandshakes() {
-  for (auto it = handshakes_.begin(); it != handshakes_.end();) {
-    int state = (*it)->state.load();
-    if (state == 0) {
-      ++it;
-      continue;
-    }
-    (*it)->thread.join();
-    std::unique_ptr<Handshake> h = std::move(*it);
-    it = handshakes_.erase(it);
-    if (state != 1) {
-      GFLOW_LOG(WARN) << "store: rejected connection from " << h->peer << ": " << h->error;
       continue;
     }
     uint64_t id = nextId_++;
     Conn& c = conns_[id];
     c.id = id;
-    c.sock = std::move(h->sock);
-    c.peer = std::move(h->peer);
+    c.sock = std::move(a.sock);
+    c.peer = std::move(a.peer);
     c.armed = EPOLLIN;
     int flags = ::fcntl(c.sock.fd(), F_GETFL, 0);
     if (flags < 0 || ::fcntl(c.sock.fd(), F_SETFL, flags | O_NONBLOCK) < 0 ||
@@ -355,97 +322,90 @@ void TcpStoreServer::processFrames(Conn& c) {
 
 void TcpStoreServer::dispatch(Conn& c, Op op, const uint8_t* body, size_t len) {
   proto::Reader r(body, len);
-  auto malformed = [&](const char* why) {
-    return ProtocolError{std::string("malformed ") + opName(op) + " request: " + why};
-  };
-  auto readKeys = [&](std::vector<std::string>* keys) {
-    uint32_t count = r.u32();
-    if (!r.ok()) throw malformed("truncated key count");
-    if (count > proto::kMaxKeysPerRequest) throw malformed("too many keys");
-    keys->resize(count);
-    for (auto& k : *keys) {
-      if (!r.key(&k, proto::kMaxKeyBytes)) throw malformed("key truncated or longer than 4 KiB");
-    }
-  };
   switch (op) {
-    case Op::kSet: {
-      std::string key;
-      if (!r.key(&key, proto::kMaxKeyBytes)) throw malformed("key truncated or longer than 4 KiB");
-      size_t valueLen = r.left();
-      if (valueLen > proto::kMaxValueBytes) throw malformed("value larger than 64 MiB");
-      auto it = data_.find(key);
-      size_t oldBytes = it == data_.end() ? 0 : key.size() + it->second->size();
-      size_t newTotal = storedBytes_ - oldBytes + key.size() + valueLen;
-      if (newTotal > kMaxStoredBytes) {
-        std::string msg = "store is full: setting '" + key.substr(0, 128) + "' (" +
-                          std::to_string(valueLen) + " bytes) would exceed " +
-                          std::to_string(kMaxStoredBytes) + " stored bytes";
-        respond(c, Status::kError, std::vector<uint8_t>(msg.begin(), msg.end()));
-        return;
-      }
-      auto v = std::make_shared<const std::vector<uint8_t>>(r.cursor(), r.cursor() + valueLen);
-      storedBytes_ = newTotal;
-      data_[key] = std::move(v);
-      respond(c, Status::kOk, {});
-      notifyKey(key);
-      return;
-    }
-    case Op::kGet: {
-      uint64_t timeoutMs = r.u64();
-      std::string key;
-      if (!r.key(&key, proto::kMaxKeyBytes) || !r.atEnd()) throw malformed("bad key field");
-      auto it = data_.find(key);
-      if (it != data_.end()) {
-        respond(c, Status::kOk, {}, it->second);
-      } else {
-        park(c, op, {std::move(key)}, timeoutMs);
-      }
-      return;
-    }
-    case Op::kWait: {
-      uint64_t timeoutMs = r.u64();
-      std::vector<std::string> keys;
-      readKeys(&keys);
-      if (!r.atEnd()) throw malformed("trailing bytes");
-      if (missingOf(keys).empty()) {
-        respond(c, Status::kOk, {});
-      } else {
-        park(c, op, std::move(keys), timeoutMs);
-      }
-      return;
-    }
-    case Op::kAdd: {
-      auto delta = static_cast<int64_t>(r.u64());
-      std::string key;
-      if (!r.key(&key, proto::kMaxKeyBytes) || !r.atEnd()) throw malformed("bad key field");
-      auto it = data_.find(key);
-      int64_t result = 0;
-      std::string error;
-      if (!proto::applyAdd(key, it == data_.end() ? nullptr : it->second.get(), delta, &result,
-                           &error)) {
-        respond(c, Status::kError, std::vector<uint8_t>(error.begin(), error.end()));
-        return;
-      }
-      std::string s = std::to_string(result);
-      storedBytes_ -= it == data_.end() ? 0 : key.size() + it->second->size();
-      storedBytes_ += key.size() + s.size();
-      data_[key] = std::make_shared<const std::vector<uint8_t>>(s.begin(), s.end());
-      std::vector<uint8_t> out;
-      proto::Writer(&out).u64(static_cast<uint64_t>(result));
-      respond(c, Status::kOk, out);
-      notifyKey(key);
-      return;
-    }
-    case Op::kCheck: {
-      std::vector<std::string> keys;
-      readKeys(&keys);
-      if (!r.atEnd()) throw malformed("trailing bytes");
-      std::vector<uint8_t> out;
-      for (const auto& k : keys) out.push_back(data_.count(k) ? 1 : 0);
-      respond(c, Status::kOk, out);
-      return;
-    }
+    case Op::kSet: return onSet(c, r);
+    case Op::kGet: return onGet(c, r);
+    case Op::kWait: return onWait(c, r);
+    case Op::kAdd: return onAdd(c, r);
+    case Op::kCheck: return onCheck(c, r);
   }
+}
+
+void TcpStoreServer::onSet(Conn& c, proto::Reader& r) {
+  std::string key;
+  if (!r.key(&key, proto::kMaxKeyBytes)) {
+    throw malformed(Op::kSet, "key truncated or longer than 4 KiB");
+  }
+  size_t valueLen = r.left();
+  if (valueLen > proto::kMaxValueBytes) throw malformed(Op::kSet, "value larger than 64 MiB");
+  auto it = data_.find(key);
+  size_t oldBytes = it == data_.end() ? 0 : key.size() + it->second->size();
+  size_t newTotal = storedBytes_ - oldBytes + key.size() + valueLen;
+  if (newTotal > kMaxStoredBytes) {
+    std::string msg = "store is full: setting '" + key.substr(0, 128) + "' (" +
+                      std::to_string(valueLen) + " bytes) would exceed " +
+                      std::to_string(kMaxStoredBytes) + " stored bytes";
+    respond(c, Status::kError, std::vector<uint8_t>(msg.begin(), msg.end()));
+    return;
+  }
+  auto v = std::make_shared<const std::vector<uint8_t>>(r.cursor(), r.cursor() + valueLen);
+  storedBytes_ = newTotal;
+  data_[key] = std::move(v);
+  respond(c, Status::kOk, {});
+  notifyKey(key);
+}
+
+void TcpStoreServer::onGet(Conn& c, proto::Reader& r) {
+  uint64_t timeoutMs = r.u64();
+  std::string key;
+  if (!r.key(&key, proto::kMaxKeyBytes) || !r.atEnd()) throw malformed(Op::kGet, "bad key field");
+  auto it = data_.find(key);
+  if (it != data_.end()) {
+    respond(c, Status::kOk, {}, it->second);
+  } else {
+    park(c, Op::kGet, {std::move(key)}, timeoutMs);
+  }
+}
+
+void TcpStoreServer::onWait(Conn& c, proto::Reader& r) {
+  uint64_t timeoutMs = r.u64();
+  std::vector<std::string> keys = readKeys(r, Op::kWait);
+  if (!r.atEnd()) throw malformed(Op::kWait, "trailing bytes");
+  if (missingOf(keys).empty()) {
+    respond(c, Status::kOk, {});
+  } else {
+    park(c, Op::kWait, std::move(keys), timeoutMs);
+  }
+}
+
+void TcpStoreServer::onAdd(Conn& c, proto::Reader& r) {
+  auto delta = static_cast<int64_t>(r.u64());
+  std::string key;
+  if (!r.key(&key, proto::kMaxKeyBytes) || !r.atEnd()) throw malformed(Op::kAdd, "bad key field");
+  auto it = data_.find(key);
+  int64_t result = 0;
+  std::string error;
+  if (!proto::applyAdd(key, it == data_.end() ? nullptr : it->second.get(), delta, &result,
+                       &error)) {
+    respond(c, Status::kError, std::vector<uint8_t>(error.begin(), error.end()));
+    return;
+  }
+  std::string s = std::to_string(result);
+  storedBytes_ -= it == data_.end() ? 0 : key.size() + it->second->size();
+  storedBytes_ += key.size() + s.size();
+  data_[key] = std::make_shared<const std::vector<uint8_t>>(s.begin(), s.end());
+  std::vector<uint8_t> out;
+  proto::Writer(&out).u64(static_cast<uint64_t>(result));
+  respond(c, Status::kOk, out);
+  notifyKey(key);
+}
+
+void TcpStoreServer::onCheck(Conn& c, proto::Reader& r) {
+  std::vector<std::string> keys = readKeys(r, Op::kCheck);
+  if (!r.atEnd()) throw malformed(Op::kCheck, "trailing bytes");
+  std::vector<uint8_t> out;
+  for (const auto& k : keys) out.push_back(data_.count(k) ? 1 : 0);
+  respond(c, Status::kOk, out);
 }
 
 std::vector<std::string> TcpStoreServer::missingOf(const std::vector<std::string>& keys) const {

@@ -3,25 +3,27 @@
 // One thread runs an epoll loop over non-blocking sockets and never blocks on a
 // single client. A get/wait whose keys are missing parks its connection
 // (registered under each missing key) and is answered when a set/add
-// completes the keys or the request's own timeout passes. New connections run
-// auth::authenticate on a short-lived thread each (at most kMaxHandshakes at
-// once), because the handshake blocks and a silent peer must not stall the
-// loop; once authenticated the socket joins the loop. Everything a peer can
+// completes the keys or the request's own timeout passes. New connections are
+// accepted and authenticated by a net::HandshakeAcceptor (a thread per
+// handshake, at most kMaxHandshakes at once, each under the handshake
+// timeout), because the handshake blocks and a silent peer must not stall the
+// loop; once authenticated the socket is handed to the loop and joins it. Everything a peer can
 // make the server hold is capped: connections, frame sizes, stored bytes, and
 // a connection is not read while its previous answer is pending. A frame that
 // breaks the protocol closes only that connection, with a WARN naming the peer
 // and the fault.
 //
 // Thread safety: construct and destroy from one thread; the destructor stops
-// the loop, unblocks pending handshakes and joins every thread.
+// the acceptor (unblocking pending handshakes) and the loop, and joins every
+// thread.
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <list>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
@@ -30,6 +32,7 @@
 
 #include "bootstrap/store_protocol.h"
 #include "common/deadline.h"
+#include "common/handshake_acceptor.h"
 #include "common/socket.h"
 
 namespace gflow::bootstrap {
@@ -62,24 +65,27 @@ class TcpStoreServer {
     uint32_t armed = 0;  // epoll events registered for the socket
     bool outPending() const { return outPos < outHead.size() + (outBody ? outBody->size() : 0); }
   };
-  struct Handshake {
+  struct Arrival {  // authenticated by the acceptor, not yet in the loop
     net::Socket sock;
     std::string peer;
-    std::thread thread;
-    std::atomic<int> state{0};  // 0 running, 1 authenticated, 2 failed
-    std::string error;          // written before state, read after join
   };
 
   void run();
   void loopOnce();
-  void acceptAll();
-  void startHandshake(net::Socket s, std::string peer);
-  void reapHandshakes();
+  void onAuthenticated(net::HandshakeAcceptor::Handshake& h);  // a handshake thread
+  void admitArrivals();
+  void wakeLoop();
   void onEvents(Conn& c, uint32_t events);
   bool arm(int fd, uint64_t tag, uint32_t events, bool add);  // false: errno set
   void readSome(Conn& c);
   void processFrames(Conn& c);
   void dispatch(Conn& c, proto::Op op, const uint8_t* body, size_t len);
+  // One handler per request op; each throws ProtocolError on a malformed body.
+  void onSet(Conn& c, proto::Reader& r);
+  void onGet(Conn& c, proto::Reader& r);
+  void onWait(Conn& c, proto::Reader& r);
+  void onAdd(Conn& c, proto::Reader& r);
+  void onCheck(Conn& c, proto::Reader& r);
   void park(Conn& c, proto::Op op, std::vector<std::string> keys, uint64_t timeoutMs);
   void unpark(Conn& c);
   void notifyKey(const std::string& key);
@@ -90,31 +96,28 @@ class TcpStoreServer {
   void close(Conn& c, const std::string& why, bool warn);
   std::vector<std::string> missingOf(const std::vector<std::string>& keys) const;
 
-  const std::string token_;
-  const std::chrono::milliseconds handshakeTimeout_;
-  net::Socket listen_;
-  net::Socket wake_;  // eventfd: stop requests and finished handshakes
+  net::Socket wake_;  // eventfd: stop requests and authenticated arrivals
   net::Socket epoll_;
-  // epoll tags: these two, else a connection id (ids start above them).
+  // epoll tag of wake_; any other tag is a connection id (ids start above it).
   static constexpr uint64_t kWakeTag = 0;
-  static constexpr uint64_t kListenTag = 1;
   uint16_t port_ = 0;
   std::atomic<bool> stop_{false};
   std::thread thread_;
+  std::unique_ptr<net::HandshakeAcceptor> acceptor_;
+
+  std::mutex arrivalsMutex_;
+  std::vector<Arrival> arrivals_;
 
   // Loop-thread state.
   std::map<uint64_t, Conn> conns_;
-  std::list<std::unique_ptr<Handshake>> handshakes_;
   std::unordered_map<std::string, Value> data_;
   std::unordered_map<std::string, std::vector<uint64_t>> waiters_;  // key -> parked conn ids
   std::vector<uint64_t> runnable_;  // conns whose buffered frames may now proceed
   std::vector<uint64_t> touched_;   // conns whose epoll events may need re-arming
   std::vector<uint64_t> dead_;      // closed conns, erased at the end of the iteration
   std::set<std::pair<Deadline::Clock::time_point, uint64_t>> parkedByDeadline_;
-  bool listenArmed_ = false;
   size_t storedBytes_ = 0;
-  uint64_t nextId_ = 2;
-  Deadline acceptPausedUntil_ = Deadline::after(std::chrono::milliseconds(0));
+  uint64_t nextId_ = 1;
 };
 
 }  // namespace gflow::bootstrap

@@ -91,6 +91,80 @@ std::vector<uint8_t> bytesOf(const std::string& s) {
 
 }  // namespace
 
+namespace {
+
+// Creates this member's segment in *own and writes its control block;
+// "" on success, else why this member cannot take part.
+std::string createSegment(Mapping* own, size_t total, size_t slotBytes, int members,
+                          uint64_t* nonce) {
+  try {
+    *own = Mapping::create(total);
+    std::random_device rd;
+    *nonce = (uint64_t(rd()) << 32) ^ rd() ^ uint64_t(::getpid()) << 16;
+    auto* c = new (own->data()) Control();
+    c->magic = kMagic;
+    c->nonce = *nonce;
+    c->totalBytes = total;
+    c->slotBytes = slotBytes;
+    c->pid = ::getpid();
+    c->members = members;
+    for (int i = 0; i < members; ++i) new (&readCounters(c)[i]) std::atomic<uint64_t>(0);
+  } catch (const Error& e) {
+    return e.detail();
+  } catch (const std::exception& e) {  // e.g. std::random_device
+    return e.what();
+  }
+  return "";
+}
+
+// Maps member p's segment, published under `key` as "pid fd nonce total",
+// into *mapping and watches its process; "" on success, else why not.
+std::string mapPeer(const GroupOptions& o, const std::string& key, int p, size_t total,
+                    Mapping* mapping, ProcessWatch* watch) {
+  auto v = o.store->get(key + std::to_string(p), o.timeout);
+  std::istringstream is(std::string(v.begin(), v.end()));
+  long pid = 0;
+  int fd = -1;
+  uint64_t peerNonce = 0, peerTotal = 0;
+  if (!(is >> pid >> fd >> peerNonce >> peerTotal) || peerTotal != total) {
+    return "local rank " + std::to_string(p) + " has no usable segment";
+  }
+  std::string err;
+  *mapping = Mapping::open(static_cast<pid_t>(pid), fd, total, &err);
+  if (!mapping->data()) return err;
+  auto* c = static_cast<Control*>(mapping->data());
+  if (c->magic != kMagic || c->nonce != peerNonce || c->members != o.size) {
+    return "the segment of local rank " + std::to_string(p) + " is not gflow's";
+  }
+  // A member in this process (ranks as threads) dies only with us; its
+  // leaving is seen through `left`. No pidfd for it: polling a pidfd of our
+  // own process can only mislead (a closed and reused descriptor number
+  // reads as "exited").
+  if (static_cast<pid_t>(pid) != ::getpid()) *watch = ProcessWatch(static_cast<pid_t>(pid));
+  return "";
+}
+
+// Everyone learns whether everyone could map everything: publishes `mine`
+// ("" if this member can take part) and returns the first member's reason
+// not to, "" when all can.
+std::string firstFailure(const GroupOptions& o, const std::vector<int>& commRanks,
+                         const std::string& mine) {
+  const std::string okKey = o.prefix + "shm/ok/";
+  o.store->set(okKey + std::to_string(o.rank), bytesOf(mine.empty() ? "1" : "0" + mine));
+  std::string first;
+  for (int p = 0; p < o.size; ++p) {
+    auto v = o.store->get(okKey + std::to_string(p), o.timeout);
+    std::string s(v.begin(), v.end());
+    if (s != "1" && first.empty()) {
+      first = "local rank " + std::to_string(p) + " (rank " + std::to_string(commRanks[p]) +
+              "): " + (s.empty() ? std::string("?") : s.substr(1));
+    }
+  }
+  return first;
+}
+
+}  // namespace
+
 std::unique_ptr<Group> Group::connect(const GroupOptions& o, std::string* why) {
   std::unique_ptr<Group> g(new Group());
   g->rank_ = o.rank;
@@ -112,25 +186,9 @@ std::unique_ptr<Group> Group::connect(const GroupOptions& o, std::string* why) {
   if (::sched_getaffinity(0, sizeof(allowed), &allowed) == 0) cores = CPU_COUNT(&allowed);
   g->oversubscribed_ = o.size > std::max(1L, cores);
 
-  std::string mine;  // why this member cannot take part ("" if it can)
   uint64_t nonce = 0;
-  try {
-    g->own_ = Mapping::create(total);
-    std::random_device rd;
-    nonce = (uint64_t(rd()) << 32) ^ rd() ^ uint64_t(::getpid()) << 16;
-    auto* c = new (g->own_.data()) Control();
-    c->magic = kMagic;
-    c->nonce = nonce;
-    c->totalBytes = total;
-    c->slotBytes = g->slotBytes_;
-    c->pid = ::getpid();
-    c->members = o.size;
-    for (int i = 0; i < o.size; ++i) new (&readCounters(c)[i]) std::atomic<uint64_t>(0);
-  } catch (const Error& e) {
-    mine = e.detail();
-  } catch (const std::exception& e) {  // e.g. std::random_device
-    mine = e.what();
-  }
+  // Why this member cannot take part ("" if it can).
+  std::string mine = createSegment(&g->own_, total, g->slotBytes_, o.size, &nonce);
   const std::string key = o.prefix + "shm/seg/";
   std::ostringstream desc;
   desc << ::getpid() << " " << g->own_.fd() << " " << nonce << " " << total;
@@ -141,54 +199,14 @@ std::unique_ptr<Group> Group::connect(const GroupOptions& o, std::string* why) {
   g->slots_.assign(o.size, nullptr);
   g->watch_.resize(o.size);
   for (int p = 0; p < o.size && mine.empty(); ++p) {
-    Control* c = nullptr;
-    if (p == o.rank) {
-      c = static_cast<Control*>(g->own_.data());
-    } else {
-      auto v = o.store->get(key + std::to_string(p), o.timeout);
-      std::istringstream is(std::string(v.begin(), v.end()));
-      long pid = 0;
-      int fd = -1;
-      uint64_t peerNonce = 0, peerTotal = 0;
-      if (!(is >> pid >> fd >> peerNonce >> peerTotal) || peerTotal != total) {
-        mine = "local rank " + std::to_string(p) + " has no usable segment";
-        break;
-      }
-      std::string err;
-      g->peers_[p] = Mapping::open(static_cast<pid_t>(pid), fd, total, &err);
-      if (!g->peers_[p].data()) {
-        mine = err;
-        break;
-      }
-      c = static_cast<Control*>(g->peers_[p].data());
-      if (c->magic != kMagic || c->nonce != peerNonce || c->members != o.size) {
-        mine = "the segment of local rank " + std::to_string(p) + " is not gflow's";
-        break;
-      }
-      // A member in this process (ranks as threads) dies only with us; its
-      // leaving is seen through `left`. No pidfd for it: polling a pidfd of
-      // our own process can only mislead (a closed and reused descriptor
-      // number reads as "exited").
-      if (static_cast<pid_t>(pid) != ::getpid()) {
-        g->watch_[p] = ProcessWatch(static_cast<pid_t>(pid));
-      }
-    }
-    g->ctl_[p] = c;
-    g->slots_[p] = reinterpret_cast<char*>(c) + ctlBytes;
+    if (p != o.rank) mine = mapPeer(o, key, p, total, &g->peers_[p], &g->watch_[p]);
+    if (!mine.empty()) break;
+    Mapping& m = p == o.rank ? g->own_ : g->peers_[p];
+    g->ctl_[p] = static_cast<Control*>(m.data());
+    g->slots_[p] = static_cast<char*>(m.data()) + ctlBytes;
   }
 
-  // Everyone learns whether everyone could map everything.
-  const std::string okKey = o.prefix + "shm/ok/";
-  o.store->set(okKey + std::to_string(o.rank), bytesOf(mine.empty() ? "1" : "0" + mine));
-  std::string first;
-  for (int p = 0; p < o.size; ++p) {
-    auto v = o.store->get(okKey + std::to_string(p), o.timeout);
-    std::string s(v.begin(), v.end());
-    if (s != "1" && first.empty()) {
-      first = "local rank " + std::to_string(p) + " (rank " + std::to_string(g->commRanks_[p]) +
-              "): " + (s.empty() ? std::string("?") : s.substr(1));
-    }
-  }
+  std::string first = firstFailure(o, g->commRanks_, mine);
   if (!first.empty()) {
     *why = first;
     return nullptr;

@@ -2,18 +2,18 @@
 // address in the store, connects to lower ranks and accepts higher ones.
 // Every connection is authenticated (job token) and then identifies itself
 // with a Hello; strangers, wrong tokens and malformed hellos are logged and
-// dropped without disturbing the setup.
-#include <sys/socket.h>
-
+// dropped without disturbing the setup (net::HandshakeAcceptor runs each
+// inbound handshake on its own thread under a deadline).
 #include <algorithm>
-#include <atomic>
+#include <condition_variable>
 #include <cstring>
-#include <exception>
 #include <mutex>
-#include <thread>
+#include <utility>
+#include <vector>
 
 #include "common/auth.h"
 #include "common/check.h"
+#include "common/handshake_acceptor.h"
 #include "common/logging.h"
 #include "common/params.h"
 #include "transport/tcp/tcp_context.h"
@@ -25,6 +25,7 @@ constexpr const char* kAuthLabel = "gflow-data/v1";
 // A connection that does not finish authentication in this time is dropped
 // so a silent stranger cannot stall the setup.
 constexpr std::chrono::milliseconds kHandshakeTimeout{10000};
+constexpr size_t kMaxPendingHandshakes = 64;
 
 uint64_t hashPrefix(const std::string& prefix) {
   auth::Digest d = auth::sha256(prefix.data(), prefix.size());
@@ -33,14 +34,16 @@ uint64_t hashPrefix(const std::string& prefix) {
   return id;
 }
 
-}  // namespace
+// What a Hello must match: this rank's view of the communicator.
+struct Identity {
+  int rank;
+  int size;
+  int socketsPerPeer;
+  uint64_t commId;
+};
 
-void TcpContext::connectAll(const ContextOptions& options) {
-  if (size() == 1) return;
-  const Deadline deadline = Deadline::after(options.timeout);
-  const ErrorContext ectx{"init", 0, rank(), -1};
-  commId_ = hashPrefix(options.prefix);
-
+// Listens on the chosen interface and publishes "host:port" in the store.
+net::Socket listenAndPublish(const ContextOptions& options, int rank) {
   const std::string ifname = !options.socketIfname.empty()
                                  ? options.socketIfname
                                  : params::getString("GFLOW_SOCKET_IFNAME");
@@ -51,179 +54,157 @@ void TcpContext::connectAll(const ContextOptions& options) {
   net::Socket listener = net::listenOn(ip, net::parsePortRange(range), &port);
   const std::string hostPort =
       (ip.find(':') != std::string::npos ? "[" + ip + "]" : ip) + ":" + std::to_string(port);
-  options.store->setString(options.prefix + "tcp/addr/" + std::to_string(rank()), hostPort);
-  GFLOW_LOG(DEBUG) << "rank " << rank() << " listens on " << hostPort;
+  options.store->setString(options.prefix + "tcp/addr/" + std::to_string(rank), hostPort);
+  GFLOW_LOG(DEBUG) << "rank " << rank << " listens on " << hostPort;
+  return listener;
+}
 
+// The accepting side: checks the Hello of each authenticated connection from
+// a higher rank (on the acceptor's handshake threads) and keeps the good
+// ones until connectAll collects them. Thread safe.
+class Inbound {
+ public:
+  Inbound(const Identity& me, Deadline deadline)
+      : me_(me),
+        deadline_(deadline),
+        expected_(static_cast<size_t>((me.size - 1 - me.rank) * me.socketsPerPeer)),
+        seen_(me.size, std::vector<bool>(me.socketsPerPeer, false)) {}
+
+  // The acceptor's callback. Throws Error (the acceptor logs it) when the
+  // Hello does not fit; the peer is told so first.
+  void handshake(net::HandshakeAcceptor::Handshake& h) {
+    const Deadline hd = deadline_.earlier(h.deadline());
+    Hello hello{};
+    net::recvAll(h.fd(), &hello, sizeof(hello), hd);
+    const std::string why = claim(hello);
+    const uint8_t ok = why.empty() ? 1 : 0;
+    try {
+      net::sendAll(h.fd(), &ok, 1, hd);
+    } catch (const Error&) {
+      if (ok) release(hello);
+      throw;
+    }
+    if (!ok) throw Error(ErrorCode::kMismatch, why);
+    net::Socket sock = h.take();
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!sock.valid()) {  // setup is over
+      seen_[hello.rank][hello.socketIndex] = false;
+      return;
+    }
+    accepted_.emplace_back(hello, std::move(sock));
+    if (accepted_.size() >= expected_) done_.notify_all();
+  }
+
+  // Blocks until every higher rank has connected; kTimeout naming the ranks
+  // still missing at the deadline.
+  std::vector<std::pair<Hello, net::Socket>> wait(const ErrorContext& ectx) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (!done_.wait_until(lock, deadline_.at(), [&] { return accepted_.size() >= expected_; })) {
+      std::string missing;
+      for (int r = me_.rank + 1; r < me_.size; ++r) {
+        if (std::find(seen_[r].begin(), seen_[r].end(), false) != seen_[r].end()) {
+          missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+        }
+      }
+      GFLOW_THROW(kTimeout, ectx) << "ranks " << missing
+                                  << " did not connect within the deadline (GFLOW_TIMEOUT)";
+    }
+    return std::move(accepted_);
+  }
+
+ private:
+  // "" and marks the (rank, socket) slot taken when the Hello fits; else why not.
+  std::string claim(const Hello& h) {
+    if (h.magic != kHelloMagic || h.version != kProtocolVersion) return "bad hello magic/version";
+    if (h.commId != me_.commId) return "belongs to another communicator";
+    if (h.size != me_.size || h.rank <= me_.rank || h.rank >= me_.size) {
+      return "claims rank " + std::to_string(h.rank) + " of " + std::to_string(h.size);
+    }
+    if (h.socketsPerPeer != me_.socketsPerPeer || h.socketIndex < 0 ||
+        h.socketIndex >= me_.socketsPerPeer) {
+      return "uses " + std::to_string(h.socketsPerPeer) +
+             " sockets per peer (GFLOW_SOCKETS_PER_PEER differs between ranks?)";
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (seen_[h.rank][h.socketIndex])
+      return "duplicate connection for rank " + std::to_string(h.rank);
+    seen_[h.rank][h.socketIndex] = true;
+    return "";
+  }
+
+  void release(const Hello& h) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    seen_[h.rank][h.socketIndex] = false;
+  }
+
+  const Identity me_;
+  const Deadline deadline_;
+  const size_t expected_;
+  std::mutex mutex_;
+  std::condition_variable done_;
+  std::vector<std::vector<bool>> seen_;  // [rank][socket]: claimed by a Hello
+  std::vector<std::pair<Hello, net::Socket>> accepted_;
+};
+
+// Connection `index` to lower rank `peer` at host:port, authenticated and
+// accepted by the peer's Hello check.
+net::Socket dial(const Identity& me, const std::pair<std::string, uint16_t>& hp, int peer,
+                 int index, const std::string& token, int bufBytes, Deadline deadline) {
+  const ErrorContext pctx{"init", 0, me.rank, peer};
+  net::Socket s = net::connectTo(hp.first, hp.second, deadline,
+                                 "rank " + std::to_string(peer) + "'s data port");
+  net::setBufferSizes(s.fd(), bufBytes);
+  try {
+    auth::authenticate(s.fd(), token, kAuthLabel, /*initiator=*/true, deadline);
+  } catch (const Error& e) {
+    throw Error(e.code(), "connecting to rank " + std::to_string(peer) + ": " + e.detail(), pctx);
+  }
+  Hello h{kHelloMagic, kProtocolVersion, me.rank, me.size, index, me.socketsPerPeer, me.commId};
+  net::sendAll(s.fd(), &h, sizeof(h), deadline);
+  uint8_t ok = 0;
+  net::recvAll(s.fd(), &ok, 1, deadline);
+  if (ok != 1) {
+    GFLOW_THROW(kMismatch, pctx) << "rank " << peer
+                                 << " rejected this rank's connection (different world size, "
+                                    "communicator or GFLOW_SOCKETS_PER_PEER; see its log)";
+  }
+  return s;
+}
+
+}  // namespace
+
+void TcpContext::connectAll(const ContextOptions& options) {
+  if (size() == 1) return;
+  const Deadline deadline = Deadline::after(options.timeout);
+  commId_ = hashPrefix(options.prefix);
+  const Identity me{rank(), size(), socketsPerPeer_, commId_};
   const int bufBytes =
       static_cast<int>(std::min<uint64_t>(params::getBytes("GFLOW_SOCKET_BUFFER"), 1u << 30));
-  const int expected = (size() - 1 - rank()) * socketsPerPeer_;
 
-  // Accept the higher ranks in a thread while connecting to the lower ones,
-  // so no pair waits on the other's order. Each accepted connection runs its
-  // handshake in its own thread, so a silent or slow stranger cannot hold up
-  // the real ranks queued behind it.
-  struct Pending {
-    net::Socket sock;
-    std::string from;
-    std::thread thread;
-    std::atomic<bool> done{false};
-    bool ok = false;
-    Hello hello{};
-  };
-  constexpr size_t kMaxPendingHandshakes = 64;
-  std::vector<std::pair<Hello, net::Socket>> accepted;
-  std::exception_ptr acceptError;
-  std::atomic<bool> stopAccepting{false};  // the connect side failed
-  std::thread acceptor([&] {
-    std::vector<std::unique_ptr<Pending>> pending;
-    std::mutex seenMutex;
-    std::vector<std::vector<bool>> seen(size(), std::vector<bool>(socketsPerPeer_, false));
-    auto handshake = [&](Pending* p) {
-      const int fd = p->sock.fd();
-      int marked = -1, markedIndex = -1;  // marked as connected; undone if the reply fails
-      try {
-        Deadline hd = deadline.earlier(Deadline::after(kHandshakeTimeout));
-        auth::authenticate(fd, options.token, kAuthLabel, /*initiator=*/false, hd);
-        Hello h{};
-        net::recvAll(fd, &h, sizeof(h), hd);
-        std::string why;
-        if (h.magic != kHelloMagic || h.version != kProtocolVersion) {
-          why = "bad hello magic/version";
-        } else if (h.commId != commId_) {
-          why = "belongs to another communicator";
-        } else if (h.size != size() || h.rank <= rank() || h.rank >= size()) {
-          why = "claims rank " + std::to_string(h.rank) + " of " + std::to_string(h.size);
-        } else if (h.socketsPerPeer != socketsPerPeer_ || h.socketIndex < 0 ||
-                   h.socketIndex >= socketsPerPeer_) {
-          why = "uses " + std::to_string(h.socketsPerPeer) +
-                " sockets per peer (GFLOW_SOCKETS_PER_PEER differs between ranks?)";
-        } else {
-          std::lock_guard<std::mutex> lock(seenMutex);
-          if (seen[h.rank][h.socketIndex]) {
-            why = "duplicate connection for rank " + std::to_string(h.rank);
-          } else {
-            seen[h.rank][h.socketIndex] = true;
-            marked = h.rank;
-            markedIndex = h.socketIndex;
-          }
-        }
-        uint8_t ok = why.empty() ? 1 : 0;
-        net::sendAll(fd, &ok, 1, hd);
-        if (!ok) {
-          GFLOW_LOG(WARN) << "rank " << rank() << ": rejected connection from " << p->from << ": "
-                          << why;
-        } else {
-          p->hello = h;
-          p->ok = true;
-        }
-      } catch (const Error& e) {
-        GFLOW_LOG(WARN) << "rank " << rank() << ": rejected connection from " << p->from << ": "
-                        << e.detail();
-        if (marked >= 0) {
-          std::lock_guard<std::mutex> lock(seenMutex);
-          seen[marked][markedIndex] = false;
-        }
-      }
-      p->done.store(true, std::memory_order_release);
-    };
-    auto reap = [&](bool all) {
-      for (auto it = pending.begin(); it != pending.end();) {
-        Pending& p = **it;
-        if (all && !p.done.load(std::memory_order_acquire)) ::shutdown(p.sock.fd(), SHUT_RDWR);
-        if (all || p.done.load(std::memory_order_acquire)) {
-          p.thread.join();
-          if (p.ok && static_cast<int>(accepted.size()) < expected) {
-            accepted.emplace_back(p.hello, std::move(p.sock));
-          }
-          it = pending.erase(it);
-        } else {
-          ++it;
-        }
-      }
-    };
-    try {
-      net::setNonBlocking(listener.fd(), true);
-      while (static_cast<int>(accepted.size()) < expected &&
-             !stopAccepting.load(std::memory_order_acquire)) {
-        reap(false);
-        if (static_cast<int>(accepted.size()) >= expected) break;
-        if (deadline.expired()) {
-          std::string missing;
-          {
-            std::lock_guard<std::mutex> lock(seenMutex);
-            for (int r = rank() + 1; r < size(); ++r) {
-              if (std::find(seen[r].begin(), seen[r].end(), false) != seen[r].end()) {
-                missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-              }
-            }
-          }
-          GFLOW_THROW(kTimeout, ectx)
-              << "ranks " << missing << " did not connect within the deadline (GFLOW_TIMEOUT)";
-        }
-        int fd = ::accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC);
-        if (fd < 0) {
-          if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
-            std::this_thread::sleep_for(std::chrono::milliseconds(1));
-            continue;
-          }
-          GFLOW_SYSCHECK(fd, "accept");
-        }
-        auto p = std::make_unique<Pending>();
-        p->sock = net::Socket(fd);
-        net::setNonBlocking(fd, false);
-        p->from = net::peerAddress(fd);
-        if (pending.size() >= kMaxPendingHandshakes) {
-          GFLOW_LOG(WARN) << "rank " << rank() << ": dropped connection from " << p->from
-                          << ": too many handshakes in progress";
-          continue;
-        }
-        Pending* raw = p.get();
-        p->thread = std::thread([&handshake, raw] { handshake(raw); });
-        pending.push_back(std::move(p));
-      }
-    } catch (...) {
-      acceptError = std::current_exception();
-    }
-    reap(true);
-  });
+  // Accept the higher ranks while connecting to the lower ones, so no pair
+  // waits on the other's order.
+  Inbound inbound(me, deadline);
+  net::HandshakeAcceptor::Options ao;
+  ao.name = "rank " + std::to_string(rank());
+  ao.token = options.token;
+  ao.label = kAuthLabel;
+  ao.timeout = kHandshakeTimeout;
+  ao.maxPending = kMaxPendingHandshakes;
+  net::HandshakeAcceptor acceptor(
+      listenAndPublish(options, rank()), std::move(ao),
+      [&](net::HandshakeAcceptor::Handshake& h) { inbound.handshake(h); });
 
-  std::exception_ptr connectError;
-  try {
-    for (int peer = 0; peer < rank(); ++peer) {
-      std::string addr =
-          options.store->getString(options.prefix + "tcp/addr/" + std::to_string(peer),
-                                   std::chrono::milliseconds(std::max(deadline.remainingMs(), 1)));
-      auto hp = net::parseHostPort(addr, "address of rank " + std::to_string(peer));
-      for (int i = 0; i < socketsPerPeer_; ++i) {
-        net::Socket s = net::connectTo(hp.first, hp.second, deadline,
-                                       "rank " + std::to_string(peer) + "'s data port");
-        net::setBufferSizes(s.fd(), bufBytes);
-        try {
-          auth::authenticate(s.fd(), options.token, kAuthLabel, /*initiator=*/true, deadline);
-        } catch (const Error& e) {
-          throw Error(e.code(), "connecting to rank " + std::to_string(peer) + ": " + e.detail(),
-                      ErrorContext{"init", 0, rank(), peer});
-        }
-        Hello h{kHelloMagic, kProtocolVersion, rank(), size(), i, socketsPerPeer_, commId_};
-        net::sendAll(s.fd(), &h, sizeof(h), deadline);
-        uint8_t ok = 0;
-        net::recvAll(s.fd(), &ok, 1, deadline);
-        if (ok != 1) {
-          GFLOW_THROW(kMismatch, (ErrorContext{"init", 0, rank(), peer}))
-              << "rank " << peer
-              << " rejected this rank's connection (different world size, communicator or "
-                 "GFLOW_SOCKETS_PER_PEER; see its log)";
-        }
-        addConnection(peer, i, std::move(s));
-      }
+  for (int peer = 0; peer < rank(); ++peer) {
+    std::string addr =
+        options.store->getString(options.prefix + "tcp/addr/" + std::to_string(peer),
+                                 std::chrono::milliseconds(std::max(deadline.remainingMs(), 1)));
+    auto hp = net::parseHostPort(addr, "address of rank " + std::to_string(peer));
+    for (int i = 0; i < socketsPerPeer_; ++i) {
+      addConnection(peer, i, dial(me, hp, peer, i, options.token, bufBytes, deadline));
     }
-  } catch (...) {
-    connectError = std::current_exception();
-    stopAccepting.store(true, std::memory_order_release);
   }
-  acceptor.join();
-  if (connectError) std::rethrow_exception(connectError);
-  if (acceptError) std::rethrow_exception(acceptError);
+  auto accepted = inbound.wait(ErrorContext{"init", 0, rank(), -1});
+  acceptor.stop();
   for (auto& [hello, sock] : accepted) {
     net::setBufferSizes(sock.fd(), bufBytes);
     addConnection(hello.rank, hello.socketIndex, std::move(sock));

@@ -63,6 +63,132 @@ char* allocBlock(size_t bytes) {
   return static_cast<char*>(p);
 }
 
+// Queue-pair attributes every rank reads from its parameters.
+struct QpSettings {
+  ibv_mtu mtu;
+  uint8_t timeout;  // 4.096 us x 2^timeout
+  uint8_t retry;
+};
+
+QpSettings readQpSettings(const Device& dev, int rank) {
+  ibv_mtu mtu = dev.portAttr().active_mtu;
+  if (int64_t want = params::getInt("GFLOW_IB_MTU"); want != 0) {
+    mtu = std::min(mtu, mtuFromBytes(want, rank));
+  }
+  const int64_t ibTimeout = params::getInt("GFLOW_IB_TIMEOUT");
+  const int64_t retry = params::getInt("GFLOW_IB_RETRY_CNT");
+  if (ibTimeout < 1 || ibTimeout > 31 || retry < 0 || retry > 7) {
+    GFLOW_THROW(kInvalidArgument, (ErrorContext{"init", 0, rank, -1}))
+        << "GFLOW_IB_TIMEOUT=" << ibTimeout << " must be 1-31 (4.096 us x 2^value) and "
+        << "GFLOW_IB_RETRY_CNT=" << retry << " must be 0-7";
+  }
+  return {mtu, static_cast<uint8_t>(ibTimeout), static_cast<uint8_t>(retry)};
+}
+
+// This rank's end of the connection to one peer: its inbound ring `ring`
+// (registered as `ringKey`) and its queue pairs, each with a random PSN.
+ConnInfo describeEnd(const Device& dev, ibv_mtu mtu, const std::vector<ibv_qp*>& qps, int slots,
+                     size_t slotBytes, size_t eagerMax, const char* ring, uint32_t ringKey,
+                     std::mt19937& rng) {
+  ConnInfo ci;
+  std::memset(&ci, 0, sizeof(ci));
+  ci.magic = kInfoMagic;
+  ci.version = kInfoVersion;
+  ci.qps = static_cast<uint32_t>(qps.size());
+  ci.slots = static_cast<uint32_t>(slots);
+  ci.slotBytes = slotBytes;
+  ci.eagerBytes = static_cast<uint32_t>(eagerMax);
+  ci.lid = dev.portAttr().lid;
+  ci.linkLayer = dev.portAttr().link_layer;
+  ci.mtu = static_cast<uint8_t>(mtu);
+  std::memcpy(ci.gid, dev.gid().raw, 16);
+  ci.ringAddr = reinterpret_cast<uintptr_t>(ring);
+  ci.ringKey = ringKey;
+  for (size_t q = 0; q < qps.size(); ++q) {
+    ci.qpn[q] = qps[q]->qp_num;
+    ci.psn[q] = rng() & 0xffffff;
+  }
+  return ci;
+}
+
+// The peer's end, as it published it; kInvalidArgument when it cannot
+// connect to `mine` (another gflow version, configuration or link layer).
+ConnInfo readPeerEnd(const std::vector<uint8_t>& blob, const ConnInfo& mine, const Device& dev,
+                     int peer, const ErrorContext& pctx) {
+  ConnInfo ti{};
+  if (blob.size() != sizeof(ti)) {
+    GFLOW_THROW(kInvalidArgument, pctx)
+        << "rank " << peer << " published a verbs address of " << blob.size() << " bytes (expected "
+        << sizeof(ti) << "): different gflow versions?";
+  }
+  std::memcpy(&ti, blob.data(), sizeof(ti));
+  if (ti.magic != kInfoMagic || ti.version != kInfoVersion) {
+    GFLOW_THROW(kInvalidArgument, pctx)
+        << "rank " << peer << " speaks verbs protocol version " << ti.version << ", this rank "
+        << kInfoVersion << ": every rank must run the same gflow";
+  }
+  if (ti.qps != mine.qps || ti.slots != mine.slots || ti.slotBytes != mine.slotBytes ||
+      ti.eagerBytes != mine.eagerBytes) {
+    GFLOW_THROW(kInvalidArgument, pctx)
+        << "rank " << peer << " and this rank configure the verbs transport differently "
+        << "(GFLOW_IB_QPS_PER_PEER " << ti.qps << " vs " << mine.qps << ", GFLOW_IB_EAGER_SLOTS "
+        << ti.slots << " vs " << mine.slots << ", GFLOW_IB_EAGER_BYTES " << ti.eagerBytes << " vs "
+        << mine.eagerBytes << ")";
+  }
+  if (ti.linkLayer != dev.portAttr().link_layer) {
+    GFLOW_THROW(kInvalidArgument, pctx)
+        << "rank " << peer << " uses an "
+        << (ti.linkLayer == IBV_LINK_LAYER_ETHERNET ? "Ethernet (RoCE)" : "InfiniBand")
+        << " port, this rank " << dev.describe() << ": they cannot connect";
+  }
+  return ti;
+}
+
+// Moves queue pair q of the connection to `peer` through RTR (towards the
+// peer's QP described in `ti`) to RTS (sending from `sqPsn`).
+void connectQp(const Device& dev, ibv_qp* qp, int q, const ConnInfo& ti, uint32_t sqPsn,
+               const QpSettings& s, int peer, const ErrorContext& pctx) {
+  const VerbsApi& api = dev.api();
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_RTR;
+  a.path_mtu = static_cast<ibv_mtu>(std::min<int>(s.mtu, ti.mtu));
+  a.dest_qp_num = ti.qpn[q];
+  a.rq_psn = ti.psn[q];
+  a.max_dest_rd_atomic = 1;
+  a.min_rnr_timer = 12;  // 0.64 ms
+  a.ah_attr.port_num = static_cast<uint8_t>(dev.port());
+  if (dev.roce()) {
+    a.ah_attr.is_global = 1;
+    std::memcpy(a.ah_attr.grh.dgid.raw, ti.gid, 16);
+    a.ah_attr.grh.sgid_index = static_cast<uint8_t>(dev.gidIndex());
+    a.ah_attr.grh.hop_limit = 64;
+  } else {
+    a.ah_attr.dlid = ti.lid;
+  }
+  if (int rc = api.modifyQp(qp, &a,
+                            IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER)) {
+    GFLOW_THROW(kInternal, pctx)
+        << "connecting to rank " << peer << " (ibv_modify_qp to RTR, remote "
+        << (dev.roce() ? "GID " + formatGid(a.ah_attr.grh.dgid) : "LID " + std::to_string(ti.lid))
+        << ") failed: " << std::strerror(rc)
+        << (dev.roce() ? " (is the peer's address reachable from this port?)" : "");
+  }
+  ibv_qp_attr r{};
+  r.qp_state = IBV_QPS_RTS;
+  r.timeout = s.timeout;
+  r.retry_cnt = s.retry;
+  r.rnr_retry = 7;  // infinite: a busy receiver is not an error
+  r.sq_psn = sqPsn;
+  r.max_rd_atomic = 1;
+  if (int rc = api.modifyQp(qp, &r,
+                            IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                                IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC)) {
+    GFLOW_THROW(kInternal, pctx) << "connecting to rank " << peer
+                                 << " (ibv_modify_qp to RTS) failed: " << std::strerror(rc);
+  }
+}
+
 }  // namespace
 
 VerbsContext::VerbsContext(const ContextOptions& options)
@@ -226,19 +352,7 @@ void VerbsContext::connectAll(const ContextOptions& o) {
   device_ = std::make_shared<Device>(ds);
   cache_ = std::make_shared<RegCache>(device_, params::getBytes("GFLOW_IB_REG_CACHE"), rank());
   const VerbsApi& api = device_->api();
-  const ErrorContext ictx{"init", 0, rank(), -1};
-
-  ibv_mtu mtu = device_->portAttr().active_mtu;
-  if (int64_t want = params::getInt("GFLOW_IB_MTU"); want != 0) {
-    mtu = std::min(mtu, mtuFromBytes(want, rank()));
-  }
-  const int64_t ibTimeout = params::getInt("GFLOW_IB_TIMEOUT");
-  const int64_t retry = params::getInt("GFLOW_IB_RETRY_CNT");
-  if (ibTimeout < 1 || ibTimeout > 31 || retry < 0 || retry > 7) {
-    GFLOW_THROW(kInvalidArgument, ictx)
-        << "GFLOW_IB_TIMEOUT=" << ibTimeout << " must be 1-31 (4.096 us x 2^value) and "
-        << "GFLOW_IB_RETRY_CNT=" << retry << " must be 0-7";
-  }
+  const QpSettings settings = readQpSettings(*device_, rank());
 
   std::mt19937 rng(std::random_device{}());
   std::vector<ConnInfo> mine(size());
@@ -254,32 +368,17 @@ void VerbsContext::connectAll(const ContextOptions& o) {
     p.outMr =
         p.inMr ? api.regMr(device_->pd(), p.outBlock, ringBytes_, IBV_ACCESS_LOCAL_WRITE) : nullptr;
     if (!p.inMr || !p.outMr) {
-      GFLOW_THROW(kInternal, ictx) << "ibv_reg_mr of the eager rings (" << ringBytes_
-                                   << " bytes per peer) failed: " << std::strerror(errno)
-                                   << " (is the locked-memory limit high enough? ulimit -l)";
+      GFLOW_THROW(kInternal, (ErrorContext{"init", 0, rank(), -1}))
+          << "ibv_reg_mr of the eager rings (" << ringBytes_
+          << " bytes per peer) failed: " << std::strerror(errno)
+          << " (is the locked-memory limit high enough? ulimit -l)";
     }
     p.outBusy.assign(slots_, false);
     createQueuePairs(p, peer);
-    ConnInfo& ci = mine[peer];
-    std::memset(&ci, 0, sizeof(ci));
-    ci.magic = kInfoMagic;
-    ci.version = kInfoVersion;
-    ci.qps = static_cast<uint32_t>(qpsPerPeer_);
-    ci.slots = static_cast<uint32_t>(slots_);
-    ci.slotBytes = slotBytes_;
-    ci.eagerBytes = static_cast<uint32_t>(eagerMax_);
-    ci.lid = device_->portAttr().lid;
-    ci.linkLayer = device_->portAttr().link_layer;
-    ci.mtu = static_cast<uint8_t>(mtu);
-    std::memcpy(ci.gid, device_->gid().raw, 16);
-    ci.ringAddr = reinterpret_cast<uintptr_t>(p.inBlock);
-    ci.ringKey = p.inMr->rkey;
-    for (int q = 0; q < qpsPerPeer_; ++q) {
-      ci.qpn[q] = p.qps[q]->qp_num;
-      ci.psn[q] = rng() & 0xffffff;
-    }
-    std::vector<uint8_t> blob(sizeof(ci));
-    std::memcpy(blob.data(), &ci, sizeof(ci));
+    mine[peer] = describeEnd(*device_, settings.mtu, p.qps, slots_, slotBytes_, eagerMax_,
+                             p.inBlock, p.inMr->rkey, rng);
+    std::vector<uint8_t> blob(sizeof(ConnInfo));
+    std::memcpy(blob.data(), &mine[peer], sizeof(ConnInfo));
     o.store->set(o.prefix + "verbs/" + std::to_string(rank()) + "/" + std::to_string(peer), blob);
   }
 
@@ -287,80 +386,16 @@ void VerbsContext::connectAll(const ContextOptions& o) {
     if (peer == rank()) continue;
     Peer& p = *peers_[peer];
     const ErrorContext pctx{"init", 0, rank(), peer};
-    std::vector<uint8_t> blob = o.store->get(
-        o.prefix + "verbs/" + std::to_string(peer) + "/" + std::to_string(rank()), o.timeout);
-    ConnInfo ti{};
-    if (blob.size() != sizeof(ti)) {
-      GFLOW_THROW(kInvalidArgument, pctx)
-          << "rank " << peer << " published a verbs address of " << blob.size()
-          << " bytes (expected " << sizeof(ti) << "): different gflow versions?";
-    }
-    std::memcpy(&ti, blob.data(), sizeof(ti));
-    if (ti.magic != kInfoMagic || ti.version != kInfoVersion) {
-      GFLOW_THROW(kInvalidArgument, pctx)
-          << "rank " << peer << " speaks verbs protocol version " << ti.version << ", this rank "
-          << kInfoVersion << ": every rank must run the same gflow";
-    }
-    if (ti.qps != static_cast<uint32_t>(qpsPerPeer_) || ti.slots != static_cast<uint32_t>(slots_) ||
-        ti.slotBytes != slotBytes_ || ti.eagerBytes != eagerMax_) {
-      GFLOW_THROW(kInvalidArgument, pctx)
-          << "rank " << peer << " and this rank configure the verbs transport differently "
-          << "(GFLOW_IB_QPS_PER_PEER " << ti.qps << " vs " << qpsPerPeer_
-          << ", GFLOW_IB_EAGER_SLOTS " << ti.slots << " vs " << slots_ << ", GFLOW_IB_EAGER_BYTES "
-          << ti.eagerBytes << " vs " << eagerMax_ << ")";
-    }
-    if (ti.linkLayer != device_->portAttr().link_layer) {
-      GFLOW_THROW(kInvalidArgument, pctx)
-          << "rank " << peer << " uses an "
-          << (ti.linkLayer == IBV_LINK_LAYER_ETHERNET ? "Ethernet (RoCE)" : "InfiniBand")
-          << " port, this rank " << device_->describe() << ": they cannot connect";
-    }
+    const ConnInfo ti = readPeerEnd(
+        o.store->get(o.prefix + "verbs/" + std::to_string(peer) + "/" + std::to_string(rank()),
+                     o.timeout),
+        mine[peer], *device_, peer, pctx);
     p.remoteRing = ti.ringAddr;
     p.remoteRingKey = ti.ringKey;
     p.remoteCredit = ti.ringAddr + ringBytes_;
     p.remoteCreditKey = ti.ringKey;
-    const ConnInfo& mi = mine[peer];
     for (int q = 0; q < qpsPerPeer_; ++q) {
-      ibv_qp_attr a{};
-      a.qp_state = IBV_QPS_RTR;
-      a.path_mtu = static_cast<ibv_mtu>(std::min<int>(mtu, ti.mtu));
-      a.dest_qp_num = ti.qpn[q];
-      a.rq_psn = ti.psn[q];
-      a.max_dest_rd_atomic = 1;
-      a.min_rnr_timer = 12;  // 0.64 ms
-      a.ah_attr.port_num = static_cast<uint8_t>(device_->port());
-      if (device_->roce()) {
-        a.ah_attr.is_global = 1;
-        std::memcpy(a.ah_attr.grh.dgid.raw, ti.gid, 16);
-        a.ah_attr.grh.sgid_index = static_cast<uint8_t>(device_->gidIndex());
-        a.ah_attr.grh.hop_limit = 64;
-      } else {
-        a.ah_attr.dlid = ti.lid;
-      }
-      if (int rc =
-              api.modifyQp(p.qps[q], &a,
-                           IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                               IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER)) {
-        GFLOW_THROW(kInternal, pctx)
-            << "connecting to rank " << peer << " (ibv_modify_qp to RTR, remote "
-            << (device_->roce() ? "GID " + formatGid(a.ah_attr.grh.dgid)
-                                : "LID " + std::to_string(ti.lid))
-            << ") failed: " << std::strerror(rc)
-            << (device_->roce() ? " (is the peer's address reachable from this port?)" : "");
-      }
-      ibv_qp_attr r{};
-      r.qp_state = IBV_QPS_RTS;
-      r.timeout = static_cast<uint8_t>(ibTimeout);
-      r.retry_cnt = static_cast<uint8_t>(retry);
-      r.rnr_retry = 7;  // infinite: a busy receiver is not an error
-      r.sq_psn = mi.psn[q];
-      r.max_rd_atomic = 1;
-      if (int rc = api.modifyQp(p.qps[q], &r,
-                                IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-                                    IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC)) {
-        GFLOW_THROW(kInternal, pctx) << "connecting to rank " << peer
-                                     << " (ibv_modify_qp to RTS) failed: " << std::strerror(rc);
-      }
+      connectQp(*device_, p.qps[q], q, ti, mine[peer].psn[q], settings, peer, pctx);
     }
   }
   // Every queue pair must be ready to receive before anyone writes.
