@@ -75,6 +75,14 @@ GFLOW_EXPORT const char* toString(DeviceType type);
 GFLOW_EXPORT DataType parseDataType(const std::string& name);
 GFLOW_EXPORT ReduceOp parseReduceOp(const std::string& name);
 
+// Traffic with one peer (Communicator::stats()).
+struct PeerStats {
+  uint64_t bytesSent = 0;
+  uint64_t bytesReceived = 0;
+  uint64_t messagesSent = 0;
+  uint64_t messagesReceived = 0;
+};
+
 inline size_t Tensor::nbytes() const {
   return count * dataTypeSize(dtype);
 }

@@ -11,7 +11,6 @@
 #include <string>
 
 #include "common/deadline.h"
-#include "gflow/communicator.h"
 #include "gflow/types.h"
 #include "transport/transport.h"
 

@@ -31,9 +31,9 @@
 #include <vector>
 
 #include "common/deadline.h"
-#include "gflow/communicator.h"
 #include "gflow/error.h"
 #include "gflow/store.h"
+#include "gflow/types.h"
 
 namespace gflow::transport {
 

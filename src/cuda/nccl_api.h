@@ -1,0 +1,60 @@
+// The NCCL functions the NCCL backend uses, as a table of plain C functions
+// that speak gflow's types. The table is filled inside gflow's CUDA
+// component (nccl_loader.cu, built with nccl.h), which dlopens libnccl.so.2
+// on first use: libgflow never includes nccl.h nor links NCCL, and tests
+// install a software NCCL with the same table.
+//
+// Every entry returns a Result (the numbering of ncclResult_t). Communicators
+// are ncclComm_t and streams cudaStream_t, passed as void*.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace gflow::nccl {
+
+constexpr size_t kUniqueIdBytes = 128;  // NCCL_UNIQUE_ID_BYTES
+struct UniqueId {
+  char bytes[kUniqueIdBytes];
+};
+
+enum Result : int {
+  kSuccess = 0,
+  kUnhandledCudaError = 1,
+  kSystemError = 2,
+  kInternalError = 3,
+  kInvalidArgument = 4,
+  kInvalidUsage = 5,
+  kRemoteError = 6,
+  kInProgress = 7,
+};
+
+struct Api {
+  int version = 0;  // NCCL_VERSION_CODE of the loaded library, e.g. 22809
+  const char* (*getErrorString)(int result) = nullptr;
+  // NCCL's last error message for `comm` (may be empty).
+  const char* (*getLastError)(void* comm) = nullptr;
+  int (*getUniqueId)(UniqueId* id) = nullptr;
+  // On the current CUDA device. Non-blocking (ncclConfig_t.blocking = 0):
+  // the call and later calls on the communicator may return kInProgress;
+  // commGetAsyncError says when they are done.
+  int (*commInitRank)(void** comm, int nranks, const UniqueId* id, int rank) = nullptr;
+  // Collective over every rank of `comm`; color < 0: this rank joins none
+  // (NCCL_SPLIT_NOCOLOR, *out is null). Non-blocking as above.
+  int (*commSplit)(void* comm, int color, int key, void** out) = nullptr;
+  int (*commGetAsyncError)(void* comm, int* result) = nullptr;
+  int (*commFinalize)(void* comm) = nullptr;
+  int (*commDestroy)(void* comm) = nullptr;
+  int (*commAbort)(void* comm) = nullptr;
+  // dtype: gflow::DataType, op: gflow::ReduceOp (both as int).
+  int (*allReduce)(const void* in, void* out, size_t count, int dtype, int op, void* comm,
+                   void* stream) = nullptr;
+  int (*reduceScatter)(const void* in, void* out, size_t recvCount, int dtype, int op, void* comm,
+                       void* stream) = nullptr;
+  int (*allGather)(const void* in, void* out, size_t sendCount, int dtype, void* comm,
+                   void* stream) = nullptr;
+  int (*broadcast)(const void* in, void* out, size_t count, int dtype, int root, void* comm,
+                   void* stream) = nullptr;
+};
+
+}  // namespace gflow::nccl

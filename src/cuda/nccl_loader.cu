@@ -1,0 +1,230 @@
+// The NCCL table (nccl_api.h) inside gflow's CUDA component: libnccl.so.2 is
+// dlopened on the first call, so the component loads (and stages device
+// tensors) where NCCL is not installed. Built against nccl.h when CMake found
+// NCCL (GFLOW_HAVE_NCCL); without it the table reports why it is missing.
+#include <dlfcn.h>
+
+#include <cstring>
+#include <string>
+
+#include "cuda/nccl_api.h"
+#include "gflow/types.h"
+
+#if GFLOW_HAVE_NCCL
+#include <nccl.h>
+#endif
+
+namespace gflow::cuda {
+
+#if GFLOW_HAVE_NCCL
+namespace {
+
+constexpr int kMinVersion = 21800;  // ncclCommSplit, non-blocking communicators
+
+struct Functions {
+  decltype(&ncclGetVersion) getVersion = nullptr;
+  decltype(&ncclGetErrorString) getErrorString = nullptr;
+  decltype(&ncclGetLastError) getLastError = nullptr;
+  decltype(&ncclGetUniqueId) getUniqueId = nullptr;
+  decltype(&ncclCommInitRankConfig) commInitRankConfig = nullptr;
+  decltype(&ncclCommSplit) commSplit = nullptr;
+  decltype(&ncclCommGetAsyncError) commGetAsyncError = nullptr;
+  decltype(&ncclCommFinalize) commFinalize = nullptr;
+  decltype(&ncclCommDestroy) commDestroy = nullptr;
+  decltype(&ncclCommAbort) commAbort = nullptr;
+  decltype(&ncclAllReduce) allReduce = nullptr;
+  decltype(&ncclReduceScatter) reduceScatter = nullptr;
+  decltype(&ncclAllGather) allGather = nullptr;
+  decltype(&ncclBroadcast) broadcast = nullptr;
+};
+Functions f;
+
+bool toNccl(int dtype, ncclDataType_t* out) {
+  switch (static_cast<DataType>(dtype)) {
+    case DataType::kFloat32: *out = ncclFloat32; return true;
+    case DataType::kFloat16: *out = ncclFloat16; return true;
+    case DataType::kBFloat16: *out = ncclBfloat16; return true;
+    case DataType::kFloat64: *out = ncclFloat64; return true;
+    case DataType::kInt32: *out = ncclInt32; return true;
+    case DataType::kInt64: *out = ncclInt64; return true;
+    case DataType::kUInt8: *out = ncclUint8; return true;
+  }
+  return false;
+}
+
+bool toNccl(int op, ncclRedOp_t* out) {
+  switch (static_cast<ReduceOp>(op)) {
+    case ReduceOp::kSum: *out = ncclSum; return true;
+    case ReduceOp::kAvg: *out = ncclAvg; return true;
+    case ReduceOp::kMin: *out = ncclMin; return true;
+    case ReduceOp::kMax: *out = ncclMax; return true;
+    case ReduceOp::kProd: *out = ncclProd; return true;
+  }
+  return false;
+}
+
+ncclConfig_t nonBlocking() {
+  ncclConfig_t c = NCCL_CONFIG_INITIALIZER;
+  c.blocking = 0;
+  return c;
+}
+
+const char* errorString(int r) {
+  return f.getErrorString(static_cast<ncclResult_t>(r));
+}
+const char* lastError(void* comm) {
+  return f.getLastError(static_cast<ncclComm_t>(comm));
+}
+int uniqueId(nccl::UniqueId* id) {
+  static_assert(sizeof(ncclUniqueId) == sizeof(nccl::UniqueId), "NCCL unique id size");
+  ncclUniqueId u;
+  const ncclResult_t r = f.getUniqueId(&u);
+  std::memcpy(id->bytes, u.internal, sizeof(u.internal));
+  return r;
+}
+int initRank(void** comm, int nranks, const nccl::UniqueId* id, int rank) {
+  ncclUniqueId u;
+  std::memcpy(u.internal, id->bytes, sizeof(u.internal));
+  ncclConfig_t c = nonBlocking();
+  ncclComm_t out = nullptr;
+  const ncclResult_t r = f.commInitRankConfig(&out, nranks, u, rank, &c);
+  *comm = out;
+  return r;
+}
+int split(void* comm, int color, int key, void** out) {
+  ncclConfig_t c = nonBlocking();
+  ncclComm_t n = nullptr;
+  const ncclResult_t r = f.commSplit(static_cast<ncclComm_t>(comm),
+                                     color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &n, &c);
+  *out = n;
+  return r;
+}
+int asyncError(void* comm, int* result) {
+  ncclResult_t a = ncclSuccess;
+  const ncclResult_t r = f.commGetAsyncError(static_cast<ncclComm_t>(comm), &a);
+  *result = a;
+  return r;
+}
+int finalize(void* comm) {
+  return f.commFinalize(static_cast<ncclComm_t>(comm));
+}
+int destroy(void* comm) {
+  return f.commDestroy(static_cast<ncclComm_t>(comm));
+}
+int abortComm(void* comm) {
+  return f.commAbort(static_cast<ncclComm_t>(comm));
+}
+int allReduce(const void* in, void* out, size_t count, int dtype, int op, void* comm, void* s) {
+  ncclDataType_t t;
+  ncclRedOp_t o;
+  if (!toNccl(dtype, &t) || !toNccl(op, &o)) return ncclInvalidArgument;
+  return f.allReduce(in, out, count, t, o, static_cast<ncclComm_t>(comm),
+                     static_cast<cudaStream_t>(s));
+}
+int reduceScatter(const void* in, void* out, size_t n, int dtype, int op, void* comm, void* s) {
+  ncclDataType_t t;
+  ncclRedOp_t o;
+  if (!toNccl(dtype, &t) || !toNccl(op, &o)) return ncclInvalidArgument;
+  return f.reduceScatter(in, out, n, t, o, static_cast<ncclComm_t>(comm),
+                         static_cast<cudaStream_t>(s));
+}
+int allGather(const void* in, void* out, size_t n, int dtype, void* comm, void* s) {
+  ncclDataType_t t;
+  if (!toNccl(dtype, &t)) return ncclInvalidArgument;
+  return f.allGather(in, out, n, t, static_cast<ncclComm_t>(comm), static_cast<cudaStream_t>(s));
+}
+int broadcast(const void* in, void* out, size_t n, int dtype, int root, void* comm, void* s) {
+  ncclDataType_t t;
+  if (!toNccl(dtype, &t)) return ncclInvalidArgument;
+  return f.broadcast(in, out, n, t, root, static_cast<ncclComm_t>(comm),
+                     static_cast<cudaStream_t>(s));
+}
+
+template <typename T>
+bool sym(void* h, const char* name, T* out, std::string* missing) {
+  *out = reinterpret_cast<T>(dlsym(h, name));
+  if (!*out) *missing += (missing->empty() ? "" : ", ") + std::string(name);
+  return *out != nullptr;
+}
+
+struct Loaded {
+  nccl::Api api;
+  bool ok = false;
+  std::string why;
+};
+
+Loaded load() {
+  Loaded l;
+  void* h = nullptr;
+  std::string errors;
+  for (const char* c : {"libnccl.so.2", GFLOW_NCCL_LIBRARY_PATH}) {
+    h = dlopen(c, RTLD_NOW | RTLD_LOCAL);
+    if (h) break;
+    const char* e = dlerror();
+    errors += (errors.empty() ? "" : "; ") + std::string(e ? e : c);
+  }
+  if (!h) {
+    l.why = "libnccl.so.2 could not be loaded (" + errors +
+            "); install NCCL or add its directory to LD_LIBRARY_PATH";
+    return l;
+  }
+  std::string missing;
+  sym(h, "ncclGetVersion", &f.getVersion, &missing);
+  sym(h, "ncclGetErrorString", &f.getErrorString, &missing);
+  sym(h, "ncclGetLastError", &f.getLastError, &missing);
+  sym(h, "ncclGetUniqueId", &f.getUniqueId, &missing);
+  sym(h, "ncclCommInitRankConfig", &f.commInitRankConfig, &missing);
+  sym(h, "ncclCommSplit", &f.commSplit, &missing);
+  sym(h, "ncclCommGetAsyncError", &f.commGetAsyncError, &missing);
+  sym(h, "ncclCommFinalize", &f.commFinalize, &missing);
+  sym(h, "ncclCommDestroy", &f.commDestroy, &missing);
+  sym(h, "ncclCommAbort", &f.commAbort, &missing);
+  sym(h, "ncclAllReduce", &f.allReduce, &missing);
+  sym(h, "ncclReduceScatter", &f.reduceScatter, &missing);
+  sym(h, "ncclAllGather", &f.allGather, &missing);
+  sym(h, "ncclBroadcast", &f.broadcast, &missing);
+  int version = 0;
+  if (f.getVersion) f.getVersion(&version);
+  if (!missing.empty() || version < kMinVersion) {
+    l.why = "the NCCL library found (version " + std::to_string(version) +
+            ") is older than 2.18 or lacks " + (missing.empty() ? "nothing" : missing) +
+            "; gflow needs NCCL >= 2.18";
+    return l;
+  }
+  nccl::Api& a = l.api;
+  a.version = version;
+  a.getErrorString = errorString;
+  a.getLastError = lastError;
+  a.getUniqueId = uniqueId;
+  a.commInitRank = initRank;
+  a.commSplit = split;
+  a.commGetAsyncError = asyncError;
+  a.commFinalize = finalize;
+  a.commDestroy = destroy;
+  a.commAbort = abortComm;
+  a.allReduce = allReduce;
+  a.reduceScatter = reduceScatter;
+  a.allGather = allGather;
+  a.broadcast = broadcast;
+  l.ok = true;
+  return l;
+}
+
+}  // namespace
+
+const nccl::Api* loadNccl(const char** why) {
+  static const Loaded l = load();
+  if (!l.ok && why) *why = l.why.c_str();
+  return l.ok ? &l.api : nullptr;
+}
+
+#else  // !GFLOW_HAVE_NCCL
+
+const nccl::Api* loadNccl(const char** why) {
+  if (why) *why = "gflow's CUDA component was built without NCCL (GFLOW_WITH_NCCL)";
+  return nullptr;
+}
+
+#endif
+
+}  // namespace gflow::cuda
