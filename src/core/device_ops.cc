@@ -3,8 +3,8 @@
 #include "backend/nccl/nccl_backend.h"
 #include "common/check.h"
 #include "core/communicator_impl.h"
-#include "core/cuda_plugin.h"
 #include "core/internal.h"
+#include "kernels/cuda/plugin.h"
 
 namespace gflow {
 namespace {

@@ -60,8 +60,7 @@ Loaded tryLoad() {
   const Runtime* p = entry ? entry() : nullptr;
   if (!p || p->abi != kComponentAbi) {
     out.why = std::string(kComponent) + " is from another gflow version (component ABI " +
-              std::to_string(p ? p->abi : 0) + ", expected " + std::to_string(kComponentAbi) +
-              ")";
+              std::to_string(p ? p->abi : 0) + ", expected " + std::to_string(kComponentAbi) + ")";
     return out;
   }
   int n = 0;

@@ -3,28 +3,14 @@
 #include <cstring>
 
 #include "common/check.h"
+#include "cuda/device_guard.h"
 #include "gradient/registration.h"
 
 namespace gflow::gradient {
 
-class DeviceOps::Current {
- public:
-  Current(const cuda::Plugin& p, int device) : p_(p) {
-    if (p_.getDevice(&before_) != 0) before_ = -1;
-    if (before_ != device) p_.setDevice(device);
-  }
-  ~Current() {
-    if (before_ >= 0) p_.setDevice(before_);
-  }
-
- private:
-  const cuda::Plugin& p_;
-  int before_ = -1;
-};
-
 DeviceOps::DeviceOps(const cuda::Plugin& plugin, int device, void* stream, size_t maxTensors)
     : p_(plugin), device_(device), stream_(stream), maxSegments_(std::max<size_t>(1, maxTensors)) {
-  Current c(p_, device_);
+  cuda::DeviceGuard c(p_, device_);
   const size_t table = maxSegments_ * sizeof(kernels::cuda::CopySegment);
   check(p_.hostAlloc(&segmentsHost_, table), "allocating the pinned copy table");
   segmentsDevice_ = allocate(table);
@@ -35,7 +21,7 @@ DeviceOps::DeviceOps(const cuda::Plugin& plugin, int device, void* stream, size_
 }
 
 DeviceOps::~DeviceOps() {
-  Current c(p_, device_);
+  cuda::DeviceGuard c(p_, device_);
   p_.streamSynchronize(stream_);
   for (void* q : owned_) p_.deviceFree(q);
   for (const Block& b : blocks_) p_.deviceFree(b.p);
@@ -50,7 +36,7 @@ void DeviceOps::check(int err, const char* what) const {
 }
 
 void* DeviceOps::allocate(size_t bytes) {
-  Current c(p_, device_);
+  cuda::DeviceGuard c(p_, device_);
   void* q = nullptr;
   check(p_.deviceAlloc(&q, std::max<size_t>(bytes, 1)), "allocating gradient memory");
   owned_.push_back(q);
@@ -60,7 +46,7 @@ void* DeviceOps::allocate(size_t bytes) {
 
 void DeviceOps::zero(void* p, size_t bytes) {
   if (bytes == 0) return;
-  Current c(p_, device_);
+  cuda::DeviceGuard c(p_, device_);
   const std::vector<char> zeros(bytes, 0);
   check(p_.memcpyAsync(p, zeros.data(), bytes, stream_), "zeroing gradient memory");
   check(p_.streamSynchronize(stream_), "zeroing gradient memory");
@@ -75,7 +61,7 @@ void* DeviceOps::acquire(size_t bytes) {
       return b.p;
     }
   }
-  Current c(p_, device_);
+  cuda::DeviceGuard c(p_, device_);
   void* q = nullptr;
   check(p_.deviceAlloc(&q, bytes), "allocating gradient scratch memory");
   blocks_.push_back(Block{q, bytes, true});
@@ -91,7 +77,7 @@ void DeviceOps::release(void* block) {
 
 void DeviceOps::copy(const std::vector<Copy>& copies) {
   if (copies.empty()) return;
-  Current c(p_, device_);
+  cuda::DeviceGuard c(p_, device_);
   // The pinned table is read by the stream: the previous copy must be past it.
   check(p_.streamSynchronize(stream_), "waiting for the previous copy");
   if (copies.size() > maxSegments_) {  // a bigger batch than any before
@@ -132,17 +118,17 @@ void DeviceOps::unpack(const Bucket& b, const void* region, const std::vector<Te
 }
 
 void DeviceOps::narrow(void* dst, const float* src, size_t count, DataType wire, float scale) {
-  Current c(p_, device_);
+  cuda::DeviceGuard c(p_, device_);
   check(p_.narrow(dst, src, count, wire, scale, stream_), "launching the narrowing kernel");
 }
 
 void DeviceOps::widen(float* dst, const void* src, size_t count, DataType wire, float scale) {
-  Current c(p_, device_);
+  cuda::DeviceGuard c(p_, device_);
   check(p_.widen(dst, src, count, wire, scale, stream_), "launching the widening kernel");
 }
 
 bool DeviceOps::nonFinite(const void* data, size_t count, DataType dtype) {
-  Current c(p_, device_);
+  cuda::DeviceGuard c(p_, device_);
   *flagHost_ = 0;
   check(p_.memcpyAsync(flagDevice_, flagHost_, sizeof(int), stream_), "clearing the inf/NaN flag");
   check(p_.flagNonFinite(data, count, dtype, flagDevice_, stream_), "launching the inf/NaN scan");
@@ -153,7 +139,7 @@ bool DeviceOps::nonFinite(const void* data, size_t count, DataType dtype) {
 
 void DeviceOps::accumulateChunkNorms(float* v, float* u, const float* g, float m, size_t n,
                                      size_t chunk, float* norms) {
-  Current c(p_, device_);
+  cuda::DeviceGuard c(p_, device_);
   check(p_.accumulateChunkNorms(v, u, g, m, n, chunk, norms, stream_),
         "launching the CSC residual update");
 }
@@ -164,26 +150,26 @@ size_t DeviceOps::topChunksTempBytes(size_t count) const {
 
 void DeviceOps::topChunks(const float* norms, size_t count, size_t k, uint32_t* idx, void* temp,
                           size_t tempBytes) {
-  Current c(p_, device_);
+  cuda::DeviceGuard c(p_, device_);
   check(p_.topChunks(norms, count, k, idx, temp, tempBytes, stream_),
         "launching the CSC chunk selection");
 }
 
 void DeviceOps::gatherChunks(float* packed, const float* v, const uint32_t* idx, size_t k,
                              size_t chunk, size_t n) {
-  Current c(p_, device_);
+  cuda::DeviceGuard c(p_, device_);
   check(p_.gatherChunks(packed, v, idx, k, chunk, n, stream_), "launching the CSC gather");
 }
 
 void DeviceOps::scatterChunks(float* grad, float* v, float* u, const float* packed,
                               const uint32_t* idx, size_t k, size_t chunk, size_t n) {
-  Current c(p_, device_);
+  cuda::DeviceGuard c(p_, device_);
   check(p_.scatterChunks(grad, v, u, packed, idx, k, chunk, n, stream_),
         "launching the CSC scatter");
 }
 
 void DeviceOps::synchronize() {
-  Current c(p_, device_);
+  cuda::DeviceGuard c(p_, device_);
   check(p_.streamSynchronize(stream_), "waiting for the gradients' stream");
 }
 

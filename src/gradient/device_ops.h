@@ -76,7 +76,6 @@ class DeviceOps {
   void synchronize();
 
  private:
-  class Current;  // device_ current for a scope
   void check(int err, const char* what) const;
 
   const cuda::Plugin& p_;

@@ -9,6 +9,7 @@
 #include "common/check.h"
 #include "common/logging.h"
 #include "common/params.h"
+#include "cuda/device_guard.h"
 #include "transport/common.h"
 
 namespace gflow::backend {
@@ -42,22 +43,6 @@ ErrorCode codeOf(int result) {
 
 }  // namespace
 
-class NcclBackend::DeviceGuard {
- public:
-  DeviceGuard(const cuda::Plugin& p, int device) : p_(p) {
-    if (p_.getDevice(&before_) != 0) before_ = -1;
-    if (before_ != device) p_.setDevice(device);
-  }
-  ~DeviceGuard() {
-    int now = -1;
-    if (before_ >= 0 && p_.getDevice(&now) == 0 && now != before_) p_.setDevice(before_);
-  }
-
- private:
-  const cuda::Plugin& p_;
-  int before_ = -1;
-};
-
 NcclBackend::NcclBackend(NcclSetup setup) : s_(std::move(setup)) {}
 
 NcclBackend::~NcclBackend() {
@@ -66,7 +51,7 @@ NcclBackend::~NcclBackend() {
     if (plugin_ && stream_) plugin_->streamDestroy(stream_);
     return;
   }
-  DeviceGuard g(*plugin_, device_);
+  cuda::DeviceGuard g(*plugin_, device_);
   if (failed_) {
     abortComms();
   } else {
@@ -197,7 +182,7 @@ void NcclBackend::decide(const Op& op, int device) {
 }
 
 void NcclBackend::start(const Op& op) {
-  DeviceGuard g(*plugin_, device_);
+  cuda::DeviceGuard g(*plugin_, device_);
   nccl::UniqueId id{};
   const std::string key = s_.prefix + "nccl/id";
   if (s_.rank == 0) {
@@ -236,7 +221,7 @@ void NcclBackend::prepare(const Op& op) {
 
 void NcclBackend::splitInto(const Op& op, int color, int key, NcclBackend* child) {
   if (state_ != State::kNccl) return;
-  DeviceGuard g(*plugin_, device_);
+  cuda::DeviceGuard g(*plugin_, device_);
   void* part = nullptr;
   check(op, comm_, "ncclCommSplit", api_->commSplit(comm_, color, key, &part));
   if (part) waitReady(op, part, "ncclCommSplit");
@@ -438,7 +423,7 @@ void NcclBackend::notifyPeers(const Error& error) {
 // ---- collectives -----------------------------------------------------------
 
 void NcclBackend::allreduce(const Op& op, const void* in, void* out) {
-  DeviceGuard g(*plugin_, device_);
+  cuda::DeviceGuard g(*plugin_, device_);
   begin(op);
   const int dt = static_cast<int>(op.desc.dtype), rop = static_cast<int>(op.desc.op);
   const uint64_t n = op.desc.count;
@@ -464,7 +449,7 @@ void NcclBackend::allreduce(const Op& op, const void* in, void* out) {
 }
 
 void NcclBackend::reduceScatter(const Op& op, const void* in, void* out) {
-  DeviceGuard g(*plugin_, device_);
+  cuda::DeviceGuard g(*plugin_, device_);
   begin(op);
   check(op, comm_, "ncclReduceScatter",
         api_->reduceScatter(in, out, op.desc.count, static_cast<int>(op.desc.dtype),
@@ -473,7 +458,7 @@ void NcclBackend::reduceScatter(const Op& op, const void* in, void* out) {
 }
 
 void NcclBackend::allgather(const Op& op, const void* in, void* out) {
-  DeviceGuard g(*plugin_, device_);
+  cuda::DeviceGuard g(*plugin_, device_);
   begin(op);
   check(op, comm_, "ncclAllGather",
         api_->allGather(in, out, op.desc.count, static_cast<int>(op.desc.dtype), comm_, stream_));
@@ -481,7 +466,7 @@ void NcclBackend::allgather(const Op& op, const void* in, void* out) {
 }
 
 void NcclBackend::broadcast(const Op& op, void* buf) {
-  DeviceGuard g(*plugin_, device_);
+  cuda::DeviceGuard g(*plugin_, device_);
   begin(op);
   check(op, comm_, "ncclBroadcast",
         api_->broadcast(buf, buf, op.desc.count, static_cast<int>(op.desc.dtype), op.desc.root,
