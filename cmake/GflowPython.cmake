@@ -1,19 +1,24 @@
 # Finds what the Python package needs (python/CMakeLists.txt):
-#   GFLOW_HAVE_PYTHON: pybind11 + GFLOW_PYTHON's headers (the _gflow module);
+#   GFLOW_HAVE_PYTHON: pybind11 + the headers of the interpreter that
+#                      find_package(Python) picks (the _gflow module);
 #   GFLOW_HAVE_TORCH:  also libtorch with TorchConfig.cmake and libtorch_python
 #                      (the _gflow_torch module, the torch.distributed backend).
 # GFLOW_BUILD_PYTHON / GFLOW_BUILD_TORCH: AUTO (build what is found), ON
 # (fail when missing) or OFF.
 set(GFLOW_HAVE_PYTHON OFF)
 set(GFLOW_HAVE_TORCH OFF)
+# The interpreter: -DPython_EXECUTABLE=... picks one; by default Debian's
+# /usr/bin/python3, where its python3-dev and libtorch live, rather than
+# whichever python3 is first on PATH (often a virtual environment without
+# them).
 if(NOT GFLOW_BUILD_PYTHON STREQUAL "OFF")
-  if(EXISTS "${GFLOW_PYTHON}")
-    set(Python_EXECUTABLE "${GFLOW_PYTHON}")
-    set(PYBIND11_FINDPYTHON ON)
-    find_package(Python COMPONENTS Interpreter Development.Module QUIET)
-    if(Python_FOUND)
-      find_package(pybind11 CONFIG QUIET)
-    endif()
+  if(NOT Python_EXECUTABLE AND EXISTS /usr/bin/python3)
+    set(Python_EXECUTABLE /usr/bin/python3 CACHE FILEPATH "Python interpreter for the Python package")
+  endif()
+  set(PYBIND11_FINDPYTHON ON)
+  find_package(Python COMPONENTS Interpreter Development.Module QUIET)
+  if(Python_FOUND)
+    find_package(pybind11 CONFIG QUIET)
   endif()
   if(Python_FOUND AND pybind11_FOUND)
     set(GFLOW_HAVE_PYTHON ON)
@@ -21,7 +26,7 @@ if(NOT GFLOW_BUILD_PYTHON STREQUAL "OFF")
                    "pybind11 ${pybind11_VERSION}")
   elseif(GFLOW_BUILD_PYTHON STREQUAL "ON")
     message(FATAL_ERROR "GFLOW_BUILD_PYTHON=ON needs pybind11 (pybind11-dev) and the headers "
-                        "of ${GFLOW_PYTHON} (python3-dev)")
+                        "of ${Python_EXECUTABLE} (python3-dev)")
   else()
     message(STATUS "gflow: no Python package (pybind11-dev or python3-dev missing)")
   endif()

@@ -40,7 +40,7 @@ class CMakeBuild(build_ext):
             cmd = ["cmake", "-S", ROOT, "-B", build_dir, "-DCMAKE_BUILD_TYPE=Release",
                    "-DGFLOW_BUILD_TESTS=OFF", "-DGFLOW_BUILD_BENCH=OFF", "-DGFLOW_BUILD_TOOLS=OFF",
                    "-DGFLOW_WERROR=OFF", "-DGFLOW_BUILD_PYTHON=ON",
-                   "-DGFLOW_PYTHON=" + sys.executable]
+                   "-DPython_EXECUTABLE=" + sys.executable]
             if shutil.which("ninja"):
                 cmd += ["-G", "Ninja"]
             subprocess.check_call(cmd)

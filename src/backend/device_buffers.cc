@@ -5,25 +5,10 @@
 #include <cstring>
 
 #include "common/check.h"
-#include "core/cuda_plugin.h"
+#include "cuda/device_guard.h"
+#include "kernels/cuda/plugin.h"
 
 namespace gflow::backend {
-namespace {
-
-// Runs `fn` with `device` current on this thread, restoring the caller's.
-template <typename F>
-int onDevice(const cuda::Plugin& p, int device, F&& fn) {
-  int before = -1;
-  if (int e = p.getDevice(&before)) return e;
-  if (before != device) {
-    if (int e = p.setDevice(device)) return e;
-  }
-  const int rc = fn();
-  if (before != device) p.setDevice(before);
-  return rc;
-}
-
-}  // namespace
 
 StagingPool::~StagingPool() {
   for (void* s : streams_) {
@@ -50,7 +35,7 @@ void* StagingPool::stream(int device) {
   if (static_cast<size_t>(device) >= streams_.size()) streams_.resize(device + 1, nullptr);
   if (!streams_[device]) {
     void* s = nullptr;
-    if (int e = onDevice(p_, device, [&] { return p_.streamCreate(&s); })) {
+    if (int e = cuda::onDevice(p_, device, [&] { return p_.streamCreate(&s); })) {
       GFLOW_THROW(kInternal, ErrorContext{})
           << "creating a CUDA stream on device " << device << " failed: " << p_.errorString(e);
     }
@@ -79,11 +64,11 @@ std::shared_ptr<DeviceBuffers> DeviceBuffers::bind(const char* op, int rank,
     st->ptr_[i] = static_cast<char*>(t.data);
     if (t.device.type != DeviceType::kCUDA) continue;
     void* ev = nullptr;
-    st->check(onDevice(*plugin, t.device.index,
-                       [&] {
-                         if (int e = plugin->eventCreate(&ev)) return e;
-                         return plugin->eventRecord(ev, t.stream);
-                       }),
+    st->check(cuda::onDevice(*plugin, t.device.index,
+                             [&] {
+                               if (int e = plugin->eventCreate(&ev)) return e;
+                               return plugin->eventRecord(ev, t.stream);
+                             }),
               "recording an event on the tensor's stream");
     st->events_[i] = ev;
   }
@@ -116,8 +101,9 @@ void DeviceBuffers::recordAgain() {
   for (size_t i = 0; i < items_.size(); ++i) {
     const Tensor& t = items_[i].t;
     if (!events_[i]) continue;
-    check(onDevice(*p_, t.device.index, [&] { return p_->eventRecord(events_[i], t.stream); }),
-          "recording an event on the tensor's stream");
+    check(
+        cuda::onDevice(*p_, t.device.index, [&] { return p_->eventRecord(events_[i], t.stream); }),
+        "recording an event on the tensor's stream");
   }
 }
 
@@ -147,12 +133,12 @@ void DeviceBuffers::toHost(StagingPool& pool) {
     off += (t.nbytes() + 255) & ~size_t(255);
     if (items_[i].role == kOut || t.nbytes() == 0) continue;
     void* s = pool.stream(t.device.index);
-    check(onDevice(*p_, t.device.index,
-                   [&] {
-                     if (int e = p_->streamWaitEvent(s, events_[i])) return e;
-                     if (int e = p_->memcpyAsync(ptr_[i], t.data, t.nbytes(), s)) return e;
-                     return p_->streamSynchronize(s);
-                   }),
+    check(cuda::onDevice(*p_, t.device.index,
+                         [&] {
+                           if (int e = p_->streamWaitEvent(s, events_[i])) return e;
+                           if (int e = p_->memcpyAsync(ptr_[i], t.data, t.nbytes(), s)) return e;
+                           return p_->streamSynchronize(s);
+                         }),
           "copying a device tensor to host memory");
   }
 }
@@ -172,12 +158,12 @@ void DeviceBuffers::toDevice(StagingPool& pool) {
     const Tensor& t = items_[i].t;
     if (t.device.type != DeviceType::kCUDA || items_[i].role == kIn || t.nbytes() == 0) continue;
     void* s = pool.stream(t.device.index);
-    check(onDevice(*p_, t.device.index,
-                   [&] {
-                     if (int e = p_->streamWaitEvent(s, events_[i])) return e;
-                     if (int e = p_->memcpyAsync(t.data, ptr_[i], t.nbytes(), s)) return e;
-                     return p_->streamSynchronize(s);
-                   }),
+    check(cuda::onDevice(*p_, t.device.index,
+                         [&] {
+                           if (int e = p_->streamWaitEvent(s, events_[i])) return e;
+                           if (int e = p_->memcpyAsync(t.data, ptr_[i], t.nbytes(), s)) return e;
+                           return p_->streamSynchronize(s);
+                         }),
           "copying the result back to device memory");
   }
 }

@@ -3,28 +3,14 @@
 #include <cstring>
 
 #include "common/check.h"
+#include "cuda/device_guard.h"
 #include "gradient/registration.h"
 
 namespace gflow::gradient {
 
-class CudaKernels::Current {
- public:
-  Current(const cuda::Plugin& p, int device) : p_(p) {
-    if (p_.getDevice(&before_) != 0) before_ = -1;
-    if (before_ != device) p_.setDevice(device);
-  }
-  ~Current() {
-    if (before_ >= 0) p_.setDevice(before_);
-  }
-
- private:
-  const cuda::Plugin& p_;
-  int before_ = -1;
-};
-
 CudaKernels::CudaKernels(const cuda::Plugin& plugin, int device, void* stream, size_t maxTensors)
     : p_(plugin), device_(device), stream_(stream), maxSegments_(std::max<size_t>(1, maxTensors)) {
-  Current c(p_, device_);
+  cuda::DeviceGuard c(p_, device_);
   const size_t table = maxSegments_ * sizeof(kernels::cuda::CopySegment);
   check(p_.hostAlloc(&segmentsHost_, table), "allocating the pinned copy table");
   segmentsDevice_ = allocate(table);
@@ -35,7 +21,7 @@ CudaKernels::CudaKernels(const cuda::Plugin& plugin, int device, void* stream, s
 }
 
 CudaKernels::~CudaKernels() {
-  Current c(p_, device_);
+  cuda::DeviceGuard c(p_, device_);
   p_.streamSynchronize(stream_);
   for (void* q : owned_) p_.deviceFree(q);
   for (const Block& b : blocks_) p_.deviceFree(b.p);
@@ -50,7 +36,7 @@ void CudaKernels::check(int err, const char* what) const {
 }
 
 void* CudaKernels::allocate(size_t bytes) {
-  Current c(p_, device_);
+  cuda::DeviceGuard c(p_, device_);
   void* q = nullptr;
   check(p_.deviceAlloc(&q, std::max<size_t>(bytes, 1)), "allocating gradient memory");
   owned_.push_back(q);
@@ -60,7 +46,7 @@ void* CudaKernels::allocate(size_t bytes) {
 
 void CudaKernels::zero(void* p, size_t bytes) {
   if (bytes == 0) return;
-  Current c(p_, device_);
+  cuda::DeviceGuard c(p_, device_);
   const std::vector<char> zeros(bytes, 0);
   check(p_.memcpyAsync(p, zeros.data(), bytes, stream_), "zeroing gradient memory");
   check(p_.streamSynchronize(stream_), "zeroing gradient memory");
@@ -75,7 +61,7 @@ void* CudaKernels::acquire(size_t bytes) {
       return b.p;
     }
   }
-  Current c(p_, device_);
+  cuda::DeviceGuard c(p_, device_);
   void* q = nullptr;
   check(p_.deviceAlloc(&q, bytes), "allocating gradient scratch memory");
   blocks_.push_back(Block{q, bytes, true});
@@ -91,7 +77,7 @@ void CudaKernels::release(void* block) {
 
 void CudaKernels::copy(const std::vector<Copy>& copies) {
   if (copies.empty()) return;
-  Current c(p_, device_);
+  cuda::DeviceGuard c(p_, device_);
   // The pinned table is read by the stream: the previous copy must be past it.
   check(p_.streamSynchronize(stream_), "waiting for the previous copy");
   if (copies.size() > maxSegments_) {  // a bigger batch than any before
@@ -111,17 +97,17 @@ void CudaKernels::copy(const std::vector<Copy>& copies) {
 }
 
 void CudaKernels::narrow(void* dst, const float* src, size_t count, DataType wire, float scale) {
-  Current c(p_, device_);
+  cuda::DeviceGuard c(p_, device_);
   check(p_.narrow(dst, src, count, wire, scale, stream_), "launching the narrowing kernel");
 }
 
 void CudaKernels::widen(float* dst, const void* src, size_t count, DataType wire, float scale) {
-  Current c(p_, device_);
+  cuda::DeviceGuard c(p_, device_);
   check(p_.widen(dst, src, count, wire, scale, stream_), "launching the widening kernel");
 }
 
 bool CudaKernels::nonFinite(const void* data, size_t count, DataType dtype) {
-  Current c(p_, device_);
+  cuda::DeviceGuard c(p_, device_);
   *flagHost_ = 0;
   check(p_.memcpyAsync(flagDevice_, flagHost_, sizeof(int), stream_), "clearing the inf/NaN flag");
   check(p_.flagNonFinite(data, count, dtype, flagDevice_, stream_), "launching the inf/NaN scan");
@@ -157,7 +143,7 @@ std::vector<kernels::GradientKernels::Copy> stagingCopies(
 
 void CudaKernels::accumulateChunkNorms(SparseBucket& b, float m, float* norms) {
   copy(stagingCopies(b, true));
-  Current c(p_, device_);
+  cuda::DeviceGuard c(p_, device_);
   check(
       p_.accumulateChunkNorms(b.staged.v, b.staged.u, b.staged.g, m, b.n, b.chunk, norms, stream_),
       "launching the CSC residual update");
@@ -169,14 +155,14 @@ size_t CudaKernels::topChunksTempBytes(size_t count) const {
 
 void CudaKernels::topChunks(const float* norms, size_t count, size_t k, uint32_t* idx, void* temp,
                             size_t tempBytes) {
-  Current c(p_, device_);
+  cuda::DeviceGuard c(p_, device_);
   check(p_.topChunks(norms, count, k, idx, temp, tempBytes, stream_),
         "launching the CSC chunk selection");
 }
 
 void CudaKernels::gatherChunks(float* packed, const SparseBucket& b, const uint32_t* idx,
                                size_t k) {
-  Current c(p_, device_);
+  cuda::DeviceGuard c(p_, device_);
   check(p_.gatherChunks(packed, b.staged.v, idx, k, b.chunk, b.n, stream_),
         "launching the CSC gather");
 }
@@ -184,7 +170,7 @@ void CudaKernels::gatherChunks(float* packed, const SparseBucket& b, const uint3
 void CudaKernels::scatterChunks(SparseBucket& b, const float* packed, const uint32_t* idx, size_t k,
                                 bool maskVelocity) {
   {
-    Current c(p_, device_);
+    cuda::DeviceGuard c(p_, device_);
     float* u = maskVelocity ? b.staged.u : nullptr;
     check(p_.scatterChunks(b.staged.g, b.staged.v, u, packed, idx, k, b.chunk, b.n, stream_),
           "launching the CSC scatter");
@@ -193,7 +179,7 @@ void CudaKernels::scatterChunks(SparseBucket& b, const float* packed, const uint
 }
 
 void CudaKernels::synchronize() {
-  Current c(p_, device_);
+  cuda::DeviceGuard c(p_, device_);
   check(p_.streamSynchronize(stream_), "waiting for the gradients' stream");
 }
 

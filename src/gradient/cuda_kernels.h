@@ -56,7 +56,6 @@ class CudaKernels final : public kernels::GradientKernels {
   void synchronize() override;
 
  private:
-  class Current;  // device_ current for a scope
   void check(int err, const char* what) const;
 
   const cuda::Plugin& p_;

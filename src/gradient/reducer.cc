@@ -23,7 +23,6 @@
 
 #include "common/check.h"
 #include "common/params.h"
-#include "core/cuda_plugin.h"
 #include "core/internal.h"
 #include "gradient/bucket_plan.h"
 #include "gradient/csc.h"
@@ -32,6 +31,7 @@
 #include "gradient/fusion.h"
 #include "gradient/registration.h"
 #include "gradient/timeline.h"
+#include "kernels/cuda/plugin.h"
 
 namespace gflow {
 

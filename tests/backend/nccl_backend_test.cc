@@ -14,8 +14,8 @@
 #include <thread>
 #include <vector>
 
-#include "backend/nccl/nccl_api.h"
 #include "common/params.h"
+#include "cuda/nccl_api.h"
 #include "gflow/gflow.h"
 #include "testing/ranks.h"
 #include "testing/soft_cuda.h"

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "core/cuda_plugin.h"
 #include "gflow/gflow.h"
+#include "kernels/cuda/plugin.h"
 #include "testing/ranks.h"
 
 namespace gflow {

@@ -25,8 +25,8 @@
 #include <thread>
 #include <vector>
 
-#include "core/cuda_plugin.h"
 #include "kernels/convert.h"
+#include "kernels/cuda/plugin.h"
 #include "kernels/sparse.h"
 #include "testing/soft_nccl.h"
 
@@ -585,7 +585,7 @@ const nccl::Api* ncclEntry(const char** why) {
 
 gflow::cuda::Plugin makeTable() {
   gflow::cuda::Plugin t;
-  t.abi = gflow::cuda::kPluginAbi;
+  t.abi = gflow::cuda::kComponentAbi;
   t.errorString = errorString;
   t.deviceCount = deviceCount;
   t.pointerDevice = pointerDevice;

@@ -15,8 +15,8 @@
 #include <thread>
 #include <vector>
 
-#include "core/cuda_plugin.h"
 #include "kernels/convert.h"
+#include "kernels/cuda/plugin.h"
 #include "kernels/reduce.h"
 #include "kernels/sparse.h"
 #include "testing/soft_cuda.h"

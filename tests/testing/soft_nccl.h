@@ -1,5 +1,5 @@
 // A software NCCL for tests: an in-process implementation of gflow's NCCL
-// table (src/backend/nccl/nccl_api.h) whose collectives run as work on the
+// table (src/cuda/nccl_api.h) whose collectives run as work on the
 // software CUDA's streams (soft_cuda.h), so the NCCL backend runs in CI
 // without a GPU. Ranks are threads of one process, each on its own soft
 // CUDA device. Never part of libgflow.
@@ -49,7 +49,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/nccl/nccl_api.h"
+#include "cuda/nccl_api.h"
 
 namespace gflow::testing::softnccl {
 

@@ -10,6 +10,7 @@
 #include "common/check.h"
 #include "common/logging.h"
 #include "common/params.h"
+#include "cuda/device_guard.h"
 #include "transport/common.h"
 
 namespace gflow::backend {
@@ -43,22 +44,6 @@ ErrorCode codeOf(int result) {
 
 }  // namespace
 
-class NcclBackend::DeviceGuard {
- public:
-  DeviceGuard(const cuda::Plugin& p, int device) : p_(p) {
-    if (p_.getDevice(&before_) != 0) before_ = -1;
-    if (before_ != device) p_.setDevice(device);
-  }
-  ~DeviceGuard() {
-    int now = -1;
-    if (before_ >= 0 && p_.getDevice(&now) == 0 && now != before_) p_.setDevice(before_);
-  }
-
- private:
-  const cuda::Plugin& p_;
-  int before_ = -1;
-};
-
 NcclBackend::NcclBackend(NcclSetup setup) : s_(std::move(setup)) {}
 
 NcclBackend::~NcclBackend() {
@@ -68,7 +53,7 @@ NcclBackend::~NcclBackend() {
     if (plugin_ && barrierWord_) plugin_->deviceFree(barrierWord_);
     return;
   }
-  DeviceGuard g(*plugin_, device_);
+  cuda::DeviceGuard g(*plugin_, device_);
   if (failed_) {
     abortComms();
   } else {
@@ -200,7 +185,7 @@ void NcclBackend::decide(const Op& op, int device) {
 }
 
 void NcclBackend::start(const Op& op) {
-  DeviceGuard g(*plugin_, device_);
+  cuda::DeviceGuard g(*plugin_, device_);
   nccl::UniqueId id{};
   const std::string key = s_.prefix + "nccl/id";
   if (s_.rank == 0) {
@@ -241,7 +226,7 @@ void NcclBackend::splitInto(const Op& op, int color, int key, Backend* into) {
   if (state_ != State::kNccl) return;
   auto* child = into ? dynamic_cast<NcclBackend*>(into) : nullptr;
   GFLOW_ENFORCE(into == nullptr || child != nullptr);
-  DeviceGuard g(*plugin_, device_);
+  cuda::DeviceGuard g(*plugin_, device_);
   void* part = nullptr;
   check(op, comm_, "ncclCommSplit", api_->commSplit(comm_, color, key, &part));
   if (part) waitReady(op, part, "ncclCommSplit");
@@ -457,7 +442,7 @@ void NcclBackend::notifyPeers(const Error& error) {
 // ---- collectives -----------------------------------------------------------
 
 void NcclBackend::allreduce(const Op& op, const void* in, void* out) {
-  DeviceGuard g(*plugin_, device_);
+  cuda::DeviceGuard g(*plugin_, device_);
   begin(op);
   const int dt = static_cast<int>(op.desc.dtype), rop = static_cast<int>(op.desc.op);
   const uint64_t n = op.desc.count;
@@ -483,7 +468,7 @@ void NcclBackend::allreduce(const Op& op, const void* in, void* out) {
 }
 
 void NcclBackend::reduceScatter(const Op& op, const void* in, void* out) {
-  DeviceGuard g(*plugin_, device_);
+  cuda::DeviceGuard g(*plugin_, device_);
   begin(op);
   check(op, comm_, "ncclReduceScatter",
         api_->reduceScatter(in, out, op.desc.count, static_cast<int>(op.desc.dtype),
@@ -492,7 +477,7 @@ void NcclBackend::reduceScatter(const Op& op, const void* in, void* out) {
 }
 
 void NcclBackend::allgather(const Op& op, const void* in, void* out) {
-  DeviceGuard g(*plugin_, device_);
+  cuda::DeviceGuard g(*plugin_, device_);
   begin(op);
   check(op, comm_, "ncclAllGather",
         api_->allGather(in, out, op.desc.count, static_cast<int>(op.desc.dtype), comm_, stream_));
@@ -500,7 +485,7 @@ void NcclBackend::allgather(const Op& op, const void* in, void* out) {
 }
 
 void NcclBackend::broadcast(const Op& op, void* buf) {
-  DeviceGuard g(*plugin_, device_);
+  cuda::DeviceGuard g(*plugin_, device_);
   begin(op);
   check(op, comm_, "ncclBroadcast",
         api_->broadcast(buf, buf, op.desc.count, static_cast<int>(op.desc.dtype), op.desc.root,
@@ -509,7 +494,7 @@ void NcclBackend::broadcast(const Op& op, void* buf) {
 }
 
 void NcclBackend::barrier(const Op& op) {
-  DeviceGuard g(*plugin_, device_);
+  cuda::DeviceGuard g(*plugin_, device_);
   if (!barrierWord_) {
     if (int e = plugin_->deviceAlloc(&barrierWord_, sizeof(int32_t))) {
       failCuda(op, e, "allocating the barrier's device word");

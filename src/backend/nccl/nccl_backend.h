@@ -30,8 +30,8 @@
 #include <vector>
 
 #include "backend/backend.h"
-#include "backend/nccl/nccl_api.h"
 #include "backend/router.h"
+#include "cuda/nccl_api.h"
 #include "gflow/store.h"
 #include "kernels/cuda/plugin.h"
 
@@ -110,7 +110,6 @@ class NcclBackend final : public Backend {
   void abortComms();
   // ncclCommFinalize, polled to the end (kSuccess) or a failure / `d`.
   int finalize(void* comm, const Deadline& d);
-  class DeviceGuard;  // device_ current on this thread for a scope
 
   NcclSetup s_;
   const cuda::Plugin* plugin_ = nullptr;

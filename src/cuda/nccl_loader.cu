@@ -7,7 +7,7 @@
 #include <cstring>
 #include <string>
 
-#include "backend/nccl/nccl_api.h"
+#include "cuda/nccl_api.h"
 #include "gflow/types.h"
 
 #if GFLOW_HAVE_NCCL

@@ -1,4 +1,4 @@
-#include "core/cuda_plugin.h"
+#include "cuda/loader.h"
 
 #include <dlfcn.h>
 
@@ -16,14 +16,15 @@ namespace {
 constexpr const char* kComponent = "libgflow_cuda.so." GFLOW_CUDA_SOVERSION;
 
 struct Loaded {
-  const Plugin* plugin = nullptr;
+  void* handle = nullptr;  // the component's, kept open for the process
+  const Runtime* runtime = nullptr;
   std::string why;
 };
 
 // The directory libgflow itself was loaded from.
 std::string ownDirectory() {
   Dl_info info{};
-  if (dladdr(reinterpret_cast<const void*>(&load), &info) == 0 || !info.dli_fname) return "";
+  if (dladdr(reinterpret_cast<const void*>(&loadRuntime), &info) == 0 || !info.dli_fname) return "";
   std::string path = info.dli_fname;
   const size_t slash = path.rfind('/');
   return slash == std::string::npos ? "" : path.substr(0, slash + 1);
@@ -54,12 +55,12 @@ Loaded tryLoad() {
               "); build gflow with the CUDA toolkit (GFLOW_WITH_CUDA) or set GFLOW_CUDA_PLUGIN";
     return out;
   }
-  using Entry = const Plugin* (*)();
-  auto entry = reinterpret_cast<Entry>(dlsym(h, "gflow_cuda_plugin"));
-  const Plugin* p = entry ? entry() : nullptr;
-  if (!p || p->abi != kPluginAbi) {
-    out.why = std::string(kComponent) + " is from another gflow version (plugin ABI " +
-              std::to_string(p ? p->abi : 0) + ", expected " + std::to_string(kPluginAbi) + ")";
+  using Entry = const Runtime* (*)();
+  auto entry = reinterpret_cast<Entry>(dlsym(h, "gflow_cuda_runtime"));
+  const Runtime* p = entry ? entry() : nullptr;
+  if (!p || p->abi != kComponentAbi) {
+    out.why = std::string(kComponent) + " is from another gflow version (component ABI " +
+              std::to_string(p ? p->abi : 0) + ", expected " + std::to_string(kComponentAbi) + ")";
     return out;
   }
   int n = 0;
@@ -72,23 +73,34 @@ Loaded tryLoad() {
     return out;
   }
   GFLOW_LOG(INFO) << "loaded " << kComponent << " (" << n << " GPU" << (n > 1 ? "s" : "") << ")";
-  out.plugin = p;
+  out.handle = h;
+  out.runtime = p;
   return out;
 }
 
-std::atomic<const Plugin*> testPlugin{nullptr};
+const Loaded& loaded() {
+  static const Loaded l = tryLoad();
+  return l;
+}
+
+std::atomic<const Runtime*> testRuntime{nullptr};
 
 }  // namespace
 
-void installPluginForTesting(const Plugin* p) {
-  testPlugin.store(p);
+void installRuntimeForTesting(const Runtime* r) {
+  testRuntime.store(r);
 }
 
-const Plugin* load(std::string* why) {
-  if (const Plugin* t = testPlugin.load()) return t;
-  static const Loaded l = tryLoad();
-  if (!l.plugin && why) *why = l.why;
-  return l.plugin;
+const Runtime* loadRuntime(std::string* why) {
+  if (const Runtime* t = testRuntime.load()) return t;
+  const Loaded& l = loaded();
+  if (!l.runtime && why) *why = l.why;
+  return l.runtime;
+}
+
+void* componentSymbol(const char* name) {
+  const Loaded& l = loaded();
+  return l.runtime ? dlsym(l.handle, name) : nullptr;
 }
 
 }  // namespace gflow::cuda

@@ -1,0 +1,3 @@
+#include "common/logging.h"
+#include "cuda/runtime.h"
+#include "gflow/communicator.h"

@@ -1,0 +1,3 @@
+#pragma once
+#include "common/logging.h"
+#include "gflow/types.h"

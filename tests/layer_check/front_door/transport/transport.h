@@ -1,0 +1,3 @@
+// The public front door from below.
+#pragma once
+#include "gflow/communicator.h"
