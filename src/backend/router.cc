@@ -129,7 +129,7 @@ Backend& Router::route(const Op& op) {
   }
   if (onNccl(op)) {
     count(Path::kNccl);
-    return *nccl_;
+    return nccl_->forOp(op);
   }
   count(hostPath(op.desc.algo));
   count(Path::kStaged);

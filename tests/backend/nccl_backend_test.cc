@@ -384,6 +384,34 @@ TEST_F(NcclBackendTest, HierarchicalAllreduceRunsOnIntraAndCrossHostNcclCommunic
   EXPECT_EQ(softnccl::collectivesRun(), 3 * 4) << "reduce-scatter, allreduce, allgather";
 }
 
+TEST_F(NcclBackendTest, HierarchicalAllreduceOnNcclTakesTailsAndLeavesAvgFlat) {
+  Options base;
+  base.algorithm = "hier";
+  auto world = testing::makeWorldWith(4, testing::onHosts({0, 0, 1, 1}, base));
+  constexpr size_t kCount = 4096 + 3;  // not a multiple of the 2 ranks per host
+  testing::forEachRank(world, [&](Communicator& c) {
+    DeviceBuffer buf(c.rank(), kCount * 8);
+    for (size_t i = 0; i < kCount; ++i)
+      buf.as<float>()[i] = static_cast<float>(valueAt(c.rank(), i));
+    c.allreduce(buf.tensor(kCount, DataType::kFloat32), ReduceOp::kMin);
+    for (size_t i = 0; i < kCount; ++i) {
+      double want = valueAt(0, i);
+      for (int q = 1; q < 4; ++q) want = std::min(want, valueAt(q, i));
+      ASSERT_EQ(buf.as<float>()[i], static_cast<float>(want)) << i;
+    }
+    for (size_t i = 0; i < kCount; ++i) buf.as<double>()[i] = valueAt(c.rank(), i);
+    c.allreduce(buf.tensor(kCount, DataType::kFloat64), ReduceOp::kAvg);
+    for (size_t i = 0; i < kCount; ++i) {
+      double want = 0;
+      for (int q = 0; q < 4; ++q) want += valueAt(q, i);
+      ASSERT_NEAR(buf.as<double>()[i], want / 4, 1e-12) << i;
+    }
+  });
+  // min: blocks (reduce-scatter, allreduce, allgather) + the tail (local and
+  // cross allreduce); avg: one flat NCCL allreduce.
+  EXPECT_EQ(softnccl::collectivesRun(), (5 + 1) * 4);
+}
+
 }  // namespace
 }  // namespace gflow
 

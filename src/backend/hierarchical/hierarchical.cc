@@ -61,14 +61,17 @@ namespace {
 class HierarchicalBackend final : public Backend {
  public:
   HierarchicalBackend(const Hierarchy& h, std::unique_ptr<Backend> local,
-                      std::unique_ptr<Backend> cross, CrossSelector crossSelect)
+                      std::unique_ptr<Backend> cross, CrossSelector crossSelect,
+                      uint64_t segmentBytes)
       : h_(h),
         crossSelect_(std::move(crossSelect)),
         local_(std::move(local)),
         cross_(std::move(cross)),
         localRanks_(h.ranksOfHost(h.host())),
         crossRanks_(h.ranksWithLocalRank(h.localRank())),
-        segmentBytes_(std::max<uint64_t>(params::getBytes("GFLOW_HIER_SEGMENT"), 4096)) {
+        segmentBytes_(segmentBytes > 0
+                          ? segmentBytes
+                          : std::max<uint64_t>(params::getBytes("GFLOW_HIER_SEGMENT"), 4096)) {
     for (int host = 0; host < h.numHosts; ++host) hostRanks_.push_back(h.ranksOfHost(host));
     for (size_t i = 0; i < localRanks_.size(); ++i) localIndex_[localRanks_[i]] = int(i);
     for (size_t i = 0; i < crossRanks_.size(); ++i) crossIndex_[crossRanks_[i]] = int(i);
@@ -108,43 +111,46 @@ class HierarchicalBackend final : public Backend {
   }
 
   // The first `count` elements (a multiple of the local size L) in segments
-  // of about GFLOW_HIER_SEGMENT bytes: local reduce-scatter, cross allreduce
-  // of this rank's block, local allgather. The cross phase of segment s runs
-  // on a helper thread while this thread runs the local phases of segments
-  // s-1 (allgather) and s+1 (reduce-scatter), so the network is busy while
+  // of about segmentBytes_: local reduce-scatter, cross allreduce of this
+  // rank's block, local allgather. This rank's block of a segment lives in
+  // its own place in `out` throughout (the reduce-scatter writes it there,
+  // in place when in == out; the allgather then runs in place), so the
+  // phases touch no memory of their own and run on any buffers the parts
+  // take, device memory included. The cross phase of segment s runs on a
+  // helper thread while this thread runs the local phases of segments s-1
+  // (allgather) and s+1 (reduce-scatter), so the network is busy while
   // shared memory works. Every member runs the local phases in the same
   // order (RS0 RS1 AG0 RS2 AG1 ...) and the cross phases in segment order.
   void allreduceBlocks(const Op& op, ReduceOp rop, const char* in, char* out, uint64_t count) {
     const OpDesc& d = op.desc;
     const size_t es = dataTypeSize(d.dtype);
     const uint64_t L = static_cast<uint64_t>(localRanks_.size());
+    const uint64_t l = static_cast<uint64_t>(h_.localRank());
     uint64_t segElems = std::max<uint64_t>(segmentBytes_ / es / L, 1) * L;
-    if (count < 2 * segElems) segElems = std::max<uint64_t>(count, L);
-    const uint64_t blockMax = segElems / L;
-    char* blocks[2] = {scratch(2 * blockMax * es), nullptr};
-    blocks[1] = blocks[0] + blockMax * es;
+    if (count / 2 < segElems) segElems = std::max<uint64_t>(count, L);
     struct Seg {
       uint64_t off, block;
+      char* mine;  // this rank's block of the segment, in `out`
     };
     std::vector<Seg> segs;
     for (uint64_t off = 0; off < count || segs.empty(); off += segElems) {
-      segs.push_back({off, std::min(segElems, count - off) / L});
+      const uint64_t block = std::min(segElems, count - off) / L;
+      segs.push_back({off, block, out + (off + block * l) * es});
     }
     auto localRs = [&](size_t s) {
-      runLocal(op, OpKind::kReduceScatter, rop, segs[s].block, 0, [&](const Op& o) {
-        local_->reduceScatter(o, in + segs[s].off * es, blocks[s & 1]);
-      });
+      runLocal(op, OpKind::kReduceScatter, rop, segs[s].block, 0,
+               [&](const Op& o) { local_->reduceScatter(o, in + segs[s].off * es, segs[s].mine); });
     };
     auto cross = [&](size_t s) {
       runCross(op, OpKind::kAllreduce, rop, segs[s].block, 0,
-               [&](const Op& o) { cross_->allreduce(o, blocks[s & 1], blocks[s & 1]); });
+               [&](const Op& o) { cross_->allreduce(o, segs[s].mine, segs[s].mine); });
     };
     auto localAg = [&](size_t s) {
       if (d.op == ReduceOp::kAvg && segs[s].block > 0) {
-        kernels::divide(blocks[s & 1], segs[s].block, d.dtype, h_.size);
+        kernels::divide(segs[s].mine, segs[s].block, d.dtype, h_.size);
       }
       runLocal(op, OpKind::kAllgather, rop, segs[s].block, 0,
-               [&](const Op& o) { local_->allgather(o, blocks[s & 1], out + segs[s].off * es); });
+               [&](const Op& o) { local_->allgather(o, segs[s].mine, out + segs[s].off * es); });
     };
     if (segs.size() == 1) {
       localRs(0);
@@ -353,9 +359,10 @@ class HierarchicalBackend final : public Backend {
 std::unique_ptr<Backend> createHierarchicalBackend(const Hierarchy& h,
                                                    std::unique_ptr<Backend> local,
                                                    std::unique_ptr<Backend> cross,
-                                                   CrossSelector crossSelect) {
+                                                   CrossSelector crossSelect,
+                                                   uint64_t segmentBytes) {
   return std::make_unique<HierarchicalBackend>(h, std::move(local), std::move(cross),
-                                               std::move(crossSelect));
+                                               std::move(crossSelect), segmentBytes);
 }
 
 }  // namespace gflow::backend

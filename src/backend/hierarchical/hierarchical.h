@@ -1,12 +1,15 @@
 // Hierarchical collectives, written once over the Backend interface: a
-// `local` backend joins the ranks of this host (shared memory, or NCCL in a
-// later backend) and a `cross` backend joins the ranks that have this rank's
-// local rank, one per host (TCP now, verbs later).
+// `local` backend joins the ranks of this host and a `cross` backend joins
+// the ranks that have this rank's local rank, one per host. For host
+// buffers they are shared memory (or TCP/verbs where it is unavailable) and
+// TCP or verbs; for device buffers, NCCL communicators split off the
+// communicator's own (backend/nccl/nccl_backend.h).
 //
 // allreduce, every host with the same number of ranks L:
-//   local reduce-scatter (rank l gets block l summed over the host)
+//   local reduce-scatter (rank l gets block l summed over the host, in its
+//   own place in the output)
 //   -> cross allreduce of block l among the hosts
-//   -> local allgather of the blocks.
+//   -> local allgather of the blocks (in place).
 // Each rank moves 1/L of the data across hosts, so all L ranks of a host use
 // the network at once and the host-to-host traffic is that of one ring over
 // hosts (not over ranks). Elements that do not fill L equal blocks (count %
@@ -18,6 +21,9 @@
 // reduce-scatter (equal hosts): regroup the blocks by local rank -> local
 //   reduce-scatter -> cross reduce-scatter.
 // allgather (equal hosts): cross allgather -> local allgather -> ungroup.
+// avg is a sum divided on the host at the end; reduce-scatter, allgather
+// and avg touch memory directly, so they take host buffers only (the NCCL
+// backend runs them flat).
 #pragma once
 
 #include <functional>
@@ -54,10 +60,12 @@ using CrossSelector = std::function<Algorithm(OpKind, uint64_t bytes, int groupS
 
 // `local`: the ranks of this host (ranksOfHost(host())); `cross`: the ranks
 // with this rank's local rank (ranksWithLocalRank(localRank())). Both number
-// their members from 0 in that order.
+// their members from 0 in that order. `segmentBytes`: how much of a large
+// allreduce one pipelined segment carries (0: GFLOW_HIER_SEGMENT).
 std::unique_ptr<Backend> createHierarchicalBackend(const Hierarchy& h,
                                                    std::unique_ptr<Backend> local,
                                                    std::unique_ptr<Backend> cross,
-                                                   CrossSelector crossSelect);
+                                                   CrossSelector crossSelect,
+                                                   uint64_t segmentBytes = 0);
 
 }  // namespace gflow::backend

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <thread>
 
 #include "backend/device_buffers.h"
@@ -59,19 +60,18 @@ NcclBackend::~NcclBackend() {
   } else {
     // Clean exit: flush (a peer may still be receiving this rank's last
     // sends through NCCL's proxy), then free; abort when that fails.
+    hierarchical_.store(nullptr, std::memory_order_release);
+    hier_.reset();  // its parts finalize first
     const Deadline d = Deadline::after(std::min(s_.timeout, std::chrono::milliseconds(30000)));
-    for (void** c : {&intra_, &cross_, &comm_}) {
-      if (!*c) continue;
-      const int r = finalize(*c, d);
-      if (r == nccl::kSuccess) {
-        api_->commDestroy(*c);
-      } else {
-        GFLOW_LOG(WARN) << "rank " << s_.rank << ": an NCCL communicator did not finalize ("
-                        << api_->getErrorString(r) << "); aborting it";
-        api_->commAbort(*c);
-      }
-      *c = nullptr;
+    const int r = finalize(comm_, d);
+    if (r == nccl::kSuccess) {
+      api_->commDestroy(comm_);
+    } else {
+      GFLOW_LOG(WARN) << "rank " << s_.rank << ": an NCCL communicator did not finalize ("
+                      << api_->getErrorString(r) << "); aborting it";
+      api_->commAbort(comm_);
     }
+    comm_ = nullptr;
   }
   if (event_) plugin_->eventDestroy(event_);
   if (stream_) plugin_->streamDestroy(stream_);
@@ -180,7 +180,7 @@ void NcclBackend::decide(const Op& op, int device) {
   if (s_.rank == 0) {
     GFLOW_LOG(INFO) << "cuda tensors run on NCCL " << api_->version / 10000 << "."
                     << api_->version / 100 % 100 << "." << api_->version % 100 << " (" << s_.size
-                    << " ranks" << (intra_ ? ", hierarchical allreduce" : "") << ")";
+                    << " ranks" << (hier_ ? ", hierarchical allreduce" : "") << ")";
   }
 }
 
@@ -211,15 +211,54 @@ void NcclBackend::prepare(const Op& op) {
   if (int e = plugin_->streamCreate(&stream_)) failCuda(op, e, "creating the NCCL stream");
   const Hierarchy h = Hierarchy::fromHostHashes(s_.rank, s_.hostOf);
   if (h.numHosts > 1 && h.numHosts < s_.size && h.uniform) {
-    localRank_ = h.localRank();
-    localSize_ = h.localSize();
-    check(op, comm_, "ncclCommSplit (intra-host)",
-          api_->commSplit(comm_, h.host(), s_.rank, &intra_));
-    if (intra_) waitReady(op, intra_, "ncclCommSplit (intra-host)");
-    check(op, comm_, "ncclCommSplit (cross-host)",
-          api_->commSplit(comm_, h.localRank(), h.host(), &cross_));
-    if (cross_) waitReady(op, cross_, "ncclCommSplit (cross-host)");
+    // The hierarchical allreduce over an intra-host and a cross-host part,
+    // each an NCCL communicator split off this one.
+    auto local = part(op, h.host(), s_.rank, h.localRank(), h.localSize(), "intra-host");
+    auto cross = part(op, h.localRank(), h.host(), h.host(), h.numHosts, "cross-host");
+    intra_ = local.get();
+    cross_ = cross.get();
+    hier_ = createHierarchicalBackend(
+        h, std::move(local), std::move(cross),
+        [](OpKind, uint64_t, int) { return Algorithm::kAuto; },
+        std::numeric_limits<uint64_t>::max());  // one segment: NCCL pipelines itself
+    hierarchical_.store(hier_.get(), std::memory_order_release);
   }
+}
+
+void* NcclBackend::splitComm(const Op& op, int color, int key, const char* what) {
+  void* comm = nullptr;
+  check(op, comm_, what, api_->commSplit(comm_, color, key, &comm));
+  if (comm) waitReady(op, comm, what);
+  waitReady(op, comm_, what);
+  return comm;
+}
+
+void NcclBackend::adopt(const Op& op, const NcclBackend& from, void* comm) {
+  plugin_ = from.plugin_;
+  api_ = from.api_;
+  device_ = from.device_;
+  comm_ = comm;
+  state_ = State::kBroken;  // until prepared
+  try {
+    prepare(op);
+  } catch (...) {
+    abortComms();
+    throw;
+  }
+  state_ = State::kNccl;
+}
+
+std::unique_ptr<NcclBackend> NcclBackend::part(const Op& op, int color, int key, int rank, int size,
+                                               const char* what) {
+  const std::string name = std::string("ncclCommSplit (") + what + ")";
+  void* comm = splitComm(op, color, key, name.c_str());
+  GFLOW_ENFORCE(comm != nullptr);
+  // The part shares the communicator's store keys, so a failure report
+  // reaches its waits too; its own ranks are those of its group.
+  auto p = std::make_unique<NcclBackend>(NcclSetup{rank, size, s_.store, s_.prefix, s_.timeout,
+                                                   std::vector<uint64_t>(size_t(size), 0)});
+  p->adopt(op, *this, comm);
+  return p;
 }
 
 void NcclBackend::splitInto(const Op& op, int color, int key, Backend* into) {
@@ -227,26 +266,20 @@ void NcclBackend::splitInto(const Op& op, int color, int key, Backend* into) {
   auto* child = into ? dynamic_cast<NcclBackend*>(into) : nullptr;
   GFLOW_ENFORCE(into == nullptr || child != nullptr);
   cuda::DeviceGuard g(*plugin_, device_);
-  void* part = nullptr;
-  check(op, comm_, "ncclCommSplit", api_->commSplit(comm_, color, key, &part));
-  if (part) waitReady(op, part, "ncclCommSplit");
-  waitReady(op, comm_, "ncclCommSplit");
-  if (!child || !part) {
-    if (part) api_->commAbort(part);  // not ours to keep (cannot happen with color < 0)
+  void* comm = splitComm(op, color, key, "ncclCommSplit");
+  if (!child || !comm) {
+    if (comm) api_->commAbort(comm);  // not ours to keep (cannot happen with color < 0)
     return;
   }
-  child->plugin_ = plugin_;
-  child->api_ = api_;
-  child->device_ = device_;
-  child->comm_ = part;
-  child->state_ = State::kBroken;  // until prepared
-  try {
-    child->prepare(op);
-  } catch (...) {
-    child->abortComms();
-    throw;
-  }
-  child->state_ = State::kNccl;
+  child->adopt(op, *this, comm);
+}
+
+Backend& NcclBackend::forOp(const Op& op) {
+  // avg divides on the host in the hierarchical composition: flat here
+  // (NCCL averages natively), as are the collectives it regroups in memory.
+  const bool hierarchical = hier_ && op.desc.algo == Algorithm::kHierarchical &&
+                            op.desc.kind == OpKind::kAllreduce && op.desc.op != ReduceOp::kAvg;
+  return hierarchical ? *hier_ : *this;
 }
 
 std::vector<uint8_t> NcclBackend::waitForKey(const Op& op, const std::string& key,
@@ -328,12 +361,11 @@ void NcclBackend::finish(const Op& op, const char* what) {
     if (q != 0 && q != cuda::kNotReady) failCuda(op, q, "waiting for the NCCL op on the GPU");
     // Also once the GPU is done: kernels that a peer's abort released end
     // without their result, which only the asynchronous error tells.
-    for (void* c : {comm_, intra_, cross_}) {
-      int a = nccl::kSuccess;
-      if (!c) continue;
-      if (int r = api_->commGetAsyncError(c, &a)) failNccl(op, r, "ncclCommGetAsyncError", c);
-      if (a != nccl::kSuccess && a != nccl::kInProgress) failNccl(op, a, what, c);
+    int a = nccl::kSuccess;
+    if (int r = api_->commGetAsyncError(comm_, &a)) {
+      failNccl(op, r, "ncclCommGetAsyncError", comm_);
     }
+    if (a != nccl::kSuccess && a != nccl::kInProgress) failNccl(op, a, what, comm_);
     if (q == 0) return;
     checkWaiting(op, deadline,
                  inputsReady ? what : "the caller's work producing the op's inputs (on its stream)",
@@ -408,16 +440,20 @@ void NcclBackend::abortComms() {
   state_ = State::kBroken;
   failed_ = true;
   if (!api_) return;
-  for (void** c : {&intra_, &cross_, &comm_}) {
-    if (*c) api_->commAbort(*c);
-    *c = nullptr;
+  if (comm_) api_->commAbort(comm_);
+  comm_ = nullptr;
+  for (NcclBackend* p : {intra_, cross_}) {
+    if (p) p->abortComms();
   }
 }
 
 void NcclBackend::abort(const Error& error) {
-  std::lock_guard<std::mutex> lock(m_);
-  if (!abortError_) abortError_ = std::make_shared<const Error>(error);
-  abortRequested_.store(true, std::memory_order_release);
+  {
+    std::lock_guard<std::mutex> lock(m_);
+    if (!abortError_) abortError_ = std::make_shared<const Error>(error);
+    abortRequested_.store(true, std::memory_order_release);
+  }
+  if (Backend* h = hierarchical_.load(std::memory_order_acquire)) h->abort(error);
 }
 
 void NcclBackend::notifyPeers(const Error& error) {
@@ -446,23 +482,6 @@ void NcclBackend::allreduce(const Op& op, const void* in, void* out) {
   begin(op);
   const int dt = static_cast<int>(op.desc.dtype), rop = static_cast<int>(op.desc.op);
   const uint64_t n = op.desc.count;
-  // (An integer average of averages would truncate twice: flat instead.)
-  const bool integer = op.desc.dtype == DataType::kInt32 || op.desc.dtype == DataType::kInt64 ||
-                       op.desc.dtype == DataType::kUInt8;
-  if (op.desc.algo == Algorithm::kHierarchical && intra_ && cross_ && n >= uint64_t(localSize_) &&
-      n % localSize_ == 0 && !(integer && op.desc.op == ReduceOp::kAvg)) {
-    // Reduce-scatter within the host, allreduce of this rank's block across
-    // hosts, allgather within the host, back to back on the NCCL stream.
-    const uint64_t chunk = n / localSize_;
-    char* mine = static_cast<char*>(out) + chunk * localRank_ * dataTypeSize(op.desc.dtype);
-    check(op, intra_, "ncclReduceScatter (intra-host)",
-          api_->reduceScatter(in, mine, chunk, dt, rop, intra_, stream_));
-    check(op, cross_, "ncclAllReduce (cross-host)",
-          api_->allReduce(mine, mine, chunk, dt, rop, cross_, stream_));
-    check(op, intra_, "ncclAllGather (intra-host)",
-          api_->allGather(mine, out, chunk, dt, intra_, stream_));
-    return finish(op, "hierarchical allreduce over NCCL");
-  }
   check(op, comm_, "ncclAllReduce", api_->allReduce(in, out, n, dt, rop, comm_, stream_));
   finish(op, "ncclAllReduce");
 }

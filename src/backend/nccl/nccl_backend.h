@@ -54,6 +54,10 @@ class NcclBackend final : public Backend {
   bool use(const Op& op, const cuda::Plugin& plugin, int device);
   bool active() const { return state_ == State::kNccl; }
   int device() const { return device_; }
+  // The backend that runs `op` once NCCL runs this communicator: the
+  // hierarchical composition for a hierarchical allreduce where there is
+  // one (not for avg, which it would divide on the host), else this.
+  Backend& forOp(const Op& op);
 
   // Communicator::split, on this (the parent's) executing thread and
   // collective over its ranks: when NCCL runs this communicator, splits it
@@ -89,9 +93,16 @@ class NcclBackend final : public Backend {
   // A store key a peer writes, waited for under op.deadline, abort() and
   // the peers' failure reports; `what` names the wait in a timeout.
   std::vector<uint8_t> waitForKey(const Op& op, const std::string& key, const char* what);
-  // After the NCCL communicator exists: the op event and, on several hosts,
-  // the intra-/cross-host communicators.
+  // After the NCCL communicator exists: the op event and stream and, on
+  // several hosts, the hierarchical parts.
   void prepare(const Op& op);
+  // ncclCommSplit of comm_ (collective over its ranks), waited for.
+  void* splitComm(const Op& op, int color, int key, const char* what);
+  // Runs the NCCL communicator `comm`, split off `from`'s.
+  void adopt(const Op& op, const NcclBackend& from, void* comm);
+  // A hierarchical part: rank `rank` of `size` in the split (color, key).
+  std::unique_ptr<NcclBackend> part(const Op& op, int color, int key, int rank, int size,
+                                    const char* what);
   // Polls `comm` until its pending call completed (kInProgress ends).
   void waitReady(const Op& op, void* comm, const char* what);
   // The result of enqueueing `what` on `comm`: waits out kInProgress,
@@ -117,10 +128,14 @@ class NcclBackend final : public Backend {
   State state_ = State::kUndecided;
   int device_ = -1;
   void* comm_ = nullptr;
-  void* intra_ = nullptr;  // ranks of this host (hierarchical allreduce)
-  void* cross_ = nullptr;  // ranks with this local rank on every host
-  int localRank_ = 0;
-  int localSize_ = 1;
+  // Several hosts with the same number of ranks each: the hierarchical
+  // allreduce (backend/hierarchical) over an intra-host part (the ranks of
+  // this host) and a cross-host part (the ranks with this local rank), both
+  // NCCL communicators split off comm_ and owned by hier_.
+  std::unique_ptr<Backend> hier_;
+  NcclBackend* intra_ = nullptr;
+  NcclBackend* cross_ = nullptr;
+  std::atomic<Backend*> hierarchical_{nullptr};  // hier_, for abort()
   void* event_ = nullptr;
   void* barrierWord_ = nullptr;  // device memory, on the first barrier
   // NCCL runs on this stream of the communicator, after the event on the
