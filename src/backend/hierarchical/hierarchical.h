@@ -1,7 +1,10 @@
 // Hierarchical collectives, written once over the Backend interface: a
-// `local` backend joins the ranks of this host (shared memory, or NCCL in a
-// later backend) and a `cross` backend joins the ranks that have this rank's
-// local rank, one per host (TCP now, verbs later).
+// `local` backend joins the ranks of this host (the shared-memory backend,
+// or the host backend over the network transport when shared memory is
+// unavailable) and a `cross` backend joins the ranks that have this rank's
+// local rank, one per host (the host backend over the network transport:
+// TCP, or verbs with GFLOW_TRANSPORT=verbs). Host buffers only: NCCL runs
+// its own intra-/cross-host allreduce (backend/nccl/nccl_backend.h).
 //
 // allreduce, every host with the same number of ranks L:
 //   local reduce-scatter (rank l gets block l summed over the host)
