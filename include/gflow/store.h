@@ -1,7 +1,8 @@
 // The rendezvous key-value store. Ranks publish their addresses here while a
 // communicator is created. gflow ships a TCP store hosted by rank 0
-// (createTcpStore) and an in-process store for ranks running as threads
-// (HashStore); a framework can bring its own by implementing Store.
+// (TcpStore, below), an in-process store for ranks running as threads
+// (createHashStore) and a key-prefixing view (createPrefixStore); a
+// framework can bring its own by implementing Store.
 //
 // Thread safety: implementations must allow concurrent calls from several
 // threads. Every blocking call takes a timeout and throws

@@ -1,7 +1,12 @@
-// Ring algorithms: reduce-scatter, allgather, and allreduce as their
-// composition. Each segment is cut into pieces so that receiving piece k+1,
-// reducing piece k and forwarding piece k-1 overlap. Large buffers are
-// processed in rounds so staging memory stays bounded (2 segments per round).
+// Ring algorithms: reduce-scatter, allgather and allreduce. Allreduce is one
+// fused routine, not a call of the other two: in each round it first posts
+// every allgather receive straight into `out` (so no allgather data arrives
+// unexpected), then runs the reduce-scatter steps reducing each received
+// piece into `out`, and the last reduce-scatter step's send of the finished
+// segment is the allgather's first step; no copy between the two phases.
+// Each segment is cut into pieces so that receiving piece k+1, reducing
+// piece k and forwarding piece k-1 overlap. Large buffers are processed in
+// rounds so staging memory stays bounded (2 segments per round).
 //
 // Determinism: each segment is reduced once, by a fixed chain of ranks, then
 // copied around the ring, so every rank ends with the same bits.
