@@ -247,7 +247,7 @@ void CommunicatorImpl::buildHierarchy(const transport::ContextOptions& ctxOpts,
   const bool useShm = params::getInt("GFLOW_SHM") != 0;
   auto connectShm = [&](const std::vector<int>& members, int me, const std::string& prefix,
                         bool nameCommRanks) -> std::unique_ptr<backend::Backend> {
-    transport::shm::GroupOptions go;
+    backend::shm::GroupOptions go;
     go.rank = me;
     go.size = static_cast<int>(members.size());
     if (nameCommRanks) go.commRanks = members;
@@ -256,7 +256,7 @@ void CommunicatorImpl::buildHierarchy(const transport::ContextOptions& ctxOpts,
     go.timeout = ctxOpts.timeout;
     go.describe = backend::describe;
     std::string why;
-    auto g = transport::shm::Group::connect(go, &why);
+    auto g = backend::shm::Group::connect(go, &why);
     if (!g) {
       GFLOW_LOG(WARN) << "rank " << rank << ": shared memory between the ranks of this host "
                       << "is unavailable (" << why << "); they use " << transportName;

@@ -1,6 +1,6 @@
 // The shared-memory backend: collectives among the ranks of one host, each
 // rank reading its peers' data straight out of their segments (no messages,
-// no per-pair queues). See transport/shm/group.h for the slot and sync rules.
+// no per-pair queues). See backend/shm/group.h for the slot and sync rules.
 //
 // Per chunk of GFLOW_SHM_CHUNK bytes, every rank copies its input into its
 // own slot once, then:
@@ -24,7 +24,7 @@
 namespace gflow::backend {
 namespace {
 
-using transport::shm::Group;
+using backend::shm::Group;
 
 // At or below this many bytes per rank an allreduce takes the one-sync path
 // whatever the group size: it is latency-bound.
@@ -205,7 +205,7 @@ class ShmBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> createShmBackend(std::unique_ptr<transport::shm::Group> group) {
+std::unique_ptr<Backend> createShmBackend(std::unique_ptr<backend::shm::Group> group) {
   return std::make_unique<ShmBackend>(std::move(group));
 }
 

@@ -4,10 +4,10 @@
 #include <memory>
 
 #include "backend/backend.h"
-#include "transport/shm/group.h"
+#include "backend/shm/group.h"
 
 namespace gflow::backend {
 
-std::unique_ptr<Backend> createShmBackend(std::unique_ptr<transport::shm::Group> group);
+std::unique_ptr<Backend> createShmBackend(std::unique_ptr<backend::shm::Group> group);
 
 }  // namespace gflow::backend

@@ -30,13 +30,16 @@
 #include <string>
 #include <vector>
 
+#include "backend/shm/segment.h"
 #include "common/deadline.h"
 #include "gflow/error.h"
 #include "gflow/store.h"
-#include "transport/shm/segment.h"
 #include "transport/transport.h"
 
-namespace gflow::transport::shm {
+namespace gflow::backend::shm {
+
+using transport::Envelope;
+using transport::EnvelopeFormatter;
 
 struct GroupOptions {
   int rank = 0;                // among the members
@@ -123,4 +126,4 @@ class Group {
   std::shared_ptr<const Error> error_;
 };
 
-}  // namespace gflow::transport::shm
+}  // namespace gflow::backend::shm

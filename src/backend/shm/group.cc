@@ -1,4 +1,4 @@
-#include "transport/shm/group.h"
+#include "backend/shm/group.h"
 
 #include <sched.h>
 #include <unistd.h>
@@ -14,7 +14,7 @@
 #include "common/logging.h"
 #include "common/params.h"
 
-namespace gflow::transport::shm {
+namespace gflow::backend::shm {
 
 namespace {
 
@@ -401,4 +401,4 @@ PeerStats Group::peerStats(int member) const {
   return s;
 }
 
-}  // namespace gflow::transport::shm
+}  // namespace gflow::backend::shm

@@ -16,7 +16,7 @@
 #include <cstdint>
 #include <string>
 
-namespace gflow::transport::shm {
+namespace gflow::backend::shm {
 
 // A mapping of a segment; unmaps on destruction.
 class Mapping {
@@ -74,4 +74,4 @@ void futexWake(uint32_t* word);
 // Returns when *word != expected, on a wake, or after `timeoutUs`.
 void futexWait(uint32_t* word, uint32_t expected, int64_t timeoutUs);
 
-}  // namespace gflow::transport::shm
+}  // namespace gflow::backend::shm

@@ -1,4 +1,4 @@
-#include "transport/shm/segment.h"
+#include "backend/shm/segment.h"
 
 #include <fcntl.h>
 #include <linux/futex.h>
@@ -17,7 +17,7 @@
 
 #include "common/check.h"
 
-namespace gflow::transport::shm {
+namespace gflow::backend::shm {
 
 Mapping::~Mapping() {
   if (data_) ::munmap(data_, size_);
@@ -136,4 +136,4 @@ void futexWait(uint32_t* word, uint32_t expected, int64_t timeoutUs) {
   ::syscall(SYS_futex, word, FUTEX_WAIT, expected, &ts, nullptr, 0);
 }
 
-}  // namespace gflow::transport::shm
+}  // namespace gflow::backend::shm
