@@ -73,13 +73,6 @@ struct AllreduceResult {
   bool nonFinite = false;
 };
 
-struct PeerStats {
-  uint64_t bytesSent = 0;
-  uint64_t bytesReceived = 0;
-  uint64_t messagesSent = 0;
-  uint64_t messagesReceived = 0;
-};
-
 struct GFLOW_EXPORT Stats {
   std::vector<PeerStats> peers;  // indexed by peer rank
   uint64_t allreduce = 0;

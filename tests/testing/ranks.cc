@@ -6,10 +6,6 @@
 
 namespace gflow::testing {
 
-namespace {
-
-// Runs body(rank, store) on n threads over one shared in-memory store and
-// returns what each thread threw.
 std::vector<std::exception_ptr> onThreads(
     int n, const std::function<void(int, const std::shared_ptr<Store>&)>& body) {
   auto store = createHashStore();
@@ -27,6 +23,8 @@ std::vector<std::exception_ptr> onThreads(
   for (auto& t : threads) t.join();
   return errors;
 }
+
+namespace {
 
 std::shared_ptr<Communicator> create(Options o, int r, int n, const std::shared_ptr<Store>& store) {
   o.rank = r;

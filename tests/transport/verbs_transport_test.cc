@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "gflow/gflow.h"
+#include "testing/contexts.h"
 #include "testing/ranks.h"
 #include "testing/soft_verbs.h"
 #include "testing/values.h"
@@ -28,50 +29,15 @@ using transport::Envelope;
 using transport::Tag;
 using transport::verbs::VerbsContext;
 
+using testing::errorOf;
+using testing::expectNoErrors;
+
 // Runs body(context) on n threads, each with a connected VerbsContext.
 std::vector<std::exception_ptr> runContexts(
     int n, const std::function<void(VerbsContext&)>& body,
     std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
-  auto store = createHashStore();
-  std::vector<std::exception_ptr> errs(n);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        transport::ContextOptions o;
-        o.rank = r;
-        o.size = n;
-        o.store = store;
-        o.prefix = "t/";
-        o.timeout = timeout;
-        VerbsContext ctx(o);
-        body(ctx);
-      } catch (...) {
-        errs[r] = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  return errs;
-}
-
-void expectNoErrors(const std::vector<std::exception_ptr>& errs) {
-  for (size_t r = 0; r < errs.size(); ++r) {
-    if (!errs[r]) continue;
-    try {
-      std::rethrow_exception(errs[r]);
-    } catch (const std::exception& e) {
-      ADD_FAILURE() << "rank " << r << ": " << e.what();
-    }
-  }
-}
-
-Error errorOf(const std::exception_ptr& p) {
-  try {
-    std::rethrow_exception(p);
-  } catch (const Error& e) {
-    return e;
-  }
+  return testing::runContexts(
+      "verbs", n, [&](transport::Context& c) { body(dynamic_cast<VerbsContext&>(c)); }, timeout);
 }
 
 constexpr Envelope kEnv{{1, 2, 3}};
