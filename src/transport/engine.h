@@ -18,6 +18,9 @@
 //     reached yet is raised when it gets there.
 //   - Per-peer traffic counters (peerStats) and PONG counts for the liveness
 //     probe (transport/liveness.h).
+//   - wait()/test(): the request's or the context's error around the wire's
+//     progress (pollOnce(), waitUntilDone()).
+//   - registerMemory(): a trivial region, for wires that need none (TCP).
 //
 // Thread safety: as Context. abort(), error() and peerStats() may be called
 // from any thread; everything else from the owning (waiting) thread.
@@ -50,6 +53,9 @@ struct Message {
 
 class Engine : public Context {
  public:
+  // A region that needs no registration (a wire that copies through the
+  // kernel, as TCP does, overrides nothing); verbs registers for real.
+  std::unique_ptr<MemoryRegion> registerMemory(void* data, size_t size) override;
   void beginGroup(uint64_t group, const Envelope& env) override;
   // The request's own error, or the context's, is thrown around the wire's
   // progress (pollOnce, waitUntilDone).

@@ -1,7 +1,5 @@
 #include "testing/contexts.h"
 
-#include <gtest/gtest.h>
-
 #include "testing/ranks.h"
 
 namespace gflow::testing {
@@ -29,15 +27,20 @@ Error errorOf(const std::exception_ptr& p) {
   }
 }
 
-void expectNoErrors(const std::vector<std::exception_ptr>& errs) {
-  for (size_t r = 0; r < errs.size(); ++r) {
-    if (!errs[r]) continue;
-    try {
-      std::rethrow_exception(errs[r]);
-    } catch (const std::exception& e) {
-      ADD_FAILURE() << "rank " << r << ": " << e.what();
-    }
+void waitOrNotify(transport::Context& c, const transport::RequestPtr& r,
+                  std::chrono::milliseconds d) {
+  try {
+    c.wait(r, Deadline::after(d));
+  } catch (const Error&) {
+    c.notifyPeers(*c.error());
+    throw;
   }
+}
+
+std::vector<char> pattern(size_t n, int seed) {
+  std::vector<char> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<char>((i * 131 + seed * 7 + i / 251) & 0xff);
+  return v;
 }
 
 }  // namespace gflow::testing

@@ -24,7 +24,13 @@ std::vector<std::exception_ptr> runContexts(const std::string& transport, int n,
 // The gflow::Error in `p` (which must hold one).
 Error errorOf(const std::exception_ptr& p);
 
-// Adds a test failure naming the rank for each exception in `errs`.
-void expectNoErrors(const std::vector<std::exception_ptr>& errs);
+// Waits for `r`; on failure tells the peers (as the communicator does) and
+// rethrows, so that a peer fails too instead of waiting for its deadline.
+void waitOrNotify(transport::Context& c, const transport::RequestPtr& r,
+                  std::chrono::milliseconds d);
+
+// n bytes of a pattern that differs with `seed` and is not periodic at
+// powers of two.
+std::vector<char> pattern(size_t n, int seed);
 
 }  // namespace gflow::testing

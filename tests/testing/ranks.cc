@@ -99,10 +99,14 @@ void forEachRank(const std::vector<std::shared_ptr<Communicator>>& world,
     });
   }
   for (auto& t : threads) t.join();
-  for (size_t r = 0; r < world.size(); ++r) {
-    if (!errors[r]) continue;
+  expectNoErrors(errors);
+}
+
+void expectNoErrors(const std::vector<std::exception_ptr>& errs) {
+  for (size_t r = 0; r < errs.size(); ++r) {
+    if (!errs[r]) continue;
     try {
-      std::rethrow_exception(errors[r]);
+      std::rethrow_exception(errs[r]);
     } catch (const std::exception& e) {
       ADD_FAILURE() << "rank " << r << " threw: " << e.what();
     }

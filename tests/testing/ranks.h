@@ -39,4 +39,7 @@ std::vector<std::exception_ptr> onThreads(
 void forEachRank(const std::vector<std::shared_ptr<Communicator>>& world,
                  const std::function<void(Communicator&)>& fn);
 
+// Adds a test failure naming the rank for each exception in `errs`.
+void expectNoErrors(const std::vector<std::exception_ptr>& errs);
+
 }  // namespace gflow::testing

@@ -20,6 +20,7 @@
 #include "common/params.h"
 #include "gflow/gflow.h"
 #include "testing/contexts.h"
+#include "testing/ranks.h"
 #include "testing/soft_verbs.h"
 #include "transport/engine.h"
 #include "transport/transport.h"
@@ -30,6 +31,8 @@ namespace {
 using std::chrono::milliseconds;
 using testing::errorOf;
 using testing::expectNoErrors;
+using testing::pattern;
+using testing::waitOrNotify;
 using transport::Context;
 using transport::Envelope;
 using transport::RequestPtr;
@@ -40,12 +43,6 @@ constexpr Envelope kOther{{1, 2, 4}};
 
 Deadline longDeadline() {
   return Deadline::after(std::chrono::seconds(30));
-}
-
-std::vector<char> pattern(size_t n, int seed) {
-  std::vector<char> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = static_cast<char>((i * 131 + seed * 7 + i / 251) & 0xff);
-  return v;
 }
 
 // Sets `flag` when it goes out of scope, so that a rank waiting for it is
@@ -75,16 +72,6 @@ class TransportContract : public ::testing::TestWithParam<const char*> {
   std::vector<std::exception_ptr> run(int n, const std::function<void(Context&)>& body,
                                       milliseconds timeout = std::chrono::seconds(30)) {
     return testing::runContexts(GetParam(), n, body, timeout);
-  }
-
-  // Waits for `r`; on failure tells the peers (as the communicator does).
-  static void waitOrNotify(Context& c, const RequestPtr& r, milliseconds d) {
-    try {
-      c.wait(r, Deadline::after(d));
-    } catch (const Error&) {
-      c.notifyPeers(*c.error());
-      throw;
-    }
   }
 
  private:

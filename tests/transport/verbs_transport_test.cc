@@ -31,6 +31,8 @@ using transport::verbs::VerbsContext;
 
 using testing::errorOf;
 using testing::expectNoErrors;
+using testing::pattern;
+using testing::waitOrNotify;
 
 // Runs body(context) on n threads, each with a connected VerbsContext.
 std::vector<std::exception_ptr> runContexts(
@@ -42,24 +44,8 @@ std::vector<std::exception_ptr> runContexts(
 
 constexpr Envelope kEnv{{1, 2, 3}};
 
-// Waits for `r`; on failure tells the peers (as the communicator does) and
-// rethrows, so the peer fails too instead of waiting for its deadline.
-void waitOrNotify(VerbsContext& c, const transport::RequestPtr& r, std::chrono::milliseconds d) {
-  try {
-    c.wait(r, Deadline::after(d));
-  } catch (const Error&) {
-    c.notifyPeers(*c.error());
-    throw;
-  }
-}
 Deadline kLong() {
   return Deadline::after(std::chrono::seconds(20));
-}
-
-std::vector<char> pattern(size_t n, int seed) {
-  std::vector<char> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = static_cast<char>((i * 131 + seed * 7 + i / 251) & 0xff);
-  return v;
 }
 
 TEST(VerbsTransport, MessagesOfEverySizeArriveIntactInAnyPostingOrder) {

@@ -15,14 +15,6 @@
 #include "transport/liveness.h"
 
 namespace gflow::transport::tcp {
-namespace {
-
-class TrivialRegion final : public MemoryRegion {
- public:
-  TrivialRegion(void* d, size_t n) : MemoryRegion(d, n) {}
-};
-
-}  // namespace
 
 TcpContext::TcpContext(const ContextOptions& options) : Engine(options) {
   stripeMin_ = std::max<uint64_t>(params::getBytes("GFLOW_STRIPE_MIN"), 4096);
@@ -52,10 +44,6 @@ TcpContext::TcpContext(const ContextOptions& options) : Engine(options) {
 }
 
 TcpContext::~TcpContext() = default;
-
-std::unique_ptr<MemoryRegion> TcpContext::registerMemory(void* data, size_t size) {
-  return std::make_unique<TrivialRegion>(data, size);
-}
 
 void TcpContext::addConnection(int peer, int index, net::Socket sock) {
   auto c = std::make_unique<Conn>();

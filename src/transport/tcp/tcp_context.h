@@ -28,7 +28,6 @@ class TcpContext final : public Engine {
   explicit TcpContext(const ContextOptions& options);
   ~TcpContext() override;
 
-  std::unique_ptr<MemoryRegion> registerMemory(void* data, size_t size) override;
   RequestPtr isend(int peer, const void* data, size_t bytes, Tag tag, const Envelope& env) override;
   RequestPtr irecv(int peer, void* data, size_t bytes, Tag tag, const Envelope& env) override;
   void notifyPeers(const Error& error) override;
