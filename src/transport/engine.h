@@ -5,9 +5,9 @@
 //     request the wire holds, then throws it. abort() records it from any
 //     thread and wakes the waiter (wake()); the owning thread then fails
 //     everything pending on its next call (checkFailed()).
-//   - Tag matching: per peer, the messages of (tag) that a receive was
-//     posted for, or that arrived first (unexpected: staged, or announced by
-//     the wire). postRecv() matches a receive against an earlier arrival and
+//   - Tag matching: per peer, one entry per tag, for a receive posted before
+//     its message, or a message that arrived first (unexpected: staged, or
+//     announced by the wire). postRecv() matches a receive against an earlier arrival and
 //     checks envelope and size; the checks on arrival are checkEnvelope(),
 //     checkStale() and checkArrival().
 //   - beginGroup(): the op this rank now runs; staged messages of that op
