@@ -1,6 +1,7 @@
 // Element types, reduction operators, devices and the Tensor view that every
-// gflow collective takes. A Tensor never owns memory: the caller keeps the
-// buffer alive until the operation (or its Work) has completed.
+// gflow collective takes, and the per-peer traffic counters of Stats. A
+// Tensor never owns memory: the caller keeps the buffer alive until the
+// operation (or its Work) has completed.
 #pragma once
 
 #include <cstddef>
@@ -86,5 +87,13 @@ struct PeerStats {
 inline size_t Tensor::nbytes() const {
   return count * dataTypeSize(dtype);
 }
+
+// Traffic with one peer rank, as counted by the transport (Stats::peers).
+struct PeerStats {
+  uint64_t bytesSent = 0;
+  uint64_t bytesReceived = 0;
+  uint64_t messagesSent = 0;
+  uint64_t messagesReceived = 0;
+};
 
 }  // namespace gflow

@@ -1,8 +1,10 @@
 // Transport: point-to-point messages between the ranks of one communicator.
 //
 // The contract is the one an RDMA verbs transport can implement (registered
-// memory, receiver-advertised buffers, completion polling), and TCP and shared
-// memory implement it too:
+// memory, receiver-advertised buffers, completion polling); the TCP and verbs
+// transports implement it (shared memory is not a Transport: the shm backend
+// has its own group). What both share above their wire is in engine.h.
+// The contract:
 //   - isend/irecv post a message of (peer, tag, bytes) and return a Request at
 //     once; completion is observed with test() or wait(deadline).
 //   - Messages between a pair are matched by tag, never by arrival order, so
@@ -169,7 +171,7 @@ class Context {
   EnvelopeFormatter formatter_;
 };
 
-// Creates and connects a context of the named transport ("tcp"). Collective
+// Creates and connects a context of the named transport ("tcp", "verbs"). Collective
 // over every rank of the communicator. Throws kInvalidArgument for an unknown
 // or unavailable transport.
 std::unique_ptr<Context> createContext(const std::string& transport, const ContextOptions& options);

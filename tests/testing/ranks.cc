@@ -6,10 +6,6 @@
 
 namespace gflow::testing {
 
-namespace {
-
-// Runs body(rank, store) on n threads over one shared in-memory store and
-// returns what each thread threw.
 std::vector<std::exception_ptr> onThreads(
     int n, const std::function<void(int, const std::shared_ptr<Store>&)>& body) {
   auto store = createHashStore();
@@ -27,6 +23,8 @@ std::vector<std::exception_ptr> onThreads(
   for (auto& t : threads) t.join();
   return errors;
 }
+
+namespace {
 
 std::shared_ptr<Communicator> create(Options o, int r, int n, const std::shared_ptr<Store>& store) {
   o.rank = r;
@@ -101,10 +99,14 @@ void forEachRank(const std::vector<std::shared_ptr<Communicator>>& world,
     });
   }
   for (auto& t : threads) t.join();
-  for (size_t r = 0; r < world.size(); ++r) {
-    if (!errors[r]) continue;
+  expectNoErrors(errors);
+}
+
+void expectNoErrors(const std::vector<std::exception_ptr>& errs) {
+  for (size_t r = 0; r < errs.size(); ++r) {
+    if (!errs[r]) continue;
     try {
-      std::rethrow_exception(errors[r]);
+      std::rethrow_exception(errs[r]);
     } catch (const std::exception& e) {
       ADD_FAILURE() << "rank " << r << " threw: " << e.what();
     }

@@ -31,7 +31,15 @@ std::vector<std::shared_ptr<Communicator>> makeWorldWith(
 // one process can pretend to be several hosts.
 std::function<Options(int)> onHosts(std::vector<int> hostOf, Options base = Options{});
 
+// Runs body(rank, store) on n threads over one shared in-memory store and
+// returns what each thread threw (nullptr where body returned).
+std::vector<std::exception_ptr> onThreads(
+    int n, const std::function<void(int, const std::shared_ptr<Store>&)>& body);
+
 void forEachRank(const std::vector<std::shared_ptr<Communicator>>& world,
                  const std::function<void(Communicator&)>& fn);
+
+// Adds a test failure naming the rank for each exception in `errs`.
+void expectNoErrors(const std::vector<std::exception_ptr>& errs);
 
 }  // namespace gflow::testing

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "gflow/gflow.h"
+#include "testing/contexts.h"
 #include "testing/ranks.h"
 #include "testing/soft_verbs.h"
 #include "testing/values.h"
@@ -28,72 +29,23 @@ using transport::Envelope;
 using transport::Tag;
 using transport::verbs::VerbsContext;
 
+using testing::errorOf;
+using testing::expectNoErrors;
+using testing::pattern;
+using testing::waitOrNotify;
+
 // Runs body(context) on n threads, each with a connected VerbsContext.
 std::vector<std::exception_ptr> runContexts(
     int n, const std::function<void(VerbsContext&)>& body,
     std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
-  auto store = createHashStore();
-  std::vector<std::exception_ptr> errs(n);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        transport::ContextOptions o;
-        o.rank = r;
-        o.size = n;
-        o.store = store;
-        o.prefix = "t/";
-        o.timeout = timeout;
-        VerbsContext ctx(o);
-        body(ctx);
-      } catch (...) {
-        errs[r] = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  return errs;
-}
-
-void expectNoErrors(const std::vector<std::exception_ptr>& errs) {
-  for (size_t r = 0; r < errs.size(); ++r) {
-    if (!errs[r]) continue;
-    try {
-      std::rethrow_exception(errs[r]);
-    } catch (const std::exception& e) {
-      ADD_FAILURE() << "rank " << r << ": " << e.what();
-    }
-  }
-}
-
-Error errorOf(const std::exception_ptr& p) {
-  try {
-    std::rethrow_exception(p);
-  } catch (const Error& e) {
-    return e;
-  }
+  return testing::runContexts(
+      "verbs", n, [&](transport::Context& c) { body(dynamic_cast<VerbsContext&>(c)); }, timeout);
 }
 
 constexpr Envelope kEnv{{1, 2, 3}};
 
-// Waits for `r`; on failure tells the peers (as the communicator does) and
-// rethrows, so the peer fails too instead of waiting for its deadline.
-void waitOrNotify(VerbsContext& c, const transport::RequestPtr& r, std::chrono::milliseconds d) {
-  try {
-    c.wait(r, Deadline::after(d));
-  } catch (const Error&) {
-    c.notifyPeers(*c.error());
-    throw;
-  }
-}
 Deadline kLong() {
   return Deadline::after(std::chrono::seconds(20));
-}
-
-std::vector<char> pattern(size_t n, int seed) {
-  std::vector<char> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = static_cast<char>((i * 131 + seed * 7 + i / 251) & 0xff);
-  return v;
 }
 
 TEST(VerbsTransport, MessagesOfEverySizeArriveIntactInAnyPostingOrder) {

@@ -12,21 +12,11 @@
 #include "common/check.h"
 #include "common/logging.h"
 #include "common/params.h"
-#include "transport/common.h"
+#include "transport/liveness.h"
 
 namespace gflow::transport::tcp {
-namespace {
 
-class TrivialRegion final : public MemoryRegion {
- public:
-  TrivialRegion(void* d, size_t n) : MemoryRegion(d, n) {}
-};
-
-}  // namespace
-
-TcpContext::TcpContext(const ContextOptions& options)
-    : Context(options.rank, options.size), timeout_(options.timeout) {
-  unexpectedLimit_ = params::getBytes("GFLOW_UNEXPECTED_LIMIT");
+TcpContext::TcpContext(const ContextOptions& options) : Engine(options) {
   stripeMin_ = std::max<uint64_t>(params::getBytes("GFLOW_STRIPE_MIN"), 4096);
   spinUs_ = spinMicros(options.size);
   socketsPerPeer_ = options.socketsPerPeer > 0
@@ -55,10 +45,6 @@ TcpContext::TcpContext(const ContextOptions& options)
 
 TcpContext::~TcpContext() = default;
 
-std::unique_ptr<MemoryRegion> TcpContext::registerMemory(void* data, size_t size) {
-  return std::make_unique<TrivialRegion>(data, size);
-}
-
 void TcpContext::addConnection(int peer, int index, net::Socket sock) {
   auto c = std::make_unique<Conn>();
   c->peer = peer;
@@ -75,77 +61,25 @@ void TcpContext::addConnection(int peer, int index, net::Socket sock) {
   p.conns[index] = std::move(c);
 }
 
-void TcpContext::checkFailed() {
-  if (failedFlag_.load(std::memory_order_acquire)) {
-    std::shared_ptr<const Error> e = error();
-    // abort() set the error from another thread: fail everything pending
-    // here, on the owning thread.
-    fail(*e);
-  }
-}
-
-std::shared_ptr<const Error> TcpContext::error() const {
-  std::lock_guard<std::mutex> lock(errorMutex_);
-  return error_;
-}
-
-void TcpContext::abort(const Error& error) {
-  {
-    std::lock_guard<std::mutex> lock(errorMutex_);
-    if (!error_) error_ = std::make_shared<const Error>(error);
-  }
-  failedFlag_.store(true, std::memory_order_release);
+void TcpContext::wake() {
   uint64_t one = 1;
   ssize_t rc = ::write(wakeFd_.fd(), &one, sizeof(one));
   (void)rc;
 }
 
-void TcpContext::fail(const Error& e) {
-  std::shared_ptr<const Error> first;
-  {
-    std::lock_guard<std::mutex> lock(errorMutex_);
-    if (!error_) error_ = std::make_shared<const Error>(e);
-    first = error_;
-  }
-  failedFlag_.store(true, std::memory_order_release);
+void TcpContext::failWire(const Error& first) {
+  clearMessages();
   for (auto& p : peers_) {
-    for (auto& kv : p->msgs) {
-      if (kv.second->req) kv.second->req->fail(*first);
-    }
-    p->msgs.clear();
-    p->unexpectedBytes = 0;
     for (auto& c : p->conns) {
       if (!c) continue;
       for (auto& item : c->sendq) {
-        if (item.msg) item.msg->req->fail(*first);
+        if (item.msg) item.msg->req->fail(first);
       }
       // Keep a partially written frame so notifyPeers can finish it.
       while (c->sendq.size() > 1 || (c->sendq.size() == 1 && c->sendq.front().written == 0)) {
         c->sendq.pop_back();
       }
       c->cur = nullptr;
-    }
-  }
-  throw *first;
-}
-
-void TcpContext::beginGroup(uint64_t group, const Envelope& env) {
-  checkFailed();
-  group_ = group;
-  groupEnv_ = env;
-  groupActive_ = true;
-  if (deferredError_ && !isPast(group, deferredGroup_)) fail(*deferredError_);
-  // Data that arrived before this rank reached the op is checked now.
-  for (int peer = 0; peer < size(); ++peer) {
-    for (auto& kv : peers_[peer]->msgs) {
-      RecvMsg& m = *kv.second;
-      if (m.req) continue;
-      if (m.tag.group == group && m.env != env) {
-        fail(envelopeMismatch(rank(), group, peer, describe(m.env), describe(env)));
-      }
-      if (isPast(m.tag.group, group)) {
-        fail(unexpectedOp(rank(), group, peer, m.tag.group, describe(m.env)));
-      }
     }
   }
 }
@@ -176,7 +110,7 @@ RequestPtr TcpContext::isend(int peer, const void* data, size_t bytes, Tag tag,
   const char* base = static_cast<const char*>(data);
   size_t first = p.nextConn;
   p.nextConn = (p.nextConn + 1) % nconn;
-  p.messagesSent.fetch_add(1, std::memory_order_relaxed);
+  countSendPosted(peer);
   for (int f = 0; f < frags; ++f) {
     uint64_t off = std::min<uint64_t>(bytes, per * f);
     uint64_t len = (f == frags - 1) ? bytes - off : std::min<uint64_t>(per, bytes - off);
@@ -198,49 +132,20 @@ RequestPtr TcpContext::irecv(int peer, void* data, size_t bytes, Tag tag, const 
   GFLOW_ENFORCE(peer >= 0 && peer < size() && peer != rank());
   auto req = std::make_shared<Request>(peer, false, bytes);
   PeerState& p = *peers_[peer];
-  auto it = p.msgs.find(tag);
-  if (it == p.msgs.end()) {
-    if (p.closed) failLost(peer, "has closed its connections");
-    auto m = std::make_unique<RecvMsg>();
-    m->tag = tag;
-    m->env = env;
-    m->len = bytes;
+  if (!find(peer, tag) && p.closed) failLost(peer, "has closed its connections");
+  auto* m = static_cast<RecvMsg*>(postRecv(peer, tag, env, data, bytes, req));
+  if (!m->staging) {  // nothing arrived yet: fragments land in place
     m->buf = static_cast<char*>(data);
-    m->user = static_cast<char*>(data);
-    m->req = req;
-    p.msgs.emplace(tag, std::move(m));
     resumePaused(p);  // a paused connection may hold this message's header
     return req;
   }
-  RecvMsg* m = it->second.get();
-  if (m->req) {
-    fail(Error(ErrorCode::kInternal, "two receives posted for one tag",
-               ErrorContext{"", tag.group, rank(), peer}));
-  }
-  if (m->env != env) {
-    fail(envelopeMismatch(rank(), tag.group, peer, describe(m->env), describe(env)));
-  }
-  if (m->len != bytes) {
-    fail(sizeMismatch(rank(), tag.group, peer, m->len, bytes, describe(env)));
-  }
-  m->req = req;
-  m->user = static_cast<char*>(data);
-  if (m->received == m->len && m->claimed == m->len) completeRecv(p, m);
+  if (m->received == m->len && m->claimed == m->len) completeRecv(peer, m);
   return req;
 }
 
-void TcpContext::completeRecv(PeerState& p, RecvMsg* m) {
-  if (m->staging) {
-    if (m->len > 0) std::memcpy(m->user, m->staging.get(), m->len);
-    p.unexpectedBytes -= m->len + kStagedOverhead;
-  }
-  p.bytesReceived.fetch_add(m->len, std::memory_order_relaxed);
-  p.messagesReceived.fetch_add(1, std::memory_order_relaxed);
-  RequestPtr req = m->req;
-  const Tag tag = m->tag;  // erase() must not read the key of the node it frees
-  p.msgs.erase(tag);
-  req->complete();
-  resumePaused(p);
+void TcpContext::completeRecv(int peer, RecvMsg* m) {
+  complete(peer, m);
+  resumePaused(*peers_[peer]);
 }
 
 void TcpContext::resumePaused(PeerState& p) {
@@ -257,11 +162,8 @@ void TcpContext::resumePaused(PeerState& p) {
 }
 
 bool TcpContext::hasPendingWith(int peer) const {
-  const PeerState& p = *peers_[peer];
-  for (const auto& kv : p.msgs) {
-    if (kv.second->req) return true;
-  }
-  for (const auto& c : p.conns) {
+  if (hasPostedRecv(peer)) return true;
+  for (const auto& c : peers_[peer]->conns) {
     if (c && !c->sendq.empty()) return true;
   }
   return false;
@@ -270,7 +172,7 @@ bool TcpContext::hasPendingWith(int peer) const {
 void TcpContext::failLost(int peer, const std::string& what) {
   fail(Error(ErrorCode::kPeerLost,
              "rank " + std::to_string(peer) + " " + what + " (its process exited or was killed?)",
-             ErrorContext{"", group_, rank(), peer}));
+             ErrorContext{"", group(), rank(), peer}));
 }
 
 // EOF from a peer is normal when it has finished its last op and shut down;
@@ -344,7 +246,7 @@ void TcpContext::flush(Conn& c) {
     if (it.hdr.type == kFramePong) c.pongQueued = false;
     c.sendq.pop_front();
     if (msg && --msg->fragmentsLeft == 0) {
-      peers_[c.peer]->bytesSent.fetch_add(msg->req->bytes(), std::memory_order_relaxed);
+      countSendDone(c.peer, msg->req->bytes());
       msg->req->complete();
     }
   }
@@ -379,7 +281,7 @@ bool TcpContext::readHeader(Conn& c) {
 // payload goes. May pause the connection (unexpected-data budget exhausted).
 void TcpContext::startFragment(Conn& c) {
   const FrameHeader& h = c.hdr;
-  const ErrorContext ectx{"", group_, rank(), c.peer};
+  const ErrorContext ectx{"", group(), rank(), c.peer};
   auto protocolError = [&](const std::string& what) {
     GFLOW_LOG(WARN) << "rank " << rank() << ": invalid frame from rank " << c.peer << ": " << what;
     fail(Error(ErrorCode::kInternal,
@@ -410,44 +312,25 @@ void TcpContext::startFragment(Conn& c) {
   }
   Envelope env;
   std::memcpy(env.words, h.env, sizeof(env.words));
-  if (groupActive_ && h.group == group_ && env != groupEnv_) {
-    fail(envelopeMismatch(rank(), group_, c.peer, describe(env), describe(groupEnv_)));
-  }
-  PeerState& p = *peers_[c.peer];
-  Tag tag{h.group, h.index};
-  auto it = p.msgs.find(tag);
-  RecvMsg* m = nullptr;
-  if (it == p.msgs.end()) {
-    if (groupActive_ && isPast(h.group, group_)) {
-      fail(unexpectedOp(rank(), group_, c.peer, h.group, describe(env)));
-    }
-    if (p.unexpectedBytes + h.msgLen + kStagedOverhead > unexpectedLimit_) {
+  checkEnvelope(c.peer, h.group, env);
+  const Tag tag{h.group, h.index};
+  auto* m = findAs<RecvMsg>(c.peer, tag);
+  if (!m) {
+    checkStale(c.peer, h.group, env);
+    if (!stagingFits(c.peer, h.msgLen)) {
       // Back-pressure: leave the payload in the socket until a receive is
       // posted (or staged data drains).
       GFLOW_LOG(DEBUG) << "rank " << rank() << ": pausing reads from rank " << c.peer << " ("
-                       << p.unexpectedBytes << " bytes staged, next message " << h.msgLen
-                       << " bytes, GFLOW_UNEXPECTED_LIMIT " << unexpectedLimit_ << ")";
+                       << stagedBytes(c.peer) << " bytes staged, next message " << h.msgLen
+                       << " bytes, GFLOW_UNEXPECTED_LIMIT " << unexpectedLimit() << ")";
       c.paused = true;
       updateInterest(c);
       return;
     }
-    auto nm = std::make_unique<RecvMsg>();
-    nm->tag = tag;
-    nm->env = env;
-    nm->len = h.msgLen;
-    nm->staging.reset(new char[h.msgLen > 0 ? h.msgLen : 1]);
-    nm->buf = nm->staging.get();
-    p.unexpectedBytes += h.msgLen + kStagedOverhead;
-    m = nm.get();
-    p.msgs.emplace(tag, std::move(nm));
+    m = static_cast<RecvMsg*>(stage(c.peer, tag, env, h.msgLen));
+    m->buf = m->staging.get();
   } else {
-    m = it->second.get();
-    if (m->env != env) {
-      fail(envelopeMismatch(rank(), group_, c.peer, describe(env), describe(m->env)));
-    }
-    if (m->len != h.msgLen) {
-      fail(sizeMismatch(rank(), group_, c.peer, h.msgLen, m->len, describe(m->env)));
-    }
+    checkArrival(c.peer, *m, env, h.msgLen);
   }
   if (h.fragLen > m->len - m->claimed) protocolError("fragments exceed the message length");
   m->claimed += h.fragLen;
@@ -475,38 +358,27 @@ void TcpContext::finishFragment(Conn& c) {
     return;
   }
   if (c.hdr.type == kFramePong) {
-    peers_[c.peer]->pongs++;
+    countPong(c.peer);
     return;
   }
   RecvMsg* m = c.cur;
   c.cur = nullptr;
   m->received += c.hdr.fragLen;
   if (m->received == m->len && m->claimed == m->len && m->req) {
-    completeRecv(*peers_[c.peer], m);
+    completeRecv(c.peer, m);
   }
 }
 
 void TcpContext::handleErrorFrame(Conn& c) {
   // Payload: code (1 byte), then a human-readable description.
   const std::vector<char>& b = c.ctrl;
-  Error e = peerReport(rank(), group_, c.peer, b.data(), b.size());
-  // The sender's op number is in the header: a report about an op this rank
-  // has not started yet waits until it does (this rank's current op may
-  // still complete, as it did on the other ranks).
-  if (groupActive_ && isPast(group_, c.hdr.group)) {
-    if (!deferredError_) {
-      deferredError_.emplace(e);
-      deferredGroup_ = c.hdr.group;
-    }
-    return;
-  }
-  fail(e);
+  peerReported(c.hdr.group, peerReport(rank(), group(), c.peer, b.data(), b.size()));
 }
 
 void TcpContext::sendControl(Conn& c, uint16_t type) {
   SendItem item;
   item.msg = nullptr;
-  item.hdr = FrameHeader{kFrameMagic, type, 0, group_, 0, 0, 0, 0, {0, 0, 0}};
+  item.hdr = FrameHeader{kFrameMagic, type, 0, group(), 0, 0, 0, 0, {0, 0, 0}};
   enqueue(c, std::move(item));
 }
 
@@ -588,57 +460,26 @@ void TcpContext::progress(int timeoutMs) {
   }
 }
 
-bool TcpContext::test(const RequestPtr& req) {
-  checkFailed();
-  if (!req->done()) progress(0);
-  if (req->failed()) throw req->error();
-  return req->done();
-}
-
-void TcpContext::wait(const RequestPtr& req, Deadline deadline) {
-  if (req->done()) {
-    if (req->failed()) throw req->error();
-    return;
-  }
-  checkFailed();
+void TcpContext::waitUntilDone(const RequestPtr& req, Deadline deadline) {
   auto spinUntil = Deadline::Clock::now() + std::chrono::microseconds(spinUs_);
-  // After the deadline: probe the peer, give a dead/stopped peer `grace` to
-  // answer, and give a live one longer so that the rank which really waits on
-  // the stuck peer can report it first.
-  const auto grace = std::chrono::milliseconds(std::clamp<int64_t>(timeout_.count() / 4, 50, 2000));
-  bool probing = false;
-  uint64_t pongsBefore = 0;
-  Deadline probeEnd = Deadline::never();
+  LivenessProbe probe(timeout());
   while (!req->done()) {
-    if (Deadline::Clock::now() < spinUntil) {
-      progress(0);
-    } else {
-      progress(std::min(probing ? probeEnd.remainingMs() : deadline.remainingMs(), 1000));
-    }
+    progress(Deadline::Clock::now() < spinUntil ? 0 : probe.sleepMs(deadline, 1000));
     checkFailed();
     if (req->done()) break;
-    PeerState& p = *peers_[req->peer()];
-    if (!probing && deadline.expired()) {
-      probing = true;
-      pongsBefore = p.pongs;
-      for (auto& c : p.conns) {
-        if (c && !c->closed) {
-          sendControl(*c, kFramePing);
-          break;
+    switch (probe.step(deadline, pongs(req->peer()))) {
+      case LivenessProbe::Step::kPing:
+        for (auto& c : peers_[req->peer()]->conns) {
+          if (c && !c->closed) {
+            sendControl(*c, kFramePing);
+            break;
+          }
         }
-      }
-      probeEnd = Deadline::after(grace);
-    } else if (probing && probeEnd.expired()) {
-      const bool alive = p.pongs > pongsBefore;
-      if (!alive || probeEnd.at() - deadline.at() >= 3 * grace) failTimeout(req, alive);
-      probeEnd = Deadline::after(2 * grace);  // alive: wait for the culprit's report
+        break;
+      case LivenessProbe::Step::kTimeout: failTimeout(req, probe.peerAlive(), "");
+      case LivenessProbe::Step::kWait: break;
     }
   }
-  if (req->failed()) throw req->error();
-}
-
-void TcpContext::failTimeout(const RequestPtr& req, bool peerAlive) {
-  fail(requestTimeout(rank(), group_, *req, peerAlive, ""));
 }
 
 void TcpContext::notifyPeers(const Error& error) {
@@ -669,7 +510,7 @@ void TcpContext::notifyPeers(const Error& error) {
           }
           c.sendq.clear();
         }
-        FrameHeader h{kFrameMagic, kFrameError,    0,        group_, 0, payload.size(),
+        FrameHeader h{kFrameMagic, kFrameError,    0,        group(), 0, payload.size(),
                       0,           payload.size(), {0, 0, 0}};
         net::sendAll(c.sock.fd(), &h, sizeof(h), d);
         net::sendAll(c.sock.fd(), payload.data(), payload.size(), d);
@@ -679,17 +520,6 @@ void TcpContext::notifyPeers(const Error& error) {
       }
     }
   }
-}
-
-PeerStats TcpContext::peerStats(int peer) const {
-  PeerStats s;
-  if (peer < 0 || peer >= size()) return s;
-  const PeerState& p = *peers_[peer];
-  s.bytesSent = p.bytesSent.load(std::memory_order_relaxed);
-  s.bytesReceived = p.bytesReceived.load(std::memory_order_relaxed);
-  s.messagesSent = p.messagesSent.load(std::memory_order_relaxed);
-  s.messagesReceived = p.messagesReceived.load(std::memory_order_relaxed);
-  return s;
 }
 
 }  // namespace gflow::transport::tcp

@@ -1,10 +1,12 @@
 // TCP transport: one or more non-blocking sockets per peer, an epoll set
 // driven by the waiting thread, eager sends and tag-matched receives.
 //
-// Receives posted before their data arrives are filled in place (zero copy).
-// Data that arrives first is staged (bounded by GFLOW_UNEXPECTED_LIMIT per
-// peer; past that the socket is not read until a receive is posted, which
-// gives back-pressure instead of unbounded memory).
+// Matching, staging accounting and failure live in the Engine
+// (transport/engine.h); this file is the wire. Receives posted before their
+// data arrives are filled in place (zero copy). Data that arrives first is
+// staged (bounded by GFLOW_UNEXPECTED_LIMIT per peer; past that the socket is
+// not read until a receive is posted, which gives back-pressure instead of
+// unbounded memory).
 #pragma once
 
 #include <deque>
@@ -16,41 +18,27 @@
 #include <vector>
 
 #include "common/socket.h"
-#include "transport/common.h"
+#include "transport/engine.h"
 #include "transport/tcp/frame.h"
-#include "transport/transport.h"
 
 namespace gflow::transport::tcp {
 
-class TcpContext final : public Context {
+class TcpContext final : public Engine {
  public:
   explicit TcpContext(const ContextOptions& options);
   ~TcpContext() override;
 
-  std::unique_ptr<MemoryRegion> registerMemory(void* data, size_t size) override;
   RequestPtr isend(int peer, const void* data, size_t bytes, Tag tag, const Envelope& env) override;
   RequestPtr irecv(int peer, void* data, size_t bytes, Tag tag, const Envelope& env) override;
-  void beginGroup(uint64_t group, const Envelope& env) override;
-  void wait(const RequestPtr& req, Deadline deadline) override;
-  bool test(const RequestPtr& req) override;
-  void abort(const Error& error) override;
   void notifyPeers(const Error& error) override;
-  std::shared_ptr<const Error> error() const override;
-  PeerStats peerStats(int peer) const override;
 
  private:
   // One message being received: posted by irecv, or announced by the first
   // fragment header to arrive, or both.
-  struct RecvMsg {
-    Tag tag;
-    Envelope env;
-    uint64_t len = 0;
-    uint64_t claimed = 0;             // payload bytes announced by fragment headers
-    uint64_t received = 0;            // payload bytes read
-    char* buf = nullptr;              // where fragments land (user buffer or staging)
-    std::unique_ptr<char[]> staging;  // set while unexpected
-    char* user = nullptr;             // the posted buffer
-    RequestPtr req;                   // null until posted
+  struct RecvMsg : Message {
+    uint64_t claimed = 0;   // payload bytes announced by fragment headers
+    uint64_t received = 0;  // payload bytes read
+    char* buf = nullptr;    // where fragments land (user buffer or staging)
   };
 
   struct SendMsg {
@@ -90,11 +78,7 @@ class TcpContext final : public Context {
   struct PeerState {
     std::vector<std::unique_ptr<Conn>> conns;
     size_t nextConn = 0;
-    std::unordered_map<Tag, std::unique_ptr<RecvMsg>, TagHash> msgs;
-    uint64_t unexpectedBytes = 0;
     bool closed = false;  // every connection of this peer saw EOF
-    uint64_t pongs = 0;   // PONG frames received (liveness probes answered)
-    std::atomic<uint64_t> bytesSent{0}, bytesReceived{0}, messagesSent{0}, messagesReceived{0};
   };
 
   // Connection setup (tcp_connect.cc).
@@ -111,40 +95,29 @@ class TcpContext final : public Context {
   void handleClosed(Conn& c);
   void tuneLowat(Conn& c);
   void sendControl(Conn& c, uint16_t type);
-  [[noreturn]] void failTimeout(const RequestPtr& req, bool peerAlive);
   bool hasPendingWith(int peer) const;
   [[noreturn]] void failLost(int peer, const std::string& what);
   void flush(Conn& c);
   void updateInterest(Conn& c);
-  void completeRecv(PeerState& p, RecvMsg* m);
+  void completeRecv(int peer, RecvMsg* m);
   void resumePaused(PeerState& p);
-  [[noreturn]] void fail(const Error& e);
-  void checkFailed();
   void enqueue(Conn& c, SendItem item);
 
-  uint64_t unexpectedLimit_;
+  // Engine hooks.
+  std::unique_ptr<Message> newMessage() override { return std::make_unique<RecvMsg>(); }
+  void failWire(const Error& first) override;
+  void wake() override;
+  void pollOnce() override { progress(0); }
+  void waitUntilDone(const RequestPtr& req, Deadline deadline) override;
+
   uint64_t stripeMin_;
   int spinUs_;
   int socketsPerPeer_ = 1;
   uint64_t commId_ = 0;
-  std::chrono::milliseconds timeout_;
 
   net::Socket epoll_;
   net::Socket wakeFd_;  // eventfd: abort() wakes the waiter
   std::vector<std::unique_ptr<PeerState>> peers_;
-
-  // An error report for an op this rank has not reached yet: raised when it
-  // gets there, so an op that succeeded everywhere does not fail here.
-  std::optional<Error> deferredError_;
-  uint64_t deferredGroup_ = 0;
-
-  uint64_t group_ = 0;
-  Envelope groupEnv_{};
-  bool groupActive_ = false;
-
-  std::atomic<bool> failedFlag_{false};
-  mutable std::mutex errorMutex_;
-  std::shared_ptr<const Error> error_;
 };
 
 }  // namespace gflow::transport::tcp

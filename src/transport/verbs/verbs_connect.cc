@@ -192,8 +192,7 @@ void connectQp(const Device& dev, ibv_qp* qp, int q, const ConnInfo& ti, uint32_
 }  // namespace
 
 VerbsContext::VerbsContext(const ContextOptions& options)
-    : Context(options.rank, options.size), timeout_(options.timeout) {
-  unexpectedLimit_ = params::getBytes("GFLOW_UNEXPECTED_LIMIT");
+    : Engine(options) {
   stripeMin_ = std::max<uint64_t>(params::getBytes("GFLOW_STRIPE_MIN"), 4096);
   spinUs_ = spinMicros(options.size);
   const ErrorContext ictx{"init", 0, rank(), -1};
@@ -249,12 +248,12 @@ void VerbsContext::destroyAll() {
   // socket had buffered. This holds after an abort too (a communicator
   // aborts its transport when it is destroyed): only what was posted goes
   // out, nothing still queued for a failed op.
-  if (failedFlag_.load(std::memory_order_acquire)) {
+  if (failed()) {
     for (auto& pp : peers_) pp->eagerQueue.clear();
   }
   if (!qpsErrored_) {
     const Deadline d =
-        Deadline::after(std::min<std::chrono::milliseconds>(timeout_, std::chrono::seconds(10)));
+        Deadline::after(std::min<std::chrono::milliseconds>(timeout(), std::chrono::seconds(10)));
     try {
       while (!drained() && !d.expired()) {
         if (progress() == 0) sleepForEvents(std::min(d.remainingMs(), 10), false);
@@ -271,8 +270,8 @@ void VerbsContext::destroyAll() {
       if (qp) api.destroyQp(qp);
     }
     p.qps.clear();
-    p.msgs.clear();
   }
+  clearMessages();
   sendOps_.clear();
   for (auto& pp : peers_) {
     if (!pp) continue;
@@ -340,7 +339,7 @@ void VerbsContext::postReceives(int peer, int q, int n) {
     ibv_recv_wr* bad = nullptr;
     if (int rc = device_->api().postRecv(p.qps[q], &wr, &bad)) {
       fail(Error(ErrorCode::kInternal, std::string("ibv_post_recv failed: ") + std::strerror(rc),
-                 ErrorContext{"", group_, rank(), peer}));
+                 ErrorContext{"", group(), rank(), peer}));
     }
   }
 }

@@ -106,7 +106,7 @@ void VerbsContext::post(int peer, int q, PendingWr& w) {
   if (int rc = device_->api().postSend(p.qps[q], &w.wr, &bad)) {
     fail(Error(ErrorCode::kInternal,
                "ibv_post_send to rank " + std::to_string(peer) + " failed: " + std::strerror(rc),
-               ErrorContext{"", group_, rank(), peer}));
+               ErrorContext{"", group(), rank(), peer}));
   }
   ++p.outstanding[q];
 }
@@ -160,7 +160,7 @@ void VerbsContext::pumpEager(int peer) {
     p.eagerQueue.pop_front();
     postWr(peer, 0, std::move(w));
     if (req) {
-      p.bytesSent.fetch_add(bytes, std::memory_order_relaxed);
+      countSendDone(peer, bytes);
       req->complete();
     }
   }
@@ -207,7 +207,7 @@ RequestPtr VerbsContext::isend(int peer, const void* data, size_t bytes, Tag tag
   checkPeer(peer);
   auto req = std::make_shared<Request>(peer, true, bytes);
   Peer& p = *peers_[peer];
-  p.messagesSent.fetch_add(1, std::memory_order_relaxed);
+  countSendPosted(peer);
   if (bytes <= eagerMax_) {
     OutMsg m;
     m.hdr = slotHeader(kSlotData, tag, env, bytes, bytes);
@@ -243,33 +243,11 @@ RequestPtr VerbsContext::irecv(int peer, void* data, size_t bytes, Tag tag, cons
   checkFailed();
   GFLOW_ENFORCE(peer >= 0 && peer < size() && peer != rank());
   auto req = std::make_shared<Request>(peer, false, bytes);
-  Peer& p = *peers_[peer];
-  const ErrorContext ectx{"", tag.group, rank(), peer};
-  auto it = p.msgs.find(tag);
-  RecvMsg* m = nullptr;
   // No check of Peer::lost here: the data may be queued in the completion
   // queue from before the peer left; wait() raises it once that is drained.
-  if (it == p.msgs.end()) {
-    auto nm = std::make_unique<RecvMsg>();
-    nm->tag = tag;
-    nm->env = env;
-    nm->len = bytes;
-    m = nm.get();
-    p.msgs.emplace(tag, std::move(nm));
-  } else {
-    m = it->second.get();
-    if (m->req) fail(Error(ErrorCode::kInternal, "two receives posted for one tag", ectx));
-    if (m->env != env) {
-      fail(envelopeMismatch(rank(), group_, peer, describe(m->env), describe(env)));
-    }
-    if (m->len != bytes) {
-      fail(sizeMismatch(rank(), group_, peer, m->len, bytes, describe(env)));
-    }
-  }
-  m->req = req;
-  m->user = static_cast<char*>(data);
-  if (m->staged) {
-    completeRecv(p, m);
+  auto* m = static_cast<RecvMsg*>(postRecv(peer, tag, env, data, bytes, req));
+  if (m->staging) {
+    complete(peer, m);
   } else if (bytes > eagerMax_) {
     startRendezvousRecv(peer, *m);
   }
@@ -286,7 +264,7 @@ void VerbsContext::startRendezvousRecv(int peer, RecvMsg& m) {
   } else {
     if (rdv_.size() >= 0xffff) {
       fail(Error(ErrorCode::kInternal, "more than 65535 rendezvous receives outstanding",
-                 ErrorContext{"", group_, rank(), peer}));
+                 ErrorContext{"", group(), rank(), peer}));
     }
     idx = static_cast<uint32_t>(rdv_.size());
     rdv_.emplace_back();
@@ -310,7 +288,7 @@ void VerbsContext::matchCts(uint32_t opId, const CtsInfo& info) {
                "rank " + std::to_string(peer) + " expects " + std::to_string(info.len) +
                    " bytes for " + describe(info.env) + " where this rank sends " +
                    std::to_string(op.len) + " bytes for " + describe(op.env),
-               ErrorContext{"", group_, rank(), peer}));
+               ErrorContext{"", group(), rank(), peer}));
   }
   uint64_t stripes = std::max<uint64_t>(1, std::min<uint64_t>(qpsPerPeer_, op.len / stripeMin_));
   uint64_t per = (op.len / stripes + 4095) & ~uint64_t(4095);
@@ -337,37 +315,11 @@ void VerbsContext::matchCts(uint32_t opId, const CtsInfo& info) {
   counters_.rendezvousWrites += count;
 }
 
-void VerbsContext::completeRecv(Peer& p, RecvMsg* m) {
-  if (m->staged) {
-    if (m->len > 0) std::memcpy(m->user, m->staging.get(), m->len);
-    p.unexpectedBytes -= m->len + kStagedOverhead;
-  }
-  p.bytesReceived.fetch_add(m->len, std::memory_order_relaxed);
-  p.messagesReceived.fetch_add(1, std::memory_order_relaxed);
-  RequestPtr req = m->req;
-  const Tag tag = m->tag;
-  p.msgs.erase(tag);
-  req->complete();
-}
-
-void VerbsContext::checkGroup(int peer, uint64_t group, const Envelope& env) {
-  const ErrorContext ectx{"", group_, rank(), peer};
-  if (groupActive_ && group == group_ && env != groupEnv_) {
-    fail(envelopeMismatch(rank(), group_, peer, describe(env), describe(groupEnv_)));
-  }
-  if (groupActive_ && isPast(group, group_)) {
-    fail(unexpectedOp(rank(), group_, peer, group, describe(env)));
-  }
-}
-
 void VerbsContext::beginGroup(uint64_t group, const Envelope& env) {
   checkFailed();
   // The previous op is over: its per-op registrations go (see reg_cache.h).
   cache_->endOp();
-  group_ = group;
-  groupEnv_ = env;
-  groupActive_ = true;
-  if (deferredError_ && !isPast(group, deferredGroup_)) fail(*deferredError_);
+  startGroup(group, env);
   for (int peer = 0; peer < size(); ++peer) {
     if (peer == rank()) continue;
     for (auto& kv : peers_[peer]->ctsArrived) {
@@ -379,16 +331,7 @@ void VerbsContext::beginGroup(uint64_t group, const Envelope& env) {
                    ErrorContext{"", group, rank(), peer}));
       }
     }
-    for (auto& kv : peers_[peer]->msgs) {
-      const RecvMsg& m = *kv.second;
-      if (m.req) continue;
-      if (m.tag.group == group && m.env != env) {
-        fail(envelopeMismatch(rank(), group, peer, describe(m.env), describe(env)));
-      }
-      if (isPast(m.tag.group, group)) {
-        fail(unexpectedOp(rank(), group, peer, m.tag.group, describe(m.env)));
-      }
-    }
+    checkStaged(peer);
   }
 }
 
@@ -419,70 +362,50 @@ void VerbsContext::handleSlot(int peer, const char* slot) {
     case kSlotPing:  // a waiter asks whether this rank is inside gflow
       sendControl(peer, kSlotPong, Tag{h.group, 0}, Envelope{}, 0, nullptr, 0);
       break;
-    case kSlotPong: ++peers_[peer]->pongs; break;
+    case kSlotPong: countPong(peer); break;
     default: protocolError(peer, "unknown slot type " + std::to_string(h.type));
   }
 }
 
 void VerbsContext::handleData(int peer, const SlotHeader& h, const char* payload) {
-  Peer& p = *peers_[peer];
   const Envelope env = envOf(h);
   if (h.len != h.payload) protocolError(peer, "eager message length differs from its payload");
-  checkGroup(peer, h.group, env);
+  checkEnvelope(peer, h.group, env);
+  checkStale(peer, h.group, env);
   const Tag tag{h.group, h.index};
-  const ErrorContext ectx{"", group_, rank(), peer};
-  auto it = p.msgs.find(tag);
-  if (it == p.msgs.end()) {
-    if (p.unexpectedBytes + h.len + kStagedOverhead > unexpectedLimit_) {
+  auto* m = findAs<RecvMsg>(peer, tag);
+  if (!m) {
+    if (!stagingFits(peer, h.len)) {
       fail(Error(ErrorCode::kInternal,
                  "rank " + std::to_string(peer) + " sent " +
-                     std::to_string(p.unexpectedBytes + h.len) +
+                     std::to_string(stagedBytes(peer) + h.len) +
                      " bytes that no receive has asked for (GFLOW_UNEXPECTED_LIMIT " +
-                     std::to_string(unexpectedLimit_) + ")",
-                 ectx));
+                     std::to_string(unexpectedLimit()) + ")",
+                 ErrorContext{"", group(), rank(), peer}));
     }
-    auto nm = std::make_unique<RecvMsg>();
-    nm->tag = tag;
-    nm->env = env;
-    nm->len = h.len;
-    nm->staging.reset(new char[h.len > 0 ? h.len : 1]);
-    if (h.len > 0) std::memcpy(nm->staging.get(), payload, h.len);
-    nm->staged = true;
-    p.unexpectedBytes += h.len + kStagedOverhead;
-    p.msgs.emplace(tag, std::move(nm));
+    Message* staged = stage(peer, tag, env, h.len);
+    if (h.len > 0) std::memcpy(staged->staging.get(), payload, h.len);
     return;
   }
-  RecvMsg* m = it->second.get();
-  if (m->staged || m->announced) protocolError(peer, "two messages with one tag");
-  if (m->env != env) {
-    fail(envelopeMismatch(rank(), group_, peer, describe(env), describe(m->env)));
-  }
-  if (m->len != h.len) {
-    fail(sizeMismatch(rank(), group_, peer, h.len, m->len, describe(m->env)));
-  }
+  if (m->staging || m->announced) protocolError(peer, "two messages with one tag");
+  checkArrival(peer, *m, env, h.len);
   if (h.len > 0) std::memcpy(m->user, payload, h.len);
-  completeRecv(p, m);
+  complete(peer, m);
 }
 
 void VerbsContext::handleAnnounce(int peer, const SlotHeader& h) {
-  Peer& p = *peers_[peer];
   const Envelope env = envOf(h);
-  checkGroup(peer, h.group, env);
+  checkEnvelope(peer, h.group, env);
+  checkStale(peer, h.group, env);
   const Tag tag{h.group, h.index};
-  const ErrorContext ectx{"", group_, rank(), peer};
+  const ErrorContext ectx{"", group(), rank(), peer};
   if (h.len <= eagerMax_) protocolError(peer, "RTS for an eager-sized message");
-  auto it = p.msgs.find(tag);
-  if (it == p.msgs.end()) {
-    auto nm = std::make_unique<RecvMsg>();
-    nm->tag = tag;
-    nm->env = env;
-    nm->len = h.len;
-    nm->announced = true;
-    p.msgs.emplace(tag, std::move(nm));
+  auto* m = findAs<RecvMsg>(peer, tag);
+  if (!m) {
+    static_cast<RecvMsg*>(add(peer, tag, env, h.len))->announced = true;
     return;
   }
-  RecvMsg* m = it->second.get();
-  if (m->staged || m->announced) protocolError(peer, "two messages with one tag");
+  if (m->staging || m->announced) protocolError(peer, "two messages with one tag");
   if (m->env != env || m->len != h.len) {
     fail(Error(ErrorCode::kMismatch,
                "rank " + std::to_string(peer) + " sends " + std::to_string(h.len) + " bytes for " +
@@ -499,7 +422,8 @@ void VerbsContext::handleCts(int peer, const SlotHeader& h, const char* payload)
   std::memcpy(&info.cts, payload, sizeof(info.cts));
   info.env = envOf(h);
   info.len = h.len;
-  checkGroup(peer, h.group, info.env);
+  checkEnvelope(peer, h.group, info.env);
+  checkStale(peer, h.group, info.env);
   const Tag tag{h.group, h.index};
   auto it = p.awaitingCts.find(tag);
   if (it == p.awaitingCts.end()) {
@@ -523,15 +447,8 @@ void VerbsContext::handleCts(int peer, const SlotHeader& h, const char* payload)
 }
 
 void VerbsContext::handleError(int peer, const SlotHeader& h, const char* payload) {
-  Error e = peerReport(rank(), group_, peer, payload, std::min<size_t>(h.payload, kMaxErrorText));
-  if (groupActive_ && isPast(group_, h.group)) {
-    if (!deferredError_) {
-      deferredError_.emplace(e);
-      deferredGroup_ = h.group;
-    }
-    return;
-  }
-  fail(e);
+  peerReported(h.group, peerReport(rank(), group(), peer, payload,
+                                   std::min<size_t>(h.payload, kMaxErrorText)));
 }
 
 void VerbsContext::handleRendezvousData(int peer, uint32_t rid, uint32_t bytes) {
@@ -540,27 +457,22 @@ void VerbsContext::handleRendezvousData(int peer, uint32_t rid, uint32_t bytes) 
   if (idx >= rdv_.size() || !rdv_[idx].used || rdv_[idx].gen != gen || rdv_[idx].peer != peer) {
     protocolError(peer, "write for an unknown rendezvous id " + std::to_string(rid));
   }
-  Peer& p = *peers_[peer];
-  auto it = p.msgs.find(rdv_[idx].tag);
-  if (it == p.msgs.end()) protocolError(peer, "write for a finished receive");
-  RecvMsg* m = it->second.get();
+  auto* m = findAs<RecvMsg>(peer, rdv_[idx].tag);
+  if (!m) protocolError(peer, "write for a finished receive");
   if (bytes > m->len - m->received) protocolError(peer, "rendezvous writes exceed the message");
   m->received += bytes;
   if (m->received < m->len) return;
   rdv_[idx].used = false;
   freeRdv_.push_back(idx);
   m->reg.reset();
-  completeRecv(p, m);
+  complete(peer, m);
 }
 
 // ---- failure -----------------------------------------------------------------
 
 bool VerbsContext::hasPendingWith(int peer) const {
   const Peer& p = *peers_[peer];
-  if (!p.awaitingCts.empty()) return true;
-  for (const auto& kv : p.msgs) {
-    if (kv.second->req) return true;
-  }
+  if (!p.awaitingCts.empty() || hasPostedRecv(peer)) return true;
   for (const OutMsg& m : p.eagerQueue) {
     if (m.req) return true;
   }
@@ -586,47 +498,22 @@ void VerbsContext::protocolError(int peer, const std::string& what) {
                   << what;
   fail(Error(ErrorCode::kInternal,
              "invalid verbs message from rank " + std::to_string(peer) + ": " + what,
-             ErrorContext{"", group_, rank(), peer}));
+             ErrorContext{"", group(), rank(), peer}));
 }
 
-std::shared_ptr<const Error> VerbsContext::error() const {
-  std::lock_guard<std::mutex> lock(errorMutex_);
-  return error_;
-}
-
-void VerbsContext::checkFailed() {
-  if (failedFlag_.load(std::memory_order_acquire)) fail(*error());
-}
-
-void VerbsContext::abort(const Error& error) {
-  {
-    std::lock_guard<std::mutex> lock(errorMutex_);
-    if (!error_) error_ = std::make_shared<const Error>(error);
-  }
-  failedFlag_.store(true, std::memory_order_release);
+void VerbsContext::wake() {
   uint64_t one = 1;
   ssize_t rc = ::write(wakeFd_, &one, sizeof(one));
   (void)rc;
 }
 
-void VerbsContext::fail(const Error& e) {
-  std::shared_ptr<const Error> first;
-  {
-    std::lock_guard<std::mutex> lock(errorMutex_);
-    if (!error_) error_ = std::make_shared<const Error>(e);
-    first = error_;
-  }
-  failedFlag_.store(true, std::memory_order_release);
+void VerbsContext::failWire(const Error& first) {
   for (auto& pp : peers_) {
-    for (auto& kv : pp->msgs) {
-      if (kv.second->req) kv.second->req->fail(*first);
-    }
     for (OutMsg& m : pp->eagerQueue) {
-      if (m.req) m.req->fail(*first);
+      if (m.req) m.req->fail(first);
     }
   }
-  for (auto& kv : sendOps_) kv.second->req->fail(*first);
-  throw *first;
+  for (auto& kv : sendOps_) kv.second->req->fail(first);
 }
 
 void VerbsContext::errorQueuePairs() {
@@ -658,7 +545,7 @@ void VerbsContext::notifyPeers(const Error& error) {
       Peer& p = *peers_[peer];
       // Best effort: the report goes first if a slot is free now.
       OutMsg m;
-      m.hdr = slotHeader(kSlotError, Tag{group_, 0}, Envelope{}, payload.size(), payload.size());
+      m.hdr = slotHeader(kSlotError, Tag{group(), 0}, Envelope{}, payload.size(), payload.size());
       m.owned = payload;
       for (OutMsg& q : p.eagerQueue) {
         if (q.req) q.req->fail(error);
@@ -685,17 +572,6 @@ void VerbsContext::notifyPeers(const Error& error) {
     // Best effort.
   }
   errorQueuePairs();
-}
-
-PeerStats VerbsContext::peerStats(int peer) const {
-  PeerStats s;
-  if (peer < 0 || peer >= size() || peer == rank()) return s;
-  const Peer& p = *peers_[peer];
-  s.bytesSent = p.bytesSent.load(std::memory_order_relaxed);
-  s.bytesReceived = p.bytesReceived.load(std::memory_order_relaxed);
-  s.messagesSent = p.messagesSent.load(std::memory_order_relaxed);
-  s.messagesReceived = p.messagesReceived.load(std::memory_order_relaxed);
-  return s;
 }
 
 }  // namespace gflow::transport::verbs

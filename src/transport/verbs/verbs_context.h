@@ -18,6 +18,8 @@
 //     counts bytes. A send that finds no CTS yet announces itself (RTS), so
 //     mismatched ops are caught before any data moves.
 //   - Registrations come from RegCache (explicit regions, or per-op).
+//   - Matching, staging accounting and failure live in the Engine
+//     (transport/engine.h); this file is the wire.
 //   - Errors: work-completion errors and async events become gflow::Error
 //     naming the peer and the verbs status; a waiter probes a silent peer
 //     with a zero-length write, so a dead peer gives peer_lost, not a hang.
@@ -30,8 +32,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "transport/common.h"
-#include "transport/transport.h"
+#include "transport/engine.h"
 #include "transport/verbs/device.h"
 #include "transport/verbs/reg_cache.h"
 
@@ -89,7 +90,7 @@ struct CtsPayload {
   uint32_t rid;
 };
 
-class VerbsContext final : public Context {
+class VerbsContext final : public Engine {
  public:
   explicit VerbsContext(const ContextOptions& options);
   ~VerbsContext() override;
@@ -98,12 +99,7 @@ class VerbsContext final : public Context {
   RequestPtr isend(int peer, const void* data, size_t bytes, Tag tag, const Envelope& env) override;
   RequestPtr irecv(int peer, void* data, size_t bytes, Tag tag, const Envelope& env) override;
   void beginGroup(uint64_t group, const Envelope& env) override;
-  void wait(const RequestPtr& req, Deadline deadline) override;
-  bool test(const RequestPtr& req) override;
-  void abort(const Error& error) override;
   void notifyPeers(const Error& error) override;
-  std::shared_ptr<const Error> error() const override;
-  PeerStats peerStats(int peer) const override;
 
   // Protocol counters of this context (benchmarks, tests).
   struct Counters {
@@ -131,15 +127,8 @@ class VerbsContext final : public Context {
     std::vector<char> owned;  // control payloads
     RequestPtr req;           // completes once copied (data messages)
   };
-  struct RecvMsg {
-    Tag tag;
-    Envelope env;
-    uint64_t len = 0;
-    RequestPtr req;  // null until posted
-    char* user = nullptr;
-    std::unique_ptr<char[]> staging;  // eager data that arrived first
-    bool staged = false;
-    bool announced = false;  // an RTS arrived
+  struct RecvMsg : Message {  // Message::staging: eager data that arrived first
+    bool announced = false;   // an RTS arrived
     bool rendezvous = false;
     uint32_t rid = 0;
     uint64_t received = 0;
@@ -190,21 +179,17 @@ class VerbsContext final : public Context {
     char* inRing = nullptr;
     uint64_t consumed = 0;
     uint64_t creditReturned = 0;
-    std::unordered_map<Tag, std::unique_ptr<RecvMsg>, TagHash> msgs;
     std::unordered_map<Tag, CtsInfo, TagHash> ctsArrived;
     std::unordered_map<Tag, uint32_t, TagHash> awaitingCts;  // tag -> send op id
-    uint64_t unexpectedBytes = 0;
     // A transfer to this peer failed while nothing was pending with it (e.g.
     // a credit return after the peer finished and left): raised when this
     // rank next needs the peer.
     std::optional<Error> lost;
     // Liveness: a zero-byte write proves the peer's QP exists (a dead
-    // process's does not); a PING slot answered with PONG proves its
-    // software is inside gflow.
-    uint64_t pongs = 0;
+    // process's does not); a PING slot answered with PONG (counted by the
+    // Engine) proves its software is inside gflow.
     bool probeInFlight = false;
     std::chrono::steady_clock::time_point lastProbe{};
-    std::atomic<uint64_t> bytesSent{0}, bytesReceived{0}, messagesSent{0}, messagesReceived{0};
   };
 
   // Setup (verbs_connect.cc).
@@ -233,8 +218,6 @@ class VerbsContext final : public Context {
   void handleCts(int peer, const SlotHeader& h, const char* payload);
   void handleError(int peer, const SlotHeader& h, const char* payload);
   void handleRendezvousData(int peer, uint32_t rid, uint32_t bytes);
-  void completeRecv(Peer& p, RecvMsg* m);
-  void checkGroup(int peer, uint64_t group, const Envelope& env);
   bool hasPendingWith(int peer) const;
   void checkPeer(int peer);  // raises Peer::lost
   void checkLost();          // raises Peer::lost of a peer something waits on
@@ -246,15 +229,17 @@ class VerbsContext final : public Context {
   // returnCreditsFirst: false at teardown (peers may have left).
   void sleepForEvents(int timeoutMs, bool returnCreditsFirst = true);
   void probe(int peer);
-  [[noreturn]] void failTimeout(const RequestPtr& req, bool peerAlive);
   bool drained() const;  // no eager/rendezvous write in flight to a live peer
   [[noreturn]] void protocolError(int peer, const std::string& what);
-  [[noreturn]] void fail(const Error& e);
-  void checkFailed();
   void errorQueuePairs();
 
-  std::chrono::milliseconds timeout_;
-  uint64_t unexpectedLimit_ = 0;
+  // Engine hooks.
+  std::unique_ptr<Message> newMessage() override { return std::make_unique<RecvMsg>(); }
+  void failWire(const Error& first) override;
+  void wake() override;
+  void pollOnce() override;
+  void waitUntilDone(const RequestPtr& req, Deadline deadline) override;
+
   uint64_t stripeMin_ = 0;
   int spinUs_ = 0;
   int qpsPerPeer_ = 2;
@@ -276,19 +261,11 @@ class VerbsContext final : public Context {
   std::vector<Rdv> rdv_;
   std::vector<uint32_t> freeRdv_;
 
-  std::optional<Error> deferredError_;
-  uint64_t deferredGroup_ = 0;
-  uint64_t group_ = 0;
-  Envelope groupEnv_{};
-  bool groupActive_ = false;
   bool qpsErrored_ = false;
 
   Counters counters_;
   int wakeFd_ = -1;
-  std::atomic<bool> failedFlag_{false};
-  mutable std::mutex errorMutex_;
   mutable std::mutex countersMutex_;
-  std::shared_ptr<const Error> error_;
 };
 
 }  // namespace gflow::transport::verbs

@@ -9,7 +9,7 @@
 
 #include "common/check.h"
 #include "common/logging.h"
-#include "transport/common.h"
+#include "transport/liveness.h"
 #include "transport/verbs/verbs_context.h"
 
 namespace gflow::transport::verbs {
@@ -37,7 +37,7 @@ int VerbsContext::progress() {
   if (n < 0) {
     fail(Error(ErrorCode::kInternal,
                "ibv_poll_cq on " + device_->name() + " failed (CQ overrun or device error)",
-               ErrorContext{"", group_, rank(), -1}));
+               ErrorContext{"", group(), rank(), -1}));
   }
   if (n > 0) {
     std::lock_guard<std::mutex> lock(countersMutex_);
@@ -66,13 +66,13 @@ void VerbsContext::handleCompletion(const ibv_wc& wc) {
   if (peer < 0 || peer >= size() || peer == rank() || qi == qpIndex_.end() ||
       qi->second.first != peer) {
     fail(Error(ErrorCode::kInternal, "work completion for an unknown queue pair or request",
-               ErrorContext{"", group_, rank(), -1}));
+               ErrorContext{"", group(), rank(), -1}));
   }
   const int q = qi->second.second;
   Peer& p = *peers_[peer];
   if (kind != kWrRecv) --p.outstanding[q];
   if (kind == kWrSlot || kind == kWrData) --p.dataOutstanding;
-  if (qpsErrored_ || failedFlag_.load(std::memory_order_acquire)) {
+  if (qpsErrored_ || failed()) {
     // Failed: only the send accounting goes on (notifyPeers and teardown
     // wait for it); nothing more lands in user buffers.
     if (kind == kWrSlot && wrValue(wc.wr_id) < p.outBusy.size())
@@ -92,7 +92,7 @@ void VerbsContext::handleCompletion(const ibv_wc& wc) {
                 std::to_string(peer) + " on " + device_->name() + " failed: " +
                 device_->api().wcStatusStr(wc.status) + " (status " + std::to_string(wc.status) +
                 ", vendor error " + vendor + "): " + adviceForStatus(wc.status),
-            ErrorContext{"", group_, rank(), peer});
+            ErrorContext{"", group(), rank(), peer});
     // Not failed at once: completions that arrived before the connection
     // broke may still be queued behind this one (a peer that finished and
     // left sent everything first). The error is raised once the queue is
@@ -147,7 +147,7 @@ void VerbsContext::handleCompletion(const ibv_wc& wc) {
       auto it = sendOps_.find(wrValue(wc.wr_id));
       if (it != sendOps_.end() && --it->second->writesLeft == 0) {
         SendOp& op = *it->second;
-        p.bytesSent.fetch_add(op.len, std::memory_order_relaxed);
+        countSendDone(peer, op.len);
         RequestPtr req = op.req;
         sendOps_.erase(it);
         req->complete();
@@ -217,7 +217,7 @@ void VerbsContext::handleAsyncEvents() {
                device_->name() + " reported '" + name + "'" +
                    (peer >= 0 ? " on the connection to rank " + std::to_string(peer) : "") + ": " +
                    advice,
-               ErrorContext{"", group_, rank(), peer}));
+               ErrorContext{"", group(), rank(), peer}));
   }
 }
 
@@ -229,7 +229,7 @@ void VerbsContext::sleepForEvents(int timeoutMs, bool returnCreditsFirst) {
   }
   if (int rc = api.reqNotifyCq(device_->cq(), 0)) {
     fail(Error(ErrorCode::kInternal, std::string("ibv_req_notify_cq failed: ") + std::strerror(rc),
-               ErrorContext{"", group_, rank(), -1}));
+               ErrorContext{"", group(), rank(), -1}));
   }
   // A completion that arrived before arming raises no event.
   if (progress() > 0) return;
@@ -271,11 +271,8 @@ void VerbsContext::probe(int peer) {
   postWr(peer, 0, std::move(w));
 }
 
-bool VerbsContext::test(const RequestPtr& req) {
-  checkFailed();
-  if (!req->done() && progress() == 0) checkLost();
-  if (req->failed()) throw req->error();
-  return req->done();
+void VerbsContext::pollOnce() {
+  if (progress() == 0) checkLost();
 }
 
 bool VerbsContext::drained() const {
@@ -285,20 +282,10 @@ bool VerbsContext::drained() const {
   return true;
 }
 
-void VerbsContext::wait(const RequestPtr& req, Deadline deadline) {
-  if (req->done()) {
-    if (req->failed()) throw req->error();
-    return;
-  }
-  checkFailed();
+void VerbsContext::waitUntilDone(const RequestPtr& req, Deadline deadline) {
   const auto start = std::chrono::steady_clock::now();
   const auto spinUntil = start + std::chrono::microseconds(spinUs_);
-  // After the deadline: PING the peer and give it `grace` to answer PONG
-  // (its software is inside gflow), as the TCP transport does.
-  const auto grace = std::chrono::milliseconds(std::clamp<int64_t>(timeout_.count() / 4, 50, 2000));
-  bool pinging = false;
-  uint64_t pongsBefore = 0;
-  Deadline pingEnd = Deadline::never();
+  LivenessProbe liveness(timeout());
   unsigned iter = 0;
   while (!req->done()) {
     const int n = progress();
@@ -319,27 +306,15 @@ void VerbsContext::wait(const RequestPtr& req, Deadline deadline) {
     if (now - start >= kProbeAfter && !p.probeInFlight && now - p.lastProbe >= kProbeAfter) {
       probe(peer);
     }
-    if (!pinging && deadline.expired()) {
-      pinging = true;
-      pongsBefore = p.pongs;
-      sendControl(peer, kSlotPing, Tag{group_, 0}, Envelope{}, 0, nullptr, 0);
-      pingEnd = Deadline::after(grace);
-    } else if (pinging && pingEnd.expired()) {
-      const bool alive = p.pongs > pongsBefore;
-      // Alive: give the rank that really waits on the stalled one time to
-      // report it first.
-      if (!alive || pingEnd.at() - deadline.at() >= 3 * grace) failTimeout(req, alive);
-      pingEnd = Deadline::after(2 * grace);
+    switch (liveness.step(deadline, pongs(peer))) {
+      case LivenessProbe::Step::kPing:
+        sendControl(peer, kSlotPing, Tag{group(), 0}, Envelope{}, 0, nullptr, 0);
+        break;
+      case LivenessProbe::Step::kTimeout: failTimeout(req, liveness.peerAlive(), " over verbs");
+      case LivenessProbe::Step::kWait: break;
     }
-    if (n == 0) {
-      sleepForEvents(std::min(pinging ? pingEnd.remainingMs() : deadline.remainingMs(), 250));
-    }
+    if (n == 0) sleepForEvents(liveness.sleepMs(deadline, 250));
   }
-  if (req->failed()) throw req->error();
-}
-
-void VerbsContext::failTimeout(const RequestPtr& req, bool peerAlive) {
-  fail(requestTimeout(rank(), group_, *req, peerAlive, " over verbs"));
 }
 
 }  // namespace gflow::transport::verbs

@@ -1,0 +1,226 @@
+#include "transport/engine.h"
+
+#include <cstring>
+
+#include "common/params.h"
+
+namespace gflow::transport {
+namespace {
+
+class TrivialRegion final : public MemoryRegion {
+ public:
+  TrivialRegion(void* d, size_t n) : MemoryRegion(d, n) {}
+};
+
+}  // namespace
+
+Engine::Engine(const ContextOptions& options)
+    : Context(options.rank, options.size),
+      timeout_(options.timeout),
+      unexpectedLimit_(params::getBytes("GFLOW_UNEXPECTED_LIMIT")),
+      error_([this] { wake(); }) {
+  books_.resize(options.size);
+  for (auto& b : books_) b = std::make_unique<PeerBook>();
+}
+
+std::unique_ptr<MemoryRegion> Engine::registerMemory(void* data, size_t size) {
+  return std::make_unique<TrivialRegion>(data, size);
+}
+
+// ---- failure -----------------------------------------------------------------
+
+void Engine::abort(const Error& error) {
+  error_.setAndWake(error);
+}
+
+void Engine::checkFailed() {
+  // abort() set the error from another thread: fail everything pending here,
+  // on the owning thread.
+  if (error_.failed()) fail(*error_.get());
+}
+
+void Engine::fail(const Error& e) {
+  std::shared_ptr<const Error> first = error_.set(e);
+  for (auto& b : books_) {
+    for (auto& kv : b->msgs) {
+      if (kv.second->req) kv.second->req->fail(*first);
+    }
+  }
+  failWire(*first);
+  throw *first;
+}
+
+void Engine::failTimeout(const RequestPtr& req, bool peerAlive, const char* via) {
+  fail(requestTimeout(rank(), group_, *req, peerAlive, via));
+}
+
+void Engine::peerReported(uint64_t theirGroup, const Error& e) {
+  // The sender's op number came with the report: a report about an op this
+  // rank has not started yet waits until it does (this rank's current op may
+  // still complete, as it did on the other ranks).
+  if (groupActive_ && isPast(group_, theirGroup)) {
+    if (!deferredError_) {
+      deferredError_.emplace(e);
+      deferredGroup_ = theirGroup;
+    }
+    return;
+  }
+  fail(e);
+}
+
+// ---- progress ----------------------------------------------------------------
+
+void Engine::wait(const RequestPtr& req, Deadline deadline) {
+  if (!req->done()) {
+    checkFailed();
+    waitUntilDone(req, deadline);
+  }
+  if (req->failed()) throw req->error();
+}
+
+bool Engine::test(const RequestPtr& req) {
+  checkFailed();
+  if (!req->done()) pollOnce();
+  if (req->failed()) throw req->error();
+  return req->done();
+}
+
+// ---- groups ------------------------------------------------------------------
+
+void Engine::beginGroup(uint64_t group, const Envelope& env) {
+  checkFailed();
+  startGroup(group, env);
+  for (int peer = 0; peer < size(); ++peer) checkStaged(peer);
+}
+
+void Engine::startGroup(uint64_t group, const Envelope& env) {
+  group_ = group;
+  groupEnv_ = env;
+  groupActive_ = true;
+  if (deferredError_ && !isPast(group, deferredGroup_)) fail(*deferredError_);
+}
+
+// Data that arrived before this rank reached the op is checked now.
+void Engine::checkStaged(int peer) {
+  for (auto& kv : books_[peer]->msgs) {
+    const Message& m = *kv.second;
+    if (m.req) continue;
+    if (m.tag.group == group_ && m.env != groupEnv_) {
+      fail(envelopeMismatch(rank(), group_, peer, describe(m.env), describe(groupEnv_)));
+    }
+    if (isPast(m.tag.group, group_)) {
+      fail(unexpectedOp(rank(), group_, peer, m.tag.group, describe(m.env)));
+    }
+  }
+}
+
+// ---- matching ----------------------------------------------------------------
+
+Message* Engine::find(int peer, Tag tag) {
+  auto& msgs = books_[peer]->msgs;
+  auto it = msgs.find(tag);
+  return it == msgs.end() ? nullptr : it->second.get();
+}
+
+Message* Engine::add(int peer, Tag tag, const Envelope& env, uint64_t len) {
+  std::unique_ptr<Message> m = newMessage();
+  m->tag = tag;
+  m->env = env;
+  m->len = len;
+  Message* raw = m.get();
+  books_[peer]->msgs.emplace(tag, std::move(m));
+  return raw;
+}
+
+Message* Engine::postRecv(int peer, Tag tag, const Envelope& env, void* data, size_t bytes,
+                          RequestPtr req) {
+  Message* m = find(peer, tag);
+  if (!m) {
+    m = add(peer, tag, env, bytes);
+  } else {
+    if (m->req) {
+      fail(Error(ErrorCode::kInternal, "two receives posted for one tag",
+                 ErrorContext{"", tag.group, rank(), peer}));
+    }
+    if (m->env != env) {
+      fail(envelopeMismatch(rank(), tag.group, peer, describe(m->env), describe(env)));
+    }
+    if (m->len != bytes) {
+      fail(sizeMismatch(rank(), tag.group, peer, m->len, bytes, describe(env)));
+    }
+  }
+  m->req = std::move(req);
+  m->user = static_cast<char*>(data);
+  return m;
+}
+
+void Engine::checkEnvelope(int peer, uint64_t group, const Envelope& env) {
+  if (groupActive_ && group == group_ && env != groupEnv_) {
+    fail(envelopeMismatch(rank(), group_, peer, describe(env), describe(groupEnv_)));
+  }
+}
+
+void Engine::checkStale(int peer, uint64_t group, const Envelope& env) {
+  if (groupActive_ && isPast(group, group_)) {
+    fail(unexpectedOp(rank(), group_, peer, group, describe(env)));
+  }
+}
+
+void Engine::checkArrival(int peer, const Message& m, const Envelope& env, uint64_t len) {
+  if (m.env != env) {
+    fail(envelopeMismatch(rank(), group_, peer, describe(env), describe(m.env)));
+  }
+  if (m.len != len) fail(sizeMismatch(rank(), group_, peer, len, m.len, describe(m.env)));
+}
+
+bool Engine::stagingFits(int peer, uint64_t len) const {
+  return books_[peer]->stagedBytes + len + kStagedOverhead <= unexpectedLimit_;
+}
+
+Message* Engine::stage(int peer, Tag tag, const Envelope& env, uint64_t len) {
+  Message* m = add(peer, tag, env, len);
+  m->staging.reset(new char[len > 0 ? len : 1]);
+  books_[peer]->stagedBytes += len + kStagedOverhead;
+  return m;
+}
+
+void Engine::complete(int peer, Message* m) {
+  PeerBook& b = *books_[peer];
+  if (m->staging) {
+    if (m->len > 0) std::memcpy(m->user, m->staging.get(), m->len);
+    b.stagedBytes -= m->len + kStagedOverhead;
+  }
+  b.bytesReceived.fetch_add(m->len, std::memory_order_relaxed);
+  b.messagesReceived.fetch_add(1, std::memory_order_relaxed);
+  RequestPtr req = m->req;
+  const Tag tag = m->tag;  // erase() must not read the key of the node it frees
+  b.msgs.erase(tag);
+  req->complete();
+}
+
+bool Engine::hasPostedRecv(int peer) const {
+  for (const auto& kv : books_[peer]->msgs) {
+    if (kv.second->req) return true;
+  }
+  return false;
+}
+
+void Engine::clearMessages() {
+  for (auto& b : books_) {
+    b->msgs.clear();
+    b->stagedBytes = 0;
+  }
+}
+
+PeerStats Engine::peerStats(int peer) const {
+  PeerStats s;
+  if (peer < 0 || peer >= size()) return s;
+  const PeerBook& b = *books_[peer];
+  s.bytesSent = b.bytesSent.load(std::memory_order_relaxed);
+  s.bytesReceived = b.bytesReceived.load(std::memory_order_relaxed);
+  s.messagesSent = b.messagesSent.load(std::memory_order_relaxed);
+  s.messagesReceived = b.messagesReceived.load(std::memory_order_relaxed);
+  return s;
+}
+
+}  // namespace gflow::transport

@@ -1,0 +1,165 @@
+// Engine: what the network transports (tcp/, verbs/) share above their wire.
+//
+//   - The sticky error (common/sticky_error.h): fail() records the first
+//     error, fails every posted receive and, through failWire(), every
+//     request the wire holds, then throws it. abort() records it from any
+//     thread and wakes the waiter (wake()); the owning thread then fails
+//     everything pending on its next call (checkFailed()).
+//   - Tag matching: per peer, one entry per tag, for a receive posted before
+//     its message, or a message that arrived first (unexpected: staged, or
+//     announced by the wire). postRecv() matches a receive against an earlier arrival and
+//     checks envelope and size; the checks on arrival are checkEnvelope(),
+//     checkStale() and checkArrival().
+//   - beginGroup(): the op this rank now runs; staged messages of that op
+//     must carry its envelope, and none may belong to an op already passed.
+//   - Staged-bytes accounting against GFLOW_UNEXPECTED_LIMIT (what the wire
+//     does when it is reached is its own: TCP stops reading, verbs fails).
+//   - Deferred peer reports: a peer's error about an op this rank has not
+//     reached yet is raised when it gets there.
+//   - Per-peer traffic counters (peerStats) and PONG counts for the liveness
+//     probe (transport/liveness.h).
+//   - wait()/test(): the request's or the context's error around the wire's
+//     progress (pollOnce(), waitUntilDone()).
+//   - registerMemory(): a trivial region, for wires that need none (TCP).
+//
+// Thread safety: as Context. abort(), error() and peerStats() may be called
+// from any thread; everything else from the owning (waiting) thread.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include "common/sticky_error.h"
+#include "transport/common.h"
+#include "transport/transport.h"
+
+namespace gflow::transport {
+
+// One message being matched. Wires derive from it for their own state and
+// create it in newMessage().
+struct Message {
+  virtual ~Message() = default;
+  Tag tag;
+  Envelope env;
+  uint64_t len = 0;
+  RequestPtr req;                   // null until a receive is posted
+  char* user = nullptr;             // the posted buffer
+  std::unique_ptr<char[]> staging;  // set while unexpected (arrived first)
+};
+
+class Engine : public Context {
+ public:
+  // A region that needs no registration (a wire that copies through the
+  // kernel, as TCP does, overrides nothing); verbs registers for real.
+  std::unique_ptr<MemoryRegion> registerMemory(void* data, size_t size) override;
+  void beginGroup(uint64_t group, const Envelope& env) override;
+  // The request's own error, or the context's, is thrown around the wire's
+  // progress (pollOnce, waitUntilDone).
+  void wait(const RequestPtr& req, Deadline deadline) override;
+  bool test(const RequestPtr& req) override;
+  void abort(const Error& error) override;
+  std::shared_ptr<const Error> error() const override { return error_.get(); }
+  PeerStats peerStats(int peer) const override;
+
+  // Bytes (with kStagedOverhead per message) staged for `peer`: what the
+  // unexpected limit bounds. Owning thread only (tests).
+  uint64_t stagedBytes(int peer) const { return books_[peer]->stagedBytes; }
+
+ protected:
+  explicit Engine(const ContextOptions& options);
+
+  // Wire hooks.
+  virtual std::unique_ptr<Message> newMessage() = 0;
+  // Fails the wire's own pending requests with `first`; must not throw.
+  virtual void failWire(const Error& first) = 0;
+  // Wakes a waiter sleeping in the wire's progress (any thread).
+  virtual void wake() = 0;
+  // Drives progress once without blocking.
+  virtual void pollOnce() = 0;
+  // Drives progress until `req` (pending) completes; past `deadline` runs
+  // the liveness probe and fails with failTimeout().
+  virtual void waitUntilDone(const RequestPtr& req, Deadline deadline) = 0;
+
+  // Failure.
+  [[noreturn]] void fail(const Error& e);
+  void checkFailed();  // raises an abort() from another thread
+  bool failed() const { return error_.failed(); }
+  [[noreturn]] void failTimeout(const RequestPtr& req, bool peerAlive, const char* via);
+  // A peer's error report about its op `theirGroup`: failed now, or deferred
+  // until this rank reaches that op.
+  void peerReported(uint64_t theirGroup, const Error& e);
+
+  // The op this rank runs (beginGroup).
+  uint64_t group() const { return group_; }
+  bool groupActive() const { return groupActive_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+  // Envelope and stale-op checks of beginGroup (for one peer's staged
+  // messages), for wires that keep more unexpected state.
+  void startGroup(uint64_t group, const Envelope& env);
+  void checkStaged(int peer);
+
+  // Matching.
+  Message* find(int peer, Tag tag);
+  template <class M>
+  M* findAs(int peer, Tag tag) {
+    return static_cast<M*>(find(peer, tag));
+  }
+  // A new entry for `tag` (posted, or announced by the wire), not staged.
+  Message* add(int peer, Tag tag, const Envelope& env, uint64_t len);
+  // irecv: posts `req` on the earlier arrival of `tag` (checked against the
+  // receive) or on a new entry. The result is staged if it arrived first.
+  Message* postRecv(int peer, Tag tag, const Envelope& env, void* data, size_t bytes,
+                    RequestPtr req);
+  // Arrival checks: a message of the running op must carry its envelope; one
+  // of a passed op is stale; one that matches an entry must agree with it.
+  void checkEnvelope(int peer, uint64_t group, const Envelope& env);
+  void checkStale(int peer, uint64_t group, const Envelope& env);
+  void checkArrival(int peer, const Message& m, const Envelope& env, uint64_t len);
+  // Unexpected data: whether `len` more bytes fit GFLOW_UNEXPECTED_LIMIT,
+  // and a new staged entry charged against it.
+  bool stagingFits(int peer, uint64_t len) const;
+  uint64_t unexpectedLimit() const { return unexpectedLimit_; }
+  Message* stage(int peer, Tag tag, const Envelope& env, uint64_t len);
+  // Delivers (copies staging into the user buffer), counts, erases and
+  // completes the posted receive `m`.
+  void complete(int peer, Message* m);
+  bool hasPostedRecv(int peer) const;
+  void clearMessages();  // at teardown or after a failure: the entries go
+
+  // Counters.
+  void countSendPosted(int peer) {
+    books_[peer]->messagesSent.fetch_add(1, std::memory_order_relaxed);
+  }
+  void countSendDone(int peer, uint64_t bytes) {
+    books_[peer]->bytesSent.fetch_add(bytes, std::memory_order_relaxed);
+  }
+  void countPong(int peer) { ++books_[peer]->pongs; }
+  uint64_t pongs(int peer) const { return books_[peer]->pongs; }
+
+ private:
+  struct PeerBook {
+    std::unordered_map<Tag, std::unique_ptr<Message>, TagHash> msgs;
+    uint64_t stagedBytes = 0;
+    uint64_t pongs = 0;  // PONGs received (liveness probes answered)
+    std::atomic<uint64_t> bytesSent{0}, bytesReceived{0}, messagesSent{0}, messagesReceived{0};
+  };
+
+  std::chrono::milliseconds timeout_;
+  uint64_t unexpectedLimit_;
+  std::vector<std::unique_ptr<PeerBook>> books_;
+  StickyError error_;
+
+  uint64_t group_ = 0;
+  Envelope groupEnv_{};
+  bool groupActive_ = false;
+  // An error report for an op this rank has not reached yet: raised when it
+  // gets there, so an op that succeeded everywhere does not fail here.
+  std::optional<Error> deferredError_;
+  uint64_t deferredGroup_ = 0;
+};
+
+}  // namespace gflow::transport

@@ -1,0 +1,46 @@
+#include "testing/contexts.h"
+
+#include "testing/ranks.h"
+
+namespace gflow::testing {
+
+std::vector<std::exception_ptr> runContexts(const std::string& transport, int n,
+                                            const std::function<void(transport::Context&)>& body,
+                                            std::chrono::milliseconds timeout) {
+  return onThreads(n, [&](int rank, const std::shared_ptr<Store>& store) {
+    transport::ContextOptions o;
+    o.rank = rank;
+    o.size = n;
+    o.store = store;
+    o.prefix = "t/";
+    o.timeout = timeout;
+    std::unique_ptr<transport::Context> ctx = transport::createContext(transport, o);
+    body(*ctx);
+  });
+}
+
+Error errorOf(const std::exception_ptr& p) {
+  try {
+    std::rethrow_exception(p);
+  } catch (const Error& e) {
+    return e;
+  }
+}
+
+void waitOrNotify(transport::Context& c, const transport::RequestPtr& r,
+                  std::chrono::milliseconds d) {
+  try {
+    c.wait(r, Deadline::after(d));
+  } catch (const Error&) {
+    c.notifyPeers(*c.error());
+    throw;
+  }
+}
+
+std::vector<char> pattern(size_t n, int seed) {
+  std::vector<char> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<char>((i * 131 + seed * 7 + i / 251) & 0xff);
+  return v;
+}
+
+}  // namespace gflow::testing
