@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -81,15 +82,34 @@ inline char patternByte(int rank, size_t i) {
   return b == RankBuffers::kFill ? 0 : b;
 }
 
-// Allreduce `d` (count, dtype, op, algo) of exactInput values: every rank
-// must hold exactExpected, bitwise the same, with its input untouched.
-inline void checkExactAllreduce(BackendWorld& w, const backend::OpDesc& d, bool inPlace) {
+// Fails the test at the first element i < count of a rank's buffer that is
+// not want(rank, i) (values read as dtype `t`); true when all are.
+inline bool expectValues(const RankBuffers& bufs, int ranks, size_t count, DataType t,
+                         const std::function<double(int, size_t)>& want, const char* what) {
+  for (int r = 0; r < ranks; ++r) {
+    for (size_t i = 0; i < count; ++i) {
+      const double got = getValue(bufs[r], i, t), expected = want(r, i);
+      if (got != expected) {
+        ADD_FAILURE() << "rank " << r << " " << what << " element " << i << ": " << got
+                      << ", expected " << expected;
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+// Allreduce `d` of input(rank, i): every rank must hold want(i), bitwise
+// the same on every rank, with its input untouched.
+inline void checkAllreduce(BackendWorld& w, const backend::OpDesc& d, bool inPlace,
+                           const std::function<double(int, size_t)>& input,
+                           const std::function<double(size_t)>& want) {
   const int n = w.size();
   const DataType t = d.dtype;
   const size_t count = d.count, es = dataTypeSize(t);
   RankBuffers in(n, count * es), out(n, count * es);
   for (int r = 0; r < n; ++r) {
-    for (size_t i = 0; i < count; ++i) setValue(in[r], i, t, exactInput(r, i, d.op, t));
+    for (size_t i = 0; i < count; ++i) setValue(in[r], i, t, input(r, i));
     if (inPlace) std::memcpy(out[r], in[r], count * es);
   }
   SCOPED_TRACE(describe(d) + (inPlace ? " in place" : ""));
@@ -98,54 +118,34 @@ inline void checkExactAllreduce(BackendWorld& w, const backend::OpDesc& d, bool 
           [&](int r, backend::Backend& b) { b.allreduce(op, inPlace ? out[r] : in[r], out[r]); })) {
     return;
   }
-  for (int r = 0; r < n; ++r) {
-    for (size_t i = 0; i < count; ++i) {
-      const double want = exactExpected(n, i, d.op, t);
-      if (getValue(out[r], i, t) != want) {
-        ADD_FAILURE() << "rank " << r << " element " << i << ": " << getValue(out[r], i, t)
-                      << ", expected " << want;
-        return;
-      }
-      if (!inPlace && getValue(in[r], i, t) != exactInput(r, i, d.op, t)) {
-        ADD_FAILURE() << "rank " << r << " input element " << i << " changed";
-        return;
-      }
-    }
-  }
+  expectValues(
+      out, n, count, t, [&](int, size_t i) { return want(i); }, "output");
+  if (!inPlace) expectValues(in, n, count, t, input, "input");
   out.expectIdentical();
   out.expectGuardsIntact();
 }
 
-// Allreduce (sum or avg, float64 or int32) of rank * 1000 + i, against the
-// closed form.
-inline void checkDistinctAllreduce(BackendWorld& w, const backend::OpDesc& d) {
+// Allreduce of exactInput values (any dtype and op) against exactExpected.
+inline void checkExactAllreduce(BackendWorld& w, const backend::OpDesc& d, bool inPlace) {
   const int n = w.size();
-  const DataType t = d.dtype;
-  const size_t count = d.count, es = dataTypeSize(t);
-  RankBuffers in(n, count * es), out(n, count * es);
-  for (int r = 0; r < n; ++r) {
-    for (size_t i = 0; i < count; ++i) setValue(in[r], i, t, r * 1000.0 + i);
-  }
-  SCOPED_TRACE(describe(d));
-  const backend::Op op = w.op(d);
-  if (!w.run([&](int r, backend::Backend& b) { b.allreduce(op, in[r], out[r]); })) return;
-  for (size_t i = 0; i < count; ++i) {
-    // The sum over r of (1000 r + i) is 1000 n(n-1)/2 + n i.
-    const int64_t sum = 1000 * int64_t(n) * (n - 1) / 2 + int64_t(n) * int64_t(i);
-    double want = static_cast<double>(sum);
-    if (d.op == ReduceOp::kAvg) {
-      want = t == DataType::kInt32 ? static_cast<double>(sum / n) : want / n;
-    }
-    for (int r = 0; r < n; ++r) {
-      if (getValue(out[r], i, t) != want) {
-        ADD_FAILURE() << "rank " << r << " element " << i << ": " << getValue(out[r], i, t)
-                      << ", expected " << want;
-        return;
-      }
-    }
-  }
-  out.expectIdentical();
-  out.expectGuardsIntact();
+  checkAllreduce(
+      w, d, inPlace, [&](int r, size_t i) { return exactInput(r, i, d.op, d.dtype); },
+      [&](size_t i) { return exactExpected(n, i, d.op, d.dtype); });
+}
+
+// Allreduce (sum or avg, float64 or int32) of values distinct per rank and
+// element, rank * 1000 + i, against the closed form.
+inline void checkDistinctAllreduce(BackendWorld& w, const backend::OpDesc& d) {
+  const int64_t n = w.size();
+  checkAllreduce(
+      w, d, false, [](int r, size_t i) { return r * 1000.0 + i; },
+      [&](size_t i) {
+        // The sum over r of (1000 r + i) is 1000 n(n-1)/2 + n i.
+        const int64_t sum = 1000 * n * (n - 1) / 2 + n * static_cast<int64_t>(i);
+        if (d.op != ReduceOp::kAvg) return static_cast<double>(sum);
+        return d.dtype == DataType::kInt32 ? static_cast<double>(sum / n)
+                                           : static_cast<double>(sum) / static_cast<double>(n);
+      });
 }
 
 // Reduce-scatter of `d.count` elements per rank: rank r gets the exact
@@ -161,16 +161,9 @@ inline void checkExactReduceScatter(BackendWorld& w, const backend::OpDesc& d) {
   SCOPED_TRACE(describe(d));
   const backend::Op op = w.op(d);
   if (!w.run([&](int r, backend::Backend& b) { b.reduceScatter(op, in[r], out[r]); })) return;
-  for (int r = 0; r < n; ++r) {
-    for (size_t i = 0; i < block; ++i) {
-      const double want = exactExpected(n, r * block + i, d.op, t);
-      if (getValue(out[r], i, t) != want) {
-        ADD_FAILURE() << "rank " << r << " element " << i << ": " << getValue(out[r], i, t)
-                      << ", expected " << want;
-        return;
-      }
-    }
-  }
+  expectValues(
+      out, n, block, t, [&](int r, size_t i) { return exactExpected(n, r * block + i, d.op, t); },
+      "output");
   out.expectGuardsIntact();
 }
 

@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -70,6 +71,9 @@ struct Layout {
   const char* name;
   std::vector<uint64_t> hostHash;  // host identity of every rank
 };
+void PrintTo(const Layout& l, std::ostream* os) {
+  *os << l.name;
+}
 
 class HierarchicalBackendTest : public ::testing::TestWithParam<Layout> {
  protected:

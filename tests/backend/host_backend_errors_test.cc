@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <ostream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -34,6 +35,9 @@ struct SilentPeerCase {
   OpKind kind;
   Algorithm algo;
 };
+void PrintTo(const SilentPeerCase& c, std::ostream* os) {
+  *os << c.name;
+}
 
 // Runs `op` (float32) on every rank but `silent` and returns what each rank
 // raised.
