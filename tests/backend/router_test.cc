@@ -1,5 +1,5 @@
-// The router (src/backend/router.h) driven directly. Small fake backends
-// record what reaches them, so the tests see which backend ran each op on
+// The router (src/backend/router.h) driven directly. Fake backends
+// (fake_backend.h) record what reaches them, so the tests see which backend ran each op on
 // host buffers (by OpDesc::algo), the path counters, and that abort,
 // notifyPeers, peerStats and registerMemory reach every part. One test runs
 // routers over real host backends on loopback TCP contexts.
@@ -12,6 +12,7 @@
 
 #include "backend/backend.h"
 #include "backend/collective_checks.h"
+#include "backend/fake_backend.h"
 #include "backend/loopback.h"
 #include "backend/router.h"
 
@@ -27,66 +28,10 @@ using backend::Path;
 using backend::PathCounts;
 using backend::Router;
 using ::testing::ElementsAre;
+using testing::FakeBackend;
 using ::testing::HasSubstr;
 using testing::opDesc;
-
-// What reached one fake backend. Shared with the test, since the router
-// owns the backend.
-struct Seen {
-  struct Call {
-    OpKind kind;
-    uint64_t seq;
-    OpDesc desc;
-    const void* in;
-    const void* out;
-  };
-  std::vector<Call> calls;
-  std::vector<std::string> aborted;   // the errors' details
-  std::vector<std::string> notified;  // the errors' details
-  int registered = 0;
-};
-
-class FakeBackend final : public Backend {
- public:
-  // peerStats(peer) answers `stats`, with `peer` added to bytesSent.
-  FakeBackend(std::shared_ptr<Seen> seen, PeerStats stats)
-      : seen_(std::move(seen)), stats_(stats) {}
-
-  void allreduce(const Op& op, const void* in, void* out) override { record(op, in, out); }
-  void reduceScatter(const Op& op, const void* in, void* out) override { record(op, in, out); }
-  void allgather(const Op& op, const void* in, void* out) override { record(op, in, out); }
-  void broadcast(const Op& op, void* buf) override { record(op, buf, buf); }
-  void barrier(const Op& op) override { record(op, nullptr, nullptr); }
-
-  void abort(const Error& e) override { seen_->aborted.push_back(e.detail()); }
-  void notifyPeers(const Error& e) override { seen_->notified.push_back(e.detail()); }
-  PeerStats peerStats(int peer) const override {
-    PeerStats s = stats_;
-    s.bytesSent += static_cast<uint64_t>(peer);
-    return s;
-  }
-  void registerMemory(void*, size_t,
-                      std::vector<std::unique_ptr<transport::MemoryRegion>>*) override {
-    ++seen_->registered;
-  }
-
- private:
-  void record(const Op& op, const void* in, const void* out) {
-    seen_->calls.push_back({op.desc.kind, op.seq, op.desc, in, out});
-  }
-
-  std::shared_ptr<Seen> seen_;
-  PeerStats stats_;
-};
-
-PeerStats stats(uint64_t base) {
-  PeerStats s;
-  s.bytesSent = base;
-  s.bytesReceived = base * 2;
-  s.messagesSent = base * 3;
-  s.messagesReceived = base * 4;
-  return s;
-}
+using testing::Seen;
 
 Algorithm anyAlgorithm(OpKind, uint64_t, int) {
   return Algorithm::kRing;
@@ -100,7 +45,7 @@ class RouterTest : public ::testing::Test {
     backend::RouterParts parts;
     parts.rank = 0;
     parts.size = 1;
-    parts.flat = std::make_unique<FakeBackend>(flat_, stats(100));
+    parts.flat = std::make_unique<FakeBackend>(flat_, testing::fakeStats(100));
     parts.verifyNccl = false;
     parts.select = anyAlgorithm;
     router_ = std::make_unique<Router>(std::move(parts));
@@ -109,8 +54,9 @@ class RouterTest : public ::testing::Test {
     device.store = createHashStore();
     device.prefix = "router/";
     device.hostOf = {0};
-    router_->attach(attachShm ? std::make_unique<FakeBackend>(shm_, stats(10)) : nullptr,
-                    attachHier ? std::make_unique<FakeBackend>(hier_, stats(1)) : nullptr, device);
+    router_->attach(
+        attachShm ? std::make_unique<FakeBackend>(shm_, testing::fakeStats(10)) : nullptr,
+        attachHier ? std::make_unique<FakeBackend>(hier_, testing::fakeStats(1)) : nullptr, device);
   }
 
   // Runs `d` through the router on these buffers.
