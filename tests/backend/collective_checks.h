@@ -1,10 +1,11 @@
 // Checks of one collective on a BackendWorld (tests/backend/loopback.h),
-// shared by the direct tests of the host and hierarchical backends. Each
-// runs one op on every rank and compares every rank's result with an
+// shared by the direct tests of the host, hierarchical and router backends.
+// Each runs one op on every rank and compares every rank's result with an
 // independent reference: exact small integers (testing/values.h) for the
 // reductions, a closed form for distinct values, the senders' bytes for
-// data movement. Results must be bitwise equal on every rank, inputs left
-// alone, and no op may write past its output (guard bytes).
+// data movement. Allreduce results must also be bitwise equal on every
+// rank and leave the input alone; no op may write past its output (guard
+// bytes).
 #pragma once
 
 #include <gtest/gtest.h>

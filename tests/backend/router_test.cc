@@ -39,8 +39,9 @@ Algorithm anyAlgorithm(OpKind, uint64_t, int) {
 
 class RouterTest : public ::testing::Test {
  protected:
-  // A router whose flat backend is a fake; attach() adds the other two
-  // unless `attachShm` / `attachHier` say otherwise.
+  // A router whose flat backend is a fake; with `attach`, attach() gives it
+  // fake shared-memory and hierarchical backends (each unless its flag says
+  // otherwise).
   void build(bool attach, bool attachShm = true, bool attachHier = true) {
     backend::RouterParts parts;
     parts.rank = 0;
@@ -59,7 +60,7 @@ class RouterTest : public ::testing::Test {
         attachHier ? std::make_unique<FakeBackend>(hier_, testing::fakeStats(1)) : nullptr, device);
   }
 
-  // Runs `d` through the router on these buffers.
+  // Runs `op` through the router on this fixture's buffers.
   void submit(const Op& op) {
     switch (op.desc.kind) {
       case OpKind::kAllreduce: router_->allreduce(op, in_, out_); break;
