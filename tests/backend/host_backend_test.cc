@@ -162,6 +162,29 @@ TEST_P(HostBackendTest, DisseminationBarrierHoldsEveryRankUntilAllArrive) {
       20);
 }
 
+// Empty ops may come with no memory at all (a null tensor of 0 elements).
+TEST_P(HostBackendTest, EmptyOpsAcceptNullBuffers) {
+  const auto f32 = DataType::kFloat32;
+  std::vector<Op> ops;
+  for (Algorithm algo : {Algorithm::kRing, Algorithm::kRecursiveDoubling}) {
+    ops.push_back(world_->op(opDesc(OpKind::kAllreduce, f32, ReduceOp::kAvg, algo, 0)));
+  }
+  ops.push_back(
+      world_->op(opDesc(OpKind::kReduceScatter, f32, ReduceOp::kAvg, Algorithm::kRing, 0)));
+  ops.push_back(world_->op(opDesc(OpKind::kAllgather, f32, ReduceOp::kSum, Algorithm::kRing, 0)));
+  ops.push_back(world_->op(opDesc(OpKind::kBroadcast, f32, ReduceOp::kSum, Algorithm::kChain, 0)));
+  EXPECT_TRUE(world_->run([&](int, Backend& b) {
+    for (const Op& o : ops) {
+      switch (o.desc.kind) {
+        case OpKind::kAllreduce: b.allreduce(o, nullptr, nullptr); break;
+        case OpKind::kReduceScatter: b.reduceScatter(o, nullptr, nullptr); break;
+        case OpKind::kAllgather: b.allgather(o, nullptr, nullptr); break;
+        default: b.broadcast(o, nullptr); break;
+      }
+    }
+  }));
+}
+
 // Ops of every kind, one after another on the same contexts (each op is its
 // own tag group; nothing of one leaks into the next).
 TEST_P(HostBackendTest, MixedOpsInSequence) {
