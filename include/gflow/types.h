@@ -88,12 +88,4 @@ inline size_t Tensor::nbytes() const {
   return count * dataTypeSize(dtype);
 }
 
-// Traffic with one peer rank, as counted by the transport (Stats::peers).
-struct PeerStats {
-  uint64_t bytesSent = 0;
-  uint64_t bytesReceived = 0;
-  uint64_t messagesSent = 0;
-  uint64_t messagesReceived = 0;
-};
-
 }  // namespace gflow
