@@ -26,6 +26,7 @@ enum class OpKind : uint8_t {
   kBroadcast = 4,
   kBarrier = 5,
 };
+constexpr size_t kNumOpKinds = 6;  // arrays indexed by OpKind (values 1..5)
 const char* toString(OpKind kind);
 
 enum class Algorithm : uint8_t {

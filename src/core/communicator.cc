@@ -4,7 +4,6 @@
 
 #include "backend/device_buffers.h"
 #include "backend/hierarchical/hierarchical.h"
-#include "backend/shm/shm_backend.h"
 #include "bootstrap/environment.h"
 #include "common/auth.h"
 #include "common/check.h"
@@ -12,9 +11,9 @@
 #include "common/params.h"
 #include "core/communicator_impl.h"
 #include "core/frontend.h"
+#include "core/host_backends.h"
 #include "core/internal.h"
 #include "gflow/communicator.h"
-#include "kernels/convert.h"
 #include "topology/data_interface.h"
 
 namespace gflow {
@@ -105,19 +104,6 @@ void CommunicatorImpl::validateOp(const char* op, ReduceOp rop) {
   }
 }
 
-namespace {
-
-bool overlap(const void* a, size_t an, const void* b, size_t bn) {
-  auto pa = reinterpret_cast<uintptr_t>(a), pb = reinterpret_cast<uintptr_t>(b);
-  return an > 0 && bn > 0 && pa < pb + bn && pb < pa + an;
-}
-
-int kindIndex(OpKind k) {
-  return static_cast<int>(k);
-}
-
-}  // namespace
-
 std::shared_ptr<WorkState> CommunicatorImpl::submit(
     OpDesc desc, bool blocking, std::function<void(const backend::Op&)> body,
     std::shared_ptr<backend::DeviceBuffers> buffers) {
@@ -127,7 +113,7 @@ std::shared_ptr<WorkState> CommunicatorImpl::submit(
                               ? static_cast<uint64_t>(size)
                               : 1);
   desc.algo = selector->select(desc.kind, bytes, size);
-  opCount[kindIndex(desc.kind)].fetch_add(1, std::memory_order_relaxed);
+  opCount[opIndex(desc.kind)].fetch_add(1, std::memory_order_relaxed);
   auto task = [this, desc, body = std::move(body), buffers = std::move(buffers)] {
     const uint64_t mySeq = ++seq;
     const char* name = backend::toString(desc.kind);
@@ -137,8 +123,8 @@ std::shared_ptr<WorkState> CommunicatorImpl::submit(
       notifyOnce(e);
       throw *e;
     }
-    if (lastAlgo[kindIndex(desc.kind)] != desc.algo && log::enabled(log::Level::INFO)) {
-      lastAlgo[kindIndex(desc.kind)] = desc.algo;
+    if (lastAlgo[opIndex(desc.kind)] != desc.algo && log::enabled(log::Level::INFO)) {
+      lastAlgo[opIndex(desc.kind)] = desc.algo;
       GFLOW_LOG(INFO) << "rank " << rank << ": " << name << " #" << mySeq << " ("
                       << desc.count * dataTypeSize(desc.dtype) << " bytes x" << size
                       << " ranks): algorithm " << backend::toString(desc.algo);
@@ -225,7 +211,7 @@ std::unique_ptr<CommunicatorImpl> CommunicatorImpl::connect(
     }
   }
   impl->buildHierarchy(ctxOpts, localRank, localSize);
-  impl->opCount[kindIndex(OpKind::kAllgather)] = 0;  // internal op, not the user's
+  impl->opCount[opIndex(OpKind::kAllgather)] = 0;  // internal op, not the user's
   impl->backend->resetPaths();
   return impl;
 }
@@ -244,72 +230,10 @@ void CommunicatorImpl::buildHierarchy(const transport::ContextOptions& ctxOpts,
                     << "hostname + boot id, or GFLOW_HOST_ID) give " << localRank << " of "
                     << localSize << "; gflow groups ranks by host identity";
   }
-  const bool useShm = params::getInt("GFLOW_SHM") != 0;
-  auto connectShm = [&](const std::vector<int>& members, int me, const std::string& prefix,
-                        bool nameCommRanks) -> std::unique_ptr<backend::Backend> {
-    backend::shm::GroupOptions go;
-    go.rank = me;
-    go.size = static_cast<int>(members.size());
-    if (nameCommRanks) go.commRanks = members;
-    go.store = ctxOpts.store;
-    go.prefix = prefix;
-    go.timeout = ctxOpts.timeout;
-    go.describe = backend::describe;
-    std::string why;
-    auto g = backend::shm::Group::connect(go, &why);
-    if (!g) {
-      GFLOW_LOG(WARN) << "rank " << rank << ": shared memory between the ranks of this host "
-                      << "is unavailable (" << why << "); they use " << transportName;
-      return nullptr;
-    }
-    return backend::createShmBackend(std::move(g));
-  };
-  auto connectNet = [&](const std::vector<int>& members, int me, const std::string& prefix) {
-    transport::ContextOptions co = ctxOpts;
-    co.rank = me;
-    co.size = static_cast<int>(members.size());
-    co.prefix = prefix;
-    return backend::createHostBackend(transport::createContext(transportName, co));
-  };
-
-  Capabilities caps;
-  std::unique_ptr<backend::Backend> shm, hier;
-  if (h.numHosts == 1 && size > 1 && useShm) {
-    std::vector<int> all(size);
-    for (int r = 0; r < size; ++r) all[r] = r;
-    shm = connectShm(all, rank, ctxOpts.prefix + "shm/", true);
-    caps.shm = shm != nullptr;
-  } else if (h.numHosts > 1 && h.numHosts < size) {
-    const std::vector<int> locals = h.ranksOfHost(h.host());
-    const std::vector<int> cross = h.ranksWithLocalRank(h.localRank());
-    const std::string hostPrefix = ctxOpts.prefix + "host" + std::to_string(h.host()) + "/";
-    std::unique_ptr<backend::Backend> local;
-    if (useShm) local = connectShm(locals, h.localRank(), hostPrefix + "shm/", false);
-    if (!local) local = connectNet(locals, h.localRank(), hostPrefix + "net/");
-    const int crossRank =
-        static_cast<int>(std::find(cross.begin(), cross.end(), rank) - cross.begin());
-    auto crossB = connectNet(cross, crossRank,
-                             ctxOpts.prefix + "cross" + std::to_string(h.localRank()) + "/");
-    hier = backend::createHierarchicalBackend(
-        h, std::move(local), std::move(crossB),
-        [sel = selector.get()](OpKind kind, uint64_t bytes, int n) {
-          return sel->selectFlat(kind, bytes, n);
-        });
-    caps.hierarchical = true;
-    caps.uniform = h.uniform;
-    if (!h.uniform && rank == 0) {
-      std::string counts;
-      for (int host = 0; host < h.numHosts; ++host) {
-        counts += (host ? "," : "") + std::to_string(h.localSizeOf(host));
-      }
-      GFLOW_LOG(INFO) << "hosts have different rank counts (" << counts
-                      << "): hierarchical allreduce carries each host's sum through its local "
-                         "rank 0 (leaders)";
-    }
-  }
-  selector->setCapabilities(caps);
+  HostBackends hb = connectHostBackends(h, ctxOpts, transportName, *selector);
+  selector->setCapabilities(hb.caps);
   backend->attach(
-      std::move(shm), std::move(hier),
+      std::move(hb.shm), std::move(hb.hierarchical),
       backend::DeviceSetup{rank, size, ctxOpts.store, ctxOpts.prefix, ctxOpts.timeout, hostOf});
 }
 
@@ -400,254 +324,6 @@ std::shared_ptr<Communicator> Communicator::localCommunicator() {
 
 std::shared_ptr<Communicator> Communicator::crossHostCommunicator() {
   return split(impl(*this).localRank, impl(*this).hostIndex);
-}
-
-namespace {
-
-using Buffers = backend::DeviceBuffers;
-
-void finish(const std::shared_ptr<WorkState>& w) {
-  w->wait(std::chrono::milliseconds(0));
-}
-
-// Shared checks of reduce-scatter / allgather: `big` holds size() blocks of
-// `small.count` elements.
-void checkBlocks(CommunicatorImpl& I, const char* name, const Tensor& small, const char* smallName,
-                 const Tensor& big, const char* bigName) {
-  I.validateTensor(name, smallName, small);
-  I.validateTensor(name, bigName, big);
-  if (small.dtype != big.dtype) {
-    I.invalid(name, std::string(smallName) + " is " + toString(small.dtype) + " but " + bigName +
-                        " is " + toString(big.dtype));
-  }
-  if (big.count != small.count * static_cast<size_t>(I.size)) {
-    I.invalid(name, std::string(bigName) + ".count (" + std::to_string(big.count) + ") must be " +
-                        smallName + ".count (" + std::to_string(small.count) + ") x world size (" +
-                        std::to_string(I.size) + ")");
-  }
-}
-
-// `before`/`after` (optional) run on the executing thread around the
-// collective: the fused ops of the gradient layer pack and unpack there.
-std::shared_ptr<WorkState> doAllreduce(CommunicatorImpl& I, Tensor in, Tensor out, ReduceOp op,
-                                       bool blocking, std::function<void()> before = {},
-                                       std::function<void()> after = {}) {
-  const char* name = "allreduce";
-  I.checkUsable(name);
-  I.validateTensor(name, "in", in);
-  I.validateTensor(name, "out", out);
-  I.validateOp(name, op);
-  if (in.count != out.count || in.dtype != out.dtype) {
-    I.invalid(name, "out (" + std::to_string(out.count) + " x " + toString(out.dtype) +
-                        ") must match in (" + std::to_string(in.count) + " x " +
-                        toString(in.dtype) + ")");
-  }
-  if (in.data != out.data && overlap(in.data, in.nbytes(), out.data, out.nbytes())) {
-    I.invalid(name, "in and out overlap without being the same buffer");
-  }
-  OpDesc d{OpKind::kAllreduce, in.dtype, op, Algorithm::kAuto, 0, in.count};
-  CommunicatorImpl* self = &I;
-  auto buffers = in.data == out.data
-                     ? Buffers::bind(name, I.rank, {{in, Buffers::kInOut}})
-                     : Buffers::bind(name, I.rank, {{in, Buffers::kIn}, {out, Buffers::kOut}});
-  return I.submit(
-      d, blocking,
-      [self, in, out, before = std::move(before), after = std::move(after)](const backend::Op& o) {
-        if (before) {
-          before();
-          // The collective waits for what before() enqueued (packing kernels).
-          backend::inputsProduced(o);
-        }
-        self->backend->allreduce(o, in.data, out.data);
-        if (after) after();
-      },
-      std::move(buffers));
-}
-
-// Allreduce with AllreduceOptions: float32 data narrowed to the wire type
-// (with prescale) on the executing thread right before the collective and
-// widened back (with postscale) right after it, so the collective itself is
-// a float16/bfloat16 allreduce whose every hop adds in float32; the result
-// is scanned for inf/NaN (every rank holds the same bits, so all agree).
-std::shared_ptr<WorkState> doAllreduceWith(CommunicatorImpl& I, Tensor inout,
-                                           const AllreduceOptions& o, bool blocking) {
-  const char* name = "allreduce";
-  I.checkUsable(name);
-  I.validateTensor(name, "inout", inout);
-  I.validateOp(name, o.op);
-  if (inout.device.type == DeviceType::kCUDA) {
-    I.invalid(name,
-              "AllreduceOptions (wire compression, scaling, the inf/NaN report) take cpu "
-              "tensors in this version; allreduce(Tensor, ReduceOp) takes cuda tensors");
-  }
-  const bool compress = o.wire != DataType::kFloat32 && o.wire != inout.dtype;
-  if (compress && (inout.dtype != DataType::kFloat32 ||
-                   (o.wire != DataType::kFloat16 && o.wire != DataType::kBFloat16))) {
-    I.invalid(name, std::string("wire type ") + toString(o.wire) + " for " + toString(inout.dtype) +
-                        " data: compression takes float32 data to float16 or bfloat16");
-  }
-  const bool scaled = o.prescale != 1.0f || o.postscale != 1.0f;
-  if (scaled && inout.dtype != DataType::kFloat32) {
-    I.invalid(name, std::string("prescale/postscale apply to float32 data, not ") +
-                        toString(inout.dtype));
-  }
-  if (!std::isfinite(o.prescale) || !std::isfinite(o.postscale)) {
-    I.invalid(name, "prescale and postscale must be finite");
-  }
-  auto flag = std::make_shared<std::atomic<bool>>(false);
-  auto* data = static_cast<float*>(inout.data);
-  const size_t n = inout.count;
-  std::shared_ptr<WorkState> w;
-  if (!compress) {
-    auto scale = [data, n](float k) {
-      if (k != 1.0f) {
-        for (size_t i = 0; i < n; ++i) data[i] *= k;
-      }
-    };
-    const float pre = o.prescale, post = o.postscale;
-    w = doAllreduce(
-        I, inout, inout, o.op, blocking, [scale, pre] { scale(pre); },
-        [scale, post, flag, inout] {
-          // The reduced values, before postscale (as on the compressed path).
-          flag->store(kernels::anyNonFinite(inout.data, inout.count, inout.dtype),
-                      std::memory_order_release);
-          scale(post);
-        });
-  } else {
-    // Not value-initialised: narrow() writes every element first.
-    std::shared_ptr<uint16_t[]> wire(new uint16_t[n]);
-    internal::CompressedAllreduce c;
-    c.format = internal::WireFormat{o.wire, o.prescale, o.postscale};
-    c.op = o.op;
-    c.worldSize = I.size;
-    c.wire = wire.get();
-    c.count = n;
-    c.spans = {internal::WireSpan{data, n, 0}};
-    c.nonFinite = flag;
-    c.owner = wire;
-    const internal::FusedSteps s = internal::compressedSteps(std::move(c));
-    w = doAllreduce(I, s.buffer, s.buffer, s.op, blocking, s.before, s.after);
-  }
-  w->setNonFiniteFlag(flag);
-  return w;
-}
-
-std::shared_ptr<WorkState> doReduceScatter(CommunicatorImpl& I, Tensor in, Tensor out, ReduceOp op,
-                                           bool blocking) {
-  const char* name = "reduce_scatter";
-  I.checkUsable(name);
-  I.validateOp(name, op);
-  checkBlocks(I, name, out, "out", in, "in");
-  if (overlap(in.data, in.nbytes(), out.data, out.nbytes())) {
-    I.invalid(name, "in and out must not overlap");
-  }
-  OpDesc d{OpKind::kReduceScatter, in.dtype, op, Algorithm::kAuto, 0, out.count};
-  CommunicatorImpl* self = &I;
-  auto buffers = Buffers::bind(name, I.rank, {{in, Buffers::kIn}, {out, Buffers::kOut}});
-  return I.submit(
-      d, blocking,
-      [self, in, out](const backend::Op& o) { self->backend->reduceScatter(o, in.data, out.data); },
-      std::move(buffers));
-}
-
-std::shared_ptr<WorkState> doAllgather(CommunicatorImpl& I, Tensor in, Tensor out, bool blocking) {
-  const char* name = "allgather";
-  I.checkUsable(name);
-  checkBlocks(I, name, in, "in", out, "out");
-  const char* own = static_cast<const char*>(out.data) + static_cast<size_t>(I.rank) * in.nbytes();
-  if (in.data != own && overlap(in.data, in.nbytes(), out.data, out.nbytes())) {
-    I.invalid(name, "in overlaps out but is not this rank's block of out");
-  }
-  OpDesc d{OpKind::kAllgather, in.dtype, ReduceOp::kSum, Algorithm::kAuto, 0, in.count};
-  CommunicatorImpl* self = &I;
-  if (in.data == own && in.device.type != out.device.type) {
-    I.invalid(name, "in is this rank's block of out but on another device");
-  }
-  // In place (in is this rank's block of out): out carries it.
-  auto buffers = in.data == own
-                     ? Buffers::bind(name, I.rank, {{out, Buffers::kInOut}})
-                     : Buffers::bind(name, I.rank, {{in, Buffers::kIn}, {out, Buffers::kOut}});
-  return I.submit(
-      d, blocking,
-      [self, in, out](const backend::Op& o) { self->backend->allgather(o, in.data, out.data); },
-      std::move(buffers));
-}
-
-std::shared_ptr<WorkState> doBroadcast(CommunicatorImpl& I, Tensor inout, int root, bool blocking) {
-  const char* name = "broadcast";
-  I.checkUsable(name);
-  I.validateTensor(name, "inout", inout);
-  if (root < 0 || root >= I.size) {
-    I.invalid(name,
-              "root " + std::to_string(root) + " is outside [0, " + std::to_string(I.size) + ")");
-  }
-  OpDesc d{OpKind::kBroadcast, inout.dtype, ReduceOp::kSum, Algorithm::kAuto, root, inout.count};
-  CommunicatorImpl* self = &I;
-  auto buffers = Buffers::bind(name, I.rank, {{inout, Buffers::kInOut}});
-  return I.submit(
-      d, blocking, [self, inout](const backend::Op& o) { self->backend->broadcast(o, inout.data); },
-      std::move(buffers));
-}
-
-std::shared_ptr<WorkState> doBarrier(CommunicatorImpl& I, bool blocking) {
-  I.checkUsable("barrier");
-  OpDesc d{OpKind::kBarrier, DataType::kUInt8, ReduceOp::kSum, Algorithm::kAuto, 0, 0};
-  CommunicatorImpl* self = &I;
-  return I.submit(d, blocking, [self](const backend::Op& o) { self->backend->barrier(o); });
-}
-
-}  // namespace
-
-void Communicator::allreduce(Tensor inout, ReduceOp op) {
-  finish(doAllreduce(impl(*this), inout, inout, op, true));
-}
-void Communicator::allreduce(Tensor in, Tensor out, ReduceOp op) {
-  finish(doAllreduce(impl(*this), in, out, op, true));
-}
-AllreduceResult Communicator::allreduce(Tensor inout, const AllreduceOptions& options) {
-  auto w = doAllreduceWith(impl(*this), inout, options, true);
-  finish(w);
-  return AllreduceResult{w->nonFinite()};
-}
-void Communicator::reduceScatter(Tensor in, Tensor out, ReduceOp op) {
-  finish(doReduceScatter(impl(*this), in, out, op, true));
-}
-void Communicator::allgather(Tensor in, Tensor out) {
-  finish(doAllgather(impl(*this), in, out, true));
-}
-void Communicator::broadcast(Tensor inout, int root) {
-  finish(doBroadcast(impl(*this), inout, root, true));
-}
-void Communicator::barrier() {
-  finish(doBarrier(impl(*this), true));
-}
-
-Work Communicator::allreduceAsync(Tensor inout, ReduceOp op) {
-  return Work(doAllreduce(impl(*this), inout, inout, op, false));
-}
-Work Communicator::allreduceAsync(Tensor inout, const AllreduceOptions& options) {
-  return Work(doAllreduceWith(impl(*this), inout, options, false));
-}
-Work Communicator::allreduceAsync(Tensor in, Tensor out, ReduceOp op) {
-  return Work(doAllreduce(impl(*this), in, out, op, false));
-}
-Work Communicator::reduceScatterAsync(Tensor in, Tensor out, ReduceOp op) {
-  return Work(doReduceScatter(impl(*this), in, out, op, false));
-}
-Work Communicator::allgatherAsync(Tensor in, Tensor out) {
-  return Work(doAllgather(impl(*this), in, out, false));
-}
-Work Communicator::broadcastAsync(Tensor inout, int root) {
-  return Work(doBroadcast(impl(*this), inout, root, false));
-}
-Work Communicator::barrierAsync() {
-  return Work(doBarrier(impl(*this), false));
-}
-
-std::shared_ptr<WorkState> internal::CommunicatorAccess::fusedAllreduce(
-    Communicator& comm, Tensor buffer, ReduceOp op, std::function<void()> before,
-    std::function<void()> after) {
-  return doAllreduce(impl(comm), buffer, buffer, op, false, std::move(before), std::move(after));
 }
 
 void internal::CommunicatorAccess::failInvalid(Communicator& comm, const char* op,
@@ -769,11 +445,11 @@ Stats Communicator::stats() const {
   for (int p = 0; p < impl(*this).size; ++p) {
     if (p != impl(*this).rank) s.peers[p] = impl(*this).backend->peerStats(p);
   }
-  s.allreduce = impl(*this).opCount[kindIndex(OpKind::kAllreduce)];
-  s.reduceScatter = impl(*this).opCount[kindIndex(OpKind::kReduceScatter)];
-  s.allgather = impl(*this).opCount[kindIndex(OpKind::kAllgather)];
-  s.broadcast = impl(*this).opCount[kindIndex(OpKind::kBroadcast)];
-  s.barrier = impl(*this).opCount[kindIndex(OpKind::kBarrier)];
+  s.allreduce = impl(*this).opCount[opIndex(OpKind::kAllreduce)];
+  s.reduceScatter = impl(*this).opCount[opIndex(OpKind::kReduceScatter)];
+  s.allgather = impl(*this).opCount[opIndex(OpKind::kAllgather)];
+  s.broadcast = impl(*this).opCount[opIndex(OpKind::kBroadcast)];
+  s.barrier = impl(*this).opCount[opIndex(OpKind::kBarrier)];
   const backend::PathCounts paths = impl(*this).backend->paths();
   auto path = [&](backend::Path p) { return paths[static_cast<size_t>(p)]; };
   s.sharedMemoryOps = path(backend::Path::kShm);

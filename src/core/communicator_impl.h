@@ -5,6 +5,7 @@
 // communicator's sticky error.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <map>
 #include <memory>
@@ -47,13 +48,13 @@ class CommunicatorImpl final : public Communicator {
   std::atomic<uint64_t> splitCount{0};
   std::string algoSpec;  // inherited by split()
   std::string algoSource;
-  backend::Algorithm lastAlgo[8] = {};
+  std::array<backend::Algorithm, backend::kNumOpKinds> lastAlgo{};  // for the INFO log
 
   std::mutex errorMutex;
   std::shared_ptr<const Error> failed;
   std::atomic<bool> notified{false};
 
-  std::atomic<uint64_t> opCount[6] = {};
+  std::array<std::atomic<uint64_t>, backend::kNumOpKinds> opCount{};  // Stats
 
   // Runs one collective (blocking or async) with the common bookkeeping.
   // `buffers`: Op::buffers of every run (backend::DeviceBuffers::bind).
@@ -88,6 +89,10 @@ class CommunicatorImpl final : public Communicator {
   void buildHierarchy(const transport::ContextOptions& ctxOpts, int launcherLocalRank,
                       int launcherLocalSize);
 };
+
+inline size_t opIndex(backend::OpKind k) {
+  return static_cast<size_t>(k);
+}
 
 // The implementation behind a Communicator (every Communicator is one).
 inline CommunicatorImpl& impl(Communicator& c) {

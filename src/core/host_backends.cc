@@ -1,0 +1,99 @@
+#include "core/host_backends.h"
+
+#include <algorithm>
+
+#include "backend/shm/shm_backend.h"
+#include "common/logging.h"
+#include "common/params.h"
+
+namespace gflow {
+namespace {
+
+struct Builder {
+  const transport::ContextOptions& ctx;
+  const std::string& transportName;
+
+  // `members` (communicator ranks) over shared memory; nullptr when it is
+  // unavailable. `nameCommRanks`: errors name communicator ranks.
+  std::unique_ptr<backend::Backend> shm(const std::vector<int>& members, int me,
+                                        const std::string& prefix, bool nameCommRanks) const {
+    backend::shm::GroupOptions go;
+    go.rank = me;
+    go.size = static_cast<int>(members.size());
+    if (nameCommRanks) go.commRanks = members;
+    go.store = ctx.store;
+    go.prefix = prefix;
+    go.timeout = ctx.timeout;
+    go.describe = backend::describe;
+    std::string why;
+    auto g = backend::shm::Group::connect(go, &why);
+    if (!g) {
+      GFLOW_LOG(WARN) << "rank " << ctx.rank << ": shared memory between the ranks of this host "
+                      << "is unavailable (" << why << "); they use " << transportName;
+      return nullptr;
+    }
+    return backend::createShmBackend(std::move(g));
+  }
+
+  std::unique_ptr<backend::Backend> net(const std::vector<int>& members, int me,
+                                        const std::string& prefix) const {
+    transport::ContextOptions co = ctx;
+    co.rank = me;
+    co.size = static_cast<int>(members.size());
+    co.prefix = prefix;
+    return backend::createHostBackend(transport::createContext(transportName, co));
+  }
+};
+
+void logUnevenHosts(const backend::Hierarchy& h) {
+  std::string counts;
+  for (int host = 0; host < h.numHosts; ++host) {
+    counts += (host ? "," : "") + std::to_string(h.localSizeOf(host));
+  }
+  GFLOW_LOG(INFO) << "hosts have different rank counts (" << counts
+                  << "): hierarchical allreduce carries each host's sum through its local "
+                     "rank 0 (leaders)";
+}
+
+std::unique_ptr<backend::Backend> hierarchical(const Builder& b, const backend::Hierarchy& h,
+                                               bool useShm, const AlgorithmSelector& selector) {
+  const std::vector<int> locals = h.ranksOfHost(h.host());
+  const std::vector<int> cross = h.ranksWithLocalRank(h.localRank());
+  const std::string hostPrefix = b.ctx.prefix + "host" + std::to_string(h.host()) + "/";
+  std::unique_ptr<backend::Backend> local;
+  if (useShm) local = b.shm(locals, h.localRank(), hostPrefix + "shm/", false);
+  if (!local) local = b.net(locals, h.localRank(), hostPrefix + "net/");
+  const int crossRank =
+      static_cast<int>(std::find(cross.begin(), cross.end(), h.rank) - cross.begin());
+  auto crossB =
+      b.net(cross, crossRank, b.ctx.prefix + "cross" + std::to_string(h.localRank()) + "/");
+  return backend::createHierarchicalBackend(
+      h, std::move(local), std::move(crossB),
+      [sel = &selector](backend::OpKind kind, uint64_t bytes, int n) {
+        return sel->selectFlat(kind, bytes, n);
+      });
+}
+
+}  // namespace
+
+HostBackends connectHostBackends(const backend::Hierarchy& h, const transport::ContextOptions& ctx,
+                                 const std::string& transportName,
+                                 const AlgorithmSelector& selector) {
+  const Builder b{ctx, transportName};
+  const bool useShm = params::getInt("GFLOW_SHM") != 0;
+  HostBackends out;
+  if (h.numHosts == 1 && h.size > 1 && useShm) {
+    std::vector<int> all(static_cast<size_t>(h.size));
+    for (int r = 0; r < h.size; ++r) all[r] = r;
+    out.shm = b.shm(all, h.rank, ctx.prefix + "shm/", true);
+    out.caps.shm = out.shm != nullptr;
+  } else if (h.numHosts > 1 && h.numHosts < h.size) {
+    out.hierarchical = hierarchical(b, h, useShm, selector);
+    out.caps.hierarchical = true;
+    out.caps.uniform = h.uniform;
+    if (!h.uniform && h.rank == 0) logUnevenHosts(h);
+  }
+  return out;
+}
+
+}  // namespace gflow
