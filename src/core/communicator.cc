@@ -40,17 +40,17 @@ Error relabel(const Error& e, ErrorContext ctx) {
 }  // namespace
 
 std::shared_ptr<const Error> CommunicatorImpl::error() {
-  std::lock_guard<std::mutex> lock(errorMutex);
-  return failed;
+  return sticky.get();
 }
 
 std::shared_ptr<const Error> CommunicatorImpl::setFailed(const Error& e) {
-  std::lock_guard<std::mutex> lock(errorMutex);
-  if (!failed) {
-    failed = std::make_shared<const Error>(e);
-    GFLOW_LOG(INFO) << "communicator failed: " << e.what();
+  const bool first = !sticky.failed();
+  std::shared_ptr<const Error> held = sticky.set(e);
+  // (Two threads failing at once may both log; the first error holds.)
+  if (first) {
+    GFLOW_LOG(INFO) << "communicator failed: " << held->what();
   }
-  return failed;
+  return held;
 }
 
 void CommunicatorImpl::notifyOnce(const std::shared_ptr<const Error>& e) {

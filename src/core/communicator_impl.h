@@ -15,6 +15,7 @@
 
 #include "backend/backend.h"
 #include "backend/router.h"
+#include "common/sticky_error.h"
 #include "core/algorithm_select.h"
 #include "core/engine.h"
 #include "gflow/communicator.h"
@@ -50,8 +51,7 @@ class CommunicatorImpl final : public Communicator {
   std::string algoSource;
   std::array<backend::Algorithm, backend::kNumOpKinds> lastAlgo{};  // for the INFO log
 
-  std::mutex errorMutex;
-  std::shared_ptr<const Error> failed;
+  StickyError sticky;  // the first error that failed this communicator
   std::atomic<bool> notified{false};
 
   std::array<std::atomic<uint64_t>, backend::kNumOpKinds> opCount{};  // Stats
