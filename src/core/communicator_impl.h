@@ -17,7 +17,7 @@
 #include "backend/router.h"
 #include "common/sticky_error.h"
 #include "core/algorithm_select.h"
-#include "core/engine.h"
+#include "core/executor.h"
 #include "gflow/communicator.h"
 #include "transport/transport.h"
 
@@ -43,7 +43,7 @@ class CommunicatorImpl final : public Communicator {
   // CommunicatorAccess::cached (destroyed after the engine's last op).
   std::mutex cacheMutex;
   std::map<std::string, std::shared_ptr<void>> cache;
-  Engine engine;
+  Executor engine;  // runs the ops in order
 
   uint64_t seq = 0;  // touched only by the executing thread
   std::atomic<uint64_t> splitCount{0};

@@ -10,11 +10,11 @@
 #include <string>
 
 #include "core/compressed_allreduce.h"  // re-exported: the one compressed allreduce
-#include "core/engine.h"                // re-exported: WorkState, what the ops hand back
+#include "core/executor.h"                // re-exported: WorkState, what the ops hand back
 #include "gflow/communicator.h"
 
 namespace gflow {
-class WorkState;  // core/engine.h
+class WorkState;  // core/executor.h
 }  // namespace gflow
 
 namespace gflow::internal {

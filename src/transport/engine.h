@@ -34,7 +34,7 @@
 #include <vector>
 
 #include "common/sticky_error.h"
-#include "transport/common.h"
+#include "transport/contract.h"
 #include "transport/transport.h"
 
 namespace gflow::transport {

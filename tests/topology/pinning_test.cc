@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "common/params.h"
-#include "core/engine.h"
+#include "core/executor.h"
 #include "topology/hwloc_machine.h"
 #include "topology/pinning.h"
 #include "topology/topology.h"
@@ -170,7 +170,7 @@ TEST(TopologyPinning, InvalidGflowPinNeverFails) {
 
 // The engine's worker (gflow's progress thread) pins itself before its first
 // op, and only within what the starting thread allowed.
-std::vector<int> workerAffinity(Engine& engine) {
+std::vector<int> workerAffinity(Executor& engine) {
   std::vector<int> seen;
   auto work = engine.submit([&] { seen = currentThreadAffinity(); }, /*blocking=*/false);
   work->wait(std::chrono::milliseconds(0));
@@ -180,7 +180,7 @@ std::vector<int> workerAffinity(Engine& engine) {
 TEST(TopologyPinning, EngineWorkerIsPinnedWithinTheAllowedCpus) {
   PinEnv env("1");
   const std::vector<int> allowed = currentThreadAffinity();
-  Engine engine;
+  Executor engine;
   engine.setPinNear("");
   const std::vector<int> seen = workerAffinity(engine);
   ASSERT_FALSE(seen.empty());
@@ -194,7 +194,7 @@ TEST(TopologyPinning, EngineWorkerIsPinnedWithinTheAllowedCpus) {
 TEST(TopologyPinning, EngineWorkerIsNotPinnedWithGflowPin0) {
   PinEnv env("0");
   const std::vector<int> allowed = currentThreadAffinity();
-  Engine engine;  // default: near the data interface
+  Executor engine;  // default: near the data interface
   EXPECT_EQ(workerAffinity(engine), allowed);
 }
 

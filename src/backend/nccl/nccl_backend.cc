@@ -12,7 +12,7 @@
 #include "common/logging.h"
 #include "common/params.h"
 #include "cuda/device_guard.h"
-#include "transport/common.h"
+#include "transport/contract.h"
 
 namespace gflow::backend {
 namespace {

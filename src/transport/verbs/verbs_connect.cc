@@ -11,7 +11,7 @@
 #include "common/check.h"
 #include "common/logging.h"
 #include "common/params.h"
-#include "transport/common.h"
+#include "transport/contract.h"
 #include "transport/verbs/verbs_context.h"
 
 namespace gflow::transport::verbs {

@@ -10,7 +10,7 @@
 
 #include "common/check.h"
 #include "common/logging.h"
-#include "transport/common.h"
+#include "transport/contract.h"
 
 namespace gflow::transport::verbs {
 namespace {

@@ -1,4 +1,4 @@
-#include "core/engine.h"
+#include "core/executor.h"
 
 #include "common/check.h"
 #include "topology/data_interface.h"
@@ -43,11 +43,11 @@ void Work::wait(std::chrono::milliseconds timeout) const {
   state_->wait(timeout);
 }
 
-Engine::~Engine() {
+Executor::~Executor() {
   shutdown(Error(ErrorCode::kAborted, "communicator destroyed"));
 }
 
-void Engine::run(Item& item) {
+void Executor::run(Item& item) {
   try {
     item.task();
     item.work->finish(nullptr);
@@ -59,7 +59,7 @@ void Engine::run(Item& item) {
   }
 }
 
-std::shared_ptr<WorkState> Engine::submit(Task task, bool blocking) {
+std::shared_ptr<WorkState> Executor::submit(Task task, bool blocking) {
   Item item{std::move(task), std::make_shared<WorkState>()};
   std::unique_lock<std::mutex> lock(mutex_);
   if (stop_) {
@@ -98,7 +98,7 @@ std::shared_ptr<WorkState> Engine::submit(Task task, bool blocking) {
   return work;
 }
 
-bool Engine::tryRunExclusive(const std::function<void()>& fn) {
+bool Executor::tryRunExclusive(const std::function<void()>& fn) {
   std::unique_lock<std::mutex> lock(mutex_);
   if (running_) return false;
   running_ = true;
@@ -113,7 +113,7 @@ bool Engine::tryRunExclusive(const std::function<void()>& fn) {
   return true;
 }
 
-void Engine::setPinNear(std::string nic) {
+void Executor::setPinNear(std::string nic) {
   std::lock_guard<std::mutex> lock(mutex_);
   pinNear_ = std::move(nic);
   pinNearSet_ = true;
@@ -121,14 +121,14 @@ void Engine::setPinNear(std::string nic) {
 
 // Runs on the worker before its first op. Pinning is an optimisation: it
 // never fails an op (pinCurrentThreadNear logs and ignores its failures).
-void Engine::pinWorker(bool nicSet, const std::string& nic, int hintCpu) noexcept {
+void Executor::pinWorker(bool nicSet, const std::string& nic, int hintCpu) noexcept {
   try {
     topology::pinCurrentThreadNear(nicSet ? nic : topology::dataInterfaceName(), hintCpu);
   } catch (...) {
   }
 }
 
-void Engine::workerLoop() {
+void Executor::workerLoop() {
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
     cv_.wait(lock, [&] { return stop_ || (!queue_.empty() && !running_); });
@@ -145,7 +145,7 @@ void Engine::workerLoop() {
   }
 }
 
-void Engine::shutdown(const Error& error) {
+void Executor::shutdown(const Error& error) {
   std::deque<Item> dropped;
   {
     std::lock_guard<std::mutex> lock(mutex_);

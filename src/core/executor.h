@@ -1,7 +1,7 @@
-// The async engine: runs a communicator's ops one at a time, in the order
-// they were issued. A blocking call on an idle engine runs inline on the
+// The executor: runs a communicator's ops one at a time, in the order
+// they were issued. A blocking call on an idle executor runs inline on the
 // caller's thread (no thread hop on the latency path); otherwise ops queue up
-// for the engine's worker thread, started on first need. The worker is gflow's
+// for the executor's worker thread, started on first need. The worker is gflow's
 // progress thread: it pins itself near the rank's NIC (topology/pinning.h,
 // GFLOW_PIN) before running its first op.
 #pragma once
@@ -42,11 +42,11 @@ class WorkState final : public Work::Completion {
   std::shared_ptr<const std::atomic<bool>> flag_;
 };
 
-class Engine {
+class Executor {
  public:
   using Task = std::function<void()>;
-  Engine() = default;
-  ~Engine();
+  Executor() = default;
+  ~Executor();
 
   // Queues `task`; returns its completion state. With blocking=true the call
   // returns after the task ran (its error is in the returned state).

@@ -1,4 +1,4 @@
-#include "transport/common.h"
+#include "transport/contract.h"
 
 #include <unistd.h>
 
