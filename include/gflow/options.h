@@ -4,12 +4,39 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "gflow/store.h"
 
 namespace gflow {
+
+// The TCP transport. Each field left unset is taken from its GFLOW_*
+// variable, else the default (docs/configuration.md).
+struct TcpOptions {
+  std::string socketIfname;                   // GFLOW_SOCKET_IFNAME
+  std::string portRange;                      // GFLOW_PORT_RANGE
+  std::optional<int> socketsPerPeer;          // GFLOW_SOCKETS_PER_PEER (1-64)
+  std::optional<uint64_t> stripeMinBytes;     // GFLOW_STRIPE_MIN
+  std::optional<uint64_t> socketBufferBytes;  // GFLOW_SOCKET_BUFFER
+};
+
+// The RDMA verbs transport (GFLOW_TRANSPORT=verbs or Options::transport).
+// Each field left unset is taken from its GFLOW_IB_* variable, else the
+// default (docs/configuration.md).
+struct VerbsOptions {
+  std::string hca;                        // GFLOW_IB_HCA ("mlx5_0:1,mlx5_1")
+  std::string gidIndex;                   // GFLOW_IB_GID_INDEX ("auto" or an index)
+  std::optional<int> timeout;             // GFLOW_IB_TIMEOUT (1-31)
+  std::optional<int> retryCount;          // GFLOW_IB_RETRY_CNT (0-7)
+  std::optional<int> mtu;                 // GFLOW_IB_MTU (bytes; 0: the port's)
+  std::optional<int> qpsPerPeer;          // GFLOW_IB_QPS_PER_PEER
+  std::optional<uint64_t> eagerBytes;     // GFLOW_IB_EAGER_BYTES
+  std::optional<int> eagerSlots;          // GFLOW_IB_EAGER_SLOTS
+  std::optional<uint64_t> regCacheBytes;  // GFLOW_IB_REG_CACHE
+};
 
 struct Options {
   // Identity. -1 means "from the environment".
@@ -34,19 +61,15 @@ struct Options {
   // Deadline for every blocking step (GFLOW_TIMEOUT, default 300 s).
   std::chrono::milliseconds timeout{0};
 
-  // Network transport between hosts (GFLOW_TRANSPORT): "tcp" (the default).
-  // Ranks of one host use shared memory unless GFLOW_SHM=0.
+  // Network transport between hosts (GFLOW_TRANSPORT): "tcp" (the default)
+  // or "verbs". Ranks of one host use shared memory unless GFLOW_SHM=0.
   std::string transport;
+  TcpOptions tcp;
+  VerbsOptions verbs;
 
   // Algorithm override, same syntax as GFLOW_ALGO (docs/algorithms.md),
   // e.g. "ring" or "allreduce:0-64k:rd,allreduce:64k-:ring".
   std::string algorithm;
-
-  // TCP data path (GFLOW_SOCKET_IFNAME, GFLOW_PORT_RANGE,
-  // GFLOW_SOCKETS_PER_PEER). 0 / empty: from the environment or default.
-  std::string socketIfname;
-  std::string portRange;
-  int socketsPerPeer = 0;
 };
 
 }  // namespace gflow

@@ -160,7 +160,7 @@ std::unique_ptr<CommunicatorImpl> CommunicatorImpl::connect(
   impl->timeout = ctxOpts.timeout;
   impl->transportName = transportName;
   impl->contextOptions = ctxOpts;
-  impl->engine.setPinNear(topology::dataInterfaceName(ctxOpts.socketIfname));
+  impl->engine.setPinNear(topology::dataInterfaceName(ctxOpts.tcp.socketIfname));
   uint64_t rdMax = 0;
   if (params::getString("GFLOW_RD_MAX_BYTES") != "auto")
     rdMax = params::getBytes("GFLOW_RD_MAX_BYTES");
@@ -279,9 +279,8 @@ std::shared_ptr<Communicator> Communicator::create(const Options& options) {
   co.prefix = "gflow/w" + std::to_string(generation) + "/";
   co.token = id.token;
   co.timeout = timeout;
-  co.socketIfname = options.socketIfname;
-  co.portRange = options.portRange;
-  co.socketsPerPeer = options.socketsPerPeer;
+  co.tcp = options.tcp;
+  co.verbs = options.verbs;
   const std::string transportName =
       !options.transport.empty() ? options.transport : params::getString("GFLOW_TRANSPORT");
   const bool algoFromOptions = !options.algorithm.empty();

@@ -34,6 +34,7 @@
 
 #include "common/deadline.h"
 #include "gflow/error.h"
+#include "gflow/options.h"
 #include "gflow/store.h"
 #include "gflow/types.h"
 
@@ -112,9 +113,9 @@ struct ContextOptions {
   std::string prefix;  // store keys of this communicator live under it
   std::string token;
   std::chrono::milliseconds timeout{300000};
-  std::string socketIfname;
-  std::string portRange;
-  int socketsPerPeer = 0;  // 0: GFLOW_SOCKETS_PER_PEER
+  // Fields left unset come from the environment (gflow/options.h).
+  TcpOptions tcp;
+  VerbsOptions verbs;
 };
 
 class Context {

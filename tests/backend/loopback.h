@@ -37,7 +37,7 @@ inline transport::ContextOptions loopbackOptions(int rank, int size,
   o.store = store;
   o.prefix = prefix;
   o.timeout = timeout;
-  o.socketIfname = "=lo";
+  o.tcp.socketIfname = "=lo";
   return o;
 }
 

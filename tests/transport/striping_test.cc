@@ -27,7 +27,7 @@ class Striping : public ::testing::TestWithParam<const char*> {
 TEST_P(Striping, EverySizeAroundStripeBoundaries) {
   Options o;
   o.algorithm = GetParam();
-  o.socketsPerPeer = 4;
+  o.tcp.socketsPerPeer = 4;
   testing::runRanks(
       3,
       [](Communicator& c) {

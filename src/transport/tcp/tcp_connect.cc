@@ -44,11 +44,11 @@ struct Identity {
 
 // Listens on the chosen interface and publishes "host:port" in the store.
 net::Socket listenAndPublish(const ContextOptions& options, int rank) {
-  const std::string ifname = !options.socketIfname.empty()
-                                 ? options.socketIfname
+  const std::string ifname = !options.tcp.socketIfname.empty()
+                                 ? options.tcp.socketIfname
                                  : params::getString("GFLOW_SOCKET_IFNAME");
-  const std::string range =
-      !options.portRange.empty() ? options.portRange : params::getString("GFLOW_PORT_RANGE");
+  const std::string range = !options.tcp.portRange.empty() ? options.tcp.portRange
+                                                           : params::getString("GFLOW_PORT_RANGE");
   std::string ip = net::selectInterfaceAddress(ifname);
   uint16_t port = 0;
   net::Socket listener = net::listenOn(ip, net::parsePortRange(range), &port);
@@ -178,8 +178,8 @@ void TcpContext::connectAll(const ContextOptions& options) {
   const Deadline deadline = Deadline::after(options.timeout);
   commId_ = hashPrefix(options.prefix);
   const Identity me{rank(), size(), socketsPerPeer_, commId_};
-  const int bufBytes =
-      static_cast<int>(std::min<uint64_t>(params::getBytes("GFLOW_SOCKET_BUFFER"), 1u << 30));
+  const int bufBytes = static_cast<int>(std::min<uint64_t>(
+      options.tcp.socketBufferBytes.value_or(params::getBytes("GFLOW_SOCKET_BUFFER")), 1u << 30));
 
   // Accept the higher ranks while connecting to the lower ones, so no pair
   // waits on the other's order.

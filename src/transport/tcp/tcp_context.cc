@@ -17,11 +17,11 @@
 namespace gflow::transport::tcp {
 
 TcpContext::TcpContext(const ContextOptions& options) : Engine(options) {
-  stripeMin_ = std::max<uint64_t>(params::getBytes("GFLOW_STRIPE_MIN"), 4096);
+  stripeMin_ = std::max<uint64_t>(
+      options.tcp.stripeMinBytes.value_or(params::getBytes("GFLOW_STRIPE_MIN")), 4096);
   spinUs_ = spinMicros(options.size);
-  socketsPerPeer_ = options.socketsPerPeer > 0
-                        ? options.socketsPerPeer
-                        : static_cast<int>(params::getInt("GFLOW_SOCKETS_PER_PEER"));
+  socketsPerPeer_ = options.tcp.socketsPerPeer.value_or(
+      static_cast<int>(params::getInt("GFLOW_SOCKETS_PER_PEER")));
   if (socketsPerPeer_ < 1 || socketsPerPeer_ > 64) {
     GFLOW_THROW(kInvalidArgument, (ErrorContext{"init", 0, rank(), -1}))
         << "GFLOW_SOCKETS_PER_PEER=" << socketsPerPeer_ << " must be between 1 and 64";

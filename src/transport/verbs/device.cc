@@ -5,6 +5,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 
@@ -176,7 +177,7 @@ Device::Device(const Settings& s) : api_(verbs::api()) {
         << api_.source << "); check ibv_devinfo, that the RDMA kernel modules are loaded and "
         << "/dev/infiniband is accessible, or use GFLOW_TRANSPORT=tcp";
   }
-  const HcaSpec spec = parseHcaSpec(params::getString("GFLOW_IB_HCA"));
+  const HcaSpec spec = parseHcaSpec(s.hca);
   std::vector<PortCandidate> active;
   std::string seen;
   for (int d = 0; d < num; ++d) {
@@ -204,9 +205,8 @@ Device::Device(const Settings& s) : api_(verbs::api()) {
   if (!pick) {
     api_.freeDeviceList(list);
     GFLOW_THROW(kInvalidArgument, initCtx(s.rank))
-        << "verbs transport: no usable RDMA port (GFLOW_IB_HCA='"
-        << params::getString("GFLOW_IB_HCA") << "'; ports found: " << (seen.empty() ? "none" : seen)
-        << ")";
+        << "verbs transport: no usable RDMA port (GFLOW_IB_HCA='" << s.hca
+        << "'; ports found: " << (seen.empty() ? "none" : seen) << ")";
   }
   name_ = pick->device;
   port_ = pick->port;
@@ -221,7 +221,7 @@ Device::Device(const Settings& s) : api_(verbs::api()) {
         api_.queryPort(ctx_, static_cast<uint8_t>(port_), &portAttr_) != 0) {
       GFLOW_THROW(kInternal, initCtx(s.rank)) << "verbs transport: cannot query " << name_;
     }
-    selectGid(s.rank);
+    selectGid(s.rank, s.gidIndex);
     pd_ = api_.allocPd(ctx_);
     if (!pd_) {
       GFLOW_THROW(kInternal, initCtx(s.rank))
@@ -260,11 +260,16 @@ Device::Device(const Settings& s) : api_(verbs::api()) {
   GFLOW_LOG(INFO) << "rank " << s.rank << ": verbs on " << describe() << " via " << api_.source;
 }
 
-void Device::selectGid(int rank) {
-  const std::string want = params::getString("GFLOW_IB_GID_INDEX");
+void Device::selectGid(int rank, const std::string& want) {
   const int len = portAttr_.gid_tbl_len;
   if (want != "auto") {
-    int idx = static_cast<int>(params::getInt("GFLOW_IB_GID_INDEX"));
+    char* end = nullptr;
+    const long parsed = std::strtol(want.c_str(), &end, 10);
+    if (want.empty() || *end != '\0') {
+      GFLOW_THROW(kInvalidArgument, initCtx(rank))
+          << "GFLOW_IB_GID_INDEX='" << want << "' is neither 'auto' nor a GID index";
+    }
+    const int idx = static_cast<int>(parsed);
     if (idx < 0 || idx >= len || api_.queryGid(ctx_, static_cast<uint8_t>(port_), idx, &gid_)) {
       GFLOW_THROW(kInvalidArgument, initCtx(rank))
           << "GFLOW_IB_GID_INDEX=" << idx << " is not a valid GID index of " << name_ << " port "

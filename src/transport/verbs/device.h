@@ -54,6 +54,8 @@ class Device {
   struct Settings {
     int rank = 0;  // for messages
     int cqEntries = 0;
+    std::string hca;       // which device and port (GFLOW_IB_HCA syntax)
+    std::string gidIndex;  // "auto" or a GID index (GFLOW_IB_GID_INDEX)
   };
   explicit Device(const Settings& s);
   ~Device();
@@ -76,7 +78,7 @@ class Device {
   std::string describe() const;
 
  private:
-  void selectGid(int rank);
+  void selectGid(int rank, const std::string& want);
   void release();
 
   const VerbsApi& api_;

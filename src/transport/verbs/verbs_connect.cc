@@ -70,13 +70,13 @@ struct QpSettings {
   uint8_t retry;
 };
 
-QpSettings readQpSettings(const Device& dev, int rank) {
+QpSettings readQpSettings(const Device& dev, const VerbsOptions& o, int rank) {
   ibv_mtu mtu = dev.portAttr().active_mtu;
-  if (int64_t want = params::getInt("GFLOW_IB_MTU"); want != 0) {
+  if (int64_t want = o.mtu.value_or(params::getInt("GFLOW_IB_MTU")); want != 0) {
     mtu = std::min(mtu, mtuFromBytes(want, rank));
   }
-  const int64_t ibTimeout = params::getInt("GFLOW_IB_TIMEOUT");
-  const int64_t retry = params::getInt("GFLOW_IB_RETRY_CNT");
+  const int64_t ibTimeout = o.timeout.value_or(params::getInt("GFLOW_IB_TIMEOUT"));
+  const int64_t retry = o.retryCount.value_or(params::getInt("GFLOW_IB_RETRY_CNT"));
   if (ibTimeout < 1 || ibTimeout > 31 || retry < 0 || retry > 7) {
     GFLOW_THROW(kInvalidArgument, (ErrorContext{"init", 0, rank, -1}))
         << "GFLOW_IB_TIMEOUT=" << ibTimeout << " must be 1-31 (4.096 us x 2^value) and "
@@ -191,22 +191,23 @@ void connectQp(const Device& dev, ibv_qp* qp, int q, const ConnInfo& ti, uint32_
 
 }  // namespace
 
-VerbsContext::VerbsContext(const ContextOptions& options)
-    : Engine(options) {
-  stripeMin_ = std::max<uint64_t>(params::getBytes("GFLOW_STRIPE_MIN"), 4096);
+VerbsContext::VerbsContext(const ContextOptions& options) : Engine(options) {
+  stripeMin_ = std::max<uint64_t>(
+      options.tcp.stripeMinBytes.value_or(params::getBytes("GFLOW_STRIPE_MIN")), 4096);
   spinUs_ = spinMicros(options.size);
   const ErrorContext ictx{"init", 0, rank(), -1};
-  qpsPerPeer_ = static_cast<int>(params::getInt("GFLOW_IB_QPS_PER_PEER"));
+  const VerbsOptions& vo = options.verbs;
+  qpsPerPeer_ = vo.qpsPerPeer.value_or(static_cast<int>(params::getInt("GFLOW_IB_QPS_PER_PEER")));
   if (qpsPerPeer_ < 1 || qpsPerPeer_ > kMaxQps) {
     GFLOW_THROW(kInvalidArgument, ictx)
         << "GFLOW_IB_QPS_PER_PEER=" << qpsPerPeer_ << " must be between 1 and " << kMaxQps;
   }
-  slots_ = static_cast<int>(params::getInt("GFLOW_IB_EAGER_SLOTS"));
+  slots_ = vo.eagerSlots.value_or(static_cast<int>(params::getInt("GFLOW_IB_EAGER_SLOTS")));
   if (slots_ < 2 || slots_ > 4096) {
     GFLOW_THROW(kInvalidArgument, ictx)
         << "GFLOW_IB_EAGER_SLOTS=" << slots_ << " must be between 2 and 4096";
   }
-  const uint64_t eager = params::getBytes("GFLOW_IB_EAGER_BYTES");
+  const uint64_t eager = vo.eagerBytes.value_or(params::getBytes("GFLOW_IB_EAGER_BYTES"));
   if (eager < 256 || eager > (1u << 20)) {
     GFLOW_THROW(kInvalidArgument, ictx)
         << "GFLOW_IB_EAGER_BYTES=" << eager << " must be between 256 and 1M";
@@ -348,10 +349,14 @@ void VerbsContext::connectAll(const ContextOptions& o) {
   Device::Settings ds;
   ds.rank = rank();
   ds.cqEntries = std::max(1, size() - 1) * qpsPerPeer_ * (sendDepth_ + recvDepth_) + 64;
+  ds.hca = !o.verbs.hca.empty() ? o.verbs.hca : params::getString("GFLOW_IB_HCA");
+  ds.gidIndex =
+      !o.verbs.gidIndex.empty() ? o.verbs.gidIndex : params::getString("GFLOW_IB_GID_INDEX");
   device_ = std::make_shared<Device>(ds);
-  cache_ = std::make_shared<RegCache>(device_, params::getBytes("GFLOW_IB_REG_CACHE"), rank());
+  cache_ = std::make_shared<RegCache>(
+      device_, o.verbs.regCacheBytes.value_or(params::getBytes("GFLOW_IB_REG_CACHE")), rank());
   const VerbsApi& api = device_->api();
-  const QpSettings settings = readQpSettings(*device_, rank());
+  const QpSettings settings = readQpSettings(*device_, o.verbs, rank());
 
   std::mt19937 rng(std::random_device{}());
   std::vector<ConnInfo> mine(size());
