@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "common/params.h"
@@ -35,7 +36,7 @@ TEST(Params, BadValueNamesTheVariable) {
   setenv("GFLOW_TIMEOUT", "forever", 1);
   params::resetCacheForTesting();
   try {
-    params::getDurationMs("GFLOW_TIMEOUT");
+    params::timeoutMs();
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
@@ -43,7 +44,7 @@ TEST(Params, BadValueNamesTheVariable) {
   }
   unsetenv("GFLOW_TIMEOUT");
   params::resetCacheForTesting();
-  EXPECT_EQ(params::getDurationMs("GFLOW_TIMEOUT"), 300000);
+  EXPECT_EQ(params::timeoutMs(), 300000);
 }
 
 TEST(Params, ConfigurationDocListsEveryParameter) {
@@ -56,6 +57,35 @@ TEST(Params, ConfigurationDocListsEveryParameter) {
     EXPECT_NE(doc.find(std::string("`") + p.name + "`"), std::string::npos)
         << p.name << " is missing from docs/configuration.md";
   }
+}
+
+TEST(Params, TypedAccessorsReadTheTable) {
+  setenv("GFLOW_SHM_CHUNK", "64K", 1);
+  setenv("GFLOW_SPIN_US", "7", 1);
+  params::resetCacheForTesting();
+  EXPECT_EQ(params::shmChunk(), 65536u);
+  EXPECT_EQ(params::spinUs(), std::optional<int64_t>(7));
+  EXPECT_EQ(params::rdMaxBytes(), std::nullopt);  // default "auto"
+  EXPECT_EQ(params::transport(), "tcp");
+  EXPECT_EQ(params::getBytes("GFLOW_SHM_CHUNK"), 65536u);  // the string-keyed lookup agrees
+  unsetenv("GFLOW_SHM_CHUNK");
+  unsetenv("GFLOW_SPIN_US");
+  params::resetCacheForTesting();
+}
+
+TEST(Params, AgreementCoversTheMarkedParameters) {
+  EXPECT_EQ(params::agreementNames(),
+            "GFLOW_ALGO, GFLOW_DEVICE_BACKEND, GFLOW_NCCL_VERIFY, GFLOW_SHM, GFLOW_SHM_CHUNK, "
+            "GFLOW_RD_MAX_BYTES");
+  setenv("GFLOW_SHM", "0", 1);
+  params::resetCacheForTesting();
+  const std::string in = params::agreementDigestInput({{&params::spec::algo, "ring"}});
+  EXPECT_NE(in.find("GFLOW_SHM=0\n"), std::string::npos) << in;
+  EXPECT_NE(in.find("GFLOW_ALGO=ring\n"), std::string::npos) << in;
+  EXPECT_NE(in.find("GFLOW_SHM_CHUNK=512K\n"), std::string::npos) << in;
+  EXPECT_EQ(in.find("GFLOW_TIMEOUT"), std::string::npos) << in;
+  unsetenv("GFLOW_SHM");
+  params::resetCacheForTesting();
 }
 
 TEST(AlgorithmSelect, DefaultsAndRules) {

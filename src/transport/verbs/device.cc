@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <optional>
 
 #include "common/check.h"
 #include "common/logging.h"
@@ -17,7 +18,7 @@ namespace gflow::transport::verbs {
 namespace {
 
 ErrorContext initCtx(int rank) {
-  return ErrorContext{"init", 0, rank, -1};
+  return ErrorContext::forOp("init").withRank(rank);
 }
 
 std::string linkLayerName(uint8_t ll) {
@@ -92,7 +93,7 @@ HcaSpec parseHcaSpec(const std::string& text) {
       char* end = nullptr;
       long v = p.empty() ? -1 : std::strtol(p.c_str(), &end, 10);
       if (p.empty() || *end != '\0' || v < 1 || v > 255) {
-        GFLOW_THROW(kInvalidArgument, (ErrorContext{"config", 0, -1, -1}))
+        GFLOW_THROW(kInvalidArgument, ErrorContext::forOp("config"))
             << "GFLOW_IB_HCA='" << text << "': bad port in '" << item
             << "' (expected name[:port] with port 1-255)";
       }
@@ -100,7 +101,7 @@ HcaSpec parseHcaSpec(const std::string& text) {
       item.resize(colon);
     }
     if (item.empty()) {
-      GFLOW_THROW(kInvalidArgument, (ErrorContext{"config", 0, -1, -1}))
+      GFLOW_THROW(kInvalidArgument, ErrorContext::forOp("config"))
           << "GFLOW_IB_HCA='" << text << "' has an empty device name (syntax: "
           << "[^][=]name[:port],...)";
     }
@@ -176,7 +177,7 @@ Device::Device(const Settings& s) : api_(verbs::api()) {
         << api_.source << "); check ibv_devinfo, that the RDMA kernel modules are loaded and "
         << "/dev/infiniband is accessible, or use GFLOW_TRANSPORT=tcp";
   }
-  const HcaSpec spec = parseHcaSpec(params::getString("GFLOW_IB_HCA"));
+  const HcaSpec spec = parseHcaSpec(params::ibHca());
   std::vector<PortCandidate> active;
   std::string seen;
   for (int d = 0; d < num; ++d) {
@@ -204,9 +205,8 @@ Device::Device(const Settings& s) : api_(verbs::api()) {
   if (!pick) {
     api_.freeDeviceList(list);
     GFLOW_THROW(kInvalidArgument, initCtx(s.rank))
-        << "verbs transport: no usable RDMA port (GFLOW_IB_HCA='"
-        << params::getString("GFLOW_IB_HCA") << "'; ports found: " << (seen.empty() ? "none" : seen)
-        << ")";
+        << "verbs transport: no usable RDMA port (GFLOW_IB_HCA='" << params::ibHca()
+        << "'; ports found: " << (seen.empty() ? "none" : seen) << ")";
   }
   name_ = pick->device;
   port_ = pick->port;
@@ -261,10 +261,10 @@ Device::Device(const Settings& s) : api_(verbs::api()) {
 }
 
 void Device::selectGid(int rank) {
-  const std::string want = params::getString("GFLOW_IB_GID_INDEX");
+  const std::optional<int64_t> want = params::ibGidIndex();  // nullopt: "auto"
   const int len = portAttr_.gid_tbl_len;
-  if (want != "auto") {
-    int idx = static_cast<int>(params::getInt("GFLOW_IB_GID_INDEX"));
+  if (want) {
+    int idx = static_cast<int>(*want);
     if (idx < 0 || idx >= len || api_.queryGid(ctx_, static_cast<uint8_t>(port_), idx, &gid_)) {
       GFLOW_THROW(kInvalidArgument, initCtx(rank))
           << "GFLOW_IB_GID_INDEX=" << idx << " is not a valid GID index of " << name_ << " port "
