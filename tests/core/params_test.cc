@@ -6,6 +6,7 @@
 #include <fstream>
 #include <optional>
 #include <sstream>
+#include <string>
 
 #include "common/params.h"
 #include "core/algorithm_select.h"
@@ -59,33 +60,53 @@ TEST(Params, ConfigurationDocListsEveryParameter) {
   }
 }
 
+// Sets one variable for a test and restores the previous value (the test
+// binary presets some, tests/testing/test_env.cc).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    const char* old = std::getenv(name);
+    if (old != nullptr) old_ = old;
+    hadOld_ = old != nullptr;
+    setenv(name, value, 1);
+    params::resetCacheForTesting();
+  }
+  ~ScopedEnv() {
+    if (hadOld_) {
+      setenv(name_, old_.c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+    params::resetCacheForTesting();
+  }
+
+ private:
+  const char* name_;
+  std::string old_;
+  bool hadOld_ = false;
+};
+
 TEST(Params, TypedAccessorsReadTheTable) {
-  setenv("GFLOW_SHM_CHUNK", "64K", 1);
-  setenv("GFLOW_SPIN_US", "7", 1);
-  params::resetCacheForTesting();
-  EXPECT_EQ(params::shmChunk(), 65536u);
+  ScopedEnv stripe("GFLOW_STRIPE_MIN", "64K");
+  ScopedEnv spin("GFLOW_SPIN_US", "7");
+  ScopedEnv rd("GFLOW_RD_MAX_BYTES", "auto");
+  EXPECT_EQ(params::stripeMin(), 65536u);
   EXPECT_EQ(params::spinUs(), std::optional<int64_t>(7));
-  EXPECT_EQ(params::rdMaxBytes(), std::nullopt);  // default "auto"
-  EXPECT_EQ(params::transport(), "tcp");
-  EXPECT_EQ(params::getBytes("GFLOW_SHM_CHUNK"), 65536u);  // the string-keyed lookup agrees
-  unsetenv("GFLOW_SHM_CHUNK");
-  unsetenv("GFLOW_SPIN_US");
-  params::resetCacheForTesting();
+  EXPECT_EQ(params::rdMaxBytes(), std::nullopt);
+  EXPECT_EQ(params::getBytes("GFLOW_STRIPE_MIN"), 65536u);  // the string-keyed lookup agrees
 }
 
 TEST(Params, AgreementCoversTheMarkedParameters) {
   EXPECT_EQ(params::agreementNames(),
             "GFLOW_ALGO, GFLOW_DEVICE_BACKEND, GFLOW_NCCL_VERIFY, GFLOW_SHM, GFLOW_SHM_CHUNK, "
             "GFLOW_RD_MAX_BYTES");
-  setenv("GFLOW_SHM", "0", 1);
-  params::resetCacheForTesting();
+  ScopedEnv shm("GFLOW_SHM", "0");
+  ScopedEnv verify("GFLOW_NCCL_VERIFY", "1");
   const std::string in = params::agreementDigestInput({{&params::spec::algo, "ring"}});
   EXPECT_NE(in.find("GFLOW_SHM=0\n"), std::string::npos) << in;
   EXPECT_NE(in.find("GFLOW_ALGO=ring\n"), std::string::npos) << in;
-  EXPECT_NE(in.find("GFLOW_SHM_CHUNK=512K\n"), std::string::npos) << in;
+  EXPECT_NE(in.find("GFLOW_NCCL_VERIFY=1\n"), std::string::npos) << in;
   EXPECT_EQ(in.find("GFLOW_TIMEOUT"), std::string::npos) << in;
-  unsetenv("GFLOW_SHM");
-  params::resetCacheForTesting();
 }
 
 TEST(AlgorithmSelect, DefaultsAndRules) {
