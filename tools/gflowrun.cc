@@ -266,6 +266,9 @@ void printConfig() {
     } else {
       std::printf("  current: %s\n", cur ? cur : "(unset)");
     }
+    if (p.scope == gflow::params::Scope::kAgree) {
+      std::printf("  every rank must use the same value\n");
+    }
     std::printf("  %s\n", p.doc);
   }
 }
@@ -278,7 +281,7 @@ int printTopology() {
     const topo::Topology& t = topo::Topology::discover();
     std::fputs(t.describe().c_str(), stdout);
     const std::string nic = topo::dataInterfaceName();
-    const long long pin = static_cast<long long>(gflow::params::getInt("GFLOW_PIN"));
+    const long long pin = static_cast<long long>(gflow::params::pin());
     std::printf("Progress threads (GFLOW_PIN=%lld), data interface %s: ", pin,
                 nic.empty() ? "(none)" : nic.c_str());
     if (pin == 0) {

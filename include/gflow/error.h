@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "gflow/export.h"
 
@@ -25,12 +26,37 @@ enum class ErrorCode : uint8_t {
 GFLOW_EXPORT const char* toString(ErrorCode code);
 
 // Where an error happened. Fields that do not apply are left at their
-// defaults (empty op, seq 0, rank/peer -1).
+// defaults (empty op, seq 0, rank/peer -1). Build one by naming the fields
+// that apply:
+//   ErrorContext::forOp("allreduce").withSeq(seq).withRank(rank).withPeer(peer)
+// Each with* returns a copy with that field set.
 struct ErrorContext {
   std::string op;    // "allreduce", "broadcast", "bootstrap", ...
   uint64_t seq = 0;  // the op's sequence number on its communicator (1-based)
   int rank = -1;     // the rank raising the error
   int peer = -1;     // the peer involved, if any
+
+  static ErrorContext forOp(std::string name) { return ErrorContext().withOp(std::move(name)); }
+  ErrorContext withOp(std::string name) const {
+    ErrorContext c = *this;
+    c.op = std::move(name);
+    return c;
+  }
+  ErrorContext withSeq(uint64_t s) const {
+    ErrorContext c = *this;
+    c.seq = s;
+    return c;
+  }
+  ErrorContext withRank(int r) const {
+    ErrorContext c = *this;
+    c.rank = r;
+    return c;
+  }
+  ErrorContext withPeer(int p) const {
+    ErrorContext c = *this;
+    c.peer = p;
+    return c;
+  }
 };
 
 class GFLOW_EXPORT Error : public std::runtime_error {

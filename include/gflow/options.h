@@ -28,7 +28,7 @@ struct TcpOptions {
 // default (docs/configuration.md).
 struct VerbsOptions {
   std::string hca;                        // GFLOW_IB_HCA ("mlx5_0:1,mlx5_1")
-  std::string gidIndex;                   // GFLOW_IB_GID_INDEX ("auto" or an index)
+  std::optional<int> gidIndex;            // GFLOW_IB_GID_INDEX (unset there: auto)
   std::optional<int> timeout;             // GFLOW_IB_TIMEOUT (1-31)
   std::optional<int> retryCount;          // GFLOW_IB_RETRY_CNT (0-7)
   std::optional<int> mtu;                 // GFLOW_IB_MTU (bytes; 0: the port's)

@@ -2,6 +2,8 @@
 
 #include <sstream>
 
+#include "common/hash.h"
+
 namespace gflow::backend {
 
 const char* toString(OpKind kind) {
@@ -43,13 +45,8 @@ transport::Envelope encode(const OpDesc& d) {
 uint64_t fingerprint(const OpDesc& d) {
   const transport::Envelope e = encode(d);
   // FNV-1a over the envelope words; 0 is reserved for "no parent".
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (uint64_t w : e.words) {
-    for (int i = 0; i < 8; ++i) {
-      h ^= (w >> (8 * i)) & 0xff;
-      h *= 0x100000001b3ull;
-    }
-  }
+  uint64_t h = hash::kFnvOffset;
+  for (uint64_t w : e.words) h = hash::fnv1aWord(h, w);
   h ^= h >> 24;
   return (h & 0xffffff) ? (h & 0xffffff) : 1;
 }

@@ -115,7 +115,7 @@ DeviceBuffers::~DeviceBuffers() {
 
 void DeviceBuffers::check(int err, const char* what) const {
   if (err == 0) return;
-  GFLOW_THROW(kInternal, (ErrorContext{op_, 0, rank_, -1}))
+  GFLOW_THROW(kInternal, ErrorContext::forOp(op_).withRank(rank_))
       << "CUDA failed while " << what << ": " << p_->errorString(err);
 }
 

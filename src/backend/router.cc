@@ -4,6 +4,7 @@
 #include "backend/nccl/nccl_backend.h"
 #include "backend/staged/staged_backend.h"
 #include "common/check.h"
+#include "common/hash.h"
 
 #include <vector>
 
@@ -79,10 +80,10 @@ Path hostPath(Algorithm a) {
 
 // 64 bits of everything in an op's description that must agree.
 uint64_t digest(const OpDesc& d) {
-  uint64_t h = 0xcbf29ce484222325ULL;
+  uint64_t h = hash::kFnvOffset;
   for (uint64_t v : {uint64_t(d.kind), uint64_t(d.dtype), uint64_t(d.op), uint64_t(d.algo),
                      uint64_t(int64_t(d.root)), d.count}) {
-    h = (h ^ v) * 0x100000001b3ULL;
+    h = hash::mix(h, v);
     h ^= h >> 29;
   }
   return h;
@@ -142,7 +143,7 @@ bool Router::onNccl(const Op& op) {
   const bool single = op.buffers->single(&device, &ready);
   if (!nccl_ || !nccl_->use(op, op.buffers->plugin(), device) || !single) return false;
   if (device != nccl_->device()) {
-    GFLOW_THROW(kInvalidArgument, (ErrorContext{"", op.seq, rank_, -1}))
+    GFLOW_THROW(kInvalidArgument, ErrorContext().withSeq(op.seq).withRank(rank_))
         << "this communicator runs NCCL on cuda:" << nccl_->device()
         << ", but this op's tensors are on cuda:" << device
         << " (NCCL binds a communicator to one GPU: use another communicator for this GPU, or "
@@ -168,7 +169,7 @@ void Router::verifyNccl(const Op& op) {
   host_->allgather(check, &mine, all.data());
   for (int r = 0; r < size_; ++r) {
     if (all[r] != mine) {
-      GFLOW_THROW(kMismatch, (ErrorContext{"", op.seq, rank_, r}))
+      GFLOW_THROW(kMismatch, ErrorContext().withSeq(op.seq).withRank(rank_).withPeer(r))
           << "rank " << r << " called another op on NCCL than this rank ("
           << describe(encode(op.desc)) << ")";
     }

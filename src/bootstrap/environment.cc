@@ -28,7 +28,7 @@
 namespace gflow::bootstrap {
 namespace {
 
-const ErrorContext kCtx{"bootstrap", 0, -1, -1};
+const ErrorContext kCtx = ErrorContext::forOp("bootstrap");
 
 // One identity field and the variable it came from ("" when unset).
 struct Field {
@@ -65,16 +65,16 @@ Field launcherInt(const char* var, const char* source) {
   return f;
 }
 
-Field gflowInt(const char* var) {
+Field gflowInt(const params::Param& param) {
   Field f;
-  if (!params::isSet(var)) return f;
-  int64_t x = params::getInt(var);  // throws naming the variable when malformed
+  if (!params::isSet(param)) return f;
+  int64_t x = params::getInt(param);  // throws naming the variable when malformed
   if (x < 0 || x > INT_MAX) {
-    GFLOW_THROW(kInvalidArgument, kCtx)
-        << var << "='" << params::raw(var) << "' is not valid: expected a non-negative integer";
+    GFLOW_THROW(kInvalidArgument, kCtx) << param.name << "='" << params::raw(param)
+                                        << "' is not valid: expected a non-negative integer";
   }
   f.value = static_cast<int>(x);
-  f.var = var;
+  f.var = param.name;
   f.source = "GFLOW_*";
   return f;
 }
@@ -100,10 +100,10 @@ void agree(Field* a, const Field& b) {
 Tier gflowTier() {
   Tier t;
   t.name = "GFLOW_*";
-  t.rank = gflowInt("GFLOW_RANK");
-  t.size = gflowInt("GFLOW_WORLD_SIZE");
-  t.localRank = gflowInt("GFLOW_LOCAL_RANK");
-  t.localSize = gflowInt("GFLOW_LOCAL_SIZE");
+  t.rank = gflowInt(params::spec::rank);
+  t.size = gflowInt(params::spec::worldSize);
+  t.localRank = gflowInt(params::spec::localRank);
+  t.localSize = gflowInt(params::spec::localSize);
   return t;
 }
 
@@ -141,8 +141,8 @@ void resolveRoot(const Options& options, Identity* id) {
     id->rootPort = hp.second;
     return;
   }
-  if (params::isSet("GFLOW_ROOT")) {
-    auto hp = net::parseHostPort(params::getString("GFLOW_ROOT"), "GFLOW_ROOT");
+  if (params::isSet(params::spec::root)) {
+    auto hp = net::parseHostPort(params::root(), params::spec::root.name);
     id->rootHost = hp.first;
     id->rootPort = hp.second;
     return;
@@ -267,14 +267,14 @@ Identity resolveIdentity(const Options& options) {
   id.localSize = localSize.value;
   id.source = rank.source;
   resolveRoot(options, &id);
-  id.token = !options.token.empty() ? options.token : params::getString("GFLOW_JOB_TOKEN");
+  id.token = !options.token.empty() ? options.token : params::jobToken();
   GFLOW_LOG(DEBUG) << "identity: rank " << id.rank << " of " << id.size << " (local "
                    << id.localRank << " of " << id.localSize << ") from " << id.source;
   return id;
 }
 
 std::string hostId() {
-  std::string fixed = params::getString("GFLOW_HOST_ID");
+  std::string fixed = params::hostId();
   if (!fixed.empty()) return fixed;
   char name[256] = {0};
   if (::gethostname(name, sizeof(name) - 1) < 0) std::snprintf(name, sizeof(name), "unknown");

@@ -13,7 +13,7 @@ namespace {
 
 namespace proto = bootstrap::proto;
 
-const ErrorContext kStoreCtx{"store", 0, -1, -1};
+const ErrorContext kStoreCtx = ErrorContext::forOp("store");
 
 class HashStore : public Store {
  public:

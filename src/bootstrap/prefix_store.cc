@@ -37,7 +37,7 @@ class PrefixStore : public Store {
 // Keys become "<prefix>/<key>", so prefixes "a" and "ab" cannot collide.
 std::shared_ptr<Store> createPrefixStore(const std::string& prefix, std::shared_ptr<Store> base) {
   if (!base) {
-    GFLOW_THROW(kInvalidArgument, (ErrorContext{"store", 0, -1, -1}))
+    GFLOW_THROW(kInvalidArgument, ErrorContext::forOp("store"))
         << "createPrefixStore('" << prefix << "'): the base store is null";
   }
   return std::make_shared<PrefixStore>(prefix, std::move(base));

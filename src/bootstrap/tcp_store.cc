@@ -19,7 +19,7 @@ namespace {
 namespace proto = bootstrap::proto;
 using proto::Op;
 using proto::Status;
-const ErrorContext kStoreCtx{"store", 0, -1, -1};
+const ErrorContext kStoreCtx = ErrorContext::forOp("store");
 }  // namespace
 
 struct TcpStore::Impl {

@@ -82,7 +82,7 @@ TcpStoreServer::TcpStoreServer(const std::string& host, uint16_t port, std::stri
   try {
     listener = net::listenOn(host, net::PortRange{port, port}, &port_);
   } catch (const Error& e) {
-    GFLOW_THROW(kInvalidArgument, (ErrorContext{"store", 0, -1, -1}))
+    GFLOW_THROW(kInvalidArgument, ErrorContext::forOp("store"))
         << "cannot start the store server on " << host << ":" << port << ": " << e.detail();
   }
   wake_ = net::Socket(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));

@@ -232,7 +232,7 @@ std::string randomToken() {
 
 void authenticate(int fd, const std::string& token, const std::string& label, bool initiator,
                   Deadline deadline) {
-  const ErrorContext ctx{"authenticate", 0, -1, -1};
+  const ErrorContext ctx = ErrorContext::forOp("authenticate");
   const Nonce mine = randomNonce();
 
   uint8_t hello[kHelloSize];

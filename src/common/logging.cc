@@ -14,7 +14,7 @@ Level threshold() {
   static const Level level = [] {
     std::string v;
     try {
-      v = params::getString("GFLOW_DEBUG");
+      v = params::debug();
     } catch (...) {
       return Level::WARN;
     }

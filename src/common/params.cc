@@ -19,60 +19,70 @@ std::map<std::string, std::string>& cache() {
   return c;
 }
 
-const Param* find(const char* envName) {
+// The registry entry of a name; an unknown name reads as unset, no default.
+Param find(const char* envName) {
   for (const Param& p : all()) {
-    if (std::string(p.name) == envName) return &p;
+    if (std::string(p.name) == envName) return p;
   }
-  return nullptr;
+  return Param{envName, Kind::kString, "", Scope::kLocal, ""};
 }
 
 [[noreturn]] void bad(const char* envName, const std::string& value, const char* want) {
   throw Error(ErrorCode::kInvalidArgument,
               std::string(envName) + "='" + value + "' is not valid: expected " + want,
-              ErrorContext{"config", 0, -1, -1});
+              ErrorContext::forOp("config"));
 }
 
-const std::string& valueOrDefault(const char* envName, std::string* storage) {
-  const std::string& v = raw(envName);
+const std::string& valueOrDefault(const Param& p, std::string* storage) {
+  const std::string& v = raw(p);
   if (!v.empty()) return v;
-  const Param* p = find(envName);
-  *storage = p ? p->defaultValue : "";
+  *storage = p.defaultValue;
   return *storage;
+}
+
+bool isAuto(const Param& p) {
+  std::string storage;
+  return valueOrDefault(p, &storage) == "auto";
 }
 
 }  // namespace
 
 const std::vector<Param>& all() {
   static const std::vector<Param> params = {
-#define GFLOW_PARAM_ENTRY(id, name, kind, def, doc) Param{name, Kind::kind, def, doc},
+#define GFLOW_PARAM_ENTRY(id, name, kind, def, scope, doc) spec::id,
       GFLOW_PARAMS(GFLOW_PARAM_ENTRY)
 #undef GFLOW_PARAM_ENTRY
   };
   return params;
 }
 
-const std::string& raw(const char* envName) {
+const std::string& raw(const Param& p) {
   std::lock_guard<std::mutex> lock(cacheMutex());
-  auto it = cache().find(envName);
+  auto it = cache().find(p.name);
   if (it == cache().end()) {
-    const char* v = std::getenv(envName);
-    it = cache().emplace(envName, v ? std::string(v) : std::string()).first;
+    const char* v = std::getenv(p.name);
+    it = cache().emplace(p.name, v ? std::string(v) : std::string()).first;
   }
   return it->second;
 }
 
-bool isSet(const char* envName) {
-  return !raw(envName).empty();
+bool isSet(const Param& p) {
+  return !raw(p).empty();
 }
 
-std::string getString(const char* envName) {
+std::string text(const Param& p) {
   std::string storage;
-  return valueOrDefault(envName, &storage);
+  return valueOrDefault(p, &storage);
 }
 
-int64_t getInt(const char* envName) {
+std::string getString(const Param& p) {
+  return text(p);
+}
+
+int64_t getInt(const Param& p) {
+  const char* envName = p.name;
   std::string storage;
-  const std::string& v = valueOrDefault(envName, &storage);
+  const std::string& v = valueOrDefault(p, &storage);
   if (v.empty()) bad(envName, v, "an integer");
   errno = 0;
   char* end = nullptr;
@@ -129,20 +139,70 @@ bool parseDurationMs(const std::string& s, int64_t* out) {
   return true;
 }
 
-uint64_t getBytes(const char* envName) {
+uint64_t getBytes(const Param& p) {
   std::string storage;
-  const std::string& v = valueOrDefault(envName, &storage);
+  const std::string& v = valueOrDefault(p, &storage);
   uint64_t x = 0;
-  if (!parseBytes(v, &x)) bad(envName, v, "a byte count such as 65536, 64K or 4M");
+  if (!parseBytes(v, &x)) bad(p.name, v, "a byte count such as 65536, 64K or 4M");
   return x;
 }
 
-int64_t getDurationMs(const char* envName) {
+int64_t getDurationMs(const Param& p) {
   std::string storage;
-  const std::string& v = valueOrDefault(envName, &storage);
+  const std::string& v = valueOrDefault(p, &storage);
   int64_t x = 0;
-  if (!parseDurationMs(v, &x)) bad(envName, v, "a duration such as 300, 30s, 500ms or 5m");
+  if (!parseDurationMs(v, &x)) bad(p.name, v, "a duration such as 300, 30s, 500ms or 5m");
   return x;
+}
+
+std::optional<int64_t> getIntOrAuto(const Param& p) {
+  if (isAuto(p)) return std::nullopt;
+  return getInt(p);
+}
+
+std::optional<uint64_t> getBytesOrAuto(const Param& p) {
+  if (isAuto(p)) return std::nullopt;
+  return getBytes(p);
+}
+
+std::string agreementDigestInput(
+    const std::vector<std::pair<const Param*, std::string>>& effective) {
+  std::string out;
+  for (const Param& p : all()) {
+    if (p.scope != Scope::kAgree) continue;
+    std::string value = text(p);
+    for (const auto& e : effective) {
+      if (std::string(e.first->name) == p.name) value = e.second;
+    }
+    out += std::string(p.name) + "=" + value + "\n";
+  }
+  return out;
+}
+
+std::string agreementNames() {
+  std::string out;
+  for (const Param& p : all()) {
+    if (p.scope != Scope::kAgree) continue;
+    if (!out.empty()) out += ", ";
+    out += p.name;
+  }
+  return out;
+}
+
+std::string getString(const char* envName) {
+  return getString(find(envName));
+}
+
+int64_t getInt(const char* envName) {
+  return getInt(find(envName));
+}
+
+uint64_t getBytes(const char* envName) {
+  return getBytes(find(envName));
+}
+
+int64_t getDurationMs(const char* envName) {
+  return getDurationMs(find(envName));
 }
 
 void resetCacheForTesting() {

@@ -1,138 +1,109 @@
-// The one registry of GFLOW_* parameters. Each is declared once here (name,
-// type, default, doc); values are read from the environment once, on first
-// use, and cached. Explicit Options fields override them. docs/configuration.md
-// lists the same table (`gflowrun --print-config` prints it from here).
+// The one registry of GFLOW_* parameters. Each is declared once, in
+// params_table.h (accessor, name, kind, default, scope, doc), and this header
+// generates a typed accessor per row: params::shm(), params::timeoutMs(), ...
+// so a misspelled parameter does not compile. Values are read from the
+// environment once, on first use, and cached; explicit Options fields override
+// them. docs/configuration.md lists the same table (`gflowrun --print-config`
+// prints it from here). Every function is thread-safe.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
+
+#include "common/params_table.h"
 
 namespace gflow::params {
 
-// X(identifier, ENV_NAME, kind, default, doc)
-#define GFLOW_PARAMS(X)                                                                         \
-  X(timeoutMs, "GFLOW_TIMEOUT", kDurationMs, "300s",                                            \
-    "Deadline for every blocking step (connect, store, collective). Units: ms, s, m; "          \
-    "a bare number is seconds.")                                                                \
-  X(debug, "GFLOW_DEBUG", kString, "WARN", "Log level: ERROR, WARN, INFO, DEBUG, TRACE.")       \
-  X(algo, "GFLOW_ALGO", kString, "",                                                            \
-    "Algorithm override: ring, rd, hier or shm, or rules such as "                              \
-    "'allreduce:0-64k:rd,allreduce:64k-:ring' "                                                 \
-    "(docs/algorithms.md).")                                                                    \
-  X(transport, "GFLOW_TRANSPORT", kString, "tcp",                                               \
-    "Network transport between hosts (and between local ranks when GFLOW_SHM=0): tcp or "       \
-    "verbs (RDMA, needs rdma-core's libibverbs and an RDMA device).")                           \
-  X(deviceBackend, "GFLOW_DEVICE_BACKEND", kString, "auto",                                     \
-    "CUDA tensors: nccl (NCCL on the caller's stream; an error when it cannot run), staged "    \
-    "(copied through pinned host memory to the host backends), or auto (nccl when every rank "  \
-    "loads NCCL and the ranks of a host use different GPUs, else staged).")                     \
-  X(ncclVerify, "GFLOW_NCCL_VERIFY", kInt, "1",                                                 \
-    "1: before each NCCL collective, ranks check over the host transport that they all call "   \
-    "the same op (a mismatch is an error instead of a hang or wrong data); 0: skip the check.") \
-  X(shm, "GFLOW_SHM", kInt, "1",                                                                \
-    "1: ranks on the same host exchange data through shared memory; 0: through the "            \
-    "network transport.")                                                                       \
-  X(shmChunk, "GFLOW_SHM_CHUNK", kBytes, "512K",                                                \
-    "Pipelining chunk of shared-memory collectives; each rank's segment holds two.")            \
-  X(hierSegment, "GFLOW_HIER_SEGMENT", kBytes, "8M",                                            \
-    "Hierarchical allreduce pipelines segments of this size: the cross-host phase of one "      \
-    "overlaps the local phases of the next.")                                                   \
-  X(pin, "GFLOW_PIN", kInt, "1",                                                                \
-    "1: pin gflow's progress threads to the cores of the NUMA node nearest the rank's NIC; "    \
-    "0: leave them unpinned.")                                                                  \
-  X(socketIfname, "GFLOW_SOCKET_IFNAME", kString, "",                                           \
-    "Interfaces for data sockets: prefixes ('eth,ib'), '=' for exact names, '^' to exclude "    \
-    "('^docker,lo'). Default: the first non-loopback interface that is up, else loopback.")     \
-  X(portRange, "GFLOW_PORT_RANGE", kString, "",                                                 \
-    "Listen ports for data sockets, 'lo-hi' (e.g. 50000-50100). Default: ephemeral.")           \
-  X(socketsPerPeer, "GFLOW_SOCKETS_PER_PEER", kInt, "1",                                        \
-    "TCP connections per peer; messages >= GFLOW_STRIPE_MIN are striped across them.")          \
-  X(stripeMin, "GFLOW_STRIPE_MIN", kBytes, "1M",                                                \
-    "Smallest message striped across several sockets of a peer.")                               \
-  X(socketBuffer, "GFLOW_SOCKET_BUFFER", kBytes, "4M", "SO_SNDBUF/SO_RCVBUF of data sockets.")  \
-  X(unexpectedLimit, "GFLOW_UNEXPECTED_LIMIT", kBytes, "256M",                                  \
-    "Bytes a peer may send ahead of the matching receive. TCP stops reading the peer "          \
-    "(back-pressure); verbs fails the op (its eager ring also carries control messages).")      \
-  X(spinUs, "GFLOW_SPIN_US", kInt, "auto",                                                      \
-    "Microseconds a waiting rank busy-polls before sleeping (epoll, poll). 'auto': 50 when "    \
-    "the host has more cores than the ranks a connection group joins, else 0.")                 \
-  X(ibHca, "GFLOW_IB_HCA", kString, "",                                                         \
-    "verbs: RDMA devices/ports to use: 'mlx5_0:1,mlx5_1' (prefixes), '=' exact names, '^' "     \
-    "to exclude. Default: the device nearest the rank's cpus, else the first active port.")     \
-  X(ibGidIndex, "GFLOW_IB_GID_INDEX", kString, "auto",                                          \
-    "verbs: GID index for RoCE. 'auto': RoCE v2 IPv4-mapped, else IPv4-mapped, else the first " \
-    "non-zero GID.")                                                                            \
-  X(ibTimeout, "GFLOW_IB_TIMEOUT", kInt, "18",                                                  \
-    "verbs: ACK timeout exponent (4.096 us x 2^value, 1-31) before a retry.")                   \
-  X(ibRetryCnt, "GFLOW_IB_RETRY_CNT", kInt, "7",                                                \
-    "verbs: retries (0-7) before a silent peer fails the transfer (retry exceeded).")           \
-  X(ibMtu, "GFLOW_IB_MTU", kInt, "0",                                                           \
-    "verbs: path MTU in bytes (256-4096); 0 = the port's active MTU.")                          \
-  X(ibQpsPerPeer, "GFLOW_IB_QPS_PER_PEER", kInt, "2",                                           \
-    "verbs: RC queue pairs per peer; large messages are striped over them.")                    \
-  X(ibEagerBytes, "GFLOW_IB_EAGER_BYTES", kBytes, "8K",                                         \
-    "verbs: messages up to this size are copied through registered slots; larger ones are "     \
-    "written zero-copy into the receiver's buffer.")                                            \
-  X(ibEagerSlots, "GFLOW_IB_EAGER_SLOTS", kInt, "64",                                           \
-    "verbs: eager slots (credits) per peer and direction.")                                     \
-  X(ibRegCache, "GFLOW_IB_REG_CACHE", kBytes, "4G",                                             \
-    "verbs: bound on per-op memory registrations; idle ones are dropped past it.")              \
-  X(cudaPlugin, "GFLOW_CUDA_PLUGIN", kString, "",                                               \
-    "Path of gflow's CUDA component (libgflow_cuda.so.0), loaded when an op meets a device "    \
-    "tensor. Default: next to libgflow, then the loader's search path.")                        \
-  X(pieceBytes, "GFLOW_PIECE_BYTES", kBytes, "256K",                                            \
-    "Pipelining granularity of ring algorithms (send/receive/reduce overlap).")                 \
-  X(ringWindow, "GFLOW_RING_WINDOW", kInt, "8",                                                 \
-    "Ring pieces in flight per step (bounds staging memory to window x piece).")                \
-  X(rdMaxBytes, "GFLOW_RD_MAX_BYTES", kBytes, "auto",                                           \
-    "Allreduce of at most this many bytes uses recursive doubling, above it ring.")             \
-  X(fusionThreshold, "GFLOW_FUSION_THRESHOLD", kBytes, "2M",                                    \
-    "Chunk fusion bucket size of GradientReducer and allreduceCoalesced; tensors of at least "  \
-    "this size are reduced in place.")                                                          \
-  X(cycleTimeMs, "GFLOW_CYCLE_TIME_MS", kInt, "0",                                              \
-    "GradientReducer: 0 = fixed buckets; > 0 = negotiated rounds; a round starts at the "       \
-    "latest this many ms after the last one while gradients wait.")                             \
-  X(cscDensity, "GFLOW_CSC_DENSITY", kString, "0",                                              \
-    "GradientReducer CSC: fraction of chunks sent per step, (0, 1]; 0 = dense.")                \
-  X(cscChunk, "GFLOW_CSC_CHUNK", kInt, "1024", "GradientReducer CSC: elements per chunk.")      \
-  X(timeline, "GFLOW_TIMELINE", kString, "",                                                    \
-    "Chrome trace file of GradientReducer steps; %r in the name becomes the rank (without "     \
-    "it only rank 0 writes).")                                                                  \
-  X(rank, "GFLOW_RANK", kInt, "", "This process's rank.")                                       \
-  X(worldSize, "GFLOW_WORLD_SIZE", kInt, "", "Number of ranks.")                                \
-  X(localRank, "GFLOW_LOCAL_RANK", kInt, "", "Rank among the ranks of this host.")              \
-  X(localSize, "GFLOW_LOCAL_SIZE", kInt, "", "Number of ranks on this host.")                   \
-  X(root, "GFLOW_ROOT", kString, "", "host:port of rank 0's store.")                            \
-  X(jobToken, "GFLOW_JOB_TOKEN", kString, "",                                                   \
-    "Job secret; store and data connections prove knowledge of it (HMAC-SHA256). gflowrun "     \
-    "generates one.")                                                                           \
-  X(hostId, "GFLOW_HOST_ID", kString, "",                                                       \
-    "Overrides host identity (hostname + boot id) for grouping ranks into hosts.")
+// kIntOrAuto / kBytesOrAuto accept the word "auto" (std::nullopt) besides a
+// number, for parameters whose default is computed at run time.
+enum class Kind { kString, kInt, kBytes, kDurationMs, kIntOrAuto, kBytesOrAuto };
 
-enum class Kind { kString, kInt, kBytes, kDurationMs };
+// kAgree: every rank of a communicator must use the same value.
+enum class Scope { kLocal, kAgree };
 
 struct Param {
   const char* name;
   Kind kind;
   const char* defaultValue;
+  Scope scope;
   const char* doc;
 };
 
-// All parameters in declaration order.
+// One descriptor per parameter, named after its accessor: spec::shm.name is
+// "GFLOW_SHM". For the few callers that need the text or whether it is set.
+namespace spec {
+#define GFLOW_PARAM_SPEC(id, name, kind, def, scope, doc) \
+  inline constexpr Param id{name, Kind::kind, def, Scope::scope, doc};
+GFLOW_PARAMS(GFLOW_PARAM_SPEC)
+#undef GFLOW_PARAM_SPEC
+}  // namespace spec
+
+// All parameters in table order.
 const std::vector<Param>& all();
 
-// Raw environment value ("" when unset). Cached after the first read, so a
+// Raw environment value ("" when unset), cached after the first read so a
 // process sees one consistent configuration.
-const std::string& raw(const char* envName);
-bool isSet(const char* envName);
+const std::string& raw(const Param& p);
+bool isSet(const Param& p);
+// The value, or the default when unset, as text.
+std::string text(const Param& p);
 
-// Typed getters. Each throws gflow::Error(kInvalidArgument) naming the
-// variable when its value does not parse. The default applies when unset.
-std::string getString(const char* envName);
-int64_t getInt(const char* envName);
-uint64_t getBytes(const char* envName);      // accepts k/K, m/M, g/G suffixes (powers of 2)
-int64_t getDurationMs(const char* envName);  // accepts ms, s, m, h; bare number = seconds
+// Typed values of any parameter's text (the default when unset). Each throws
+// gflow::Error(kInvalidArgument) naming the variable when it does not parse.
+std::string getString(const Param& p);
+int64_t getInt(const Param& p);
+uint64_t getBytes(const Param& p);      // accepts k/K, m/M, g/G suffixes (powers of 2)
+int64_t getDurationMs(const Param& p);  // accepts ms, s, m, h; bare number = seconds
+std::optional<int64_t> getIntOrAuto(const Param& p);     // "auto" -> nullopt
+std::optional<uint64_t> getBytesOrAuto(const Param& p);  // "auto" -> nullopt
+
+template <Kind K>
+struct Value;
+template <>
+struct Value<Kind::kString> {
+  static std::string get(const Param& p) { return getString(p); }
+};
+template <>
+struct Value<Kind::kInt> {
+  static int64_t get(const Param& p) { return getInt(p); }
+};
+template <>
+struct Value<Kind::kBytes> {
+  static uint64_t get(const Param& p) { return getBytes(p); }
+};
+template <>
+struct Value<Kind::kDurationMs> {
+  static int64_t get(const Param& p) { return getDurationMs(p); }
+};
+template <>
+struct Value<Kind::kIntOrAuto> {
+  static std::optional<int64_t> get(const Param& p) { return getIntOrAuto(p); }
+};
+template <>
+struct Value<Kind::kBytesOrAuto> {
+  static std::optional<uint64_t> get(const Param& p) { return getBytesOrAuto(p); }
+};
+
+// The typed accessors, one per row of params_table.h: e.g. int64_t shm(),
+// int64_t timeoutMs() (milliseconds), std::optional<uint64_t> rdMaxBytes().
+#define GFLOW_PARAM_ACCESSOR(id, name, kind, def, scope, doc) \
+  inline auto id() {                                          \
+    return Value<Kind::kind>::get(spec::id);                  \
+  }
+GFLOW_PARAMS(GFLOW_PARAM_ACCESSOR)
+#undef GFLOW_PARAM_ACCESSOR
+
+// What the creation-time configuration check hashes: "NAME=value\n" of every
+// kAgree parameter in table order (the text, default when unset). `effective`
+// replaces the value of a parameter that an explicit option overrides (e.g.
+// GFLOW_ALGO by Options::algorithm).
+std::string agreementDigestInput(
+    const std::vector<std::pair<const Param*, std::string>>& effective = {});
+// The kAgree parameter names, comma separated, for error messages.
+std::string agreementNames();
 
 // Parsers shared with command-line tools.
 bool parseBytes(const std::string& s, uint64_t* out);
@@ -140,5 +111,13 @@ bool parseDurationMs(const std::string& s, int64_t* out);
 
 // For tests: forget cached values so the environment is read again.
 void resetCacheForTesting();
+
+// String-keyed lookups, for the two core files until converted
+// (src/core/communicator.cc, communicator_impl.h); everything else uses the
+// typed accessors above. An unknown name reads as unset with no default.
+std::string getString(const char* envName);
+int64_t getInt(const char* envName);
+uint64_t getBytes(const char* envName);
+int64_t getDurationMs(const char* envName);
 
 }  // namespace gflow::params

@@ -27,7 +27,7 @@
 namespace gflow::net {
 namespace {
 
-const ErrorContext kNetCtx{"socket", 0, -1, -1};
+const ErrorContext kNetCtx = ErrorContext::forOp("socket");
 
 std::string trim(const std::string& s) {
   size_t b = s.find_first_not_of(" \t\r\n");

@@ -1,12 +1,11 @@
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 
 #include "backend/device_buffers.h"
 #include "backend/hierarchical/hierarchical.h"
 #include "bootstrap/environment.h"
-#include "common/auth.h"
 #include "common/check.h"
+#include "common/hash.h"
 #include "common/logging.h"
 #include "common/params.h"
 #include "core/communicator_impl.h"
@@ -72,7 +71,7 @@ void CommunicatorImpl::checkUsable(const char* op) {
 }
 
 void CommunicatorImpl::invalid(const char* op, const std::string& what) {
-  Error e(ErrorCode::kInvalidArgument, what, ErrorContext{op, 0, rank, -1});
+  Error e(ErrorCode::kInvalidArgument, what, ErrorContext::forOp(op).withRank(rank));
   // Peers are already inside (or about to enter) this collective; failing the
   // communicator and telling them turns their wait into an immediate error.
   auto first = setFailed(e);
@@ -133,14 +132,15 @@ std::shared_ptr<WorkState> CommunicatorImpl::submit(
     try {
       body(op);
     } catch (const Error& e) {
-      Error full = relabel(e, ErrorContext{name, mySeq, rank, e.peer()});
+      Error full =
+          relabel(e, ErrorContext::forOp(name).withSeq(mySeq).withRank(rank).withPeer(e.peer()));
       fail(full);
       throw full;
     } catch (const std::exception& e) {
       // E.g. bad_alloc: receives may already be posted into user memory, so
       // the communicator must not be used again.
       Error full(ErrorCode::kInternal, std::string("unexpected exception: ") + e.what(),
-                 ErrorContext{name, mySeq, rank, -1});
+                 ErrorContext::forOp(name).withSeq(mySeq).withRank(rank));
       fail(full);
       throw full;
     }
@@ -161,9 +161,7 @@ std::unique_ptr<CommunicatorImpl> CommunicatorImpl::connect(
   impl->transportName = transportName;
   impl->contextOptions = ctxOpts;
   impl->engine.setPinNear(topology::dataInterfaceName(ctxOpts.tcp.socketIfname));
-  uint64_t rdMax = 0;
-  if (params::getString("GFLOW_RD_MAX_BYTES") != "auto")
-    rdMax = params::getBytes("GFLOW_RD_MAX_BYTES");
+  const uint64_t rdMax = params::rdMaxBytes().value_or(0);  // 0: the selector's default
   impl->selector = std::make_unique<AlgorithmSelector>(algoSpec, algoSource, rdMax);
   impl->algoSpec = algoSpec;
   impl->algoSource = algoSource;
@@ -171,7 +169,7 @@ std::unique_ptr<CommunicatorImpl> CommunicatorImpl::connect(
   parts.rank = rank;
   parts.size = size;
   parts.flat = backend::createHostBackend(transport::createContext(transportName, ctxOpts));
-  parts.verifyNccl = params::getInt("GFLOW_NCCL_VERIFY") != 0;
+  parts.verifyNccl = params::ncclVerify() != 0;
   parts.select = [sel = impl->selector.get()](OpKind kind, uint64_t bytes, int n) {
     return sel->select(kind, bytes, n);
   };
@@ -181,13 +179,9 @@ std::unique_ptr<CommunicatorImpl> CommunicatorImpl::connect(
   // rank's host and a digest of the settings that decide which path an op
   // takes (ranks that disagree would wait in different places until the
   // timeout instead of failing at once).
-  const std::string config =
-      params::getString("GFLOW_SHM") + "|" + algoSpec + "|" +
-      params::getString("GFLOW_RD_MAX_BYTES") + "|" + params::getString("GFLOW_SHM_CHUNK") + "|" +
-      params::getString("GFLOW_DEVICE_BACKEND") + "|" + params::getString("GFLOW_NCCL_VERIFY");
-  const auth::Digest cd = auth::sha256(config.data(), config.size());
-  uint64_t mine[2] = {hostHash, 0};
-  std::memcpy(&mine[1], cd.data(), sizeof(mine[1]));
+  // Options::algorithm overrides GFLOW_ALGO, so the digest takes the effective spec.
+  const std::string config = params::agreementDigestInput({{&params::spec::algo, algoSpec}});
+  uint64_t mine[2] = {hostHash, hash::sha256Id(config)};
   std::vector<uint64_t> all(2 * static_cast<size_t>(size));
   OpDesc d;
   d.kind = OpKind::kAllgather;
@@ -202,12 +196,11 @@ std::unique_ptr<CommunicatorImpl> CommunicatorImpl::connect(
   for (int r = 0; r < size; ++r) {
     impl->hostOf[r] = all[2 * r];
     if (all[2 * r + 1] != all[1]) {
-      GFLOW_THROW(kInvalidArgument, (ErrorContext{"init", 0, rank, r}))
-          << "rank " << r << " and rank 0 are configured differently (GFLOW_SHM, GFLOW_ALGO / "
-          << "Options::algorithm, GFLOW_RD_MAX_BYTES, GFLOW_SHM_CHUNK, GFLOW_DEVICE_BACKEND or "
-          << "GFLOW_NCCL_VERIFY); every rank must use "
-          << "the same values (this rank: GFLOW_SHM=" << params::getString("GFLOW_SHM")
-          << ", algorithm '" << algoSpec << "')";
+      GFLOW_THROW(kInvalidArgument, ErrorContext::forOp("init").withRank(rank).withPeer(r))
+          << "rank " << r << " and rank 0 are configured differently (" << params::agreementNames()
+          << "; Options::algorithm stands in for GFLOW_ALGO); "
+          << "every rank must use the same values (this rank: GFLOW_SHM="
+          << params::text(params::spec::shm) << ", algorithm '" << algoSpec << "')";
     }
   }
   impl->buildHierarchy(ctxOpts, localRank, localSize);
@@ -243,7 +236,7 @@ Communicator::~Communicator() = default;
 
 CommunicatorImpl::~CommunicatorImpl() {
   if (!backend) return;
-  Error e(ErrorCode::kAborted, "the communicator was destroyed", ErrorContext{"", 0, rank, -1});
+  Error e(ErrorCode::kAborted, "the communicator was destroyed", ErrorContext().withRank(rank));
   // Wake a running op (if any) and drop queued ones before joining the
   // worker; the transport is going away anyway.
   backend->abort(e);
@@ -252,10 +245,9 @@ CommunicatorImpl::~CommunicatorImpl() {
 
 std::shared_ptr<Communicator> Communicator::create(const Options& options) {
   bootstrap::Identity id = bootstrap::resolveIdentity(options);
-  std::chrono::milliseconds timeout =
-      options.timeout.count() > 0
-          ? options.timeout
-          : std::chrono::milliseconds(params::getDurationMs("GFLOW_TIMEOUT"));
+  std::chrono::milliseconds timeout = options.timeout.count() > 0
+                                          ? options.timeout
+                                          : std::chrono::milliseconds(params::timeoutMs());
   std::shared_ptr<Store> store = options.store;
   if (!store) {
     TcpStoreOptions so;
@@ -282,13 +274,11 @@ std::shared_ptr<Communicator> Communicator::create(const Options& options) {
   co.tcp = options.tcp;
   co.verbs = options.verbs;
   const std::string transportName =
-      !options.transport.empty() ? options.transport : params::getString("GFLOW_TRANSPORT");
+      !options.transport.empty() ? options.transport : params::transport();
   const bool algoFromOptions = !options.algorithm.empty();
-  const std::string algo = algoFromOptions ? options.algorithm : params::getString("GFLOW_ALGO");
+  const std::string algo = algoFromOptions ? options.algorithm : params::algo();
   const std::string host = !options.hostId.empty() ? options.hostId : bootstrap::hostId();
-  auth::Digest h = auth::sha256(host.data(), host.size());
-  uint64_t hostHash;
-  std::memcpy(&hostHash, h.data(), sizeof(hostHash));
+  const uint64_t hostHash = hash::sha256Id(host);
   auto impl = CommunicatorImpl::connect(id.rank, id.size, co, transportName, algo,
                                         algoFromOptions ? "Options::algorithm" : "GFLOW_ALGO",
                                         hostHash, id.localRank, id.localSize);
@@ -376,7 +366,8 @@ void CommunicatorImpl::splitBackend(int color, int key, CommunicatorImpl* child)
     try {
       backend->splitInto(op, color, key, child ? child->backend.get() : nullptr);
     } catch (const Error& e) {
-      Error full = relabel(e, ErrorContext{"split", seq, rank, e.peer()});
+      Error full =
+          relabel(e, ErrorContext::forOp("split").withSeq(seq).withRank(rank).withPeer(e.peer()));
       fail(full);
       throw full;
     }
@@ -404,7 +395,7 @@ void Communicator::abort() {
   CommunicatorImpl& I = impl(*this);
   internal::CommunicatorAccess::abortWith(
       *this, Error(ErrorCode::kAborted, "abort() was called on rank " + std::to_string(I.rank),
-                   ErrorContext{"abort", 0, I.rank, -1}));
+                   ErrorContext::forOp("abort").withRank(I.rank)));
 }
 
 void internal::CommunicatorAccess::abortWith(Communicator& comm, const Error& e) {
@@ -430,7 +421,7 @@ class Registration final : public MemoryRegistration {
 
 std::unique_ptr<MemoryRegistration> Communicator::registerMemory(void* data, size_t bytes) {
   if (!data && bytes > 0) {
-    GFLOW_THROW(kInvalidArgument, (ErrorContext{"register_memory", 0, impl(*this).rank, -1}))
+    GFLOW_THROW(kInvalidArgument, ErrorContext::forOp("register_memory").withRank(impl(*this).rank))
         << "registerMemory of " << bytes << " bytes at a null pointer";
   }
   auto r = std::make_unique<Registration>(data, bytes);

@@ -80,7 +80,7 @@ HostBackends connectHostBackends(const backend::Hierarchy& h, const transport::C
                                  const std::string& transportName,
                                  const AlgorithmSelector& selector) {
   const Builder b{ctx, transportName};
-  const bool useShm = params::getInt("GFLOW_SHM") != 0;
+  const bool useShm = params::shm() != 0;
   HostBackends out;
   if (h.numHosts == 1 && h.size > 1 && useShm) {
     std::vector<int> all(static_cast<size_t>(h.size));

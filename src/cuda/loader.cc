@@ -33,7 +33,7 @@ std::string ownDirectory() {
 Loaded tryLoad() {
   Loaded out;
   std::vector<std::string> candidates;
-  const std::string configured = params::getString("GFLOW_CUDA_PLUGIN");
+  const std::string configured = params::cudaPlugin();
   if (!configured.empty()) {
     candidates.push_back(configured);
   } else {

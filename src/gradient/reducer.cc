@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "common/check.h"
+#include "common/hash.h"
 #include "common/params.h"
 #include "core/internal.h"
 #include "gradient/bucket_plan.h"
@@ -47,7 +48,7 @@ namespace {
 // Bad input on one rank fails the communicator, so the peers (already in,
 // or about to enter, the op's collectives) get the error instead of waiting.
 uint64_t thresholdOr(Communicator& comm, const char* op, uint64_t given) {
-  const uint64_t t = given > 0 ? given : params::getBytes("GFLOW_FUSION_THRESHOLD");
+  const uint64_t t = given > 0 ? given : params::fusionThreshold();
   if (t == 0) CommunicatorAccess::failInvalid(comm, op, "GFLOW_FUSION_THRESHOLD must be > 0");
   return t;
 }
@@ -100,7 +101,7 @@ gradient::CscConfig cscConfig(Communicator& comm, const SparseOptions& o) {
   gradient::CscConfig c;
   c.density = o.density;
   if (o.density < 0) {
-    const std::string text = params::getString("GFLOW_CSC_DENSITY");
+    const std::string text = params::cscDensity();
     char* end = nullptr;
     c.density = std::strtod(text.c_str(), &end);
     if (text.empty() || *end != '\0') {
@@ -108,7 +109,7 @@ gradient::CscConfig cscConfig(Communicator& comm, const SparseOptions& o) {
                                       "GFLOW_CSC_DENSITY='" + text + "' is not a number");
     }
   }
-  c.chunk = o.chunk > 0 ? o.chunk : params::getInt("GFLOW_CSC_CHUNK");
+  c.chunk = o.chunk > 0 ? o.chunk : params::cscChunk();
   c.momentum = o.momentum;
   c.warmupSteps = o.warmupSteps;
   if (!(c.density >= 0 && c.density <= 1)) {
@@ -153,7 +154,7 @@ class GradientReducer::Impl {
 
  private:
   ErrorContext context(const char* opName) const {
-    return ErrorContext{opName, 0, comm->rank(), -1};
+    return ErrorContext::forOp(opName).withRank(comm->rank());
   }
   std::string stepText() const { return "step " + std::to_string(step_); }
   char* regionOf(const Bucket& b) {
@@ -179,7 +180,7 @@ class GradientReducer::Impl {
     auto mix = [&h](double v) {
       uint64_t bits;
       std::memcpy(&bits, &v, sizeof bits);
-      h = (h ^ bits) * 0x100000001b3ULL;
+      h = hash::mix(h, bits);
     };
     for (double v : {double(wire.prescale), double(wire.postscale), sparse.density,
                      double(sparse.chunk), double(sparse.momentum), double(sparse.warmupSteps)}) {
@@ -274,9 +275,8 @@ GradientReducer::Impl::Impl(std::shared_ptr<Communicator> parent, std::vector<Te
 void GradientReducer::Impl::setUp(const ReducerOptions& options) {
   const char* kCreate = "reducer.create";
   threshold = thresholdOr(*comm, kCreate, options.fusionThreshold);
-  cycle = options.cycleTime.count() >= 0
-              ? options.cycleTime
-              : std::chrono::milliseconds(params::getInt("GFLOW_CYCLE_TIME_MS"));
+  cycle = options.cycleTime.count() >= 0 ? options.cycleTime
+                                         : std::chrono::milliseconds(params::cycleTimeMs());
   if (cycle.count() < 0) {
     CommunicatorAccess::failInvalid(*comm, kCreate, "GFLOW_CYCLE_TIME_MS must be >= 0");
   }
@@ -303,8 +303,7 @@ void GradientReducer::Impl::setUp(const ReducerOptions& options) {
   sparse = cscConfig(*comm, options.sparse);
   // The timeline file and the pool before the registration check: a rank
   // that cannot create them fails the peers there.
-  const std::string spec =
-      options.timeline.empty() ? params::getString("GFLOW_TIMELINE") : options.timeline;
+  const std::string spec = options.timeline.empty() ? params::timeline() : options.timeline;
   timeline_ = Timeline::open(spec, comm->rank());
   setUpKernels();
   // With CSC a bucket sends about density * its bytes: buckets of

@@ -46,7 +46,7 @@ std::string describeTensor(size_t index, const std::vector<Tensor>& tensors,
 void checkRegistration(Communicator& comm, const std::vector<Tensor>& tensors,
                        const std::vector<std::string>& names, const RegistrationOptions& options) {
   const int size = comm.size();
-  const ErrorContext ctx{kOp, 0, comm.rank(), -1};
+  const ErrorContext ctx = ErrorContext::forOp(kOp).withRank(comm.rank());
   uint64_t h = 0;
   for (const Tensor& t : tensors) h = mix(h, signature(t));
   // Summary: tensor count, list hash, op, threshold, cycle time.

@@ -38,7 +38,7 @@ std::unique_ptr<Timeline> Timeline::open(const std::string& spec, int rank) {
   std::FILE* f = std::fopen(path.c_str(), "w");
   if (!f) {
     const int err = errno;
-    GFLOW_THROW(kInvalidArgument, (ErrorContext{"timeline", 0, rank, -1}))
+    GFLOW_THROW(kInvalidArgument, ErrorContext::forOp("timeline").withRank(rank))
         << "cannot create the timeline file '" << path
         << "' (GFLOW_TIMELINE): " << std::strerror(err);
   }

@@ -35,7 +35,7 @@ std::string interfaceWithAddress(const std::string& ip) {
 
 std::string dataInterfaceName(const std::string& spec) {
   try {
-    const std::string s = spec.empty() ? params::getString("GFLOW_SOCKET_IFNAME") : spec;
+    const std::string s = spec.empty() ? params::socketIfname() : spec;
     return interfaceWithAddress(net::selectInterfaceAddress(s));
   } catch (const std::exception& e) {
     GFLOW_LOG(DEBUG) << "topology: no data interface: " << e.what();

@@ -22,7 +22,7 @@ namespace gflow::topology {
 
 namespace {
 
-const ErrorContext kTopoCtx{"topology"};
+const ErrorContext kTopoCtx = ErrorContext::forOp("topology");
 
 constexpr unsigned kNvidiaVendor = 0x10de;
 constexpr unsigned kDisplayClass = 0x03;  // PCI base class: VGA (0x0300), 3D (0x0302), ...

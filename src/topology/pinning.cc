@@ -69,7 +69,7 @@ PinPlan pinCurrentThreadNear(const std::string& nicOrEmpty, int hintCpu) noexcep
   try {
     const std::string who =
         "progress thread (NIC " + (nicOrEmpty.empty() ? std::string("none") : nicOrEmpty) + ")";
-    if (params::getInt("GFLOW_PIN") == 0) {
+    if (params::pin() == 0) {
       GFLOW_LOG(INFO) << who << " not pinned: GFLOW_PIN=0";
       return noBind("GFLOW_PIN=0");
     }

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <optional>
 
 #include "common/params.h"
 
@@ -19,9 +20,7 @@ std::string printable(const char* p, size_t n) {
 }
 
 int spinMicros(int ranks) {
-  if (params::getString("GFLOW_SPIN_US") != "auto") {
-    return static_cast<int>(params::getInt("GFLOW_SPIN_US"));
-  }
+  if (const std::optional<int64_t> us = params::spinUs()) return static_cast<int>(*us);
   const long cores = sysconf(_SC_NPROCESSORS_ONLN);
   return cores > std::max(1, ranks) ? 50 : 0;
 }
@@ -31,7 +30,7 @@ Error envelopeMismatch(int rank, uint64_t group, int peer, const std::string& th
   return Error(
       ErrorCode::kMismatch,
       "rank " + std::to_string(peer) + " called " + theirs + " while this rank called " + mine,
-      ErrorContext{"", group, rank, peer});
+      ErrorContext().withSeq(group).withRank(rank).withPeer(peer));
 }
 
 Error unexpectedOp(int rank, uint64_t group, int peer, uint64_t theirGroup,
@@ -40,7 +39,7 @@ Error unexpectedOp(int rank, uint64_t group, int peer, uint64_t theirGroup,
                "rank " + std::to_string(peer) + " sent data for op #" + std::to_string(theirGroup) +
                    " (" + theirs +
                    ") that this rank never expected; ranks called different collectives",
-               ErrorContext{"", group, rank, peer});
+               ErrorContext().withSeq(group).withRank(rank).withPeer(peer));
 }
 
 Error sizeMismatch(int rank, uint64_t group, int peer, uint64_t sent, uint64_t expected,
@@ -48,7 +47,7 @@ Error sizeMismatch(int rank, uint64_t group, int peer, uint64_t sent, uint64_t e
   return Error(ErrorCode::kMismatch,
                "rank " + std::to_string(peer) + " sent " + std::to_string(sent) +
                    " bytes where this rank expects " + std::to_string(expected) + " (" + op + ")",
-               ErrorContext{"", group, rank, peer});
+               ErrorContext().withSeq(group).withRank(rank).withPeer(peer));
 }
 
 Error requestTimeout(int rank, uint64_t group, const Request& req, bool alive, const char* via) {
@@ -64,7 +63,8 @@ Error requestTimeout(int rank, uint64_t group, const Request& req, bool alive, c
     what += "rank " + std::to_string(peer) + " is not responding (stopped, hung or not calling " +
             "this collective)";
   }
-  return Error(ErrorCode::kTimeout, what, ErrorContext{"", group, rank, peer});
+  return Error(ErrorCode::kTimeout, what,
+               ErrorContext().withSeq(group).withRank(rank).withPeer(peer));
 }
 
 Error peerReport(int rank, uint64_t group, int peer, const char* payload, size_t n) {
@@ -81,7 +81,7 @@ Error peerReport(int rank, uint64_t group, int peer, const char* payload, size_t
     code = ErrorCode::kPeerLost;
   }
   return Error(code, "rank " + std::to_string(peer) + " failed: " + text,
-               ErrorContext{"", group, rank, peer});
+               ErrorContext().withSeq(group).withRank(rank).withPeer(peer));
 }
 
 }  // namespace gflow::transport

@@ -17,7 +17,7 @@ class TrivialRegion final : public MemoryRegion {
 Engine::Engine(const ContextOptions& options)
     : Context(options.rank, options.size),
       timeout_(options.timeout),
-      unexpectedLimit_(params::getBytes("GFLOW_UNEXPECTED_LIMIT")),
+      unexpectedLimit_(params::unexpectedLimit()),
       error_([this] { wake(); }) {
   books_.resize(options.size);
   for (auto& b : books_) b = std::make_unique<PeerBook>();
@@ -140,7 +140,7 @@ Message* Engine::postRecv(int peer, Tag tag, const Envelope& env, void* data, si
   } else {
     if (m->req) {
       fail(Error(ErrorCode::kInternal, "two receives posted for one tag",
-                 ErrorContext{"", tag.group, rank(), peer}));
+                 ErrorContext().withSeq(tag.group).withRank(rank()).withPeer(peer)));
     }
     if (m->env != env) {
       fail(envelopeMismatch(rank(), tag.group, peer, describe(m->env), describe(env)));

@@ -189,7 +189,8 @@ TEST_F(HierarchicalBackendComposition, ControlReachesBothPartsAndPeersAreRenumbe
 TEST_F(HierarchicalBackendComposition, PhaseErrorsNameCommunicatorRanks) {
   build(0, {11, 11, 22, 22});
   cross_->onOp = [](const Op& o) {
-    throw Error(ErrorCode::kPeerLost, "peer 1 went away", ErrorContext{"", o.seq, 0, 1});
+    throw Error(ErrorCode::kPeerLost, "peer 1 went away",
+                ErrorContext().withSeq(o.seq).withRank(0).withPeer(1));
   };
   const OpDesc d =
       opDesc(OpKind::kAllreduce, DataType::kFloat32, ReduceOp::kSum, Algorithm::kHierarchical, 8);

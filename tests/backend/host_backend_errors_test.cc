@@ -134,7 +134,7 @@ TEST(HostBackendErrors, AbortFromAnotherThreadEndsTheWait) {
       raised = std::current_exception();
     }
   });
-  w.at(0).abort(Error(ErrorCode::kAborted, "stopped by the test", ErrorContext{"", 0, 0, -1}));
+  w.at(0).abort(Error(ErrorCode::kAborted, "stopped by the test", ErrorContext().withRank(0)));
   rank0.join();
   const Error e = errorOf(raised);
   EXPECT_EQ(e.code(), ErrorCode::kAborted) << e.what();

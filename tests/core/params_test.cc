@@ -4,7 +4,9 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <sstream>
+#include <string>
 
 #include "common/params.h"
 #include "core/algorithm_select.h"
@@ -35,7 +37,7 @@ TEST(Params, BadValueNamesTheVariable) {
   setenv("GFLOW_TIMEOUT", "forever", 1);
   params::resetCacheForTesting();
   try {
-    params::getDurationMs("GFLOW_TIMEOUT");
+    params::timeoutMs();
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
@@ -43,7 +45,7 @@ TEST(Params, BadValueNamesTheVariable) {
   }
   unsetenv("GFLOW_TIMEOUT");
   params::resetCacheForTesting();
-  EXPECT_EQ(params::getDurationMs("GFLOW_TIMEOUT"), 300000);
+  EXPECT_EQ(params::timeoutMs(), 300000);
 }
 
 TEST(Params, ConfigurationDocListsEveryParameter) {
@@ -56,6 +58,55 @@ TEST(Params, ConfigurationDocListsEveryParameter) {
     EXPECT_NE(doc.find(std::string("`") + p.name + "`"), std::string::npos)
         << p.name << " is missing from docs/configuration.md";
   }
+}
+
+// Sets one variable for a test and restores the previous value (the test
+// binary presets some, tests/testing/test_env.cc).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    const char* old = std::getenv(name);
+    if (old != nullptr) old_ = old;
+    hadOld_ = old != nullptr;
+    setenv(name, value, 1);
+    params::resetCacheForTesting();
+  }
+  ~ScopedEnv() {
+    if (hadOld_) {
+      setenv(name_, old_.c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+    params::resetCacheForTesting();
+  }
+
+ private:
+  const char* name_;
+  std::string old_;
+  bool hadOld_ = false;
+};
+
+TEST(Params, TypedAccessorsReadTheTable) {
+  ScopedEnv stripe("GFLOW_STRIPE_MIN", "64K");
+  ScopedEnv spin("GFLOW_SPIN_US", "7");
+  ScopedEnv rd("GFLOW_RD_MAX_BYTES", "auto");
+  EXPECT_EQ(params::stripeMin(), 65536u);
+  EXPECT_EQ(params::spinUs(), std::optional<int64_t>(7));
+  EXPECT_EQ(params::rdMaxBytes(), std::nullopt);
+  EXPECT_EQ(params::getBytes("GFLOW_STRIPE_MIN"), 65536u);  // the string-keyed lookup agrees
+}
+
+TEST(Params, AgreementCoversTheMarkedParameters) {
+  EXPECT_EQ(params::agreementNames(),
+            "GFLOW_ALGO, GFLOW_DEVICE_BACKEND, GFLOW_NCCL_VERIFY, GFLOW_SHM, GFLOW_SHM_CHUNK, "
+            "GFLOW_RD_MAX_BYTES");
+  ScopedEnv shm("GFLOW_SHM", "0");
+  ScopedEnv verify("GFLOW_NCCL_VERIFY", "1");
+  const std::string in = params::agreementDigestInput({{&params::spec::algo, "ring"}});
+  EXPECT_NE(in.find("GFLOW_SHM=0\n"), std::string::npos) << in;
+  EXPECT_NE(in.find("GFLOW_ALGO=ring\n"), std::string::npos) << in;
+  EXPECT_NE(in.find("GFLOW_NCCL_VERIFY=1\n"), std::string::npos) << in;
+  EXPECT_EQ(in.find("GFLOW_TIMEOUT"), std::string::npos) << in;
 }
 
 TEST(AlgorithmSelect, DefaultsAndRules) {

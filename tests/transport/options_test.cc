@@ -65,8 +65,8 @@ TEST(TransportOptions, VerbsFieldsComeFromOptions) {
   expectEveryRankRefuses(hca, "GFLOW_IB_HCA='=no_such_hca'");
 
   Options gid = o;
-  gid.verbs.gidIndex = "two";
-  expectEveryRankRefuses(gid, "GFLOW_IB_GID_INDEX='two' is neither 'auto' nor a GID index");
+  gid.verbs.gidIndex = 999;
+  expectEveryRankRefuses(gid, "GFLOW_IB_GID_INDEX=999 is not a valid GID index");
 
   Options retry = o;
   retry.verbs.retryCount = 9;

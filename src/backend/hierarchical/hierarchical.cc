@@ -69,9 +69,8 @@ class HierarchicalBackend final : public Backend {
         cross_(std::move(cross)),
         localRanks_(h.ranksOfHost(h.host())),
         crossRanks_(h.ranksWithLocalRank(h.localRank())),
-        segmentBytes_(segmentBytes > 0
-                          ? segmentBytes
-                          : std::max<uint64_t>(params::getBytes("GFLOW_HIER_SEGMENT"), 4096)) {
+        segmentBytes_(segmentBytes > 0 ? segmentBytes
+                                       : std::max<uint64_t>(params::hierSegment(), 4096)) {
     for (int host = 0; host < h.numHosts; ++host) hostRanks_.push_back(h.ranksOfHost(host));
     for (size_t i = 0; i < localRanks_.size(); ++i) localIndex_[localRanks_[i]] = int(i);
     for (size_t i = 0; i < crossRanks_.size(); ++i) crossIndex_[crossRanks_[i]] = int(i);
@@ -176,7 +175,7 @@ class HierarchicalBackend final : public Backend {
       if (pending.valid()) {
         cross_->abort(Error(ErrorCode::kAborted,
                             "a local phase of this hierarchical allreduce failed",
-                            ErrorContext{"", op.seq, h_.rank, -1}));
+                            ErrorContext().withSeq(op.seq).withRank(h_.rank)));
         pending.wait();
       }
       throw;
@@ -281,7 +280,8 @@ class HierarchicalBackend final : public Backend {
 
  private:
   [[noreturn]] void unsupported(const Op& op) {
-    GFLOW_THROW(kInternal, (ErrorContext{toString(op.desc.kind), op.seq, h_.rank, -1}))
+    GFLOW_THROW(kInternal,
+                ErrorContext::forOp(toString(op.desc.kind)).withSeq(op.seq).withRank(h_.rank))
         << "the hierarchical backend does not run " << toString(op.desc.kind)
         << " (algorithm selection bug)";
   }
@@ -335,7 +335,7 @@ class HierarchicalBackend final : public Backend {
                   std::string("hierarchical phase ") + toString(sub.desc.kind) + " " + where +
                       " (group ranks " + members +
                       ", numbered from 0 in what follows): " + e.detail(),
-                  ErrorContext{"", 0, h_.rank, peer});
+                  ErrorContext().withRank(h_.rank).withPeer(peer));
     }
   }
 

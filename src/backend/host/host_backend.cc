@@ -10,8 +10,8 @@ namespace gflow::backend::host {
 RingTuning ringTuning() {
   static const RingTuning t = [] {
     RingTuning r;
-    r.pieceBytes = std::max<uint64_t>(params::getBytes("GFLOW_PIECE_BYTES"), 64);
-    r.window = static_cast<size_t>(std::max<int64_t>(params::getInt("GFLOW_RING_WINDOW"), 1));
+    r.pieceBytes = std::max<uint64_t>(params::pieceBytes(), 64);
+    r.window = static_cast<size_t>(std::max<int64_t>(params::ringWindow(), 1));
     return r;
   }();
   return t;

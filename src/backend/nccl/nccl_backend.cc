@@ -102,7 +102,7 @@ bool NcclBackend::use(const Op& op, const cuda::Plugin& plugin, int device) {
   }
   if (state_ == State::kStaged) return false;
   if (state_ == State::kBroken) {
-    GFLOW_THROW(kInternal, (ErrorContext{"", op.seq, s_.rank, -1}))
+    GFLOW_THROW(kInternal, ErrorContext().withSeq(op.seq).withRank(s_.rank))
         << "the NCCL communicator failed earlier on this rank";
   }
   return true;
@@ -110,9 +110,9 @@ bool NcclBackend::use(const Op& op, const cuda::Plugin& plugin, int device) {
 
 void NcclBackend::decide(const Op& op, int device) {
   state_ = State::kDeciding;  // a failure from here on is reported to the peers
-  const std::string mode = params::getString("GFLOW_DEVICE_BACKEND");
+  const std::string mode = params::deviceBackend();
   if (mode != "auto" && mode != "nccl" && mode != "staged") {
-    GFLOW_THROW(kInvalidArgument, (ErrorContext{"", op.seq, s_.rank, -1}))
+    GFLOW_THROW(kInvalidArgument, ErrorContext().withSeq(op.seq).withRank(s_.rank))
         << "GFLOW_DEVICE_BACKEND is '" << mode << "'; expected auto, nccl or staged";
   }
   std::string why;
@@ -158,7 +158,7 @@ void NcclBackend::decide(const Op& op, int device) {
   }
   if (!blocker.empty()) {
     if (mode == "nccl") {
-      GFLOW_THROW(kInvalidArgument, (ErrorContext{"", op.seq, s_.rank, -1}))
+      GFLOW_THROW(kInvalidArgument, ErrorContext().withSeq(op.seq).withRank(s_.rank))
           << "GFLOW_DEVICE_BACKEND=nccl, but NCCL cannot run this communicator: " << blocker;
     }
     if (s_.rank == 0) {
@@ -194,7 +194,7 @@ void NcclBackend::start(const Op& op) {
   } else {
     const std::vector<uint8_t> v = waitForKey(op, key, "rank 0 publishing the NCCL unique id");
     if (v.size() != sizeof(id.bytes)) {
-      GFLOW_THROW(kInternal, (ErrorContext{"", op.seq, s_.rank, 0}))
+      GFLOW_THROW(kInternal, ErrorContext().withSeq(op.seq).withRank(s_.rank).withPeer(0))
           << "the NCCL unique id in the store has " << v.size() << " bytes, expected "
           << sizeof(id.bytes);
     }
@@ -383,7 +383,7 @@ void NcclBackend::checkWaiting(const Op& op, const Deadline& deadline, const cha
   }
   if (deadline.expired()) {
     abortComms();
-    GFLOW_THROW(kTimeout, (ErrorContext{"", op.seq, s_.rank, -1}))
+    GFLOW_THROW(kTimeout, ErrorContext().withSeq(op.seq).withRank(s_.rank))
         << what << " did not complete within the deadline (GFLOW_TIMEOUT, " << s_.timeout.count()
         << " ms): a rank did not call it, called another op, is stuck or died"
         << (api_ ? "; the NCCL communicator was aborted" : "");
@@ -427,12 +427,12 @@ void NcclBackend::failNccl(const Op& op, int result, const char* what, void* com
   const char* last = api_->getLastError(comm);
   if (last && *last) detail += std::string(" (") + last + ")";
   abortComms();
-  throw Error(codeOf(result), detail, ErrorContext{"", op.seq, s_.rank, -1});
+  throw Error(codeOf(result), detail, ErrorContext().withSeq(op.seq).withRank(s_.rank));
 }
 
 void NcclBackend::failCuda(const Op& op, int err, const char* what) {
   abortComms();
-  GFLOW_THROW(kInternal, (ErrorContext{"", op.seq, s_.rank, -1}))
+  GFLOW_THROW(kInternal, ErrorContext().withSeq(op.seq).withRank(s_.rank))
       << "CUDA failed while " << what << ": " << plugin_->errorString(err);
 }
 

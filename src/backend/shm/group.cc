@@ -174,7 +174,7 @@ std::unique_ptr<Group> Group::connect(const GroupOptions& o, std::string* why) {
   if (g->commRanks_.empty()) {
     for (int i = 0; i < o.size; ++i) g->commRanks_.push_back(i);
   }
-  size_t slot = o.slotBytes ? o.slotBytes : params::getBytes("GFLOW_SHM_CHUNK");
+  size_t slot = o.slotBytes ? o.slotBytes : params::shmChunk();
   // Reduce-scatter puts one element of every block in a slot at least.
   slot = std::max<size_t>({slot, 4096, static_cast<size_t>(o.size) * 64});
   g->slotBytes_ = roundUp(slot, 64);
@@ -275,7 +275,8 @@ void Group::checkOp(int member) {
   os << "rank " << peer << " called " << (describe_ ? describe_(peerEnv) : "<op>") << " as op #"
      << peerSeq << " while this rank called " << (describe_ ? describe_(env_) : "<op>")
      << " as op #" << seq_;
-  raise(Error(ErrorCode::kMismatch, os.str(), ErrorContext{"", seq_, commRanks_[rank_], peer}));
+  raise(Error(ErrorCode::kMismatch, os.str(),
+              ErrorContext().withSeq(seq_).withRank(commRanks_[rank_]).withPeer(peer)));
 }
 
 void Group::raise(const Error& e) {
@@ -303,18 +304,20 @@ void Group::checkSlow(int member, uint64_t tick) {
           c->code == static_cast<uint32_t>(ErrorCode::kPeerLost)) {
         code = static_cast<ErrorCode>(c->code);
       }
-      raise(Error(code,
-                  "rank " + std::to_string(commRanks_[p]) +
-                      " failed: " + printable(c->message, sizeof(c->message)),
-                  ErrorContext{"", seq_, commRanks_[rank_], commRanks_[p]}));
+      raise(
+          Error(code,
+                "rank " + std::to_string(commRanks_[p]) +
+                    " failed: " + printable(c->message, sizeof(c->message)),
+                ErrorContext().withSeq(seq_).withRank(commRanks_[rank_]).withPeer(commRanks_[p])));
     }
   }
   if (watch_[member].exited() || ctl_[member]->left.load(std::memory_order_acquire)) {
-    raise(Error(ErrorCode::kPeerLost,
-                "rank " + std::to_string(commRanks_[member]) +
-                    " (same host, shared memory) exited, was killed or destroyed its "
-                    "communicator during the op",
-                ErrorContext{"", seq_, commRanks_[rank_], commRanks_[member]}));
+    raise(Error(
+        ErrorCode::kPeerLost,
+        "rank " + std::to_string(commRanks_[member]) +
+            " (same host, shared memory) exited, was killed or destroyed its "
+            "communicator during the op",
+        ErrorContext().withSeq(seq_).withRank(commRanks_[rank_]).withPeer(commRanks_[member])));
   }
   if (deadline_.expired()) {
     const OpRecord* r = ctl_[member]->ops;
@@ -324,8 +327,9 @@ void Group::checkSlow(int member, uint64_t tick) {
     os << "timed out waiting for rank " << commRanks_[member]
        << " (same host, shared memory); it last started op #" << r[newer ? 1 : 0].seq
        << ", this rank is in #" << seq_;
-    raise(Error(ErrorCode::kTimeout, os.str(),
-                ErrorContext{"", seq_, commRanks_[rank_], commRanks_[member]}));
+    raise(Error(
+        ErrorCode::kTimeout, os.str(),
+        ErrorContext().withSeq(seq_).withRank(commRanks_[rank_]).withPeer(commRanks_[member])));
   }
 }
 

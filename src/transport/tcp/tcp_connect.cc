@@ -14,6 +14,7 @@
 #include "common/auth.h"
 #include "common/check.h"
 #include "common/handshake_acceptor.h"
+#include "common/hash.h"
 #include "common/logging.h"
 #include "common/params.h"
 #include "transport/tcp/tcp_context.h"
@@ -27,13 +28,6 @@ constexpr const char* kAuthLabel = "gflow-data/v1";
 constexpr std::chrono::milliseconds kHandshakeTimeout{10000};
 constexpr size_t kMaxPendingHandshakes = 64;
 
-uint64_t hashPrefix(const std::string& prefix) {
-  auth::Digest d = auth::sha256(prefix.data(), prefix.size());
-  uint64_t id;
-  std::memcpy(&id, d.data(), sizeof(id));
-  return id;
-}
-
 // What a Hello must match: this rank's view of the communicator.
 struct Identity {
   int rank;
@@ -44,11 +38,10 @@ struct Identity {
 
 // Listens on the chosen interface and publishes "host:port" in the store.
 net::Socket listenAndPublish(const ContextOptions& options, int rank) {
-  const std::string ifname = !options.tcp.socketIfname.empty()
-                                 ? options.tcp.socketIfname
-                                 : params::getString("GFLOW_SOCKET_IFNAME");
-  const std::string range = !options.tcp.portRange.empty() ? options.tcp.portRange
-                                                           : params::getString("GFLOW_PORT_RANGE");
+  const std::string ifname =
+      !options.tcp.socketIfname.empty() ? options.tcp.socketIfname : params::socketIfname();
+  const std::string range =
+      !options.tcp.portRange.empty() ? options.tcp.portRange : params::portRange();
   std::string ip = net::selectInterfaceAddress(ifname);
   uint16_t port = 0;
   net::Socket listener = net::listenOn(ip, net::parsePortRange(range), &port);
@@ -150,7 +143,7 @@ class Inbound {
 // accepted by the peer's Hello check.
 net::Socket dial(const Identity& me, const std::pair<std::string, uint16_t>& hp, int peer,
                  int index, const std::string& token, int bufBytes, Deadline deadline) {
-  const ErrorContext pctx{"init", 0, me.rank, peer};
+  const ErrorContext pctx = ErrorContext::forOp("init").withRank(me.rank).withPeer(peer);
   net::Socket s = net::connectTo(hp.first, hp.second, deadline,
                                  "rank " + std::to_string(peer) + "'s data port");
   net::setBufferSizes(s.fd(), bufBytes);
@@ -176,10 +169,11 @@ net::Socket dial(const Identity& me, const std::pair<std::string, uint16_t>& hp,
 void TcpContext::connectAll(const ContextOptions& options) {
   if (size() == 1) return;
   const Deadline deadline = Deadline::after(options.timeout);
-  commId_ = hashPrefix(options.prefix);
+  commId_ = hash::sha256Id(options.prefix);
   const Identity me{rank(), size(), socketsPerPeer_, commId_};
   const int bufBytes = static_cast<int>(std::min<uint64_t>(
-      options.tcp.socketBufferBytes.value_or(params::getBytes("GFLOW_SOCKET_BUFFER")), 1u << 30));
+      (options.tcp.socketBufferBytes ? *options.tcp.socketBufferBytes : params::socketBuffer()),
+      1u << 30));
 
   // Accept the higher ranks while connecting to the lower ones, so no pair
   // waits on the other's order.
@@ -203,7 +197,7 @@ void TcpContext::connectAll(const ContextOptions& options) {
       addConnection(peer, i, dial(me, hp, peer, i, options.token, bufBytes, deadline));
     }
   }
-  auto accepted = inbound.wait(ErrorContext{"init", 0, rank(), -1});
+  auto accepted = inbound.wait(ErrorContext::forOp("init").withRank(rank()));
   acceptor.stop();
   for (auto& [hello, sock] : accepted) {
     net::setBufferSizes(sock.fd(), bufBytes);

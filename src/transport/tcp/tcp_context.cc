@@ -18,12 +18,12 @@ namespace gflow::transport::tcp {
 
 TcpContext::TcpContext(const ContextOptions& options) : Engine(options) {
   stripeMin_ = std::max<uint64_t>(
-      options.tcp.stripeMinBytes.value_or(params::getBytes("GFLOW_STRIPE_MIN")), 4096);
+      (options.tcp.stripeMinBytes ? *options.tcp.stripeMinBytes : params::stripeMin()), 4096);
   spinUs_ = spinMicros(options.size);
-  socketsPerPeer_ = options.tcp.socketsPerPeer.value_or(
-      static_cast<int>(params::getInt("GFLOW_SOCKETS_PER_PEER")));
+  socketsPerPeer_ = options.tcp.socketsPerPeer ? *options.tcp.socketsPerPeer
+                                               : static_cast<int>(params::socketsPerPeer());
   if (socketsPerPeer_ < 1 || socketsPerPeer_ > 64) {
-    GFLOW_THROW(kInvalidArgument, (ErrorContext{"init", 0, rank(), -1}))
+    GFLOW_THROW(kInvalidArgument, ErrorContext::forOp("init").withRank(rank()))
         << "GFLOW_SOCKETS_PER_PEER=" << socketsPerPeer_ << " must be between 1 and 64";
   }
 
@@ -172,7 +172,7 @@ bool TcpContext::hasPendingWith(int peer) const {
 void TcpContext::failLost(int peer, const std::string& what) {
   fail(Error(ErrorCode::kPeerLost,
              "rank " + std::to_string(peer) + " " + what + " (its process exited or was killed?)",
-             ErrorContext{"", group(), rank(), peer}));
+             ErrorContext().withSeq(group()).withRank(rank()).withPeer(peer)));
 }
 
 // EOF from a peer is normal when it has finished its last op and shut down;
@@ -281,7 +281,7 @@ bool TcpContext::readHeader(Conn& c) {
 // payload goes. May pause the connection (unexpected-data budget exhausted).
 void TcpContext::startFragment(Conn& c) {
   const FrameHeader& h = c.hdr;
-  const ErrorContext ectx{"", group(), rank(), c.peer};
+  const ErrorContext ectx = ErrorContext().withSeq(group()).withRank(rank()).withPeer(c.peer);
   auto protocolError = [&](const std::string& what) {
     GFLOW_LOG(WARN) << "rank " << rank() << ": invalid frame from rank " << c.peer << ": " << what;
     fail(Error(ErrorCode::kInternal,

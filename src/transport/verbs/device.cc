@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <optional>
 
 #include "common/check.h"
 #include "common/logging.h"
@@ -18,7 +19,7 @@ namespace gflow::transport::verbs {
 namespace {
 
 ErrorContext initCtx(int rank) {
-  return ErrorContext{"init", 0, rank, -1};
+  return ErrorContext::forOp("init").withRank(rank);
 }
 
 std::string linkLayerName(uint8_t ll) {
@@ -93,7 +94,7 @@ HcaSpec parseHcaSpec(const std::string& text) {
       char* end = nullptr;
       long v = p.empty() ? -1 : std::strtol(p.c_str(), &end, 10);
       if (p.empty() || *end != '\0' || v < 1 || v > 255) {
-        GFLOW_THROW(kInvalidArgument, (ErrorContext{"config", 0, -1, -1}))
+        GFLOW_THROW(kInvalidArgument, ErrorContext::forOp("config"))
             << "GFLOW_IB_HCA='" << text << "': bad port in '" << item
             << "' (expected name[:port] with port 1-255)";
       }
@@ -101,7 +102,7 @@ HcaSpec parseHcaSpec(const std::string& text) {
       item.resize(colon);
     }
     if (item.empty()) {
-      GFLOW_THROW(kInvalidArgument, (ErrorContext{"config", 0, -1, -1}))
+      GFLOW_THROW(kInvalidArgument, ErrorContext::forOp("config"))
           << "GFLOW_IB_HCA='" << text << "' has an empty device name (syntax: "
           << "[^][=]name[:port],...)";
     }
@@ -260,16 +261,10 @@ Device::Device(const Settings& s) : api_(verbs::api()) {
   GFLOW_LOG(INFO) << "rank " << s.rank << ": verbs on " << describe() << " via " << api_.source;
 }
 
-void Device::selectGid(int rank, const std::string& want) {
+void Device::selectGid(int rank, std::optional<int64_t> want) {  // nullopt: "auto"
   const int len = portAttr_.gid_tbl_len;
-  if (want != "auto") {
-    char* end = nullptr;
-    const long parsed = std::strtol(want.c_str(), &end, 10);
-    if (want.empty() || *end != '\0') {
-      GFLOW_THROW(kInvalidArgument, initCtx(rank))
-          << "GFLOW_IB_GID_INDEX='" << want << "' is neither 'auto' nor a GID index";
-    }
-    const int idx = static_cast<int>(parsed);
+  if (want) {
+    int idx = static_cast<int>(*want);
     if (idx < 0 || idx >= len || api_.queryGid(ctx_, static_cast<uint8_t>(port_), idx, &gid_)) {
       GFLOW_THROW(kInvalidArgument, initCtx(rank))
           << "GFLOW_IB_GID_INDEX=" << idx << " is not a valid GID index of " << name_ << " port "

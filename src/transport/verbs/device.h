@@ -54,8 +54,8 @@ class Device {
   struct Settings {
     int rank = 0;  // for messages
     int cqEntries = 0;
-    std::string hca;       // which device and port (GFLOW_IB_HCA syntax)
-    std::string gidIndex;  // "auto" or a GID index (GFLOW_IB_GID_INDEX)
+    std::string hca;                  // which device and port (GFLOW_IB_HCA syntax)
+    std::optional<int64_t> gidIndex;  // a GID index; nullopt: pick one (GFLOW_IB_GID_INDEX=auto)
   };
   explicit Device(const Settings& s);
   ~Device();
@@ -78,7 +78,7 @@ class Device {
   std::string describe() const;
 
  private:
-  void selectGid(int rank, const std::string& want);
+  void selectGid(int rank, std::optional<int64_t> want);
   void release();
 
   const VerbsApi& api_;

@@ -80,7 +80,7 @@ RegCache::Entry* RegCache::registerLocked(uintptr_t s, uintptr_t e, bool explici
   }
   if (!mr) {
     const int err = errno;
-    GFLOW_THROW(kInternal, (ErrorContext{"", 0, rank_, -1}))
+    GFLOW_THROW(kInternal, ErrorContext().withRank(rank_))
         << "ibv_reg_mr of " << bytes << " bytes at " << reinterpret_cast<void*>(as) << " on "
         << device_->name() << " failed: " << std::strerror(err)
         << (err == ENOMEM || err == EPERM || err == EFAULT

@@ -119,7 +119,7 @@ const VerbsApi& api() {
   if (const VerbsApi* t = testing.load(std::memory_order_acquire)) return *t;
   const Loaded& l = loaded();
   if (!l.error.empty()) {
-    GFLOW_THROW(kInvalidArgument, (ErrorContext{"init", 0, -1, -1}))
+    GFLOW_THROW(kInvalidArgument, ErrorContext::forOp("init"))
         << "verbs transport unavailable: " << l.error;
   }
   return l.table;

@@ -49,7 +49,7 @@ ibv_mtu mtuFromBytes(int64_t bytes, int rank) {
     case 2048: return IBV_MTU_2048;
     case 4096: return IBV_MTU_4096;
     default:
-      GFLOW_THROW(kInvalidArgument, (ErrorContext{"init", 0, rank, -1}))
+      GFLOW_THROW(kInvalidArgument, ErrorContext::forOp("init").withRank(rank))
           << "GFLOW_IB_MTU=" << bytes << " must be 0 (the port's active MTU), 256, 512, 1024, "
           << "2048 or 4096";
   }
@@ -72,13 +72,13 @@ struct QpSettings {
 
 QpSettings readQpSettings(const Device& dev, const VerbsOptions& o, int rank) {
   ibv_mtu mtu = dev.portAttr().active_mtu;
-  if (int64_t want = o.mtu.value_or(params::getInt("GFLOW_IB_MTU")); want != 0) {
+  if (int64_t want = (o.mtu ? *o.mtu : params::ibMtu()); want != 0) {
     mtu = std::min(mtu, mtuFromBytes(want, rank));
   }
-  const int64_t ibTimeout = o.timeout.value_or(params::getInt("GFLOW_IB_TIMEOUT"));
-  const int64_t retry = o.retryCount.value_or(params::getInt("GFLOW_IB_RETRY_CNT"));
+  const int64_t ibTimeout = (o.timeout ? *o.timeout : params::ibTimeout());
+  const int64_t retry = (o.retryCount ? *o.retryCount : params::ibRetryCnt());
   if (ibTimeout < 1 || ibTimeout > 31 || retry < 0 || retry > 7) {
-    GFLOW_THROW(kInvalidArgument, (ErrorContext{"init", 0, rank, -1}))
+    GFLOW_THROW(kInvalidArgument, ErrorContext::forOp("init").withRank(rank))
         << "GFLOW_IB_TIMEOUT=" << ibTimeout << " must be 1-31 (4.096 us x 2^value) and "
         << "GFLOW_IB_RETRY_CNT=" << retry << " must be 0-7";
   }
@@ -193,21 +193,21 @@ void connectQp(const Device& dev, ibv_qp* qp, int q, const ConnInfo& ti, uint32_
 
 VerbsContext::VerbsContext(const ContextOptions& options) : Engine(options) {
   stripeMin_ = std::max<uint64_t>(
-      options.tcp.stripeMinBytes.value_or(params::getBytes("GFLOW_STRIPE_MIN")), 4096);
+      (options.tcp.stripeMinBytes ? *options.tcp.stripeMinBytes : params::stripeMin()), 4096);
   spinUs_ = spinMicros(options.size);
-  const ErrorContext ictx{"init", 0, rank(), -1};
+  const ErrorContext ictx = ErrorContext::forOp("init").withRank(rank());
   const VerbsOptions& vo = options.verbs;
-  qpsPerPeer_ = vo.qpsPerPeer.value_or(static_cast<int>(params::getInt("GFLOW_IB_QPS_PER_PEER")));
+  qpsPerPeer_ = (vo.qpsPerPeer ? *vo.qpsPerPeer : static_cast<int>(params::ibQpsPerPeer()));
   if (qpsPerPeer_ < 1 || qpsPerPeer_ > kMaxQps) {
     GFLOW_THROW(kInvalidArgument, ictx)
         << "GFLOW_IB_QPS_PER_PEER=" << qpsPerPeer_ << " must be between 1 and " << kMaxQps;
   }
-  slots_ = vo.eagerSlots.value_or(static_cast<int>(params::getInt("GFLOW_IB_EAGER_SLOTS")));
+  slots_ = (vo.eagerSlots ? *vo.eagerSlots : static_cast<int>(params::ibEagerSlots()));
   if (slots_ < 2 || slots_ > 4096) {
     GFLOW_THROW(kInvalidArgument, ictx)
         << "GFLOW_IB_EAGER_SLOTS=" << slots_ << " must be between 2 and 4096";
   }
-  const uint64_t eager = vo.eagerBytes.value_or(params::getBytes("GFLOW_IB_EAGER_BYTES"));
+  const uint64_t eager = (vo.eagerBytes ? *vo.eagerBytes : params::ibEagerBytes());
   if (eager < 256 || eager > (1u << 20)) {
     GFLOW_THROW(kInvalidArgument, ictx)
         << "GFLOW_IB_EAGER_BYTES=" << eager << " must be between 256 and 1M";
@@ -295,7 +295,7 @@ void VerbsContext::destroyAll() {
 
 void VerbsContext::createQueuePairs(Peer& p, int peer) {
   const VerbsApi& api = device_->api();
-  const ErrorContext ictx{"init", 0, rank(), peer};
+  const ErrorContext ictx = ErrorContext::forOp("init").withRank(rank()).withPeer(peer);
   for (int q = 0; q < qpsPerPeer_; ++q) {
     ibv_qp_init_attr ia{};
     ia.send_cq = device_->cq();
@@ -340,7 +340,7 @@ void VerbsContext::postReceives(int peer, int q, int n) {
     ibv_recv_wr* bad = nullptr;
     if (int rc = device_->api().postRecv(p.qps[q], &wr, &bad)) {
       fail(Error(ErrorCode::kInternal, std::string("ibv_post_recv failed: ") + std::strerror(rc),
-                 ErrorContext{"", group(), rank(), peer}));
+                 ErrorContext().withSeq(group()).withRank(rank()).withPeer(peer)));
     }
   }
 }
@@ -349,12 +349,11 @@ void VerbsContext::connectAll(const ContextOptions& o) {
   Device::Settings ds;
   ds.rank = rank();
   ds.cqEntries = std::max(1, size() - 1) * qpsPerPeer_ * (sendDepth_ + recvDepth_) + 64;
-  ds.hca = !o.verbs.hca.empty() ? o.verbs.hca : params::getString("GFLOW_IB_HCA");
-  ds.gidIndex =
-      !o.verbs.gidIndex.empty() ? o.verbs.gidIndex : params::getString("GFLOW_IB_GID_INDEX");
+  ds.hca = !o.verbs.hca.empty() ? o.verbs.hca : params::ibHca();
+  ds.gidIndex = o.verbs.gidIndex ? std::optional<int64_t>(*o.verbs.gidIndex) : params::ibGidIndex();
   device_ = std::make_shared<Device>(ds);
   cache_ = std::make_shared<RegCache>(
-      device_, o.verbs.regCacheBytes.value_or(params::getBytes("GFLOW_IB_REG_CACHE")), rank());
+      device_, (o.verbs.regCacheBytes ? *o.verbs.regCacheBytes : params::ibRegCache()), rank());
   const VerbsApi& api = device_->api();
   const QpSettings settings = readQpSettings(*device_, o.verbs, rank());
 
@@ -372,7 +371,7 @@ void VerbsContext::connectAll(const ContextOptions& o) {
     p.outMr =
         p.inMr ? api.regMr(device_->pd(), p.outBlock, ringBytes_, IBV_ACCESS_LOCAL_WRITE) : nullptr;
     if (!p.inMr || !p.outMr) {
-      GFLOW_THROW(kInternal, (ErrorContext{"init", 0, rank(), -1}))
+      GFLOW_THROW(kInternal, ErrorContext::forOp("init").withRank(rank()))
           << "ibv_reg_mr of the eager rings (" << ringBytes_
           << " bytes per peer) failed: " << std::strerror(errno)
           << " (is the locked-memory limit high enough? ulimit -l)";
@@ -389,7 +388,7 @@ void VerbsContext::connectAll(const ContextOptions& o) {
   for (int peer = 0; peer < size(); ++peer) {
     if (peer == rank()) continue;
     Peer& p = *peers_[peer];
-    const ErrorContext pctx{"init", 0, rank(), peer};
+    const ErrorContext pctx = ErrorContext::forOp("init").withRank(rank()).withPeer(peer);
     const ConnInfo ti = readPeerEnd(
         o.store->get(o.prefix + "verbs/" + std::to_string(peer) + "/" + std::to_string(rank()),
                      o.timeout),

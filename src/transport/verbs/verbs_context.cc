@@ -106,7 +106,7 @@ void VerbsContext::post(int peer, int q, PendingWr& w) {
   if (int rc = device_->api().postSend(p.qps[q], &w.wr, &bad)) {
     fail(Error(ErrorCode::kInternal,
                "ibv_post_send to rank " + std::to_string(peer) + " failed: " + std::strerror(rc),
-               ErrorContext{"", group(), rank(), peer}));
+               ErrorContext().withSeq(group()).withRank(rank()).withPeer(peer)));
   }
   ++p.outstanding[q];
 }
@@ -264,7 +264,7 @@ void VerbsContext::startRendezvousRecv(int peer, RecvMsg& m) {
   } else {
     if (rdv_.size() >= 0xffff) {
       fail(Error(ErrorCode::kInternal, "more than 65535 rendezvous receives outstanding",
-                 ErrorContext{"", group(), rank(), peer}));
+                 ErrorContext().withSeq(group()).withRank(rank()).withPeer(peer)));
     }
     idx = static_cast<uint32_t>(rdv_.size());
     rdv_.emplace_back();
@@ -288,7 +288,7 @@ void VerbsContext::matchCts(uint32_t opId, const CtsInfo& info) {
                "rank " + std::to_string(peer) + " expects " + std::to_string(info.len) +
                    " bytes for " + describe(info.env) + " where this rank sends " +
                    std::to_string(op.len) + " bytes for " + describe(op.env),
-               ErrorContext{"", group(), rank(), peer}));
+               ErrorContext().withSeq(group()).withRank(rank()).withPeer(peer)));
   }
   uint64_t stripes = std::max<uint64_t>(1, std::min<uint64_t>(qpsPerPeer_, op.len / stripeMin_));
   uint64_t per = (op.len / stripes + 4095) & ~uint64_t(4095);
@@ -328,7 +328,7 @@ void VerbsContext::beginGroup(uint64_t group, const Envelope& env) {
                    "rank " + std::to_string(peer) + " expects data for op #" +
                        std::to_string(kv.first.group) + " (" + describe(kv.second.env) +
                        ") that this rank does not send; ranks called different collectives",
-                   ErrorContext{"", group, rank(), peer}));
+                   ErrorContext().withSeq(group).withRank(rank()).withPeer(peer)));
       }
     }
     checkStaged(peer);
@@ -381,7 +381,7 @@ void VerbsContext::handleData(int peer, const SlotHeader& h, const char* payload
                      std::to_string(stagedBytes(peer) + h.len) +
                      " bytes that no receive has asked for (GFLOW_UNEXPECTED_LIMIT " +
                      std::to_string(unexpectedLimit()) + ")",
-                 ErrorContext{"", group(), rank(), peer}));
+                 ErrorContext().withSeq(group()).withRank(rank()).withPeer(peer)));
     }
     Message* staged = stage(peer, tag, env, h.len);
     if (h.len > 0) std::memcpy(staged->staging.get(), payload, h.len);
@@ -398,7 +398,7 @@ void VerbsContext::handleAnnounce(int peer, const SlotHeader& h) {
   checkEnvelope(peer, h.group, env);
   checkStale(peer, h.group, env);
   const Tag tag{h.group, h.index};
-  const ErrorContext ectx{"", group(), rank(), peer};
+  const ErrorContext ectx = ErrorContext().withSeq(group()).withRank(rank()).withPeer(peer);
   if (h.len <= eagerMax_) protocolError(peer, "RTS for an eager-sized message");
   auto* m = findAs<RecvMsg>(peer, tag);
   if (!m) {
@@ -498,7 +498,7 @@ void VerbsContext::protocolError(int peer, const std::string& what) {
                   << what;
   fail(Error(ErrorCode::kInternal,
              "invalid verbs message from rank " + std::to_string(peer) + ": " + what,
-             ErrorContext{"", group(), rank(), peer}));
+             ErrorContext().withSeq(group()).withRank(rank()).withPeer(peer)));
 }
 
 void VerbsContext::wake() {

@@ -37,7 +37,7 @@ int VerbsContext::progress() {
   if (n < 0) {
     fail(Error(ErrorCode::kInternal,
                "ibv_poll_cq on " + device_->name() + " failed (CQ overrun or device error)",
-               ErrorContext{"", group(), rank(), -1}));
+               ErrorContext().withSeq(group()).withRank(rank())));
   }
   if (n > 0) {
     std::lock_guard<std::mutex> lock(countersMutex_);
@@ -66,7 +66,7 @@ void VerbsContext::handleCompletion(const ibv_wc& wc) {
   if (peer < 0 || peer >= size() || peer == rank() || qi == qpIndex_.end() ||
       qi->second.first != peer) {
     fail(Error(ErrorCode::kInternal, "work completion for an unknown queue pair or request",
-               ErrorContext{"", group(), rank(), -1}));
+               ErrorContext().withSeq(group()).withRank(rank())));
   }
   const int q = qi->second.second;
   Peer& p = *peers_[peer];
@@ -92,7 +92,7 @@ void VerbsContext::handleCompletion(const ibv_wc& wc) {
                 std::to_string(peer) + " on " + device_->name() + " failed: " +
                 device_->api().wcStatusStr(wc.status) + " (status " + std::to_string(wc.status) +
                 ", vendor error " + vendor + "): " + adviceForStatus(wc.status),
-            ErrorContext{"", group(), rank(), peer});
+            ErrorContext().withSeq(group()).withRank(rank()).withPeer(peer));
     // Not failed at once: completions that arrived before the connection
     // broke may still be queued behind this one (a peer that finished and
     // left sent everything first). The error is raised once the queue is
@@ -217,7 +217,7 @@ void VerbsContext::handleAsyncEvents() {
                device_->name() + " reported '" + name + "'" +
                    (peer >= 0 ? " on the connection to rank " + std::to_string(peer) : "") + ": " +
                    advice,
-               ErrorContext{"", group(), rank(), peer}));
+               ErrorContext().withSeq(group()).withRank(rank()).withPeer(peer)));
   }
 }
 
@@ -229,7 +229,7 @@ void VerbsContext::sleepForEvents(int timeoutMs, bool returnCreditsFirst) {
   }
   if (int rc = api.reqNotifyCq(device_->cq(), 0)) {
     fail(Error(ErrorCode::kInternal, std::string("ibv_req_notify_cq failed: ") + std::strerror(rc),
-               ErrorContext{"", group(), rank(), -1}));
+               ErrorContext().withSeq(group()).withRank(rank())));
   }
   // A completion that arrived before arming raises no event.
   if (progress() > 0) return;

@@ -1,0 +1,108 @@
+// The table of every GFLOW_* parameter, one row each:
+//   X(accessor, ENV_NAME, kind, default, scope, doc)
+// accessor names the typed function params.h generates (params::shm()), kind
+// its value type (params.h, Kind), default applies when the variable is unset
+// or empty, and scope is kAgree for parameters every rank of a communicator
+// must set alike (the creation-time configuration check compares them) or
+// kLocal for parameters a rank may set on its own. Include params.h, not this.
+#pragma once
+
+#define GFLOW_PARAMS(X)                                                                            \
+  X(timeoutMs, "GFLOW_TIMEOUT", kDurationMs, "300s", kLocal,                                       \
+    "Deadline for every blocking step (connect, store, collective). Units: ms, s, m; "             \
+    "a bare number is seconds.")                                                                   \
+  X(debug, "GFLOW_DEBUG", kString, "WARN", kLocal, "Log level: ERROR, WARN, INFO, DEBUG, TRACE.")  \
+  X(algo, "GFLOW_ALGO", kString, "", kAgree,                                                       \
+    "Algorithm override: ring, rd, hier or shm, or rules such as "                                 \
+    "'allreduce:0-64k:rd,allreduce:64k-:ring' "                                                    \
+    "(docs/algorithms.md).")                                                                       \
+  X(transport, "GFLOW_TRANSPORT", kString, "tcp", kLocal,                                          \
+    "Network transport between hosts (and between local ranks when GFLOW_SHM=0): tcp or "          \
+    "verbs (RDMA, needs rdma-core's libibverbs and an RDMA device).")                              \
+  X(deviceBackend, "GFLOW_DEVICE_BACKEND", kString, "auto", kAgree,                                \
+    "CUDA tensors: nccl (NCCL on the caller's stream; an error when it cannot run), staged "       \
+    "(copied through pinned host memory to the host backends), or auto (nccl when every rank "     \
+    "loads NCCL and the ranks of a host use different GPUs, else staged).")                        \
+  X(ncclVerify, "GFLOW_NCCL_VERIFY", kInt, "1", kAgree,                                            \
+    "1: before each NCCL collective, ranks check over the host transport that they all call "      \
+    "the same op (a mismatch is an error instead of a hang or wrong data); 0: skip the check.")    \
+  X(shm, "GFLOW_SHM", kInt, "1", kAgree,                                                           \
+    "1: ranks on the same host exchange data through shared memory; 0: through the "               \
+    "network transport.")                                                                          \
+  X(shmChunk, "GFLOW_SHM_CHUNK", kBytes, "512K", kAgree,                                           \
+    "Pipelining chunk of shared-memory collectives; each rank's segment holds two.")               \
+  X(hierSegment, "GFLOW_HIER_SEGMENT", kBytes, "8M", kLocal,                                       \
+    "Hierarchical allreduce pipelines segments of this size: the cross-host phase of one "         \
+    "overlaps the local phases of the next.")                                                      \
+  X(pin, "GFLOW_PIN", kInt, "1", kLocal,                                                           \
+    "1: pin gflow's progress threads to the cores of the NUMA node nearest the rank's NIC; "       \
+    "0: leave them unpinned.")                                                                     \
+  X(socketIfname, "GFLOW_SOCKET_IFNAME", kString, "", kLocal,                                      \
+    "Interfaces for data sockets: prefixes ('eth,ib'), '=' for exact names, '^' to exclude "       \
+    "('^docker,lo'). Default: the first non-loopback interface that is up, else loopback.")        \
+  X(portRange, "GFLOW_PORT_RANGE", kString, "", kLocal,                                            \
+    "Listen ports for data sockets, 'lo-hi' (e.g. 50000-50100). Default: ephemeral.")              \
+  X(socketsPerPeer, "GFLOW_SOCKETS_PER_PEER", kInt, "1", kLocal,                                   \
+    "TCP connections per peer; messages >= GFLOW_STRIPE_MIN are striped across them.")             \
+  X(stripeMin, "GFLOW_STRIPE_MIN", kBytes, "1M", kLocal,                                           \
+    "Smallest message striped across several sockets of a peer.")                                  \
+  X(socketBuffer, "GFLOW_SOCKET_BUFFER", kBytes, "4M", kLocal,                                     \
+    "SO_SNDBUF/SO_RCVBUF of data sockets.")                                                        \
+  X(unexpectedLimit, "GFLOW_UNEXPECTED_LIMIT", kBytes, "256M", kLocal,                             \
+    "Bytes a peer may send ahead of the matching receive. TCP stops reading the peer "             \
+    "(back-pressure); verbs fails the op (its eager ring also carries control messages).")         \
+  X(spinUs, "GFLOW_SPIN_US", kIntOrAuto, "auto", kLocal,                                           \
+    "Microseconds a waiting rank busy-polls before sleeping (epoll, poll). 'auto': 50 when "       \
+    "the host has more cores than the ranks a connection group joins, else 0.")                    \
+  X(ibHca, "GFLOW_IB_HCA", kString, "", kLocal,                                                    \
+    "verbs: RDMA devices/ports to use: 'mlx5_0:1,mlx5_1' (prefixes), '=' exact names, '^' "        \
+    "to exclude. Default: the device nearest the rank's cpus, else the first active port.")        \
+  X(ibGidIndex, "GFLOW_IB_GID_INDEX", kIntOrAuto, "auto", kLocal,                                  \
+    "verbs: GID index for RoCE. 'auto': RoCE v2 IPv4-mapped, else IPv4-mapped, else the first "    \
+    "non-zero GID.")                                                                               \
+  X(ibTimeout, "GFLOW_IB_TIMEOUT", kInt, "18", kLocal,                                             \
+    "verbs: ACK timeout exponent (4.096 us x 2^value, 1-31) before a retry.")                      \
+  X(ibRetryCnt, "GFLOW_IB_RETRY_CNT", kInt, "7", kLocal,                                           \
+    "verbs: retries (0-7) before a silent peer fails the transfer (retry exceeded).")              \
+  X(ibMtu, "GFLOW_IB_MTU", kInt, "0", kLocal,                                                      \
+    "verbs: path MTU in bytes (256-4096); 0 = the port's active MTU.")                             \
+  X(ibQpsPerPeer, "GFLOW_IB_QPS_PER_PEER", kInt, "2", kLocal,                                      \
+    "verbs: RC queue pairs per peer; large messages are striped over them.")                       \
+  X(ibEagerBytes, "GFLOW_IB_EAGER_BYTES", kBytes, "8K", kLocal,                                    \
+    "verbs: messages up to this size are copied through registered slots; larger ones are "        \
+    "written zero-copy into the receiver's buffer.")                                               \
+  X(ibEagerSlots, "GFLOW_IB_EAGER_SLOTS", kInt, "64", kLocal,                                      \
+    "verbs: eager slots (credits) per peer and direction.")                                        \
+  X(ibRegCache, "GFLOW_IB_REG_CACHE", kBytes, "4G", kLocal,                                        \
+    "verbs: bound on per-op memory registrations; idle ones are dropped past it.")                 \
+  X(cudaPlugin, "GFLOW_CUDA_PLUGIN", kString, "", kLocal,                                          \
+    "Path of gflow's CUDA component (libgflow_cuda.so.0), loaded when an op meets a device "       \
+    "tensor. Default: next to libgflow, then the loader's search path.")                           \
+  X(pieceBytes, "GFLOW_PIECE_BYTES", kBytes, "256K", kLocal,                                       \
+    "Pipelining granularity of ring algorithms (send/receive/reduce overlap).")                    \
+  X(ringWindow, "GFLOW_RING_WINDOW", kInt, "8", kLocal,                                            \
+    "Ring pieces in flight per step (bounds staging memory to window x piece).")                   \
+  X(rdMaxBytes, "GFLOW_RD_MAX_BYTES", kBytesOrAuto, "auto", kAgree,                                \
+    "Allreduce of at most this many bytes uses recursive doubling, above it ring.")                \
+  X(fusionThreshold, "GFLOW_FUSION_THRESHOLD", kBytes, "2M", kLocal,                               \
+    "Chunk fusion bucket size of GradientReducer and allreduceCoalesced; tensors of at least "     \
+    "this size are reduced in place.")                                                             \
+  X(cycleTimeMs, "GFLOW_CYCLE_TIME_MS", kInt, "0", kLocal,                                         \
+    "GradientReducer: 0 = fixed buckets; > 0 = negotiated rounds; a round starts at the "          \
+    "latest this many ms after the last one while gradients wait.")                                \
+  X(cscDensity, "GFLOW_CSC_DENSITY", kString, "0", kLocal,                                         \
+    "GradientReducer CSC: fraction of chunks sent per step, (0, 1]; 0 = dense.")                   \
+  X(cscChunk, "GFLOW_CSC_CHUNK", kInt, "1024", kLocal, "GradientReducer CSC: elements per chunk.") \
+  X(timeline, "GFLOW_TIMELINE", kString, "", kLocal,                                               \
+    "Chrome trace file of GradientReducer steps; %r in the name becomes the rank (without "        \
+    "it only rank 0 writes).")                                                                     \
+  X(rank, "GFLOW_RANK", kInt, "", kLocal, "This process's rank.")                                  \
+  X(worldSize, "GFLOW_WORLD_SIZE", kInt, "", kLocal, "Number of ranks.")                           \
+  X(localRank, "GFLOW_LOCAL_RANK", kInt, "", kLocal, "Rank among the ranks of this host.")         \
+  X(localSize, "GFLOW_LOCAL_SIZE", kInt, "", kLocal, "Number of ranks on this host.")              \
+  X(root, "GFLOW_ROOT", kString, "", kLocal, "host:port of rank 0's store.")                       \
+  X(jobToken, "GFLOW_JOB_TOKEN", kString, "", kLocal,                                              \
+    "Job secret; store and data connections prove knowledge of it (HMAC-SHA256). gflowrun "        \
+    "generates one.")                                                                              \
+  X(hostId, "GFLOW_HOST_ID", kString, "", kLocal,                                                  \
+    "Overrides host identity (hostname + boot id) for grouping ranks into hosts.")
