@@ -79,8 +79,9 @@ class Group {
   // next one).
   void endOp() { inOp_ = false; }
 
-  // Any thread: the first error wins; the current and every later op raise
-  // it (a waiter notices within one futex sleep slice).
+  // Any thread: records `error` unless one is held (the first wins). A wait
+  // of the running op raises it (noticed within one futex sleep slice), and
+  // so does every later beginOp.
   void abort(const Error& error) { error_.set(error); }
   void notifyPeers(const Error& error);
   std::shared_ptr<const Error> error() const { return error_.get(); }
