@@ -176,9 +176,12 @@ void resolveRoot(const Options& options, Identity* id) {
          "MASTER_PORT), or pass Options::root or Options::store";
 }
 
-}  // namespace
+constexpr Field Tier::*kFields[4] = {&Tier::rank, &Tier::size, &Tier::localRank, &Tier::localSize};
 
-Identity resolveIdentity(const Options& options) {
+// The four identity fields after precedence: each Options field, else the
+// first tier that sets any identity variable (GFLOW_* with torchrun, then
+// Open MPI, then Slurm). The result's name is that tier's ("" when none).
+Tier resolveFields(const Options& options) {
   Tier direct = gflowTier();
   Tier torch = launcherTier("torchrun", {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"});
   Tier ompi =
@@ -192,11 +195,10 @@ Identity resolveIdentity(const Options& options) {
   Field opt[4] = {optionField(options.rank, "rank"), optionField(options.size, "size"),
                   optionField(options.localRank, "localRank"),
                   optionField(options.localSize, "localSize")};
-  Field Tier::*fields[4] = {&Tier::rank, &Tier::size, &Tier::localRank, &Tier::localSize};
   if (direct.any() || torch.any()) {
     if (!direct.any()) direct.name = torch.name;
     for (int i = 0; i < 4; ++i) {
-      if (!opt[i].set()) agree(&(direct.*fields[i]), torch.*fields[i]);
+      if (!opt[i].set()) agree(&(direct.*kFields[i]), torch.*kFields[i]);
     }
   }
   const Tier* primary = nullptr;
@@ -213,30 +215,40 @@ Identity resolveIdentity(const Options& options) {
     }
   }
 
-  Field got[4];
+  Tier got;
+  if (primary) got.name = primary->name;
   for (int i = 0; i < 4; ++i) {
-    got[i] = opt[i].set() ? opt[i] : (primary ? primary->*fields[i] : Field{});
+    got.*kFields[i] = opt[i].set() ? opt[i] : (primary ? primary->*kFields[i] : Field{});
   }
-  const Field& rank = got[0];
-  const Field& size = got[1];
-  const Field& localRank = got[2];
-  const Field& localSize = got[3];
+  return got;
+}
 
-  if (!rank.set() || !size.set()) {
-    std::string what = !rank.set() && !size.set() ? "rank and world size"
-                       : !rank.set()              ? "rank"
-                                                  : "world size";
-    std::string vars = !rank.set() && !size.set() ? "GFLOW_RANK and GFLOW_WORLD_SIZE"
-                       : !rank.set()              ? "GFLOW_RANK"
-                                                  : "GFLOW_WORLD_SIZE";
-    std::string opts = !rank.set() && !size.set() ? "Options::rank and Options::size"
-                       : !rank.set()              ? "Options::rank"
-                                                  : "Options::size";
-    GFLOW_THROW(kInvalidArgument, kCtx)
-        << "cannot determine this process's " << what << ": set " << vars << " (or launch with "
-        << "gflowrun, torchrun, mpirun or srun, which set their own variables), or pass " << opts
-        << (primary ? "; the " + primary->name + " variables that are set do not give it" : "");
-  }
+// Raises unless `got` sets both the rank and the world size.
+void requireRankAndSize(const Tier& got) {
+  const Field& rank = got.rank;
+  const Field& size = got.size;
+  if (rank.set() && size.set()) return;
+  std::string what = !rank.set() && !size.set() ? "rank and world size"
+                     : !rank.set()              ? "rank"
+                                                : "world size";
+  std::string vars = !rank.set() && !size.set() ? "GFLOW_RANK and GFLOW_WORLD_SIZE"
+                     : !rank.set()              ? "GFLOW_RANK"
+                                                : "GFLOW_WORLD_SIZE";
+  std::string opts = !rank.set() && !size.set() ? "Options::rank and Options::size"
+                     : !rank.set()              ? "Options::rank"
+                                                : "Options::size";
+  GFLOW_THROW(kInvalidArgument, kCtx)
+      << "cannot determine this process's " << what << ": set " << vars << " (or launch with "
+      << "gflowrun, torchrun, mpirun or srun, which set their own variables), or pass " << opts
+      << (!got.name.empty() ? "; the " + got.name + " variables that are set do not give it" : "");
+}
+
+// Raises unless the rank and the local rank and size fit the world size.
+void checkRanges(const Tier& got) {
+  const Field& rank = got.rank;
+  const Field& size = got.size;
+  const Field& localRank = got.localRank;
+  const Field& localSize = got.localSize;
   if (size.value < 1) {
     GFLOW_THROW(kInvalidArgument, kCtx)
         << "world size must be at least 1 (" << describe(size) << ")";
@@ -259,13 +271,20 @@ Identity resolveIdentity(const Options& options) {
         << "local rank " << localRank.value << " is not below the world size " << size.value << " ("
         << describe(localRank) << ")";
   }
+}
 
+}  // namespace
+
+Identity resolveIdentity(const Options& options) {
+  const Tier got = resolveFields(options);
+  requireRankAndSize(got);
+  checkRanges(got);
   Identity id;
-  id.rank = rank.value;
-  id.size = size.value;
-  id.localRank = localRank.value;
-  id.localSize = localSize.value;
-  id.source = rank.source;
+  id.rank = got.rank.value;
+  id.size = got.size.value;
+  id.localRank = got.localRank.value;
+  id.localSize = got.localSize.value;
+  id.source = got.rank.source;
   resolveRoot(options, &id);
   id.token = !options.token.empty() ? options.token : params::jobToken();
   GFLOW_LOG(DEBUG) << "identity: rank " << id.rank << " of " << id.size << " (local "

@@ -28,12 +28,15 @@ class StickyError {
   StickyError& operator=(const StickyError&) = delete;
 
   // Records `e` unless an error is already held; returns the error that
-  // holds (the first one).
-  std::shared_ptr<const Error> set(const Error& e) {
+  // holds (the first one). *recorded (if given) says whether this call
+  // recorded `e`, i.e. was the first: exactly one call ever sees true.
+  std::shared_ptr<const Error> set(const Error& e, bool* recorded = nullptr) {
     std::shared_ptr<const Error> first;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (!error_) error_ = std::make_shared<const Error>(e);
+      const bool isFirst = !error_;
+      if (isFirst) error_ = std::make_shared<const Error>(e);
+      if (recorded) *recorded = isFirst;
       first = error_;
     }
     failed_.store(true, std::memory_order_release);
@@ -48,6 +51,7 @@ class StickyError {
     return first;
   }
 
+  // Whether an error is held; once true, get() returns it (never null).
   bool failed() const { return failed_.load(std::memory_order_acquire); }
 
   // The first error, or null while none is held.

@@ -43,9 +43,8 @@ std::shared_ptr<const Error> CommunicatorImpl::error() {
 }
 
 std::shared_ptr<const Error> CommunicatorImpl::setFailed(const Error& e) {
-  const bool first = !sticky.failed();
-  std::shared_ptr<const Error> held = sticky.set(e);
-  // (Two threads failing at once may both log; the first error holds.)
+  bool first = false;
+  std::shared_ptr<const Error> held = sticky.set(e, &first);
   if (first) {
     GFLOW_LOG(INFO) << "communicator failed: " << held->what();
   }

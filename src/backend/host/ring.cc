@@ -52,98 +52,156 @@ int mod(int a, int n) {
   return ((a % n) + n) % n;
 }
 
-}  // namespace
-
-void allreduceRing(Exchange& ex, Scratch& scratch, const void* inp, void* outp) {
-  const OpDesc& d = ex.desc();
-  const int n = ex.size(), r = ex.rank();
-  const int left = mod(r - 1, n), right = mod(r + 1, n);
-  const Layout L = makeLayout(d.dtype);
-  const size_t es = L.elemSize;
-  const auto fn = kernels::reduceFn(d.dtype, d.op);
-  const char* in = static_cast<const char*>(inp);
-  char* out = static_cast<char*>(outp);
-  if (n == 1) {
-    if (in != out && d.count > 0) std::memcpy(out, in, d.count * es);
-    return;
+// One rank's fused ring allreduce (see the file comment) over n > 1 ranks,
+// run round by round; each round covers at most n segments of
+// Layout::segCapElems elements.
+class RingAllreduce {
+ public:
+  RingAllreduce(Exchange& ex, Scratch& scratch, const Layout& layout, kernels::ReduceFn fn,
+                const void* in, void* out)
+      : ex_(ex),
+        d_(ex.desc()),
+        n_(ex.size()),
+        r_(ex.rank()),
+        left_(mod(r_ - 1, n_)),
+        right_(mod(r_ + 1, n_)),
+        L_(layout),
+        es_(L_.elemSize),
+        fn_(fn),
+        in_(static_cast<const char*>(in)),
+        out_(static_cast<char*>(out)),
+        roundElems_(L_.segCapElems * n_),
+        segOff_(n_),
+        segCnt_(n_),
+        agReq_(n_ - 1) {
+    stage_[0] = scratch.get(2 * L_.segCapElems * es_);
+    stage_[1] = stage_[0] + L_.segCapElems * es_;
   }
-  const size_t roundElems = L.segCapElems * n;
-  const size_t rounds = d.count == 0 ? 1 : (d.count + roundElems - 1) / roundElems;
-  char* stage[2];
-  stage[0] = scratch.get(2 * L.segCapElems * es);
-  stage[1] = stage[0] + L.segCapElems * es;
 
-  std::vector<size_t> segOff(n), segCnt(n);
-  std::vector<transport::RequestPtr> rsReq[2];
-  std::vector<std::vector<transport::RequestPtr>> agReq(n - 1);
+  void run() {
+    const size_t rounds = d_.count == 0 ? 1 : (d_.count + roundElems_ - 1) / roundElems_;
+    for (round_ = 0; round_ < rounds; ++round_) {
+      cutSegments();
+      postAllgatherRecvs();
+      postReduceScatterRecvs(0);
+      sendOwnSegment();
+      reduceScatter();
+      allgather();
+      ex_.waitSends();
+    }
+  }
 
-  for (size_t round = 0; round < rounds; ++round) {
-    const size_t base = round * roundElems;
-    const size_t total = std::min(roundElems, d.count - std::min(d.count, base));
+ private:
+  // The round's elements cut into n segments, the first total % n one
+  // element longer.
+  void cutSegments() {
+    const size_t base = round_ * roundElems_;
+    const size_t total = std::min(roundElems_, d_.count - std::min(d_.count, base));
     size_t off = base;
-    for (int i = 0; i < n; ++i) {
-      segCnt[i] = total / n + (static_cast<size_t>(i) < total % n ? 1 : 0);
-      segOff[i] = off;
-      off += segCnt[i];
+    for (int i = 0; i < n_; ++i) {
+      segCnt_[i] = total / n_ + (static_cast<size_t>(i) < total % n_ ? 1 : 0);
+      segOff_[i] = off;
+      off += segCnt_[i];
     }
-    // Allgather receives land in `out` directly; posting them now means no
-    // allgather data ever arrives unexpected (staged).
-    for (int t = 0; t < n - 1; ++t) {
-      const int seg = mod(r - t, n);
-      agReq[t].clear();
-      for (size_t k = 0; k < L.pieces(segCnt[seg]); ++k) {
-        agReq[t].push_back(ex.recv(left, out + (segOff[seg] + L.pieceBegin(k)) * es,
-                                   L.pieceLen(segCnt[seg], k) * es,
-                                   messageIndex(round, n - 1 + t, k)));
+  }
+
+  // Allgather receives land in `out` directly; posting them now means no
+  // allgather data ever arrives unexpected (staged).
+  void postAllgatherRecvs() {
+    for (int t = 0; t < n_ - 1; ++t) {
+      const int seg = mod(r_ - t, n_);
+      agReq_[t].clear();
+      for (size_t k = 0; k < L_.pieces(segCnt_[seg]); ++k) {
+        agReq_[t].push_back(
+            ex_.recv(left_, out_ + at(seg, k), bytes(seg, k), messageIndex(round_, n_ - 1 + t, k)));
       }
     }
-    auto postRs = [&](int s) {
-      const int seg = mod(r - s - 1, n);
-      auto& reqs = rsReq[s % 2];
-      reqs.clear();
-      for (size_t k = 0; k < L.pieces(segCnt[seg]); ++k) {
-        reqs.push_back(ex.recv(left, stage[s % 2] + L.pieceBegin(k) * es,
-                               L.pieceLen(segCnt[seg], k) * es, messageIndex(round, s, k)));
-      }
-    };
-    postRs(0);
-    {
-      const int seg = r;
-      for (size_t k = 0; k < L.pieces(segCnt[seg]); ++k) {
-        ex.send(right, in + (segOff[seg] + L.pieceBegin(k)) * es, L.pieceLen(segCnt[seg], k) * es,
-                messageIndex(round, 0, k));
+  }
+
+  // Reduce-scatter step s receives segment r-s-1 into stage s % 2.
+  void postReduceScatterRecvs(int s) {
+    const int seg = mod(r_ - s - 1, n_);
+    auto& reqs = rsReq_[s % 2];
+    reqs.clear();
+    for (size_t k = 0; k < L_.pieces(segCnt_[seg]); ++k) {
+      reqs.push_back(ex_.recv(left_, stage_[s % 2] + L_.pieceBegin(k) * es_, bytes(seg, k),
+                              messageIndex(round_, s, k)));
+    }
+  }
+
+  // Reduce-scatter step 0's send: this rank's own input segment.
+  void sendOwnSegment() {
+    for (size_t k = 0; k < L_.pieces(segCnt_[r_]); ++k) {
+      ex_.send(right_, in_ + at(r_, k), bytes(r_, k), messageIndex(round_, 0, k));
+    }
+  }
+
+  // Reduce-scatter: the piece received at step s is reduced into `out` and
+  // forwarded at step s+1; after the last step this rank owns segment r+1,
+  // which it forwards as allgather step 0.
+  void reduceScatter() {
+    for (int s = 0; s < n_ - 1; ++s) {
+      if (s + 1 < n_ - 1) postReduceScatterRecvs(s + 1);
+      const int seg = mod(r_ - s - 1, n_);
+      const bool last = (s == n_ - 2);
+      for (size_t k = 0; k < rsReq_[s % 2].size(); ++k) {
+        ex_.wait(rsReq_[s % 2][k]);
+        const size_t cnt = L_.pieceLen(segCnt_[seg], k);
+        const size_t off = at(seg, k);
+        if (cnt > 0) fn_(out_ + off, in_ + off, stage_[s % 2] + L_.pieceBegin(k) * es_, cnt);
+        if (last && d_.op == ReduceOp::kAvg && cnt > 0) {
+          kernels::divide(out_ + off, cnt, d_.dtype, n_);
+        }
+        ex_.send(right_, out_ + off, cnt * es_, messageIndex(round_, last ? n_ - 1 : s + 1, k));
       }
     }
-    // Reduce-scatter: the piece received at step s is reduced into `out` and
-    // forwarded at step s+1; after the last step this rank owns segment r+1,
-    // which it forwards as allgather step 0.
-    for (int s = 0; s < n - 1; ++s) {
-      if (s + 1 < n - 1) postRs(s + 1);
-      const int seg = mod(r - s - 1, n);
-      const bool last = (s == n - 2);
-      for (size_t k = 0; k < rsReq[s % 2].size(); ++k) {
-        ex.wait(rsReq[s % 2][k]);
-        const size_t cnt = L.pieceLen(segCnt[seg], k);
-        const size_t at = (segOff[seg] + L.pieceBegin(k)) * es;
-        if (cnt > 0) fn(out + at, in + at, stage[s % 2] + L.pieceBegin(k) * es, cnt);
-        if (last && d.op == ReduceOp::kAvg && cnt > 0) kernels::divide(out + at, cnt, d.dtype, n);
-        ex.send(right, out + at, cnt * es, messageIndex(round, last ? n - 1 : s + 1, k));
-      }
-    }
-    // Allgather: forward each received piece until it has gone round.
-    for (int t = 0; t < n - 1; ++t) {
-      const int seg = mod(r - t, n);
-      for (size_t k = 0; k < agReq[t].size(); ++k) {
-        ex.wait(agReq[t][k]);
-        if (t + 1 < n - 1) {
-          const size_t at = (segOff[seg] + L.pieceBegin(k)) * es;
-          ex.send(right, out + at, L.pieceLen(segCnt[seg], k) * es,
-                  messageIndex(round, n - 1 + t + 1, k));
+  }
+
+  // Allgather: forward each received piece until it has gone round.
+  void allgather() {
+    for (int t = 0; t < n_ - 1; ++t) {
+      const int seg = mod(r_ - t, n_);
+      for (size_t k = 0; k < agReq_[t].size(); ++k) {
+        ex_.wait(agReq_[t][k]);
+        if (t + 1 < n_ - 1) {
+          ex_.send(right_, out_ + at(seg, k), bytes(seg, k),
+                   messageIndex(round_, n_ - 1 + t + 1, k));
         }
       }
     }
-    ex.waitSends();
   }
+
+  // Piece k of segment `seg`: its byte offset in `in`/`out`, its bytes.
+  size_t at(int seg, size_t k) const { return (segOff_[seg] + L_.pieceBegin(k)) * es_; }
+  size_t bytes(int seg, size_t k) const { return L_.pieceLen(segCnt_[seg], k) * es_; }
+
+  Exchange& ex_;
+  const OpDesc& d_;
+  const int n_, r_, left_, right_;
+  const Layout L_;
+  const size_t es_;
+  const kernels::ReduceFn fn_;
+  const char* const in_;
+  char* const out_;
+  const size_t roundElems_;
+  char* stage_[2];
+  size_t round_ = 0;
+  std::vector<size_t> segOff_, segCnt_;
+  std::vector<transport::RequestPtr> rsReq_[2];
+  std::vector<std::vector<transport::RequestPtr>> agReq_;
+};
+
+}  // namespace
+
+void allreduceRing(Exchange& ex, Scratch& scratch, const void* in, void* out) {
+  const OpDesc& d = ex.desc();
+  const Layout L = makeLayout(d.dtype);
+  const kernels::ReduceFn fn = kernels::reduceFn(d.dtype, d.op);
+  if (ex.size() == 1) {
+    if (in != out && d.count > 0) std::memcpy(out, in, d.count * L.elemSize);
+    return;
+  }
+  RingAllreduce(ex, scratch, L, fn, in, out).run();
 }
 
 void reduceScatterRing(Exchange& ex, Scratch& scratch, const void* inp, void* outp) {

@@ -376,10 +376,9 @@ void NcclBackend::finish(const Op& op, const char* what) {
 
 void NcclBackend::checkWaiting(const Op& op, const Deadline& deadline, const char* what,
                                Clock::time_point* poll) {
-  if (abortRequested_.load(std::memory_order_acquire)) {
+  if (abortError_.failed()) {
     abortComms();
-    std::lock_guard<std::mutex> lock(m_);
-    throw *abortError_;
+    abortError_.throwIfFailed();
   }
   if (deadline.expired()) {
     abortComms();
@@ -448,11 +447,7 @@ void NcclBackend::abortComms() {
 }
 
 void NcclBackend::abort(const Error& error) {
-  {
-    std::lock_guard<std::mutex> lock(m_);
-    if (!abortError_) abortError_ = std::make_shared<const Error>(error);
-    abortRequested_.store(true, std::memory_order_release);
-  }
+  abortError_.set(error);
   if (Backend* h = hierarchical_.load(std::memory_order_acquire)) h->abort(error);
 }
 

@@ -25,12 +25,12 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "backend/backend.h"
 #include "backend/router.h"
+#include "common/sticky_error.h"
 #include "cuda/nccl_api.h"
 #include "gflow/store.h"
 #include "kernels/cuda/plugin.h"
@@ -144,10 +144,9 @@ class NcclBackend final : public Backend {
   // different orders).
   void* stream_ = nullptr;
 
-  std::mutex m_;
-  std::atomic<bool> abortRequested_{false};
-  std::shared_ptr<const Error> abortError_;  // under m_
-  bool failed_ = false;                      // notifyPeers() was called
+  // abort()'s error (the first one wins); checkWaiting polls it.
+  StickyError abortError_;
+  bool failed_ = false;  // notifyPeers() was called
 };
 
 }  // namespace gflow::backend

@@ -280,16 +280,11 @@ void Group::checkOp(int member) {
 }
 
 void Group::raise(const Error& e) {
-  {
-    std::lock_guard<std::mutex> lock(errorMutex_);
-    if (!error_) error_ = std::make_shared<const Error>(e);
-  }
-  aborted_.store(true, std::memory_order_release);
-  throw *error();
+  throw *error_.set(e);
 }
 
 void Group::checkSlow(int member, uint64_t tick) {
-  if (aborted_.load(std::memory_order_acquire)) throw *error();
+  error_.throwIfFailed();
   // The member may have reached `tick` (and moved on or left) since the
   // waiter last looked, e.g. while the waiter was preempted: that is
   // success, whatever happened after it.
@@ -343,8 +338,7 @@ void Group::waitFor(int member, uint64_t tick) {
       cpuRelax();
     }
     if (oversubscribed_) sched_yield();
-    if (aborted_.load(std::memory_order_relaxed) ||
-        c->failed.load(std::memory_order_relaxed) != 0 ||
+    if (error_.failed() || c->failed.load(std::memory_order_relaxed) != 0 ||
         c->left.load(std::memory_order_relaxed) != 0) {
       checkSlow(member, tick);
       if (c->tick.load(std::memory_order_acquire) >= tick) return;
@@ -365,14 +359,6 @@ void Group::waitFor(int member, uint64_t tick) {
   }
 }
 
-void Group::abort(const Error& error) {
-  {
-    std::lock_guard<std::mutex> lock(errorMutex_);
-    if (!error_) error_ = std::make_shared<const Error>(error);
-  }
-  aborted_.store(true, std::memory_order_release);
-}
-
 void Group::notifyPeers(const Error& error) {
   Control* c = ctl_[rank_];
   if (c->failed.load(std::memory_order_relaxed)) return;
@@ -386,11 +372,6 @@ void Group::notifyPeers(const Error& error) {
   c->failed.store(1, std::memory_order_release);
   c->wakeSeq.fetch_add(1, std::memory_order_seq_cst);
   futexWake(reinterpret_cast<uint32_t*>(&c->wakeSeq));
-}
-
-std::shared_ptr<const Error> Group::error() const {
-  std::lock_guard<std::mutex> lock(errorMutex_);
-  return error_;
 }
 
 void Group::countRead(int member, uint64_t bytes) {

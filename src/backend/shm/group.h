@@ -26,12 +26,12 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "backend/shm/segment.h"
 #include "common/deadline.h"
+#include "common/sticky_error.h"
 #include "gflow/error.h"
 #include "gflow/store.h"
 #include "transport/transport.h"
@@ -79,9 +79,12 @@ class Group {
   // next one).
   void endOp() { inOp_ = false; }
 
-  void abort(const Error& error);
+  // Any thread: records `error` unless one is held (the first wins). A wait
+  // of the running op raises it (noticed within one futex sleep slice), and
+  // so does every later beginOp.
+  void abort(const Error& error) { error_.set(error); }
   void notifyPeers(const Error& error);
-  std::shared_ptr<const Error> error() const;
+  std::shared_ptr<const Error> error() const { return error_.get(); }
   // Records that this member read `bytes` of `member`'s slots (algorithms
   // call it; it feeds peerStats on both sides).
   void countRead(int member, uint64_t bytes);
@@ -121,9 +124,9 @@ class Group {
   bool inOp_ = false;
   Deadline deadline_ = Deadline::never();
 
-  std::atomic<bool> aborted_{false};
-  mutable std::mutex errorMutex_;
-  std::shared_ptr<const Error> error_;
+  // The first failure of this member: abort() or a raised error. Waiters
+  // poll it (no wake callback: they sleep in short futex slices).
+  StickyError error_;
 };
 
 }  // namespace gflow::backend::shm

@@ -168,6 +168,38 @@ std::string formatGid(const ibv_gid& gid) {
   return buf;
 }
 
+namespace {
+
+// The active ports of the `num` devices in `list`; appends every port found
+// to *seen (for the error when none is usable).
+std::vector<PortCandidate> activePorts(const VerbsApi& api, ibv_device** list, int num,
+                                       std::string* seen) {
+  std::vector<PortCandidate> active;
+  for (int d = 0; d < num; ++d) {
+    const std::string name = api.getDeviceName(list[d]);
+    ibv_context* c = api.openDevice(list[d]);
+    if (!c) {
+      *seen += (seen->empty() ? "" : ", ") + name + " (cannot open: " + std::strerror(errno) + ")";
+      continue;
+    }
+    ibv_device_attr da{};
+    if (api.queryDevice(c, &da) == 0) {
+      for (int p = 1; p <= da.phys_port_cnt; ++p) {
+        ibv_port_attr pa{};
+        if (api.queryPort(c, static_cast<uint8_t>(p), &pa) != 0) continue;
+        const bool up = pa.state == IBV_PORT_ACTIVE;
+        *seen += (seen->empty() ? "" : ", ") + name + ":" + std::to_string(p) +
+                 (up ? "" : " (not active)");
+        if (up) active.push_back(PortCandidate{name, p, d});
+      }
+    }
+    api.closeDevice(c);
+  }
+  return active;
+}
+
+}  // namespace
+
 Device::Device(const Settings& s) : api_(verbs::api()) {
   int num = 0;
   ibv_device** list = api_.getDeviceList(&num);
@@ -178,35 +210,26 @@ Device::Device(const Settings& s) : api_(verbs::api()) {
         << api_.source << "); check ibv_devinfo, that the RDMA kernel modules are loaded and "
         << "/dev/infiniband is accessible, or use GFLOW_TRANSPORT=tcp";
   }
-  const HcaSpec spec = parseHcaSpec(s.hca);
-  std::vector<PortCandidate> active;
-  std::string seen;
-  for (int d = 0; d < num; ++d) {
-    const std::string name = api_.getDeviceName(list[d]);
-    ibv_context* c = api_.openDevice(list[d]);
-    if (!c) {
-      seen += (seen.empty() ? "" : ", ") + name + " (cannot open: " + std::strerror(errno) + ")";
-      continue;
-    }
-    ibv_device_attr da{};
-    if (api_.queryDevice(c, &da) == 0) {
-      for (int p = 1; p <= da.phys_port_cnt; ++p) {
-        ibv_port_attr pa{};
-        if (api_.queryPort(c, static_cast<uint8_t>(p), &pa) != 0) continue;
-        const bool up = pa.state == IBV_PORT_ACTIVE;
-        seen += (seen.empty() ? "" : ", ") + name + ":" + std::to_string(p) +
-                (up ? "" : " (not active)");
-        if (up) active.push_back(PortCandidate{name, p, d});
-      }
-    }
-    api_.closeDevice(c);
+  openPort(list, num, s.rank, s.hca);
+  try {
+    createResources(s);
+  } catch (...) {
+    release();
+    throw;
   }
+  GFLOW_LOG(INFO) << "rank " << s.rank << ": verbs on " << describe() << " via " << api_.source;
+}
+
+void Device::openPort(ibv_device** list, int num, int rank, const std::string& hca) {
+  const HcaSpec spec = parseHcaSpec(hca);
+  std::string seen;
+  const std::vector<PortCandidate> active = activePorts(api_, list, num, &seen);
   const std::string nearest = spec.entries.empty() || spec.exclude ? nearestRdmaNic() : "";
   std::optional<PortCandidate> pick = choosePort(active, spec, nearest);
   if (!pick) {
     api_.freeDeviceList(list);
-    GFLOW_THROW(kInvalidArgument, initCtx(s.rank))
-        << "verbs transport: no usable RDMA port (GFLOW_IB_HCA='" << s.hca
+    GFLOW_THROW(kInvalidArgument, initCtx(rank))
+        << "verbs transport: no usable RDMA port (GFLOW_IB_HCA='" << hca
         << "'; ports found: " << (seen.empty() ? "none" : seen) << ")";
   }
   name_ = pick->device;
@@ -214,51 +237,48 @@ Device::Device(const Settings& s) : api_(verbs::api()) {
   ctx_ = api_.openDevice(list[pick->deviceIndex]);
   api_.freeDeviceList(list);
   if (!ctx_) {
-    GFLOW_THROW(kInternal, initCtx(s.rank))
+    GFLOW_THROW(kInternal, initCtx(rank))
         << "verbs transport: cannot open " << name_ << ": " << std::strerror(errno);
   }
-  try {
-    if (api_.queryDevice(ctx_, &devAttr_) != 0 ||
-        api_.queryPort(ctx_, static_cast<uint8_t>(port_), &portAttr_) != 0) {
-      GFLOW_THROW(kInternal, initCtx(s.rank)) << "verbs transport: cannot query " << name_;
-    }
-    selectGid(s.rank, s.gidIndex);
-    pd_ = api_.allocPd(ctx_);
-    if (!pd_) {
-      GFLOW_THROW(kInternal, initCtx(s.rank))
-          << "verbs transport: ibv_alloc_pd on " << name_ << " failed: " << std::strerror(errno);
-    }
-    channel_ = api_.createCompChannel(ctx_);
-    if (!channel_) {
-      GFLOW_THROW(kInternal, initCtx(s.rank)) << "verbs transport: ibv_create_comp_channel on "
-                                              << name_ << " failed: " << std::strerror(errno);
-    }
-    for (int fd : {channel_->fd, ctx_->async_fd}) {
-      int fl = fcntl(fd, F_GETFL);
-      if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0) {
-        GFLOW_THROW(kInternal, initCtx(s.rank))
-            << "verbs transport: cannot make event descriptors non-blocking: "
-            << std::strerror(errno);
-      }
-    }
-    const int cqe = s.cqEntries;
-    if (cqe > devAttr_.max_cqe) {
-      GFLOW_THROW(kInvalidArgument, initCtx(s.rank))
-          << "verbs transport: " << name_ << " completion queues hold at most " << devAttr_.max_cqe
-          << " entries, " << cqe << " needed ((ranks - 1) x GFLOW_IB_QPS_PER_PEER x "
-          << "(2 x GFLOW_IB_EAGER_SLOTS + 192) + 64): lower GFLOW_IB_QPS_PER_PEER or "
-          << "GFLOW_IB_EAGER_SLOTS";
-    }
-    cq_ = api_.createCq(ctx_, cqe, nullptr, channel_, 0);
-    if (!cq_) {
-      GFLOW_THROW(kInternal, initCtx(s.rank)) << "verbs transport: ibv_create_cq(" << cqe << ") on "
-                                              << name_ << " failed: " << std::strerror(errno);
-    }
-  } catch (...) {
-    release();
-    throw;
+}
+
+void Device::createResources(const Settings& s) {
+  if (api_.queryDevice(ctx_, &devAttr_) != 0 ||
+      api_.queryPort(ctx_, static_cast<uint8_t>(port_), &portAttr_) != 0) {
+    GFLOW_THROW(kInternal, initCtx(s.rank)) << "verbs transport: cannot query " << name_;
   }
-  GFLOW_LOG(INFO) << "rank " << s.rank << ": verbs on " << describe() << " via " << api_.source;
+  selectGid(s.rank, s.gidIndex);
+  pd_ = api_.allocPd(ctx_);
+  if (!pd_) {
+    GFLOW_THROW(kInternal, initCtx(s.rank))
+        << "verbs transport: ibv_alloc_pd on " << name_ << " failed: " << std::strerror(errno);
+  }
+  channel_ = api_.createCompChannel(ctx_);
+  if (!channel_) {
+    GFLOW_THROW(kInternal, initCtx(s.rank)) << "verbs transport: ibv_create_comp_channel on "
+                                            << name_ << " failed: " << std::strerror(errno);
+  }
+  for (int fd : {channel_->fd, ctx_->async_fd}) {
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0) {
+      GFLOW_THROW(kInternal, initCtx(s.rank))
+          << "verbs transport: cannot make event descriptors non-blocking: "
+          << std::strerror(errno);
+    }
+  }
+  const int cqe = s.cqEntries;
+  if (cqe > devAttr_.max_cqe) {
+    GFLOW_THROW(kInvalidArgument, initCtx(s.rank))
+        << "verbs transport: " << name_ << " completion queues hold at most " << devAttr_.max_cqe
+        << " entries, " << cqe << " needed ((ranks - 1) x GFLOW_IB_QPS_PER_PEER x "
+        << "(2 x GFLOW_IB_EAGER_SLOTS + 192) + 64): lower GFLOW_IB_QPS_PER_PEER or "
+        << "GFLOW_IB_EAGER_SLOTS";
+  }
+  cq_ = api_.createCq(ctx_, cqe, nullptr, channel_, 0);
+  if (!cq_) {
+    GFLOW_THROW(kInternal, initCtx(s.rank)) << "verbs transport: ibv_create_cq(" << cqe << ") on "
+                                            << name_ << " failed: " << std::strerror(errno);
+  }
 }
 
 void Device::selectGid(int rank, std::optional<int64_t> want) {  // nullopt: "auto"

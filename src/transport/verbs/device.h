@@ -78,6 +78,13 @@ class Device {
   std::string describe() const;
 
  private:
+  // Picks the port (GFLOW_IB_HCA, else the active port nearest this
+  // thread's NIC) among the `num` devices of `list` and opens its device
+  // (ctx_); frees `list`. Throws gflow::Error when none is usable.
+  void openPort(ibv_device** list, int num, int rank, const std::string& hca);
+  // On the opened device: its attributes, GID, protection domain, event
+  // channel and completion queue. Throws; the caller releases.
+  void createResources(const Settings& s);
   void selectGid(int rank, std::optional<int64_t> want);
   void release();
 

@@ -225,6 +225,11 @@ class VerbsContext final : public Engine {
   // Progress (verbs_progress.cc).
   int progress();  // polls completions; returns how many
   void handleCompletion(const ibv_wc& wc);
+  // A completion with an error status: kept as Peer::lost (raised later).
+  void recordFailedCompletion(int peer, WrKind kind, const ibv_wc& wc);
+  // A receive completion on QP `q`: an eager slot, rendezvous data or a
+  // credit return, told apart by the immediate.
+  void handleInbound(int peer, int q, const ibv_wc& wc);
   void handleAsyncEvents();
   // returnCreditsFirst: false at teardown (peers may have left).
   void sleepForEvents(int timeoutMs, bool returnCreditsFirst = true);

@@ -80,64 +80,11 @@ void VerbsContext::handleCompletion(const ibv_wc& wc) {
     return;
   }
   if (wc.status != IBV_WC_SUCCESS) {
-    const ErrorCode code = wc.status == IBV_WC_RETRY_EXC_ERR ||
-                                   wc.status == IBV_WC_REM_ACCESS_ERR ||
-                                   wc.status == IBV_WC_WR_FLUSH_ERR
-                               ? ErrorCode::kPeerLost
-                               : ErrorCode::kInternal;
-    char vendor[32];
-    std::snprintf(vendor, sizeof(vendor), "0x%x", wc.vendor_err);
-    Error e(code,
-            std::string("RDMA ") + wrWhat(kind) + (kind == kWrRecv ? " from" : " to") + " rank " +
-                std::to_string(peer) + " on " + device_->name() + " failed: " +
-                device_->api().wcStatusStr(wc.status) + " (status " + std::to_string(wc.status) +
-                ", vendor error " + vendor + "): " + adviceForStatus(wc.status),
-            ErrorContext().withSeq(group()).withRank(rank()).withPeer(peer));
-    // Not failed at once: completions that arrived before the connection
-    // broke may still be queued behind this one (a peer that finished and
-    // left sent everything first). The error is raised once the queue is
-    // drained if anything waits on the peer, or when it is next used.
-    if (!p.lost) p.lost.emplace(e);
+    recordFailedCompletion(peer, kind, wc);
     return;
   }
   switch (kind) {
-    case kWrRecv: {
-      postReceives(peer, q, 1);
-      if (wc.opcode != IBV_WC_RECV_RDMA_WITH_IMM || !(wc.wc_flags & IBV_WC_WITH_IMM)) {
-        protocolError(peer, "inbound completion without an immediate");
-      }
-      const uint32_t imm = ntohl(wc.imm_data);
-      const uint32_t v = imm & 0x0fffffffu;
-      switch (imm >> 28) {
-        case kImmSlot: {
-          const uint32_t expect = static_cast<uint32_t>(p.consumed % static_cast<uint64_t>(slots_));
-          if (q != 0 || v != expect) {
-            protocolError(peer, "eager slot " + std::to_string(v) + " on QP " + std::to_string(q) +
-                                    " where slot " + std::to_string(expect) +
-                                    " on QP 0 was expected");
-          }
-          // Counted before it is handled: a handler that fails the context
-          // must not leave later slots looking out of order.
-          ++p.consumed;
-          handleSlot(peer, p.inRing + static_cast<size_t>(v) * slotBytes_);
-          returnCredits(peer, false);
-          break;
-        }
-        case kImmData: handleRendezvousData(peer, v, wc.byte_len); break;
-        case kImmCredit: {
-          // Credit returns come in order on QP 0; extend the low 28 bits.
-          const uint64_t delta = (v - static_cast<uint32_t>(p.creditSeen)) & 0x0fffffffu;
-          if (q != 0 || p.creditSeen + delta > p.sent) {
-            protocolError(peer, "credit return for eager messages never sent");
-          }
-          p.creditSeen += delta;
-          pumpEager(peer);
-          break;
-        }
-        default: protocolError(peer, "unknown immediate " + std::to_string(imm));
-      }
-      return;
-    }
+    case kWrRecv: handleInbound(peer, q, wc); return;
     case kWrSlot: {
       const uint32_t slot = wrValue(wc.wr_id);
       if (slot < p.outBusy.size()) p.outBusy[slot] = false;
@@ -158,6 +105,64 @@ void VerbsContext::handleCompletion(const ibv_wc& wc) {
     case kWrCredit: break;
   }
   pumpWaiting(peer, q);
+}
+
+void VerbsContext::recordFailedCompletion(int peer, WrKind kind, const ibv_wc& wc) {
+  const ErrorCode code = wc.status == IBV_WC_RETRY_EXC_ERR || wc.status == IBV_WC_REM_ACCESS_ERR ||
+                                 wc.status == IBV_WC_WR_FLUSH_ERR
+                             ? ErrorCode::kPeerLost
+                             : ErrorCode::kInternal;
+  char vendor[32];
+  std::snprintf(vendor, sizeof(vendor), "0x%x", wc.vendor_err);
+  Error e(code,
+          std::string("RDMA ") + wrWhat(kind) + (kind == kWrRecv ? " from" : " to") + " rank " +
+              std::to_string(peer) + " on " + device_->name() + " failed: " +
+              device_->api().wcStatusStr(wc.status) + " (status " + std::to_string(wc.status) +
+              ", vendor error " + vendor + "): " + adviceForStatus(wc.status),
+          ErrorContext().withSeq(group()).withRank(rank()).withPeer(peer));
+  // Not failed at once: completions that arrived before the connection
+  // broke may still be queued behind this one (a peer that finished and
+  // left sent everything first). The error is raised once the queue is
+  // drained if anything waits on the peer, or when it is next used.
+  Peer& p = *peers_[peer];
+  if (!p.lost) p.lost.emplace(e);
+}
+
+void VerbsContext::handleInbound(int peer, int q, const ibv_wc& wc) {
+  Peer& p = *peers_[peer];
+  postReceives(peer, q, 1);
+  if (wc.opcode != IBV_WC_RECV_RDMA_WITH_IMM || !(wc.wc_flags & IBV_WC_WITH_IMM)) {
+    protocolError(peer, "inbound completion without an immediate");
+  }
+  const uint32_t imm = ntohl(wc.imm_data);
+  const uint32_t v = imm & 0x0fffffffu;
+  switch (imm >> 28) {
+    case kImmSlot: {
+      const uint32_t expect = static_cast<uint32_t>(p.consumed % static_cast<uint64_t>(slots_));
+      if (q != 0 || v != expect) {
+        protocolError(peer, "eager slot " + std::to_string(v) + " on QP " + std::to_string(q) +
+                                " where slot " + std::to_string(expect) + " on QP 0 was expected");
+      }
+      // Counted before it is handled: a handler that fails the context
+      // must not leave later slots looking out of order.
+      ++p.consumed;
+      handleSlot(peer, p.inRing + static_cast<size_t>(v) * slotBytes_);
+      returnCredits(peer, false);
+      break;
+    }
+    case kImmData: handleRendezvousData(peer, v, wc.byte_len); break;
+    case kImmCredit: {
+      // Credit returns come in order on QP 0; extend the low 28 bits.
+      const uint64_t delta = (v - static_cast<uint32_t>(p.creditSeen)) & 0x0fffffffu;
+      if (q != 0 || p.creditSeen + delta > p.sent) {
+        protocolError(peer, "credit return for eager messages never sent");
+      }
+      p.creditSeen += delta;
+      pumpEager(peer);
+      break;
+    }
+    default: protocolError(peer, "unknown immediate " + std::to_string(imm));
+  }
 }
 
 void VerbsContext::handleAsyncEvents() {
