@@ -76,7 +76,7 @@ void CommunicatorImpl::invalid(const char* op, const std::string& what) {
   auto first = setFailed(e);
   if (backend) {
     backend->abort(*first);
-    engine.tryRunExclusive([&] { notifyOnce(first); });
+    executor.tryRunExclusive([&] { notifyOnce(first); });
   }
   throw e;
 }
@@ -146,7 +146,7 @@ std::shared_ptr<WorkState> CommunicatorImpl::submit(
     // abort() may have arrived after the op's last transport call.
     if (auto e = error()) notifyOnce(e);
   };
-  return engine.submit(std::move(task), blocking);
+  return executor.submit(std::move(task), blocking);
 }
 
 std::unique_ptr<CommunicatorImpl> CommunicatorImpl::connect(
@@ -159,7 +159,7 @@ std::unique_ptr<CommunicatorImpl> CommunicatorImpl::connect(
   impl->timeout = ctxOpts.timeout;
   impl->transportName = transportName;
   impl->contextOptions = ctxOpts;
-  impl->engine.setPinNear(topology::dataInterfaceName(ctxOpts.tcp.socketIfname));
+  impl->executor.setPinNear(topology::dataInterfaceName(ctxOpts.tcp.socketIfname));
   const uint64_t rdMax = params::rdMaxBytes().value_or(0);  // 0: the selector's default
   impl->selector = std::make_unique<AlgorithmSelector>(algoSpec, algoSource, rdMax);
   impl->algoSpec = algoSpec;
@@ -239,7 +239,7 @@ CommunicatorImpl::~CommunicatorImpl() {
   // Wake a running op (if any) and drop queued ones before joining the
   // worker; the transport is going away anyway.
   backend->abort(e);
-  engine.shutdown(e);
+  executor.shutdown(e);
 }
 
 std::shared_ptr<Communicator> Communicator::create(const Options& options) {
@@ -371,7 +371,7 @@ void CommunicatorImpl::splitBackend(int color, int key, CommunicatorImpl* child)
       throw full;
     }
   };
-  engine.submit(std::move(task), true)->wait(std::chrono::milliseconds(0));
+  executor.submit(std::move(task), true)->wait(std::chrono::milliseconds(0));
 }
 
 std::shared_ptr<void> internal::CommunicatorAccess::cached(
@@ -404,7 +404,7 @@ void internal::CommunicatorAccess::abortWith(Communicator& comm, const Error& e)
     I.backend->abort(*first);
     // Tell the peers now if no op is running; a running op tells them when
     // it unwinds with the abort error.
-    I.engine.tryRunExclusive([&] { I.notifyOnce(first); });
+    I.executor.tryRunExclusive([&] { I.notifyOnce(first); });
   }
 }
 

@@ -1,6 +1,6 @@
 // CommunicatorImpl: the communicator behind the public Communicator (which
 // it derives from). It checks arguments, stamps each op with its sequence
-// number and chosen algorithm, runs it through the engine on the router
+// number and chosen algorithm, runs it through the executor on the router
 // (the one Backend it calls), and turns the first failure into the
 // communicator's sticky error.
 #pragma once
@@ -40,10 +40,10 @@ class CommunicatorImpl final : public Communicator {
   transport::ContextOptions contextOptions;  // template for split()
   std::unique_ptr<AlgorithmSelector> selector;
   std::unique_ptr<backend::Router> backend;
-  // CommunicatorAccess::cached (destroyed after the engine's last op).
+  // CommunicatorAccess::cached (destroyed after the executor's last op).
   std::mutex cacheMutex;
   std::map<std::string, std::shared_ptr<void>> cache;
-  Executor engine;  // runs the ops in order
+  Executor executor;  // runs the ops in order
 
   uint64_t seq = 0;  // touched only by the executing thread
   std::atomic<uint64_t> splitCount{0};
