@@ -21,6 +21,8 @@
 #include "backend/backend.h"
 #include "gflow/error.h"
 #include "gflow/store.h"
+#include "testing/contexts.h"
+#include "testing/ranks.h"
 #include "transport/transport.h"
 
 namespace gflow::testing {
@@ -67,38 +69,6 @@ inline std::vector<std::exception_ptr> onRankThreads(int n, const std::function<
   }
   for (auto& t : threads) t.join();
   return errors;
-}
-
-// The gflow::Error in `p` (a test failure, and a default Error, when `p` is
-// empty or holds something else).
-inline Error errorOf(const std::exception_ptr& p) {
-  if (!p) {
-    ADD_FAILURE() << "expected an error, but the rank returned";
-    return Error(ErrorCode::kInternal, "no error");
-  }
-  try {
-    std::rethrow_exception(p);
-  } catch (const Error& e) {
-    return e;
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected a gflow::Error, got: " << e.what();
-  }
-  return Error(ErrorCode::kInternal, "not a gflow::Error");
-}
-
-// Fails the test with every rank's exception; true when there was none.
-inline bool expectNoErrors(const std::vector<std::exception_ptr>& errors) {
-  bool ok = true;
-  for (size_t r = 0; r < errors.size(); ++r) {
-    if (!errors[r]) continue;
-    ok = false;
-    try {
-      std::rethrow_exception(errors[r]);
-    } catch (const std::exception& e) {
-      ADD_FAILURE() << "rank " << r << " threw: " << e.what();
-    }
-  }
-  return ok;
 }
 
 class BackendWorld {

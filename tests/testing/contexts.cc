@@ -1,5 +1,7 @@
 #include "testing/contexts.h"
 
+#include <gtest/gtest.h>
+
 #include "testing/ranks.h"
 
 namespace gflow::testing {
@@ -20,11 +22,18 @@ std::vector<std::exception_ptr> runContexts(const std::string& transport, int n,
 }
 
 Error errorOf(const std::exception_ptr& p) {
+  if (!p) {
+    ADD_FAILURE() << "expected an error, but the rank returned";
+    return Error(ErrorCode::kInternal, "no error");
+  }
   try {
     std::rethrow_exception(p);
   } catch (const Error& e) {
     return e;
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "expected a gflow::Error, got: " << e.what();
   }
+  return Error(ErrorCode::kInternal, "not a gflow::Error");
 }
 
 void waitOrNotify(transport::Context& c, const transport::RequestPtr& r,

@@ -102,15 +102,18 @@ void forEachRank(const std::vector<std::shared_ptr<Communicator>>& world,
   expectNoErrors(errors);
 }
 
-void expectNoErrors(const std::vector<std::exception_ptr>& errs) {
+bool expectNoErrors(const std::vector<std::exception_ptr>& errs) {
+  bool ok = true;
   for (size_t r = 0; r < errs.size(); ++r) {
     if (!errs[r]) continue;
+    ok = false;
     try {
       std::rethrow_exception(errs[r]);
     } catch (const std::exception& e) {
       ADD_FAILURE() << "rank " << r << " threw: " << e.what();
     }
   }
+  return ok;
 }
 
 }  // namespace gflow::testing

@@ -39,7 +39,8 @@ std::vector<std::exception_ptr> onThreads(
 void forEachRank(const std::vector<std::shared_ptr<Communicator>>& world,
                  const std::function<void(Communicator&)>& fn);
 
-// Adds a test failure naming the rank for each exception in `errs`.
-void expectNoErrors(const std::vector<std::exception_ptr>& errs);
+// Adds a test failure naming the rank for each exception in `errs`; true
+// when there was none.
+bool expectNoErrors(const std::vector<std::exception_ptr>& errs);
 
 }  // namespace gflow::testing
