@@ -42,10 +42,10 @@ void checkBlocks(CommunicatorImpl& I, const char* name, const Tensor& small, con
     I.invalid(name, std::string(smallName) + " is " + toString(small.dtype) + " but " + bigName +
                         " is " + toString(big.dtype));
   }
-  if (big.count != small.count * static_cast<size_t>(I.size)) {
+  if (big.count != small.count * static_cast<size_t>(I.commSize())) {
     I.invalid(name, std::string(bigName) + ".count (" + std::to_string(big.count) + ") must be " +
                         smallName + ".count (" + std::to_string(small.count) + ") x world size (" +
-                        std::to_string(I.size) + ")");
+                        std::to_string(I.commSize()) + ")");
   }
 }
 
@@ -69,9 +69,9 @@ std::shared_ptr<WorkState> doAllreduce(CommunicatorImpl& I, Tensor in, Tensor ou
   }
   OpDesc d{OpKind::kAllreduce, in.dtype, op, Algorithm::kAuto, 0, in.count};
   CommunicatorImpl* self = &I;
-  auto buffers = in.data == out.data
-                     ? Buffers::bind(name, I.rank, {{in, Buffers::kInOut}})
-                     : Buffers::bind(name, I.rank, {{in, Buffers::kIn}, {out, Buffers::kOut}});
+  auto buffers = in.data == out.data ? Buffers::bind(name, I.commRank(), {{in, Buffers::kInOut}})
+                                     : Buffers::bind(name, I.commRank(),
+                                                     {{in, Buffers::kIn}, {out, Buffers::kOut}});
   return I.submit(
       d, blocking,
       [self, in, out, before = std::move(before), after = std::move(after)](const backend::Op& o) {
@@ -80,7 +80,7 @@ std::shared_ptr<WorkState> doAllreduce(CommunicatorImpl& I, Tensor in, Tensor ou
           // The collective waits for what before() enqueued (packing kernels).
           backend::inputsProduced(o);
         }
-        self->backend->allreduce(o, in.data, out.data);
+        self->router().allreduce(o, in.data, out.data);
         if (after) after();
       },
       std::move(buffers));
@@ -141,7 +141,7 @@ std::shared_ptr<WorkState> doAllreduceWith(CommunicatorImpl& I, Tensor inout,
     internal::CompressedAllreduce c;
     c.format = internal::WireFormat{o.wire, o.prescale, o.postscale};
     c.op = o.op;
-    c.worldSize = I.size;
+    c.worldSize = I.commSize();
     c.wire = wire.get();
     c.count = n;
     c.spans = {internal::WireSpan{data, n, 0}};
@@ -165,10 +165,10 @@ std::shared_ptr<WorkState> doReduceScatter(CommunicatorImpl& I, Tensor in, Tenso
   }
   OpDesc d{OpKind::kReduceScatter, in.dtype, op, Algorithm::kAuto, 0, out.count};
   CommunicatorImpl* self = &I;
-  auto buffers = Buffers::bind(name, I.rank, {{in, Buffers::kIn}, {out, Buffers::kOut}});
+  auto buffers = Buffers::bind(name, I.commRank(), {{in, Buffers::kIn}, {out, Buffers::kOut}});
   return I.submit(
       d, blocking,
-      [self, in, out](const backend::Op& o) { self->backend->reduceScatter(o, in.data, out.data); },
+      [self, in, out](const backend::Op& o) { self->router().reduceScatter(o, in.data, out.data); },
       std::move(buffers));
 }
 
@@ -176,7 +176,8 @@ std::shared_ptr<WorkState> doAllgather(CommunicatorImpl& I, Tensor in, Tensor ou
   const char* name = "allgather";
   I.checkUsable(name);
   checkBlocks(I, name, in, "in", out, "out");
-  const char* own = static_cast<const char*>(out.data) + static_cast<size_t>(I.rank) * in.nbytes();
+  const char* own =
+      static_cast<const char*>(out.data) + static_cast<size_t>(I.commRank()) * in.nbytes();
   if (in.data != own && overlap(in.data, in.nbytes(), out.data, out.nbytes())) {
     I.invalid(name, "in overlaps out but is not this rank's block of out");
   }
@@ -186,12 +187,12 @@ std::shared_ptr<WorkState> doAllgather(CommunicatorImpl& I, Tensor in, Tensor ou
     I.invalid(name, "in is this rank's block of out but on another device");
   }
   // In place (in is this rank's block of out): out carries it.
-  auto buffers = in.data == own
-                     ? Buffers::bind(name, I.rank, {{out, Buffers::kInOut}})
-                     : Buffers::bind(name, I.rank, {{in, Buffers::kIn}, {out, Buffers::kOut}});
+  auto buffers = in.data == own ? Buffers::bind(name, I.commRank(), {{out, Buffers::kInOut}})
+                                : Buffers::bind(name, I.commRank(),
+                                                {{in, Buffers::kIn}, {out, Buffers::kOut}});
   return I.submit(
       d, blocking,
-      [self, in, out](const backend::Op& o) { self->backend->allgather(o, in.data, out.data); },
+      [self, in, out](const backend::Op& o) { self->router().allgather(o, in.data, out.data); },
       std::move(buffers));
 }
 
@@ -199,15 +200,15 @@ std::shared_ptr<WorkState> doBroadcast(CommunicatorImpl& I, Tensor inout, int ro
   const char* name = "broadcast";
   I.checkUsable(name);
   I.validateTensor(name, "inout", inout);
-  if (root < 0 || root >= I.size) {
-    I.invalid(name,
-              "root " + std::to_string(root) + " is outside [0, " + std::to_string(I.size) + ")");
+  if (root < 0 || root >= I.commSize()) {
+    I.invalid(name, "root " + std::to_string(root) + " is outside [0, " +
+                        std::to_string(I.commSize()) + ")");
   }
   OpDesc d{OpKind::kBroadcast, inout.dtype, ReduceOp::kSum, Algorithm::kAuto, root, inout.count};
   CommunicatorImpl* self = &I;
-  auto buffers = Buffers::bind(name, I.rank, {{inout, Buffers::kInOut}});
+  auto buffers = Buffers::bind(name, I.commRank(), {{inout, Buffers::kInOut}});
   return I.submit(
-      d, blocking, [self, inout](const backend::Op& o) { self->backend->broadcast(o, inout.data); },
+      d, blocking, [self, inout](const backend::Op& o) { self->router().broadcast(o, inout.data); },
       std::move(buffers));
 }
 
@@ -215,7 +216,7 @@ std::shared_ptr<WorkState> doBarrier(CommunicatorImpl& I, bool blocking) {
   I.checkUsable("barrier");
   OpDesc d{OpKind::kBarrier, DataType::kUInt8, ReduceOp::kSum, Algorithm::kAuto, 0, 0};
   CommunicatorImpl* self = &I;
-  return I.submit(d, blocking, [self](const backend::Op& o) { self->backend->barrier(o); });
+  return I.submit(d, blocking, [self](const backend::Op& o) { self->router().barrier(o); });
 }
 
 }  // namespace

@@ -23,10 +23,47 @@
 
 namespace gflow {
 
+namespace internal {
+struct CommunicatorAccess;
+}
+
 class CommunicatorImpl final : public Communicator {
  public:
   CommunicatorImpl() = default;
   ~CommunicatorImpl() override;
+
+  int commRank() const { return rank; }
+  int commSize() const { return size; }
+  // The one Backend this communicator calls (executing thread).
+  backend::Router& router() { return *backend; }
+
+  // Runs one collective (blocking or async) with the common bookkeeping.
+  // `buffers`: Op::buffers of every run (backend::DeviceBuffers::bind).
+  std::shared_ptr<WorkState> submit(backend::OpDesc desc, bool blocking,
+                                    std::function<void(const backend::Op&)> body,
+                                    std::shared_ptr<backend::DeviceBuffers> buffers = nullptr);
+  // Raises kInvalidArgument for `op` and fails the communicator with it.
+  [[noreturn]] void invalid(const char* op, const std::string& what);
+  std::shared_ptr<const Error> error();
+  void checkUsable(const char* op);
+  void validateTensor(const char* op, const char* name, const Tensor& t);
+  void validateOp(const char* op, ReduceOp rop);
+
+  // Builds the backends for (store, prefix): the flat host backend over the
+  // network transport, then, from the host grouping, the shared-memory
+  // backend (one host) or the hierarchical one (several hosts).
+  static std::unique_ptr<CommunicatorImpl> connect(int rank, int size,
+                                                   transport::ContextOptions ctxOpts,
+                                                   const std::string& transportName,
+                                                   const std::string& algoSpec,
+                                                   const std::string& algoSource, uint64_t hostHash,
+                                                   int localRank, int localSize);
+
+ private:
+  // The public front door and the gradient layer's entry points read and
+  // change the state below; everything else goes through the methods above.
+  friend class Communicator;
+  friend struct internal::CommunicatorAccess;
 
   int rank = 0;
   int size = 1;
@@ -56,35 +93,15 @@ class CommunicatorImpl final : public Communicator {
 
   std::array<std::atomic<uint64_t>, backend::kNumOpKinds> opCount{};  // Stats
 
-  // Runs one collective (blocking or async) with the common bookkeeping.
-  // `buffers`: Op::buffers of every run (backend::DeviceBuffers::bind).
-  std::shared_ptr<WorkState> submit(backend::OpDesc desc, bool blocking,
-                                    std::function<void(const backend::Op&)> body,
-                                    std::shared_ptr<backend::DeviceBuffers> buffers = nullptr);
-  // Raises kInvalidArgument for `op` and fails the communicator with it.
-  [[noreturn]] void invalid(const char* op, const std::string& what);
   // Records the first error (returns it); fail() also aborts the backend and
   // tells the peers, once.
   std::shared_ptr<const Error> setFailed(const Error& e);
   void notifyOnce(const std::shared_ptr<const Error>& e);
   void fail(const Error& e);
-  std::shared_ptr<const Error> error();
-  void checkUsable(const char* op);
-  void validateTensor(const char* op, const char* name, const Tensor& t);
-  void validateOp(const char* op, ReduceOp rop);
   // Communicator::split's part that the parent's backend derives
   // (Backend::splitInto), on the executing thread after every earlier op.
   void splitBackend(int color, int key, CommunicatorImpl* child);
 
-  // Builds the backends for (store, prefix): the flat host backend over the
-  // network transport, then, from the host grouping, the shared-memory
-  // backend (one host) or the hierarchical one (several hosts).
-  static std::unique_ptr<CommunicatorImpl> connect(int rank, int size,
-                                                   transport::ContextOptions ctxOpts,
-                                                   const std::string& transportName,
-                                                   const std::string& algoSpec,
-                                                   const std::string& algoSource, uint64_t hostHash,
-                                                   int localRank, int localSize);
   // Connects the shm or hierarchical backends once hostOf is known.
   void buildHierarchy(const transport::ContextOptions& ctxOpts, int launcherLocalRank,
                       int launcherLocalSize);
