@@ -10,7 +10,7 @@
 #include <string>
 
 #include "core/compressed_allreduce.h"  // re-exported: the one compressed allreduce
-#include "core/executor.h"                // re-exported: WorkState, what the ops hand back
+#include "core/executor.h"              // re-exported: WorkState, what the ops hand back
 #include "gflow/communicator.h"
 
 namespace gflow {
