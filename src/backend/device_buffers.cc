@@ -1,9 +1,6 @@
 #include "backend/device_buffers.h"
 
 #include "backend/backend.h"
-
-#include <cstring>
-
 #include "common/check.h"
 #include "cuda/device_guard.h"
 #include "kernels/cuda/plugin.h"
@@ -167,10 +164,6 @@ void DeviceBuffers::toDevice(StagingPool& pool) {
           "copying the result back to device memory");
   }
 }
-
-}  // namespace gflow::backend
-
-namespace gflow::backend {
 
 std::string checkPlacement(const Tensor& t) {
   if (t.device.type == DeviceType::kCPU) return "";
