@@ -9,6 +9,7 @@
 #include "gflow/communicator.h"
 #include "gflow/error.h"
 #include "gflow/options.h"
+#include "gflow/process.h"
 #include "gflow/reducer.h"
 #include "gflow/store.h"
 #include "gflow/types.h"

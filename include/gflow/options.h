@@ -1,6 +1,11 @@
 // Options for creating a communicator. Every field left at its default is
 // taken from the environment (GFLOW_*, then torchrun, Open MPI and Slurm
-// variables; see docs/configuration.md). Explicit values always win.
+// variables; see docs/configuration.md). Explicit values always win. The
+// environment is read once per process; the values are resolved per
+// communicator at Communicator::create (invalid ones throw
+// Error(kInvalidArgument) naming the field), and a communicator from split()
+// inherits its parent's. The two process-wide settings, the log level and
+// the CUDA component's path, are in gflow/process.h.
 #pragma once
 
 #include <chrono>
@@ -38,6 +43,35 @@ struct VerbsOptions {
   std::optional<uint64_t> regCacheBytes;  // GFLOW_IB_REG_CACHE
 };
 
+// Shared memory between the ranks of one host. Every rank of a communicator
+// must use the same values (checked at creation).
+struct ShmOptions {
+  std::optional<bool> enabled;         // GFLOW_SHM (false: the network transport)
+  std::optional<uint64_t> chunkBytes;  // GFLOW_SHM_CHUNK (>= 4096)
+};
+
+// Algorithm tuning beside Options::algorithm (docs/algorithms.md).
+struct TuningOptions {
+  std::optional<uint64_t> pieceBytes;        // GFLOW_PIECE_BYTES (>= 64)
+  std::optional<int> ringWindow;             // GFLOW_RING_WINDOW (>= 1)
+  std::optional<uint64_t> rdMaxBytes;        // GFLOW_RD_MAX_BYTES (unset there: auto);
+                                             // every rank must use the same value
+  std::optional<uint64_t> hierSegmentBytes;  // GFLOW_HIER_SEGMENT (>= 4096)
+};
+
+// CUDA tensors. Every rank of a communicator must use the same values.
+struct DeviceOptions {
+  std::string backend;            // GFLOW_DEVICE_BACKEND: "auto", "nccl" or "staged"
+  std::optional<bool> verifyOps;  // GFLOW_NCCL_VERIFY
+};
+
+// How a rank waits and where its progress thread runs.
+struct ProgressOptions {
+  std::optional<uint64_t> unexpectedLimitBytes;  // GFLOW_UNEXPECTED_LIMIT (>= 1)
+  std::optional<int> spinUs;                     // GFLOW_SPIN_US (>= 0; unset there: auto)
+  std::optional<bool> pinThreads;                // GFLOW_PIN
+};
+
 struct Options {
   // Identity. -1 means "from the environment".
   int rank = -1;
@@ -62,14 +96,20 @@ struct Options {
   std::chrono::milliseconds timeout{0};
 
   // Network transport between hosts (GFLOW_TRANSPORT): "tcp" (the default)
-  // or "verbs". Ranks of one host use shared memory unless GFLOW_SHM=0.
+  // or "verbs". Ranks of one host use shared memory unless shm.enabled is
+  // false (GFLOW_SHM=0).
   std::string transport;
   TcpOptions tcp;
   VerbsOptions verbs;
+  ShmOptions shm;
+  ProgressOptions progress;
 
   // Algorithm override, same syntax as GFLOW_ALGO (docs/algorithms.md),
   // e.g. "ring" or "allreduce:0-64k:rd,allreduce:64k-:ring".
   std::string algorithm;
+  TuningOptions tuning;
+
+  DeviceOptions device;
 };
 
 }  // namespace gflow

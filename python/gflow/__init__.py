@@ -22,6 +22,8 @@ from ._gflow import (  # noqa: F401 (re-exported)
     default_communicator,
     finalize,
     init,
+    set_cuda_component,
+    set_log_level,
 )
 from . import _gflow
 from .errors import (  # noqa: F401 (re-exported)
@@ -40,7 +42,7 @@ __all__ = [
     "AbortedError", "Communicator", "DataType", "Error", "ErrorCode", "GradientReducer",
     "InternalError", "InvalidArgumentError", "MismatchError", "PeerLostError", "ReduceOp",
     "TimeoutError", "UnauthorizedError", "Work", "allreduce", "barrier", "broadcast", "create",
-    "default_communicator", "errors", "finalize", "init",
+    "default_communicator", "errors", "finalize", "init", "set_cuda_component", "set_log_level",
 ]
 
 

@@ -5,6 +5,11 @@
 #include <pybind11/chrono.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
+#include <iterator>
+#include <optional>
+#include <string>
+
 #include "bindings.h"
 
 namespace gflow {
@@ -53,10 +58,52 @@ py::object allreduce(const CommPtr& comm, py::handle x, py::handle op, py::handl
   return finish(comm, std::move(w), std::move(keep), asyncOp);
 }
 
+// The configuration keywords of init/create beyond the identity ones: each
+// sets one field of Options (docs/python.md lists them with their GFLOW_*
+// variables); None or absent leaves it to the environment.
+template <typename T>
+void setIf(const py::kwargs& kw, const char* key, std::optional<T>* field) {
+  if (kw.contains(key) && !kw[key].is_none()) *field = kw[key].cast<T>();
+}
+
+void applyConfig(const py::kwargs& kw, Options* o) {
+  static const char* const kKeys[] = {"shm",
+                                      "shm_chunk_bytes",
+                                      "piece_bytes",
+                                      "ring_window",
+                                      "rd_max_bytes",
+                                      "hier_segment_bytes",
+                                      "device_backend",
+                                      "verify_device_ops",
+                                      "unexpected_limit_bytes",
+                                      "spin_us",
+                                      "pin_threads"};
+  for (auto item : kw) {
+    const std::string key = item.first.cast<std::string>();
+    if (std::find(std::begin(kKeys), std::end(kKeys), key) == std::end(kKeys)) {
+      throw py::type_error("unexpected keyword argument '" + key + "'");
+    }
+  }
+  setIf(kw, "shm", &o->shm.enabled);
+  setIf(kw, "shm_chunk_bytes", &o->shm.chunkBytes);
+  setIf(kw, "piece_bytes", &o->tuning.pieceBytes);
+  setIf(kw, "ring_window", &o->tuning.ringWindow);
+  setIf(kw, "rd_max_bytes", &o->tuning.rdMaxBytes);
+  setIf(kw, "hier_segment_bytes", &o->tuning.hierSegmentBytes);
+  if (kw.contains("device_backend") && !kw["device_backend"].is_none()) {
+    o->device.backend = kw["device_backend"].cast<std::string>();
+  }
+  setIf(kw, "verify_device_ops", &o->device.verifyOps);
+  setIf(kw, "unexpected_limit_bytes", &o->progress.unexpectedLimitBytes);
+  setIf(kw, "spin_us", &o->progress.spinUs);
+  setIf(kw, "pin_threads", &o->progress.pinThreads);
+}
+
 Options makeOptions(py::handle rank, py::handle size, py::handle root, py::handle timeout,
-                    py::handle algorithm, py::handle transport, py::handle token,
-                    py::handle hostId) {
+                    py::handle algorithm, py::handle transport, py::handle token, py::handle hostId,
+                    const py::kwargs& config) {
   Options o;
+  applyConfig(config, &o);
   if (!rank.is_none()) o.rank = rank.cast<int>();
   if (!size.is_none()) o.size = size.cast<int>();
   if (!root.is_none()) o.root = root.cast<std::string>();
@@ -219,8 +266,10 @@ void bindCommunicator(py::module_& m) {
   m.def(
       "init",
       [](py::handle rank, py::handle size, py::handle root, py::handle timeout,
-         py::handle algorithm, py::handle transport, py::handle token, py::handle hostId) {
-        Options o = makeOptions(rank, size, root, timeout, algorithm, transport, token, hostId);
+         py::handle algorithm, py::handle transport, py::handle token, py::handle hostId,
+         const py::kwargs& config) {
+        Options o =
+            makeOptions(rank, size, root, timeout, algorithm, transport, token, hostId, config);
         py::gil_scoped_release nogil;
         return init(o);
       },
@@ -231,8 +280,10 @@ void bindCommunicator(py::module_& m) {
   m.def(
       "create",
       [](py::handle rank, py::handle size, py::handle root, py::handle timeout,
-         py::handle algorithm, py::handle transport, py::handle token, py::handle hostId) {
-        Options o = makeOptions(rank, size, root, timeout, algorithm, transport, token, hostId);
+         py::handle algorithm, py::handle transport, py::handle token, py::handle hostId,
+         const py::kwargs& config) {
+        Options o =
+            makeOptions(rank, size, root, timeout, algorithm, transport, token, hostId, config);
         py::gil_scoped_release nogil;
         return Communicator::create(o);
       },
@@ -240,6 +291,25 @@ void bindCommunicator(py::module_& m) {
       py::arg("root") = py::none(), py::arg("timeout") = py::none(),
       py::arg("algorithm") = py::none(), py::arg("transport") = py::none(),
       py::arg("token") = py::none(), py::arg("host_id") = py::none());
+  m.def(
+      "set_log_level",
+      [](const std::string& level) {
+        static const std::pair<const char*, LogLevel> kLevels[] = {{"ERROR", LogLevel::kError},
+                                                                   {"WARN", LogLevel::kWarn},
+                                                                   {"INFO", LogLevel::kInfo},
+                                                                   {"DEBUG", LogLevel::kDebug},
+                                                                   {"TRACE", LogLevel::kTrace}};
+        std::string up = level;
+        for (char& ch : up) ch = static_cast<char>(toupper(static_cast<unsigned char>(ch)));
+        for (const auto& l : kLevels) {
+          if (up == l.first) return setLogLevel(l.second);
+        }
+        throw Error(ErrorCode::kInvalidArgument,
+                    "set_log_level: '" + level + "' is not ERROR, WARN, INFO, DEBUG or TRACE",
+                    ErrorContext::forOp("set_log_level"));
+      },
+      py::arg("level"));
+  m.def("set_cuda_component", &setCudaComponent, py::arg("path"));
   m.def("default_communicator", &defaultCommunicator);
   m.def("finalize", &finalize, py::call_guard<py::gil_scoped_release>());
   m.def("_shutdown", [] { Completer::instance().shutdown(); });

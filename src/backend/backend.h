@@ -106,7 +106,10 @@ class Backend {
   }
 };
 
-// The host backend over a connected transport context.
-std::unique_ptr<Backend> createHostBackend(std::unique_ptr<transport::Context> context);
+// The host backend over a connected transport context. `tuning`: its ring
+// piece size and window (fields left unset: GFLOW_PIECE_BYTES and
+// GFLOW_RING_WINDOW); the other fields are not its business.
+std::unique_ptr<Backend> createHostBackend(std::unique_ptr<transport::Context> context,
+                                           const TuningOptions& tuning = {});
 
 }  // namespace gflow::backend

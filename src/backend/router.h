@@ -8,10 +8,10 @@
 //     backend over the host choice above.
 // The first op on device buffers makes NCCL decide, on every rank at once,
 // whether it runs this communicator (backend/nccl/nccl_backend.h). With
-// `verifyNccl` (GFLOW_NCCL_VERIFY), each NCCL op is preceded by an 8-byte
-// allgather over the host backend whose envelope and values carry the op's
-// description, so ranks that call different ops (or stage this one) fail
-// with kMismatch instead of hanging inside NCCL.
+// `verifyNccl` (Options::device.verifyOps, GFLOW_NCCL_VERIFY), each NCCL op is preceded by an
+// 8-byte allgather over the host backend whose envelope and values carry the op's description, so
+// ranks that call different ops (or stage this one) fail with kMismatch instead of hanging inside
+// NCCL.
 //
 // abort/notifyPeers reach every backend; peerStats adds them up; paths()
 // counts the ops each path ran. Calls come from the executing thread,
@@ -51,6 +51,9 @@ struct DeviceSetup {
   std::string prefix;  // the communicator's store keys
   std::chrono::milliseconds timeout{300000};
   std::vector<uint64_t> hostOf;  // host identity of every rank
+  // "auto", "nccl" or "staged" (Options::device.backend); empty: from
+  // GFLOW_DEVICE_BACKEND.
+  std::string mode;
 };
 
 struct RouterParts {

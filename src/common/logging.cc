@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -10,22 +11,36 @@
 
 namespace gflow::log {
 
-Level threshold() {
-  static const Level level = [] {
-    std::string v;
-    try {
-      v = params::debug();
-    } catch (...) {
-      return Level::WARN;
-    }
-    for (auto& c : v) c = static_cast<char>(toupper(static_cast<unsigned char>(c)));
-    if (v == "ERROR") return Level::ERROR;
-    if (v == "INFO") return Level::INFO;
-    if (v == "DEBUG") return Level::DEBUG;
-    if (v == "TRACE") return Level::TRACE;
+namespace {
+
+Level fromEnvironment() {
+  std::string v;
+  try {
+    v = params::debug();
+  } catch (...) {
     return Level::WARN;
-  }();
+  }
+  for (auto& c : v) c = static_cast<char>(toupper(static_cast<unsigned char>(c)));
+  if (v == "ERROR") return Level::ERROR;
+  if (v == "INFO") return Level::INFO;
+  if (v == "DEBUG") return Level::DEBUG;
+  if (v == "TRACE") return Level::TRACE;
+  return Level::WARN;
+}
+
+std::atomic<int>& current() {
+  static std::atomic<int> level{static_cast<int>(fromEnvironment())};
   return level;
+}
+
+}  // namespace
+
+Level threshold() {
+  return static_cast<Level>(current().load(std::memory_order_relaxed));
+}
+
+void setThreshold(Level level) {
+  current().store(static_cast<int>(level), std::memory_order_relaxed);
 }
 
 Line::Line(Level level, const char* file, int line) : level_(level) {

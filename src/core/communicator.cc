@@ -151,61 +151,70 @@ std::shared_ptr<WorkState> CommunicatorImpl::submit(
 
 std::unique_ptr<CommunicatorImpl> CommunicatorImpl::connect(
     int rank, int size, transport::ContextOptions ctxOpts, const std::string& transportName,
-    const std::string& algoSpec, const std::string& algoSource, uint64_t hostHash, int localRank,
-    int localSize) {
+    const Settings& settings, uint64_t hostHash, int localRank, int localSize) {
+  ctxOpts.progress = settings.progress;
   auto impl = std::make_unique<CommunicatorImpl>();
   impl->rank = rank;
   impl->size = size;
   impl->timeout = ctxOpts.timeout;
   impl->transportName = transportName;
   impl->contextOptions = ctxOpts;
-  impl->executor.setPinNear(topology::dataInterfaceName(ctxOpts.tcp.socketIfname));
-  const uint64_t rdMax = params::rdMaxBytes().value_or(0);  // 0: the selector's default
-  impl->selector = std::make_unique<AlgorithmSelector>(algoSpec, algoSource, rdMax);
-  impl->algoSpec = algoSpec;
-  impl->algoSource = algoSource;
+  impl->settings = settings;
+  impl->executor.setPinNear(topology::dataInterfaceName(ctxOpts.tcp.socketIfname),
+                            settings.progress.pinThreads);
+  impl->selector = std::make_unique<AlgorithmSelector>(
+      settings.algo, settings.algoSource,
+      settings.rdMaxBytes.value_or(0));  // 0: the selector's default
   backend::RouterParts parts;
   parts.rank = rank;
   parts.size = size;
-  parts.flat = backend::createHostBackend(transport::createContext(transportName, ctxOpts));
-  parts.verifyNccl = params::ncclVerify() != 0;
+  parts.flat =
+      backend::createHostBackend(transport::createContext(transportName, ctxOpts), settings.tuning);
+  parts.verifyNccl = settings.verifyDeviceOps;
   parts.select = [sel = impl->selector.get()](OpKind kind, uint64_t bytes, int n) {
     return sel->select(kind, bytes, n);
   };
   impl->backend = std::make_unique<backend::Router>(std::move(parts));
-
-  // Host grouping and configuration agreement: every rank learns every
-  // rank's host and a digest of the settings that decide which path an op
-  // takes (ranks that disagree would wait in different places until the
-  // timeout instead of failing at once).
-  // Options::algorithm overrides GFLOW_ALGO, so the digest takes the effective spec.
-  const std::string config = params::agreementDigestInput({{&params::spec::algo, algoSpec}});
-  uint64_t mine[2] = {hostHash, hash::sha256Id(config)};
-  std::vector<uint64_t> all(2 * static_cast<size_t>(size));
-  OpDesc d;
-  d.kind = OpKind::kAllgather;
-  d.dtype = DataType::kInt64;
-  d.count = 2;
-  CommunicatorImpl* self = impl.get();
-  auto w = impl->submit(d, true, [self, &mine, &all](const backend::Op& op) {
-    self->backend->allgather(op, mine, all.data());
-  });
-  w->wait(std::chrono::milliseconds(0));
-  impl->hostOf.assign(size, 0);
-  for (int r = 0; r < size; ++r) {
-    impl->hostOf[r] = all[2 * r];
-    if (all[2 * r + 1] != all[1]) {
-      GFLOW_THROW(kInvalidArgument, ErrorContext::forOp("init").withRank(rank).withPeer(r))
-          << "rank " << r << " and rank 0 are configured differently (" << params::agreementNames()
-          << "; Options::algorithm stands in for GFLOW_ALGO); "
-          << "every rank must use the same values (this rank: GFLOW_SHM="
-          << params::text(params::spec::shm) << ", algorithm '" << algoSpec << "')";
-    }
-  }
+  impl->agreeOnHostsAndSettings(hostHash);
   impl->buildHierarchy(ctxOpts, localRank, localSize);
   impl->opCount[opIndex(OpKind::kAllgather)] = 0;  // internal op, not the user's
   impl->backend->resetPaths();
   return impl;
+}
+
+void CommunicatorImpl::agreeOnHostsAndSettings(uint64_t hostHash) {
+  // Settings that decide which path an op takes must agree: ranks that
+  // disagree would wait in different places until the timeout instead of
+  // failing at once. One hash per kAgree parameter of the value in force
+  // (however it was set), so the error names the parameter.
+  const std::vector<Settings::Agreed> agreed = settings.agreed();
+  const size_t words = 1 + agreed.size();
+  std::vector<uint64_t> mine{hostHash};
+  for (const Settings::Agreed& a : agreed) {
+    mine.push_back(hash::sha256Id(std::string(a.param->name) + "=" + a.value));
+  }
+  std::vector<uint64_t> all(words * static_cast<size_t>(size));
+  OpDesc d;
+  d.kind = OpKind::kAllgather;
+  d.dtype = DataType::kInt64;
+  d.count = words;
+  auto w = submit(d, true, [this, &mine, &all](const backend::Op& op) {
+    backend->allgather(op, mine.data(), all.data());
+  });
+  w->wait(std::chrono::milliseconds(0));
+  hostOf.assign(size, 0);
+  for (int r = 0; r < size; ++r) {
+    hostOf[r] = all[words * r];
+    for (size_t i = 0; i < agreed.size(); ++i) {
+      if (all[words * r + 1 + i] == all[1 + i]) continue;
+      const Settings::Agreed& a = agreed[i];
+      GFLOW_THROW(kInvalidArgument, ErrorContext::forOp("init").withRank(rank).withPeer(r))
+          << "rank " << r << " and rank 0 are configured differently: " << a.param->name << " ("
+          << a.field << ") differs (this rank: '" << a.value
+          << "'); every rank must use the same values of " << params::agreementNames()
+          << ", whether set through Options or the environment";
+    }
+  }
 }
 
 void CommunicatorImpl::buildHierarchy(const transport::ContextOptions& ctxOpts,
@@ -222,11 +231,11 @@ void CommunicatorImpl::buildHierarchy(const transport::ContextOptions& ctxOpts,
                     << "hostname + boot id, or GFLOW_HOST_ID) give " << localRank << " of "
                     << localSize << "; gflow groups ranks by host identity";
   }
-  HostBackends hb = connectHostBackends(h, ctxOpts, transportName, *selector);
+  HostBackends hb = connectHostBackends(h, ctxOpts, transportName, *selector, settings);
   selector->setCapabilities(hb.caps);
-  backend->attach(
-      std::move(hb.shm), std::move(hb.hierarchical),
-      backend::DeviceSetup{rank, size, ctxOpts.store, ctxOpts.prefix, ctxOpts.timeout, hostOf});
+  backend->attach(std::move(hb.shm), std::move(hb.hierarchical),
+                  backend::DeviceSetup{rank, size, ctxOpts.store, ctxOpts.prefix, ctxOpts.timeout,
+                                       hostOf, settings.deviceBackend});
 }
 
 // ---- Communicator ----------------------------------------------------------
@@ -243,6 +252,7 @@ CommunicatorImpl::~CommunicatorImpl() {
 }
 
 std::shared_ptr<Communicator> Communicator::create(const Options& options) {
+  const Settings settings = resolveSettings(options);  // before any connection
   bootstrap::Identity id = bootstrap::resolveIdentity(options);
   std::chrono::milliseconds timeout = options.timeout.count() > 0
                                           ? options.timeout
@@ -274,13 +284,10 @@ std::shared_ptr<Communicator> Communicator::create(const Options& options) {
   co.verbs = options.verbs;
   const std::string transportName =
       !options.transport.empty() ? options.transport : params::transport();
-  const bool algoFromOptions = !options.algorithm.empty();
-  const std::string algo = algoFromOptions ? options.algorithm : params::algo();
   const std::string host = !options.hostId.empty() ? options.hostId : bootstrap::hostId();
   const uint64_t hostHash = hash::sha256Id(host);
-  auto impl = CommunicatorImpl::connect(id.rank, id.size, co, transportName, algo,
-                                        algoFromOptions ? "Options::algorithm" : "GFLOW_ALGO",
-                                        hostHash, id.localRank, id.localSize);
+  auto impl = CommunicatorImpl::connect(id.rank, id.size, co, transportName, settings, hostHash,
+                                        id.localRank, id.localSize);
   GFLOW_LOG(INFO) << "rank " << id.rank << "/" << id.size << " ready (host " << impl->hostIndex
                   << "/" << impl->numHosts << ", local " << impl->localRank << "/"
                   << impl->localSize << ", identity from " << id.source << ")";
@@ -347,9 +354,9 @@ std::shared_ptr<Communicator> Communicator::split(int color, int key) {
   co.size = static_cast<int>(members.size());
   co.prefix = I.contextOptions.prefix + "split" + std::to_string(splitId) + "/c" +
               std::to_string(color) + "/";
-  // The sub-communicator inherits the parent's algorithm configuration.
-  auto impl = CommunicatorImpl::connect(newRank, co.size, co, I.transportName, I.algoSpec,
-                                        I.algoSource, I.hostOf[I.rank], -1, -1);
+  // The sub-communicator inherits the parent's settings.
+  auto impl = CommunicatorImpl::connect(newRank, co.size, co, I.transportName, I.settings,
+                                        I.hostOf[I.rank], -1, -1);
   // Where NCCL runs this communicator, the new one gets its part of it
   // (ncclCommSplit) instead of creating its own.
   I.splitBackend(color, key, impl.get());

@@ -18,6 +18,7 @@
 #include "common/sticky_error.h"
 #include "core/algorithm_select.h"
 #include "core/executor.h"
+#include "core/settings.h"
 #include "gflow/communicator.h"
 #include "transport/transport.h"
 
@@ -52,11 +53,12 @@ class CommunicatorImpl final : public Communicator {
   // Builds the backends for (store, prefix): the flat host backend over the
   // network transport, then, from the host grouping, the shared-memory
   // backend (one host) or the hierarchical one (several hosts).
+  // `settings`: the configuration in force (core/settings.h); ctxOpts.progress
+  // is taken from it.
   static std::unique_ptr<CommunicatorImpl> connect(int rank, int size,
                                                    transport::ContextOptions ctxOpts,
                                                    const std::string& transportName,
-                                                   const std::string& algoSpec,
-                                                   const std::string& algoSource, uint64_t hostHash,
+                                                   const Settings& settings, uint64_t hostHash,
                                                    int localRank, int localSize);
 
  private:
@@ -84,8 +86,7 @@ class CommunicatorImpl final : public Communicator {
 
   uint64_t seq = 0;  // touched only by the executing thread
   std::atomic<uint64_t> splitCount{0};
-  std::string algoSpec;  // inherited by split()
-  std::string algoSource;
+  Settings settings;                                                // inherited by split()
   std::array<backend::Algorithm, backend::kNumOpKinds> lastAlgo{};  // for the INFO log
 
   StickyError sticky;  // the first error that failed this communicator
@@ -105,6 +106,9 @@ class CommunicatorImpl final : public Communicator {
   // Connects the shm or hierarchical backends once hostOf is known.
   void buildHierarchy(const transport::ContextOptions& ctxOpts, int launcherLocalRank,
                       int launcherLocalSize);
+  // The creation-time agreement: every rank learns every rank's host (into
+  // hostOf) and checks that the kAgree settings in force match rank 0's.
+  void agreeOnHostsAndSettings(uint64_t hostHash);
 };
 
 inline size_t opIndex(backend::OpKind k) {

@@ -81,8 +81,8 @@ std::shared_ptr<WorkState> Executor::submit(Task task, bool blocking) {
   if (!worker_.joinable()) {
     // The starting thread's cpu: the NUMA node to stay on when no NIC is known.
     const int hintCpu = topology::currentCpu();
-    worker_ = std::thread([this, nicSet = pinNearSet_, nic = pinNear_, hintCpu] {
-      pinWorker(nicSet, nic, hintCpu);
+    worker_ = std::thread([this, nicSet = pinNearSet_, nic = pinNear_, on = pinEnabled_, hintCpu] {
+      pinWorker(nicSet, nic, on, hintCpu);
       workerLoop();
     });
   }
@@ -113,17 +113,19 @@ bool Executor::tryRunExclusive(const std::function<void()>& fn) {
   return true;
 }
 
-void Executor::setPinNear(std::string nic) {
+void Executor::setPinNear(std::string nic, std::optional<bool> enabled) {
   std::lock_guard<std::mutex> lock(mutex_);
   pinNear_ = std::move(nic);
   pinNearSet_ = true;
+  pinEnabled_ = enabled;
 }
 
 // Runs on the worker before its first op. Pinning is an optimisation: it
 // never fails an op (pinCurrentThreadNear logs and ignores its failures).
-void Executor::pinWorker(bool nicSet, const std::string& nic, int hintCpu) noexcept {
+void Executor::pinWorker(bool nicSet, const std::string& nic, std::optional<bool> enabled,
+                         int hintCpu) noexcept {
   try {
-    topology::pinCurrentThreadNear(nicSet ? nic : topology::dataInterfaceName(), hintCpu);
+    topology::pinCurrentThreadNear(nicSet ? nic : topology::dataInterfaceName(), hintCpu, enabled);
   } catch (...) {
   }
 }

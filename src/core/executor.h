@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -64,7 +65,8 @@ class Executor {
   // starts the worker). When never called, the interface the TCP data
   // sockets use for GFLOW_SOCKET_IFNAME. Takes effect when the worker starts
   // (the first queued op); later calls do not move a running worker.
-  void setPinNear(std::string nic);
+  // `enabled` (Options::progress.pinThreads) false: no pinning; unset: GFLOW_PIN.
+  void setPinNear(std::string nic, std::optional<bool> enabled = std::nullopt);
 
  private:
   struct Item {
@@ -73,7 +75,8 @@ class Executor {
   };
   void run(Item& item);
   void workerLoop();
-  static void pinWorker(bool nicSet, const std::string& nic, int hintCpu) noexcept;
+  static void pinWorker(bool nicSet, const std::string& nic, std::optional<bool> enabled,
+                        int hintCpu) noexcept;
 
   std::mutex mutex_;
   std::condition_variable cv_;
@@ -82,6 +85,7 @@ class Executor {
   bool stop_ = false;
   bool pinNearSet_ = false;
   std::string pinNear_;
+  std::optional<bool> pinEnabled_;
   std::thread worker_;
 };
 

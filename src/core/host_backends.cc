@@ -4,7 +4,6 @@
 
 #include "backend/shm/shm_backend.h"
 #include "common/logging.h"
-#include "common/params.h"
 
 namespace gflow {
 namespace {
@@ -12,6 +11,7 @@ namespace {
 struct Builder {
   const transport::ContextOptions& ctx;
   const std::string& transportName;
+  const Settings& settings;
 
   // `members` (communicator ranks) over shared memory; nullptr when it is
   // unavailable. `nameCommRanks`: errors name communicator ranks.
@@ -24,6 +24,7 @@ struct Builder {
     go.store = ctx.store;
     go.prefix = prefix;
     go.timeout = ctx.timeout;
+    go.slotBytes = settings.shmChunkBytes;
     go.describe = backend::describe;
     std::string why;
     auto g = backend::shm::Group::connect(go, &why);
@@ -41,7 +42,7 @@ struct Builder {
     co.rank = me;
     co.size = static_cast<int>(members.size());
     co.prefix = prefix;
-    return backend::createHostBackend(transport::createContext(transportName, co));
+    return backend::createHostBackend(transport::createContext(transportName, co), settings.tuning);
   }
 };
 
@@ -56,12 +57,12 @@ void logUnevenHosts(const backend::Hierarchy& h) {
 }
 
 std::unique_ptr<backend::Backend> hierarchical(const Builder& b, const backend::Hierarchy& h,
-                                               bool useShm, const AlgorithmSelector& selector) {
+                                               const AlgorithmSelector& selector) {
   const std::vector<int> locals = h.ranksOfHost(h.host());
   const std::vector<int> cross = h.ranksWithLocalRank(h.localRank());
   const std::string hostPrefix = b.ctx.prefix + "host" + std::to_string(h.host()) + "/";
   std::unique_ptr<backend::Backend> local;
-  if (useShm) local = b.shm(locals, h.localRank(), hostPrefix + "shm/", false);
+  if (b.settings.shm) local = b.shm(locals, h.localRank(), hostPrefix + "shm/", false);
   if (!local) local = b.net(locals, h.localRank(), hostPrefix + "net/");
   const int crossRank =
       static_cast<int>(std::find(cross.begin(), cross.end(), h.rank) - cross.begin());
@@ -71,24 +72,24 @@ std::unique_ptr<backend::Backend> hierarchical(const Builder& b, const backend::
       h, std::move(local), std::move(crossB),
       [sel = &selector](backend::OpKind kind, uint64_t bytes, int n) {
         return sel->selectFlat(kind, bytes, n);
-      });
+      },
+      b.settings.tuning.hierSegmentBytes.value_or(0));  // 0: GFLOW_HIER_SEGMENT
 }
 
 }  // namespace
 
 HostBackends connectHostBackends(const backend::Hierarchy& h, const transport::ContextOptions& ctx,
                                  const std::string& transportName,
-                                 const AlgorithmSelector& selector) {
-  const Builder b{ctx, transportName};
-  const bool useShm = params::shm() != 0;
+                                 const AlgorithmSelector& selector, const Settings& settings) {
+  const Builder b{ctx, transportName, settings};
   HostBackends out;
-  if (h.numHosts == 1 && h.size > 1 && useShm) {
+  if (h.numHosts == 1 && h.size > 1 && settings.shm) {
     std::vector<int> all(static_cast<size_t>(h.size));
     for (int r = 0; r < h.size; ++r) all[r] = r;
     out.shm = b.shm(all, h.rank, ctx.prefix + "shm/", true);
     out.caps.shm = out.shm != nullptr;
   } else if (h.numHosts > 1 && h.numHosts < h.size) {
-    out.hierarchical = hierarchical(b, h, useShm, selector);
+    out.hierarchical = hierarchical(b, h, selector);
     out.caps.hierarchical = true;
     out.caps.uniform = h.uniform;
     if (!h.uniform && h.rank == 0) logUnevenHosts(h);

@@ -13,6 +13,7 @@
 #include "backend/backend.h"
 #include "backend/hierarchical/hierarchical.h"
 #include "core/algorithm_select.h"
+#include "core/settings.h"
 #include "transport/transport.h"
 
 namespace gflow {
@@ -25,10 +26,11 @@ struct HostBackends {
 
 // `ctx`: the communicator's context options (rank, size, store, prefix);
 // `selector` picks the cross-host phases' algorithms and must outlive the
-// backends. Shared memory that cannot be set up falls back to
+// backends; `settings`: whether to use shared memory, its chunk, and the
+// backends' tuning. Shared memory that cannot be set up falls back to
 // `transportName` with a warning.
 HostBackends connectHostBackends(const backend::Hierarchy& h, const transport::ContextOptions& ctx,
                                  const std::string& transportName,
-                                 const AlgorithmSelector& selector);
+                                 const AlgorithmSelector& selector, const Settings& settings);
 
 }  // namespace gflow

@@ -30,10 +30,30 @@ std::string ownDirectory() {
   return slash == std::string::npos ? "" : path.substr(0, slash + 1);
 }
 
+// The path setComponentPath gave, and whether the load was tried (after
+// which the path can no longer change).
+struct PathState {
+  std::mutex mutex;
+  std::string path;
+  bool tried = false;
+};
+PathState& pathState() {
+  static PathState s;
+  return s;
+}
+
+// The path in force, marking the load as tried.
+std::string configuredPath() {
+  PathState& s = pathState();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  s.tried = true;
+  return !s.path.empty() ? s.path : params::cudaPlugin();
+}
+
 Loaded tryLoad() {
   Loaded out;
   std::vector<std::string> candidates;
-  const std::string configured = params::cudaPlugin();
+  const std::string configured = configuredPath();
   if (!configured.empty()) {
     candidates.push_back(configured);
   } else {
@@ -52,7 +72,8 @@ Loaded tryLoad() {
   if (!h) {
     out.why = std::string("gflow's CUDA component ") + kComponent + " could not be loaded (" +
               errors +
-              "); build gflow with the CUDA toolkit (GFLOW_WITH_CUDA) or set GFLOW_CUDA_PLUGIN";
+              "); build gflow with the CUDA toolkit (GFLOW_WITH_CUDA) or set GFLOW_CUDA_PLUGIN "
+              "(gflow::setCudaComponent)";
     return out;
   }
   using Entry = const Runtime* (*)();
@@ -86,6 +107,17 @@ const Loaded& loaded() {
 std::atomic<const Runtime*> testRuntime{nullptr};
 
 }  // namespace
+
+bool setComponentPath(const std::string& path, std::string* why) {
+  PathState& s = pathState();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  if (s.tried) {
+    if (why) *why = "the CUDA component was already loaded (or its load tried) in this process";
+    return false;
+  }
+  s.path = path;
+  return true;
+}
 
 void installRuntimeForTesting(const Runtime* r) {
   testRuntime.store(r);

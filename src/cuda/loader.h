@@ -20,6 +20,11 @@ const Runtime* loadRuntime(std::string* why);
 // is not loaded or lacks the symbol. For the kernels layer's table.
 void* componentSymbol(const char* name);
 
+// Sets the component's path for this process (gflow::setCudaComponent),
+// replacing GFLOW_CUDA_PLUGIN. False, with `why` set, once loadRuntime() or
+// componentSymbol() has tried to load it: the load happens once per process.
+bool setComponentPath(const std::string& path, std::string* why);
+
 // Tests: makes loadRuntime() return `r` instead of the component; nullptr
 // restores the component.
 void installRuntimeForTesting(const Runtime* r);

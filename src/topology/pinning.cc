@@ -65,13 +65,15 @@ PinPlan planPin(const Topology& topo, const std::string& nic, const std::vector<
   return PinPlan{true, std::move(target), std::move(where)};
 }
 
-PinPlan pinCurrentThreadNear(const std::string& nicOrEmpty, int hintCpu) noexcept {
+PinPlan pinCurrentThreadNear(const std::string& nicOrEmpty, int hintCpu,
+                             std::optional<bool> enabled) noexcept {
   try {
     const std::string who =
         "progress thread (NIC " + (nicOrEmpty.empty() ? std::string("none") : nicOrEmpty) + ")";
-    if (params::pin() == 0) {
-      GFLOW_LOG(INFO) << who << " not pinned: GFLOW_PIN=0";
-      return noBind("GFLOW_PIN=0");
+    if (enabled ? !*enabled : params::pin() == 0) {
+      const char* why = enabled ? "Options::progress.pinThreads=false" : "GFLOW_PIN=0";
+      GFLOW_LOG(INFO) << who << " not pinned: " << why;
+      return noBind(why);
     }
     const Topology& topo = Topology::discover();
     if (hintCpu < 0) hintCpu = machine::currentCpu();

@@ -8,9 +8,10 @@
 // unknown to hwloc (loopback, a virtual interface), the NUMA node of the
 // thread that started the progress thread is used instead, since that is
 // where the caller's buffers were most likely touched first. GFLOW_PIN=0
-// turns all of it off.
+// (Options::progress.pinThreads = false) turns all of it off.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,11 +31,13 @@ struct PinPlan {
 PinPlan planPin(const Topology& topo, const std::string& nic, const std::vector<int>& allowed,
                 int hintCpu);
 
-// Binds the calling thread as planPin decides on this machine, honouring
-// GFLOW_PIN. `hintCpu` -1: the cpu the thread runs on now. Never throws and
+// Binds the calling thread as planPin decides on this machine, unless
+// `enabled` (Options::progress.pinThreads; unset: GFLOW_PIN) is false.
+// `hintCpu` -1: the cpu the thread runs on now. Never throws and
 // never fails the caller: a failure is logged and the thread stays as it was.
 // Logs what was done at INFO. Returns the plan applied (bind=false: nothing).
-PinPlan pinCurrentThreadNear(const std::string& nicOrEmpty, int hintCpu = -1) noexcept;
+PinPlan pinCurrentThreadNear(const std::string& nicOrEmpty, int hintCpu = -1,
+                             std::optional<bool> enabled = std::nullopt) noexcept;
 
 // The cpu the calling thread runs on now; -1 when unknown.
 int currentCpu() noexcept;

@@ -19,7 +19,8 @@ std::string printable(const char* p, size_t n) {
   return s;
 }
 
-int spinMicros(int ranks) {
+int spinMicros(int ranks, std::optional<int> given) {
+  if (given) return *given;
   if (const std::optional<int64_t> us = params::spinUs()) return static_cast<int>(*us);
   const long cores = sysconf(_SC_NPROCESSORS_ONLN);
   return cores > std::max(1, ranks) ? 50 : 0;

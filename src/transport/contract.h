@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "gflow/error.h"
@@ -29,10 +30,11 @@ inline bool isPast(uint64_t group, uint64_t current) {
 // Peer-supplied text made safe to print (non-printable bytes become '?').
 std::string printable(const char* p, size_t n);
 
-// GFLOW_SPIN_US, where 'auto' is 50 us when this host has more cores than
-// `ranks` (the ranks the context connects), else 0 (spinning ranks would
-// steal the core a peer needs).
-int spinMicros(int ranks);
+// Microseconds a waiting rank busy-polls: `given` (Options::progress.spinUs)
+// when set, else GFLOW_SPIN_US, where 'auto' is 50 us when this host has
+// more cores than `ranks` (the ranks the context connects), else 0 (spinning
+// ranks would steal the core a peer needs).
+int spinMicros(int ranks, std::optional<int> given = std::nullopt);
 
 // A peer called another op than this rank (same op number).
 Error envelopeMismatch(int rank, uint64_t group, int peer, const std::string& theirs,

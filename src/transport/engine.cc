@@ -17,7 +17,9 @@ class TrivialRegion final : public MemoryRegion {
 Engine::Engine(const ContextOptions& options)
     : Context(options.rank, options.size),
       timeout_(options.timeout),
-      unexpectedLimit_(params::unexpectedLimit()),
+      unexpectedLimit_(options.progress.unexpectedLimitBytes
+                           ? *options.progress.unexpectedLimitBytes
+                           : params::unexpectedLimit()),
       error_([this] { wake(); }) {
   books_.resize(options.size);
   for (auto& b : books_) b = std::make_unique<PeerBook>();

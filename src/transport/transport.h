@@ -116,6 +116,7 @@ struct ContextOptions {
   // Fields left unset come from the environment (gflow/options.h).
   TcpOptions tcp;
   VerbsOptions verbs;
+  ProgressOptions progress;  // unexpectedLimitBytes and spinUs
 };
 
 class Context {

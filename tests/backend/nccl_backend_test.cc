@@ -519,5 +519,64 @@ TEST_F(NcclBackendTest, PeersWaitingInsideNcclHearOfAFailureThroughTheStore) {
   }
 }
 
+// Options::device.backend wins over GFLOW_DEVICE_BACKEND, both ways.
+TEST_F(NcclBackendTest, DeviceBackendFromOptionsWinsOverTheEnvironment) {
+  setParam("GFLOW_DEVICE_BACKEND", "staged");
+  Options nccl;
+  nccl.device.backend = "nccl";
+  auto errors = testing::runRanksCollect(
+      2,
+      [&](Communicator& c) {
+        DeviceBuffer buf(0, 16 * 4);
+        c.allreduce(buf.tensor(16, DataType::kFloat32));
+      },
+      nccl);
+  for (int r = 0; r < 2; ++r) {
+    std::string what;
+    EXPECT_EQ(codeOf(errors[r], &what), ErrorCode::kInvalidArgument) << "rank " << r;
+    EXPECT_NE(what.find("use the same GPU"), std::string::npos) << what;
+  }
+  setParam("GFLOW_DEVICE_BACKEND", "nccl");
+  Options staged;
+  staged.device.backend = "staged";
+  testing::runRanks(
+      2,
+      [&](Communicator& c) {
+        DeviceBuffer buf(0, 16 * 4);
+        for (int i = 0; i < 16; ++i) buf.as<float>()[i] = 1.0f;
+        c.allreduce(buf.tensor(16, DataType::kFloat32));
+        EXPECT_EQ(buf.as<float>()[15], 2.0f);
+        EXPECT_EQ(c.stats().stagedOps, 1u);
+      },
+      staged);
+  EXPECT_EQ(softnccl::inits(), 0);
+}
+
+// Options::device.verifyOps wins over GFLOW_NCCL_VERIFY: the check is an
+// exchange over the host transport before each NCCL op.
+TEST_F(NcclBackendTest, VerifyOpsFromOptionsWinsOverTheEnvironment) {
+  setParam("GFLOW_NCCL_VERIFY", "1");
+  for (bool verify : {true, false}) {
+    Options o;
+    o.device.verifyOps = verify;
+    testing::runRanks(
+        2,
+        [&](Communicator& c) {
+          DeviceBuffer buf(c.rank(), 16 * 4);
+          c.allreduce(buf.tensor(16, DataType::kFloat32));  // NCCL starts
+          const uint64_t before = c.stats().bytesSent();
+          c.allreduce(buf.tensor(16, DataType::kFloat32));
+          EXPECT_EQ(c.stats().ncclOps, 2u);
+          const uint64_t sent = c.stats().bytesSent() - before;
+          if (verify) {
+            EXPECT_GT(sent, 0u);
+          } else {
+            EXPECT_EQ(sent, 0u);
+          }
+        },
+        o);
+  }
+}
+
 }  // namespace
 }  // namespace gflow

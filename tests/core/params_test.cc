@@ -11,6 +11,7 @@
 #include "common/params.h"
 #include "core/algorithm_select.h"
 #include "gflow/error.h"
+#include "testing/scoped_env.h"
 
 namespace gflow {
 namespace {
@@ -60,31 +61,7 @@ TEST(Params, ConfigurationDocListsEveryParameter) {
   }
 }
 
-// Sets one variable for a test and restores the previous value (the test
-// binary presets some, tests/testing/test_env.cc).
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    const char* old = std::getenv(name);
-    if (old != nullptr) old_ = old;
-    hadOld_ = old != nullptr;
-    setenv(name, value, 1);
-    params::resetCacheForTesting();
-  }
-  ~ScopedEnv() {
-    if (hadOld_) {
-      setenv(name_, old_.c_str(), 1);
-    } else {
-      unsetenv(name_);
-    }
-    params::resetCacheForTesting();
-  }
-
- private:
-  const char* name_;
-  std::string old_;
-  bool hadOld_ = false;
-};
+using testing::ScopedEnv;
 
 TEST(Params, TypedAccessorsReadTheTable) {
   ScopedEnv stripe("GFLOW_STRIPE_MIN", "64K");

@@ -8,7 +8,8 @@ namespace gflow::testing {
 
 std::vector<std::exception_ptr> runContexts(const std::string& transport, int n,
                                             const std::function<void(transport::Context&)>& body,
-                                            std::chrono::milliseconds timeout) {
+                                            std::chrono::milliseconds timeout,
+                                            const ProgressOptions& progress) {
   return onThreads(n, [&](int rank, const std::shared_ptr<Store>& store) {
     transport::ContextOptions o;
     o.rank = rank;
@@ -16,6 +17,7 @@ std::vector<std::exception_ptr> runContexts(const std::string& transport, int n,
     o.store = store;
     o.prefix = "t/";
     o.timeout = timeout;
+    o.progress = progress;
     std::unique_ptr<transport::Context> ctx = transport::createContext(transport, o);
     body(*ctx);
   });

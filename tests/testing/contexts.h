@@ -15,11 +15,12 @@
 namespace gflow::testing {
 
 // Runs body(context) on n threads, each with a connected context of
-// `transport` ("tcp", "verbs") and the given timeout; returns each rank's
-// exception (nullptr where body returned).
+// `transport` ("tcp", "verbs"), the given timeout and ContextOptions::progress;
+// returns each rank's exception (nullptr where body returned).
 std::vector<std::exception_ptr> runContexts(const std::string& transport, int n,
                                             const std::function<void(transport::Context&)>& body,
-                                            std::chrono::milliseconds timeout);
+                                            std::chrono::milliseconds timeout,
+                                            const ProgressOptions& progress = {});
 
 // The gflow::Error in `p` (which must hold one).
 Error errorOf(const std::exception_ptr& p);

@@ -139,6 +139,17 @@ TEST(TopologyPinning, DisabledByGflowPin0) {
   });
 }
 
+TEST(TopologyPinning, DisabledByOptionsOverGflowPin1) {
+  PinEnv env("1");
+  onFreshThread([] {
+    const std::vector<int> before = currentThreadAffinity();
+    PinPlan p = pinCurrentThreadNear("mlx5_0", -1, false);
+    EXPECT_FALSE(p.bind);
+    EXPECT_EQ(p.reason, "Options::progress.pinThreads=false");
+    EXPECT_EQ(currentThreadAffinity(), before);
+  });
+}
+
 TEST(TopologyPinning, PinningStaysWithinTheAllowedCpus) {
   PinEnv env("1");
   const std::string nic = Topology::discover().nics().empty()

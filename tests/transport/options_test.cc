@@ -3,13 +3,19 @@
 // validation of the value that arrived, and that a valid one runs).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gflow/gflow.h"
 #include "testing/contexts.h"
 #include "testing/ranks.h"
+#include "testing/scoped_env.h"
 #include "testing/soft_verbs.h"
+#include "transport/contract.h"
+#include "transport/engine.h"
 
 namespace gflow {
 namespace {
@@ -83,6 +89,52 @@ TEST(TransportOptions, VerbsFieldsComeFromOptions) {
         for (int32_t x : v) ASSERT_EQ(x, 3);
       },
       fine);
+}
+
+// Options::progress.unexpectedLimitBytes bounds what a peer sends ahead of
+// the receives, over GFLOW_UNEXPECTED_LIMIT (TCP: by back-pressure).
+TEST(TransportOptions, UnexpectedLimitComesFromOptions) {
+  testing::ScopedEnv limit("GFLOW_UNEXPECTED_LIMIT", "256M");
+  ProgressOptions progress;
+  progress.unexpectedLimitBytes = 64 << 10;
+  constexpr int kMsgs = 24;
+  constexpr size_t kBytes = 48 << 10;  // one fits the limit, two do not
+  const transport::Envelope env{{1, 2, 3}};
+  const Deadline deadline = Deadline::after(std::chrono::seconds(60));
+  uint64_t mostStaged = 0;
+  auto body = [&](transport::Context& c) {
+    c.beginGroup(1, env);
+    const int peer = 1 - c.rank();
+    std::vector<std::vector<char>> bufs(kMsgs, std::vector<char>(kBytes));
+    if (c.rank() == 0) {
+      std::vector<transport::RequestPtr> sends;
+      for (int i = 0; i < kMsgs; ++i)
+        sends.push_back(c.isend(peer, bufs[i].data(), kBytes, transport::Tag{1, uint64_t(i)}, env));
+      for (auto& r : sends) c.wait(r, deadline);
+      return;
+    }
+    // Waiting for the first message reads the flood that piled up behind it.
+    auto r0 = c.irecv(peer, bufs[0].data(), kBytes, transport::Tag{1, 0}, env);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    c.wait(r0, deadline);
+    auto& engine = dynamic_cast<transport::Engine&>(c);
+    for (int i = 1; i < kMsgs; ++i) {
+      mostStaged = std::max(mostStaged, engine.stagedBytes(peer));
+      c.wait(c.irecv(peer, bufs[i].data(), kBytes, transport::Tag{1, uint64_t(i)}, env), deadline);
+    }
+  };
+  EXPECT_TRUE(testing::expectNoErrors(
+      testing::runContexts("tcp", 2, body, std::chrono::milliseconds(60000), progress)));
+  EXPECT_GT(mostStaged, 0u);
+  EXPECT_LE(mostStaged, uint64_t{64} << 10);
+}
+
+// Options::progress.spinUs wins over GFLOW_SPIN_US.
+TEST(TransportOptions, SpinComesFromOptions) {
+  testing::ScopedEnv spin("GFLOW_SPIN_US", "7");
+  EXPECT_EQ(transport::spinMicros(2), 7);
+  EXPECT_EQ(transport::spinMicros(2, 3), 3);
+  EXPECT_EQ(transport::spinMicros(2, 0), 0);
 }
 
 }  // namespace

@@ -18,7 +18,7 @@ void broadcastChain(Exchange& ex, void* bufp) {
   const int v = (r - d.root + n) % n;  // position along the chain
   const int next = (r + 1) % n, prev = (r - 1 + n) % n;
   const size_t piece =
-      std::max<size_t>(ringTuning().pieceBytes, (bytes + (size_t(1) << 20) - 1) >> 20);
+      std::max<size_t>(ex.tuning().pieceBytes, (bytes + (size_t(1) << 20) - 1) >> 20);
   const size_t np = bytes == 0 ? 1 : (bytes + piece - 1) / piece;
   auto len = [&](size_t k) { return std::min(piece, bytes - std::min(bytes, k * piece)); };
   const uint64_t kAck = uint64_t(1) << 62;

@@ -10,15 +10,25 @@
 
 namespace gflow::backend::host {
 
+// Tuning shared by the ring algorithms (Options::tuning.pieceBytes and
+// ringWindow, else GFLOW_PIECE_BYTES, GFLOW_RING_WINDOW), fixed per backend.
+struct RingTuning {
+  size_t pieceBytes;
+  size_t window;  // pieces per segment per round
+};
+RingTuning ringTuning(const TuningOptions& given);
+
 class Exchange {
  public:
-  Exchange(transport::Context& ctx, const Op& op) : ctx_(ctx), op_(op), env_(encode(op.desc)) {
+  Exchange(transport::Context& ctx, const Op& op, const RingTuning& tuning)
+      : ctx_(ctx), op_(op), tuning_(tuning), env_(encode(op.desc)) {
     ctx_.beginGroup(op.seq, env_);
   }
 
   int rank() const { return ctx_.rank(); }
   int size() const { return ctx_.size(); }
   const OpDesc& desc() const { return op_.desc; }
+  const RingTuning& tuning() const { return tuning_; }
 
   transport::RequestPtr send(int peer, const void* data, size_t bytes, uint64_t index) {
     auto r = ctx_.isend(peer, data, bytes, transport::Tag{op_.seq, index}, env_);
@@ -42,6 +52,7 @@ class Exchange {
  private:
   transport::Context& ctx_;
   const Op& op_;
+  const RingTuning& tuning_;
   transport::Envelope env_;
   std::vector<transport::RequestPtr> pendingSends_;
 };
@@ -66,13 +77,6 @@ class Scratch {
   std::vector<char> buf_;
   std::unique_ptr<transport::MemoryRegion> region_;  // before buf_ goes
 };
-
-// Tuning shared by the ring algorithms (GFLOW_PIECE_BYTES, GFLOW_RING_WINDOW).
-struct RingTuning {
-  size_t pieceBytes;
-  size_t window;  // pieces per segment per round
-};
-RingTuning ringTuning();
 
 // Message index layout: round (24 bits) | step (20 bits) | piece (20 bits).
 inline uint64_t messageIndex(uint64_t round, uint64_t step, uint64_t piece) {

@@ -7,27 +7,26 @@
 
 namespace gflow::backend::host {
 
-RingTuning ringTuning() {
-  static const RingTuning t = [] {
-    RingTuning r;
-    r.pieceBytes = std::max<uint64_t>(params::pieceBytes(), 64);
-    r.window = static_cast<size_t>(std::max<int64_t>(params::ringWindow(), 1));
-    return r;
-  }();
-  return t;
+RingTuning ringTuning(const TuningOptions& given) {
+  RingTuning r;
+  r.pieceBytes =
+      std::max<uint64_t>(given.pieceBytes ? *given.pieceBytes : params::pieceBytes(), 64);
+  r.window = static_cast<size_t>(
+      std::max<int64_t>(given.ringWindow ? *given.ringWindow : params::ringWindow(), 1));
+  return r;
 }
 
 namespace {
 
 class HostBackend final : public Backend {
  public:
-  explicit HostBackend(std::unique_ptr<transport::Context> ctx)
-      : ctx_(std::move(ctx)), scratch_(*ctx_) {
+  HostBackend(std::unique_ptr<transport::Context> ctx, const TuningOptions& tuning)
+      : ctx_(std::move(ctx)), tuning_(ringTuning(tuning)), scratch_(*ctx_) {
     ctx_->setEnvelopeFormatter(describe);
   }
 
   void allreduce(const Op& op, const void* in, void* out) override {
-    Exchange ex(*ctx_, op);
+    Exchange ex(*ctx_, op, tuning_);
     if (op.desc.algo == Algorithm::kRecursiveDoubling) {
       allreduceRecursiveDoubling(ex, scratch_, in, out);
     } else {
@@ -35,19 +34,19 @@ class HostBackend final : public Backend {
     }
   }
   void reduceScatter(const Op& op, const void* in, void* out) override {
-    Exchange ex(*ctx_, op);
+    Exchange ex(*ctx_, op, tuning_);
     reduceScatterRing(ex, scratch_, in, out);
   }
   void allgather(const Op& op, const void* in, void* out) override {
-    Exchange ex(*ctx_, op);
+    Exchange ex(*ctx_, op, tuning_);
     allgatherRing(ex, in, out);
   }
   void broadcast(const Op& op, void* buf) override {
-    Exchange ex(*ctx_, op);
+    Exchange ex(*ctx_, op, tuning_);
     broadcastChain(ex, buf);
   }
   void barrier(const Op& op) override {
-    Exchange ex(*ctx_, op);
+    Exchange ex(*ctx_, op, tuning_);
     barrierDissemination(ex);
   }
   void abort(const Error& error) override { ctx_->abort(error); }
@@ -60,6 +59,7 @@ class HostBackend final : public Backend {
 
  private:
   std::unique_ptr<transport::Context> ctx_;
+  const RingTuning tuning_;
   Scratch scratch_;
 };
 
@@ -67,7 +67,8 @@ class HostBackend final : public Backend {
 }  // namespace gflow::backend::host
 
 namespace gflow::backend {
-std::unique_ptr<Backend> createHostBackend(std::unique_ptr<transport::Context> context) {
-  return std::make_unique<host::HostBackend>(std::move(context));
+std::unique_ptr<Backend> createHostBackend(std::unique_ptr<transport::Context> context,
+                                           const TuningOptions& tuning) {
+  return std::make_unique<host::HostBackend>(std::move(context), tuning);
 }
 }  // namespace gflow::backend

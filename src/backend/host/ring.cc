@@ -37,8 +37,7 @@ struct Layout {
   }
 };
 
-Layout makeLayout(DataType dtype) {
-  RingTuning t = ringTuning();
+Layout makeLayout(DataType dtype, const RingTuning& t) {
   Layout l;
   l.elemSize = dataTypeSize(dtype);
   l.pieceElems = std::max<size_t>(1, t.pieceBytes / l.elemSize);
@@ -195,7 +194,7 @@ class RingAllreduce {
 
 void allreduceRing(Exchange& ex, Scratch& scratch, const void* in, void* out) {
   const OpDesc& d = ex.desc();
-  const Layout L = makeLayout(d.dtype);
+  const Layout L = makeLayout(d.dtype, ex.tuning());
   const kernels::ReduceFn fn = kernels::reduceFn(d.dtype, d.op);
   if (ex.size() == 1) {
     if (in != out && d.count > 0) std::memcpy(out, in, d.count * L.elemSize);
@@ -208,7 +207,7 @@ void reduceScatterRing(Exchange& ex, Scratch& scratch, const void* inp, void* ou
   const OpDesc& d = ex.desc();
   const int n = ex.size(), r = ex.rank();
   const int left = mod(r - 1, n), right = mod(r + 1, n);
-  const Layout L = makeLayout(d.dtype);
+  const Layout L = makeLayout(d.dtype, ex.tuning());
   const size_t es = L.elemSize;
   const auto fn = kernels::reduceFn(d.dtype, d.op);
   const char* in = static_cast<const char*>(inp);
@@ -281,7 +280,7 @@ void allgatherRing(Exchange& ex, const void* inp, void* outp) {
   const OpDesc& d = ex.desc();
   const int n = ex.size(), r = ex.rank();
   const int left = mod(r - 1, n), right = mod(r + 1, n);
-  const Layout L = makeLayout(d.dtype);
+  const Layout L = makeLayout(d.dtype, ex.tuning());
   const size_t es = L.elemSize;
   const char* in = static_cast<const char*>(inp);
   char* out = static_cast<char*>(outp);

@@ -110,7 +110,7 @@ bool NcclBackend::use(const Op& op, const cuda::Plugin& plugin, int device) {
 
 void NcclBackend::decide(const Op& op, int device) {
   state_ = State::kDeciding;  // a failure from here on is reported to the peers
-  const std::string mode = params::deviceBackend();
+  const std::string mode = s_.mode.empty() ? params::deviceBackend() : s_.mode;
   if (mode != "auto" && mode != "nccl" && mode != "staged") {
     GFLOW_THROW(kInvalidArgument, ErrorContext().withSeq(op.seq).withRank(s_.rank))
         << "GFLOW_DEVICE_BACKEND is '" << mode << "'; expected auto, nccl or staged";
@@ -255,8 +255,9 @@ std::unique_ptr<NcclBackend> NcclBackend::part(const Op& op, int color, int key,
   GFLOW_ENFORCE(comm != nullptr);
   // The part shares the communicator's store keys, so a failure report
   // reaches its waits too; its own ranks are those of its group.
-  auto p = std::make_unique<NcclBackend>(NcclSetup{rank, size, s_.store, s_.prefix, s_.timeout,
-                                                   std::vector<uint64_t>(size_t(size), 0)});
+  auto p =
+      std::make_unique<NcclBackend>(NcclSetup{rank, size, s_.store, s_.prefix, s_.timeout,
+                                              std::vector<uint64_t>(size_t(size), 0), s_.mode});
   p->adopt(op, *this, comm);
   return p;
 }

@@ -19,7 +19,7 @@ namespace gflow::transport::tcp {
 TcpContext::TcpContext(const ContextOptions& options) : Engine(options) {
   stripeMin_ = std::max<uint64_t>(
       (options.tcp.stripeMinBytes ? *options.tcp.stripeMinBytes : params::stripeMin()), 4096);
-  spinUs_ = spinMicros(options.size);
+  spinUs_ = spinMicros(options.size, options.progress.spinUs);
   socketsPerPeer_ = options.tcp.socketsPerPeer ? *options.tcp.socketsPerPeer
                                                : static_cast<int>(params::socketsPerPeer());
   if (socketsPerPeer_ < 1 || socketsPerPeer_ > 64) {

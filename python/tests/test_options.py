@@ -1,0 +1,112 @@
+"""Configuration keywords of gflow.init/gflow.create (the C++ Options groups
+shm, tuning, device and progress) and the process-wide setters: a keyword
+wins over its GFLOW_* variable, a bad value is an InvalidArgumentError
+naming the field, and ranks that disagree fail at creation."""
+
+import os
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from conftest import PKG, free_port
+
+
+def world(n, per_rank, timeout=30):
+    """Creates n ranks in this process; returns (communicators, errors)."""
+    import gflow
+    root = "127.0.0.1:%d" % free_port()
+    comms, errors = [None] * n, [None] * n
+
+    def make(r):
+        try:
+            comms[r] = gflow.create(rank=r, size=n, root=root, timeout=timeout, **per_rank(r))
+        except Exception as e:  # noqa: BLE001 (collected for the assertions)
+            errors[r] = e
+
+    threads = [threading.Thread(target=make, args=(r,)) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return comms, errors
+
+
+def allreduce_on_each(comms):
+    threads = [threading.Thread(target=c.allreduce, args=(np.ones(64, np.float32),))
+               for c in comms]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+
+
+def test_shm_keyword_wins_over_the_environment():
+    # The environment of this process leaves GFLOW_SHM at its default (on).
+    comms, errors = world(2, lambda r: {"shm": False})
+    assert errors == [None, None], errors
+    allreduce_on_each(comms)
+    for c in comms:
+        s = c.stats()
+        assert s["network_ops"] == 1 and s["shared_memory_ops"] == 0, s
+
+
+def test_tuning_and_progress_keywords_are_accepted():
+    config = dict(piece_bytes=65536, ring_window=4, rd_max_bytes=1 << 20,
+                  hier_segment_bytes=1 << 20, shm_chunk_bytes=1 << 16,
+                  unexpected_limit_bytes=1 << 24, spin_us=0, pin_threads=False,
+                  device_backend="staged", verify_device_ops=True)
+    comms, errors = world(2, lambda r: config)
+    assert errors == [None, None], errors
+    allreduce_on_each(comms)
+
+
+@pytest.mark.parametrize("key,value,field", [
+    ("ring_window", 0, "Options::tuning.ringWindow"),
+    ("piece_bytes", 1, "Options::tuning.pieceBytes"),
+    ("shm_chunk_bytes", 1, "Options::shm.chunkBytes"),
+    ("spin_us", -1, "Options::progress.spinUs"),
+    ("device_backend", "gpu", "Options::device.backend"),
+])
+def test_bad_values_name_the_field(key, value, field):
+    import gflow
+    with pytest.raises(gflow.InvalidArgumentError, match=field.replace(".", r"\.")):
+        gflow.create(rank=0, size=1, root="127.0.0.1:%d" % free_port(), **{key: value})
+
+
+def test_unknown_keyword_is_a_type_error():
+    import gflow
+    with pytest.raises(TypeError, match="shm_chunk"):
+        gflow.create(rank=0, size=1, root="127.0.0.1:%d" % free_port(), shm_chunk=4096)
+
+
+def test_ranks_that_disagree_fail_naming_the_parameter():
+    import gflow
+    comms, errors = world(2, lambda r: {"shm": False} if r == 0 else {})
+    for e in errors:
+        assert isinstance(e, gflow.InvalidArgumentError), errors
+        assert "GFLOW_SHM (Options::shm.enabled) differs" in str(e), str(e)
+
+
+def test_set_log_level():
+    import gflow
+    gflow.set_log_level("warn")
+    with pytest.raises(gflow.InvalidArgumentError, match="LOUD"):
+        gflow.set_log_level("LOUD")
+
+
+SCRIPT = """
+import gflow
+gflow.set_cuda_component("/nonexistent/libgflow_cuda.so.0")
+print("set", flush=True)
+"""
+
+
+def test_set_cuda_component_before_the_load():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GFLOW_")}
+    env["PYTHONPATH"] = PKG
+    p = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 0 and "set" in p.stdout, p.stdout + p.stderr

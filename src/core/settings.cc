@@ -1,0 +1,63 @@
+#include "core/settings.h"
+
+#include "gflow/error.h"
+
+namespace gflow {
+namespace {
+
+[[noreturn]] void badField(const char* field, const std::string& value, const char* want) {
+  throw Error(ErrorCode::kInvalidArgument,
+              std::string("Options::") + field + " is " + value + "; expected " + want,
+              ErrorContext::forOp("init"));
+}
+
+template <typename T>
+void atLeast(const std::optional<T>& v, T lo, const char* field) {
+  if (v && *v < lo) badField(field, std::to_string(*v), (">= " + std::to_string(lo)).c_str());
+}
+
+void validate(const Options& o) {
+  atLeast<uint64_t>(o.shm.chunkBytes, 4096, "shm.chunkBytes");
+  atLeast<uint64_t>(o.tuning.pieceBytes, 64, "tuning.pieceBytes");
+  atLeast<int>(o.tuning.ringWindow, 1, "tuning.ringWindow");
+  atLeast<uint64_t>(o.tuning.hierSegmentBytes, 4096, "tuning.hierSegmentBytes");
+  atLeast<uint64_t>(o.progress.unexpectedLimitBytes, 1, "progress.unexpectedLimitBytes");
+  atLeast<int>(o.progress.spinUs, 0, "progress.spinUs");
+  const std::string& b = o.device.backend;
+  if (!b.empty() && b != "auto" && b != "nccl" && b != "staged") {
+    badField("device.backend", "'" + b + "'", "\"auto\", \"nccl\" or \"staged\"");
+  }
+}
+
+}  // namespace
+
+Settings resolveSettings(const Options& o) {
+  validate(o);
+  Settings s;
+  const bool algoFromOptions = !o.algorithm.empty();
+  s.algo = algoFromOptions ? o.algorithm : params::algo();
+  s.algoSource = algoFromOptions ? "Options::algorithm" : "GFLOW_ALGO";
+  s.shm = o.shm.enabled ? *o.shm.enabled : params::shm() != 0;
+  s.shmChunkBytes = o.shm.chunkBytes ? *o.shm.chunkBytes : params::shmChunk();
+  s.rdMaxBytes = o.tuning.rdMaxBytes ? o.tuning.rdMaxBytes : params::rdMaxBytes();
+  s.deviceBackend = !o.device.backend.empty() ? o.device.backend : params::deviceBackend();
+  s.verifyDeviceOps = o.device.verifyOps ? *o.device.verifyOps : params::ncclVerify() != 0;
+  s.tuning = o.tuning;
+  s.progress = o.progress;
+  return s;
+}
+
+std::vector<Settings::Agreed> Settings::agreed() const {
+  auto flag = [](bool b) { return std::string(b ? "1" : "0"); };
+  return {
+      {&params::spec::algo, "Options::algorithm", algo},
+      {&params::spec::deviceBackend, "Options::device.backend", deviceBackend},
+      {&params::spec::ncclVerify, "Options::device.verifyOps", flag(verifyDeviceOps)},
+      {&params::spec::shm, "Options::shm.enabled", flag(shm)},
+      {&params::spec::shmChunk, "Options::shm.chunkBytes", std::to_string(shmChunkBytes)},
+      {&params::spec::rdMaxBytes, "Options::tuning.rdMaxBytes",
+       rdMaxBytes ? std::to_string(*rdMaxBytes) : "auto"},
+  };
+}
+
+}  // namespace gflow
