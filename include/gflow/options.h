@@ -2,9 +2,11 @@
 // taken from the environment (GFLOW_*, then torchrun, Open MPI and Slurm
 // variables; see docs/configuration.md). Explicit values always win. The
 // environment is read once per process; the values are resolved per
-// communicator at Communicator::create (invalid ones throw
-// Error(kInvalidArgument) naming the field), and a communicator from split()
-// inherits its parent's. The two process-wide settings, the log level and
+// communicator at Communicator::create, and a communicator from split()
+// inherits its parent's. A value out of the range noted beside its field
+// throws Error(kInvalidArgument) naming the field (TcpOptions and
+// VerbsOptions values are checked by the transport, which names the
+// variable). The two process-wide settings, the log level and
 // the CUDA component's path, are in gflow/process.h.
 #pragma once
 
@@ -44,32 +46,38 @@ struct VerbsOptions {
 };
 
 // Shared memory between the ranks of one host. Every rank of a communicator
-// must use the same values (checked at creation).
+// must use the same values (checked at creation, whether set here or in the
+// environment).
 struct ShmOptions {
   std::optional<bool> enabled;         // GFLOW_SHM (false: the network transport)
-  std::optional<uint64_t> chunkBytes;  // GFLOW_SHM_CHUNK (>= 4096)
+  std::optional<uint64_t> chunkBytes;  // GFLOW_SHM_CHUNK: pipelining chunk (>= 4096)
 };
 
 // Algorithm tuning beside Options::algorithm (docs/algorithms.md).
 struct TuningOptions {
-  std::optional<uint64_t> pieceBytes;        // GFLOW_PIECE_BYTES (>= 64)
-  std::optional<int> ringWindow;             // GFLOW_RING_WINDOW (>= 1)
-  std::optional<uint64_t> rdMaxBytes;        // GFLOW_RD_MAX_BYTES (unset there: auto);
-                                             // every rank must use the same value
-  std::optional<uint64_t> hierSegmentBytes;  // GFLOW_HIER_SEGMENT (>= 4096)
+  std::optional<uint64_t> pieceBytes;  // GFLOW_PIECE_BYTES: ring pipelining piece (>= 64)
+  std::optional<int> ringWindow;       // GFLOW_RING_WINDOW: ring pieces in flight (>= 1)
+  // GFLOW_RD_MAX_BYTES: allreduces up to this size use recursive doubling
+  // (unset there: a per world size default). Every rank must use the same.
+  std::optional<uint64_t> rdMaxBytes;
+  // GFLOW_HIER_SEGMENT: pipelined segment of the hierarchical allreduce (>= 4096).
+  std::optional<uint64_t> hierSegmentBytes;
 };
 
 // CUDA tensors. Every rank of a communicator must use the same values.
 struct DeviceOptions {
   std::string backend;            // GFLOW_DEVICE_BACKEND: "auto", "nccl" or "staged"
-  std::optional<bool> verifyOps;  // GFLOW_NCCL_VERIFY
+  std::optional<bool> verifyOps;  // GFLOW_NCCL_VERIFY: check each NCCL op's match first
 };
 
 // How a rank waits and where its progress thread runs.
 struct ProgressOptions {
-  std::optional<uint64_t> unexpectedLimitBytes;  // GFLOW_UNEXPECTED_LIMIT (>= 1)
-  std::optional<int> spinUs;                     // GFLOW_SPIN_US (>= 0; unset there: auto)
-  std::optional<bool> pinThreads;                // GFLOW_PIN
+  // GFLOW_UNEXPECTED_LIMIT: bytes a peer may send ahead of the matching
+  // receive (>= 1).
+  std::optional<uint64_t> unexpectedLimitBytes;
+  std::optional<int> spinUs;       // GFLOW_SPIN_US: busy-poll before sleeping (>= 0;
+                                   // unset there: auto)
+  std::optional<bool> pinThreads;  // GFLOW_PIN: pin the progress thread near the NIC
 };
 
 struct Options {

@@ -2,8 +2,8 @@
 // they were issued. A blocking call on an idle executor runs inline on the
 // caller's thread (no thread hop on the latency path); otherwise ops queue up
 // for the executor's worker thread, started on first need. The worker is gflow's
-// progress thread: it pins itself near the rank's NIC (topology/pinning.h,
-// GFLOW_PIN) before running its first op.
+// progress thread: it pins itself near the rank's NIC (topology/pinning.h;
+// Options::progress.pinThreads, else GFLOW_PIN) before running its first op.
 #pragma once
 
 #include <atomic>

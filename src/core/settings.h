@@ -3,9 +3,11 @@
 // and handed down explicitly through the option structs each layer takes
 // (transport::ContextOptions, the shm group options, the host and
 // hierarchical backends' tuning, the router's device setup, the executor's
-// pinning); a communicator from split() copies its parent's. Fields the
-// caller leaves unset in the kLocal groups (tuning, progress) stay unset
-// here and are read from the environment by the one layer that uses them.
+// pinning); a communicator from split() copies its parent's. The kAgree
+// parameters are resolved here, since the creation-time agreement compares
+// the values in force; the kLocal fields of Options::tuning and
+// Options::progress travel as given, and a field left unset is read from
+// the environment by the one layer that uses it.
 #pragma once
 
 #include <cstdint>
@@ -23,8 +25,9 @@ struct Settings {
   std::string algoSource;              // where `algo` came from, for error messages
   bool shm = true;                     // Options::shm.enabled, else GFLOW_SHM
   uint64_t shmChunkBytes = 0;          // Options::shm.chunkBytes, else GFLOW_SHM_CHUNK
-  std::optional<uint64_t> rdMaxBytes;  // nullopt: the selector's default (auto)
-  std::string deviceBackend;           // "auto", "nccl" or "staged"
+  std::optional<uint64_t> rdMaxBytes;  // Options::tuning.rdMaxBytes, else GFLOW_RD_MAX_BYTES
+                                       // (nullopt: auto, the selector's default)
+  std::string deviceBackend;           // Options::device.backend, else GFLOW_DEVICE_BACKEND
   bool verifyDeviceOps = true;         // Options::device.verifyOps, else GFLOW_NCCL_VERIFY
   TuningOptions tuning;                // pieceBytes, ringWindow, hierSegmentBytes as given
   ProgressOptions progress;            // as given
@@ -41,7 +44,8 @@ struct Settings {
 };
 
 // Validates the Options fields that are set (Error(kInvalidArgument) naming
-// the field) and resolves the rest from the environment.
+// the field) and resolves the kAgree parameters, Options over the
+// environment. Throws what a malformed GFLOW_* value throws (naming it).
 Settings resolveSettings(const Options& options);
 
 }  // namespace gflow

@@ -12,7 +12,8 @@
 //     checkStale() and checkArrival().
 //   - beginGroup(): the op this rank now runs; staged messages of that op
 //     must carry its envelope, and none may belong to an op already passed.
-//   - Staged-bytes accounting against GFLOW_UNEXPECTED_LIMIT (what the wire
+//   - Staged-bytes accounting against the unexpected limit (Options::progress,
+//     else GFLOW_UNEXPECTED_LIMIT; what the wire
 //     does when it is reached is its own: TCP stops reading, verbs fails).
 //   - Deferred peer reports: a peer's error about an op this rank has not
 //     reached yet is raised when it gets there.
@@ -119,7 +120,8 @@ class Engine : public Context {
   void checkEnvelope(int peer, uint64_t group, const Envelope& env);
   void checkStale(int peer, uint64_t group, const Envelope& env);
   void checkArrival(int peer, const Message& m, const Envelope& env, uint64_t len);
-  // Unexpected data: whether `len` more bytes fit GFLOW_UNEXPECTED_LIMIT,
+  // Unexpected data: whether `len` more bytes fit the limit
+  // (ContextOptions::progress.unexpectedLimitBytes, else GFLOW_UNEXPECTED_LIMIT),
   // and a new staged entry charged against it.
   bool stagingFits(int peer, uint64_t len) const;
   uint64_t unexpectedLimit() const { return unexpectedLimit_; }

@@ -117,7 +117,7 @@ void NcclBackend::decide(const Op& op, int device) {
   }
   std::string why;
   if (mode == "staged") {
-    why = "GFLOW_DEVICE_BACKEND=staged";
+    why = "the device backend is 'staged' (Options::device.backend or GFLOW_DEVICE_BACKEND)";
   } else if (!plugin_->nccl) {
     why = "the CUDA component has no NCCL table";
   } else {
@@ -159,7 +159,9 @@ void NcclBackend::decide(const Op& op, int device) {
   if (!blocker.empty()) {
     if (mode == "nccl") {
       GFLOW_THROW(kInvalidArgument, ErrorContext().withSeq(op.seq).withRank(s_.rank))
-          << "GFLOW_DEVICE_BACKEND=nccl, but NCCL cannot run this communicator: " << blocker;
+          << "the device backend is 'nccl' (Options::device.backend or GFLOW_DEVICE_BACKEND), "
+             "but NCCL cannot run this communicator: "
+          << blocker;
     }
     if (s_.rank == 0) {
       GFLOW_LOG(INFO) << "cuda tensors are staged through host memory (not NCCL: " << blocker

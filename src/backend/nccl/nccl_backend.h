@@ -3,7 +3,8 @@
 //
 // A communicator owns one, idle until its first op on device tensors. That
 // op decides, on every rank at once through the bootstrap store, whether
-// NCCL runs the communicator's device ops (GFLOW_DEVICE_BACKEND; every rank
+// NCCL runs the communicator's device ops (DeviceSetup::mode, which core
+// resolves from Options::device.backend or GFLOW_DEVICE_BACKEND; every rank
 // must load NCCL and the ranks of a host must use different GPUs, which
 // NCCL requires) or gflow stages them through host memory. With NCCL, rank 0
 // creates the ncclUniqueId and publishes it through the store, every rank
@@ -50,7 +51,7 @@ class NcclBackend final : public Backend {
   // whether NCCL runs this communicator's device ops. The first call decides
   // (collective: every rank makes it at the same op) and starts NCCL on
   // `device`. Throws gflow::Error when NCCL was required
-  // (GFLOW_DEVICE_BACKEND=nccl) but cannot run, or fails to start.
+  // (mode "nccl") but cannot run, or fails to start.
   bool use(const Op& op, const cuda::Plugin& plugin, int device);
   bool active() const { return state_ == State::kNccl; }
   int device() const { return device_; }
