@@ -19,6 +19,7 @@
 #include "gflow/gflow.h"
 #include "testing/ranks.h"
 #include "testing/soft_cuda.h"
+#include "testing/soft_gpus.h"
 #include "testing/soft_nccl.h"
 
 namespace gflow {
@@ -48,6 +49,11 @@ std::vector<float> inputOf(int rank, float magnitude, bool integers) {
   std::normal_distribution<float> d(0.0f, magnitude);
   for (float& x : v) x = d(rng);
   return v;
+}
+
+AllreduceOptions options(ReduceOp op, DataType wire, float prescale = 1.0f,
+                         float postscale = 1.0f) {
+  return AllreduceOptions{op, wire, prescale, postscale};
 }
 
 struct Outcome {
@@ -131,18 +137,9 @@ void expectSameBits(const Outcome& a, const Outcome& b, const std::string& what)
   }
 }
 
-class DeviceAllreduceOptions : public ::testing::Test {
+// Ends checking that the communicators' pooled kernels freed their memory.
+class DeviceAllreduceOptions : public testing::OnSoftGpus<kRanks> {
  protected:
-  void SetUp() override {
-    softcuda::install(kRanks);
-    softnccl::enable();
-  }
-  void TearDown() override {
-    // Communicators gone: their pooled kernels freed gflow's device memory.
-    EXPECT_EQ(softcuda::allocationsAlive(), 0);
-    EXPECT_EQ(softcuda::hostAllocsAlive(), 0);
-    softcuda::uninstall();
-  }
   // Runs `o` on the cpu, staged and on NCCL: each within the bound of the
   // reference, staged the cpu's bits, and the device paths as kernels
   // (staged without NCCL, nccl through it).
@@ -178,10 +175,8 @@ TEST_F(DeviceAllreduceOptions, CompressedSumAndAvgMatchTheReferenceAndTheCpuBits
   const auto in = inputs(3.0f);
   for (DataType wire : {DataType::kFloat16, DataType::kBFloat16}) {
     for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
-      AllreduceOptions o;
-      o.op = op;
-      o.wire = wire;
-      checkEverywhere(o, in, std::string(gflow::toString(wire)) + " " + gflow::toString(op));
+      checkEverywhere(options(op, wire), in,
+                      std::string(gflow::toString(wire)) + " " + gflow::toString(op));
     }
   }
 }
@@ -189,12 +184,8 @@ TEST_F(DeviceAllreduceOptions, CompressedSumAndAvgMatchTheReferenceAndTheCpuBits
 TEST_F(DeviceAllreduceOptions, PrescaleAndPostscaleWithAndWithoutCompression) {
   const auto in = inputs(3.0f);
   for (DataType wire : {DataType::kFloat32, DataType::kFloat16, DataType::kBFloat16}) {
-    AllreduceOptions o;
-    o.op = ReduceOp::kSum;
-    o.wire = wire;
-    o.prescale = 0.3f;
-    o.postscale = 1.7f;
-    checkEverywhere(o, in, std::string("scaled ") + gflow::toString(wire));
+    checkEverywhere(options(ReduceOp::kSum, wire, 0.3f, 1.7f), in,
+                    std::string("scaled ") + gflow::toString(wire));
   }
 }
 
@@ -203,11 +194,7 @@ TEST_F(DeviceAllreduceOptions, ScalesOfExactDataGiveTheExactResultOnEveryPath) {
   // so every path (NCCL's order of summing included) gives the reference.
   const auto in = inputs(0.0f, true);
   for (DataType wire : {DataType::kFloat32, DataType::kFloat16, DataType::kBFloat16}) {
-    AllreduceOptions o;
-    o.op = ReduceOp::kSum;
-    o.wire = wire;
-    o.prescale = 0.25f;
-    o.postscale = 3.0f;
+    const AllreduceOptions o = options(ReduceOp::kSum, wire, 0.25f, 3.0f);
     for (Where w : {Where::kCpu, Where::kStaged, Where::kNccl}) {
       const Outcome got = run(w, o, in);
       for (int r = 0; r < kRanks; ++r) {
@@ -224,9 +211,7 @@ TEST_F(DeviceAllreduceOptions, AnInfOnOneRankIsReportedOnEveryRank) {
   for (DataType wire : {DataType::kFloat32, DataType::kFloat16}) {
     for (Where w : {Where::kCpu, Where::kStaged, Where::kNccl}) {
       auto in = inputs(1.0f);
-      AllreduceOptions o;
-      o.wire = wire;
-      o.postscale = 0.5f;
+      const AllreduceOptions o = options(ReduceOp::kSum, wire, 1.0f, 0.5f);
       const std::string what = std::string(gflow::toString(wire)) + " " + toString(w);
       const Outcome clean = run(w, o, in);
       for (int r = 0; r < kRanks; ++r) EXPECT_FALSE(clean.nonFinite[r]) << what;
@@ -241,9 +226,7 @@ TEST_F(DeviceAllreduceOptions, AnInfOnOneRankIsReportedOnEveryRank) {
   }
   // A float16 sum beyond the wire's range overflows to inf: reported too.
   std::vector<std::vector<float>> big(kRanks, std::vector<float>(kCount, 30000.0f));
-  AllreduceOptions f16;
-  f16.wire = DataType::kFloat16;
-  const Outcome over = run(Where::kStaged, f16, big);
+  const Outcome over = run(Where::kStaged, options(ReduceOp::kSum, DataType::kFloat16), big);
   for (int r = 0; r < kRanks; ++r) EXPECT_TRUE(over.nonFinite[r]) << "rank " << r;
 }
 
@@ -251,9 +234,7 @@ TEST_F(DeviceAllreduceOptions, WorksOnTheCallersOwnStream) {
   // Each rank on its own GPU and a stream it made: the kernels run there.
   const auto in = inputs(2.0f);
   std::vector<void*> streams(kRanks);
-  AllreduceOptions o;
-  o.wire = DataType::kBFloat16;
-  o.prescale = 0.5f;
+  const AllreduceOptions o = options(ReduceOp::kSum, DataType::kBFloat16, 0.5f);
   std::vector<std::vector<float>> got(kRanks);
   testing::runRanks(kRanks, [&](Communicator& comm) {
     const int r = comm.rank();
