@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <random>
 #include <string>
 #include <vector>
@@ -259,6 +260,39 @@ TEST_F(DeviceAllreduceOptions, WorksOnTheCallersOwnStream) {
       ASSERT_LE(std::fabs(got[r][i] - reference(in, i, o)), bound(in, i, o)) << r << "/" << i;
     }
   }
+}
+
+TEST_F(DeviceAllreduceOptions, AFailedKernelFailsTheOpOnEveryRank) {
+  // After a first op (the ranks have chosen NCCL), the next narrowing launch
+  // (one rank's) fails: that rank's op fails with the CUDA error, and its
+  // peers, inside NCCL, hear of it instead of waiting.
+  int named = 0;
+  std::mutex mu;
+  Options base;
+  base.timeout = std::chrono::seconds(60);
+  auto errs = testing::runRanksCollect(
+      kRanks,
+      [&](Communicator& comm) {
+        void* mem = softcuda::alloc(comm.rank(), kCount * sizeof(float));
+        Tensor t(mem, kCount, DataType::kFloat32, Device{DeviceType::kCUDA, comm.rank()});
+        const AllreduceOptions o = options(ReduceOp::kSum, DataType::kFloat16);
+        try {
+          comm.allreduce(t, o);
+          comm.barrier();
+          if (comm.rank() == 0) softcuda::failNextCall("narrow", softcuda::kInvalidValue);
+          comm.barrier();
+          comm.allreduce(t, o);
+        } catch (const Error& e) {
+          std::lock_guard<std::mutex> lock(mu);
+          named += std::string(e.what()).find("narrowing kernel") != std::string::npos;
+          softcuda::free(mem);
+          throw;
+        }
+        softcuda::free(mem);
+      },
+      base);
+  for (int r = 0; r < kRanks; ++r) EXPECT_TRUE(errs[r]) << "rank " << r << " did not fail";
+  EXPECT_GE(named, 1);
 }
 
 }  // namespace
