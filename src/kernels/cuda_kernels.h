@@ -8,8 +8,9 @@
 // so the order on the GPU is pack -> collective -> unpack without a host
 // round trip before the collective.
 //
-// Used from one thread at a time (a communicator's executing thread, which
-// runs the ops' before/after steps, or a reducer's constructor for setup);
+// Made on any thread (a reducer's constructor, or the first op of a
+// communicator that needs them), then used from one thread at a time (the
+// communicator's executing thread, which runs the ops' before/after steps);
 // acquire()/release() from any thread. Every CUDA failure throws
 // gflow::Error(kInternal) naming the GPU and what failed.
 #pragma once
