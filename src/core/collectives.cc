@@ -116,7 +116,19 @@ std::shared_ptr<WorkState> doAllreduceWith(CommunicatorImpl& I, Tensor inout,
   if (!std::isfinite(o.prescale) || !std::isfinite(o.postscale)) {
     I.invalid(name, "prescale and postscale must be finite");
   }
-  std::shared_ptr<kernels::GradientKernels> k = I.kernelsFor(inout.device, inout.stream);
+  // This rank's kernels (and, compressed, its wire buffer): CUDA failing
+  // here fails the communicator, as bad input does, so no peer waits for it.
+  std::shared_ptr<kernels::GradientKernels> k;
+  void* wire = nullptr;
+  try {
+    k = I.kernelsFor(inout.device, inout.stream);
+    // Scratch of the tensor's device; narrow() writes every element first.
+    if (compress) wire = k->acquire(inout.count * dataTypeSize(o.wire));
+  } catch (const Error& e) {
+    const Error full(e.code(), e.detail(), ErrorContext::forOp(name).withRank(I.commRank()));
+    internal::CommunicatorAccess::abortWith(I, full);
+    throw full;
+  }
   auto flag = std::make_shared<std::atomic<bool>>(false);
   auto* data = static_cast<float*>(inout.data);
   const size_t n = inout.count;
@@ -134,8 +146,6 @@ std::shared_ptr<WorkState> doAllreduceWith(CommunicatorImpl& I, Tensor inout,
       if (post != 1.0f) k->scale(data, n, post);
     };
   } else {
-    // Scratch of the tensor's device; narrow() writes every element first.
-    void* wire = k->acquire(n * dataTypeSize(o.wire));
     internal::CompressedAllreduce c;
     c.kernels = k;
     c.format = internal::WireFormat{o.wire, o.prescale, o.postscale};
@@ -145,7 +155,7 @@ std::shared_ptr<WorkState> doAllreduceWith(CommunicatorImpl& I, Tensor inout,
     c.count = n;
     c.spans = {internal::WireSpan{data, n, 0}};
     c.nonFinite = flag;
-    c.owner = std::shared_ptr<void>(wire, [k](void* p) { k->release(p); });
+    c.owner = std::shared_ptr<void>(wire, [k](void* p) { k->release(p); });  // after the op
     s = internal::compressedSteps(std::move(c));
   }
   // The op completes once the results are in the tensor (on a GPU: once

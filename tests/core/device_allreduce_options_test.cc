@@ -12,7 +12,6 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <mutex>
 #include <random>
 #include <string>
 #include <vector>
@@ -262,37 +261,75 @@ TEST_F(DeviceAllreduceOptions, WorksOnTheCallersOwnStream) {
   }
 }
 
-TEST_F(DeviceAllreduceOptions, AFailedKernelFailsTheOpOnEveryRank) {
-  // After a first op (the ranks have chosen NCCL), the next narrowing launch
-  // (one rank's) fails: that rank's op fails with the CUDA error, and its
-  // peers, inside NCCL, hear of it instead of waiting.
-  int named = 0;
-  std::mutex mu;
+// What one rank's call raised.
+struct Raised {
+  bool failed = false;
+  ErrorCode code = ErrorCode::kInternal;
+  ErrorContext context;
+  std::string what;
+};
+
+// Each rank (on its own soft GPU) runs `first` (the ranks choose NCCL, the
+// kernels are made), then the next call of the soft CUDA's `entry` fails
+// (`code`) and every rank runs `second`; returns what each rank raised.
+std::vector<Raised> failInSecondOp(const char* entry, int code, const AllreduceOptions& first,
+                                   const AllreduceOptions& second) {
+  std::vector<Raised> out(kRanks);
   Options base;
   base.timeout = std::chrono::seconds(60);
-  auto errs = testing::runRanksCollect(
+  testing::runRanksCollect(
       kRanks,
       [&](Communicator& comm) {
-        void* mem = softcuda::alloc(comm.rank(), kCount * sizeof(float));
-        Tensor t(mem, kCount, DataType::kFloat32, Device{DeviceType::kCUDA, comm.rank()});
-        const AllreduceOptions o = options(ReduceOp::kSum, DataType::kFloat16);
+        const int r = comm.rank();
+        void* mem = softcuda::alloc(r, kCount * sizeof(float));
+        Tensor t(mem, kCount, DataType::kFloat32, Device{DeviceType::kCUDA, r});
         try {
-          comm.allreduce(t, o);
+          comm.allreduce(t, first);
           comm.barrier();
-          if (comm.rank() == 0) softcuda::failNextCall("narrow", softcuda::kInvalidValue);
+          if (r == 0) softcuda::failNextCall(entry, code);
           comm.barrier();
-          comm.allreduce(t, o);
+          comm.allreduce(t, second);
         } catch (const Error& e) {
-          std::lock_guard<std::mutex> lock(mu);
-          named += std::string(e.what()).find("narrowing kernel") != std::string::npos;
-          softcuda::free(mem);
-          throw;
+          out[r] = Raised{true, e.code(), e.context(), e.what()};
         }
         softcuda::free(mem);
       },
       base);
-  for (int r = 0; r < kRanks; ++r) EXPECT_TRUE(errs[r]) << "rank " << r << " did not fail";
+  return out;
+}
+
+TEST_F(DeviceAllreduceOptions, AFailedKernelFailsTheOpOnEveryRank) {
+  // One rank's narrowing launch fails: its op fails with the CUDA error, and
+  // its peers, inside NCCL, hear of it instead of waiting.
+  const AllreduceOptions f16 = options(ReduceOp::kSum, DataType::kFloat16);
+  const auto raised = failInSecondOp("narrow", softcuda::kInvalidValue, f16, f16);
+  int named = 0;
+  for (int r = 0; r < kRanks; ++r) {
+    EXPECT_TRUE(raised[r].failed) << "rank " << r << " did not fail";
+    named += raised[r].what.find("narrowing kernel") != std::string::npos;
+  }
   EXPECT_GE(named, 1);
+}
+
+TEST_F(DeviceAllreduceOptions, AFailedWireAllocationFailsEveryRankNamingTheOp) {
+  // After an uncompressed first op, one rank cannot allocate its wire
+  // buffer: its call raises the CUDA error as the op's, on this rank, and
+  // fails the communicator, so the peers hear of it instead of waiting.
+  const auto raised = failInSecondOp("deviceAlloc", softcuda::kMemoryAllocation, AllreduceOptions{},
+                                     options(ReduceOp::kSum, DataType::kBFloat16));
+  int own = 0;
+  for (int r = 0; r < kRanks; ++r) {
+    const Raised& e = raised[r];
+    EXPECT_TRUE(e.failed) << "rank " << r << " did not fail";
+    // Every rank's error names the cause (the peers': the failed rank's report).
+    EXPECT_NE(e.what.find("allocating gradient scratch memory"), std::string::npos) << e.what;
+    if (e.code == ErrorCode::kInternal) {
+      ++own;
+      EXPECT_EQ(e.context.op, "allreduce") << e.what;
+      EXPECT_EQ(e.context.rank, r) << e.what;
+    }
+  }
+  EXPECT_EQ(own, 1);
 }
 
 }  // namespace
