@@ -86,19 +86,10 @@ std::shared_ptr<WorkState> doAllreduce(CommunicatorImpl& I, Tensor in, Tensor ou
       std::move(buffers));
 }
 
-// Allreduce with AllreduceOptions, on host or device data alike: the
-// element work goes through the kernels of the tensor's device (host
-// kernels, or the communicator's CudaKernels of its GPU and stream, which
-// enqueue on that stream). Compressed: float32 data narrowed to the wire
-// type (with the prescale) right before the collective and widened back
-// (with the postscale) right after it, so the collective itself is a
-// float16/bfloat16 allreduce whose every hop adds in float32 (on the host
-// algorithms). Uncompressed: the data scaled in place before and after.
-// Either way the reduced values are scanned for inf/NaN before the
-// postscale (every rank holds the same bits, so all agree).
-std::shared_ptr<WorkState> doAllreduceWith(CommunicatorImpl& I, Tensor inout,
-                                           const AllreduceOptions& o, bool blocking) {
-  const char* name = "allreduce";
+// The argument checks of doAllreduceWith; returns whether `inout`
+// travels compressed.
+bool checkAllreduceOptions(CommunicatorImpl& I, const char* name, const Tensor& inout,
+                           const AllreduceOptions& o) {
   I.checkUsable(name);
   I.validateTensor(name, "inout", inout);
   I.validateOp(name, o.op);
@@ -116,6 +107,23 @@ std::shared_ptr<WorkState> doAllreduceWith(CommunicatorImpl& I, Tensor inout,
   if (!std::isfinite(o.prescale) || !std::isfinite(o.postscale)) {
     I.invalid(name, "prescale and postscale must be finite");
   }
+  return compress;
+}
+
+// Allreduce with AllreduceOptions, on host or device data alike: the
+// element work goes through the kernels of the tensor's device (host
+// kernels, or the communicator's CudaKernels of its GPU and stream, which
+// enqueue on that stream). Compressed: float32 data narrowed to the wire
+// type (with the prescale) right before the collective and widened back
+// (with the postscale) right after it, so the collective itself is a
+// float16/bfloat16 allreduce whose every hop adds in float32 (on the host
+// algorithms). Uncompressed: the data scaled in place before and after.
+// Either way the reduced values are scanned for inf/NaN before the
+// postscale (every rank holds the same bits, so all agree).
+std::shared_ptr<WorkState> doAllreduceWith(CommunicatorImpl& I, Tensor inout,
+                                           const AllreduceOptions& o, bool blocking) {
+  const char* name = "allreduce";
+  const bool compress = checkAllreduceOptions(I, name, inout, o);
   // This rank's kernels (and, compressed, its wire buffer): CUDA failing
   // here fails the communicator, as bad input does, so no peer waits for it.
   std::shared_ptr<kernels::GradientKernels> k;
