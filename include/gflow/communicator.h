@@ -59,13 +59,18 @@ class GFLOW_EXPORT Work {
   std::shared_ptr<Completion> state_;
 };
 
-// An allreduce's options beyond its operator (Communicator::allreduce).
+// An allreduce's options beyond its operator (Communicator::allreduce), on
+// cpu or cuda tensors alike: on a GPU the conversions, scales and the
+// inf/NaN scan run as kernels on the tensor's stream around the collective
+// (docs/compression.md); staged through host memory the results are the cpu
+// path's bits, on NCCL a compressed wire is summed in the wire type.
 struct AllreduceOptions {
   ReduceOp op = ReduceOp::kSum;
   // For float32 data, the type on the wire: kFloat16 or kBFloat16 halve the
-  // bytes. Every reduction hop widens to float32, applies the op and rounds
-  // once to the wire type (docs/compression.md bounds the error); all ranks
-  // get the same bits. kFloat32 (or the tensor's own dtype): no compression.
+  // bytes. Every reduction hop of gflow's host algorithms widens to float32,
+  // applies the op and rounds once to the wire type (docs/compression.md
+  // bounds the error); all ranks get the same bits. kFloat32 (or the
+  // tensor's own dtype): no compression.
   DataType wire = DataType::kFloat32;
   // float32 data only: the input is multiplied by `prescale` before it is
   // narrowed (e.g. 1/N with kSum keeps float16 sums of N ranks in range),

@@ -7,7 +7,7 @@
 #include "core/communicator_impl.h"
 #include "core/internal.h"
 #include "gflow/communicator.h"
-#include "kernels/convert.h"
+#include "kernels/gradient_kernels.h"
 
 namespace gflow {
 
@@ -86,22 +86,13 @@ std::shared_ptr<WorkState> doAllreduce(CommunicatorImpl& I, Tensor in, Tensor ou
       std::move(buffers));
 }
 
-// Allreduce with AllreduceOptions: float32 data narrowed to the wire type
-// (with prescale) on the executing thread right before the collective and
-// widened back (with postscale) right after it, so the collective itself is
-// a float16/bfloat16 allreduce whose every hop adds in float32; the result
-// is scanned for inf/NaN (every rank holds the same bits, so all agree).
-std::shared_ptr<WorkState> doAllreduceWith(CommunicatorImpl& I, Tensor inout,
-                                           const AllreduceOptions& o, bool blocking) {
-  const char* name = "allreduce";
+// The argument checks of doAllreduceWith; returns whether `inout`
+// travels compressed.
+bool checkAllreduceOptions(CommunicatorImpl& I, const char* name, const Tensor& inout,
+                           const AllreduceOptions& o) {
   I.checkUsable(name);
   I.validateTensor(name, "inout", inout);
   I.validateOp(name, o.op);
-  if (inout.device.type == DeviceType::kCUDA) {
-    I.invalid(name,
-              "AllreduceOptions (wire compression, scaling, the inf/NaN report) take cpu "
-              "tensors in this version; allreduce(Tensor, ReduceOp) takes cuda tensors");
-  }
   const bool compress = o.wire != DataType::kFloat32 && o.wire != inout.dtype;
   if (compress && (inout.dtype != DataType::kFloat32 ||
                    (o.wire != DataType::kFloat16 && o.wire != DataType::kBFloat16))) {
@@ -116,40 +107,72 @@ std::shared_ptr<WorkState> doAllreduceWith(CommunicatorImpl& I, Tensor inout,
   if (!std::isfinite(o.prescale) || !std::isfinite(o.postscale)) {
     I.invalid(name, "prescale and postscale must be finite");
   }
+  return compress;
+}
+
+// Allreduce with AllreduceOptions, on host or device data alike: the
+// element work goes through the kernels of the tensor's device (host
+// kernels, or the communicator's CudaKernels of its GPU and stream, which
+// enqueue on that stream). Compressed: float32 data narrowed to the wire
+// type (with the prescale) right before the collective and widened back
+// (with the postscale) right after it, so the collective itself is a
+// float16/bfloat16 allreduce whose every hop adds in float32 (on the host
+// algorithms). Uncompressed: the data scaled in place before and after.
+// Either way the reduced values are scanned for inf/NaN before the
+// postscale (every rank holds the same bits, so all agree).
+std::shared_ptr<WorkState> doAllreduceWith(CommunicatorImpl& I, Tensor inout,
+                                           const AllreduceOptions& o, bool blocking) {
+  const char* name = "allreduce";
+  const bool compress = checkAllreduceOptions(I, name, inout, o);
+  // This rank's kernels (and, compressed, its wire buffer): CUDA failing
+  // here fails the communicator, as bad input does, so no peer waits for it.
+  std::shared_ptr<kernels::GradientKernels> k;
+  void* wire = nullptr;
+  try {
+    k = I.kernelsFor(inout.device, inout.stream);
+    // Scratch of the tensor's device; narrow() writes every element first.
+    if (compress) wire = k->acquire(inout.count * dataTypeSize(o.wire));
+  } catch (const Error& e) {
+    const Error full(e.code(), e.detail(), ErrorContext::forOp(name).withRank(I.commRank()));
+    internal::CommunicatorAccess::abortWith(I, full);
+    throw full;
+  }
   auto flag = std::make_shared<std::atomic<bool>>(false);
   auto* data = static_cast<float*>(inout.data);
   const size_t n = inout.count;
-  std::shared_ptr<WorkState> w;
+  internal::FusedSteps s;
   if (!compress) {
-    auto scale = [data, n](float k) {
-      if (k != 1.0f) {
-        for (size_t i = 0; i < n; ++i) data[i] *= k;
-      }
-    };
     const float pre = o.prescale, post = o.postscale;
-    w = doAllreduce(
-        I, inout, inout, o.op, blocking, [scale, pre] { scale(pre); },
-        [scale, post, flag, inout] {
-          // The reduced values, before postscale (as on the compressed path).
-          flag->store(kernels::anyNonFinite(inout.data, inout.count, inout.dtype),
-                      std::memory_order_release);
-          scale(post);
-        });
+    s.buffer = inout;
+    s.op = o.op;
+    s.before = [k, data, n, pre] {
+      if (pre != 1.0f) k->scale(data, n, pre);
+    };
+    s.after = [k, data, n, post, flag, inout] {
+      // The reduced values, before postscale (as on the compressed path).
+      flag->store(k->nonFinite(inout.data, inout.count, inout.dtype), std::memory_order_release);
+      if (post != 1.0f) k->scale(data, n, post);
+    };
   } else {
-    // Not value-initialised: narrow() writes every element first.
-    std::shared_ptr<uint16_t[]> wire(new uint16_t[n]);
     internal::CompressedAllreduce c;
+    c.kernels = k;
     c.format = internal::WireFormat{o.wire, o.prescale, o.postscale};
     c.op = o.op;
     c.worldSize = I.commSize();
-    c.wire = wire.get();
+    c.wire = wire;
     c.count = n;
     c.spans = {internal::WireSpan{data, n, 0}};
     c.nonFinite = flag;
-    c.owner = wire;
-    const internal::FusedSteps s = internal::compressedSteps(std::move(c));
-    w = doAllreduce(I, s.buffer, s.buffer, s.op, blocking, s.before, s.after);
+    c.owner = std::shared_ptr<void>(wire, [k](void* p) { k->release(p); });  // after the op
+    s = internal::compressedSteps(std::move(c));
   }
+  // The op completes once the results are in the tensor (on a GPU: once
+  // the stream has run the after step's kernels).
+  auto after = [k, run = std::move(s.after)] {
+    run();
+    k->synchronize();
+  };
+  auto w = doAllreduce(I, s.buffer, s.buffer, s.op, blocking, std::move(s.before), after);
   w->setNonFiniteFlag(flag);
   return w;
 }
@@ -265,6 +288,11 @@ Work Communicator::broadcastAsync(Tensor inout, int root) {
 }
 Work Communicator::barrierAsync() {
   return Work(doBarrier(impl(*this), false));
+}
+
+std::shared_ptr<kernels::GradientKernels> internal::CommunicatorAccess::kernelsFor(
+    Communicator& comm, Device where, void* stream) {
+  return impl(comm).kernelsFor(where, stream);
 }
 
 std::shared_ptr<WorkState> internal::CommunicatorAccess::fusedAllreduce(

@@ -381,16 +381,6 @@ void CommunicatorImpl::splitBackend(int color, int key, CommunicatorImpl* child)
   executor.submit(std::move(task), true)->wait(std::chrono::milliseconds(0));
 }
 
-std::shared_ptr<void> internal::CommunicatorAccess::cached(
-    Communicator& comm, const std::string& key,
-    const std::function<std::shared_ptr<void>()>& make) {
-  CommunicatorImpl& I = impl(comm);
-  std::lock_guard<std::mutex> lock(I.cacheMutex);
-  std::shared_ptr<void>& slot = I.cache[key];
-  if (!slot) slot = make();
-  return slot;
-}
-
 void frontend::failInvalidArgument(Communicator& comm, const std::string& op,
                                    const std::string& what) {
   // The op name outlives the throw: Error copies it.

@@ -7,7 +7,6 @@
 
 #include <array>
 #include <atomic>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -20,6 +19,7 @@
 #include "core/executor.h"
 #include "core/settings.h"
 #include "gflow/communicator.h"
+#include "kernels/device_kernels_pool.h"
 #include "transport/transport.h"
 
 namespace gflow {
@@ -37,6 +37,12 @@ class CommunicatorImpl final : public Communicator {
   int commSize() const { return size; }
   // The one Backend this communicator calls (executing thread).
   backend::Router& router() { return *backend; }
+  // The kernels of memory on `where` with work on `stream` (host kernels,
+  // or this communicator's CudaKernels of that GPU and stream; see
+  // kernelsPool). Thread-safe.
+  std::shared_ptr<kernels::GradientKernels> kernelsFor(Device where, void* stream) {
+    return kernelsPool.get(where, stream);
+  }
 
   // Runs one collective (blocking or async) with the common bookkeeping.
   // `buffers`: Op::buffers of every run (backend::DeviceBuffers::bind).
@@ -79,9 +85,10 @@ class CommunicatorImpl final : public Communicator {
   transport::ContextOptions contextOptions;  // template for split()
   std::unique_ptr<AlgorithmSelector> selector;
   std::unique_ptr<backend::Router> backend;
-  // CommunicatorAccess::cached (destroyed after the executor's last op).
-  std::mutex cacheMutex;
-  std::map<std::string, std::shared_ptr<void>> cache;
+  // The device kernels of AllreduceOptions and allreduceCoalesced
+  // (CommunicatorAccess::kernelsFor): destroyed after the executor's last
+  // op, so no op's device memory is freed while ops run.
+  kernels::DeviceKernelsPool kernelsPool;
   Executor executor;  // runs the ops in order
 
   uint64_t seq = 0;  // touched only by the executing thread

@@ -1,7 +1,8 @@
 // Library-internal entry points into a Communicator for the layers above
 // core (src/gradient): composite ops that run extra work on the progress
 // thread around a collective, the compressed allreduce they share with
-// core, and failing a communicator from outside an op. The gradient layer
+// core, the communicator's device kernels, and failing a communicator from
+// outside an op. The gradient layer
 // reaches core only through this header.
 #pragma once
 
@@ -33,11 +34,13 @@ struct CommunicatorAccess {
   // Communicator::abort() with `error` instead of the generic one: pending
   // and later ops fail with it, and so do the peers'.
   static void abortWith(Communicator& comm, const Error& error);
-  // State the gradient layer keeps per communicator under `key` (made by
-  // `make` on first use), destroyed with the communicator after its last op:
-  // device memory that ops use is never freed while ops run.
-  static std::shared_ptr<void> cached(Communicator& comm, const std::string& key,
-                                      const std::function<std::shared_ptr<void>()>& make);
+  // The kernels for memory on `where` with work on `stream`: the host
+  // kernels for host memory; for a GPU, the communicator's CudaKernels of
+  // (GPU, stream), made on first use and destroyed with the communicator
+  // after its last op, so device memory that ops use is never freed while
+  // ops run. Thread-safe.
+  static std::shared_ptr<kernels::GradientKernels> kernelsFor(Communicator& comm, Device where,
+                                                              void* stream);
 };
 
 }  // namespace gflow::internal

@@ -27,12 +27,13 @@
 #include "core/internal.h"
 #include "gradient/bucket_plan.h"
 #include "gradient/csc.h"
-#include "gradient/cuda_kernels.h"
 #include "gradient/fuser.h"
 #include "gradient/fusion.h"
 #include "gradient/registration.h"
+#include "gradient/tensor_device.h"
 #include "gradient/timeline.h"
 #include "kernels/cuda/plugin.h"
+#include "kernels/cuda_kernels.h"
 
 namespace gflow {
 
@@ -200,7 +201,7 @@ class GradientReducer::Impl {
   std::unique_ptr<Timeline> timeline_;
   // Cuda gradients: kernels and device memory (pool, CSC residual); null
   // for cpu gradients, whose steps run on the host kernels.
-  std::shared_ptr<gradient::CudaKernels> cudaKernels_;
+  std::shared_ptr<kernels::CudaKernels> cudaKernels_;
   std::unique_ptr<Csc> csc_;
   std::unique_ptr<Fuser> fuser_;
   // This step's inf/NaN flag (a fresh one per step, so ops of an abandoned
@@ -331,8 +332,8 @@ void GradientReducer::Impl::setUpKernels() {
   if (device >= 0) {
     // Copy tables: up to three segments per tensor (CSC: gradient,
     // residual, velocity).
-    cudaKernels_ = std::make_shared<gradient::CudaKernels>(*cuda::load(nullptr), device,
-                                                           tensors[0].stream, 3 * tensors.size());
+    cudaKernels_ = std::make_shared<kernels::CudaKernels>(*cuda::load(nullptr), device,
+                                                          tensors[0].stream, 3 * tensors.size());
   }
   if (sparse.density > 0) csc_ = std::make_unique<Csc>(tensors, sparse, cudaKernels_);
   gradient::FuserConfig fc;
@@ -700,10 +701,10 @@ Work allreduceCoalesced(Communicator& comm, const std::vector<Tensor>& tensors, 
   struct Batch {
     std::vector<Tensor> tensors;
     std::vector<std::string> names;
-    // Cuda tensors: the communicator's device state for this GPU and stream
+    // Cuda tensors: the communicator's kernels for this GPU and stream
     // (kept with the communicator, so no op frees device memory) and the
-    // fusion regions taken from it, handed back with the batch.
-    std::shared_ptr<gradient::CudaKernels> device;
+    // fusion regions taken from them, handed back with the batch.
+    std::shared_ptr<kernels::GradientKernels> device;
     std::vector<std::vector<char>> buffers;
     std::vector<char*> regions;
     ~Batch() {
@@ -716,16 +717,8 @@ Work allreduceCoalesced(Communicator& comm, const std::vector<Tensor>& tensors, 
   std::string why;
   const int device = gradient::commonDevice(nullptr, tensors, {}, &why);
   if (device >= 0) {
-    const size_t segments = tensors.size();
-    void* stream = tensors[0].stream;
-    batch->device = std::static_pointer_cast<gradient::CudaKernels>(
-        CommunicatorAccess::cached(comm,
-                                   "coalesced/cuda:" + std::to_string(device) + "/" +
-                                       std::to_string(reinterpret_cast<uintptr_t>(stream)),
-                                   [device, stream, segments] {
-                                     return std::make_shared<gradient::CudaKernels>(
-                                         *cuda::load(nullptr), device, stream, segments);
-                                   }));
+    batch->device =
+        CommunicatorAccess::kernelsFor(comm, Device{DeviceType::kCUDA, device}, tensors[0].stream);
   }
   const BucketPlan plan = gradient::planBuckets(tensors, thresholdOr(comm, kOp, fusionThreshold));
   batch->buffers.reserve(plan.buckets.size());

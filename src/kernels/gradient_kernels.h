@@ -2,10 +2,11 @@
 // compression, CSC) and core's compressed allreduce call for their element
 // work, so each protocol is written once for host and device memory.
 // HostKernels (host_kernels.h) runs the CPU kernels of this layer
-// (convert.h, sparse.h) on the calling thread; the CUDA implementation
-// (gradient/cuda_kernels.h) enqueues the CUDA component's kernels on one
-// stream. Which one a caller gets is decided once, from the tensors' device,
-// when its reducer or batch is set up.
+// (convert.h, sparse.h) on the calling thread; CudaKernels (cuda_kernels.h)
+// enqueues the CUDA component's kernels on one stream. Which one a caller
+// gets is decided once, from the tensors' device, when its reducer, batch
+// or op is set up (DeviceKernelsPool, device_kernels_pool.h, keeps a
+// communicator's).
 //
 // Every pointer is memory of the implementation's device (where()).
 // Operations run in call order: on the host at once, on a GPU in stream
@@ -51,6 +52,9 @@ class GradientKernels {
   // contract, bit for bit.
   virtual void narrow(void* dst, const float* src, size_t count, DataType wire, float scale) = 0;
   virtual void widen(float* dst, const void* src, size_t count, DataType wire, float scale) = 0;
+  // data[i] *= k (float32, rounded to nearest even like the CPU's multiply):
+  // allreduce's prescale/postscale on uncompressed data.
+  virtual void scale(float* data, size_t count, float k) = 0;
   // Whether any element is inf or NaN (floating dtypes; false otherwise).
   virtual bool nonFinite(const void* data, size_t count, DataType dtype) = 0;
 

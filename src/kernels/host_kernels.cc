@@ -51,6 +51,10 @@ void HostKernels::widen(float* dst, const void* src, size_t count, DataType wire
   kernels::widen(dst, src, count, wire, scale);
 }
 
+void HostKernels::scale(float* data, size_t count, float k) {
+  for (size_t i = 0; i < count; ++i) data[i] *= k;
+}
+
 bool HostKernels::nonFinite(const void* data, size_t count, DataType dtype) {
   return anyNonFinite(data, count, dtype);
 }

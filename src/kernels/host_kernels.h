@@ -31,6 +31,7 @@ class HostKernels final : public GradientKernels {
   void copy(const std::vector<Copy>& copies) override;
   void narrow(void* dst, const float* src, size_t count, DataType wire, float scale) override;
   void widen(float* dst, const void* src, size_t count, DataType wire, float scale) override;
+  void scale(float* data, size_t count, float k) override;
   bool nonFinite(const void* data, size_t count, DataType dtype) override;
   size_t stagingElements(size_t) const override { return 0; }  // works in place
   void accumulateChunkNorms(SparseBucket& b, float m, float* norms) override;

@@ -104,6 +104,30 @@ TEST(GpuKernels, NarrowAndWidenMatchTheCpuTwinBitForBit) {
   }
 }
 
+TEST(GpuKernels, ScaleMatchesTheCpuMultiplyBitForBit) {
+  REQUIRE_GPU();
+  const size_t n = 100003;
+  std::vector<float> src = interesting(n, 2);
+  src[n - 1] = std::numeric_limits<float>::denorm_min();
+  src[n - 2] = std::numeric_limits<float>::quiet_NaN();
+  DeviceBuffer<float> d(n);
+  for (float k : {0.25f, 1.0f / 3.0f, -7.5f, 1e-30f}) {
+    d.upload(src);
+    CUDA_OK(kc::scale(d.p, n, k, nullptr));
+    CUDA_OK(cudaDeviceSynchronize());
+    const std::vector<float> gpu = d.download();
+    for (size_t i = 0; i < n; ++i) {
+      const float cpu = src[i] * k;
+      if (std::isnan(cpu)) {
+        ASSERT_TRUE(std::isnan(gpu[i])) << i;  // a NaN's payload is the GPU's own
+        continue;
+      }
+      ASSERT_EQ(0, std::memcmp(&gpu[i], &cpu, sizeof(float)))
+          << "scale " << k << " i " << i << " x " << src[i] << " gpu " << gpu[i] << " cpu " << cpu;
+    }
+  }
+}
+
 TEST(GpuKernels, NonFiniteFlagAgreesWithTheCpuScan) {
   REQUIRE_GPU();
   std::vector<float> v(5000, 1.0f);

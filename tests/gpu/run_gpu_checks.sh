@@ -10,7 +10,8 @@
 # Covered (gflow_gpu_tests + allreduce_bw):
 #   - the CUDA kernels against their CPU twins (kernels_gpu_test.cc);
 #   - every collective staged through the host backends, several ranks
-#     sharing GPU 0 (staged_collectives_gpu_test.cc);
+#     sharing GPU 0, and AllreduceOptions on device tensors against the cpu
+#     path bit for bit (staged_collectives_gpu_test.cc);
 #   - every collective on NCCL, one rank per GPU (GFLOW_DEVICE_BACKEND=nccl;
 #     NCCL refuses two ranks on one GPU), and the GradientReducer's fusion,
 #     compression and CSC kernels against the cpu reducer, staged and on NCCL

@@ -1,11 +1,14 @@
 // Device tensors through the host backends (docs/backends.md, "CUDA device
 // tensors"): several ranks (threads) sharing one GPU, every collective
-// staged through pinned host memory, against exact references. Skipped
-// without a usable GPU.
+// staged through pinned host memory, against exact references, and
+// allreduce with AllreduceOptions (compression, scales, the inf/NaN report)
+// against the cpu path bit for bit. Skipped without a usable GPU.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -91,6 +94,69 @@ TEST(GpuStaged, EveryCollectiveOnDeviceTensorsIsExact) {
           cudaStreamDestroy(s);
         },
         base);
+  }
+}
+
+// AllreduceOptions on device tensors: the before/after kernels on the
+// caller's stream around a staged collective give the cpu path's bits.
+TEST(GpuStaged, AllreduceOptionsGiveTheCpuPathsBits) {
+  const std::string why = noGpu();
+  if (!why.empty()) GTEST_SKIP() << why;
+  const int kRanks = 3;
+  const size_t count = 50001;
+  auto input = [](int r, size_t i) {
+    return std::sin(static_cast<float>(i * 0.37 + r)) * (r == 1 && i == 77 ? 3e38f : 3.0f);
+  };
+  struct Variant {
+    DataType wire;
+    ReduceOp op;
+    float prescale, postscale;
+  };
+  const Variant variants[] = {{DataType::kFloat16, ReduceOp::kSum, 1.0f, 1.0f},
+                              {DataType::kBFloat16, ReduceOp::kAvg, 1.0f, 1.0f},
+                              {DataType::kFloat16, ReduceOp::kAvg, 0.3f, 1.7f},
+                              {DataType::kFloat32, ReduceOp::kSum, 0.3f, 1.7f}};
+  for (const Variant& v : variants) {
+    AllreduceOptions o;
+    o.op = v.op;
+    o.wire = v.wire;
+    o.prescale = v.prescale;
+    o.postscale = v.postscale;
+    std::vector<std::vector<float>> cpu(kRanks), gpu(kRanks);
+    std::vector<int> cpuBad(kRanks), gpuBad(kRanks);
+    testing::runRanks(kRanks, [&](Communicator& c) {
+      const int r = c.rank();
+      std::vector<float> mine(count);
+      for (size_t i = 0; i < count; ++i) mine[i] = input(r, i);
+      cpu[r] = mine;
+      cpuBad[r] = c.allreduce(tensor(cpu[r].data(), count), o).nonFinite;
+      cudaSetDevice(0);
+      cudaStream_t s;
+      cudaStreamCreate(&s);
+      Dev d(mine);
+      // Enqueued on the stream right before the op: the op must see it.
+      cudaMemsetAsync(d.p + 5, 0, sizeof(float), s);
+      Work w = c.allreduceAsync(d.t(s), o);
+      w.wait();
+      gpuBad[r] = w.nonFinite();
+      gpu[r] = d.get();
+      cudaStreamDestroy(s);
+    });
+    for (int r = 0; r < kRanks; ++r) {
+      // 3e38 overflows float16 only.
+      EXPECT_EQ(cpuBad[r] != 0, v.wire == DataType::kFloat16) << toString(v.wire);
+      EXPECT_EQ(gpuBad[r], cpuBad[r]) << toString(v.wire) << " rank " << r;
+      ASSERT_EQ(gpu[r][5], 0.0f) << "the op must see the work enqueued before it";
+      for (size_t i = 0; i < count; ++i) {
+        if (i == 5) continue;  // zeroed on the device only
+        if (std::isnan(cpu[r][i])) {
+          ASSERT_TRUE(std::isnan(gpu[r][i])) << i;  // a NaN's payload is the GPU's own
+          continue;
+        }
+        ASSERT_EQ(0, std::memcmp(&gpu[r][i], &cpu[r][i], sizeof(float)))
+            << toString(v.wire) << " rank " << r << " element " << i;
+      }
+    }
   }
 }
 

@@ -16,6 +16,7 @@
 #include "gflow/reducer.h"
 #include "testing/ranks.h"
 #include "testing/soft_cuda.h"
+#include "testing/soft_gpus.h"
 #include "testing/soft_nccl.h"
 
 namespace gflow {
@@ -101,19 +102,7 @@ std::vector<std::vector<float>> run(const Case& c, int device, int steps) {
   return out;
 }
 
-class DeviceReducer : public ::testing::TestWithParam<Case> {
- protected:
-  void SetUp() override {
-    softcuda::install(kRanks);
-    softnccl::enable();
-  }
-  void TearDown() override {
-    // Reducers and communicators gone: gflow freed its device memory.
-    EXPECT_EQ(softcuda::allocationsAlive(), 0);
-    EXPECT_EQ(softcuda::hostAllocsAlive(), 0);
-    softcuda::uninstall();
-  }
-};
+class DeviceReducer : public testing::OnSoftGpus<kRanks, ::testing::TestWithParam<Case>> {};
 
 TEST_P(DeviceReducer, MatchesTheCpuReducerOnNcclAndStaged) {
   const Case& c = GetParam();

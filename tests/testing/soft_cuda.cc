@@ -491,6 +491,15 @@ int widen(float* dst, const void* src, size_t count, DataType wire, float scale,
   return l.submit([=] { kernels::widen(dst, src, count, wire, scale); });
 }
 
+int scale(float* data, size_t count, float k, void* stream) {
+  Launch l("scale");
+  if (l.error() || count == 0) return l.error();
+  l.on(stream).dev(data, count * sizeof(float));
+  return l.submit([=] {
+    for (size_t i = 0; i < count; ++i) data[i] *= k;
+  });
+}
+
 int flagNonFinite(const void* data, size_t count, DataType dtype, int* flag, void* stream) {
   Launch l("flagNonFinite");
   if (l.error() || count == 0) return l.error();
@@ -608,6 +617,7 @@ gflow::cuda::Plugin makeTable() {
   t.batchedCopy = batchedCopy;
   t.narrow = narrow;
   t.widen = widen;
+  t.scale = scale;
   t.flagNonFinite = flagNonFinite;
   t.accumulateChunkNorms = accumulateChunkNorms;
   t.topChunksTempBytes = topChunksTempBytes;

@@ -256,7 +256,14 @@ TEST_F(SoftCuda, KernelsRejectHostPointersAndMatchTheCpuTwins) {
   EXPECT_EQ(*flag, 1);
   EXPECT_EQ(p->flagNonFinite(src, n, DataType::kFloat32, reinterpret_cast<int*>(pinned), s0),
             sc::kInvalidValue);
-  EXPECT_EQ(sc::kernelLaunches(), 6u);
+  // The float32 scale: in place, on device memory only.
+  EXPECT_EQ(p->scale(host.data(), n, 3.0f, s0), sc::kInvalidValue);
+  EXPECT_EQ(p->scale(back, n + 1, 3.0f, s0), sc::kInvalidValue);  // too short
+  ASSERT_EQ(p->memcpyAsync(back, host.data(), n * 4, s0), 0);
+  ASSERT_EQ(p->scale(back, n, 0.3f, s0), 0);
+  ASSERT_EQ(p->streamSynchronize(s0), 0);
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(back[i], host[i] * 0.3f) << i;
+  EXPECT_EQ(sc::kernelLaunches(), 7u);
   EXPECT_EQ(p->hostFree(pinned), 0);
   EXPECT_EQ(p->streamDestroy(s0), 0);
   for (void* x :

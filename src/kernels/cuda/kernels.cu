@@ -72,6 +72,13 @@ __global__ void widenBf16(float* dst, const __nv_bfloat16* src, size_t n, float 
   }
 }
 
+__global__ void scaleFloat(float* data, size_t n, float k) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(blockDim.x) * gridDim.x) {
+    data[i] = __fmul_rn(data[i], k);
+  }
+}
+
 template <typename T>
 __device__ bool finite(T x) {
   return isfinite(static_cast<float>(x));
@@ -212,6 +219,12 @@ int widen(float* dst, const void* src, size_t count, DataType wire, float scale,
   } else {
     return static_cast<int>(cudaErrorInvalidValue);
   }
+  return lastError();
+}
+
+int scale(float* data, size_t count, float k, void* stream) {
+  if (count == 0) return 0;
+  scaleFloat<<<blocksFor(count), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(data, count, k);
   return lastError();
 }
 

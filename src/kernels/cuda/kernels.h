@@ -1,5 +1,6 @@
 // CUDA kernels of gflow's own layers on device buffers: fusion pack/unpack,
-// float32 <-> float16/bfloat16 conversion with a scale and an inf/NaN flag,
+// float32 <-> float16/bfloat16 conversion with a scale, a float32 scale in
+// place and an inf/NaN flag,
 // and the CSC steps (residual update with chunk L1 norms, top-chunk
 // selection, sparse gather/scatter). Each has a CPU twin (src/kernels/
 // convert.h, sparse.h, src/gradient/fusion.h) with the same contract; the
@@ -38,6 +39,8 @@ int batchedCopy(const CopySegment* segments, size_t n, void* scratch, void* stre
 int narrow(void* dst, const float* src, size_t count, DataType wire, float scale, void* stream);
 // dst[i] = float(src[i]) * scale.
 int widen(float* dst, const void* src, size_t count, DataType wire, float scale, void* stream);
+// data[i] = data[i] * k (float32, round to nearest even: the CPU's multiply).
+int scale(float* data, size_t count, float k, void* stream);
 // Sets *flag (device int) to 1 if any element is inf or NaN (floating types;
 // the flag is left unchanged otherwise). The caller zeroes it first.
 int flagNonFinite(const void* data, size_t count, DataType dtype, int* flag, void* stream);

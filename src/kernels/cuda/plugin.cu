@@ -11,6 +11,7 @@ Plugin makeTable() {
   t.batchedCopy = kernels::cuda::batchedCopy;
   t.narrow = kernels::cuda::narrow;
   t.widen = kernels::cuda::widen;
+  t.scale = kernels::cuda::scale;
   t.flagNonFinite = kernels::cuda::flagNonFinite;
   t.accumulateChunkNorms = kernels::cuda::accumulateChunkNorms;
   t.topChunksTempBytes = kernels::cuda::topChunksTempBytes;

@@ -20,6 +20,7 @@ struct Plugin : Runtime {
   decltype(&kernels::cuda::batchedCopy) batchedCopy = nullptr;
   decltype(&kernels::cuda::narrow) narrow = nullptr;
   decltype(&kernels::cuda::widen) widen = nullptr;
+  decltype(&kernels::cuda::scale) scale = nullptr;
   decltype(&kernels::cuda::flagNonFinite) flagNonFinite = nullptr;
   decltype(&kernels::cuda::accumulateChunkNorms) accumulateChunkNorms = nullptr;
   decltype(&kernels::cuda::topChunksTempBytes) topChunksTempBytes = nullptr;

@@ -1,33 +1,37 @@
-// kernels::GradientKernels on CUDA tensors: device memory and the CUDA
-// kernels of fusion (batched copy), compression (narrow/widen, the inf/NaN
-// flag) and CSC (kernels/cuda/kernels.h), enqueued on the gradients' stream
-// through gflow's CUDA component. The only file that calls the component's
-// kernel entries. The collective between a fused op's steps runs on the same
-// stream (NCCL) or waits for it (staging), so the order on the GPU is
-// pack -> collective -> unpack without host round trips in between.
+// GradientKernels on CUDA memory: device memory and the CUDA kernels of
+// fusion (batched copy), compression (narrow/widen, the inf/NaN flag), the
+// float32 scale and CSC (kernels/cuda/kernels.h), enqueued on one stream of
+// one GPU through gflow's CUDA component (kernels/cuda/plugin.h). The only
+// file that calls the component's kernel entries. A fused op's collective
+// waits for what its before step enqueued (backend::inputsProduced records
+// an event after it) and has finished on the GPU when its after step runs,
+// so the order on the GPU is pack -> collective -> unpack without a host
+// round trip before the collective.
 //
-// Used from the communicator's executing thread (the ops' before/after
-// steps) and, for setup, from the reducer's constructor. Every CUDA failure
-// throws gflow::Error(kInternal) naming what failed.
+// Made on any thread (a reducer's constructor, or the first op of a
+// communicator that needs them), then used from one thread at a time (the
+// communicator's executing thread, which runs the ops' before/after steps);
+// acquire()/release() from any thread. Every CUDA failure throws
+// gflow::Error(kInternal) naming the GPU and what failed.
 #pragma once
 
 #include <cstddef>
 #include <memory>
 #include <mutex>
-#include <string>
 #include <vector>
 
 #include "gflow/types.h"
 #include "kernels/cuda/plugin.h"
 #include "kernels/gradient_kernels.h"
 
-namespace gflow::gradient {
+namespace gflow::kernels {
 
-class CudaKernels final : public kernels::GradientKernels {
+class CudaKernels final : public GradientKernels {
  public:
-  // For gradients on `device` produced on `stream` (cudaStream_t); `maxTensors`
-  // bounds the tensors of one bucket (the segment table of a copy).
-  CudaKernels(const cuda::Plugin& plugin, int device, void* stream, size_t maxTensors);
+  // For memory of `device` and work on `stream` (cudaStream_t).
+  // `maxTensors`: the copies of one batch expected (the first size of the
+  // segment table; a bigger batch grows it).
+  CudaKernels(const gflow::cuda::Plugin& plugin, int device, void* stream, size_t maxTensors);
   ~CudaKernels() override;
   CudaKernels(const CudaKernels&) = delete;
   CudaKernels& operator=(const CudaKernels&) = delete;
@@ -43,6 +47,7 @@ class CudaKernels final : public kernels::GradientKernels {
   void copy(const std::vector<Copy>& copies) override;  // one kernel
   void narrow(void* dst, const float* src, size_t count, DataType wire, float scale) override;
   void widen(float* dst, const void* src, size_t count, DataType wire, float scale) override;
+  void scale(float* data, size_t count, float k) override;
   bool nonFinite(const void* data, size_t count, DataType dtype) override;
   // CSC stages each bucket contiguously (one batched copy in, one out).
   size_t stagingElements(size_t n) const override { return n; }
@@ -58,7 +63,7 @@ class CudaKernels final : public kernels::GradientKernels {
  private:
   void check(int err, const char* what) const;
 
-  const cuda::Plugin& p_;
+  const gflow::cuda::Plugin& p_;
   int device_;
   void* stream_;
   size_t maxSegments_;
@@ -76,10 +81,4 @@ class CudaKernels final : public kernels::GradientKernels {
   std::vector<Block> blocks_;
 };
 
-// The GPU all `tensors` live on, or -1 when they are all cpu tensors. Sets
-// `why` (and returns -2) when they mix devices or streams, or a pointer is
-// not memory of the GPU its tensor names.
-int commonDevice(const cuda::Plugin* plugin, const std::vector<Tensor>& tensors,
-                 const std::vector<std::string>& names, std::string* why);
-
-}  // namespace gflow::gradient
+}  // namespace gflow::kernels

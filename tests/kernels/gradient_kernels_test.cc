@@ -13,7 +13,7 @@
 #include <random>
 #include <vector>
 
-#include "gradient/cuda_kernels.h"
+#include "kernels/cuda_kernels.h"
 #include "kernels/host_kernels.h"
 #include "kernels/sparse.h"
 #include "testing/soft_cuda.h"
@@ -85,6 +85,21 @@ TEST(HostKernels, NarrowRoundsToNearestEvenAndWidenIsExact) {
   kernels::hostKernels()->narrow(w.data(), x.data(), 3, DataType::kFloat16, 4.0f);
   kernels::hostKernels()->widen(back.data(), w.data(), 3, DataType::kFloat16, 0.5f);
   for (size_t i = 0; i < 3; ++i) EXPECT_EQ(back[i], x[i] * 2.0f);
+}
+
+TEST(HostKernels, ScaleIsTheCorrectlyRoundedProduct) {
+  auto x = randomFloats(1000, 11, -3e38f, 3e38f);
+  x[3] = std::numeric_limits<float>::denorm_min();
+  x[4] = -0.0f;
+  for (float k : {0.25f, 1.0f / 3.0f, 7.5f, -1e-30f}) {
+    std::vector<float> y = x;
+    kernels::hostKernels()->scale(y.data(), y.size(), k);
+    for (size_t i = 0; i < x.size(); ++i) {
+      // The float64 product of two floats is exact: one rounding to float32.
+      const float want = static_cast<float>(static_cast<double>(x[i]) * k);
+      ASSERT_EQ(std::memcmp(&y[i], &want, sizeof(float)), 0) << x[i] << " * " << k;
+    }
+  }
 }
 
 TEST(HostKernels, NonFiniteFindsInfAndNanOfFloatingTypesOnly) {
@@ -199,7 +214,7 @@ class HostAndCudaKernels : public ::testing::Test {
  protected:
   void SetUp() override {
     softcuda::install(1);
-    cuda_ = std::make_unique<gradient::CudaKernels>(*softcuda::plugin(), 0, nullptr, 4);
+    cuda_ = std::make_unique<kernels::CudaKernels>(*softcuda::plugin(), 0, nullptr, 4);
   }
   void TearDown() override {
     cuda_.reset();
@@ -222,7 +237,7 @@ class HostAndCudaKernels : public ::testing::Test {
   GradientKernels& host() { return *kernels::hostKernels(); }
   void cscSteps(const std::vector<size_t>& sizes, std::vector<float> g, std::vector<float> v,
                 std::vector<float> u, float m);
-  std::unique_ptr<gradient::CudaKernels> cuda_;
+  std::unique_ptr<kernels::CudaKernels> cuda_;
   std::vector<void*> mem_;
 };
 
@@ -245,6 +260,19 @@ TEST_F(HostAndCudaKernels, NarrowWidenAndNonFiniteAgreeBitForBit) {
   }
   EXPECT_TRUE(cuda_->nonFinite(onDevice(x), x.size(), DataType::kFloat32));
   EXPECT_FALSE(cuda_->nonFinite(onDevice(x), 5, DataType::kFloat32));
+}
+
+TEST_F(HostAndCudaKernels, ScaleAgreesBitForBit) {
+  auto x = randomFloats(3000, 13, -3e38f, 3e38f);  // products beyond float32 too
+  x[7] = std::numeric_limits<float>::denorm_min();
+  x[8] = std::numeric_limits<float>::quiet_NaN();
+  for (float k : {0.125f, 1.0f / 3.0f, 3.7f}) {
+    std::vector<float> h = x;
+    float* d = onDevice(x);
+    host().scale(h.data(), h.size(), k);
+    cuda_->scale(d, x.size(), k);
+    expectSameBits(h, d, "scale");
+  }
 }
 
 // Every CSC step on both, with tensors of `sizes` and `g`, `v`, `u` as the

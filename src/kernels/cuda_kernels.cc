@@ -1,17 +1,17 @@
-#include "gradient/cuda_kernels.h"
+#include "kernels/cuda_kernels.h"
 
 #include <cstring>
 
 #include "common/check.h"
 #include "cuda/device_guard.h"
-#include "gradient/registration.h"
 
-namespace gflow::gradient {
+namespace gflow::kernels {
 
-CudaKernels::CudaKernels(const cuda::Plugin& plugin, int device, void* stream, size_t maxTensors)
+CudaKernels::CudaKernels(const gflow::cuda::Plugin& plugin, int device, void* stream,
+                         size_t maxTensors)
     : p_(plugin), device_(device), stream_(stream), maxSegments_(std::max<size_t>(1, maxTensors)) {
-  cuda::DeviceGuard c(p_, device_);
-  const size_t table = maxSegments_ * sizeof(kernels::cuda::CopySegment);
+  gflow::cuda::DeviceGuard c(p_, device_);
+  const size_t table = maxSegments_ * sizeof(cuda::CopySegment);
   check(p_.hostAlloc(&segmentsHost_, table), "allocating the pinned copy table");
   segmentsDevice_ = allocate(table);
   flagDevice_ = static_cast<int*>(allocate(sizeof(int)));
@@ -21,7 +21,7 @@ CudaKernels::CudaKernels(const cuda::Plugin& plugin, int device, void* stream, s
 }
 
 CudaKernels::~CudaKernels() {
-  cuda::DeviceGuard c(p_, device_);
+  gflow::cuda::DeviceGuard c(p_, device_);
   p_.streamSynchronize(stream_);
   for (void* q : owned_) p_.deviceFree(q);
   for (const Block& b : blocks_) p_.deviceFree(b.p);
@@ -36,7 +36,7 @@ void CudaKernels::check(int err, const char* what) const {
 }
 
 void* CudaKernels::allocate(size_t bytes) {
-  cuda::DeviceGuard c(p_, device_);
+  gflow::cuda::DeviceGuard c(p_, device_);
   void* q = nullptr;
   check(p_.deviceAlloc(&q, std::max<size_t>(bytes, 1)), "allocating gradient memory");
   owned_.push_back(q);
@@ -46,7 +46,7 @@ void* CudaKernels::allocate(size_t bytes) {
 
 void CudaKernels::zero(void* p, size_t bytes) {
   if (bytes == 0) return;
-  cuda::DeviceGuard c(p_, device_);
+  gflow::cuda::DeviceGuard c(p_, device_);
   const std::vector<char> zeros(bytes, 0);
   check(p_.memcpyAsync(p, zeros.data(), bytes, stream_), "zeroing gradient memory");
   check(p_.streamSynchronize(stream_), "zeroing gradient memory");
@@ -61,7 +61,7 @@ void* CudaKernels::acquire(size_t bytes) {
       return b.p;
     }
   }
-  cuda::DeviceGuard c(p_, device_);
+  gflow::cuda::DeviceGuard c(p_, device_);
   void* q = nullptr;
   check(p_.deviceAlloc(&q, bytes), "allocating gradient scratch memory");
   blocks_.push_back(Block{q, bytes, true});
@@ -77,11 +77,11 @@ void CudaKernels::release(void* block) {
 
 void CudaKernels::copy(const std::vector<Copy>& copies) {
   if (copies.empty()) return;
-  cuda::DeviceGuard c(p_, device_);
+  gflow::cuda::DeviceGuard c(p_, device_);
   // The pinned table is read by the stream: the previous copy must be past it.
   check(p_.streamSynchronize(stream_), "waiting for the previous copy");
   if (copies.size() > maxSegments_) {  // a bigger batch than any before
-    const size_t table = copies.size() * sizeof(kernels::cuda::CopySegment);
+    const size_t table = copies.size() * sizeof(cuda::CopySegment);
     void* host = nullptr;
     check(p_.hostAlloc(&host, table), "allocating the pinned copy table");
     p_.hostFree(segmentsHost_);
@@ -89,25 +89,30 @@ void CudaKernels::copy(const std::vector<Copy>& copies) {
     segmentsDevice_ = allocate(table);  // the old one stays with owned_
     maxSegments_ = copies.size();
   }
-  auto* seg = static_cast<kernels::cuda::CopySegment*>(segmentsHost_);
+  auto* seg = static_cast<cuda::CopySegment*>(segmentsHost_);
   for (size_t i = 0; i < copies.size(); ++i) {
-    seg[i] = kernels::cuda::CopySegment{copies[i].src, copies[i].dst, copies[i].bytes};
+    seg[i] = cuda::CopySegment{copies[i].src, copies[i].dst, copies[i].bytes};
   }
   check(p_.batchedCopy(seg, copies.size(), segmentsDevice_, stream_), "launching a fusion copy");
 }
 
 void CudaKernels::narrow(void* dst, const float* src, size_t count, DataType wire, float scale) {
-  cuda::DeviceGuard c(p_, device_);
+  gflow::cuda::DeviceGuard c(p_, device_);
   check(p_.narrow(dst, src, count, wire, scale, stream_), "launching the narrowing kernel");
 }
 
 void CudaKernels::widen(float* dst, const void* src, size_t count, DataType wire, float scale) {
-  cuda::DeviceGuard c(p_, device_);
+  gflow::cuda::DeviceGuard c(p_, device_);
   check(p_.widen(dst, src, count, wire, scale, stream_), "launching the widening kernel");
 }
 
+void CudaKernels::scale(float* data, size_t count, float k) {
+  gflow::cuda::DeviceGuard c(p_, device_);
+  check(p_.scale(data, count, k, stream_), "launching the scaling kernel");
+}
+
 bool CudaKernels::nonFinite(const void* data, size_t count, DataType dtype) {
-  cuda::DeviceGuard c(p_, device_);
+  gflow::cuda::DeviceGuard c(p_, device_);
   *flagHost_ = 0;
   check(p_.memcpyAsync(flagDevice_, flagHost_, sizeof(int), stream_), "clearing the inf/NaN flag");
   check(p_.flagNonFinite(data, count, dtype, flagDevice_, stream_), "launching the inf/NaN scan");
@@ -119,9 +124,9 @@ bool CudaKernels::nonFinite(const void* data, size_t count, DataType dtype) {
 namespace {
 
 // The batched copies between a sparse bucket's pieces and its staging.
-std::vector<kernels::GradientKernels::Copy> stagingCopies(
-    const kernels::GradientKernels::SparseBucket& b, bool toStaging) {
-  std::vector<kernels::GradientKernels::Copy> c;
+std::vector<GradientKernels::Copy> stagingCopies(const GradientKernels::SparseBucket& b,
+                                                 bool toStaging) {
+  std::vector<GradientKernels::Copy> c;
   for (const auto& p : b.pieces) {
     if (p.count == 0) continue;
     auto add = [&](float* piece, float* staged) {
@@ -143,7 +148,7 @@ std::vector<kernels::GradientKernels::Copy> stagingCopies(
 
 void CudaKernels::accumulateChunkNorms(SparseBucket& b, float m, float* norms) {
   copy(stagingCopies(b, true));
-  cuda::DeviceGuard c(p_, device_);
+  gflow::cuda::DeviceGuard c(p_, device_);
   check(
       p_.accumulateChunkNorms(b.staged.v, b.staged.u, b.staged.g, m, b.n, b.chunk, norms, stream_),
       "launching the CSC residual update");
@@ -155,14 +160,14 @@ size_t CudaKernels::topChunksTempBytes(size_t count) const {
 
 void CudaKernels::topChunks(const float* norms, size_t count, size_t k, uint32_t* idx, void* temp,
                             size_t tempBytes) {
-  cuda::DeviceGuard c(p_, device_);
+  gflow::cuda::DeviceGuard c(p_, device_);
   check(p_.topChunks(norms, count, k, idx, temp, tempBytes, stream_),
         "launching the CSC chunk selection");
 }
 
 void CudaKernels::gatherChunks(float* packed, const SparseBucket& b, const uint32_t* idx,
                                size_t k) {
-  cuda::DeviceGuard c(p_, device_);
+  gflow::cuda::DeviceGuard c(p_, device_);
   check(p_.gatherChunks(packed, b.staged.v, idx, k, b.chunk, b.n, stream_),
         "launching the CSC gather");
 }
@@ -170,7 +175,7 @@ void CudaKernels::gatherChunks(float* packed, const SparseBucket& b, const uint3
 void CudaKernels::scatterChunks(SparseBucket& b, const float* packed, const uint32_t* idx, size_t k,
                                 bool maskVelocity) {
   {
-    cuda::DeviceGuard c(p_, device_);
+    gflow::cuda::DeviceGuard c(p_, device_);
     float* u = maskVelocity ? b.staged.u : nullptr;
     check(p_.scatterChunks(b.staged.g, b.staged.v, u, packed, idx, k, b.chunk, b.n, stream_),
           "launching the CSC scatter");
@@ -179,52 +184,8 @@ void CudaKernels::scatterChunks(SparseBucket& b, const float* packed, const uint
 }
 
 void CudaKernels::synchronize() {
-  cuda::DeviceGuard c(p_, device_);
+  gflow::cuda::DeviceGuard c(p_, device_);
   check(p_.streamSynchronize(stream_), "waiting for the gradients' stream");
 }
 
-int commonDevice(const cuda::Plugin* plugin, const std::vector<Tensor>& tensors,
-                 const std::vector<std::string>& names, std::string* why) {
-  int device = -1;
-  size_t first = 0;
-  bool anyCpu = false;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const Tensor& t = tensors[i];
-    if (t.device.type != DeviceType::kCUDA) {
-      anyCpu = true;
-      continue;
-    }
-    if (t.stream == reinterpret_cast<void*>(0x2)) {
-      *why = describeTensor(i, tensors, names) +
-             " names cudaStreamPerThread; pass the stream itself (gflow works on its own threads)";
-      return -2;
-    }
-    if (device < 0) {
-      device = t.device.index;
-      first = i;
-    } else if (t.device.index != device || t.stream != tensors[first].stream) {
-      *why = describeTensor(i, tensors, names) + " and " + describeTensor(first, tensors, names) +
-             " are on different GPUs or streams; a reducer's gradients share one";
-      return -2;
-    }
-  }
-  if (device < 0) return -1;
-  if (anyCpu) {
-    *why = "the gradients mix cpu and cuda tensors; a reducer's gradients are all on one device";
-    return -2;
-  }
-  if (!plugin) return device;  // the caller reports the missing component
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    int dev = -1;
-    if (tensors[i].count > 0 &&
-        (plugin->pointerDevice(tensors[i].data, &dev) != 0 || dev != device)) {
-      *why = describeTensor(i, tensors, names) + " says cuda:" + std::to_string(device) +
-             " but its data is " +
-             (dev < 0 ? std::string("host memory") : "memory of cuda:" + std::to_string(dev));
-      return -2;
-    }
-  }
-  return device;
-}
-
-}  // namespace gflow::gradient
+}  // namespace gflow::kernels
