@@ -79,6 +79,8 @@ class Scratch {
 };
 
 // Message index layout: round (24 bits) | step (20 bits) | piece (20 bits).
+// Algorithms keep the pieces of one step below kMaxPieces by enlarging them.
+constexpr size_t kMaxPieces = size_t(1) << 19;
 inline uint64_t messageIndex(uint64_t round, uint64_t step, uint64_t piece) {
   return round << 40 | step << 20 | piece;
 }

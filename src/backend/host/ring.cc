@@ -6,7 +6,11 @@
 // segment is the allgather's first step; no copy between the two phases.
 // Each segment is cut into pieces so that receiving piece k+1, reducing
 // piece k and forwarding piece k-1 overlap. Large buffers are processed in
-// rounds so staging memory stays bounded (2 segments per round).
+// rounds so staging memory stays bounded (2 segments per round), and the
+// rounds overlap: the next round's first step (its receives posted, this
+// rank's own segment sent) starts before this round's allgather, so the
+// pipeline does not drain at every round boundary (which on a slow link
+// costs a pipeline fill per round).
 //
 // Determinism: each segment is reduced once, by a fixed chain of ranks, then
 // copied around the ring, so every rank ends with the same bits.
@@ -19,8 +23,6 @@
 
 namespace gflow::backend::host {
 namespace {
-
-constexpr size_t kMaxPiecesPerSegment = size_t(1) << 19;
 
 struct Layout {
   size_t elemSize;
@@ -42,8 +44,7 @@ Layout makeLayout(DataType dtype, const RingTuning& t) {
   l.elemSize = dataTypeSize(dtype);
   l.pieceElems = std::max<size_t>(1, t.pieceBytes / l.elemSize);
   l.segCapElems = l.pieceElems * t.window;
-  l.pieceElems =
-      std::max(l.pieceElems, (l.segCapElems + kMaxPiecesPerSegment - 1) / kMaxPiecesPerSegment);
+  l.pieceElems = std::max(l.pieceElems, (l.segCapElems + kMaxPieces - 1) / kMaxPieces);
   return l;
 }
 
@@ -69,28 +70,51 @@ class RingAllreduce {
         fn_(fn),
         in_(static_cast<const char*>(in)),
         out_(static_cast<char*>(out)),
-        roundElems_(L_.segCapElems * n_),
-        segOff_(n_),
-        segCnt_(n_),
-        agReq_(n_ - 1) {
+        roundElems_(L_.segCapElems * n_) {
+    for (Round& r : rounds_) {
+      r.segOff.resize(n_);
+      r.segCnt.resize(n_);
+      r.agReq.resize(n_ - 1);
+    }
     stage_[0] = scratch.get(2 * L_.segCapElems * es_);
     stage_[1] = stage_[0] + L_.segCapElems * es_;
   }
 
   void run() {
     const size_t rounds = d_.count == 0 ? 1 : (d_.count + roundElems_ - 1) / roundElems_;
-    for (round_ = 0; round_ < rounds; ++round_) {
-      cutSegments();
-      postAllgatherRecvs();
-      postReduceScatterRecvs(0);
-      sendOwnSegment();
+    start(0);
+    for (size_t round = 0; round < rounds; ++round) {
+      select(round);
       reduceScatter();
+      // The stage buffers are free again: the next round may begin.
+      if (round + 1 < rounds) start(round + 1);
+      select(round);
       allgather();
-      ex_.waitSends();
     }
+    ex_.waitSends();
   }
 
  private:
+  // What a round needs while the next one begins (two rounds in flight).
+  struct Round {
+    std::vector<size_t> segOff, segCnt;
+    std::vector<std::vector<transport::RequestPtr>> agReq;
+  };
+
+  void select(size_t round) {
+    round_ = round;
+    cur_ = &rounds_[round % 2];
+  }
+
+  // A round's first step: its receives posted, this rank's segment sent.
+  void start(size_t round) {
+    select(round);
+    cutSegments();
+    postAllgatherRecvs();
+    postReduceScatterRecvs(0);
+    sendOwnSegment();
+  }
+
   // The round's elements cut into n segments, the first total % n one
   // element longer.
   void cutSegments() {
@@ -98,9 +122,9 @@ class RingAllreduce {
     const size_t total = std::min(roundElems_, d_.count - std::min(d_.count, base));
     size_t off = base;
     for (int i = 0; i < n_; ++i) {
-      segCnt_[i] = total / n_ + (static_cast<size_t>(i) < total % n_ ? 1 : 0);
-      segOff_[i] = off;
-      off += segCnt_[i];
+      cur_->segCnt[i] = total / n_ + (static_cast<size_t>(i) < total % n_ ? 1 : 0);
+      cur_->segOff[i] = off;
+      off += cur_->segCnt[i];
     }
   }
 
@@ -109,9 +133,9 @@ class RingAllreduce {
   void postAllgatherRecvs() {
     for (int t = 0; t < n_ - 1; ++t) {
       const int seg = mod(r_ - t, n_);
-      agReq_[t].clear();
-      for (size_t k = 0; k < L_.pieces(segCnt_[seg]); ++k) {
-        agReq_[t].push_back(
+      cur_->agReq[t].clear();
+      for (size_t k = 0; k < L_.pieces(cur_->segCnt[seg]); ++k) {
+        cur_->agReq[t].push_back(
             ex_.recv(left_, out_ + at(seg, k), bytes(seg, k), messageIndex(round_, n_ - 1 + t, k)));
       }
     }
@@ -122,7 +146,7 @@ class RingAllreduce {
     const int seg = mod(r_ - s - 1, n_);
     auto& reqs = rsReq_[s % 2];
     reqs.clear();
-    for (size_t k = 0; k < L_.pieces(segCnt_[seg]); ++k) {
+    for (size_t k = 0; k < L_.pieces(cur_->segCnt[seg]); ++k) {
       reqs.push_back(ex_.recv(left_, stage_[s % 2] + L_.pieceBegin(k) * es_, bytes(seg, k),
                               messageIndex(round_, s, k)));
     }
@@ -130,7 +154,7 @@ class RingAllreduce {
 
   // Reduce-scatter step 0's send: this rank's own input segment.
   void sendOwnSegment() {
-    for (size_t k = 0; k < L_.pieces(segCnt_[r_]); ++k) {
+    for (size_t k = 0; k < L_.pieces(cur_->segCnt[r_]); ++k) {
       ex_.send(right_, in_ + at(r_, k), bytes(r_, k), messageIndex(round_, 0, k));
     }
   }
@@ -145,7 +169,7 @@ class RingAllreduce {
       const bool last = (s == n_ - 2);
       for (size_t k = 0; k < rsReq_[s % 2].size(); ++k) {
         ex_.wait(rsReq_[s % 2][k]);
-        const size_t cnt = L_.pieceLen(segCnt_[seg], k);
+        const size_t cnt = L_.pieceLen(cur_->segCnt[seg], k);
         const size_t off = at(seg, k);
         if (cnt > 0) fn_(out_ + off, in_ + off, stage_[s % 2] + L_.pieceBegin(k) * es_, cnt);
         if (last && d_.op == ReduceOp::kAvg && cnt > 0) {
@@ -160,8 +184,8 @@ class RingAllreduce {
   void allgather() {
     for (int t = 0; t < n_ - 1; ++t) {
       const int seg = mod(r_ - t, n_);
-      for (size_t k = 0; k < agReq_[t].size(); ++k) {
-        ex_.wait(agReq_[t][k]);
+      for (size_t k = 0; k < cur_->agReq[t].size(); ++k) {
+        ex_.wait(cur_->agReq[t][k]);
         if (t + 1 < n_ - 1) {
           ex_.send(right_, out_ + at(seg, k), bytes(seg, k),
                    messageIndex(round_, n_ - 1 + t + 1, k));
@@ -171,8 +195,8 @@ class RingAllreduce {
   }
 
   // Piece k of segment `seg`: its byte offset in `in`/`out`, its bytes.
-  size_t at(int seg, size_t k) const { return (segOff_[seg] + L_.pieceBegin(k)) * es_; }
-  size_t bytes(int seg, size_t k) const { return L_.pieceLen(segCnt_[seg], k) * es_; }
+  size_t at(int seg, size_t k) const { return (cur_->segOff[seg] + L_.pieceBegin(k)) * es_; }
+  size_t bytes(int seg, size_t k) const { return L_.pieceLen(cur_->segCnt[seg], k) * es_; }
 
   Exchange& ex_;
   const OpDesc& d_;
@@ -185,9 +209,9 @@ class RingAllreduce {
   const size_t roundElems_;
   char* stage_[2];
   size_t round_ = 0;
-  std::vector<size_t> segOff_, segCnt_;
+  Round rounds_[2];
+  Round* cur_ = &rounds_[0];
   std::vector<transport::RequestPtr> rsReq_[2];
-  std::vector<std::vector<transport::RequestPtr>> agReq_;
 };
 
 }  // namespace
@@ -293,7 +317,7 @@ void allgatherRing(Exchange& ex, const void* inp, void* outp) {
   // No staging: every piece lands in its final place, so all receives are
   // posted up front. Pieces are enlarged for huge blocks to bound the count.
   Layout G = L;
-  G.pieceElems = std::max(L.pieceElems, (block + kMaxPiecesPerSegment - 1) / kMaxPiecesPerSegment);
+  G.pieceElems = std::max(L.pieceElems, (block + kMaxPieces - 1) / kMaxPieces);
   const size_t np = G.pieces(block);
   std::vector<std::vector<transport::RequestPtr>> req(n - 1);
   for (int t = 0; t < n - 1; ++t) {
