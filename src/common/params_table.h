@@ -52,8 +52,9 @@
     "Bytes a peer may send ahead of the matching receive. TCP stops reading the peer "             \
     "(back-pressure); verbs fails the op (its eager ring also carries control messages).")         \
   X(spinUs, "GFLOW_SPIN_US", kIntOrAuto, "auto", kLocal,                                           \
-    "Microseconds a waiting rank busy-polls before sleeping (epoll, poll). 'auto': 50 when "       \
-    "the host has more cores than the ranks a connection group joins, else 0.")                    \
+    "Microseconds a waiting rank polls, yielding the core between polls, before sleeping "         \
+    "(epoll, poll). 'auto': 1000 when the host's ranks fit the cpus of the process's affinity "    \
+    "mask, else 100.")                                                                             \
   X(ibHca, "GFLOW_IB_HCA", kString, "", kLocal,                                                    \
     "verbs: RDMA devices/ports to use: 'mlx5_0:1,mlx5_1' (prefixes), '=' exact names, '^' "        \
     "to exclude. Default: the device nearest the rank's cpus, else the first active port.")        \

@@ -231,7 +231,12 @@ void CommunicatorImpl::buildHierarchy(const transport::ContextOptions& ctxOpts,
                     << "hostname + boot id, or GFLOW_HOST_ID) give " << localRank << " of "
                     << localSize << "; gflow groups ranks by host identity";
   }
-  HostBackends hb = connectHostBackends(h, ctxOpts, transportName, *selector, settings);
+  // Contexts made from now on (the host backends', split()'s) know how many
+  // ranks share this host's cpus.
+  contextOptions.ranksOnHost = localSize;
+  transport::ContextOptions hostOpts = ctxOpts;
+  hostOpts.ranksOnHost = localSize;
+  HostBackends hb = connectHostBackends(h, hostOpts, transportName, *selector, settings);
   selector->setCapabilities(hb.caps);
   backend->attach(std::move(hb.shm), std::move(hb.hierarchical),
                   backend::DeviceSetup{rank, size, ctxOpts.store, ctxOpts.prefix, ctxOpts.timeout,
@@ -282,6 +287,7 @@ std::shared_ptr<Communicator> Communicator::create(const Options& options) {
   co.timeout = timeout;
   co.tcp = options.tcp;
   co.verbs = options.verbs;
+  co.ranksOnHost = id.localSize;  // the launcher's count until host identities are known
   const std::string transportName =
       !options.transport.empty() ? options.transport : params::transport();
   const std::string host = !options.hostId.empty() ? options.hostId : bootstrap::hostId();

@@ -1,12 +1,5 @@
 #include "transport/contract.h"
 
-#include <unistd.h>
-
-#include <algorithm>
-#include <optional>
-
-#include "common/params.h"
-
 namespace gflow::transport {
 
 std::string printable(const char* p, size_t n) {
@@ -17,13 +10,6 @@ std::string printable(const char* p, size_t n) {
     s.push_back(ch >= 0x20 && ch < 0x7f ? static_cast<char>(ch) : '?');
   }
   return s;
-}
-
-int spinMicros(int ranks, std::optional<int> given) {
-  if (given) return *given;
-  if (const std::optional<int64_t> us = params::spinUs()) return static_cast<int>(*us);
-  const long cores = sysconf(_SC_NPROCESSORS_ONLN);
-  return cores > std::max(1, ranks) ? 50 : 0;
 }
 
 Error envelopeMismatch(int rank, uint64_t group, int peer, const std::string& theirs,

@@ -1,5 +1,5 @@
 // Pieces both network transports (tcp/, verbs/) share: tag hashing, op
-// ordering, staging accounting, the GFLOW_SPIN_US default, and the error
+// ordering, staging accounting, and the error
 // texts of the contract (mismatch, timeout, a peer's error report), so that
 // a failure reads the same whatever carried it.
 #pragma once
@@ -29,12 +29,6 @@ inline bool isPast(uint64_t group, uint64_t current) {
 
 // Peer-supplied text made safe to print (non-printable bytes become '?').
 std::string printable(const char* p, size_t n);
-
-// Microseconds a waiting rank busy-polls: `given` (Options::progress.spinUs)
-// when set, else GFLOW_SPIN_US, where 'auto' is 50 us when this host has
-// more cores than `ranks` (the ranks the context connects), else 0 (spinning
-// ranks would steal the core a peer needs).
-int spinMicros(int ranks, std::optional<int> given = std::nullopt);
 
 // A peer called another op than this rank (same op number).
 Error envelopeMismatch(int rank, uint64_t group, int peer, const std::string& theirs,

@@ -113,6 +113,9 @@ struct ContextOptions {
   std::string prefix;  // store keys of this communicator live under it
   std::string token;
   std::chrono::milliseconds timeout{300000};
+  // Ranks of the job that share this host's cpus (the waiting policy,
+  // transport/wait_policy.h); -1: unknown, taken as `size`.
+  int ranksOnHost = -1;
   // Fields left unset come from the environment (gflow/options.h).
   TcpOptions tcp;
   VerbsOptions verbs;

@@ -16,6 +16,7 @@
 #include "testing/soft_verbs.h"
 #include "transport/contract.h"
 #include "transport/engine.h"
+#include "transport/wait_policy.h"
 
 namespace gflow {
 namespace {
@@ -132,9 +133,13 @@ TEST(TransportOptions, UnexpectedLimitComesFromOptions) {
 // Options::progress.spinUs wins over GFLOW_SPIN_US.
 TEST(TransportOptions, SpinComesFromOptions) {
   testing::ScopedEnv spin("GFLOW_SPIN_US", "7");
-  EXPECT_EQ(transport::spinMicros(2), 7);
-  EXPECT_EQ(transport::spinMicros(2, 3), 3);
-  EXPECT_EQ(transport::spinMicros(2, 0), 0);
+  transport::ContextOptions o;
+  o.size = 2;
+  EXPECT_EQ(transport::WaitPolicy::choose(o).spin, std::chrono::microseconds(7));
+  o.progress.spinUs = 3;
+  EXPECT_EQ(transport::WaitPolicy::choose(o).spin, std::chrono::microseconds(3));
+  o.progress.spinUs = 0;
+  EXPECT_EQ(transport::WaitPolicy::choose(o).spin, std::chrono::microseconds(0));
 }
 
 }  // namespace

@@ -15,11 +15,14 @@
 #include "transport/liveness.h"
 
 namespace gflow::transport::tcp {
+namespace {
+constexpr size_t kReadAhead = 16 << 10;
+}  // namespace
 
 TcpContext::TcpContext(const ContextOptions& options) : Engine(options) {
   stripeMin_ = std::max<uint64_t>(
       (options.tcp.stripeMinBytes ? *options.tcp.stripeMinBytes : params::stripeMin()), 4096);
-  spinUs_ = spinMicros(options.size, options.progress.spinUs);
+  waitPolicy_ = WaitPolicy::choose(options);
   socketsPerPeer_ = options.tcp.socketsPerPeer ? *options.tcp.socketsPerPeer
                                                : static_cast<int>(params::socketsPerPeer());
   if (socketsPerPeer_ < 1 || socketsPerPeer_ > 64) {
@@ -49,6 +52,7 @@ void TcpContext::addConnection(int peer, int index, net::Socket sock) {
   auto c = std::make_unique<Conn>();
   c->peer = peer;
   c->index = index;
+  c->ahead.reset(new char[kReadAhead]);
   net::setNonBlocking(sock.fd(), true);
   net::setNoDelay(sock.fd());
   c->sock = std::move(sock);
@@ -257,22 +261,77 @@ void TcpContext::flush(Conn& c) {
   }
 }
 
+// One recv of at most `cap` bytes into `dst`. A short read into the
+// read-ahead marks the socket drained for this wake-up; a large read straight
+// into a payload keeps reading until the socket would block, as the sender
+// is usually still writing.
+TcpContext::Fill TcpContext::fill(Conn& c, char* dst, size_t cap, size_t* got) {
+  for (;;) {
+    const ssize_t r = ::recv(c.sock.fd(), dst, cap, MSG_DONTWAIT);
+    if (r > 0) {
+      *got = static_cast<size_t>(r);
+      if (dst == c.ahead.get()) c.drained = *got < cap;
+      return Fill::kData;
+    }
+    if (r == 0) return Fill::kClosed;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      c.drained = true;
+      return Fill::kWouldBlock;
+    }
+    if (errno == EINTR) continue;
+    const int err = errno;
+    failLost(c.peer, std::string("reset the connection: ") + std::strerror(err));
+  }
+}
+
+size_t TcpContext::takeAhead(Conn& c, char* dst, size_t n) {
+  const size_t k = std::min(n, c.aheadLen - c.aheadPos);
+  std::memcpy(dst, c.ahead.get() + c.aheadPos, k);
+  c.aheadPos += k;
+  return k;
+}
+
 bool TcpContext::readHeader(Conn& c) {
   while (c.hdrGot < sizeof(FrameHeader)) {
-    ssize_t r = ::recv(c.sock.fd(), reinterpret_cast<char*>(&c.hdr) + c.hdrGot,
-                       sizeof(FrameHeader) - c.hdrGot, MSG_DONTWAIT);
-    if (r > 0) {
-      c.hdrGot += static_cast<size_t>(r);
+    if (c.aheadPos < c.aheadLen) {
+      c.hdrGot +=
+          takeAhead(c, reinterpret_cast<char*>(&c.hdr) + c.hdrGot, sizeof(FrameHeader) - c.hdrGot);
       continue;
     }
-    if (r == 0) {
-      handleClosed(c);
-      return false;
+    if (c.drained) return false;
+    c.aheadPos = c.aheadLen = 0;
+    switch (fill(c, c.ahead.get(), kReadAhead, &c.aheadLen)) {
+      case Fill::kData: break;
+      case Fill::kWouldBlock: return false;
+      case Fill::kClosed: handleClosed(c); return false;
     }
-    if (errno == EAGAIN || errno == EWOULDBLOCK) return false;
-    if (errno == EINTR) continue;
-    int err = errno;
-    failLost(c.peer, std::string("reset the connection: ") + std::strerror(err));
+  }
+  return true;
+}
+
+// The current fragment's payload: what the read-ahead holds, then straight
+// from the socket (a large rest) or through the read-ahead (a small one).
+bool TcpContext::readPayload(Conn& c) {
+  while (c.left > 0) {
+    if (c.aheadPos < c.aheadLen) {
+      const size_t k = takeAhead(c, c.dst, c.left);
+      c.dst += k;
+      c.left -= k;
+      continue;
+    }
+    if (c.drained) return false;
+    const bool direct = c.left >= kReadAhead;
+    size_t got = 0;
+    c.aheadPos = c.aheadLen = 0;
+    const Fill f = direct ? fill(c, c.dst, c.left, &got) : fill(c, c.ahead.get(), kReadAhead, &got);
+    if (f == Fill::kWouldBlock) return false;
+    if (f == Fill::kClosed) failLost(c.peer, "closed the connection mid-message");
+    if (direct) {
+      c.dst += got;
+      c.left -= got;
+    } else {
+      c.aheadLen = got;
+    }
   }
   return true;
 }
@@ -395,6 +454,7 @@ void TcpContext::tuneLowat(Conn& c) {
 }
 
 void TcpContext::handleReadable(Conn& c) {
+  c.drained = false;  // epoll (or a caller that knows better) says there may be data
   // Bounded so one busy socket cannot starve the others.
   for (int rounds = 0; rounds < 64 && !c.paused && !c.closed; ++rounds) {
     if (!c.inPayload) {
@@ -405,30 +465,23 @@ void TcpContext::handleReadable(Conn& c) {
       startFragment(c);
       if (c.paused) return;
     }
-    while (c.left > 0) {
-      ssize_t r = ::recv(c.sock.fd(), c.dst, c.left, MSG_DONTWAIT);
-      if (r > 0) {
-        c.dst += r;
-        c.left -= static_cast<uint64_t>(r);
-        continue;
-      }
-      if (r == 0) failLost(c.peer, "closed the connection mid-message");
-      if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        tuneLowat(c);
-        return;
-      }
-      if (errno == EINTR) continue;
-      int err = errno;
-      failLost(c.peer, std::string("reset the connection: ") + std::strerror(err));
+    if (!readPayload(c)) {
+      tuneLowat(c);
+      return;
     }
     finishFragment(c);
   }
-  if (!c.closed) tuneLowat(c);
+  if (c.closed) return;
+  tuneLowat(c);
+  if (!c.paused && c.aheadPos < c.aheadLen && !c.aheadQueued) {
+    c.aheadQueued = true;
+    aheadPending_.push_back(&c);
+  }
 }
 
 void TcpContext::progress(int timeoutMs) {
   epoll_event events[64];
-  int n = epoll_wait(epoll_.fd(), events, 64, timeoutMs);
+  int n = epoll_wait(epoll_.fd(), events, 64, aheadPending_.empty() ? timeoutMs : 0);
   if (n < 0) {
     if (errno == EINTR) return;
     GFLOW_SYSCHECK(n, "epoll_wait");
@@ -458,15 +511,23 @@ void TcpContext::progress(int timeoutMs) {
     }
     if ((ev & EPOLLOUT) && !c.closed) flush(c);
   }
+  std::vector<Conn*> pending;
+  pending.swap(aheadPending_);
+  for (Conn* c : pending) {
+    c->aheadQueued = false;
+    if (!c->paused && !c->closed) handleReadable(*c);
+  }
 }
 
 void TcpContext::waitUntilDone(const RequestPtr& req, Deadline deadline) {
-  auto spinUntil = Deadline::Clock::now() + std::chrono::microseconds(spinUs_);
+  const SpinPhase spin(waitPolicy_);
   LivenessProbe probe(timeout());
   while (!req->done()) {
-    progress(Deadline::Clock::now() < spinUntil ? 0 : probe.sleepMs(deadline, 1000));
+    const bool polling = spin.polling();
+    progress(polling ? 0 : probe.sleepMs(deadline, 1000));
     checkFailed();
     if (req->done()) break;
+    if (polling) SpinPhase::relax();
     switch (probe.step(deadline, pongs(req->peer()))) {
       case LivenessProbe::Step::kPing:
         for (auto& c : peers_[req->peer()]->conns) {

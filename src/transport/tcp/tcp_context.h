@@ -1,6 +1,10 @@
 // TCP transport: one or more non-blocking sockets per peer, an epoll set
 // driven by the waiting thread, eager sends and tag-matched receives.
 //
+// Reads go through a small per-connection read-ahead buffer, so a small
+// message costs one recv, and a recv that comes back short is not followed
+// by one that would block: level-triggered epoll reports the socket again.
+//
 // Matching, staging accounting and failure live in the Engine
 // (transport/engine.h); this file is the wire. Receives posted before their
 // data arrives are filled in place (zero copy). Data that arrives first is
@@ -20,6 +24,7 @@
 #include "common/socket.h"
 #include "transport/engine.h"
 #include "transport/tcp/frame.h"
+#include "transport/wait_policy.h"
 
 namespace gflow::transport::tcp {
 
@@ -73,6 +78,12 @@ class TcpContext final : public Engine {
     char* dst = nullptr;
     uint64_t left = 0;
     std::vector<char> ctrl;  // ERROR frame payload
+    // Read-ahead: headers and small payloads come out of the socket with
+    // one recv; large payloads are read straight into their destination.
+    std::unique_ptr<char[]> ahead;
+    size_t aheadPos = 0, aheadLen = 0;
+    bool drained = false;      // the last recv came back short: wait for epoll
+    bool aheadQueued = false;  // in aheadPending_
   };
 
   struct PeerState {
@@ -88,7 +99,11 @@ class TcpContext final : public Engine {
   // Progress.
   void progress(int timeoutMs);
   void handleReadable(Conn& c);
-  bool readHeader(Conn& c);  // false: would block
+  bool readHeader(Conn& c);   // false: would block
+  bool readPayload(Conn& c);  // false: would block
+  enum class Fill { kData, kWouldBlock, kClosed };
+  Fill fill(Conn& c, char* dst, size_t cap, size_t* got);
+  size_t takeAhead(Conn& c, char* dst, size_t n);
   void startFragment(Conn& c);
   void finishFragment(Conn& c);
   void handleErrorFrame(Conn& c);
@@ -111,13 +126,16 @@ class TcpContext final : public Engine {
   void waitUntilDone(const RequestPtr& req, Deadline deadline) override;
 
   uint64_t stripeMin_;
-  int spinUs_;
+  WaitPolicy waitPolicy_;
   int socketsPerPeer_ = 1;
   uint64_t commId_ = 0;
 
   net::Socket epoll_;
   net::Socket wakeFd_;  // eventfd: abort() wakes the waiter
   std::vector<std::unique_ptr<PeerState>> peers_;
+  // Connections left with frames in their read-ahead (handleReadable's
+  // bound on rounds): epoll would not report them again, progress() does.
+  std::vector<Conn*> aheadPending_;
 };
 
 }  // namespace gflow::transport::tcp

@@ -194,7 +194,7 @@ void connectQp(const Device& dev, ibv_qp* qp, int q, const ConnInfo& ti, uint32_
 VerbsContext::VerbsContext(const ContextOptions& options) : Engine(options) {
   stripeMin_ = std::max<uint64_t>(
       (options.tcp.stripeMinBytes ? *options.tcp.stripeMinBytes : params::stripeMin()), 4096);
-  spinUs_ = spinMicros(options.size, options.progress.spinUs);
+  waitPolicy_ = WaitPolicy::choose(options);
   const ErrorContext ictx = ErrorContext::forOp("init").withRank(rank());
   const VerbsOptions& vo = options.verbs;
   qpsPerPeer_ = (vo.qpsPerPeer ? *vo.qpsPerPeer : static_cast<int>(params::ibQpsPerPeer()));

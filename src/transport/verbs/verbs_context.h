@@ -35,6 +35,7 @@
 #include "transport/engine.h"
 #include "transport/verbs/device.h"
 #include "transport/verbs/reg_cache.h"
+#include "transport/wait_policy.h"
 
 namespace gflow::transport::verbs {
 
@@ -246,7 +247,7 @@ class VerbsContext final : public Engine {
   void waitUntilDone(const RequestPtr& req, Deadline deadline) override;
 
   uint64_t stripeMin_ = 0;
-  int spinUs_ = 0;
+  WaitPolicy waitPolicy_;
   int qpsPerPeer_ = 2;
   int slots_ = 32;
   size_t slotBytes_ = 0;  // header + eager payload

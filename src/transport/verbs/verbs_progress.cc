@@ -289,7 +289,7 @@ bool VerbsContext::drained() const {
 
 void VerbsContext::waitUntilDone(const RequestPtr& req, Deadline deadline) {
   const auto start = std::chrono::steady_clock::now();
-  const auto spinUntil = start + std::chrono::microseconds(spinUs_);
+  const SpinPhase spin(waitPolicy_);
   LivenessProbe liveness(timeout());
   unsigned iter = 0;
   while (!req->done()) {
@@ -302,8 +302,9 @@ void VerbsContext::waitUntilDone(const RequestPtr& req, Deadline deadline) {
     if (n > 0 && (iter & 63) != 0) continue;
     const auto now = std::chrono::steady_clock::now();
     if (n == 0) checkLost();  // the completion queue is drained
-    if (now < spinUntil) {
+    if (spin.polling()) {
       if ((iter & 4095) == 0) handleAsyncEvents();
+      SpinPhase::relax();
       continue;
     }
     const int peer = req->peer();
