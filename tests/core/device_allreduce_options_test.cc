@@ -58,7 +58,7 @@ AllreduceOptions options(ReduceOp op, DataType wire, float prescale = 1.0f,
 
 struct Outcome {
   std::vector<std::vector<float>> values;  // per rank
-  std::vector<bool> nonFinite;             // per rank
+  std::vector<char> nonFinite;             // per rank (not vector<bool>: ranks write it at once)
 };
 
 // allreduce(inout, o) of inputs[r] on every rank, on `where`; the async

@@ -705,9 +705,25 @@ void* alloc(int device, size_t bytes) {
 bool free(void* p) {
   if (!p) return true;
   State& s = st();
+  // Like cudaFree, which synchronizes implicitly: work already enqueued on
+  // the allocation's device (that may still read it) runs first.
+  std::vector<std::shared_ptr<Stream>> busy;
+  {
+    std::lock_guard<std::mutex> l(s.mu);
+    auto it = s.allocs.find(reinterpret_cast<uintptr_t>(p));
+    if (it == s.allocs.end() || it->second.device < 0) return false;
+    const int device = it->second.device;
+    for (auto& [key, str] : s.streams) {
+      if (str->device == device) busy.push_back(str);
+    }
+    if (device < static_cast<int>(s.defaults.size()) && s.defaults[device]) {
+      busy.push_back(s.defaults[device]);
+    }
+  }
+  for (auto& str : busy) str->waitFor(str->mark());
   std::lock_guard<std::mutex> l(s.mu);
   auto it = s.allocs.find(reinterpret_cast<uintptr_t>(p));
-  if (it == s.allocs.end() || it->second.device < 0) return false;
+  if (it == s.allocs.end()) return false;
   s.allocs.erase(it);
   std::free(p);
   return true;

@@ -75,6 +75,7 @@ const gflow::cuda::Plugin* plugin();
 // nullptr for a device out of range.
 void* alloc(int device, size_t bytes);
 // Frees an alloc() pointer (nullptr: nothing); false for any other pointer.
+// Like cudaFree it first waits for the work enqueued on the device's streams.
 bool free(void* p);
 
 // The next call of table entry `entry` (its field name in gflow::cuda::Plugin,
