@@ -75,8 +75,10 @@ struct ProgressOptions {
   // GFLOW_UNEXPECTED_LIMIT: bytes a peer may send ahead of the matching
   // receive (>= 1).
   std::optional<uint64_t> unexpectedLimitBytes;
-  std::optional<int> spinUs;       // GFLOW_SPIN_US: busy-poll before sleeping (>= 0;
-                                   // unset there: auto)
+  // GFLOW_SPIN_US: microseconds a waiting rank polls (yielding the core
+  // between polls) before it sleeps (>= 0; unset there: auto, 1000 when the
+  // host's ranks fit its cpus, else 100).
+  std::optional<int> spinUs;
   std::optional<bool> pinThreads;  // GFLOW_PIN: pin the progress thread near the NIC
 };
 
