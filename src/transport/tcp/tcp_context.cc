@@ -1,5 +1,7 @@
 #include "transport/tcp/tcp_context.h"
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -15,10 +17,18 @@
 #include "transport/liveness.h"
 
 namespace gflow::transport::tcp {
+namespace {
+
+// Unsent bytes a socket of a peer with several may hold in the kernel
+// (TCP_NOTSENT_LOWAT; epoll reports it writable below half of this).
+constexpr int kNotsentLowat = 64 << 10;
+
+}  // namespace
 
 TcpContext::TcpContext(const ContextOptions& options) : Engine(options) {
   stripeMin_ = std::max<uint64_t>(
       (options.tcp.stripeMinBytes ? *options.tcp.stripeMinBytes : params::stripeMin()), 4096);
+  stripeChunk_ = params::stripeChunk() ? std::max<uint64_t>(params::stripeChunk(), 4096) : 0;
   spinUs_ = spinMicros(options.size);
   socketsPerPeer_ = options.tcp.socketsPerPeer ? *options.tcp.socketsPerPeer
                                                : static_cast<int>(params::socketsPerPeer());
@@ -51,6 +61,15 @@ void TcpContext::addConnection(int peer, int index, net::Socket sock) {
   c->index = index;
   net::setNonBlocking(sock.fd(), true);
   net::setNoDelay(sock.fd());
+  if (socketsPerPeer_ > 1 && stripeChunk_ > 0) {
+    // Assignment by progress reads "send queue empty" as "this socket has
+    // sent what it took": keep the kernel's unsent backlog short, or a slow
+    // socket would swallow a whole send buffer's worth and finish last.
+    int lowat = kNotsentLowat;
+    if (setsockopt(sock.fd(), IPPROTO_TCP, TCP_NOTSENT_LOWAT, &lowat, sizeof(lowat)) != 0) {
+      GFLOW_LOG(DEBUG) << "TCP_NOTSENT_LOWAT: " << std::strerror(errno);
+    }
+  }
   c->sock = std::move(sock);
   epoll_event e{};
   e.events = EPOLLIN;
@@ -70,6 +89,8 @@ void TcpContext::wake() {
 void TcpContext::failWire(const Error& first) {
   clearMessages();
   for (auto& p : peers_) {
+    for (auto& u : p->pending) u.msg->req->fail(first);
+    p->pending.clear();
     for (auto& c : p->conns) {
       if (!c) continue;
       for (auto& item : c->sendq) {
@@ -90,6 +111,16 @@ void TcpContext::enqueue(Conn& c, SendItem item) {
   if (wasEmpty) flush(c);
 }
 
+namespace {
+
+// A message's share of `nconn` sockets, rounded up to 4 KiB so that stripe
+// boundaries stay page-aligned relative to the message start.
+uint64_t evenShare(uint64_t bytes, size_t nconn) {
+  return (bytes / nconn + 4095) & ~uint64_t(4095);
+}
+
+}  // namespace
+
 RequestPtr TcpContext::isend(int peer, const void* data, size_t bytes, Tag tag,
                              const Envelope& env) {
   checkFailed();
@@ -99,32 +130,92 @@ RequestPtr TcpContext::isend(int peer, const void* data, size_t bytes, Tag tag,
   if (p.closed) failLost(peer, "has closed its connections");
   auto msg = std::make_shared<SendMsg>();
   msg->req = req;
+  const FrameHeader hdr{kFrameMagic, kFrameData, 0,
+                        tag.group,   tag.index,  bytes,
+                        0,           bytes,      {env.words[0], env.words[1], env.words[2]}};
+  countSendPosted(peer);
+  if (p.conns.size() > 1 && stripeChunk_ > 0) {
+    queueByProgress(p, msg, hdr, static_cast<const char*>(data));
+  } else {
+    splitEvenly(p, msg, hdr, static_cast<const char*>(data));
+  }
+  return req;
+}
+
+// One fragment per socket, queued at once (one socket per peer: the whole
+// message on it, one frame).
+void TcpContext::splitEvenly(PeerState& p, const std::shared_ptr<SendMsg>& msg,
+                             const FrameHeader& hdr, const char* base) {
+  const uint64_t bytes = hdr.msgLen;
   const int nconn = static_cast<int>(p.conns.size());
   int frags = (bytes >= stripeMin_ && nconn > 1) ? nconn : 1;
-  // Stripe boundaries on 4 KiB multiples keep each fragment page-aligned
-  // relative to the message start.
-  uint64_t per = (bytes / frags + 4095) & ~uint64_t(4095);
+  uint64_t per = evenShare(bytes, frags);
   // Rounding up can leave nothing for the last connections: use fewer.
   if (per > 0) frags = static_cast<int>(std::min<uint64_t>(frags, (bytes + per - 1) / per));
   msg->fragmentsLeft = frags;
-  const char* base = static_cast<const char*>(data);
   size_t first = p.nextConn;
   p.nextConn = (p.nextConn + 1) % nconn;
-  countSendPosted(peer);
   for (int f = 0; f < frags; ++f) {
     uint64_t off = std::min<uint64_t>(bytes, per * f);
-    uint64_t len = (f == frags - 1) ? bytes - off : std::min<uint64_t>(per, bytes - off);
     SendItem item;
     item.msg = msg;
-    item.hdr = FrameHeader{kFrameMagic, kFrameData, 0,
-                           tag.group,   tag.index,  bytes,
-                           off,         len,        {env.words[0], env.words[1], env.words[2]}};
+    item.hdr = hdr;
+    item.hdr.offset = off;
+    item.hdr.fragLen = (f == frags - 1) ? bytes - off : std::min<uint64_t>(per, bytes - off);
     item.payload = base + off;
-    item.payloadLen = len;
-    Conn& c = *p.conns[(first + f) % nconn];
-    enqueue(c, std::move(item));
+    item.payloadLen = item.hdr.fragLen;
+    enqueue(*p.conns[(first + f) % nconn], std::move(item));
   }
-  return req;
+}
+
+// Assignment by progress (several sockets): the message joins the peer's
+// pending list in units, and a socket takes the next unit whenever it has
+// drained what it took before (flush). Chosen over splitting each message
+// by estimated per-socket rates: the pull needs no rate estimate to be
+// right, follows a rate that changes at once, and at equal rates gives
+// equal shares; measured in docs/performance.md, "TCP: adaptive striping".
+void TcpContext::queueByProgress(PeerState& p, const std::shared_ptr<SendMsg>& msg,
+                                 const FrameHeader& hdr, const char* base) {
+  const uint64_t bytes = hdr.msgLen;
+  const size_t nconn = p.conns.size();
+  // Below GFLOW_STRIPE_MIN a message is one unit (on whichever socket is
+  // free first); from there on, pieces of GFLOW_STRIPE_CHUNK, at most an
+  // even share each so a message just above the minimum still spreads.
+  uint64_t unit = bytes;
+  if (bytes >= stripeMin_) unit = std::min(stripeChunk_, evenShare(bytes, nconn));
+  unit = std::max<uint64_t>(unit, 1);
+  msg->fragmentsLeft = bytes == 0 ? 1 : static_cast<int>((bytes + unit - 1) / unit);
+  p.pending.push_back(Pending{msg, hdr, base, 0, unit});
+  // Sockets that are idle and known writable take a unit each now, the one
+  // that carried the most recently first (it drains fastest); the others
+  // take theirs when epoll reports them writable.
+  while (!p.pending.empty()) {
+    Conn* best = nullptr;
+    for (auto& c : p.conns) {
+      if (!c || c->closed || !c->sendq.empty() || !c->ready) continue;
+      if (!best || c->credit > best->credit) best = c.get();
+    }
+    if (!best) break;
+    flush(*best);
+  }
+}
+
+// Moves the next pending unit of c's peer onto c's send queue.
+void TcpContext::refill(Conn& c) {
+  PeerState& p = *peers_[c.peer];
+  if (p.pending.empty()) return;
+  Pending& u = p.pending.front();
+  const uint64_t total = u.hdr.msgLen;
+  SendItem item;
+  item.msg = u.msg;
+  item.hdr = u.hdr;
+  item.hdr.offset = u.next;
+  item.hdr.fragLen = std::min(u.unit, total - u.next);
+  item.payload = u.base + u.next;
+  item.payloadLen = item.hdr.fragLen;
+  u.next += item.hdr.fragLen;
+  if (u.next >= total) p.pending.pop_front();
+  c.sendq.push_back(std::move(item));
 }
 
 RequestPtr TcpContext::irecv(int peer, void* data, size_t bytes, Tag tag, const Envelope& env) {
@@ -162,7 +253,7 @@ void TcpContext::resumePaused(PeerState& p) {
 }
 
 bool TcpContext::hasPendingWith(int peer) const {
-  if (hasPostedRecv(peer)) return true;
+  if (hasPostedRecv(peer) || !peers_[peer]->pending.empty()) return true;
   for (const auto& c : peers_[peer]->conns) {
     if (c && !c->sendq.empty()) return true;
   }
@@ -206,26 +297,37 @@ void TcpContext::updateInterest(Conn& c) {
   GFLOW_SYSCHECK(epoll_ctl(epoll_.fd(), EPOLL_CTL_MOD, c.sock.fd(), &e), "epoll_ctl(mod)");
 }
 
-void TcpContext::flush(Conn& c) {
-  while (!c.sendq.empty()) {
-    SendItem& it = c.sendq.front();
-    const size_t hdrLen = sizeof(FrameHeader);
-    iovec iov[2];
+// Writes queued frames, several per sendmsg, until the kernel takes no more.
+// With several sockets per peer, a socket whose queue is empty takes one
+// unit of its peer's pending list, and only while it is known writable
+// (`ready`: epoll reported it so, and it has not taken a unit since):
+// TCP_NOTSENT_LOWAT makes "writable" mean "its unsent backlog has drained",
+// so a slow socket never holds units that a faster one could send now.
+// `writable`: called for an EPOLLOUT event.
+void TcpContext::flush(Conn& c, bool writable) {
+  constexpr size_t kGather = 4;  // frames per sendmsg
+  const size_t hdrLen = sizeof(FrameHeader);
+  const PeerState& p = *peers_[c.peer];
+  if (writable) c.ready = true;
+  for (;;) {
+    if (c.sendq.empty() && c.ready && !p.pending.empty()) {
+      refill(c);
+      c.ready = false;
+    }
+    if (c.sendq.empty()) break;
+    iovec iov[2 * kGather];
     int n = 0;
-    if (it.written < hdrLen) {
-      iov[n].iov_base = reinterpret_cast<char*>(&it.hdr) + it.written;
-      iov[n].iov_len = hdrLen - it.written;
-      ++n;
-      if (it.payloadLen > 0) {
-        iov[n].iov_base = const_cast<char*>(it.payload);
-        iov[n].iov_len = it.payloadLen;
-        ++n;
+    size_t want = 0;
+    for (size_t i = 0; i < c.sendq.size() && i < kGather; ++i) {
+      SendItem& it = c.sendq[i];
+      if (it.written < hdrLen) {
+        iov[n++] = {reinterpret_cast<char*>(&it.hdr) + it.written, hdrLen - it.written};
+        if (it.payloadLen > 0) iov[n++] = {const_cast<char*>(it.payload), it.payloadLen};
+      } else {
+        size_t done = it.written - hdrLen;
+        iov[n++] = {const_cast<char*>(it.payload) + done, it.payloadLen - done};
       }
-    } else {
-      size_t done = it.written - hdrLen;
-      iov[n].iov_base = const_cast<char*>(it.payload) + done;
-      iov[n].iov_len = it.payloadLen - done;
-      ++n;
+      want += hdrLen + it.payloadLen - it.written;
     }
     msghdr mh{};
     mh.msg_iov = iov;
@@ -240,21 +342,61 @@ void TcpContext::flush(Conn& c) {
       if (!c.closed && !c.paused) handleReadable(c);
       failLost(c.peer, std::string("is unreachable while sending: ") + std::strerror(err));
     }
-    it.written += static_cast<size_t>(w);
-    if (it.written < hdrLen + it.payloadLen) break;
+    advance(c, static_cast<size_t>(w));
+    if (static_cast<size_t>(w) < want) break;
+  }
+  // A socket that took a unit waits for EPOLLOUT to become ready again.
+  bool want = !c.sendq.empty() || !c.ready;
+  if (want != c.wantOut) {
+    c.wantOut = want;
+    updateInterest(c);
+  }
+}
+
+// Accounts `written` more bytes of c's queue: finished frames leave it, and
+// a message whose last fragment went is complete.
+void TcpContext::advance(Conn& c, size_t written) {
+  while (!c.sendq.empty()) {
+    SendItem& it = c.sendq.front();
+    const size_t total = sizeof(FrameHeader) + it.payloadLen;
+    const size_t take = std::min(total - it.written, written);
+    it.written += take;
+    written -= take;
+    if (it.written < total) return;
     std::shared_ptr<SendMsg> msg = std::move(it.msg);
     if (it.hdr.type == kFramePong) c.pongQueued = false;
+    if (it.hdr.type == kFrameData) {
+      c.sent.payloadBytes += it.payloadLen;
+      ++c.sent.frames;
+      addCredit(c, it.payloadLen);
+    }
     c.sendq.pop_front();
     if (msg && --msg->fragmentsLeft == 0) {
       countSendDone(c.peer, msg->req->bytes());
       msg->req->complete();
     }
   }
-  bool want = !c.sendq.empty();
-  if (want != c.wantOut) {
-    c.wantOut = want;
-    updateInterest(c);
+}
+
+// Recent progress of c among its peer's sockets: bytes written, halved for
+// all of them whenever one passes kCreditSpan, so it follows a change of
+// speed within a few spans.
+void TcpContext::addCredit(Conn& c, uint64_t bytes) {
+  constexpr uint64_t kCreditSpan = 64 << 20;
+  c.credit += bytes;
+  if (c.credit < kCreditSpan) return;
+  for (auto& other : peers_[c.peer]->conns) {
+    if (other) other->credit /= 2;
   }
+}
+
+TcpContext::ConnCounters TcpContext::connCounters(int peer, int index) const {
+  return peers_.at(peer)->conns.at(index)->sent;
+}
+
+void TcpContext::setSendBufferForTesting(int peer, int index, int bytes) {
+  const int fd = peers_.at(peer)->conns.at(index)->sock.fd();
+  GFLOW_SYSCHECK(setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof(bytes)), "SO_SNDBUF");
 }
 
 bool TcpContext::readHeader(Conn& c) {
@@ -443,7 +585,7 @@ void TcpContext::progress(int timeoutMs) {
     }
     Conn& c = *static_cast<Conn*>(events[i].data.ptr);
     uint32_t ev = events[i].events;
-    if (ev & EPOLLOUT) flush(c);
+    if (ev & EPOLLOUT) flush(c, /*writable=*/true);
     if (c.closed) continue;
     if (ev & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
       if (!c.paused) handleReadable(c);
@@ -490,6 +632,7 @@ void TcpContext::notifyPeers(const Error& error) {
   std::memcpy(payload.data() + 1, text.data(), text.size());
   for (int peer = 0; peer < size(); ++peer) {
     if (peer == rank()) continue;
+    peers_[peer]->pending.clear();  // units no socket took are never sent
     for (auto& cp : peers_[peer]->conns) {
       if (!cp) continue;
       Conn& c = *cp;

@@ -7,6 +7,19 @@
 // staged (bounded by GFLOW_UNEXPECTED_LIMIT per peer; past that the socket is
 // not read until a receive is posted, which gives back-pressure instead of
 // unbounded memory).
+//
+// Several sockets per peer (GFLOW_SOCKETS_PER_PEER > 1): bytes go to a
+// peer's sockets by measured progress, not in equal shares. A message is
+// cut into units (messages below GFLOW_STRIPE_MIN whole; larger ones in
+// pieces of GFLOW_STRIPE_CHUNK, 4 KiB multiples) kept in the peer's pending
+// list, and a socket takes the next unit only once its send queue has
+// drained into the kernel; TCP_NOTSENT_LOWAT keeps the kernel's unsent
+// backlog short, so "drained" means "on the wire". A faster socket drains
+// sooner and so carries more bytes: with flows of unequal speed a peer gets
+// about the sum of their rates instead of (number of flows) x (slowest).
+// Equal flows take equal shares. GFLOW_STRIPE_CHUNK=0 restores the equal,
+// up-front split. One socket per peer (the default) takes none of this path:
+// a message is one frame queued on the socket, as before.
 #pragma once
 
 #include <deque>
@@ -32,6 +45,16 @@ class TcpContext final : public Engine {
   RequestPtr irecv(int peer, void* data, size_t bytes, Tag tag, const Envelope& env) override;
   void notifyPeers(const Error& error) override;
 
+  // Tests: payload bytes and DATA frames written to connection `index` of
+  // `peer` so far, and a send buffer size for one connection (to make it
+  // slow). Owning thread only.
+  struct ConnCounters {
+    uint64_t payloadBytes = 0;
+    uint64_t frames = 0;
+  };
+  ConnCounters connCounters(int peer, int index) const;
+  void setSendBufferForTesting(int peer, int index, int bytes);
+
  private:
   // One message being received: posted by irecv, or announced by the first
   // fragment header to arrive, or both.
@@ -54,6 +77,16 @@ class TcpContext final : public Engine {
     size_t written = 0;  // bytes of header + payload written so far
   };
 
+  // The not yet assigned rest of a message sent by progress: units of
+  // `unit` bytes from `next` on, each taken by the first socket to drain.
+  struct Pending {
+    std::shared_ptr<SendMsg> msg;
+    FrameHeader hdr;  // template: offset and fragLen set per unit
+    const char* base = nullptr;
+    uint64_t next = 0;
+    uint64_t unit = 0;
+  };
+
   struct Conn {
     net::Socket sock;
     int peer = -1;
@@ -73,12 +106,17 @@ class TcpContext final : public Engine {
     char* dst = nullptr;
     uint64_t left = 0;
     std::vector<char> ctrl;  // ERROR frame payload
+    ConnCounters sent;
+    // Several sockets per peer (assignment by progress, see flush):
+    bool ready = true;    // known writable and has taken no unit since
+    uint64_t credit = 0;  // recent bytes written (addCredit)
   };
 
   struct PeerState {
     std::vector<std::unique_ptr<Conn>> conns;
     size_t nextConn = 0;
-    bool closed = false;  // every connection of this peer saw EOF
+    bool closed = false;          // every connection of this peer saw EOF
+    std::deque<Pending> pending;  // FIFO; empty with one socket or equal split
   };
 
   // Connection setup (tcp_connect.cc).
@@ -97,11 +135,18 @@ class TcpContext final : public Engine {
   void sendControl(Conn& c, uint16_t type);
   bool hasPendingWith(int peer) const;
   [[noreturn]] void failLost(int peer, const std::string& what);
-  void flush(Conn& c);
+  void flush(Conn& c, bool writable = false);
   void updateInterest(Conn& c);
   void completeRecv(int peer, RecvMsg* m);
   void resumePaused(PeerState& p);
   void enqueue(Conn& c, SendItem item);
+  void splitEvenly(PeerState& p, const std::shared_ptr<SendMsg>& msg, const FrameHeader& hdr,
+                   const char* base);
+  void queueByProgress(PeerState& p, const std::shared_ptr<SendMsg>& msg, const FrameHeader& hdr,
+                       const char* base);
+  void refill(Conn& c);
+  void advance(Conn& c, size_t written);
+  void addCredit(Conn& c, uint64_t bytes);
 
   // Engine hooks.
   std::unique_ptr<Message> newMessage() override { return std::make_unique<RecvMsg>(); }
@@ -111,6 +156,7 @@ class TcpContext final : public Engine {
   void waitUntilDone(const RequestPtr& req, Deadline deadline) override;
 
   uint64_t stripeMin_;
+  uint64_t stripeChunk_;  // 0: equal split assigned up front
   int spinUs_;
   int socketsPerPeer_ = 1;
   uint64_t commId_ = 0;
