@@ -91,6 +91,7 @@ void TcpContext::failWire(const Error& first) {
   for (auto& p : peers_) {
     for (auto& u : p->pending) u.msg->req->fail(first);
     p->pending.clear();
+    p->pendingBytes = 0;
     for (auto& c : p->conns) {
       if (!c) continue;
       for (auto& item : c->sendq) {
@@ -185,19 +186,49 @@ void TcpContext::queueByProgress(PeerState& p, const std::shared_ptr<SendMsg>& m
   if (bytes >= stripeMin_) unit = std::min(stripeChunk_, evenShare(bytes, nconn));
   unit = std::max<uint64_t>(unit, 1);
   msg->fragmentsLeft = bytes == 0 ? 1 : static_cast<int>((bytes + unit - 1) / unit);
-  p.pending.push_back(Pending{msg, hdr, base, 0, unit});
-  // Sockets that are idle and known writable take a unit each now, the one
-  // that carried the most recently first (it drains fastest); the others
-  // take theirs when epoll reports them writable.
-  while (!p.pending.empty()) {
+  p.pending.push_back(Pending{msg, hdr, base, 0, bytes, unit});
+  p.pendingBytes += bytes;
+  // Sockets that are idle and known writable take a unit each now, the
+  // fastest first; the others take theirs when epoll reports them writable.
+  for (size_t k = 0; k < nconn && !p.pending.empty(); ++k) {
     Conn* best = nullptr;
     for (auto& c : p.conns) {
-      if (!c || c->closed || !c->sendq.empty() || !c->ready) continue;
-      if (!best || c->credit > best->credit) best = c.get();
+      if (!c || c->closed || !c->sendq.empty() || !c->ready || !worthTaking(*c)) continue;
+      if (!best || faster(*c, *best)) best = c.get();
     }
     if (!best) break;
     flush(*best);
   }
+}
+
+// A socket not measured yet counts as fastest, so that it gets measured.
+bool TcpContext::faster(const Conn& a, const Conn& b) {
+  if (a.rate == 0 || b.rate == 0) return a.rate == 0 && b.rate != 0;
+  return a.rate > b.rate;
+}
+
+// Whether c should take the next pending unit: not when a faster socket of
+// the peer, busy now, would send everything pending, this unit included,
+// before c alone could send this unit (the tail of a burst goes to the fast
+// socket, which would otherwise wait for the slow one to deliver it). Every
+// socket that declines leaves one that will come back: the last busy one
+// defers to nobody.
+bool TcpContext::worthTaking(const Conn& c) const {
+  const PeerState& p = *peers_[c.peer];
+  if (c.rate == 0 || p.pending.empty()) return true;
+  const Pending& u = p.pending.front();
+  const double unit = static_cast<double>(std::min(u.unit, u.end - u.next));
+  const double mine = unit / c.rate;
+  for (const auto& o : p.conns) {
+    // Only a socket waiting for EPOLLOUT is sure to come back for the rest;
+    // deferring to an idle one could leave the units with nobody.
+    if (!o || o.get() == &c || o->closed || !o->wantOut || o->rate <= c.rate) continue;
+    double backlog = 0;  // what o still has to send before it could start
+    for (const SendItem& it : o->sendq) backlog += sizeof(FrameHeader) + it.payloadLen - it.written;
+    if (!o->ready) backlog += kNotsentLowat / 2;
+    if ((backlog + static_cast<double>(p.pendingBytes)) / o->rate < mine) return false;
+  }
+  return true;
 }
 
 // Moves the next pending unit of c's peer onto c's send queue.
@@ -205,16 +236,18 @@ void TcpContext::refill(Conn& c) {
   PeerState& p = *peers_[c.peer];
   if (p.pending.empty()) return;
   Pending& u = p.pending.front();
-  const uint64_t total = u.hdr.msgLen;
   SendItem item;
   item.msg = u.msg;
   item.hdr = u.hdr;
   item.hdr.offset = u.next;
-  item.hdr.fragLen = std::min(u.unit, total - u.next);
+  item.hdr.fragLen = std::min(u.unit, u.end - u.next);
   item.payload = u.base + u.next;
   item.payloadLen = item.hdr.fragLen;
   u.next += item.hdr.fragLen;
-  if (u.next >= total) p.pending.pop_front();
+  p.pendingBytes -= item.hdr.fragLen;
+  c.takenAt = std::chrono::steady_clock::now();
+  c.takenBytes = sizeof(FrameHeader) + item.hdr.fragLen;
+  if (u.next >= u.end) p.pending.pop_front();
   c.sendq.push_back(std::move(item));
 }
 
@@ -300,17 +333,29 @@ void TcpContext::updateInterest(Conn& c) {
 // Writes queued frames, several per sendmsg, until the kernel takes no more.
 // With several sockets per peer, a socket whose queue is empty takes one
 // unit of its peer's pending list, and only while it is known writable
-// (`ready`: epoll reported it so, and it has not taken a unit since):
-// TCP_NOTSENT_LOWAT makes "writable" mean "its unsent backlog has drained",
-// so a slow socket never holds units that a faster one could send now.
-// `writable`: called for an EPOLLOUT event.
+// (`ready`: epoll reported it so with its queue empty, and it has not taken
+// a unit since): TCP_NOTSENT_LOWAT makes "writable" mean "its unsent backlog
+// has drained", so a slow socket never holds units that a faster one could
+// send now. The time from taking a unit to that report is one sample of the
+// socket's rate (EWMA), which only decides who takes the tail of a burst
+// (worthTaking) and which idle socket goes first. `writable`: called for an
+// EPOLLOUT event.
 void TcpContext::flush(Conn& c, bool writable) {
   constexpr size_t kGather = 4;  // frames per sendmsg
   const size_t hdrLen = sizeof(FrameHeader);
   const PeerState& p = *peers_[c.peer];
-  if (writable) c.ready = true;
+  if (writable && !c.ready && c.sendq.empty()) {
+    // The unit it took has drained: one sample of the socket's rate.
+    const double dt =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - c.takenAt).count();
+    if (dt > 0) {
+      const double sample = static_cast<double>(c.takenBytes) / dt;
+      c.rate = c.rate == 0 ? sample : 0.75 * c.rate + 0.25 * sample;
+    }
+    c.ready = true;
+  }
   for (;;) {
-    if (c.sendq.empty() && c.ready && !p.pending.empty()) {
+    if (c.sendq.empty() && c.ready && !p.pending.empty() && worthTaking(c)) {
       refill(c);
       c.ready = false;
     }
@@ -368,25 +413,12 @@ void TcpContext::advance(Conn& c, size_t written) {
     if (it.hdr.type == kFrameData) {
       c.sent.payloadBytes += it.payloadLen;
       ++c.sent.frames;
-      addCredit(c, it.payloadLen);
     }
     c.sendq.pop_front();
     if (msg && --msg->fragmentsLeft == 0) {
       countSendDone(c.peer, msg->req->bytes());
       msg->req->complete();
     }
-  }
-}
-
-// Recent progress of c among its peer's sockets: bytes written, halved for
-// all of them whenever one passes kCreditSpan, so it follows a change of
-// speed within a few spans.
-void TcpContext::addCredit(Conn& c, uint64_t bytes) {
-  constexpr uint64_t kCreditSpan = 64 << 20;
-  c.credit += bytes;
-  if (c.credit < kCreditSpan) return;
-  for (auto& other : peers_[c.peer]->conns) {
-    if (other) other->credit /= 2;
   }
 }
 
@@ -633,6 +665,7 @@ void TcpContext::notifyPeers(const Error& error) {
   for (int peer = 0; peer < size(); ++peer) {
     if (peer == rank()) continue;
     peers_[peer]->pending.clear();  // units no socket took are never sent
+    peers_[peer]->pendingBytes = 0;
     for (auto& cp : peers_[peer]->conns) {
       if (!cp) continue;
       Conn& c = *cp;

@@ -11,17 +11,22 @@
 // Several sockets per peer (GFLOW_SOCKETS_PER_PEER > 1): bytes go to a
 // peer's sockets by measured progress, not in equal shares. A message is
 // cut into units (messages below GFLOW_STRIPE_MIN whole; larger ones in
-// pieces of GFLOW_STRIPE_CHUNK, 4 KiB multiples) kept in the peer's pending
-// list, and a socket takes the next unit only once its send queue has
-// drained into the kernel; TCP_NOTSENT_LOWAT keeps the kernel's unsent
-// backlog short, so "drained" means "on the wire". A faster socket drains
-// sooner and so carries more bytes: with flows of unequal speed a peer gets
-// about the sum of their rates instead of (number of flows) x (slowest).
-// Equal flows take equal shares. GFLOW_STRIPE_CHUNK=0 restores the equal,
-// up-front split. One socket per peer (the default) takes none of this path:
-// a message is one frame queued on the socket, as before.
+// pieces of GFLOW_STRIPE_CHUNK, 4 KiB multiples, at most an even share)
+// kept in the peer's pending list, and a socket takes the next unit only
+// when epoll reports it writable with its send queue empty; with
+// TCP_NOTSENT_LOWAT set, that means the kernel has sent what it took. A
+// faster socket drains sooner and so carries more bytes: with flows of
+// unequal speed a peer gets about the sum of their rates instead of
+// (number of flows) x (slowest). The time each unit took to drain gives a
+// per-socket rate, used for one decision only: a socket leaves the tail of
+// a burst to a faster, busy one that would send all of it before the slow
+// one sent its single unit. Equal flows take equal shares.
+// GFLOW_STRIPE_CHUNK=0 restores the equal, up-front split. One socket per
+// peer (the default) takes none of this path: a message is one frame
+// queued on the socket, as before.
 #pragma once
 
+#include <chrono>
 #include <deque>
 #include <map>
 #include <memory>
@@ -77,13 +82,14 @@ class TcpContext final : public Engine {
     size_t written = 0;  // bytes of header + payload written so far
   };
 
-  // The not yet assigned rest of a message sent by progress: units of
-  // `unit` bytes from `next` on, each taken by the first socket to drain.
+  // The not yet assigned rest [next, end) of a message sent by progress, in
+  // units of `unit` bytes, each taken by a socket that has drained.
   struct Pending {
     std::shared_ptr<SendMsg> msg;
     FrameHeader hdr;  // template: offset and fragLen set per unit
     const char* base = nullptr;
     uint64_t next = 0;
+    uint64_t end = 0;
     uint64_t unit = 0;
   };
 
@@ -108,8 +114,10 @@ class TcpContext final : public Engine {
     std::vector<char> ctrl;  // ERROR frame payload
     ConnCounters sent;
     // Several sockets per peer (assignment by progress, see flush):
-    bool ready = true;    // known writable and has taken no unit since
-    uint64_t credit = 0;  // recent bytes written (addCredit)
+    bool ready = true;  // known writable and has taken no unit since
+    double rate = 0;    // bytes/s draining taken units (EWMA); 0: not measured
+    std::chrono::steady_clock::time_point takenAt;  // when it took its last unit
+    uint64_t takenBytes = 0;                        // that unit's frame bytes
   };
 
   struct PeerState {
@@ -117,6 +125,7 @@ class TcpContext final : public Engine {
     size_t nextConn = 0;
     bool closed = false;          // every connection of this peer saw EOF
     std::deque<Pending> pending;  // FIFO; empty with one socket or equal split
+    uint64_t pendingBytes = 0;    // payload bytes in `pending` not yet taken
   };
 
   // Connection setup (tcp_connect.cc).
@@ -146,7 +155,8 @@ class TcpContext final : public Engine {
                        const char* base);
   void refill(Conn& c);
   void advance(Conn& c, size_t written);
-  void addCredit(Conn& c, uint64_t bytes);
+  bool worthTaking(const Conn& c) const;
+  static bool faster(const Conn& a, const Conn& b);
 
   // Engine hooks.
   std::unique_ptr<Message> newMessage() override { return std::make_unique<RecvMsg>(); }
