@@ -20,8 +20,12 @@ namespace gflow::transport::tcp {
 namespace {
 
 // Unsent bytes a socket of a peer with several may hold in the kernel
-// (TCP_NOTSENT_LOWAT; epoll reports it writable below half of this).
+// (TCP_NOTSENT_LOWAT; epoll reports it writable below half of this), at
+// first and at most (tuneNotsent).
 constexpr int kNotsentLowat = 64 << 10;
+constexpr int kMaxNotsentLowat = 4 << 20;
+// Units a fast socket may take as one frame.
+constexpr uint64_t kMaxBatch = 16;
 
 }  // namespace
 
@@ -66,7 +70,9 @@ void TcpContext::addConnection(int peer, int index, net::Socket sock) {
     // sent what it took": keep the kernel's unsent backlog short, or a slow
     // socket would swallow a whole send buffer's worth and finish last.
     int lowat = kNotsentLowat;
-    if (setsockopt(sock.fd(), IPPROTO_TCP, TCP_NOTSENT_LOWAT, &lowat, sizeof(lowat)) != 0) {
+    if (setsockopt(sock.fd(), IPPROTO_TCP, TCP_NOTSENT_LOWAT, &lowat, sizeof(lowat)) == 0) {
+      c->notsentLowat = lowat;
+    } else {
       GFLOW_LOG(DEBUG) << "TCP_NOTSENT_LOWAT: " << std::strerror(errno);
     }
   }
@@ -225,13 +231,13 @@ bool TcpContext::worthTaking(const Conn& c) const {
     if (!o || o.get() == &c || o->closed || !o->wantOut || o->rate <= c.rate) continue;
     double backlog = 0;  // what o still has to send before it could start
     for (const SendItem& it : o->sendq) backlog += sizeof(FrameHeader) + it.payloadLen - it.written;
-    if (!o->ready) backlog += kNotsentLowat / 2;
+    if (!o->ready) backlog += o->notsentLowat;
     if ((backlog + static_cast<double>(p.pendingBytes)) / o->rate < mine) return false;
   }
   return true;
 }
 
-// Moves the next pending unit of c's peer onto c's send queue.
+// Moves the next unit(s) of c's peer onto c's send queue, as one frame.
 void TcpContext::refill(Conn& c) {
   PeerState& p = *peers_[c.peer];
   if (p.pending.empty()) return;
@@ -240,13 +246,17 @@ void TcpContext::refill(Conn& c) {
   item.msg = u.msg;
   item.hdr = u.hdr;
   item.hdr.offset = u.next;
-  item.hdr.fragLen = std::min(u.unit, u.end - u.next);
+  // A fast socket takes about what it sends while its waiter wakes up
+  // (its TCP_NOTSENT_LOWAT) at once, as one frame: fewer frames and system
+  // calls on both sides. A slow one takes a single unit.
+  const uint64_t batch = std::clamp<uint64_t>(c.notsentLowat / u.unit, 1, kMaxBatch);
+  item.hdr.fragLen = std::min(u.unit * batch, u.end - u.next);
   item.payload = u.base + u.next;
   item.payloadLen = item.hdr.fragLen;
+  item.units =
+      item.hdr.fragLen == 0 ? 1 : static_cast<int>((item.hdr.fragLen + u.unit - 1) / u.unit);
   u.next += item.hdr.fragLen;
   p.pendingBytes -= item.hdr.fragLen;
-  c.takenAt = std::chrono::steady_clock::now();
-  c.takenBytes = sizeof(FrameHeader) + item.hdr.fragLen;
   if (u.next >= u.end) p.pending.pop_front();
   c.sendq.push_back(std::move(item));
 }
@@ -331,34 +341,24 @@ void TcpContext::updateInterest(Conn& c) {
 }
 
 // Writes queued frames, several per sendmsg, until the kernel takes no more.
-// With several sockets per peer, a socket whose queue is empty takes one
-// unit of its peer's pending list, and only while it is known writable
-// (`ready`: epoll reported it so with its queue empty, and it has not taken
-// a unit since): TCP_NOTSENT_LOWAT makes "writable" mean "its unsent backlog
-// has drained", so a slow socket never holds units that a faster one could
-// send now. The time from taking a unit to that report is one sample of the
-// socket's rate (EWMA), which only decides who takes the tail of a burst
-// (worthTaking) and which idle socket goes first. `writable`: called for an
-// EPOLLOUT event.
+// With several sockets per peer, a socket whose queue is empty takes the
+// next unit of its peer's pending list while the kernel keeps accepting
+// (`ready`), and once the kernel refuses, waits for EPOLLOUT before it takes
+// more: TCP_NOTSENT_LOWAT makes the kernel refuse once a little is unsent,
+// so a slow socket never holds units that a faster one could send now.
+// While a socket stays backlogged, the bytes it writes after each wait over
+// the time since the previous wait are a sample of its rate (EWMA), which
+// decides only who takes the tail of a burst (worthTaking) and which idle
+// socket goes first. `writable`: called for an EPOLLOUT event.
 void TcpContext::flush(Conn& c, bool writable) {
   constexpr size_t kGather = 4;  // frames per sendmsg
   const size_t hdrLen = sizeof(FrameHeader);
   const PeerState& p = *peers_[c.peer];
-  if (writable && !c.ready && c.sendq.empty()) {
-    // The unit it took has drained: one sample of the socket's rate.
-    const double dt =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - c.takenAt).count();
-    if (dt > 0) {
-      const double sample = static_cast<double>(c.takenBytes) / dt;
-      c.rate = c.rate == 0 ? sample : 0.75 * c.rate + 0.25 * sample;
-    }
-    c.ready = true;
-  }
+  if (writable) c.ready = true;
+  size_t burst = 0;
+  bool blocked = false;
   for (;;) {
-    if (c.sendq.empty() && c.ready && !p.pending.empty() && worthTaking(c)) {
-      refill(c);
-      c.ready = false;
-    }
+    if (c.sendq.empty() && c.ready && !p.pending.empty() && worthTaking(c)) refill(c);
     if (c.sendq.empty()) break;
     iovec iov[2 * kGather];
     int n = 0;
@@ -379,8 +379,11 @@ void TcpContext::flush(Conn& c, bool writable) {
     mh.msg_iovlen = n;
     ssize_t w = ::sendmsg(c.sock.fd(), &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (w < 0) {
-      if (errno == EAGAIN || errno == EWOULDBLOCK) break;
       if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        blocked = true;
+        break;
+      }
       int err = errno;
       // A peer that failed usually sent an error report before closing:
       // read it first so the report, not the broken pipe, is what we raise.
@@ -388,13 +391,55 @@ void TcpContext::flush(Conn& c, bool writable) {
       failLost(c.peer, std::string("is unreachable while sending: ") + std::strerror(err));
     }
     advance(c, static_cast<size_t>(w));
-    if (static_cast<size_t>(w) < want) break;
+    burst += static_cast<size_t>(w);
+    if (static_cast<size_t>(w) < want) {
+      blocked = true;
+      break;
+    }
   }
-  // A socket that took a unit waits for EPOLLOUT to become ready again.
+  if (p.conns.size() > 1) noteProgress(c, blocked, burst);
   bool want = !c.sendq.empty() || !c.ready;
   if (want != c.wantOut) {
     c.wantOut = want;
     updateInterest(c);
+  }
+}
+
+// Several sockets per peer: a socket the kernel refused is not ready until
+// EPOLLOUT. When it was refused at the end of the previous flush too, it
+// has been backlogged since, and what it wrote now is what drained then.
+void TcpContext::noteProgress(Conn& c, bool blocked, size_t burst) {
+  using Clock = std::chrono::steady_clock;
+  if (!blocked) {
+    c.blockedAt = Clock::time_point{};
+    return;
+  }
+  c.ready = false;
+  const Clock::time_point now = Clock::now();
+  if (c.blockedAt != Clock::time_point{} && burst > 0) {
+    const double dt = std::chrono::duration<double>(now - c.blockedAt).count();
+    if (dt > 0) {
+      const double sample = static_cast<double>(burst) / dt;
+      c.rate = c.rate == 0 ? sample : 0.75 * c.rate + 0.25 * sample;
+      tuneNotsent(c);
+    }
+  }
+  c.blockedAt = now;
+}
+
+// TCP_NOTSENT_LOWAT of a socket: 64 KiB, or for a socket measured faster
+// than kFastRate about 1 ms at its rate (a power of two up to 4 MiB). A slow
+// socket keeps little unsent, so it takes units only as fast as it sends
+// them; a fast one gets a backlog that lasts while the waiter wakes up, and
+// writes megabytes per system call. The threshold keeps a noisy estimate of
+// a slow socket from ever raising its backlog.
+void TcpContext::tuneNotsent(Conn& c) {
+  constexpr double kFastRate = 256e6;  // bytes/s
+  int want = kNotsentLowat;
+  while (c.rate >= kFastRate && want < kMaxNotsentLowat && want < c.rate * 1e-3) want *= 2;
+  if (want == c.notsentLowat) return;
+  if (setsockopt(c.sock.fd(), IPPROTO_TCP, TCP_NOTSENT_LOWAT, &want, sizeof(want)) == 0) {
+    c.notsentLowat = want;
   }
 }
 
@@ -415,7 +460,7 @@ void TcpContext::advance(Conn& c, size_t written) {
       ++c.sent.frames;
     }
     c.sendq.pop_front();
-    if (msg && --msg->fragmentsLeft == 0) {
+    if (msg && (msg->fragmentsLeft -= it.units) == 0) {
       countSendDone(c.peer, msg->req->bytes());
       msg->req->complete();
     }

@@ -12,18 +12,18 @@
 // peer's sockets by measured progress, not in equal shares. A message is
 // cut into units (messages below GFLOW_STRIPE_MIN whole; larger ones in
 // pieces of GFLOW_STRIPE_CHUNK, 4 KiB multiples, at most an even share)
-// kept in the peer's pending list, and a socket takes the next unit only
-// when epoll reports it writable with its send queue empty; with
-// TCP_NOTSENT_LOWAT set, that means the kernel has sent what it took. A
-// faster socket drains sooner and so carries more bytes: with flows of
-// unequal speed a peer gets about the sum of their rates instead of
-// (number of flows) x (slowest). The time each unit took to drain gives a
-// per-socket rate, used for one decision only: a socket leaves the tail of
-// a burst to a faster, busy one that would send all of it before the slow
-// one sent its single unit. Equal flows take equal shares.
-// GFLOW_STRIPE_CHUNK=0 restores the equal, up-front split. One socket per
-// peer (the default) takes none of this path: a message is one frame
-// queued on the socket, as before.
+// kept in the peer's pending list. A socket with an empty send queue takes
+// the next unit while the kernel keeps accepting its writes; once refused,
+// it waits for EPOLLOUT. With TCP_NOTSENT_LOWAT set, the kernel refuses as
+// soon as a little is unsent, so a socket takes more only as fast as it
+// sends: with flows of unequal speed a peer gets about the sum of their
+// rates instead of (number of flows) x (slowest). The bytes a backlogged
+// socket moves per wait give its rate, used for one decision only: a
+// socket leaves the tail of a burst to a faster, busy one that would send
+// all of it before the slow one sent its single unit. Equal flows take
+// equal shares. GFLOW_STRIPE_CHUNK=0 restores the equal, up-front split.
+// One socket per peer (the default) takes none of this path: a message is
+// one frame queued on the socket, as before.
 #pragma once
 
 #include <chrono>
@@ -71,7 +71,7 @@ class TcpContext final : public Engine {
 
   struct SendMsg {
     RequestPtr req;
-    int fragmentsLeft = 0;
+    int fragmentsLeft = 0;  // units (adaptive) or fragments (equal split) not yet written
   };
 
   struct SendItem {
@@ -80,6 +80,7 @@ class TcpContext final : public Engine {
     const char* payload = nullptr;
     size_t payloadLen = 0;
     size_t written = 0;  // bytes of header + payload written so far
+    int units = 1;       // fragments of msg this frame accounts for
   };
 
   // The not yet assigned rest [next, end) of a message sent by progress, in
@@ -114,10 +115,10 @@ class TcpContext final : public Engine {
     std::vector<char> ctrl;  // ERROR frame payload
     ConnCounters sent;
     // Several sockets per peer (assignment by progress, see flush):
-    bool ready = true;  // known writable and has taken no unit since
-    double rate = 0;    // bytes/s draining taken units (EWMA); 0: not measured
-    std::chrono::steady_clock::time_point takenAt;  // when it took its last unit
-    uint64_t takenBytes = 0;                        // that unit's frame bytes
+    bool ready = true;  // the kernel took all we wrote since the last EPOLLOUT
+    double rate = 0;    // bytes/s while backlogged (EWMA); 0: not measured
+    std::chrono::steady_clock::time_point blockedAt;  // last refused; {}: idle since
+    int notsentLowat = 0;  // TCP_NOTSENT_LOWAT in force (tuneNotsent); 0: none
   };
 
   struct PeerState {
@@ -156,6 +157,8 @@ class TcpContext final : public Engine {
   void refill(Conn& c);
   void advance(Conn& c, size_t written);
   bool worthTaking(const Conn& c) const;
+  void noteProgress(Conn& c, bool blocked, size_t burst);
+  void tuneNotsent(Conn& c);
   static bool faster(const Conn& a, const Conn& b);
 
   // Engine hooks.
