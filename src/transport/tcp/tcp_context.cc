@@ -176,11 +176,11 @@ void TcpContext::splitEvenly(PeerState& p, const std::shared_ptr<SendMsg>& msg,
 }
 
 // Assignment by progress (several sockets): the message joins the peer's
-// pending list in units, and a socket takes the next unit whenever it has
-// drained what it took before (flush). Chosen over splitting each message
-// by estimated per-socket rates: the pull needs no rate estimate to be
-// right, follows a rate that changes at once, and at equal rates gives
-// equal shares; measured in docs/performance.md, "TCP: adaptive striping".
+// pending list in units, and a socket takes the next unit while the kernel
+// accepts its writes, and once refused, only after EPOLLOUT (flush). Chosen over splitting each
+// message by estimated per-socket rates: the pull needs no rate estimate to be right, follows a
+// rate that changes at once, and at equal rates gives equal shares; measured in
+// docs/performance.md, "TCP: adaptive striping".
 void TcpContext::queueByProgress(PeerState& p, const std::shared_ptr<SendMsg>& msg,
                                  const FrameHeader& hdr, const char* base) {
   const uint64_t bytes = hdr.msgLen;
@@ -191,8 +191,9 @@ void TcpContext::queueByProgress(PeerState& p, const std::shared_ptr<SendMsg>& m
   uint64_t unit = bytes;
   if (bytes >= stripeMin_) unit = std::min(stripeChunk_, evenShare(bytes, nconn));
   unit = std::max<uint64_t>(unit, 1);
-  msg->fragmentsLeft = bytes == 0 ? 1 : static_cast<int>((bytes + unit - 1) / unit);
-  p.pending.push_back(Pending{msg, hdr, base, 0, bytes, unit});
+  msg->fragmentsLeft = bytes == 0 ? 1 : (bytes + unit - 1) / unit;
+  const uint64_t share = bytes >= stripeMin_ ? evenShare(bytes, nconn) : bytes;
+  p.pending.push_back(Pending{msg, hdr, base, 0, bytes, unit, share});
   p.pendingBytes += bytes;
   // Sockets that are idle and known writable take a unit each now, the
   // fastest first; the others take theirs when epoll reports them writable.
@@ -207,14 +208,14 @@ void TcpContext::queueByProgress(PeerState& p, const std::shared_ptr<SendMsg>& m
   }
 }
 
-// A socket not measured yet counts as fastest, so that it gets measured.
+// Measured clearly faster (twice: rates are estimates); a socket not
+// measured yet is not preferred.
 bool TcpContext::faster(const Conn& a, const Conn& b) {
-  if (a.rate == 0 || b.rate == 0) return a.rate == 0 && b.rate != 0;
-  return a.rate > b.rate;
+  return a.rate > 2 * b.rate;
 }
 
-// Whether c should take the next pending unit: not when a faster socket of
-// the peer, busy now, would send everything pending, this unit included,
+// Whether c should take the next pending unit: not when a socket of the
+// peer at least twice as fast, busy now, would send everything pending, this unit included,
 // before c alone could send this unit (the tail of a burst goes to the fast
 // socket, which would otherwise wait for the slow one to deliver it). Every
 // socket that declines leaves one that will come back: the last busy one
@@ -228,7 +229,8 @@ bool TcpContext::worthTaking(const Conn& c) const {
   for (const auto& o : p.conns) {
     // Only a socket waiting for EPOLLOUT is sure to come back for the rest;
     // deferring to an idle one could leave the units with nobody.
-    if (!o || o.get() == &c || o->closed || !o->wantOut || o->rate <= c.rate) continue;
+    // Rates are estimates: defer only to one at least twice as fast.
+    if (!o || o.get() == &c || o->closed || !o->wantOut || o->rate < 2 * c.rate) continue;
     double backlog = 0;  // what o still has to send before it could start
     for (const SendItem& it : o->sendq) backlog += sizeof(FrameHeader) + it.payloadLen - it.written;
     if (!o->ready) backlog += o->notsentLowat;
@@ -248,13 +250,16 @@ void TcpContext::refill(Conn& c) {
   item.hdr.offset = u.next;
   // A fast socket takes about what it sends while its waiter wakes up
   // (its TCP_NOTSENT_LOWAT) at once, as one frame: fewer frames and system
-  // calls on both sides. A slow one takes a single unit.
-  const uint64_t batch = std::clamp<uint64_t>(c.notsentLowat / u.unit, 1, kMaxBatch);
-  item.hdr.fragLen = std::min(u.unit * batch, u.end - u.next);
+  // calls on both sides. A slow one takes a single unit. One the kernel
+  // has never refused is not slow: it takes up to an even share, so equal
+  // flows cut a message as the equal split did.
+  const uint64_t batch =
+      c.rate == 0 ? kMaxBatch : std::clamp<uint64_t>(c.notsentLowat / u.unit, 1, kMaxBatch);
+  const uint64_t take = std::max(u.unit, std::min(u.unit * batch, u.share / u.unit * u.unit));
+  item.hdr.fragLen = std::min(take, u.end - u.next);
   item.payload = u.base + u.next;
   item.payloadLen = item.hdr.fragLen;
-  item.units =
-      item.hdr.fragLen == 0 ? 1 : static_cast<int>((item.hdr.fragLen + u.unit - 1) / u.unit);
+  item.units = item.hdr.fragLen == 0 ? 1 : (item.hdr.fragLen + u.unit - 1) / u.unit;
   u.next += item.hdr.fragLen;
   p.pendingBytes -= item.hdr.fragLen;
   if (u.next >= u.end) p.pending.pop_front();
@@ -397,7 +402,7 @@ void TcpContext::flush(Conn& c, bool writable) {
       break;
     }
   }
-  if (p.conns.size() > 1) noteProgress(c, blocked, burst);
+  if (p.conns.size() > 1) noteProgress(c, blocked, burst, writable);
   bool want = !c.sendq.empty() || !c.ready;
   if (want != c.wantOut) {
     c.wantOut = want;
@@ -406,17 +411,21 @@ void TcpContext::flush(Conn& c, bool writable) {
 }
 
 // Several sockets per peer: a socket the kernel refused is not ready until
-// EPOLLOUT. When it was refused at the end of the previous flush too, it
-// has been backlogged since, and what it wrote now is what drained then.
-void TcpContext::noteProgress(Conn& c, bool blocked, size_t burst) {
+// EPOLLOUT. When an EPOLLOUT flush is refused and the socket was refused
+// before too, it has been backlogged since, and what it wrote now is what
+// drained then: one rate sample. (Other flushes, such as the one after
+// reading, would time a few freed bytes over microseconds: no sample.)
+void TcpContext::noteProgress(Conn& c, bool blocked, size_t burst, bool writable) {
   using Clock = std::chrono::steady_clock;
   if (!blocked) {
     c.blockedAt = Clock::time_point{};
     return;
   }
   c.ready = false;
+  const bool backlogged = c.blockedAt != Clock::time_point{};
+  if (backlogged && !writable) return;
   const Clock::time_point now = Clock::now();
-  if (c.blockedAt != Clock::time_point{} && burst > 0) {
+  if (backlogged && burst > 0) {
     const double dt = std::chrono::duration<double>(now - c.blockedAt).count();
     if (dt > 0) {
       const double sample = static_cast<double>(burst) / dt;

@@ -71,7 +71,7 @@ class TcpContext final : public Engine {
 
   struct SendMsg {
     RequestPtr req;
-    int fragmentsLeft = 0;  // units (adaptive) or fragments (equal split) not yet written
+    uint64_t fragmentsLeft = 0;  // units (by progress) or fragments (equal split) not written
   };
 
   struct SendItem {
@@ -80,7 +80,7 @@ class TcpContext final : public Engine {
     const char* payload = nullptr;
     size_t payloadLen = 0;
     size_t written = 0;  // bytes of header + payload written so far
-    int units = 1;       // fragments of msg this frame accounts for
+    uint64_t units = 1;  // fragments of msg this frame accounts for
   };
 
   // The not yet assigned rest [next, end) of a message sent by progress, in
@@ -92,6 +92,7 @@ class TcpContext final : public Engine {
     uint64_t next = 0;
     uint64_t end = 0;
     uint64_t unit = 0;
+    uint64_t share = 0;  // an even share of the peer's sockets: the most one takes
   };
 
   struct Conn {
@@ -157,7 +158,7 @@ class TcpContext final : public Engine {
   void refill(Conn& c);
   void advance(Conn& c, size_t written);
   bool worthTaking(const Conn& c) const;
-  void noteProgress(Conn& c, bool blocked, size_t burst);
+  void noteProgress(Conn& c, bool blocked, size_t burst, bool writable);
   void tuneNotsent(Conn& c);
   static bool faster(const Conn& a, const Conn& b);
 
