@@ -13,7 +13,6 @@
 #include <vector>
 
 #include "common/params.h"
-#include "gflow/gflow.h"
 #include "testing/contexts.h"
 #include "testing/ranks.h"
 #include "transport/tcp/tcp_context.h"
@@ -155,48 +154,6 @@ TEST_F(AdaptiveStriping, ASlowSocketCarriesFewerBytes) {
       },
       std::chrono::seconds(60)));
 }
-
-// Several sockets per peer, small units: every algorithm still gives exact
-// results for sizes around the unit and stripe boundaries.
-class AdaptiveStripingAlgorithms : public ::testing::TestWithParam<const char*> {
- protected:
-  void SetUp() override {
-    setenv("GFLOW_STRIPE_MIN", "4096", 1);
-    setenv("GFLOW_STRIPE_CHUNK", "4096", 1);
-    params::resetCacheForTesting();
-  }
-  void TearDown() override {
-    unsetenv("GFLOW_STRIPE_MIN");
-    unsetenv("GFLOW_STRIPE_CHUNK");
-    params::resetCacheForTesting();
-  }
-};
-
-TEST_P(AdaptiveStripingAlgorithms, OddSizesAreExact) {
-  Options o;
-  o.algorithm = GetParam();
-  o.tcp.socketsPerPeer = 3;
-  testing::runRanks(
-      3,
-      [](Communicator& c) {
-        for (size_t count : {size_t(1), size_t(1023), size_t(1025), size_t(3071), size_t(12289),
-                             size_t(100003), size_t(262147)}) {
-          std::vector<int32_t> v(count);
-          for (size_t i = 0; i < count; ++i) v[i] = static_cast<int32_t>(i % 97) * (c.rank() + 1);
-          c.allreduce(tensor(v.data(), count));
-          for (size_t i = 0; i < count; ++i) {
-            ASSERT_EQ(v[i], 6 * static_cast<int32_t>(i % 97)) << count << " " << i;
-          }
-          std::vector<int32_t> b(count, c.rank() == 2 ? 11 : 0);
-          c.broadcast(tensor(b.data(), count), 2);
-          for (size_t i = 0; i < count; ++i) ASSERT_EQ(b[i], 11) << count << " " << i;
-        }
-        c.barrier();
-      },
-      o);
-}
-
-INSTANTIATE_TEST_SUITE_P(Algorithms, AdaptiveStripingAlgorithms, ::testing::Values("rd", "ring"));
 
 }  // namespace
 }  // namespace gflow

@@ -18,10 +18,12 @@
 // soon as a little is unsent, so a socket takes more only as fast as it
 // sends: with flows of unequal speed a peer gets about the sum of their
 // rates instead of (number of flows) x (slowest). The bytes a backlogged
-// socket moves per wait give its rate, used for one decision only: a
-// socket leaves the tail of a burst to a faster, busy one that would send
-// all of it before the slow one sent its single unit. Equal flows take
-// equal shares. GFLOW_STRIPE_CHUNK=0 restores the equal, up-front split.
+// socket moves per wait give its rate (an estimate, so it counts only at
+// a factor of two): a socket leaves the tail of a burst to a busy one twice
+// as fast that would send all of it before the slow one sent its single
+// unit, and a socket faster than 256 MB/s keeps a larger unsent backlog and
+// takes several units per frame (at most an even share of the message, as
+// does a socket the kernel never refused). Equal flows take equal shares. GFLOW_STRIPE_CHUNK=0 restores the equal, up-front split.
 // One socket per peer (the default) takes none of this path: a message is
 // one frame queued on the socket, as before.
 #pragma once
