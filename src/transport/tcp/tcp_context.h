@@ -23,9 +23,10 @@
 // as fast that would send all of it before the slow one sent its single
 // unit, and a socket faster than 256 MB/s keeps a larger unsent backlog and
 // takes several units per frame (at most an even share of the message, as
-// does a socket the kernel never refused). Equal flows take equal shares. GFLOW_STRIPE_CHUNK=0 restores the equal, up-front split.
-// One socket per peer (the default) takes none of this path: a message is
-// one frame queued on the socket, as before.
+// does a socket the kernel never refused). Equal flows take equal shares.
+// GFLOW_STRIPE_CHUNK=0 restores the equal, up-front split. One socket per
+// peer (the default) takes none of this path: a message is one frame
+// queued on the socket, as before.
 #pragma once
 
 #include <chrono>
@@ -118,7 +119,7 @@ class TcpContext final : public Engine {
     std::vector<char> ctrl;  // ERROR frame payload
     ConnCounters sent;
     // Several sockets per peer (assignment by progress, see flush):
-    bool ready = true;  // the kernel took all we wrote since the last EPOLLOUT
+    bool ready = true;  // not refused by the kernel since the last EPOLLOUT
     double rate = 0;    // bytes/s while backlogged (EWMA); 0: not measured
     std::chrono::steady_clock::time_point blockedAt;  // last refused; {}: idle since
     int notsentLowat = 0;  // TCP_NOTSENT_LOWAT in force (tuneNotsent); 0: none
