@@ -27,6 +27,7 @@ struct TcpOptions {
   std::string portRange;                      // GFLOW_PORT_RANGE
   std::optional<int> socketsPerPeer;          // GFLOW_SOCKETS_PER_PEER (1-64)
   std::optional<uint64_t> stripeMinBytes;     // GFLOW_STRIPE_MIN
+  std::optional<uint64_t> stripeChunkBytes;   // GFLOW_STRIPE_CHUNK (0: equal split)
   std::optional<uint64_t> socketBufferBytes;  // GFLOW_SOCKET_BUFFER
 };
 

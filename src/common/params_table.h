@@ -46,6 +46,10 @@
     "TCP connections per peer; messages >= GFLOW_STRIPE_MIN are striped across them.")             \
   X(stripeMin, "GFLOW_STRIPE_MIN", kBytes, "1M", kLocal,                                           \
     "Smallest message striped across several sockets of a peer.")                                  \
+  X(stripeChunk, "GFLOW_STRIPE_CHUNK", kBytes, "128K", kLocal,                                     \
+    "With several sockets per peer, messages go out in units (whole below GFLOW_STRIPE_MIN, "      \
+    "pieces of this size above), each taken by the first socket whose queue has drained, so a "    \
+    "faster socket carries more. 0: equal shares assigned up front.")                              \
   X(socketBuffer, "GFLOW_SOCKET_BUFFER", kBytes, "4M", kLocal,                                     \
     "SO_SNDBUF/SO_RCVBUF of data sockets.")                                                        \
   X(unexpectedLimit, "GFLOW_UNEXPECTED_LIMIT", kBytes, "256M", kLocal,                             \

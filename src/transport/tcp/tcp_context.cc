@@ -1,5 +1,7 @@
 #include "transport/tcp/tcp_context.h"
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -17,12 +19,21 @@
 namespace gflow::transport::tcp {
 namespace {
 constexpr size_t kReadAhead = 16 << 10;
+
+// The unit a striped message is cut into (Options::tcp.stripeChunkBytes,
+// else GFLOW_STRIPE_CHUNK); 0 keeps the equal split assigned up front.
+uint64_t stripeChunkBytes(const ContextOptions& o) {
+  const uint64_t c = o.tcp.stripeChunkBytes ? *o.tcp.stripeChunkBytes : params::stripeChunk();
+  return c ? std::max<uint64_t>(c, 4096) : 0;
+}
+
 }  // namespace
 
 TcpContext::TcpContext(const ContextOptions& options) : Engine(options) {
   stripeMin_ = std::max<uint64_t>(
       (options.tcp.stripeMinBytes ? *options.tcp.stripeMinBytes : params::stripeMin()), 4096);
   waitPolicy_ = WaitPolicy::choose(options);
+  stripeChunk_ = stripeChunkBytes(options);
   socketsPerPeer_ = options.tcp.socketsPerPeer ? *options.tcp.socketsPerPeer
                                                : static_cast<int>(params::socketsPerPeer());
   if (socketsPerPeer_ < 1 || socketsPerPeer_ > 64) {
@@ -55,6 +66,17 @@ void TcpContext::addConnection(int peer, int index, net::Socket sock) {
   c->ahead.reset(new char[kReadAhead]);
   net::setNonBlocking(sock.fd(), true);
   net::setNoDelay(sock.fd());
+  if (socketsPerPeer_ > 1 && stripeChunk_ > 0) {
+    // Assignment by progress reads "send queue empty" as "this socket has
+    // sent what it took": keep the kernel's unsent backlog short, or a slow
+    // socket would swallow a whole send buffer's worth and finish last.
+    int lowat = kNotsentLowat;
+    if (setsockopt(sock.fd(), IPPROTO_TCP, TCP_NOTSENT_LOWAT, &lowat, sizeof(lowat)) == 0) {
+      c->notsentLowat = lowat;
+    } else {
+      GFLOW_LOG(DEBUG) << "TCP_NOTSENT_LOWAT: " << std::strerror(errno);
+    }
+  }
   c->sock = std::move(sock);
   epoll_event e{};
   e.events = EPOLLIN;
@@ -74,6 +96,9 @@ void TcpContext::wake() {
 void TcpContext::failWire(const Error& first) {
   clearMessages();
   for (auto& p : peers_) {
+    for (auto& u : p->pending) u.msg->req->fail(first);
+    p->pending.clear();
+    p->pendingBytes = 0;
     for (auto& c : p->conns) {
       if (!c) continue;
       for (auto& item : c->sendq) {
@@ -86,49 +111,6 @@ void TcpContext::failWire(const Error& first) {
       c->cur = nullptr;
     }
   }
-}
-
-void TcpContext::enqueue(Conn& c, SendItem item) {
-  bool wasEmpty = c.sendq.empty();
-  c.sendq.push_back(std::move(item));
-  if (wasEmpty) flush(c);
-}
-
-RequestPtr TcpContext::isend(int peer, const void* data, size_t bytes, Tag tag,
-                             const Envelope& env) {
-  checkFailed();
-  GFLOW_ENFORCE(peer >= 0 && peer < size() && peer != rank());
-  auto req = std::make_shared<Request>(peer, true, bytes);
-  PeerState& p = *peers_[peer];
-  if (p.closed) failLost(peer, "has closed its connections");
-  auto msg = std::make_shared<SendMsg>();
-  msg->req = req;
-  const int nconn = static_cast<int>(p.conns.size());
-  int frags = (bytes >= stripeMin_ && nconn > 1) ? nconn : 1;
-  // Stripe boundaries on 4 KiB multiples keep each fragment page-aligned
-  // relative to the message start.
-  uint64_t per = (bytes / frags + 4095) & ~uint64_t(4095);
-  // Rounding up can leave nothing for the last connections: use fewer.
-  if (per > 0) frags = static_cast<int>(std::min<uint64_t>(frags, (bytes + per - 1) / per));
-  msg->fragmentsLeft = frags;
-  const char* base = static_cast<const char*>(data);
-  size_t first = p.nextConn;
-  p.nextConn = (p.nextConn + 1) % nconn;
-  countSendPosted(peer);
-  for (int f = 0; f < frags; ++f) {
-    uint64_t off = std::min<uint64_t>(bytes, per * f);
-    uint64_t len = (f == frags - 1) ? bytes - off : std::min<uint64_t>(per, bytes - off);
-    SendItem item;
-    item.msg = msg;
-    item.hdr = FrameHeader{kFrameMagic, kFrameData, 0,
-                           tag.group,   tag.index,  bytes,
-                           off,         len,        {env.words[0], env.words[1], env.words[2]}};
-    item.payload = base + off;
-    item.payloadLen = len;
-    Conn& c = *p.conns[(first + f) % nconn];
-    enqueue(c, std::move(item));
-  }
-  return req;
 }
 
 RequestPtr TcpContext::irecv(int peer, void* data, size_t bytes, Tag tag, const Envelope& env) {
@@ -166,7 +148,7 @@ void TcpContext::resumePaused(PeerState& p) {
 }
 
 bool TcpContext::hasPendingWith(int peer) const {
-  if (hasPostedRecv(peer)) return true;
+  if (hasPostedRecv(peer) || !peers_[peer]->pending.empty()) return true;
   for (const auto& c : peers_[peer]->conns) {
     if (c && !c->sendq.empty()) return true;
   }
@@ -208,57 +190,6 @@ void TcpContext::updateInterest(Conn& c) {
     return;
   }
   GFLOW_SYSCHECK(epoll_ctl(epoll_.fd(), EPOLL_CTL_MOD, c.sock.fd(), &e), "epoll_ctl(mod)");
-}
-
-void TcpContext::flush(Conn& c) {
-  while (!c.sendq.empty()) {
-    SendItem& it = c.sendq.front();
-    const size_t hdrLen = sizeof(FrameHeader);
-    iovec iov[2];
-    int n = 0;
-    if (it.written < hdrLen) {
-      iov[n].iov_base = reinterpret_cast<char*>(&it.hdr) + it.written;
-      iov[n].iov_len = hdrLen - it.written;
-      ++n;
-      if (it.payloadLen > 0) {
-        iov[n].iov_base = const_cast<char*>(it.payload);
-        iov[n].iov_len = it.payloadLen;
-        ++n;
-      }
-    } else {
-      size_t done = it.written - hdrLen;
-      iov[n].iov_base = const_cast<char*>(it.payload) + done;
-      iov[n].iov_len = it.payloadLen - done;
-      ++n;
-    }
-    msghdr mh{};
-    mh.msg_iov = iov;
-    mh.msg_iovlen = n;
-    ssize_t w = ::sendmsg(c.sock.fd(), &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (w < 0) {
-      if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-      if (errno == EINTR) continue;
-      int err = errno;
-      // A peer that failed usually sent an error report before closing:
-      // read it first so the report, not the broken pipe, is what we raise.
-      if (!c.closed && !c.paused) handleReadable(c);
-      failLost(c.peer, std::string("is unreachable while sending: ") + std::strerror(err));
-    }
-    it.written += static_cast<size_t>(w);
-    if (it.written < hdrLen + it.payloadLen) break;
-    std::shared_ptr<SendMsg> msg = std::move(it.msg);
-    if (it.hdr.type == kFramePong) c.pongQueued = false;
-    c.sendq.pop_front();
-    if (msg && --msg->fragmentsLeft == 0) {
-      countSendDone(c.peer, msg->req->bytes());
-      msg->req->complete();
-    }
-  }
-  bool want = !c.sendq.empty();
-  if (want != c.wantOut) {
-    c.wantOut = want;
-    updateInterest(c);
-  }
 }
 
 // One recv of at most `cap` bytes into `dst`. A short read into the
@@ -434,13 +365,6 @@ void TcpContext::handleErrorFrame(Conn& c) {
   peerReported(c.hdr.group, peerReport(rank(), group(), c.peer, b.data(), b.size()));
 }
 
-void TcpContext::sendControl(Conn& c, uint16_t type) {
-  SendItem item;
-  item.msg = nullptr;
-  item.hdr = FrameHeader{kFrameMagic, type, 0, group(), 0, 0, 0, 0, {0, 0, 0}};
-  enqueue(c, std::move(item));
-}
-
 // While a large fragment is arriving, ask the kernel to report the socket
 // readable only once a good part of it is there: each wake-up of a sleeping
 // waiter costs tens of microseconds, more than copying 64 KiB. Back to 1 byte
@@ -496,7 +420,7 @@ void TcpContext::progress(int timeoutMs) {
     }
     Conn& c = *static_cast<Conn*>(events[i].data.ptr);
     uint32_t ev = events[i].events;
-    if (ev & EPOLLOUT) flush(c);
+    if (ev & EPOLLOUT) flush(c, /*writable=*/true);
     if (c.closed) continue;
     if (ev & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
       if (!c.paused) handleReadable(c);
@@ -551,6 +475,8 @@ void TcpContext::notifyPeers(const Error& error) {
   std::memcpy(payload.data() + 1, text.data(), text.size());
   for (int peer = 0; peer < size(); ++peer) {
     if (peer == rank()) continue;
+    peers_[peer]->pending.clear();  // units no socket took are never sent
+    peers_[peer]->pendingBytes = 0;
     for (auto& cp : peers_[peer]->conns) {
       if (!cp) continue;
       Conn& c = *cp;

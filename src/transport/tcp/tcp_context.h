@@ -6,13 +6,36 @@
 // by one that would block: level-triggered epoll reports the socket again.
 //
 // Matching, staging accounting and failure live in the Engine
-// (transport/engine.h); this file is the wire. Receives posted before their
+// (transport/engine.h); this class is the wire: setup in tcp_connect.cc,
+// the send side (queueing, striping, sendmsg) in tcp_send.cc, receiving and
+// progress in tcp_context.cc. Receives posted before their
 // data arrives are filled in place (zero copy). Data that arrives first is
 // staged (bounded by GFLOW_UNEXPECTED_LIMIT per peer; past that the socket is
 // not read until a receive is posted, which gives back-pressure instead of
 // unbounded memory).
+//
+// Several sockets per peer (GFLOW_SOCKETS_PER_PEER > 1): bytes go to a
+// peer's sockets by measured progress, not in equal shares. A message is
+// cut into units (messages below GFLOW_STRIPE_MIN whole; larger ones in
+// pieces of GFLOW_STRIPE_CHUNK, 4 KiB multiples, at most an even share)
+// kept in the peer's pending list. A socket with an empty send queue takes
+// the next unit while the kernel keeps accepting its writes; once refused,
+// it waits for EPOLLOUT. With TCP_NOTSENT_LOWAT set, the kernel refuses as
+// soon as a little is unsent, so a socket takes more only as fast as it
+// sends: with flows of unequal speed a peer gets about the sum of their
+// rates instead of (number of flows) x (slowest). The bytes a backlogged
+// socket moves per wait give its rate (an estimate, so it counts only at
+// a factor of two): a socket leaves the tail of a burst to a busy one twice
+// as fast that would send all of it before the slow one sent its single
+// unit, and a socket faster than 256 MB/s keeps a larger unsent backlog and
+// takes several units per frame (at most an even share of the message, as
+// does a socket the kernel never refused). Equal flows take equal shares.
+// GFLOW_STRIPE_CHUNK=0 restores the equal, up-front split. One socket per
+// peer (the default) takes none of this path: a message is one frame
+// queued on the socket, as before.
 #pragma once
 
+#include <chrono>
 #include <deque>
 #include <map>
 #include <memory>
@@ -37,6 +60,16 @@ class TcpContext final : public Engine {
   RequestPtr irecv(int peer, void* data, size_t bytes, Tag tag, const Envelope& env) override;
   void notifyPeers(const Error& error) override;
 
+  // Tests: payload bytes and DATA frames written to connection `index` of
+  // `peer` so far, and a send buffer size for one connection (to make it
+  // slow). Owning thread only.
+  struct ConnCounters {
+    uint64_t payloadBytes = 0;
+    uint64_t frames = 0;
+  };
+  ConnCounters connCounters(int peer, int index) const;
+  void setSendBufferForTesting(int peer, int index, int bytes);
+
  private:
   // One message being received: posted by irecv, or announced by the first
   // fragment header to arrive, or both.
@@ -48,7 +81,7 @@ class TcpContext final : public Engine {
 
   struct SendMsg {
     RequestPtr req;
-    int fragmentsLeft = 0;
+    uint64_t fragmentsLeft = 0;  // units (by progress) or fragments (equal split) not written
   };
 
   struct SendItem {
@@ -57,6 +90,19 @@ class TcpContext final : public Engine {
     const char* payload = nullptr;
     size_t payloadLen = 0;
     size_t written = 0;  // bytes of header + payload written so far
+    uint64_t units = 1;  // fragments of msg this frame accounts for
+  };
+
+  // The not yet assigned rest [next, end) of a message sent by progress, in
+  // units of `unit` bytes, each taken by a socket that has drained.
+  struct Pending {
+    std::shared_ptr<SendMsg> msg;
+    FrameHeader hdr;  // template: offset and fragLen set per unit
+    const char* base = nullptr;
+    uint64_t next = 0;
+    uint64_t end = 0;
+    uint64_t unit = 0;
+    uint64_t share = 0;  // an even share of the peer's sockets: the most one takes
   };
 
   struct Conn {
@@ -84,12 +130,20 @@ class TcpContext final : public Engine {
     size_t aheadPos = 0, aheadLen = 0;
     bool drained = false;      // the last recv came back short: wait for epoll
     bool aheadQueued = false;  // in aheadPending_
+    ConnCounters sent;
+    // Several sockets per peer (assignment by progress, see flush):
+    bool ready = true;  // not refused by the kernel since the last EPOLLOUT
+    double rate = 0;    // bytes/s while backlogged (EWMA); 0: not measured
+    std::chrono::steady_clock::time_point blockedAt;  // last refused; {}: idle since
+    int notsentLowat = 0;  // TCP_NOTSENT_LOWAT in force (tuneNotsent); 0: none
   };
 
   struct PeerState {
     std::vector<std::unique_ptr<Conn>> conns;
     size_t nextConn = 0;
-    bool closed = false;  // every connection of this peer saw EOF
+    bool closed = false;          // every connection of this peer saw EOF
+    std::deque<Pending> pending;  // FIFO; empty with one socket or equal split
+    uint64_t pendingBytes = 0;    // payload bytes in `pending` not yet taken
   };
 
   // Connection setup (tcp_connect.cc).
@@ -112,11 +166,21 @@ class TcpContext final : public Engine {
   void sendControl(Conn& c, uint16_t type);
   bool hasPendingWith(int peer) const;
   [[noreturn]] void failLost(int peer, const std::string& what);
-  void flush(Conn& c);
+  void flush(Conn& c, bool writable = false);
   void updateInterest(Conn& c);
   void completeRecv(int peer, RecvMsg* m);
   void resumePaused(PeerState& p);
   void enqueue(Conn& c, SendItem item);
+  void splitEvenly(PeerState& p, const std::shared_ptr<SendMsg>& msg, const FrameHeader& hdr,
+                   const char* base);
+  void queueByProgress(PeerState& p, const std::shared_ptr<SendMsg>& msg, const FrameHeader& hdr,
+                       const char* base);
+  void refill(Conn& c);
+  void advance(Conn& c, size_t written);
+  bool worthTaking(const Conn& c) const;
+  void noteProgress(Conn& c, bool blocked, size_t burst, bool writable);
+  void tuneNotsent(Conn& c);
+  static bool faster(const Conn& a, const Conn& b);
 
   // Engine hooks.
   std::unique_ptr<Message> newMessage() override { return std::make_unique<RecvMsg>(); }
@@ -126,7 +190,16 @@ class TcpContext final : public Engine {
   void waitUntilDone(const RequestPtr& req, Deadline deadline) override;
 
   uint64_t stripeMin_;
+  // Unsent bytes a socket of a peer with several may hold in the kernel
+  // (TCP_NOTSENT_LOWAT; epoll reports it writable below half of this), at
+  // first and at most (tuneNotsent).
+  static constexpr int kNotsentLowat = 64 << 10;
+  static constexpr int kMaxNotsentLowat = 4 << 20;
+  // Units a fast socket may take as one frame.
+  static constexpr uint64_t kMaxBatch = 16;
+
   WaitPolicy waitPolicy_;
+  uint64_t stripeChunk_;  // 0: equal split assigned up front
   int socketsPerPeer_ = 1;
   uint64_t commId_ = 0;
 
