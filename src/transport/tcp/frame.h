@@ -1,4 +1,4 @@
-// Wire format of the TCP transport. Every frame starts with a fixed 64-byte
+// Wire format of the TCP transport. Every frame starts with a fixed 72-byte
 // header; DATA frames carry one fragment of a message, ERROR frames tell a peer
 // that this rank failed. Everything received is validated before it is used:
 // a peer can make an op fail, never make a rank crash or allocate unbounded
