@@ -286,13 +286,14 @@ void TcpContext::advance(Conn& c, size_t written) {
     written -= take;
     if (it.written < total) return;
     std::shared_ptr<SendMsg> msg = std::move(it.msg);
+    const uint64_t units = it.units;  // `it` goes with pop_front
     if (it.hdr.type == kFramePong) c.pongQueued = false;
     if (it.hdr.type == kFrameData) {
       c.sent.payloadBytes += it.payloadLen;
       ++c.sent.frames;
     }
     c.sendq.pop_front();
-    if (msg && (msg->fragmentsLeft -= it.units) == 0) {
+    if (msg && (msg->fragmentsLeft -= units) == 0) {
       countSendDone(c.peer, msg->req->bytes());
       msg->req->complete();
     }
