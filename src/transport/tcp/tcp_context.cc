@@ -435,12 +435,13 @@ void TcpContext::progress(int timeoutMs) {
     }
     if ((ev & EPOLLOUT) && !c.closed) flush(c);
   }
-  std::vector<Conn*> pending;
-  pending.swap(aheadPending_);
-  for (Conn* c : pending) {
+  if (aheadPending_.empty()) return;
+  aheadWork_.swap(aheadPending_);  // handleReadable may queue again
+  for (Conn* c : aheadWork_) {
     c->aheadQueued = false;
     if (!c->paused && !c->closed) handleReadable(*c);
   }
+  aheadWork_.clear();  // both keep their capacity: no allocation per round
 }
 
 void TcpContext::waitUntilDone(const RequestPtr& req, Deadline deadline) {

@@ -209,6 +209,7 @@ class TcpContext final : public Engine {
   // Connections left with frames in their read-ahead (handleReadable's
   // bound on rounds): epoll would not report them again, progress() does.
   std::vector<Conn*> aheadPending_;
+  std::vector<Conn*> aheadWork_;  // progress()'s copy while it serves them
 };
 
 }  // namespace gflow::transport::tcp
