@@ -29,6 +29,7 @@ struct TcpOptions {
   std::optional<uint64_t> stripeMinBytes;     // GFLOW_STRIPE_MIN
   std::optional<uint64_t> stripeChunkBytes;   // GFLOW_STRIPE_CHUNK (0: equal split)
   std::optional<uint64_t> socketBufferBytes;  // GFLOW_SOCKET_BUFFER
+  std::string congestion;                     // GFLOW_TCP_CONGESTION (auto, system, a name)
 };
 
 // The RDMA verbs transport (GFLOW_TRANSPORT=verbs or Options::transport).

@@ -52,6 +52,9 @@
     "faster socket carries more. 0: equal shares assigned up front.")                              \
   X(socketBuffer, "GFLOW_SOCKET_BUFFER", kBytes, "4M", kLocal,                                     \
     "SO_SNDBUF/SO_RCVBUF of data sockets.")                                                        \
+  X(tcpCongestion, "GFLOW_TCP_CONGESTION", kString, "auto", kLocal,                                \
+    "Congestion control of data sockets: auto (the system's unless it is bbr, whose pacing "      \
+    "slows bursty collective traffic: then cubic, else reno), system, or an algorithm name.")     \
   X(unexpectedLimit, "GFLOW_UNEXPECTED_LIMIT", kBytes, "256M", kLocal,                             \
     "Bytes a peer may send ahead of the matching receive. TCP stops reading the peer "             \
     "(back-pressure); verbs fails the op (its eager ring also carries control messages).")         \

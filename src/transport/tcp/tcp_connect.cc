@@ -17,6 +17,7 @@
 #include "common/hash.h"
 #include "common/logging.h"
 #include "common/params.h"
+#include "transport/tcp/congestion.h"
 #include "transport/tcp/tcp_context.h"
 
 namespace gflow::transport::tcp {
@@ -174,6 +175,8 @@ void TcpContext::connectAll(const ContextOptions& options) {
   const int bufBytes = static_cast<int>(std::min<uint64_t>(
       (options.tcp.socketBufferBytes ? *options.tcp.socketBufferBytes : params::socketBuffer()),
       1u << 30));
+  CongestionChoice congestion(!options.tcp.congestion.empty() ? options.tcp.congestion
+                                                              : params::tcpCongestion());
 
   // Accept the higher ranks while connecting to the lower ones, so no pair
   // waits on the other's order.
@@ -194,13 +197,16 @@ void TcpContext::connectAll(const ContextOptions& options) {
                                  std::chrono::milliseconds(std::max(deadline.remainingMs(), 1)));
     auto hp = net::parseHostPort(addr, "address of rank " + std::to_string(peer));
     for (int i = 0; i < socketsPerPeer_; ++i) {
-      addConnection(peer, i, dial(me, hp, peer, i, options.token, bufBytes, deadline));
+      net::Socket s = dial(me, hp, peer, i, options.token, bufBytes, deadline);
+      congestion.apply(s.fd(), rank());
+      addConnection(peer, i, std::move(s));
     }
   }
   auto accepted = inbound.wait(ErrorContext::forOp("init").withRank(rank()));
   acceptor.stop();
   for (auto& [hello, sock] : accepted) {
     net::setBufferSizes(sock.fd(), bufBytes);
+    congestion.apply(sock.fd(), rank());
     addConnection(hello.rank, hello.socketIndex, std::move(sock));
   }
   GFLOW_LOG(INFO) << "rank " << rank() << " connected to " << size() - 1 << " peers ("

@@ -61,14 +61,15 @@ class TcpContext final : public Engine {
   void notifyPeers(const Error& error) override;
 
   // Tests: payload bytes and DATA frames written to connection `index` of
-  // `peer` so far, and a send buffer size for one connection (to make it
-  // slow). Owning thread only.
+  // `peer` so far, a send buffer size for one connection (to make it
+  // slow), and its socket. Owning thread only.
   struct ConnCounters {
     uint64_t payloadBytes = 0;
     uint64_t frames = 0;
   };
   ConnCounters connCounters(int peer, int index) const;
   void setSendBufferForTesting(int peer, int index, int bytes);
+  int socketForTesting(int peer, int index) const;  // the connection's fd
 
  private:
   // One message being received: posted by irecv, or announced by the first

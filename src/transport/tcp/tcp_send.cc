@@ -304,8 +304,12 @@ TcpContext::ConnCounters TcpContext::connCounters(int peer, int index) const {
   return peers_.at(peer)->conns.at(index)->sent;
 }
 
+int TcpContext::socketForTesting(int peer, int index) const {
+  return peers_.at(peer)->conns.at(index)->sock.fd();
+}
+
 void TcpContext::setSendBufferForTesting(int peer, int index, int bytes) {
-  const int fd = peers_.at(peer)->conns.at(index)->sock.fd();
+  const int fd = socketForTesting(peer, index);
   GFLOW_SYSCHECK(setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof(bytes)), "SO_SNDBUF");
 }
 
