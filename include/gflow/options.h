@@ -62,6 +62,10 @@ struct TuningOptions {
   // GFLOW_RD_MAX_BYTES: allreduces up to this size use recursive doubling
   // (unset there: a per world size default). Every rank must use the same.
   std::optional<uint64_t> rdMaxBytes;
+  // GFLOW_HD_MAX_BYTES: allreduces above rdMaxBytes and up to this size use
+  // halving-doubling, larger ones ring (unset there: a per world size
+  // default). Every rank must use the same.
+  std::optional<uint64_t> hdMaxBytes;
   // GFLOW_HIER_SEGMENT: pipelined segment of the hierarchical allreduce (>= 4096).
   std::optional<uint64_t> hierSegmentBytes;
 };

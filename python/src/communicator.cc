@@ -72,6 +72,7 @@ void applyConfig(const py::kwargs& kw, Options* o) {
                                       "piece_bytes",
                                       "ring_window",
                                       "rd_max_bytes",
+                                      "hd_max_bytes",
                                       "hier_segment_bytes",
                                       "device_backend",
                                       "verify_device_ops",
@@ -89,6 +90,7 @@ void applyConfig(const py::kwargs& kw, Options* o) {
   setIf(kw, "piece_bytes", &o->tuning.pieceBytes);
   setIf(kw, "ring_window", &o->tuning.ringWindow);
   setIf(kw, "rd_max_bytes", &o->tuning.rdMaxBytes);
+  setIf(kw, "hd_max_bytes", &o->tuning.hdMaxBytes);
   setIf(kw, "hier_segment_bytes", &o->tuning.hierSegmentBytes);
   if (kw.contains("device_backend") && !kw["device_backend"].is_none()) {
     o->device.backend = kw["device_backend"].cast<std::string>();

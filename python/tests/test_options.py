@@ -54,7 +54,7 @@ def test_shm_keyword_wins_over_the_environment():
 
 
 def test_tuning_and_progress_keywords_are_accepted():
-    config = dict(piece_bytes=65536, ring_window=4, rd_max_bytes=1 << 20,
+    config = dict(piece_bytes=65536, ring_window=4, rd_max_bytes=1 << 20, hd_max_bytes=1 << 22,
                   hier_segment_bytes=1 << 20, shm_chunk_bytes=1 << 16,
                   unexpected_limit_bytes=1 << 24, spin_us=0, pin_threads=False,
                   device_backend="staged", verify_device_ops=True)

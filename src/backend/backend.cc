@@ -22,6 +22,7 @@ const char* toString(Algorithm algo) {
     case Algorithm::kAuto: return "auto";
     case Algorithm::kRing: return "ring";
     case Algorithm::kRecursiveDoubling: return "rd";
+    case Algorithm::kHalvingDoubling: return "hd";
     case Algorithm::kChain: return "chain";
     case Algorithm::kDissemination: return "dissemination";
     case Algorithm::kShm: return "shm";

@@ -37,6 +37,7 @@ enum class Algorithm : uint8_t {
   kDissemination = 4,      // barrier
   kShm = 5,                // every rank on one host: shared-memory backend
   kHierarchical = 6,       // several hosts: local (shm) + cross-host phases
+  kHalvingDoubling = 7,    // recursive halving reduce-scatter + doubling allgather
 };
 const char* toString(Algorithm algo);
 

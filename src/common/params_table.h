@@ -13,7 +13,7 @@
     "a bare number is seconds.")                                                                   \
   X(debug, "GFLOW_DEBUG", kString, "WARN", kLocal, "Log level: ERROR, WARN, INFO, DEBUG, TRACE.")  \
   X(algo, "GFLOW_ALGO", kString, "", kAgree,                                                       \
-    "Algorithm override: ring, rd, hier or shm, or rules such as "                                 \
+    "Algorithm override: ring, rd, hd, hier or shm, or rules such as "                             \
     "'allreduce:0-64k:rd,allreduce:64k-:ring' "                                                    \
     "(docs/algorithms.md).")                                                                       \
   X(transport, "GFLOW_TRANSPORT", kString, "tcp", kLocal,                                          \
@@ -91,7 +91,11 @@
   X(ringWindow, "GFLOW_RING_WINDOW", kInt, "8", kLocal,                                            \
     "Ring pieces in flight per step (bounds staging memory to window x piece).")                   \
   X(rdMaxBytes, "GFLOW_RD_MAX_BYTES", kBytesOrAuto, "auto", kAgree,                                \
-    "Allreduce of at most this many bytes uses recursive doubling, above it ring.")                \
+    "Allreduce of at most this many bytes uses recursive doubling, above it halving-doubling "   \
+    "(up to GFLOW_HD_MAX_BYTES) or ring. 'auto': 2M on 2 ranks, else 64K.")                       \
+  X(hdMaxBytes, "GFLOW_HD_MAX_BYTES", kBytesOrAuto, "auto", kAgree,                                \
+    "Allreduce above GFLOW_RD_MAX_BYTES and of at most this many bytes uses halving-doubling, "    \
+    "above it ring. 'auto': 0 (none) on 2 ranks, else 4M.")                                        \
   X(fusionThreshold, "GFLOW_FUSION_THRESHOLD", kBytes, "2M", kLocal,                               \
     "Chunk fusion bucket size of GradientReducer and allreduceCoalesced; tensors of at least "     \
     "this size are reduced in place.")                                                             \

@@ -15,12 +15,13 @@ using backend::OpKind;
 Algorithm parseAlgo(const std::string& s, const std::string& source) {
   if (s == "ring") return Algorithm::kRing;
   if (s == "rd" || s == "recursive_doubling") return Algorithm::kRecursiveDoubling;
+  if (s == "hd" || s == "halving_doubling") return Algorithm::kHalvingDoubling;
   if (s == "hier" || s == "hierarchical") return Algorithm::kHierarchical;
   if (s == "shm") return Algorithm::kShm;
   if (s == "auto") return Algorithm::kAuto;
   GFLOW_THROW(kInvalidArgument, ErrorContext{"config"})
       << source << ": unknown allreduce algorithm '" << s
-      << "' (expected ring, rd, hier, shm or auto)";
+      << "' (expected ring, rd, hd, hier, shm or auto)";
 }
 
 std::vector<std::string> split(const std::string& s, char sep) {
@@ -34,17 +35,24 @@ std::vector<std::string> split(const std::string& s, char sep) {
 
 }  // namespace
 
+// Measured on loopback TCP, float32 sum, by interleaved rounds
+// (docs/performance.md, "Halving-doubling"). Two ranks: recursive doubling is
+// a single exchange and beats the ring up to about 2 MiB, and
+// halving-doubling would be the ring without its pipeline. Three or more:
+// recursive doubling moves log2(N) whole buffers and wins only up to about
+// 64 KiB; halving-doubling moves the ring's bytes in 2 log2(N) pairwise steps
+// and beats it up to about 4 MiB, where the ring's pipeline takes over.
 uint64_t AlgorithmSelector::defaultRdMaxBytes(int worldSize) {
-  // Measured on loopback TCP, float32 sum (docs/performance.md): with two
-  // ranks recursive doubling is a single exchange and beats the ring up to
-  // about 2 MiB; with four it moves log2(N) whole buffers and the ring wins
-  // from about 512 KiB.
-  return worldSize <= 2 ? (2u << 20) : (256u << 10);
+  return worldSize <= 2 ? (2u << 20) : (64u << 10);
+}
+
+uint64_t AlgorithmSelector::defaultHdMaxBytes(int worldSize) {
+  return worldSize <= 2 ? 0 : (4u << 20);
 }
 
 AlgorithmSelector::AlgorithmSelector(const std::string& spec, const std::string& source,
-                                     uint64_t rdMaxBytes)
-    : rdMaxBytes_(rdMaxBytes) {
+                                     const Thresholds& thresholds)
+    : thresholds_(thresholds) {
   if (spec.empty() || spec == "auto") return;
   for (const std::string& part : split(spec, ',')) {
     std::vector<std::string> f = split(part, ':');
@@ -122,12 +130,17 @@ Algorithm AlgorithmSelector::selectFlat(OpKind kind, uint64_t bytes, int worldSi
   }
   for (const Rule& r : rules_) {
     if (r.kind == kind && bytes >= r.lo && bytes < r.hi &&
-        (r.algo == Algorithm::kRing || r.algo == Algorithm::kRecursiveDoubling)) {
+        (r.algo == Algorithm::kRing || r.algo == Algorithm::kRecursiveDoubling ||
+         r.algo == Algorithm::kHalvingDoubling)) {
       return r.algo;
     }
   }
-  const uint64_t rdMax = rdMaxBytes_ ? rdMaxBytes_ : defaultRdMaxBytes(worldSize);
-  return bytes <= rdMax ? Algorithm::kRecursiveDoubling : Algorithm::kRing;
+  if (bytes <= thresholds_.rdMax.value_or(defaultRdMaxBytes(worldSize))) {
+    return Algorithm::kRecursiveDoubling;
+  }
+  return bytes <= thresholds_.hdMax.value_or(defaultHdMaxBytes(worldSize))
+             ? Algorithm::kHalvingDoubling
+             : Algorithm::kRing;
 }
 
 }  // namespace gflow

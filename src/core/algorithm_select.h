@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,13 +23,21 @@ struct Capabilities {
 
 class AlgorithmSelector {
  public:
+  // The size thresholds of the flat allreduce; unset: the world size's default.
+  struct Thresholds {
+    std::optional<uint64_t> rdMax;  // recursive doubling up to this
+    std::optional<uint64_t> hdMax;  // then halving-doubling up to this, then ring
+  };
+
   // Throws Error(kInvalidArgument) naming `source` on a malformed spec.
-  AlgorithmSelector(const std::string& spec, const std::string& source, uint64_t rdMaxBytes);
+  AlgorithmSelector(const std::string& spec, const std::string& source,
+                    const Thresholds& thresholds = {});
 
   void setCapabilities(const Capabilities& caps) { caps_ = caps; }
 
   // The automatic choice, in order: shm on one host, hierarchical across
-  // hosts, else recursive doubling up to the threshold and ring above it. A
+  // hosts, else recursive doubling up to Thresholds::rdMax, halving-doubling
+  // up to Thresholds::hdMax and ring above. A
   // rule naming shm or hier where that is not available is skipped (logged
   // once).
   backend::Algorithm select(backend::OpKind kind, uint64_t bytes, int worldSize) const;
@@ -37,8 +46,10 @@ class AlgorithmSelector {
   // hierarchical op, among `groupSize` ranks, moving `bytes`.
   backend::Algorithm selectFlat(backend::OpKind kind, uint64_t bytes, int groupSize) const;
 
-  // The default recursive-doubling threshold for a world size (GFLOW_RD_MAX_BYTES=auto).
+  // The default thresholds for a world size (GFLOW_RD_MAX_BYTES=auto,
+  // GFLOW_HD_MAX_BYTES=auto).
   static uint64_t defaultRdMaxBytes(int worldSize);
+  static uint64_t defaultHdMaxBytes(int worldSize);
 
  private:
   struct Rule {
@@ -48,7 +59,7 @@ class AlgorithmSelector {
     backend::Algorithm algo;
   };
   std::vector<Rule> rules_;
-  uint64_t rdMaxBytes_;  // 0: per world size default
+  Thresholds thresholds_;
   Capabilities caps_;
   mutable bool warnedUnavailable_ = false;
 };

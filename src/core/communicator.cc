@@ -164,7 +164,7 @@ std::unique_ptr<CommunicatorImpl> CommunicatorImpl::connect(
                             settings.progress.pinThreads);
   impl->selector = std::make_unique<AlgorithmSelector>(
       settings.algo, settings.algoSource,
-      settings.rdMaxBytes.value_or(0));  // 0: the selector's default
+      AlgorithmSelector::Thresholds{settings.rdMaxBytes, settings.hdMaxBytes});
   backend::RouterParts parts;
   parts.rank = rank;
   parts.size = size;

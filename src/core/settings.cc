@@ -40,6 +40,7 @@ Settings resolveSettings(const Options& o) {
   s.shm = o.shm.enabled ? *o.shm.enabled : params::shm() != 0;
   s.shmChunkBytes = o.shm.chunkBytes ? *o.shm.chunkBytes : params::shmChunk();
   s.rdMaxBytes = o.tuning.rdMaxBytes ? o.tuning.rdMaxBytes : params::rdMaxBytes();
+  s.hdMaxBytes = o.tuning.hdMaxBytes ? o.tuning.hdMaxBytes : params::hdMaxBytes();
   s.deviceBackend = !o.device.backend.empty() ? o.device.backend : params::deviceBackend();
   s.verifyDeviceOps = o.device.verifyOps ? *o.device.verifyOps : params::ncclVerify() != 0;
   s.tuning = o.tuning;
@@ -57,6 +58,8 @@ std::vector<Settings::Agreed> Settings::agreed() const {
       {&params::spec::shmChunk, "Options::shm.chunkBytes", std::to_string(shmChunkBytes)},
       {&params::spec::rdMaxBytes, "Options::tuning.rdMaxBytes",
        rdMaxBytes ? std::to_string(*rdMaxBytes) : "auto"},
+      {&params::spec::hdMaxBytes, "Options::tuning.hdMaxBytes",
+       hdMaxBytes ? std::to_string(*hdMaxBytes) : "auto"},
   };
 }
 

@@ -25,6 +25,9 @@ using backend::Backend;
 using backend::Op;
 using backend::OpKind;
 using testing::BackendWorld;
+
+constexpr Algorithm kAllreduceAlgorithms[] = {Algorithm::kRing, Algorithm::kRecursiveDoubling,
+                                              Algorithm::kHalvingDoubling};
 using testing::opDesc;
 using testing::RankBuffers;
 
@@ -67,8 +70,12 @@ TEST_P(HostBackendTest, RecursiveDoublingAllreduceIsExactForEveryDtypeOpAndCount
   checkEveryAllreduce(Algorithm::kRecursiveDoubling);
 }
 
+TEST_P(HostBackendTest, HalvingDoublingAllreduceIsExactForEveryDtypeOpAndCount) {
+  checkEveryAllreduce(Algorithm::kHalvingDoubling);
+}
+
 TEST_P(HostBackendTest, AllreduceInPlace) {
-  for (Algorithm algo : {Algorithm::kRing, Algorithm::kRecursiveDoubling}) {
+  for (Algorithm algo : kAllreduceAlgorithms) {
     for (ReduceOp rop : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {
       for (size_t count : {size_t(1), size_t(2 * n() + 1), size_t(9001)}) {
         testing::checkExactAllreduce(
@@ -81,7 +88,7 @@ TEST_P(HostBackendTest, AllreduceInPlace) {
 
 // Values distinct per rank and element, summed and averaged exactly.
 TEST_P(HostBackendTest, AllreduceOfDistinctValuesMatchesClosedForm) {
-  for (Algorithm algo : {Algorithm::kRing, Algorithm::kRecursiveDoubling}) {
+  for (Algorithm algo : kAllreduceAlgorithms) {
     for (DataType t : {DataType::kFloat64, DataType::kInt32}) {
       for (ReduceOp rop : {ReduceOp::kSum, ReduceOp::kAvg}) {
         testing::checkDistinctAllreduce(*world_, opDesc(OpKind::kAllreduce, t, rop, algo, 4099));
@@ -96,7 +103,7 @@ TEST_P(HostBackendTest, AllreduceOfDistinctValuesMatchesClosedForm) {
 // sum.
 TEST_P(HostBackendTest, InexactFloatSumsAreBitwiseIdenticalOnEveryRank) {
   const size_t count = 5003;
-  for (Algorithm algo : {Algorithm::kRing, Algorithm::kRecursiveDoubling}) {
+  for (Algorithm algo : kAllreduceAlgorithms) {
     RankBuffers in(n(), count * sizeof(float)), out(n(), count * sizeof(float));
     std::vector<double> want(count, 0.0);
     for (int r = 0; r < n(); ++r) {
@@ -166,7 +173,7 @@ TEST_P(HostBackendTest, DisseminationBarrierHoldsEveryRankUntilAllArrive) {
 TEST_P(HostBackendTest, EmptyOpsAcceptNullBuffers) {
   const auto f32 = DataType::kFloat32;
   std::vector<Op> ops;
-  for (Algorithm algo : {Algorithm::kRing, Algorithm::kRecursiveDoubling}) {
+  for (Algorithm algo : kAllreduceAlgorithms) {
     ops.push_back(world_->op(opDesc(OpKind::kAllreduce, f32, ReduceOp::kAvg, algo, 0)));
   }
   ops.push_back(

@@ -102,19 +102,20 @@ TEST_P(AllreduceWorld, RandomFloatsMatchFloat64AndAgreeBitwise) {
 
 INSTANTIATE_TEST_SUITE_P(Worlds, AllreduceWorld,
                          ::testing::Combine(::testing::Values(1, 2, 3, 4, 5, 8),
-                                            ::testing::Values("ring", "rd")),
+                                            ::testing::Values("ring", "rd", "hd")),
                          [](const ::testing::TestParamInfo<std::tuple<int, const char*>>& p) {
                            return "n" + std::to_string(std::get<0>(p.param)) + "_" +
                                   std::get<1>(p.param);
                          });
 
 TEST(Allreduce, AutoSelectionCrossesThresholdCorrectly) {
-  // Sizes on both sides of the recursive-doubling threshold with the default
-  // selection.
+  // Sizes on both sides of the recursive-doubling and halving-doubling
+  // thresholds with the default selection.
   auto world = testing::makeWorld(3);
   testing::forEachRank(world, [&](Communicator& c) {
     const size_t edge = AlgorithmSelector::defaultRdMaxBytes(3) / sizeof(int32_t);
-    for (size_t count : {size_t(10), edge - 1, edge, edge + 1, 3 * edge}) {
+    const size_t hd = AlgorithmSelector::defaultHdMaxBytes(3) / sizeof(int32_t);
+    for (size_t count : {size_t(10), edge - 1, edge, edge + 1, 3 * edge, hd, hd + 1}) {
       std::vector<int32_t> v(count);
       for (size_t i = 0; i < count; ++i) v[i] = static_cast<int32_t>(i % 97) + c.rank();
       c.allreduce(tensor(v.data(), count), ReduceOp::kSum);
@@ -201,29 +202,32 @@ TEST(Allreduce, RandomCounts) {
 namespace gflow {
 namespace {
 
-TEST(Allreduce, RecursiveDoublingAvgLargeOddWorld) {
+TEST(Allreduce, LogStepAvgLargeOddWorld) {
   // The folded rank's result is sent while the group divides for avg: the
   // division must happen before the send (a message larger than the socket
-  // buffer is still being written when the sender moves on).
+  // buffer is still being written when the sender moves on). Halving-doubling
+  // also sends from `out` while it halves and receives there while it doubles.
   setenv("GFLOW_SOCKET_BUFFER", "64K", 1);  // small socket buffers: sends finish late
   params::resetCacheForTesting();
-  Options o;
-  o.algorithm = "rd";
-  testing::runRanks(
-      3,
-      [](Communicator& c) {
-        const size_t count = 6u << 20;  // 24 MiB of float32
-        std::vector<float> v(count);
-        for (size_t i = 0; i < count; ++i) {
-          v[i] = static_cast<float>(
-              testing::exactInput(c.rank(), i, ReduceOp::kAvg, DataType::kFloat32));
-        }
-        c.allreduce(tensor(v.data(), count), ReduceOp::kAvg);
-        for (size_t i = 0; i < count; ++i) {
-          ASSERT_EQ(v[i], testing::exactExpected(3, i, ReduceOp::kAvg, DataType::kFloat32)) << i;
-        }
-      },
-      o);
+  for (const char* algo : {"rd", "hd"}) {
+    Options o;
+    o.algorithm = algo;
+    testing::runRanks(
+        3,
+        [](Communicator& c) {
+          const size_t count = 6u << 20;  // 24 MiB of float32
+          std::vector<float> v(count);
+          for (size_t i = 0; i < count; ++i) {
+            v[i] = static_cast<float>(
+                testing::exactInput(c.rank(), i, ReduceOp::kAvg, DataType::kFloat32));
+          }
+          c.allreduce(tensor(v.data(), count), ReduceOp::kAvg);
+          for (size_t i = 0; i < count; ++i) {
+            ASSERT_EQ(v[i], testing::exactExpected(3, i, ReduceOp::kAvg, DataType::kFloat32)) << i;
+          }
+        },
+        o);
+  }
   unsetenv("GFLOW_SOCKET_BUFFER");
   params::resetCacheForTesting();
 }

@@ -33,7 +33,7 @@ std::vector<float> inputs(int rank, size_t n, float magnitude) {
 
 struct Case {
   int ranks;
-  const char* algo;  // "" = default (shared memory on one host), "ring", "rd"
+  const char* algo;  // "" = default (shared memory on one host), "ring", "rd", "hd"
   DataType wire;
 };
 
@@ -94,7 +94,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Case{2, "", DataType::kFloat16}, Case{3, "", DataType::kFloat16},
                       Case{4, "", DataType::kBFloat16}, Case{3, "ring", DataType::kFloat16},
                       Case{4, "ring", DataType::kBFloat16}, Case{4, "rd", DataType::kFloat16},
-                      Case{5, "ring", DataType::kFloat16}),
+                      Case{5, "ring", DataType::kFloat16}, Case{4, "hd", DataType::kBFloat16},
+                      Case{5, "hd", DataType::kFloat16}),
     [](const ::testing::TestParamInfo<Case>& i) {
       return std::string(i.param.algo[0] ? i.param.algo : "auto") + "_n" +
              std::to_string(i.param.ranks) + "_" + toString(i.param.wire);

@@ -41,7 +41,7 @@ std::vector<Outcome> outcomes(int n, const std::function<void(Communicator&)>& f
 }
 
 TEST(Mismatch, DifferentCountsRaiseMismatchOnEveryRank) {
-  for (const char* algo : {"ring", "rd"}) {
+  for (const char* algo : {"ring", "rd", "hd"}) {
     Options o;
     o.algorithm = algo;
     auto res = outcomes(

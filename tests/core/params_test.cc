@@ -76,7 +76,7 @@ TEST(Params, TypedAccessorsReadTheTable) {
 TEST(Params, AgreementCoversTheMarkedParameters) {
   EXPECT_EQ(params::agreementNames(),
             "GFLOW_ALGO, GFLOW_DEVICE_BACKEND, GFLOW_NCCL_VERIFY, GFLOW_SHM, GFLOW_SHM_CHUNK, "
-            "GFLOW_RD_MAX_BYTES");
+            "GFLOW_RD_MAX_BYTES, GFLOW_HD_MAX_BYTES");
   ScopedEnv shm("GFLOW_SHM", "0");
   ScopedEnv verify("GFLOW_NCCL_VERIFY", "1");
   const std::string in = params::agreementDigestInput({{&params::spec::algo, "ring"}});
@@ -89,17 +89,27 @@ TEST(Params, AgreementCoversTheMarkedParameters) {
 TEST(AlgorithmSelect, DefaultsAndRules) {
   using backend::Algorithm;
   using backend::OpKind;
-  AlgorithmSelector def("", "test", 0);
+  AlgorithmSelector def("", "test");
   EXPECT_EQ(def.select(OpKind::kAllreduce, 4096, 4), Algorithm::kRecursiveDoubling);
+  EXPECT_EQ(def.select(OpKind::kAllreduce, 1 << 20, 4), Algorithm::kHalvingDoubling);
+  EXPECT_EQ(def.select(OpKind::kAllreduce, 1 << 20, 3), Algorithm::kHalvingDoubling);
   EXPECT_EQ(def.select(OpKind::kAllreduce, 64 << 20, 4), Algorithm::kRing);
+  // Two ranks: recursive doubling, then the ring (never halving-doubling).
+  EXPECT_EQ(def.select(OpKind::kAllreduce, 1 << 20, 2), Algorithm::kRecursiveDoubling);
+  EXPECT_EQ(def.select(OpKind::kAllreduce, 4 << 20, 2), Algorithm::kRing);
   EXPECT_EQ(def.select(OpKind::kBroadcast, 10, 4), Algorithm::kChain);
-  AlgorithmSelector rules("allreduce:0-1k:ring,allreduce:1k-:rd", "test", 0);
+  // Explicit thresholds, 0 included, replace the defaults.
+  AlgorithmSelector set("", "test", {uint64_t{0}, uint64_t{1} << 30});
+  EXPECT_EQ(set.select(OpKind::kAllreduce, 4096, 4), Algorithm::kHalvingDoubling);
+  EXPECT_EQ(set.select(OpKind::kAllreduce, 64 << 20, 2), Algorithm::kHalvingDoubling);
+  AlgorithmSelector rules("allreduce:0-1k:ring,allreduce:1k-64k:hd,allreduce:64k-:rd", "test");
   EXPECT_EQ(rules.select(OpKind::kAllreduce, 100, 4), Algorithm::kRing);
+  EXPECT_EQ(rules.select(OpKind::kAllreduce, 4096, 4), Algorithm::kHalvingDoubling);
   EXPECT_EQ(rules.select(OpKind::kAllreduce, 1 << 30, 4), Algorithm::kRecursiveDoubling);
-  AlgorithmSelector ring("ring", "test", 0);
+  AlgorithmSelector ring("ring", "test");
   EXPECT_EQ(ring.select(OpKind::kAllreduce, 8, 2), Algorithm::kRing);
   for (const char* bad : {"tree", "allreduce:5:ring", "allreduce:10-5:ring", "reduce:0-1k:ring"}) {
-    EXPECT_THROW(AlgorithmSelector(bad, "GFLOW_ALGO", 0), Error) << bad;
+    EXPECT_THROW(AlgorithmSelector(bad, "GFLOW_ALGO"), Error) << bad;
   }
 }
 

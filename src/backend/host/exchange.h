@@ -88,6 +88,7 @@ inline uint64_t messageIndex(uint64_t round, uint64_t step, uint64_t piece) {
 // Algorithms (one per file).
 void allreduceRing(Exchange& ex, Scratch& scratch, const void* in, void* out);
 void allreduceRecursiveDoubling(Exchange& ex, Scratch& scratch, const void* in, void* out);
+void allreduceHalvingDoubling(Exchange& ex, Scratch& scratch, const void* in, void* out);
 void reduceScatterRing(Exchange& ex, Scratch& scratch, const void* in, void* out);
 void allgatherRing(Exchange& ex, const void* in, void* out);
 void broadcastChain(Exchange& ex, void* buf);

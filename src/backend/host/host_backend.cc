@@ -29,6 +29,8 @@ class HostBackend final : public Backend {
     Exchange ex(*ctx_, op, tuning_);
     if (op.desc.algo == Algorithm::kRecursiveDoubling) {
       allreduceRecursiveDoubling(ex, scratch_, in, out);
+    } else if (op.desc.algo == Algorithm::kHalvingDoubling) {
+      allreduceHalvingDoubling(ex, scratch_, in, out);
     } else {
       allreduceRing(ex, scratch_, in, out);
     }

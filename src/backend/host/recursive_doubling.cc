@@ -1,7 +1,6 @@
 // Recursive doubling allreduce for small and medium messages: log2(N)
 // exchanges of the whole buffer instead of the ring's 2(N-1) steps. For N
-// not a power of two, the first 2*rem ranks pair up (even folds into odd)
-// before and get the result back after.
+// not a power of two, the first 2*rem ranks pair up (fold.h).
 //
 // The first reduction reads `in` and the peer's data and writes `out` (no
 // copy of the input first). Each exchange is one message: cut into pieces
@@ -14,6 +13,7 @@
 #include <cstring>
 
 #include "backend/host/exchange.h"
+#include "backend/host/fold.h"
 #include "kernels/reduce.h"
 
 namespace gflow::backend::host {
@@ -31,60 +31,36 @@ class RecursiveDoubling {
         tmp_(scratch.get(std::max<size_t>(d_.count * es_, 1))) {}
 
   void run() {
-    const int n = ex_.size(), r = ex_.rank();
-    int p = 1, log2p = 0;
-    while (p * 2 <= n) {
-      p *= 2;
-      ++log2p;
-    }
-    const int rem = n - p;
-    // Fold: ranks [0, 2*rem): even r hands its data to r+1 and waits.
-    int vrank = r - rem;  // rank within the power-of-two group, -1 if folded away
-    if (r < 2 * rem) {
-      vrank = r % 2 == 0 ? -1 : r / 2;
-      if (r % 2 == 0) {
-        ex_.send(r + 1, cur_, bytes(), 0);
-      } else {
-        reduceFrom(r - 1, /*peerFirst=*/true, 0, /*exchange=*/false);
-      }
-    }
-    auto realRank = [&](int v) { return v < rem ? 2 * v + 1 : v + rem; };
-    uint64_t step = 1;
-    if (vrank >= 0) {
-      for (int mask = 1; mask < p; mask <<= 1, ++step) {
-        const int vpeer = vrank ^ mask;
-        reduceFrom(realRank(vpeer), vpeer < vrank, step, /*exchange=*/true);
+    const Fold fold(ex_.size(), ex_.rank());
+    cur_ = fold.foldIn(ex_, fn_, cur_, out_, tmp_);
+    if (fold.vrank >= 0) {
+      uint64_t step = 1;
+      for (int mask = 1; mask < fold.p; mask <<= 1, ++step) {
+        const int vpeer = fold.vrank ^ mask;
+        reduceFrom(fold.real(vpeer), vpeer < fold.vrank, step);
       }
       if (cur_ != out_ && d_.count > 0) std::memcpy(out_, cur_, d_.count * es_);  // n == 1
       // Divide once, before anything is sent from `out` to a folded rank.
       if (d_.op == ReduceOp::kAvg && d_.count > 0) {
-        kernels::divide(out_, d_.count, d_.dtype, n);
+        kernels::divide(out_, d_.count, d_.dtype, ex_.size());
       }
     }
-    step = 1 + static_cast<uint64_t>(log2p);
-    if (r < 2 * rem) {
-      if (r % 2 == 1) {
-        ex_.send(r - 1, out_, bytes(), step);
-      } else {
-        ex_.waitSends();  // `in` may be `out`, which the result overwrites
-        ex_.wait(ex_.recv(r + 1, out_, bytes(), step));
-      }
-    }
+    fold.foldOut(ex_, out_, 1 + static_cast<uint64_t>(fold.log2p));
     ex_.waitSends();
   }
 
  private:
   size_t bytes() const { return d_.count * es_; }
 
-  // One step with `peer`: its data arrives in scratch and is reduced into
-  // `out` with the current data (the lower rank's operand first). With
-  // `exchange`, this rank's current data goes to the peer at the same time;
-  // `out` is overwritten only once that send is done.
-  void reduceFrom(int peer, bool peerFirst, uint64_t step, bool exchange) {
+  // One exchange with `peer`: its data arrives in scratch and is reduced
+  // into `out` with the current data (the lower rank's operand first), while
+  // this rank's current data goes to the peer; `out` is overwritten only once
+  // that send is done.
+  void reduceFrom(int peer, bool peerFirst, uint64_t step) {
     transport::RequestPtr recv = ex_.recv(peer, tmp_, bytes(), step);
-    if (exchange) ex_.send(peer, cur_, bytes(), step);
+    ex_.send(peer, cur_, bytes(), step);
     ex_.wait(recv);
-    if (exchange && cur_ == out_) ex_.waitSends();
+    if (cur_ == out_) ex_.waitSends();
     if (d_.count > 0) {
       if (peerFirst) {
         fn_(out_, tmp_, cur_, d_.count);
