@@ -92,10 +92,10 @@
     "Ring pieces in flight per step (bounds staging memory to window x piece).")                   \
   X(rdMaxBytes, "GFLOW_RD_MAX_BYTES", kBytesOrAuto, "auto", kAgree,                                \
     "Allreduce of at most this many bytes uses recursive doubling, above it halving-doubling "   \
-    "(up to GFLOW_HD_MAX_BYTES) or ring. 'auto': 2M on 2 ranks, else 64K.")                       \
+    "(up to GFLOW_HD_MAX_BYTES) or ring. 'auto': 512K on 2 ranks, else 64K.")                     \
   X(hdMaxBytes, "GFLOW_HD_MAX_BYTES", kBytesOrAuto, "auto", kAgree,                                \
     "Allreduce above GFLOW_RD_MAX_BYTES and of at most this many bytes uses halving-doubling, "    \
-    "above it ring. 'auto': 0 (none) on 2 ranks, else 4M.")                                        \
+    "above it ring. 'auto': 8M on 2 ranks, else 4M.")                                               \
   X(fusionThreshold, "GFLOW_FUSION_THRESHOLD", kBytes, "2M", kLocal,                               \
     "Chunk fusion bucket size of GradientReducer and allreduceCoalesced; tensors of at least "     \
     "this size are reduced in place.")                                                             \

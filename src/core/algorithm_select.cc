@@ -36,18 +36,18 @@ std::vector<std::string> split(const std::string& s, char sep) {
 }  // namespace
 
 // Measured on loopback TCP, float32 sum, by interleaved rounds
-// (docs/performance.md, "Halving-doubling"). Two ranks: recursive doubling is
-// a single exchange and beats the ring up to about 2 MiB, and
-// halving-doubling would be the ring without its pipeline. Three or more:
-// recursive doubling moves log2(N) whole buffers and wins only up to about
-// 64 KiB; halving-doubling moves the ring's bytes in 2 log2(N) pairwise steps
-// and beats it up to about 4 MiB, where the ring's pipeline takes over.
+// (docs/performance.md, "Halving-doubling"). Recursive doubling moves log2(N)
+// whole buffers in as many messages: on two ranks (one exchange) it wins up
+// to about 512 KiB, on more only up to about 64 KiB. Halving-doubling moves
+// the ring's bytes in 2 log2(N) pairwise exchanges of one message each and
+// beats the ring's pipeline of pieces up to about 8 MiB on two ranks (where
+// it is the ring without pieces) and 4 MiB on more.
 uint64_t AlgorithmSelector::defaultRdMaxBytes(int worldSize) {
-  return worldSize <= 2 ? (2u << 20) : (64u << 10);
+  return worldSize <= 2 ? (512u << 10) : (64u << 10);
 }
 
 uint64_t AlgorithmSelector::defaultHdMaxBytes(int worldSize) {
-  return worldSize <= 2 ? 0 : (4u << 20);
+  return worldSize <= 2 ? (8u << 20) : (4u << 20);
 }
 
 AlgorithmSelector::AlgorithmSelector(const std::string& spec, const std::string& source,

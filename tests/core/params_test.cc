@@ -94,9 +94,10 @@ TEST(AlgorithmSelect, DefaultsAndRules) {
   EXPECT_EQ(def.select(OpKind::kAllreduce, 1 << 20, 4), Algorithm::kHalvingDoubling);
   EXPECT_EQ(def.select(OpKind::kAllreduce, 1 << 20, 3), Algorithm::kHalvingDoubling);
   EXPECT_EQ(def.select(OpKind::kAllreduce, 64 << 20, 4), Algorithm::kRing);
-  // Two ranks: recursive doubling, then the ring (never halving-doubling).
-  EXPECT_EQ(def.select(OpKind::kAllreduce, 1 << 20, 2), Algorithm::kRecursiveDoubling);
-  EXPECT_EQ(def.select(OpKind::kAllreduce, 4 << 20, 2), Algorithm::kRing);
+  // Two ranks: the thresholds are higher.
+  EXPECT_EQ(def.select(OpKind::kAllreduce, 256 << 10, 2), Algorithm::kRecursiveDoubling);
+  EXPECT_EQ(def.select(OpKind::kAllreduce, 4 << 20, 2), Algorithm::kHalvingDoubling);
+  EXPECT_EQ(def.select(OpKind::kAllreduce, 16 << 20, 2), Algorithm::kRing);
   EXPECT_EQ(def.select(OpKind::kBroadcast, 10, 4), Algorithm::kChain);
   // Explicit thresholds, 0 included, replace the defaults.
   AlgorithmSelector set("", "test", {uint64_t{0}, uint64_t{1} << 30});
