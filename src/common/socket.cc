@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -150,10 +151,12 @@ bool waitFor(int fd, short events, const Deadline& deadline) {
 }
 
 // Result of one non-blocking connect attempt: a socket, or the errno.
-Socket tryConnect(const addrinfo* ai, const Deadline& deadline, int* err) {
+Socket tryConnect(const addrinfo* ai, const Deadline& deadline,
+                  const std::function<void(int)>& beforeConnect, int* err) {
   Socket s(
       ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol));
   GFLOW_SYSCHECK(s.fd(), "socket");
+  if (beforeConnect) beforeConnect(s.fd());
   int r;
   do {
     r = ::connect(s.fd(), ai->ai_addr, ai->ai_addrlen);
@@ -350,8 +353,8 @@ Socket listenOn(const std::string& ip, const PortRange& range, uint16_t* port, i
       << " (all " << (hi - lo + 1) << " in use); widen the range";
 }
 
-Socket connectTo(const std::string& host, uint16_t port, Deadline deadline,
-                 const std::string& what) {
+Socket connectTo(const std::string& host, uint16_t port, Deadline deadline, const std::string& what,
+                 const std::function<void(int fd)>& beforeConnect) {
   const auto start = std::chrono::steady_clock::now();
   const std::string target = host + ":" + std::to_string(port);
   // Jitter spreads out the retries of many ranks waiting for the same root.
@@ -370,7 +373,7 @@ Socket connectTo(const std::string& host, uint16_t port, Deadline deadline,
     if (gai == 0) {
       for (addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {
         int err = 0;
-        Socket s = tryConnect(ai, deadline, &err);
+        Socket s = tryConnect(ai, deadline, beforeConnect, &err);
         if (s.valid()) {
           ::freeaddrinfo(res);
           setNonBlocking(s.fd(), false);

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 
@@ -62,9 +63,11 @@ Socket listenOn(const std::string& ip, const PortRange& range, uint16_t* port, i
 
 // Connects to host:port, retrying refused/unreachable attempts with backoff
 // until the deadline; throws kTimeout naming `what` and the address.
-// Returns a blocking socket with TCP_NODELAY set.
-Socket connectTo(const std::string& host, uint16_t port, Deadline deadline,
-                 const std::string& what);
+// `beforeConnect`, if given, runs on each new socket before its connect()
+// (options that must be in force at the handshake). Returns a blocking
+// socket with TCP_NODELAY set.
+Socket connectTo(const std::string& host, uint16_t port, Deadline deadline, const std::string& what,
+                 const std::function<void(int fd)>& beforeConnect = nullptr);
 
 void setNonBlocking(int fd, bool on);
 void setNoDelay(int fd);

@@ -251,6 +251,30 @@ TEST(SocketIoTest, PeerAddress) {
   EXPECT_EQ(peerAddress(-1), "unknown peer");
 }
 
+// Options that must hold at the handshake (congestion control, buffer sizes)
+// are set on the socket before it connects, and stay in force after.
+TEST(SocketTest, BeforeConnectRunsOnTheUnconnectedSocket) {
+  uint16_t port = 0;
+  Socket l = listenOn("127.0.0.1", PortRange{}, &port);
+  int calls = 0, seenErrno = 0;
+  Socket s = connectTo("127.0.0.1", port, Deadline::after(milliseconds(2000)), "test", [&](int fd) {
+    ++calls;
+    sockaddr_storage peer{};
+    socklen_t len = sizeof(peer);
+    if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &len) != 0) {
+      seenErrno = errno;
+    }
+    int small = 8192;
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+  });
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(seenErrno, ENOTCONN);
+  int got = 0;
+  socklen_t len = sizeof(got);
+  ASSERT_EQ(getsockopt(s.fd(), SOL_SOCKET, SO_RCVBUF, &got, &len), 0);
+  EXPECT_LE(got, 4 * 8192);  // the kernel doubles it; the default is far larger
+}
+
 TEST(SocketTest, MoveAndClose) {
   uint16_t port = 0;
   Socket a = listenOn("127.0.0.1", PortRange{}, &port);

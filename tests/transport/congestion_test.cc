@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/params.h"
+#include "common/socket.h"
 #include "testing/contexts.h"
 #include "testing/ranks.h"
 #include "transport/tcp/congestion.h"
@@ -81,6 +82,23 @@ TEST(Congestion, ANamedAlgorithmIsApplied) {
   CongestionChoice choice("reno");
   choice.apply(s.fd(), 0);
   EXPECT_EQ(congestionOf(s.fd()), "reno");
+}
+
+// Set on a listener, the choice reaches accepted connections from their
+// handshake on, with no call on them (a socket switched after its handshake
+// keeps the pacing BBR started; congestion.h).
+TEST(Congestion, AcceptedSocketsInheritTheListenersChoice) {
+  uint16_t port = 0;
+  net::Socket l = net::listenOn("127.0.0.1", net::PortRange{}, &port);
+  CongestionChoice choice("reno");
+  choice.apply(l.fd(), 0);
+  net::Socket c = net::connectTo("127.0.0.1", port, Deadline::after(std::chrono::seconds(5)),
+                                 "test", [&](int fd) { choice.apply(fd, 0); });
+  const int a = ::accept(l.fd(), nullptr, nullptr);
+  ASSERT_GE(a, 0);
+  EXPECT_EQ(congestionOf(a), "reno");
+  EXPECT_EQ(congestionOf(c.fd()), "reno");
+  ::close(a);
 }
 
 TEST(Congestion, AnUnknownNameIsAnErrorNamingTheParameter) {

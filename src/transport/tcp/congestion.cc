@@ -46,7 +46,7 @@ void CongestionChoice::apply(int fd, int rank) {
     }
     chosen_ = spec_;
   }
-  if (chosen_.empty()) return;
+  if (chosen_.empty() || congestionOf(fd) == chosen_) return;
   if (!trySet(fd, chosen_)) {
     const int err = errno;
     GFLOW_THROW(kInvalidArgument, ErrorContext::forOp("init").withRank(rank))

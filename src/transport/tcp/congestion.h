@@ -10,6 +10,12 @@
 // (docs/performance.md, "Congestion control"). Loss-based control (cubic,
 // reno) sends a burst at once and is what MPI's and Gloo's users get on a
 // default Linux kernel.
+//
+// The choice must be in force before the TCP handshake: a connection that
+// was established under BBR keeps the kernel's internal pacing (BBR asks for
+// it when it starts) after a switch to cubic, and then paces at cubic's
+// rate. So it is set on the listening socket (accepted sockets inherit it)
+// and on a dialing socket before connect().
 #pragma once
 
 #include <string>
@@ -27,8 +33,9 @@ class CongestionChoice {
  public:
   explicit CongestionChoice(std::string spec) : spec_(std::move(spec)) {}
 
-  // Applies the choice to a connected data socket; the first call decides
-  // (from that socket's current algorithm) what "auto" means for the rest.
+  // Applies the choice to a TCP socket (listening, or not yet connected; a
+  // socket that already has it is left alone); the first call decides (from
+  // that socket's current algorithm) what "auto" means for the rest.
   void apply(int fd, int rank);
 
   // The algorithm applied ("" while none was, or with "system").

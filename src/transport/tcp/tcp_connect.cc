@@ -38,7 +38,10 @@ struct Identity {
 };
 
 // Listens on the chosen interface and publishes "host:port" in the store.
-net::Socket listenAndPublish(const ContextOptions& options, int rank) {
+// The congestion control is set on the listener, before any peer can
+// connect: accepted sockets inherit it from the start (congestion.h).
+net::Socket listenAndPublish(const ContextOptions& options, int rank,
+                             CongestionChoice& congestion) {
   const std::string ifname =
       !options.tcp.socketIfname.empty() ? options.tcp.socketIfname : params::socketIfname();
   const std::string range =
@@ -46,6 +49,7 @@ net::Socket listenAndPublish(const ContextOptions& options, int rank) {
   std::string ip = net::selectInterfaceAddress(ifname);
   uint16_t port = 0;
   net::Socket listener = net::listenOn(ip, net::parsePortRange(range), &port);
+  congestion.apply(listener.fd(), rank);
   const std::string hostPort =
       (ip.find(':') != std::string::npos ? "[" + ip + "]" : ip) + ":" + std::to_string(port);
   options.store->setString(options.prefix + "tcp/addr/" + std::to_string(rank), hostPort);
@@ -143,10 +147,12 @@ class Inbound {
 // Connection `index` to lower rank `peer` at host:port, authenticated and
 // accepted by the peer's Hello check.
 net::Socket dial(const Identity& me, const std::pair<std::string, uint16_t>& hp, int peer,
-                 int index, const std::string& token, int bufBytes, Deadline deadline) {
+                 int index, const std::string& token, int bufBytes, CongestionChoice& congestion,
+                 Deadline deadline) {
   const ErrorContext pctx = ErrorContext::forOp("init").withRank(me.rank).withPeer(peer);
-  net::Socket s = net::connectTo(hp.first, hp.second, deadline,
-                                 "rank " + std::to_string(peer) + "'s data port");
+  net::Socket s =
+      net::connectTo(hp.first, hp.second, deadline, "rank " + std::to_string(peer) + "'s data port",
+                     [&](int fd) { congestion.apply(fd, me.rank); });
   net::setBufferSizes(s.fd(), bufBytes);
   try {
     auth::authenticate(s.fd(), token, kAuthLabel, /*initiator=*/true, deadline);
@@ -188,7 +194,7 @@ void TcpContext::connectAll(const ContextOptions& options) {
   ao.timeout = kHandshakeTimeout;
   ao.maxPending = kMaxPendingHandshakes;
   net::HandshakeAcceptor acceptor(
-      listenAndPublish(options, rank()), std::move(ao),
+      listenAndPublish(options, rank(), congestion), std::move(ao),
       [&](net::HandshakeAcceptor::Handshake& h) { inbound.handshake(h); });
 
   for (int peer = 0; peer < rank(); ++peer) {
@@ -197,16 +203,14 @@ void TcpContext::connectAll(const ContextOptions& options) {
                                  std::chrono::milliseconds(std::max(deadline.remainingMs(), 1)));
     auto hp = net::parseHostPort(addr, "address of rank " + std::to_string(peer));
     for (int i = 0; i < socketsPerPeer_; ++i) {
-      net::Socket s = dial(me, hp, peer, i, options.token, bufBytes, deadline);
-      congestion.apply(s.fd(), rank());
-      addConnection(peer, i, std::move(s));
+      addConnection(peer, i, dial(me, hp, peer, i, options.token, bufBytes, congestion, deadline));
     }
   }
   auto accepted = inbound.wait(ErrorContext::forOp("init").withRank(rank()));
   acceptor.stop();
   for (auto& [hello, sock] : accepted) {
     net::setBufferSizes(sock.fd(), bufBytes);
-    congestion.apply(sock.fd(), rank());
+    congestion.apply(sock.fd(), rank());  // inherited from the listener: a no-op
     addConnection(hello.rank, hello.socketIndex, std::move(sock));
   }
   GFLOW_LOG(INFO) << "rank " << rank() << " connected to " << size() - 1 << " peers ("
