@@ -53,8 +53,8 @@
   X(socketBuffer, "GFLOW_SOCKET_BUFFER", kBytes, "4M", kLocal,                                     \
     "SO_SNDBUF/SO_RCVBUF of data sockets.")                                                        \
   X(tcpCongestion, "GFLOW_TCP_CONGESTION", kString, "auto", kLocal,                                \
-    "Congestion control of data sockets: auto (the system's unless it is bbr, whose pacing "      \
-    "slows bursty collective traffic: then cubic, else reno), system, or an algorithm name.")     \
+    "Congestion control of data sockets: auto (the system's unless it is bbr, whose pacing "       \
+    "slows bursty collective traffic: then cubic, else reno), system, or an algorithm name.")      \
   X(unexpectedLimit, "GFLOW_UNEXPECTED_LIMIT", kBytes, "256M", kLocal,                             \
     "Bytes a peer may send ahead of the matching receive. TCP stops reading the peer "             \
     "(back-pressure); verbs fails the op (its eager ring also carries control messages).")         \
@@ -91,11 +91,11 @@
   X(ringWindow, "GFLOW_RING_WINDOW", kInt, "8", kLocal,                                            \
     "Ring pieces in flight per step (bounds staging memory to window x piece).")                   \
   X(rdMaxBytes, "GFLOW_RD_MAX_BYTES", kBytesOrAuto, "auto", kAgree,                                \
-    "Allreduce of at most this many bytes uses recursive doubling, above it halving-doubling "   \
-    "(up to GFLOW_HD_MAX_BYTES) or ring. 'auto': 512K on 2 ranks, else 64K.")                     \
+    "Allreduce of at most this many bytes uses recursive doubling, above it halving-doubling "     \
+    "(up to GFLOW_HD_MAX_BYTES) or ring. 'auto': 512K on 2 ranks, else 64K.")                      \
   X(hdMaxBytes, "GFLOW_HD_MAX_BYTES", kBytesOrAuto, "auto", kAgree,                                \
     "Allreduce above GFLOW_RD_MAX_BYTES and of at most this many bytes uses halving-doubling, "    \
-    "above it ring. 'auto': 8M on 2 ranks, else 4M.")                                               \
+    "above it ring. 'auto': 8M on 2 ranks, else 4M.")                                              \
   X(fusionThreshold, "GFLOW_FUSION_THRESHOLD", kBytes, "2M", kLocal,                               \
     "Chunk fusion bucket size of GradientReducer and allreduceCoalesced; tensors of at least "     \
     "this size are reduced in place.")                                                             \

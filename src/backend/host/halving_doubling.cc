@@ -17,7 +17,6 @@
 // operand first at each level) on the one rank that owns it, then copied, so
 // all ranks end bitwise equal.
 #include <algorithm>
-#include <vector>
 
 #include "backend/host/exchange.h"
 #include "backend/host/fold.h"
@@ -70,7 +69,7 @@ class HalvingDoubling {
       const int peer = fold_.real(fold_.vrank ^ mask);
       const bool lower = (fold_.vrank & mask) == 0;
       const Split s{lo_, lo_ + (hi_ - lo_) / 2, hi_};
-      splits_.push_back(s);
+      splits_[levels_++] = s;
       const size_t keepLo = lower ? s.lo : s.mid, keepHi = lower ? s.mid : s.hi;
       const size_t sendLo = lower ? s.mid : s.lo, sendHi = lower ? s.hi : s.mid;
       exchangeAndReduce(peer, lower, step, cur, keepLo, keepHi - keepLo, sendLo, sendHi - sendLo);
@@ -107,17 +106,18 @@ class HalvingDoubling {
   // and the partner's half of the level arrives in place.
   void allgather() {
     uint64_t step = 1 + static_cast<uint64_t>(fold_.log2p);
-    int mask = fold_.p >> 1;
-    for (auto it = splits_.rbegin(); it != splits_.rend(); ++it, mask >>= 1, ++step) {
+    for (int level = levels_ - 1; level >= 0; --level, ++step) {
+      const Split& s = splits_[level];
+      const int mask = 1 << level;
       const int peer = fold_.real(fold_.vrank ^ mask);
       const bool lower = (fold_.vrank & mask) == 0;
-      const size_t recvLo = lower ? it->mid : it->lo, recvHi = lower ? it->hi : it->mid;
+      const size_t recvLo = lower ? s.mid : s.lo, recvHi = lower ? s.hi : s.mid;
       transport::RequestPtr recv =
           ex_.recv(peer, out_ + recvLo * es_, (recvHi - recvLo) * es_, messageIndex(0, step, 0));
       ex_.send(peer, out_ + lo_ * es_, (hi_ - lo_) * es_, messageIndex(0, step, 0));
       ex_.wait(recv);
-      lo_ = it->lo;
-      hi_ = it->hi;
+      lo_ = s.lo;
+      hi_ = s.hi;
     }
   }
 
@@ -130,7 +130,8 @@ class HalvingDoubling {
   char* const out_;
   char* const tmp_;
   size_t lo_ = 0, hi_ = 0;  // the block this rank holds
-  std::vector<Split> splits_;
+  Split splits_[31];        // the halving's levels (log2 of an int world size)
+  int levels_ = 0;
 };
 
 }  // namespace
