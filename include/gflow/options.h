@@ -53,6 +53,10 @@ struct VerbsOptions {
 struct ShmOptions {
   std::optional<bool> enabled;         // GFLOW_SHM (false: the network transport)
   std::optional<uint64_t> chunkBytes;  // GFLOW_SHM_CHUNK: pipelining chunk (>= 4096)
+  // GFLOW_SHM_SINGLE_COPY: "auto", "off", or a byte range "LO-HI" of
+  // allreduces that read the other local ranks' buffers directly where the
+  // kernel allows it (docs/algorithms.md). Empty: the environment's.
+  std::string singleCopy;
 };
 
 // Algorithm tuning beside Options::algorithm (docs/algorithms.md).

@@ -69,6 +69,7 @@ void setIf(const py::kwargs& kw, const char* key, std::optional<T>* field) {
 void applyConfig(const py::kwargs& kw, Options* o) {
   static const char* const kKeys[] = {"shm",
                                       "shm_chunk_bytes",
+                                      "shm_single_copy",
                                       "piece_bytes",
                                       "ring_window",
                                       "rd_max_bytes",
@@ -87,6 +88,9 @@ void applyConfig(const py::kwargs& kw, Options* o) {
   }
   setIf(kw, "shm", &o->shm.enabled);
   setIf(kw, "shm_chunk_bytes", &o->shm.chunkBytes);
+  if (kw.contains("shm_single_copy") && !kw["shm_single_copy"].is_none()) {
+    o->shm.singleCopy = kw["shm_single_copy"].cast<std::string>();
+  }
   setIf(kw, "piece_bytes", &o->tuning.pieceBytes);
   setIf(kw, "ring_window", &o->tuning.ringWindow);
   setIf(kw, "rd_max_bytes", &o->tuning.rdMaxBytes);

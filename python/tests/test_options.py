@@ -56,6 +56,7 @@ def test_shm_keyword_wins_over_the_environment():
 def test_tuning_and_progress_keywords_are_accepted():
     config = dict(piece_bytes=65536, ring_window=4, rd_max_bytes=1 << 20, hd_max_bytes=1 << 22,
                   hier_segment_bytes=1 << 20, shm_chunk_bytes=1 << 16,
+                  shm_single_copy="64K-",
                   unexpected_limit_bytes=1 << 24, spin_us=0, pin_threads=False,
                   device_backend="staged", verify_device_ops=True)
     comms, errors = world(2, lambda r: config)
@@ -69,6 +70,7 @@ def test_tuning_and_progress_keywords_are_accepted():
     ("shm_chunk_bytes", 1, "Options::shm.chunkBytes"),
     ("spin_us", -1, "Options::progress.spinUs"),
     ("device_backend", "gpu", "Options::device.backend"),
+    ("shm_single_copy", "1M-64K", "Options::shm.singleCopy"),
 ])
 def test_bad_values_name_the_field(key, value, field):
     import gflow

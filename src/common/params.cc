@@ -115,6 +115,19 @@ bool parseBytes(const std::string& s, uint64_t* out) {
   return true;
 }
 
+bool parseByteRange(const std::string& s, uint64_t* lo, uint64_t* hi) {
+  const auto dash = s.find('-');
+  if (dash == std::string::npos) return false;
+  const std::string los = s.substr(0, dash), his = s.substr(dash + 1);
+  uint64_t l = 0, h = UINT64_MAX;
+  if ((!los.empty() && !parseBytes(los, &l)) || (!his.empty() && !parseBytes(his, &h)) || l >= h) {
+    return false;
+  }
+  *lo = l;
+  *hi = h;
+  return true;
+}
+
 bool parseDurationMs(const std::string& s, int64_t* out) {
   if (s.empty()) return false;
   errno = 0;

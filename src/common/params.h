@@ -107,6 +107,10 @@ std::string agreementNames();
 
 // Parsers shared with command-line tools.
 bool parseBytes(const std::string& s, uint64_t* out);
+// "LO-HI", byte counts with parseBytes' suffixes, the half-open range
+// [LO, HI); an empty LO is 0, an empty HI is UINT64_MAX ("64k-"). False
+// unless LO < HI.
+bool parseByteRange(const std::string& s, uint64_t* lo, uint64_t* hi);
 bool parseDurationMs(const std::string& s, int64_t* out);
 
 // For tests: forget cached values so the environment is read again.

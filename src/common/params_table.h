@@ -31,6 +31,11 @@
     "network transport.")                                                                          \
   X(shmChunk, "GFLOW_SHM_CHUNK", kBytes, "512K", kAgree,                                           \
     "Pipelining chunk of shared-memory collectives; each rank's segment holds two.")               \
+  X(shmSingleCopy, "GFLOW_SHM_SINGLE_COPY", kString, "auto", kAgree,                               \
+    "Shared-memory allreduces whose size falls in this byte range (LO-HI, e.g. 128K-32M or "       \
+    "64K-) read the other local ranks' buffers directly (process_vm_readv) where the kernel "      \
+    "lets every local rank read the others; off: never; auto: a measured range for two local "     \
+    "ranks with a core each, off otherwise (docs/algorithms.md).")                                 \
   X(hierSegment, "GFLOW_HIER_SEGMENT", kBytes, "8M", kLocal,                                       \
     "Hierarchical allreduce pipelines segments of this size: the cross-host phase of one "         \
     "overlaps the local phases of the next.")                                                      \

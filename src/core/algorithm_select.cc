@@ -71,14 +71,30 @@ AlgorithmSelector::AlgorithmSelector(const std::string& spec, const std::string&
           << source << ": size range '" << f[1] << "' needs a '-' (e.g. 0-64k or 64k-)";
     }
     uint64_t lo = 0, hi = UINT64_MAX;
-    std::string los = f[1].substr(0, dash), his = f[1].substr(dash + 1);
-    if ((!los.empty() && !params::parseBytes(los, &lo)) ||
-        (!his.empty() && !params::parseBytes(his, &hi)) || lo >= hi) {
+    if (!params::parseByteRange(f[1], &lo, &hi)) {
       GFLOW_THROW(kInvalidArgument, ErrorContext{"config"})
           << source << ": bad size range '" << f[1] << "'";
     }
     rules_.push_back({OpKind::kAllreduce, lo, hi, parseAlgo(f[2], source)});
   }
+}
+
+AlgorithmSelector::ByteRange AlgorithmSelector::shmSingleCopyRange(const std::string& setting,
+                                                                   int members,
+                                                                   bool oversubscribed) {
+  ByteRange r;
+  if (setting == "auto") {
+    // Measured with two ranks on two cores (docs/performance.md): below
+    // 128 KiB the one-sync slot path is faster, from 32 MiB on (buffers
+    // beyond the last-level cache) the slot path's lower DRAM traffic wins.
+    // With more ranks than cores the extra syncs cost more than the copies
+    // saved (4 ranks on 2 cores: slower at 5 of 6 sizes). Groups of 3+ ranks
+    // with a core each were not measured: they keep the slot path.
+    if (members == 2 && !oversubscribed) r = {128 << 10, 32 << 20};
+    return r;
+  }
+  if (setting != "off") params::parseByteRange(setting, &r.lo, &r.hi);
+  return r;
 }
 
 Algorithm AlgorithmSelector::select(OpKind kind, uint64_t bytes, int worldSize) const {

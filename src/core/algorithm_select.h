@@ -51,6 +51,16 @@ class AlgorithmSelector {
   static uint64_t defaultRdMaxBytes(int worldSize);
   static uint64_t defaultHdMaxBytes(int worldSize);
 
+  // The allreduce sizes [lo, hi) a shared-memory group of `members` runs by
+  // single-copy reads, for GFLOW_SHM_SINGLE_COPY's value in force ("auto",
+  // "off" or "LO-HI", checked by resolveSettings). `oversubscribed`: more
+  // members than cores.
+  struct ByteRange {
+    uint64_t lo = 0;
+    uint64_t hi = 0;  // exclusive; lo == hi: none
+  };
+  static ByteRange shmSingleCopyRange(const std::string& setting, int members, bool oversubscribed);
+
  private:
   struct Rule {
     backend::OpKind kind;

@@ -26,6 +26,7 @@ struct Builder {
     go.timeout = ctx.timeout;
     go.slotBytes = settings.shmChunkBytes;
     go.describe = backend::describe;
+    go.probeSingleCopy = settings.shmSingleCopy != "off";
     std::string why;
     auto g = backend::shm::Group::connect(go, &why);
     if (!g) {
@@ -33,7 +34,9 @@ struct Builder {
                       << "is unavailable (" << why << "); they use " << transportName;
       return nullptr;
     }
-    return backend::createShmBackend(std::move(g));
+    const auto single =
+        AlgorithmSelector::shmSingleCopyRange(settings.shmSingleCopy, go.size, g->oversubscribed());
+    return backend::createShmBackend(std::move(g), single.lo, single.hi);
   }
 
   std::unique_ptr<backend::Backend> net(const std::vector<int>& members, int me,

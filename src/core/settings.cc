@@ -29,6 +29,21 @@ void validate(const Options& o) {
   }
 }
 
+// Options::shm.singleCopy over GFLOW_SHM_SINGLE_COPY, checked: "auto",
+// "off" or a byte range.
+std::string resolveSingleCopy(const std::string& option) {
+  const bool fromOptions = !option.empty();
+  std::string v = fromOptions ? option : params::shmSingleCopy();
+  uint64_t lo = 0, hi = 0;
+  if (v == "auto" || v == "off" || params::parseByteRange(v, &lo, &hi)) return v;
+  const std::string what = "'" + v + "'";
+  const char* want = "\"auto\", \"off\" or a byte range such as \"128K-32M\" or \"64K-\"";
+  if (fromOptions) badField("shm.singleCopy", what, want);
+  throw Error(ErrorCode::kInvalidArgument,
+              std::string("GFLOW_SHM_SINGLE_COPY is ") + what + "; expected " + want,
+              ErrorContext::forOp("init"));
+}
+
 }  // namespace
 
 Settings resolveSettings(const Options& o) {
@@ -39,6 +54,7 @@ Settings resolveSettings(const Options& o) {
   s.algoSource = algoFromOptions ? "Options::algorithm" : "GFLOW_ALGO";
   s.shm = o.shm.enabled ? *o.shm.enabled : params::shm() != 0;
   s.shmChunkBytes = o.shm.chunkBytes ? *o.shm.chunkBytes : params::shmChunk();
+  s.shmSingleCopy = resolveSingleCopy(o.shm.singleCopy);
   s.rdMaxBytes = o.tuning.rdMaxBytes ? o.tuning.rdMaxBytes : params::rdMaxBytes();
   s.hdMaxBytes = o.tuning.hdMaxBytes ? o.tuning.hdMaxBytes : params::hdMaxBytes();
   s.deviceBackend = !o.device.backend.empty() ? o.device.backend : params::deviceBackend();
@@ -56,6 +72,7 @@ std::vector<Settings::Agreed> Settings::agreed() const {
       {&params::spec::ncclVerify, "Options::device.verifyOps", flag(verifyDeviceOps)},
       {&params::spec::shm, "Options::shm.enabled", flag(shm)},
       {&params::spec::shmChunk, "Options::shm.chunkBytes", std::to_string(shmChunkBytes)},
+      {&params::spec::shmSingleCopy, "Options::shm.singleCopy", shmSingleCopy},
       {&params::spec::rdMaxBytes, "Options::tuning.rdMaxBytes",
        rdMaxBytes ? std::to_string(*rdMaxBytes) : "auto"},
       {&params::spec::hdMaxBytes, "Options::tuning.hdMaxBytes",

@@ -25,6 +25,7 @@ struct Settings {
   std::string algoSource;              // where `algo` came from, for error messages
   bool shm = true;                     // Options::shm.enabled, else GFLOW_SHM
   uint64_t shmChunkBytes = 0;          // Options::shm.chunkBytes, else GFLOW_SHM_CHUNK
+  std::string shmSingleCopy;           // Options::shm.singleCopy, else GFLOW_SHM_SINGLE_COPY
   std::optional<uint64_t> rdMaxBytes;  // Options::tuning.rdMaxBytes, else GFLOW_RD_MAX_BYTES
   std::optional<uint64_t> hdMaxBytes;  // Options::tuning.hdMaxBytes, else GFLOW_HD_MAX_BYTES
                                        // (nullopt: auto, the selector's default)

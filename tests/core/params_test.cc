@@ -76,7 +76,7 @@ TEST(Params, TypedAccessorsReadTheTable) {
 TEST(Params, AgreementCoversTheMarkedParameters) {
   EXPECT_EQ(params::agreementNames(),
             "GFLOW_ALGO, GFLOW_DEVICE_BACKEND, GFLOW_NCCL_VERIFY, GFLOW_SHM, GFLOW_SHM_CHUNK, "
-            "GFLOW_RD_MAX_BYTES, GFLOW_HD_MAX_BYTES");
+            "GFLOW_SHM_SINGLE_COPY, GFLOW_RD_MAX_BYTES, GFLOW_HD_MAX_BYTES");
   ScopedEnv shm("GFLOW_SHM", "0");
   ScopedEnv verify("GFLOW_NCCL_VERIFY", "1");
   const std::string in = params::agreementDigestInput({{&params::spec::algo, "ring"}});
@@ -112,6 +112,22 @@ TEST(AlgorithmSelect, DefaultsAndRules) {
   for (const char* bad : {"tree", "allreduce:5:ring", "allreduce:10-5:ring", "reduce:0-1k:ring"}) {
     EXPECT_THROW(AlgorithmSelector(bad, "GFLOW_ALGO"), Error) << bad;
   }
+}
+
+TEST(AlgorithmSelect, ShmSingleCopyRange) {
+  auto range = [](const char* setting, int members, bool over) {
+    const auto r = AlgorithmSelector::shmSingleCopyRange(setting, members, over);
+    return std::make_pair(r.lo, r.hi);
+  };
+  using R = std::pair<uint64_t, uint64_t>;
+  // auto: measured for two ranks with a core each; the slot path elsewhere.
+  EXPECT_EQ(range("auto", 2, false), R(128 << 10, 32 << 20));
+  EXPECT_EQ(range("auto", 2, true).second, 0u);
+  EXPECT_EQ(range("auto", 4, false).second, 0u);
+  EXPECT_EQ(range("off", 2, false).second, 0u);
+  // A range applies at any group size.
+  EXPECT_EQ(range("64K-", 4, true), R(64 << 10, UINT64_MAX));
+  EXPECT_EQ(range("1M-2M", 3, false), R(1 << 20, 2 << 20));
 }
 
 }  // namespace

@@ -171,11 +171,20 @@ TEST(Settings, InvalidOptionValuesAreRefusedNamingTheField) {
        "Options::progress.unexpectedLimitBytes"},
       {[](Options& o) { o.progress.spinUs = -1; }, "Options::progress.spinUs"},
       {[](Options& o) { o.device.backend = "gpu"; }, "Options::device.backend"},
+      {[](Options& o) { o.shm.singleCopy = "32M-1M"; }, "Options::shm.singleCopy"},
+      {[](Options& o) { o.shm.singleCopy = "on"; }, "Options::shm.singleCopy"},
   };
   for (const auto& [set, field] : cases) {
     Options o;
     set(o);
     expectEveryRankNames(createErrors(2, same(o)), field);
+  }
+}
+
+TEST(Settings, MalformedSingleCopyRangeInTheEnvironmentIsRefusedNamingIt) {
+  for (const char* bad : {"lots", "1M", "4M-1M", "1X-"}) {
+    ScopedEnv range("GFLOW_SHM_SINGLE_COPY", bad);
+    expectEveryRankNames(createErrors(2, same(Options{})), "GFLOW_SHM_SINGLE_COPY is '");
   }
 }
 
@@ -195,6 +204,8 @@ TEST(Settings, AgreementComparesTheValuesInForce) {
                        "GFLOW_DEVICE_BACKEND (Options::device.backend) differs");
   expectEveryRankNames(createErrors(3, onRankZero([](Options& o) { o.device.verifyOps = false; })),
                        "GFLOW_NCCL_VERIFY (Options::device.verifyOps) differs");
+  expectEveryRankNames(createErrors(3, onRankZero([](Options& o) { o.shm.singleCopy = "off"; })),
+                       "GFLOW_SHM_SINGLE_COPY (Options::shm.singleCopy) differs");
   // The same values, one way or the other, agree.
   expectNoneFailed(createErrors(3, onRankZero([](Options& o) {
                                   o.shm.chunkBytes = 4096;

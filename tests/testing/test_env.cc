@@ -11,6 +11,10 @@ struct TestEnvironment {
     // Shared-memory slots of 4 KiB: collectives of a few KiB already take
     // several chunk iterations (both slots, wrap-around).
     setenv("GFLOW_SHM_CHUNK", "4K", 0);
+    // Shared-memory allreduces of 16 KiB and more read peers' buffers
+    // directly (where the kernel allows it) at every group size, smaller
+    // ones use the slots.
+    setenv("GFLOW_SHM_SINGLE_COPY", "16K-", 0);
     // Hierarchical allreduces of more than 8 KiB run as pipelined segments.
     setenv("GFLOW_HIER_SEGMENT", "4K", 0);
     // verbs: ring pieces (1 KiB) go zero-copy (rendezvous), smaller messages

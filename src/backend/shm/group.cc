@@ -1,9 +1,12 @@
 #include "backend/shm/group.h"
 
+#include "backend/shm/peer_memory.h"
+
 #include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <new>
 #include <random>
@@ -18,7 +21,7 @@ namespace gflow::backend::shm {
 
 namespace {
 
-constexpr uint64_t kMagic = 0x676677736d310001ull;  // "gflwsm1" + layout version
+constexpr uint64_t kMagic = 0x676677736d310002ull;  // "gflwsm1" + layout version
 constexpr size_t kPage = 4096;
 // How long a waiter polls (spinning, or yielding when oversubscribed) before
 // it sleeps on the futex. Collective phases are short, so most waits end here.
@@ -52,6 +55,7 @@ struct OpRecord {
   std::atomic<uint64_t> number;  // ops this member has started on the group
   uint64_t seq;                  // the op's sequence number (for messages)
   uint64_t env[3];
+  uint64_t in, out;  // the op's buffers in the owner's address space
 };
 
 // The control block at the start of every segment. Only its owner writes it,
@@ -117,16 +121,27 @@ std::string createSegment(Mapping* own, size_t total, size_t slotBytes, int memb
   return "";
 }
 
-// Maps member p's segment, published under `key` as "pid fd nonce total",
-// into *mapping and watches its process; "" on success, else why not.
+// What a member publishes of its segment besides the fd: its pid, the
+// segment's nonce and where the nonce lies in its address space (for the
+// single-copy probe).
+struct PeerInfo {
+  long pid = 0;
+  uint64_t nonce = 0;
+  uint64_t nonceAddr = 0;
+};
+
+// Maps member p's segment, published under `key` as "pid fd nonce total
+// nonceAddr", into *mapping and watches its process; "" on success, else
+// why not.
 std::string mapPeer(const GroupOptions& o, const std::string& key, int p, size_t total,
-                    Mapping* mapping, ProcessWatch* watch) {
+                    Mapping* mapping, ProcessWatch* watch, PeerInfo* info) {
   auto v = o.store->get(key + std::to_string(p), o.timeout);
   std::istringstream is(std::string(v.begin(), v.end()));
-  long pid = 0;
+  long& pid = info->pid;
   int fd = -1;
-  uint64_t peerNonce = 0, peerTotal = 0;
-  if (!(is >> pid >> fd >> peerNonce >> peerTotal) || peerTotal != total) {
+  uint64_t& peerNonce = info->nonce;
+  uint64_t peerTotal = 0;
+  if (!(is >> pid >> fd >> peerNonce >> peerTotal >> info->nonceAddr) || peerTotal != total) {
     return "local rank " + std::to_string(p) + " has no usable segment";
   }
   std::string err;
@@ -145,17 +160,22 @@ std::string mapPeer(const GroupOptions& o, const std::string& key, int p, size_t
 }
 
 // Everyone learns whether everyone could map everything: publishes `mine`
-// ("" if this member can take part) and returns the first member's reason
-// not to, "" when all can.
+// ("" if this member can take part) and whether it can read every peer's
+// memory (`canRead`), and returns the first member's reason not to take
+// part, "" when all can. *allCanRead: every member can read every peer.
 std::string firstFailure(const GroupOptions& o, const std::vector<int>& commRanks,
-                         const std::string& mine) {
+                         const std::string& mine, bool canRead, bool* allCanRead) {
   const std::string okKey = o.prefix + "shm/ok/";
-  o.store->set(okKey + std::to_string(o.rank), bytesOf(mine.empty() ? "1" : "0" + mine));
+  o.store->set(okKey + std::to_string(o.rank), bytesOf(!mine.empty() ? "0" + mine
+                                                       : canRead     ? "1r"
+                                                                     : "1"));
   std::string first;
+  *allCanRead = true;
   for (int p = 0; p < o.size; ++p) {
     auto v = o.store->get(okKey + std::to_string(p), o.timeout);
     std::string s(v.begin(), v.end());
-    if (s != "1" && first.empty()) {
+    if (s != "1r") *allCanRead = false;
+    if (s != "1" && s != "1r" && first.empty()) {
       first = "local rank " + std::to_string(p) + " (rank " + std::to_string(commRanks[p]) +
               "): " + (s.empty() ? std::string("?") : s.substr(1));
     }
@@ -191,25 +211,41 @@ std::unique_ptr<Group> Group::connect(const GroupOptions& o, std::string* why) {
   std::string mine = createSegment(&g->own_, total, g->slotBytes_, o.size, &nonce);
   const std::string key = o.prefix + "shm/seg/";
   std::ostringstream desc;
-  desc << ::getpid() << " " << g->own_.fd() << " " << nonce << " " << total;
+  desc << ::getpid() << " " << g->own_.fd() << " " << nonce << " " << total << " "
+       << reinterpret_cast<uintptr_t>(mine.empty() ? &static_cast<Control*>(g->own_.data())->nonce
+                                                   : nullptr);
   o.store->set(key + std::to_string(o.rank), bytesOf(mine.empty() ? desc.str() : "x"));
 
   g->peers_.resize(o.size);
   g->ctl_.assign(o.size, nullptr);
   g->slots_.assign(o.size, nullptr);
   g->watch_.resize(o.size);
+  g->pids_.assign(o.size, ::getpid());
+  bool canRead = o.probeSingleCopy;
+  std::string noRead;  // why this member cannot read its peers' memory
   for (int p = 0; p < o.size && mine.empty(); ++p) {
-    if (p != o.rank) mine = mapPeer(o, key, p, total, &g->peers_[p], &g->watch_[p]);
+    PeerInfo info;
+    if (p != o.rank) mine = mapPeer(o, key, p, total, &g->peers_[p], &g->watch_[p], &info);
     if (!mine.empty()) break;
+    if (p != o.rank) {
+      g->pids_[p] = static_cast<pid_t>(info.pid);
+      if (canRead && !probePeerMemory(g->pids_[p], info.nonceAddr, info.nonce, &noRead)) {
+        noRead = "local rank " + std::to_string(p) + ": " + noRead;
+        canRead = false;
+      }
+    }
     Mapping& m = p == o.rank ? g->own_ : g->peers_[p];
     g->ctl_[p] = static_cast<Control*>(m.data());
     g->slots_[p] = static_cast<char*>(m.data()) + ctlBytes;
   }
 
-  std::string first = firstFailure(o, g->commRanks_, mine);
+  std::string first = firstFailure(o, g->commRanks_, mine, canRead, &g->singleCopy_);
   if (!first.empty()) {
     *why = first;
     return nullptr;
+  }
+  if (!noRead.empty()) {
+    GFLOW_LOG(INFO) << "shared memory: no single-copy reads (shared segments only): " << noRead;
   }
   // Every member has opened our memfd; the mappings keep it alive.
   g->own_.closeFd();
@@ -240,6 +276,38 @@ void Group::beginOp(uint64_t seq, const Envelope& env, Deadline deadline) {
   r.number.store(ops_, std::memory_order_release);
   opChecked_ = false;
   inOp_ = true;
+}
+
+void Group::publishBuffers(const void* in, const void* out) {
+  OpRecord& r = ctl_[rank_]->ops[ops_ & 1];
+  r.in = reinterpret_cast<uintptr_t>(in);
+  r.out = reinterpret_cast<uintptr_t>(out);
+}
+
+ErrorContext Group::context(int member) const {
+  return ErrorContext().withSeq(seq_).withRank(commRanks_[rank_]).withPeer(commRanks_[member]);
+}
+
+void Group::readPeer(int member, Buffer which, size_t offset, void* dst, size_t bytes) {
+  if (bytes == 0) return;
+  const OpRecord& r = ctl_[member]->ops[ops_ & 1];
+  const uint64_t base = which == Buffer::kIn ? r.in : r.out;
+  const int err = readPeerMemory(pids_[member], base + offset, dst, bytes);
+  if (err == 0) {
+    countRead(member, bytes);
+    return;
+  }
+  if (err == ESRCH || watch_[member].exited()) {
+    raise(Error(ErrorCode::kPeerLost,
+                "rank " + std::to_string(commRanks_[member]) +
+                    " (same host, shared memory) exited or was killed during the op",
+                context(member)));
+  }
+  raise(Error(ErrorCode::kInternal,
+              "reading the " + std::string(which == Buffer::kIn ? "input" : "output") +
+                  " buffer of rank " + std::to_string(commRanks_[member]) +
+                  " (same host) with process_vm_readv failed: " + std::strerror(err),
+              context(member)));
 }
 
 void Group::publish(uint64_t tick) {
@@ -307,12 +375,11 @@ void Group::checkSlow(int member, uint64_t tick) {
     }
   }
   if (watch_[member].exited() || ctl_[member]->left.load(std::memory_order_acquire)) {
-    raise(Error(
-        ErrorCode::kPeerLost,
-        "rank " + std::to_string(commRanks_[member]) +
-            " (same host, shared memory) exited, was killed or destroyed its "
-            "communicator during the op",
-        ErrorContext().withSeq(seq_).withRank(commRanks_[rank_]).withPeer(commRanks_[member])));
+    raise(Error(ErrorCode::kPeerLost,
+                "rank " + std::to_string(commRanks_[member]) +
+                    " (same host, shared memory) exited, was killed or destroyed its "
+                    "communicator during the op",
+                context(member)));
   }
   if (deadline_.expired()) {
     const OpRecord* r = ctl_[member]->ops;
@@ -322,9 +389,7 @@ void Group::checkSlow(int member, uint64_t tick) {
     os << "timed out waiting for rank " << commRanks_[member]
        << " (same host, shared memory); it last started op #" << r[newer ? 1 : 0].seq
        << ", this rank is in #" << seq_;
-    raise(Error(
-        ErrorCode::kTimeout, os.str(),
-        ErrorContext().withSeq(seq_).withRank(commRanks_[rank_]).withPeer(commRanks_[member])));
+    raise(Error(ErrorCode::kTimeout, os.str(), context(member)));
   }
 }
 

@@ -16,6 +16,12 @@
 // the first sync of an op compares them with every member's, so ranks that
 // call different collectives fail with kMismatch instead of mixing data.
 //
+// Single-copy reads: where every member may read every other member's
+// memory (backend/shm/peer_memory.h), an op can publish its user buffers
+// (publishBuffers) and members read each other's straight from them
+// (readPeer) instead of through the slots. Whether the group can is agreed
+// at connect, so every member takes the same path.
+//
 // Waiting spins (yielding the core when the host has fewer cores than
 // members), then sleeps on a futex in short slices; between slices it checks
 // the op's deadline, abort(), failures published by members and whether a
@@ -48,8 +54,9 @@ struct GroupOptions {
   std::shared_ptr<Store> store;
   std::string prefix;  // store keys of this group live under it
   std::chrono::milliseconds timeout{300000};
-  size_t slotBytes = 0;        // 0: GFLOW_SHM_CHUNK
-  EnvelopeFormatter describe;  // names ops in mismatch errors
+  size_t slotBytes = 0;         // 0: GFLOW_SHM_CHUNK
+  EnvelopeFormatter describe;   // names ops in mismatch errors
+  bool probeSingleCopy = true;  // false: skip the probe, singleCopy() is false
 };
 
 struct Control;
@@ -71,6 +78,19 @@ class Group {
   void beginOp(uint64_t seq, const Envelope& env, Deadline deadline);
   // The slot of `member` for the current iteration.
   char* slot(int member) const { return slots_[member] + (iter_ & 1) * slotBytes_; }
+  // More members than cores this process may run on.
+  bool oversubscribed() const { return oversubscribed_; }
+  // True when every member can read every other member's published buffers.
+  bool singleCopy() const { return singleCopy_; }
+  // Publishes this member's buffers for the current op; call after beginOp
+  // and before its first sync. Peers read them until the op's last sync.
+  void publishBuffers(const void* in, const void* out);
+  enum class Buffer { kIn, kOut };
+  // Copies `bytes` at byte `offset` of `member`'s published buffer into
+  // `dst`. Only between syncs at which the member's data is final and it
+  // cannot return from the op. Raises kPeerLost if the member is gone,
+  // kInternal if its buffer cannot be read.
+  void readPeer(int member, Buffer which, size_t offset, void* dst, size_t bytes);
   // Moves to the next chunk iteration (the next slot).
   void nextIteration() { ++iter_; }
   // Publishes this member's next sync point and waits for every member.
@@ -101,6 +121,7 @@ class Group {
   void checkSlow(int member, uint64_t tick);
   void checkOp(int member);
   void publish(uint64_t tick);
+  ErrorContext context(int member) const;
 
   int rank_ = 0;
   int size_ = 1;
@@ -111,6 +132,8 @@ class Group {
   std::vector<Control*> ctl_;
   std::vector<char*> slots_;
   std::vector<ProcessWatch> watch_;
+  std::vector<pid_t> pids_;
+  bool singleCopy_ = false;
   std::vector<std::atomic<uint64_t>*> readFrom_;  // per member: our counters of reads from it
   bool oversubscribed_ = false;
   EnvelopeFormatter describe_;

@@ -14,6 +14,12 @@
 // The user's buffers are read once and written once per rank; the slots stay
 // in the cache (2 x chunk per rank), which is what the bandwidth bound in
 // docs/performance.md assumes.
+//
+// Allreduces in GFLOW_SHM_SINGLE_COPY's byte range, where the group can
+// read its members' memory (group.h), skip the copy into the slots: rank r
+// reduces slice r from every member's input read straight from its buffer
+// (through its own slot, a chunk at a time), then reads the other slices
+// from their owners' outputs straight into its own (allreduceSingleCopy).
 #include <algorithm>
 #include <cstring>
 
@@ -60,7 +66,10 @@ class OpScope {
 
 class ShmBackend final : public Backend {
  public:
-  explicit ShmBackend(std::unique_ptr<Group> group) : g_(std::move(group)) {}
+  ShmBackend(std::unique_ptr<Group> group, uint64_t singleCopyLo, uint64_t singleCopyHi)
+      : g_(std::move(group)),
+        singleLo_(singleCopyLo),
+        singleHi_(g_->singleCopy() && g_->size() > 1 ? singleCopyHi : 0) {}
 
   void allreduce(const Op& op, const void* inp, void* outp) override {
     const OpDesc& d = op.desc;
@@ -71,6 +80,9 @@ class ShmBackend final : public Backend {
     const char* in = static_cast<const char*>(inp);
     char* out = static_cast<char*>(outp);
     if (scope.empty(d.count)) return;
+    if (d.count * es >= singleLo_ && d.count * es < singleHi_) {
+      return allreduceSingleCopy(scope, d, in, out);
+    }
     const size_t chunkElems = g_->slotBytes() / es;
     const bool oneSync = n == 2 || d.count * es <= kOneSyncBytes;
     for (size_t off = 0; off < d.count; off += chunkElems) {
@@ -200,13 +212,53 @@ class ShmBackend final : public Backend {
                       std::vector<std::unique_ptr<transport::MemoryRegion>>*) override {}
 
  private:
+  // Three syncs: every member's buffers are published; every slice is
+  // reduced; every member has read what it needs (so none returns, and
+  // reuses its buffers, while another still reads them). In place is safe:
+  // before the second sync a member writes only its own slice of its
+  // output, which nobody reads then, and reads only other slices of the
+  // inputs; after it, it writes only the other slices, whose inputs were
+  // read before it. Each slice is reduced once (own input first, then the
+  // others in rank order), so every rank gets the same bits.
+  void allreduceSingleCopy(const OpScope& s, const OpDesc& d, const char* in, char* out) {
+    const auto fn = kernels::reduceFn(d.dtype, d.op);
+    const size_t es = s.es;
+    g_->publishBuffers(in, out);
+    g_->sync();
+    const size_t b = d.count * s.r / s.n, e = d.count * (s.r + 1) / s.n;
+    const size_t step = g_->slotBytes() / es;
+    char* tmp = g_->slot(s.r);  // nobody reads our slots in this op
+    for (size_t lo = b; lo < e; lo += step) {
+      const size_t cnt = std::min(step, e - lo);
+      char* dst = out + lo * es;
+      const char* acc = in + lo * es;
+      for (int m = 0; m < s.n; ++m) {
+        if (m == s.r) continue;
+        g_->readPeer(m, Group::Buffer::kIn, lo * es, tmp, cnt * es);
+        fn(dst, acc, tmp, cnt);
+        acc = dst;
+      }
+      if (d.op == ReduceOp::kAvg) kernels::divide(dst, cnt, d.dtype, s.n);
+    }
+    g_->sync();
+    for (int m = 0; m < s.n; ++m) {
+      const size_t mb = d.count * m / s.n, me = d.count * (m + 1) / s.n;
+      if (m != s.r) g_->readPeer(m, Group::Buffer::kOut, mb * es, out + mb * es, (me - mb) * es);
+    }
+    g_->sync();
+  }
+
   std::unique_ptr<Group> g_;
+  // Allreduces of [singleLo_, singleHi_) bytes read peers' buffers directly.
+  const uint64_t singleLo_;
+  const uint64_t singleHi_;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> createShmBackend(std::unique_ptr<backend::shm::Group> group) {
-  return std::make_unique<ShmBackend>(std::move(group));
+std::unique_ptr<Backend> createShmBackend(std::unique_ptr<backend::shm::Group> group,
+                                          uint64_t singleCopyLo, uint64_t singleCopyHi) {
+  return std::make_unique<ShmBackend>(std::move(group), singleCopyLo, singleCopyHi);
 }
 
 }  // namespace gflow::backend

@@ -8,6 +8,9 @@
 
 namespace gflow::backend {
 
-std::unique_ptr<Backend> createShmBackend(std::unique_ptr<backend::shm::Group> group);
+// Allreduces of [singleCopyLo, singleCopyHi) bytes take the single-copy path
+// where group->singleCopy().
+std::unique_ptr<Backend> createShmBackend(std::unique_ptr<backend::shm::Group> group,
+                                          uint64_t singleCopyLo, uint64_t singleCopyHi);
 
 }  // namespace gflow::backend
