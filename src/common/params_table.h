@@ -100,7 +100,7 @@
     "(up to GFLOW_HD_MAX_BYTES) or ring. 'auto': 512K on 2 ranks, else 64K.")                      \
   X(hdMaxBytes, "GFLOW_HD_MAX_BYTES", kBytesOrAuto, "auto", kAgree,                                \
     "Allreduce above GFLOW_RD_MAX_BYTES and of at most this many bytes uses halving-doubling, "    \
-    "above it ring. 'auto': 8M on 2 ranks, else 4M.")                                              \
+    "above it ring. 'auto': 8M on 2 ranks, else 16M.")                                             \
   X(fusionThreshold, "GFLOW_FUSION_THRESHOLD", kBytes, "2M", kLocal,                               \
     "Chunk fusion bucket size of GradientReducer and allreduceCoalesced; tensors of at least "     \
     "this size are reduced in place.")                                                             \

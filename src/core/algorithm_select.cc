@@ -47,7 +47,7 @@ uint64_t AlgorithmSelector::defaultRdMaxBytes(int worldSize) {
 }
 
 uint64_t AlgorithmSelector::defaultHdMaxBytes(int worldSize) {
-  return worldSize <= 2 ? (8u << 20) : (4u << 20);
+  return worldSize <= 2 ? (8u << 20) : (16u << 20);
 }
 
 AlgorithmSelector::AlgorithmSelector(const std::string& spec, const std::string& source,

@@ -93,6 +93,8 @@ TEST(AlgorithmSelect, DefaultsAndRules) {
   EXPECT_EQ(def.select(OpKind::kAllreduce, 4096, 4), Algorithm::kRecursiveDoubling);
   EXPECT_EQ(def.select(OpKind::kAllreduce, 1 << 20, 4), Algorithm::kHalvingDoubling);
   EXPECT_EQ(def.select(OpKind::kAllreduce, 1 << 20, 3), Algorithm::kHalvingDoubling);
+  EXPECT_EQ(def.select(OpKind::kAllreduce, 16 << 20, 4), Algorithm::kHalvingDoubling);
+  EXPECT_EQ(def.select(OpKind::kAllreduce, 32 << 20, 3), Algorithm::kRing);
   EXPECT_EQ(def.select(OpKind::kAllreduce, 64 << 20, 4), Algorithm::kRing);
   // Two ranks: the thresholds are higher.
   EXPECT_EQ(def.select(OpKind::kAllreduce, 256 << 10, 2), Algorithm::kRecursiveDoubling);
