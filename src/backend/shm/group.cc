@@ -55,7 +55,8 @@ struct OpRecord {
   std::atomic<uint64_t> number;  // ops this member has started on the group
   uint64_t seq;                  // the op's sequence number (for messages)
   uint64_t env[3];
-  uint64_t in, out;  // the op's buffers in the owner's address space
+  uint64_t in, out;   // the op's buffers in the owner's address space
+  uint32_t readable;  // the owner could read both by single copy itself
 };
 
 // The control block at the start of every segment. Only its owner writes it,
@@ -278,10 +279,25 @@ void Group::beginOp(uint64_t seq, const Envelope& env, Deadline deadline) {
   inOp_ = true;
 }
 
-void Group::publishBuffers(const void* in, const void* out) {
+void Group::publishBuffers(const void* in, size_t inBytes, const void* out, size_t outBytes) {
   OpRecord& r = ctl_[rank_]->ops[ops_ & 1];
   r.in = reinterpret_cast<uintptr_t>(in);
   r.out = reinterpret_cast<uintptr_t>(out);
+  r.readable = ownBuffersReadable(in, inBytes, out, outBytes) ? 1 : 0;
+  if (!r.readable && !warnedUnreadable_) {
+    warnedUnreadable_ = true;
+    GFLOW_LOG(INFO) << "rank " << commRanks_[rank_]
+                    << ": process_vm_readv cannot read this op's buffers (memory the kernel "
+                       "cannot pin, e.g. a driver's mapping); ops on such buffers go through "
+                       "the shared segments";
+  }
+}
+
+bool Group::publishedReadable() const {
+  for (int m = 0; m < size_; ++m) {
+    if (!ctl_[m]->ops[ops_ & 1].readable) return false;
+  }
+  return true;
 }
 
 ErrorContext Group::context(int member) const {

@@ -82,9 +82,14 @@ class Group {
   bool oversubscribed() const { return oversubscribed_; }
   // True when every member can read every other member's published buffers.
   bool singleCopy() const { return singleCopy_; }
-  // Publishes this member's buffers for the current op; call after beginOp
-  // and before its first sync. Peers read them until the op's last sync.
-  void publishBuffers(const void* in, const void* out);
+  // Publishes this member's buffers for the current op, with whether they
+  // can be read by single copy at all (peer_memory.h, ownBuffersReadable);
+  // call after beginOp and before its first sync. Peers read them until the
+  // op's last sync.
+  void publishBuffers(const void* in, size_t inBytes, const void* out, size_t outBytes);
+  // After the op's first sync: every member's published buffers can be read
+  // (the same answer on every member).
+  bool publishedReadable() const;
   enum class Buffer { kIn, kOut };
   // Copies `bytes` at byte `offset` of `member`'s published buffer into
   // `dst`. Only between syncs at which the member's data is final and it
@@ -134,6 +139,7 @@ class Group {
   std::vector<ProcessWatch> watch_;
   std::vector<pid_t> pids_;
   bool singleCopy_ = false;
+  bool warnedUnreadable_ = false;
   std::vector<std::atomic<uint64_t>*> readFrom_;  // per member: our counters of reads from it
   bool oversubscribed_ = false;
   EnvelopeFormatter describe_;

@@ -1,6 +1,7 @@
 #include "backend/shm/peer_memory.h"
 
 #include <sys/uio.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -22,6 +23,17 @@ int readPeerMemory(pid_t pid, uint64_t remote, void* local, size_t bytes) {
     bytes -= static_cast<size_t>(got);
   }
   return 0;
+}
+
+bool ownBuffersReadable(const void* a, size_t aBytes, const void* b, size_t bBytes) {
+  if (aBytes == 0 || bBytes == 0) return false;
+  auto at = [](const void* p, size_t off) {
+    return iovec{const_cast<char*>(static_cast<const char*>(p)) + off, 1};
+  };
+  iovec remote[4] = {at(a, 0), at(a, aBytes - 1), at(b, 0), at(b, bBytes - 1)};
+  char sink[4];
+  iovec local{sink, sizeof(sink)};
+  return ::process_vm_readv(::getpid(), &local, 1, remote, 4, 0) == 4;
 }
 
 bool probePeerMemory(pid_t pid, uint64_t remote, uint64_t expect, std::string* why) {

@@ -24,6 +24,12 @@ namespace gflow::backend::shm {
 // right to read it).
 int readPeerMemory(pid_t pid, uint64_t remote, void* local, size_t bytes);
 
+// True when the first and last byte of both buffers of this process can be
+// read this way. Memory the kernel cannot pin (mappings of device memory,
+// VM_IO/VM_PFNMAP regions that drivers hand out) fails; a buffer lies in
+// one such mapping as a whole, so its ends stand for it. One system call.
+bool ownBuffersReadable(const void* a, size_t aBytes, const void* b, size_t bBytes);
+
 // True when process `pid` can be read this way and holds `expect` (8 bytes)
 // at `remote`, which ties the pid to the process that published the address
 // (a reused pid cannot pass). Sets *why otherwise.

@@ -80,8 +80,13 @@ class ShmBackend final : public Backend {
     const char* in = static_cast<const char*>(inp);
     char* out = static_cast<char*>(outp);
     if (scope.empty(d.count)) return;
-    if (d.count * es >= singleLo_ && d.count * es < singleHi_) {
-      return allreduceSingleCopy(scope, d, in, out);
+    const size_t total = d.count * es;
+    if (total >= singleLo_ && total < singleHi_) {
+      g_->publishBuffers(in, total, out, total);
+      g_->sync();
+      // Buffers that cannot be read by single copy on any member: this op
+      // goes through the slots (the decision is the same on every member).
+      if (g_->publishedReadable()) return allreduceSingleCopy(scope, d, in, out);
     }
     const size_t chunkElems = g_->slotBytes() / es;
     const bool oneSync = n == 2 || d.count * es <= kOneSyncBytes;
@@ -212,7 +217,8 @@ class ShmBackend final : public Backend {
                       std::vector<std::unique_ptr<transport::MemoryRegion>>*) override {}
 
  private:
-  // Three syncs: every member's buffers are published; every slice is
+  // After the sync that published every member's buffers (the caller's),
+  // two more: every slice is
   // reduced; every member has read what it needs (so none returns, and
   // reuses its buffers, while another still reads them). In place is safe:
   // before the second sync a member writes only its own slice of its
@@ -223,8 +229,6 @@ class ShmBackend final : public Backend {
   void allreduceSingleCopy(const OpScope& s, const OpDesc& d, const char* in, char* out) {
     const auto fn = kernels::reduceFn(d.dtype, d.op);
     const size_t es = s.es;
-    g_->publishBuffers(in, out);
-    g_->sync();
     const size_t b = d.count * s.r / s.n, e = d.count * (s.r + 1) / s.n;
     const size_t step = g_->slotBytes() / es;
     char* tmp = g_->slot(s.r);  // nobody reads our slots in this op
