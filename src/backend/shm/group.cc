@@ -1,7 +1,5 @@
 #include "backend/shm/group.h"
 
-#include "backend/shm/peer_memory.h"
-
 #include <sched.h>
 #include <unistd.h>
 
@@ -13,6 +11,7 @@
 #include <sstream>
 #include <thread>
 
+#include "backend/shm/peer_memory.h"
 #include "common/check.h"
 #include "common/logging.h"
 #include "common/params.h"
