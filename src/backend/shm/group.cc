@@ -137,25 +137,25 @@ std::string mapPeer(const GroupOptions& o, const std::string& key, int p, size_t
                     Mapping* mapping, ProcessWatch* watch, PeerInfo* info) {
   auto v = o.store->get(key + std::to_string(p), o.timeout);
   std::istringstream is(std::string(v.begin(), v.end()));
-  long& pid = info->pid;
   int fd = -1;
-  uint64_t& peerNonce = info->nonce;
   uint64_t peerTotal = 0;
-  if (!(is >> pid >> fd >> peerNonce >> peerTotal >> info->nonceAddr) || peerTotal != total) {
+  if (!(is >> info->pid >> fd >> info->nonce >> peerTotal >> info->nonceAddr) ||
+      peerTotal != total) {
     return "local rank " + std::to_string(p) + " has no usable segment";
   }
   std::string err;
-  *mapping = Mapping::open(static_cast<pid_t>(pid), fd, total, &err);
+  *mapping = Mapping::open(static_cast<pid_t>(info->pid), fd, total, &err);
   if (!mapping->data()) return err;
   auto* c = static_cast<Control*>(mapping->data());
-  if (c->magic != kMagic || c->nonce != peerNonce || c->members != o.size) {
+  if (c->magic != kMagic || c->nonce != info->nonce || c->members != o.size) {
     return "the segment of local rank " + std::to_string(p) + " is not gflow's";
   }
   // A member in this process (ranks as threads) dies only with us; its
   // leaving is seen through `left`. No pidfd for it: polling a pidfd of our
   // own process can only mislead (a closed and reused descriptor number
   // reads as "exited").
-  if (static_cast<pid_t>(pid) != ::getpid()) *watch = ProcessWatch(static_cast<pid_t>(pid));
+  if (static_cast<pid_t>(info->pid) != ::getpid())
+    *watch = ProcessWatch(static_cast<pid_t>(info->pid));
   return "";
 }
 

@@ -86,7 +86,7 @@ class ShmBackend final : public Backend {
       g_->sync();
       // Buffers that cannot be read by single copy on any member: this op
       // goes through the slots (the decision is the same on every member).
-      if (g_->publishedReadable()) return allreduceSingleCopy(scope, d, in, out);
+      if (g_->publishedReadable()) return allreduceSingleCopy(scope, d, fn, in, out);
     }
     const size_t chunkElems = g_->slotBytes() / es;
     const bool oneSync = n == 2 || d.count * es <= kOneSyncBytes;
@@ -218,16 +218,16 @@ class ShmBackend final : public Backend {
 
  private:
   // After the sync that published every member's buffers (the caller's),
-  // two more: every slice is
-  // reduced; every member has read what it needs (so none returns, and
-  // reuses its buffers, while another still reads them). In place is safe:
+  // two more: every slice is reduced; every member has read what it needs
+  // (so none returns, and reuses its buffers, while another still reads
+  // them). In place is safe:
   // before the second sync a member writes only its own slice of its
   // output, which nobody reads then, and reads only other slices of the
   // inputs; after it, it writes only the other slices, whose inputs were
   // read before it. Each slice is reduced once (own input first, then the
   // others in rank order), so every rank gets the same bits.
-  void allreduceSingleCopy(const OpScope& s, const OpDesc& d, const char* in, char* out) {
-    const auto fn = kernels::reduceFn(d.dtype, d.op);
+  void allreduceSingleCopy(const OpScope& s, const OpDesc& d, kernels::ReduceFn fn, const char* in,
+                           char* out) {
     const size_t es = s.es;
     const size_t b = d.count * s.r / s.n, e = d.count * (s.r + 1) / s.n;
     const size_t step = g_->slotBytes() / es;
