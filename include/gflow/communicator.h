@@ -92,6 +92,10 @@ struct GFLOW_EXPORT Stats {
   uint64_t allgather = 0;
   uint64_t broadcast = 0;
   uint64_t barrier = 0;
+  uint64_t reduce = 0;
+  uint64_t gather = 0;
+  uint64_t scatter = 0;
+  uint64_t alltoall = 0;
   // The same ops by the path that ran them: the shared-memory backend (one
   // host), the hierarchical one (several hosts), a flat algorithm over the
   // network transport, or NCCL (device buffers). Device buffers that are
@@ -154,6 +158,26 @@ class GFLOW_EXPORT Communicator {
   void broadcast(Tensor inout, int root);
   void barrier();
 
+  // Rooted ops. Only the root's result (reduce, gather) or source (scatter)
+  // buffer is used: on other ranks it is neither checked nor touched and
+  // may be an empty Tensor. `in` is never written.
+  // The reduction of every rank's `in` lands in the root's `out` (same
+  // count and dtype; `out` may be `in`). Every rank gets the same bits as
+  // any other run of the same op on the same inputs.
+  void reduce(Tensor in, Tensor out, int root, ReduceOp op = ReduceOp::kSum);
+  // In place on the root; the other ranks' `inout` is left as it was.
+  void reduce(Tensor inout, int root, ReduceOp op = ReduceOp::kSum);
+  // Root: out.count == in.count * size(); block r of out is rank r's in
+  // (in may be the root's own block of out).
+  void gather(Tensor in, Tensor out, int root);
+  // Root: in.count == out.count * size(); rank r receives block r of the
+  // root's in (out may be the root's own block of in).
+  void scatter(Tensor in, Tensor out, int root);
+  // in.count == out.count, a multiple of size(); block j of in (count /
+  // size() elements) goes to rank j, block j of out comes from rank j. in
+  // and out must not overlap.
+  void alltoall(Tensor in, Tensor out);
+
   Work allreduceAsync(Tensor inout, ReduceOp op = ReduceOp::kSum);
   Work allreduceAsync(Tensor inout, const AllreduceOptions& options);
   Work allreduceAsync(Tensor in, Tensor out, ReduceOp op = ReduceOp::kSum);
@@ -161,6 +185,11 @@ class GFLOW_EXPORT Communicator {
   Work allgatherAsync(Tensor in, Tensor out);
   Work broadcastAsync(Tensor inout, int root);
   Work barrierAsync();
+  Work reduceAsync(Tensor in, Tensor out, int root, ReduceOp op = ReduceOp::kSum);
+  Work reduceAsync(Tensor inout, int root, ReduceOp op = ReduceOp::kSum);
+  Work gatherAsync(Tensor in, Tensor out, int root);
+  Work scatterAsync(Tensor in, Tensor out, int root);
+  Work alltoallAsync(Tensor in, Tensor out);
 
   // Collective over this communicator: ranks with the same color form a new
   // communicator, ordered by (key, rank). A negative color returns nullptr

@@ -2,6 +2,7 @@
 
 #include <sstream>
 
+#include "common/check.h"
 #include "common/hash.h"
 
 namespace gflow::backend {
@@ -13,6 +14,10 @@ const char* toString(OpKind kind) {
     case OpKind::kAllgather: return "allgather";
     case OpKind::kBroadcast: return "broadcast";
     case OpKind::kBarrier: return "barrier";
+    case OpKind::kReduce: return "reduce";
+    case OpKind::kGather: return "gather";
+    case OpKind::kScatter: return "scatter";
+    case OpKind::kAlltoall: return "alltoall";
   }
   return "unknown-op";
 }
@@ -27,6 +32,9 @@ const char* toString(Algorithm algo) {
     case Algorithm::kDissemination: return "dissemination";
     case Algorithm::kShm: return "shm";
     case Algorithm::kHierarchical: return "hierarchical";
+    case Algorithm::kBinomial: return "binomial";
+    case Algorithm::kLinear: return "linear";
+    case Algorithm::kPairwise: return "pairwise";
   }
   return "unknown-algorithm";
 }
@@ -62,13 +70,36 @@ std::string describe(const transport::Envelope& e) {
   std::ostringstream os;
   os << toString(kind) << "(count=" << e.words[1];
   if (kind != OpKind::kBarrier) os << ", " << gflow::toString(dtype);
-  if (kind == OpKind::kAllreduce || kind == OpKind::kReduceScatter)
+  if (kind == OpKind::kAllreduce || kind == OpKind::kReduceScatter || kind == OpKind::kReduce)
     os << ", " << gflow::toString(op);
-  if (kind == OpKind::kBroadcast) os << ", root=" << root;
+  if (kind == OpKind::kBroadcast || kind == OpKind::kReduce || kind == OpKind::kGather ||
+      kind == OpKind::kScatter)
+    os << ", root=" << root;
   os << ", algorithm=" << toString(algo);
   if (const uint64_t parent = e.words[2] >> 40) os << ", phase of op " << std::hex << parent;
   os << ")";
   return os.str();
+}
+
+namespace {
+[[noreturn]] void notRun(const Backend& b, const Op& op) {
+  GFLOW_THROW(kInternal, ErrorContext::forOp(toString(op.desc.kind)).withSeq(op.seq))
+      << "the " << b.name() << " backend does not run " << toString(op.desc.kind) << " (algorithm "
+      << toString(op.desc.algo) << " was routed to it)";
+}
+}  // namespace
+
+void Backend::reduce(const Op& op, const void*, void*) {
+  notRun(*this, op);
+}
+void Backend::gather(const Op& op, const void*, void*) {
+  notRun(*this, op);
+}
+void Backend::scatter(const Op& op, const void*, void*) {
+  notRun(*this, op);
+}
+void Backend::alltoall(const Op& op, const void*, void*) {
+  notRun(*this, op);
 }
 
 }  // namespace gflow::backend

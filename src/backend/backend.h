@@ -25,8 +25,12 @@ enum class OpKind : uint8_t {
   kAllgather = 3,
   kBroadcast = 4,
   kBarrier = 5,
+  kReduce = 6,    // to desc.root
+  kGather = 7,    // to desc.root; desc.count elements per rank
+  kScatter = 8,   // from desc.root; desc.count elements per rank
+  kAlltoall = 9,  // desc.count elements per pair
 };
-constexpr size_t kNumOpKinds = 6;  // arrays indexed by OpKind (values 1..5)
+constexpr size_t kNumOpKinds = 10;  // arrays indexed by OpKind (values 1..9)
 const char* toString(OpKind kind);
 
 enum class Algorithm : uint8_t {
@@ -38,6 +42,9 @@ enum class Algorithm : uint8_t {
   kShm = 5,                // every rank on one host: shared-memory backend
   kHierarchical = 6,       // several hosts: local (shm) + cross-host phases
   kHalvingDoubling = 7,    // recursive halving reduce-scatter + doubling allgather
+  kBinomial = 8,           // binomial tree (rooted ops: reduce, gather, scatter)
+  kLinear = 9,             // root exchanges with every rank directly (gather, scatter)
+  kPairwise = 10,          // every pair exchanges directly, staggered by rank (all-to-all)
 };
 const char* toString(Algorithm algo);
 
@@ -49,7 +56,9 @@ struct OpDesc {
   ReduceOp op = ReduceOp::kSum;
   Algorithm algo = Algorithm::kAuto;
   int root = 0;
-  uint64_t count = 0;  // allreduce/broadcast: elements; reduce-scatter/allgather: per rank
+  // allreduce/broadcast/reduce: elements; reduce-scatter/allgather/gather/
+  // scatter: per rank; alltoall: per pair.
+  uint64_t count = 0;
   // For the phases of a composed op (hierarchical): fingerprint() of the op
   // they belong to, so phases of ops that differ never match. 0 otherwise.
   uint64_t parent = 0;
@@ -88,6 +97,21 @@ class Backend {
   virtual void allgather(const Op& op, const void* in, void* out) = 0;
   virtual void broadcast(const Op& op, void* buf) = 0;
   virtual void barrier(const Op& op) = 0;
+  // The rooted ops and all-to-all. A backend that the selection never hands
+  // them to (core/algorithm_select.cc) keeps these defaults, which raise
+  // kInternal naming the backend and the op.
+  // in: desc.count elements; out: desc.count elements, written on the root
+  // only (ignored elsewhere). `in` is never written.
+  virtual void reduce(const Op& op, const void* in, void* out);
+  // in: desc.count elements; out (root only): desc.count * size, by rank.
+  virtual void gather(const Op& op, const void* in, void* out);
+  // in (root only): desc.count * size elements, by rank; out: desc.count.
+  virtual void scatter(const Op& op, const void* in, void* out);
+  // in and out: desc.count * size elements; block j of in goes to rank j,
+  // block j of out comes from rank j. in and out do not overlap.
+  virtual void alltoall(const Op& op, const void* in, void* out);
+  // For the defaults' message.
+  virtual const char* name() const = 0;
 
   virtual void abort(const Error& error) = 0;
   virtual void notifyPeers(const Error& error) = 0;

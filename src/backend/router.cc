@@ -32,6 +32,13 @@ class ByAlgorithm final : public Backend {
   }
   void broadcast(const Op& op, void* buf) override { pick(op).broadcast(op, buf); }
   void barrier(const Op& op) override { pick(op).barrier(op); }
+  void reduce(const Op& op, const void* in, void* out) override { pick(op).reduce(op, in, out); }
+  void gather(const Op& op, const void* in, void* out) override { pick(op).gather(op, in, out); }
+  void scatter(const Op& op, const void* in, void* out) override { pick(op).scatter(op, in, out); }
+  void alltoall(const Op& op, const void* in, void* out) override {
+    pick(op).alltoall(op, in, out);
+  }
+  const char* name() const override { return "host"; }
 
   void abort(const Error& error) override {
     for (Backend* b : all()) b->abort(error);
@@ -121,6 +128,18 @@ void Router::broadcast(const Op& op, void* buf) {
 }
 void Router::barrier(const Op& op) {
   route(op).barrier(op);
+}
+void Router::reduce(const Op& op, const void* in, void* out) {
+  route(op).reduce(op, in, out);
+}
+void Router::gather(const Op& op, const void* in, void* out) {
+  route(op).gather(op, in, out);
+}
+void Router::scatter(const Op& op, const void* in, void* out) {
+  route(op).scatter(op, in, out);
+}
+void Router::alltoall(const Op& op, const void* in, void* out) {
+  route(op).alltoall(op, in, out);
 }
 
 Backend& Router::route(const Op& op) {

@@ -80,6 +80,11 @@ class Router final : public Backend {
   void allgather(const Op& op, const void* in, void* out) override;
   void broadcast(const Op& op, void* buf) override;
   void barrier(const Op& op) override;
+  void reduce(const Op& op, const void* in, void* out) override;
+  void gather(const Op& op, const void* in, void* out) override;
+  void scatter(const Op& op, const void* in, void* out) override;
+  void alltoall(const Op& op, const void* in, void* out) override;
+  const char* name() const override { return "router"; }
 
   void abort(const Error& error) override;
   void notifyPeers(const Error& error) override;

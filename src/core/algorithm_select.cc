@@ -112,6 +112,13 @@ Algorithm AlgorithmSelector::select(OpKind kind, uint64_t bytes, int worldSize) 
       return caps_.shm            ? Algorithm::kShm
              : caps_.hierarchical ? Algorithm::kHierarchical
                                   : Algorithm::kDissemination;
+    case OpKind::kReduce:
+    case OpKind::kGather:
+    case OpKind::kScatter:
+    case OpKind::kAlltoall:
+      // Across hosts these run flat: the hierarchical backend composes the
+      // reductions and broadcast only.
+      return caps_.shm ? Algorithm::kShm : selectFlat(kind, bytes, worldSize);
     case OpKind::kAllreduce: break;
   }
   for (const Rule& r : rules_) {
@@ -142,6 +149,15 @@ Algorithm AlgorithmSelector::selectFlat(OpKind kind, uint64_t bytes, int worldSi
     case OpKind::kAllgather: return Algorithm::kRing;
     case OpKind::kBroadcast: return Algorithm::kChain;
     case OpKind::kBarrier: return Algorithm::kDissemination;
+    // Trees while latency dominates, then the bandwidth-bound forms
+    // (docs/algorithms.md): `bytes` is the whole buffer (reduce) or all
+    // ranks' blocks (gather, scatter).
+    case OpKind::kReduce:
+      return bytes <= kRootedTreeMaxBytes ? Algorithm::kBinomial : Algorithm::kChain;
+    case OpKind::kGather:
+    case OpKind::kScatter:
+      return bytes <= kRootedTreeMaxBytes ? Algorithm::kBinomial : Algorithm::kLinear;
+    case OpKind::kAlltoall: return Algorithm::kPairwise;
     case OpKind::kAllreduce: break;
   }
   for (const Rule& r : rules_) {

@@ -23,6 +23,10 @@ struct Capabilities {
 
 class AlgorithmSelector {
  public:
+  // Rooted ops (reduce, gather, scatter) of at most this many bytes take a
+  // binomial tree; larger ones the chain (reduce) or linear form.
+  static constexpr uint64_t kRootedTreeMaxBytes = 64 << 10;
+
   // The size thresholds of the flat allreduce; unset: the world size's default.
   struct Thresholds {
     std::optional<uint64_t> rdMax;  // recursive doubling up to this

@@ -6,6 +6,7 @@
 #include "backend/device_buffers.h"
 #include "core/communicator_impl.h"
 #include "core/internal.h"
+#include "core/op_checks.h"
 #include "gflow/communicator.h"
 #include "kernels/gradient_kernels.h"
 
@@ -17,37 +18,10 @@ using backend::OpKind;
 
 namespace {
 
-bool overlap(const void* a, size_t an, const void* b, size_t bn) {
-  auto pa = reinterpret_cast<uintptr_t>(a), pb = reinterpret_cast<uintptr_t>(b);
-  return an > 0 && bn > 0 && pa < pb + bn && pb < pa + an;
-}
-
-}  // namespace
-
-namespace {
-
 using Buffers = backend::DeviceBuffers;
-
-void finish(const std::shared_ptr<WorkState>& w) {
-  w->wait(std::chrono::milliseconds(0));
-}
-
-// Shared checks of reduce-scatter / allgather: `big` holds size() blocks of
-// `small.count` elements.
-void checkBlocks(CommunicatorImpl& I, const char* name, const Tensor& small, const char* smallName,
-                 const Tensor& big, const char* bigName) {
-  I.validateTensor(name, smallName, small);
-  I.validateTensor(name, bigName, big);
-  if (small.dtype != big.dtype) {
-    I.invalid(name, std::string(smallName) + " is " + toString(small.dtype) + " but " + bigName +
-                        " is " + toString(big.dtype));
-  }
-  if (big.count != small.count * static_cast<size_t>(I.commSize())) {
-    I.invalid(name, std::string(bigName) + ".count (" + std::to_string(big.count) + ") must be " +
-                        smallName + ".count (" + std::to_string(small.count) + ") x world size (" +
-                        std::to_string(I.commSize()) + ")");
-  }
-}
+using opcheck::checkBlocks;
+using opcheck::finish;
+using opcheck::overlap;
 
 // `before`/`after` (optional) run on the executing thread around the
 // collective: the fused ops of the gradient layer pack and unpack there.
@@ -223,10 +197,7 @@ std::shared_ptr<WorkState> doBroadcast(CommunicatorImpl& I, Tensor inout, int ro
   const char* name = "broadcast";
   I.checkUsable(name);
   I.validateTensor(name, "inout", inout);
-  if (root < 0 || root >= I.commSize()) {
-    I.invalid(name, "root " + std::to_string(root) + " is outside [0, " +
-                        std::to_string(I.commSize()) + ")");
-  }
+  opcheck::checkRoot(I, name, root);
   OpDesc d{OpKind::kBroadcast, inout.dtype, ReduceOp::kSum, Algorithm::kAuto, root, inout.count};
   CommunicatorImpl* self = &I;
   auto buffers = Buffers::bind(name, I.commRank(), {{inout, Buffers::kInOut}});

@@ -107,7 +107,9 @@ std::shared_ptr<WorkState> CommunicatorImpl::submit(
     std::shared_ptr<backend::DeviceBuffers> buffers) {
   checkUsable(backend::toString(desc.kind));
   const uint64_t bytes = desc.count * dataTypeSize(desc.dtype) *
-                         (desc.kind == OpKind::kAllgather || desc.kind == OpKind::kReduceScatter
+                         (desc.kind == OpKind::kAllgather || desc.kind == OpKind::kReduceScatter ||
+                                  desc.kind == OpKind::kGather || desc.kind == OpKind::kScatter ||
+                                  desc.kind == OpKind::kAlltoall
                               ? static_cast<uint64_t>(size)
                               : 1);
   desc.algo = selector->select(desc.kind, bytes, size);
@@ -442,6 +444,10 @@ Stats Communicator::stats() const {
   s.allgather = impl(*this).opCount[opIndex(OpKind::kAllgather)];
   s.broadcast = impl(*this).opCount[opIndex(OpKind::kBroadcast)];
   s.barrier = impl(*this).opCount[opIndex(OpKind::kBarrier)];
+  s.reduce = impl(*this).opCount[opIndex(OpKind::kReduce)];
+  s.gather = impl(*this).opCount[opIndex(OpKind::kGather)];
+  s.scatter = impl(*this).opCount[opIndex(OpKind::kScatter)];
+  s.alltoall = impl(*this).opCount[opIndex(OpKind::kAlltoall)];
   const backend::PathCounts paths = impl(*this).backend->paths();
   auto path = [&](backend::Path p) { return paths[static_cast<size_t>(p)]; };
   s.sharedMemoryOps = path(backend::Path::kShm);

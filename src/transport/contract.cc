@@ -39,10 +39,11 @@ Error sizeMismatch(int rank, uint64_t group, int peer, uint64_t sent, uint64_t e
 
 Error requestTimeout(int rank, uint64_t group, const Request& req, bool alive, const char* via) {
   const int peer = req.peer();
-  std::string what = std::string(req.isSend() ? "sending " : "receiving ") +
+  // "Timed out " as torch's tests (and log scrapers) recognise a timeout.
+  std::string what = std::string("Timed out ") + (req.isSend() ? "sending " : "receiving ") +
                      std::to_string(req.bytes()) + " bytes " + (req.isSend() ? "to" : "from") +
                      " rank " + std::to_string(peer) + via +
-                     " did not finish within the deadline (GFLOW_TIMEOUT); ";
+                     " (it did not finish within the deadline, GFLOW_TIMEOUT); ";
   if (alive) {
     what += "rank " + std::to_string(peer) +
             " is alive but waiting itself: the stalled rank is further along the chain";

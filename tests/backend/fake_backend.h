@@ -56,6 +56,11 @@ class FakeBackend final : public backend::Backend {
   void allgather(const backend::Op& op, const void* in, void* out) override { record(op, in, out); }
   void broadcast(const backend::Op& op, void* buf) override { record(op, buf, buf); }
   void barrier(const backend::Op& op) override { record(op, nullptr, nullptr); }
+  void reduce(const backend::Op& op, const void* in, void* out) override { record(op, in, out); }
+  void gather(const backend::Op& op, const void* in, void* out) override { record(op, in, out); }
+  void scatter(const backend::Op& op, const void* in, void* out) override { record(op, in, out); }
+  void alltoall(const backend::Op& op, const void* in, void* out) override { record(op, in, out); }
+  const char* name() const override { return "fake"; }
 
   void abort(const Error& e) override { seen_->aborted.push_back(e.detail()); }
   void notifyPeers(const Error& e) override { seen_->notified.push_back(e.detail()); }

@@ -34,6 +34,7 @@ struct SilentPeerCase {
   const char* name;
   OpKind kind;
   Algorithm algo;
+  int root = 1;  // where rank 0 only sends to the silent rank 1, 0: it must receive
 };
 void PrintTo(const SilentPeerCase& c, std::ostream* os) {
   *os << c.name;
@@ -55,6 +56,10 @@ std::vector<std::exception_ptr> runWithoutRank(BackendWorld& w, const Op& op, in
           case OpKind::kAllgather: b.allgather(op, in[r].data(), out[r].data()); break;
           case OpKind::kBroadcast: b.broadcast(op, out[r].data()); break;
           case OpKind::kBarrier: b.barrier(op); break;
+          case OpKind::kReduce: b.reduce(op, in[r].data(), out[r].data()); break;
+          case OpKind::kGather: b.gather(op, in[r].data(), out[r].data()); break;
+          case OpKind::kScatter: b.scatter(op, in[r].data(), out[r].data()); break;
+          case OpKind::kAlltoall: b.alltoall(op, in[r].data(), out[r].data()); break;
         }
       },
       /*abortOthers=*/false);
@@ -70,7 +75,7 @@ TEST_P(HostBackendSilentPeer, DeadlineRaisesTimeoutNamingThePeer) {
   d.kind = GetParam().kind;
   d.algo = GetParam().algo;
   d.count = 64;
-  d.root = 1;  // a broadcast from rank 0 could finish into the socket buffer
+  d.root = GetParam().root;  // a broadcast from rank 0 could finish into the socket buffer
   const Op op = w.op(d, kDeadline);
   auto errors = runWithoutRank(w, op, 1);
   const Error e = errorOf(errors[0]);
@@ -98,6 +103,13 @@ INSTANTIATE_TEST_SUITE_P(
                       SilentPeerCase{"ReduceScatter", OpKind::kReduceScatter, Algorithm::kRing},
                       SilentPeerCase{"Allgather", OpKind::kAllgather, Algorithm::kRing},
                       SilentPeerCase{"Broadcast", OpKind::kBroadcast, Algorithm::kChain},
+                      SilentPeerCase{"ReduceBinomial", OpKind::kReduce, Algorithm::kBinomial, 0},
+                      SilentPeerCase{"ReduceChain", OpKind::kReduce, Algorithm::kChain, 0},
+                      SilentPeerCase{"GatherBinomial", OpKind::kGather, Algorithm::kBinomial, 0},
+                      SilentPeerCase{"GatherLinear", OpKind::kGather, Algorithm::kLinear, 0},
+                      SilentPeerCase{"ScatterBinomial", OpKind::kScatter, Algorithm::kBinomial},
+                      SilentPeerCase{"ScatterLinear", OpKind::kScatter, Algorithm::kLinear},
+                      SilentPeerCase{"Alltoall", OpKind::kAlltoall, Algorithm::kPairwise},
                       SilentPeerCase{"Barrier", OpKind::kBarrier, Algorithm::kDissemination}),
     [](const ::testing::TestParamInfo<SilentPeerCase>& p) { return p.param.name; });
 

@@ -68,6 +68,10 @@ class RouterTest : public ::testing::Test {
       case OpKind::kAllgather: router_->allgather(op, in_, out_); break;
       case OpKind::kBroadcast: router_->broadcast(op, out_); break;
       case OpKind::kBarrier: router_->barrier(op); break;
+      case OpKind::kReduce: router_->reduce(op, in_, out_); break;
+      case OpKind::kGather: router_->gather(op, in_, out_); break;
+      case OpKind::kScatter: router_->scatter(op, in_, out_); break;
+      case OpKind::kAlltoall: router_->alltoall(op, in_, out_); break;
     }
   }
 
@@ -88,7 +92,8 @@ class RouterTest : public ::testing::Test {
 };
 
 constexpr OpKind kAllKinds[] = {OpKind::kAllreduce, OpKind::kReduceScatter, OpKind::kAllgather,
-                                OpKind::kBroadcast, OpKind::kBarrier};
+                                OpKind::kBroadcast, OpKind::kBarrier,       OpKind::kReduce,
+                                OpKind::kGather,    OpKind::kScatter,       OpKind::kAlltoall};
 
 uint64_t at(const PathCounts& c, Path p) {
   return c[static_cast<size_t>(p)];
@@ -99,8 +104,10 @@ uint64_t at(const PathCounts& c, Path p) {
 // arrive unchanged, and each op counts once on its path.
 TEST_F(RouterTest, HostOpsGoToTheBackendOfTheirAlgorithm) {
   build(true);
-  const Algorithm flatAlgos[] = {Algorithm::kAuto, Algorithm::kRing, Algorithm::kRecursiveDoubling,
-                                 Algorithm::kChain, Algorithm::kDissemination};
+  const Algorithm flatAlgos[] = {
+      Algorithm::kAuto,   Algorithm::kRing,          Algorithm::kRecursiveDoubling,
+      Algorithm::kChain,  Algorithm::kDissemination, Algorithm::kBinomial,
+      Algorithm::kLinear, Algorithm::kPairwise};
   uint64_t seq = 0;
   for (OpKind kind : kAllKinds) {
     for (Algorithm algo : flatAlgos) {
@@ -128,13 +135,14 @@ TEST_F(RouterTest, HostOpsGoToTheBackendOfTheirAlgorithm) {
     EXPECT_EQ(hier_->calls.back().seq, seq);
     EXPECT_EQ(hier_->calls.back().kind, kind);
   }
-  EXPECT_EQ(flat_->calls.size(), 25u);
-  EXPECT_EQ(shm_->calls.size(), 5u);
-  EXPECT_EQ(hier_->calls.size(), 5u);
+  const size_t kinds = std::size(kAllKinds), algos = std::size(flatAlgos);
+  EXPECT_EQ(flat_->calls.size(), kinds * algos);
+  EXPECT_EQ(shm_->calls.size(), kinds);
+  EXPECT_EQ(hier_->calls.size(), kinds);
   const PathCounts p = router_->paths();
-  EXPECT_EQ(at(p, Path::kShm), 5u);
-  EXPECT_EQ(at(p, Path::kHierarchical), 5u);
-  EXPECT_EQ(at(p, Path::kNetwork), 25u);
+  EXPECT_EQ(at(p, Path::kShm), kinds);
+  EXPECT_EQ(at(p, Path::kHierarchical), kinds);
+  EXPECT_EQ(at(p, Path::kNetwork), kinds * algos);
   EXPECT_EQ(at(p, Path::kNccl), 0u);
   EXPECT_EQ(at(p, Path::kStaged), 0u);
   router_->resetPaths();

@@ -256,6 +256,10 @@ class HierarchicalBackend final : public Backend {
     runLocal(op, OpKind::kBarrier, ReduceOp::kSum, 0, 0, [&](const Op& o) { local_->barrier(o); });
   }
 
+  // The rooted ops and all-to-all run flat across hosts (the selection's
+  // choice), so this backend keeps Backend's defaults for them.
+  const char* name() const override { return "hierarchical"; }
+
   void abort(const Error& error) override {
     local_->abort(error);
     cross_->abort(error);

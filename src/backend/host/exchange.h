@@ -85,6 +85,32 @@ inline uint64_t messageIndex(uint64_t round, uint64_t step, uint64_t piece) {
   return round << 40 | step << 20 | piece;
 }
 
+// The roll call of a rooted op (reduce, gather, scatter), which makes every
+// rank see a disagreement about the op, whatever the algorithm's message
+// pattern: a rank that only sends could otherwise return before the
+// message that shows the mismatch reaches it, and ranks that disagree about
+// the root could all wait for data nobody sends. Three empty messages per
+// non-root rank, all off the data's critical path:
+//   open:  at the start, the root to every rank (a rank that takes itself
+//          for the root is heard by everyone);
+//   hello: at the start, every rank to the root;
+//   close: the root to every rank once every hello has arrived (so no rank
+//          returns before the root has heard from every rank).
+// A rank returns once its op is done and it has its open and close (the
+// root: its hellos). A disagreement fails some rank with kMismatch, which
+// tells the others while they still wait.
+class RollCall {
+ public:
+  explicit RollCall(Exchange& ex);
+  // Before the op returns.
+  void finish();
+
+ private:
+  static constexpr uint64_t kOpen = uint64_t(1) << 63, kHello = kOpen + 1, kClose = kOpen + 2;
+  Exchange& ex_;
+  std::vector<transport::RequestPtr> recvs_;
+};
+
 // Algorithms (one per file).
 void allreduceRing(Exchange& ex, Scratch& scratch, const void* in, void* out);
 void allreduceRecursiveDoubling(Exchange& ex, Scratch& scratch, const void* in, void* out);
@@ -93,5 +119,12 @@ void reduceScatterRing(Exchange& ex, Scratch& scratch, const void* in, void* out
 void allgatherRing(Exchange& ex, const void* in, void* out);
 void broadcastChain(Exchange& ex, void* buf);
 void barrierDissemination(Exchange& ex);
+void reduceBinomial(Exchange& ex, Scratch& scratch, const void* in, void* out);
+void reduceChain(Exchange& ex, Scratch& scratch, const void* in, void* out);
+void gatherBinomial(Exchange& ex, Scratch& scratch, const void* in, void* out);
+void gatherLinear(Exchange& ex, const void* in, void* out);
+void scatterBinomial(Exchange& ex, Scratch& scratch, const void* in, void* out);
+void scatterLinear(Exchange& ex, const void* in, void* out);
+void alltoallPairwise(Exchange& ex, const void* in, void* out);
 
 }  // namespace gflow::backend::host

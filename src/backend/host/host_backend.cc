@@ -51,6 +51,42 @@ class HostBackend final : public Backend {
     Exchange ex(*ctx_, op, tuning_);
     barrierDissemination(ex);
   }
+  void reduce(const Op& op, const void* in, void* out) override {
+    Exchange ex(*ctx_, op, tuning_);
+    RollCall call(ex);
+    if (op.desc.algo == Algorithm::kChain) {
+      reduceChain(ex, scratch_, in, out);
+    } else {
+      reduceBinomial(ex, scratch_, in, out);
+    }
+    call.finish();
+  }
+  void gather(const Op& op, const void* in, void* out) override {
+    Exchange ex(*ctx_, op, tuning_);
+    RollCall call(ex);
+    if (op.desc.algo == Algorithm::kLinear) {
+      gatherLinear(ex, in, out);
+    } else {
+      gatherBinomial(ex, scratch_, in, out);
+    }
+    call.finish();
+  }
+  void scatter(const Op& op, const void* in, void* out) override {
+    Exchange ex(*ctx_, op, tuning_);
+    RollCall call(ex);
+    if (op.desc.algo == Algorithm::kLinear) {
+      scatterLinear(ex, in, out);
+    } else {
+      scatterBinomial(ex, scratch_, in, out);
+    }
+    call.finish();
+  }
+  void alltoall(const Op& op, const void* in, void* out) override {
+    Exchange ex(*ctx_, op, tuning_);
+    alltoallPairwise(ex, in, out);
+  }
+  const char* name() const override { return "host"; }
+
   void abort(const Error& error) override { ctx_->abort(error); }
   void notifyPeers(const Error& error) override { ctx_->notifyPeers(error); }
   PeerStats peerStats(int peer) const override { return ctx_->peerStats(peer); }

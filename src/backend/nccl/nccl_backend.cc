@@ -101,6 +101,9 @@ bool NcclBackend::use(const Op& op, const cuda::Plugin& plugin, int device) {
     }
   }
   if (state_ == State::kStaged) return false;
+  // The rooted ops and all-to-all are staged through the host algorithms
+  // (docs/backends.md): NCCL runs the five it was built for.
+  if (op.desc.kind > OpKind::kBarrier) return false;
   if (state_ == State::kBroken) {
     GFLOW_THROW(kInternal, ErrorContext().withSeq(op.seq).withRank(s_.rank))
         << "the NCCL communicator failed earlier on this rank";

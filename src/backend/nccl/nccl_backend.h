@@ -76,6 +76,7 @@ class NcclBackend final : public Backend {
   void broadcast(const Op& op, void* buf) override;
   // An allreduce of one int32 in device memory of this communicator's GPU.
   void barrier(const Op& op) override;
+  const char* name() const override { return "nccl"; }
 
   // Any thread: a running op aborts NCCL and raises `error`.
   void abort(const Error& error) override;

@@ -401,7 +401,7 @@ void Group::checkSlow(int member, uint64_t tick) {
     const bool newer =
         r[1].number.load(std::memory_order_acquire) > r[0].number.load(std::memory_order_acquire);
     std::ostringstream os;
-    os << "timed out waiting for rank " << commRanks_[member]
+    os << "Timed out waiting for rank " << commRanks_[member]
        << " (same host, shared memory); it last started op #" << r[newer ? 1 : 0].seq
        << ", this rank is in #" << seq_;
     raise(Error(ErrorCode::kTimeout, os.str(), context(member)));

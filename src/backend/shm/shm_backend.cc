@@ -74,13 +74,11 @@ class ShmBackend final : public Backend {
   void allreduce(const Op& op, const void* inp, void* outp) override {
     const OpDesc& d = op.desc;
     OpScope scope(*g_, op);
-    const size_t es = scope.es;
-    const int n = scope.n, r = scope.r;
     const auto fn = kernels::reduceFn(d.dtype, d.op);
     const char* in = static_cast<const char*>(inp);
     char* out = static_cast<char*>(outp);
     if (scope.empty(d.count)) return;
-    const size_t total = d.count * es;
+    const size_t total = d.count * scope.es;
     if (total >= singleLo_ && total < singleHi_) {
       g_->publishBuffers(in, total, out, total);
       g_->sync();
@@ -88,100 +86,78 @@ class ShmBackend final : public Backend {
       // goes through the slots (the decision is the same on every member).
       if (g_->publishedReadable()) return allreduceSingleCopy(scope, d, fn, in, out);
     }
-    const size_t chunkElems = g_->slotBytes() / es;
-    const bool oneSync = n == 2 || d.count * es <= kOneSyncBytes;
-    for (size_t off = 0; off < d.count; off += chunkElems) {
-      const size_t cnt = std::min(chunkElems, d.count - off);
-      const size_t bytes = cnt * es;
-      std::memcpy(g_->slot(r), in + off * es, bytes);
-      g_->sync();
-      char* dst = out + off * es;
-      if (oneSync) {
-        if (n == 1) {
-          std::memcpy(dst, g_->slot(0), bytes);
-        } else {
-          fn(dst, g_->slot(0), g_->slot(1), cnt);
-          for (int m = 2; m < n; ++m) fn(dst, dst, g_->slot(m), cnt);
-        }
-        if (d.op == ReduceOp::kAvg) kernels::divide(dst, cnt, d.dtype, n);
-        for (int m = 0; m < n; ++m) {
-          if (m != r) g_->countRead(m, bytes);
-        }
-      } else {
-        const size_t b = cnt * r / n, e = cnt * (r + 1) / n;
-        char* mine = g_->slot(r) + b * es;
-        for (int m = 0; m < n; ++m) {
-          if (m == r || e == b) continue;
-          fn(mine, mine, g_->slot(m) + b * es, e - b);
-          g_->countRead(m, (e - b) * es);
-        }
-        if (d.op == ReduceOp::kAvg && e > b) kernels::divide(mine, e - b, d.dtype, n);
-        g_->sync();
-        for (int m = 0; m < n; ++m) {
-          const size_t mb = cnt * m / n, me = cnt * (m + 1) / n;
-          std::memcpy(dst + mb * es, g_->slot(m) + mb * es, (me - mb) * es);
-          if (m != r) g_->countRead(m, (me - mb) * es);
-        }
-      }
-      g_->nextIteration();
-    }
+    reduceThroughSlots(scope, d, fn, in, out, -1);
   }
 
+  void reduce(const Op& op, const void* in, void* out) override {
+    const OpDesc& d = op.desc;
+    OpScope scope(*g_, op);
+    if (scope.empty(d.count)) return;
+    reduceThroughSlots(scope, d, kernels::reduceFn(d.dtype, d.op), static_cast<const char*>(in),
+                       static_cast<char*>(out), d.root);
+  }
+
+  // Per iteration every member puts a column of every block in its slot;
+  // member r reduces block r's column from every slot.
   void reduceScatter(const Op& op, const void* inp, void* outp) override {
     const OpDesc& d = op.desc;
     OpScope scope(*g_, op);
-    const size_t es = scope.es;
-    const int n = scope.n, r = scope.r;
     const auto fn = kernels::reduceFn(d.dtype, d.op);
     const char* in = static_cast<const char*>(inp);
     char* out = static_cast<char*>(outp);
     if (scope.empty(d.count)) return;
-    // Each iteration carries `per` elements of every block.
-    const size_t per = std::max<size_t>(1, g_->slotBytes() / es / n);
-    for (size_t off = 0; off < d.count; off += per) {
-      const size_t cnt = std::min(per, d.count - off);
-      const size_t bytes = cnt * es;
-      for (int j = 0; j < n; ++j) {
-        std::memcpy(g_->slot(r) + j * bytes, in + (j * d.count + off) * es, bytes);
-      }
+    eachColumn(scope, d.count, [&](size_t off, size_t bytes) {
+      putColumns(scope, in, d.count, off, bytes);
       g_->sync();
-      char* dst = out + off * es;
-      const size_t at = static_cast<size_t>(r) * bytes;
-      if (n == 1) {
-        std::memcpy(dst, g_->slot(0) + at, bytes);
-      } else {
-        fn(dst, g_->slot(0) + at, g_->slot(1) + at, cnt);
-        for (int m = 2; m < n; ++m) fn(dst, dst, g_->slot(m) + at, cnt);
-      }
-      if (d.op == ReduceOp::kAvg) kernels::divide(dst, cnt, d.dtype, n);
-      for (int m = 0; m < n; ++m) {
-        if (m != r) g_->countRead(m, bytes);
-      }
-      g_->nextIteration();
-    }
+      reduceSlots(scope, d, fn, out + off * scope.es, scope.r * bytes, bytes / scope.es);
+    });
   }
 
-  void allgather(const Op& op, const void* inp, void* outp) override {
+  void allgather(const Op& op, const void* in, void* out) override {
+    OpScope scope(*g_, op);
+    if (scope.empty(op.desc.count)) return;
+    gatherThroughSlots(scope, op.desc, static_cast<const char*>(in), static_cast<char*>(out), -1);
+  }
+
+  void gather(const Op& op, const void* in, void* out) override {
+    OpScope scope(*g_, op);
+    if (scope.empty(op.desc.count)) return;
+    gatherThroughSlots(scope, op.desc, static_cast<const char*>(in), static_cast<char*>(out),
+                       op.desc.root);
+  }
+
+  // Per iteration the root puts a column of every block in its slot; each
+  // member copies its own block's column out.
+  void scatter(const Op& op, const void* inp, void* outp) override {
     const OpDesc& d = op.desc;
     OpScope scope(*g_, op);
-    const size_t es = scope.es;
-    const int n = scope.n, r = scope.r;
+    if (scope.empty(d.count)) return;
     const char* in = static_cast<const char*>(inp);
     char* out = static_cast<char*>(outp);
-    if (scope.empty(d.count)) return;
-    const size_t per = g_->slotBytes() / es;
-    for (size_t off = 0; off < d.count; off += per) {
-      const size_t bytes = std::min(per, d.count - off) * es;
-      std::memcpy(g_->slot(r), in + off * es, bytes);
+    eachColumn(scope, d.count, [&](size_t off, size_t bytes) {
+      if (scope.r == d.root) putColumns(scope, in, d.count, off, bytes);
       g_->sync();
-      for (int m = 0; m < n; ++m) {
-        char* dst = out + (m * d.count + off) * es;
-        if (m == r && dst == in + off * es) continue;  // in is this rank's block of out
-        std::memcpy(dst, g_->slot(m), bytes);
-        if (m != r) g_->countRead(m, bytes);
+      std::memcpy(out + off * scope.es, g_->slot(d.root) + scope.r * bytes, bytes);
+      if (scope.r != d.root) g_->countRead(d.root, bytes);
+    });
+  }
+
+  // Per iteration every member puts a column of every block in its slot;
+  // member r copies block r's column out of every slot.
+  void alltoall(const Op& op, const void* inp, void* outp) override {
+    const OpDesc& d = op.desc;
+    OpScope scope(*g_, op);
+    if (scope.empty(d.count)) return;
+    const char* in = static_cast<const char*>(inp);
+    char* out = static_cast<char*>(outp);
+    eachColumn(scope, d.count, [&](size_t off, size_t bytes) {
+      putColumns(scope, in, d.count, off, bytes);
+      g_->sync();
+      for (int m = 0; m < scope.n; ++m) {
+        std::memcpy(out + (m * d.count + off) * scope.es, g_->slot(m) + scope.r * bytes, bytes);
+        if (m != scope.r) g_->countRead(m, bytes);
       }
-      g_->nextIteration();
-    }
+    });
   }
 
   void broadcast(const Op& op, void* bufp) override {
@@ -209,6 +185,7 @@ class ShmBackend final : public Backend {
     scope.empty(0);
   }
 
+  const char* name() const override { return "shared-memory"; }
   void abort(const Error& error) override { g_->abort(error); }
   void notifyPeers(const Error& error) override { g_->notifyPeers(error); }
   PeerStats peerStats(int peer) const override { return g_->peerStats(peer); }
@@ -217,6 +194,102 @@ class ShmBackend final : public Backend {
                       std::vector<std::unique_ptr<transport::MemoryRegion>>*) override {}
 
  private:
+  // The slot path of allreduce (dest < 0: every member gets the result) and
+  // reduce (only member `dest` writes `out`). Per chunk every member copies
+  // its input into its slot; then, for 2 members or a small chunk, one sync
+  // and the readers reduce the whole chunk from all slots in rank order;
+  // otherwise two syncs: member r reduces slice r into its own slot (its
+  // own data first), and the readers copy every slice out.
+  void reduceThroughSlots(const OpScope& s, const OpDesc& d, kernels::ReduceFn fn, const char* in,
+                          char* out, int dest) {
+    const size_t es = s.es;
+    const int n = s.n, r = s.r;
+    const bool reader = dest < 0 || dest == r;
+    const size_t chunkElems = g_->slotBytes() / es;
+    const bool oneSync = n == 2 || d.count * es <= kOneSyncBytes;
+    for (size_t off = 0; off < d.count; off += chunkElems) {
+      const size_t cnt = std::min(chunkElems, d.count - off);
+      const size_t bytes = cnt * es;
+      std::memcpy(g_->slot(r), in + off * es, bytes);
+      g_->sync();
+      char* dst = out + off * es;
+      if (oneSync) {
+        if (reader) reduceSlots(s, d, fn, dst, 0, cnt);
+      } else {
+        const size_t b = cnt * r / n, e = cnt * (r + 1) / n;
+        char* mine = g_->slot(r) + b * es;
+        for (int m = 0; m < n; ++m) {
+          if (m == r || e == b) continue;
+          fn(mine, mine, g_->slot(m) + b * es, e - b);
+          g_->countRead(m, (e - b) * es);
+        }
+        if (d.op == ReduceOp::kAvg && e > b) kernels::divide(mine, e - b, d.dtype, n);
+        g_->sync();
+        for (int m = 0; m < n && reader; ++m) {
+          const size_t mb = cnt * m / n, me = cnt * (m + 1) / n;
+          std::memcpy(dst + mb * es, g_->slot(m) + mb * es, (me - mb) * es);
+          if (m != r) g_->countRead(m, (me - mb) * es);
+        }
+      }
+      g_->nextIteration();
+    }
+  }
+
+  // dst = the `cnt` elements at byte `at` of every slot, reduced in rank
+  // order (divided for kAvg).
+  void reduceSlots(const OpScope& s, const OpDesc& d, kernels::ReduceFn fn, char* dst, size_t at,
+                   size_t cnt) {
+    if (s.n == 1) {
+      std::memcpy(dst, g_->slot(0) + at, cnt * s.es);
+    } else {
+      fn(dst, g_->slot(0) + at, g_->slot(1) + at, cnt);
+      for (int m = 2; m < s.n; ++m) fn(dst, dst, g_->slot(m) + at, cnt);
+    }
+    if (d.op == ReduceOp::kAvg) kernels::divide(dst, cnt, d.dtype, s.n);
+    for (int m = 0; m < s.n; ++m) {
+      if (m != s.r) g_->countRead(m, cnt * s.es);
+    }
+  }
+
+  // allgather (dest < 0) and gather (only member `dest` writes `out`): per
+  // chunk every member copies its input into its slot; after one sync the
+  // readers copy every slot out.
+  void gatherThroughSlots(const OpScope& s, const OpDesc& d, const char* in, char* out, int dest) {
+    const size_t es = s.es;
+    const size_t per = g_->slotBytes() / es;
+    for (size_t off = 0; off < d.count; off += per) {
+      const size_t bytes = std::min(per, d.count - off) * es;
+      std::memcpy(g_->slot(s.r), in + off * es, bytes);
+      g_->sync();
+      for (int m = 0; m < s.n && (dest < 0 || dest == s.r); ++m) {
+        char* dst = out + (m * d.count + off) * es;
+        if (m == s.r && dst == in + off * es) continue;  // in is this rank's block of out
+        std::memcpy(dst, g_->slot(m), bytes);
+        if (m != s.r) g_->countRead(m, bytes);
+      }
+      g_->nextIteration();
+    }
+  }
+
+  // Ops on N blocks of `count` elements (reduce-scatter, scatter,
+  // all-to-all): each iteration carries a column [off, off + bytes/es) of
+  // every block, which fills a slot; `f(off, bytes)` runs it.
+  template <typename F>
+  void eachColumn(const OpScope& s, uint64_t count, F&& f) {
+    const size_t per = std::max<size_t>(1, g_->slotBytes() / s.es / s.n);
+    for (size_t off = 0; off < count; off += per) {
+      f(off, std::min<size_t>(per, count - off) * s.es);
+      g_->nextIteration();
+    }
+  }
+  // This member's slot gets the column [off, off + bytes) of each of `in`'s
+  // blocks, block j at j * bytes.
+  void putColumns(const OpScope& s, const char* in, uint64_t count, size_t off, size_t bytes) {
+    for (int j = 0; j < s.n; ++j) {
+      std::memcpy(g_->slot(s.r) + j * bytes, in + (j * count + off) * s.es, bytes);
+    }
+  }
+
   // After the sync that published every member's buffers (the caller's),
   // two more: every slice is reduced; every member has read what it needs
   // (so none returns, and reuses its buffers, while another still reads

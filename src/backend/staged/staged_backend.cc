@@ -22,6 +22,19 @@ class StagedBackend final : public Backend {
     staged(op, [&](DeviceBuffers& b) { inner_.broadcast(op, b.host(buf)); });
   }
   void barrier(const Op& op) override { inner_.barrier(op); }
+  void reduce(const Op& op, const void* in, void* out) override {
+    staged(op, [&](DeviceBuffers& b) { inner_.reduce(op, b.host(in), b.host(out)); });
+  }
+  void gather(const Op& op, const void* in, void* out) override {
+    staged(op, [&](DeviceBuffers& b) { inner_.gather(op, b.host(in), b.host(out)); });
+  }
+  void scatter(const Op& op, const void* in, void* out) override {
+    staged(op, [&](DeviceBuffers& b) { inner_.scatter(op, b.host(in), b.host(out)); });
+  }
+  void alltoall(const Op& op, const void* in, void* out) override {
+    staged(op, [&](DeviceBuffers& b) { inner_.alltoall(op, b.host(in), b.host(out)); });
+  }
+  const char* name() const override { return "staged"; }
 
   // The inner backend is the caller's; it aborts, notifies and counts it.
   void abort(const Error&) override {}
