@@ -58,6 +58,59 @@ py::object allreduce(const CommPtr& comm, py::handle x, py::handle op, py::handl
   return finish(comm, std::move(w), std::move(keep), asyncOp);
 }
 
+// A root argument: an int (bool and floats are refused by name).
+int rootOf(py::handle rootArg, const char* op) {
+  if (!PyIndex_Check(rootArg.ptr())) {
+    throw Error(ErrorCode::kInvalidArgument,
+                std::string(op) + ": root must be an int, got " +
+                    std::string(py::str(py::type::handle_of(rootArg).attr("__qualname__"))));
+  }
+  return rootArg.cast<int>();
+}
+
+// reduce / gather / scatter: `mine` is this rank's array on every rank,
+// `atRoot` the root's result (reduce, gather) or source (scatter) array:
+// required on the root (but for an in-place reduce: None), ignored
+// elsewhere, as in the C++ API.
+enum class Rooted { kReduce, kGather, kScatter };
+py::object rooted(const CommPtr& comm, Rooted kind, py::handle mine, py::handle atRoot,
+                  py::handle rootArg, py::handle op, bool asyncOp) {
+  const char* name = kind == Rooted::kReduce   ? "reduce"
+                     : kind == Rooted::kGather ? "gather"
+                                               : "scatter";
+  Communicator& c = *comm;
+  std::vector<HeldTensor> keep;
+  ReduceOp rop = ReduceOp::kSum;
+  const int root = checkArgs(c, name, [&] {
+    const int r = rootOf(rootArg, name);
+    const bool inPlace = kind == Rooted::kReduce && atRoot.is_none();
+    keep.push_back(viewTensor(mine, (std::string(name) + ": tensor").c_str(),
+                              kind == Rooted::kScatter || inPlace));
+    if (c.rank() == r && !inPlace) {
+      if (atRoot.is_none()) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    std::string(name) + ": the root (rank " + std::to_string(r) + ") passes the " +
+                        (kind == Rooted::kScatter ? "input" : "output") + " array");
+      }
+      keep.push_back(viewTensor(atRoot, (std::string(name) + ": root's array").c_str(),
+                                kind != Rooted::kScatter));
+    }
+    if (kind == Rooted::kReduce) rop = toReduceOp(op);
+    return r;
+  });
+  const Tensor own = keep[0].tensor;
+  const Tensor other =
+      keep.size() > 1 ? keep[1].tensor : (kind == Rooted::kReduce ? own : Tensor{});
+  Work w;
+  {
+    py::gil_scoped_release nogil;
+    w = kind == Rooted::kReduce   ? c.reduceAsync(own, other, root, rop)
+        : kind == Rooted::kGather ? c.gatherAsync(own, other, root)
+                                  : c.scatterAsync(other, own, root);
+  }
+  return finish(comm, std::move(w), std::move(keep), asyncOp);
+}
+
 // The configuration keywords of init/create beyond the identity ones: each
 // sets one field of Options (docs/python.md lists them with their GFLOW_*
 // variables); None or absent leaves it to the environment.
@@ -218,13 +271,7 @@ void bindCommunicator(py::module_& m) {
             std::vector<HeldTensor> keep;
             const int root = checkArgs(*c, "broadcast", [&] {
               keep.push_back(viewTensor(x, "broadcast: tensor", true));
-              if (!PyIndex_Check(rootArg.ptr())) {
-                throw Error(
-                    ErrorCode::kInvalidArgument,
-                    "broadcast: root must be an int, got " +
-                        std::string(py::str(py::type::handle_of(rootArg).attr("__qualname__"))));
-              }
-              return rootArg.cast<int>();
+              return rootOf(rootArg, "broadcast");
             });
             Work w;
             {
@@ -234,6 +281,42 @@ void bindCommunicator(py::module_& m) {
             return finish(c, std::move(w), std::move(keep), asyncOp);
           },
           py::arg("tensor"), py::arg("root") = 0, py::kw_only(), py::arg("async_op") = false)
+      .def(
+          "reduce",
+          [](const CommPtr& c, py::handle x, py::handle root, py::handle op, py::handle out,
+             bool asyncOp) { return rooted(c, Rooted::kReduce, x, out, root, op, asyncOp); },
+          py::arg("tensor"), py::arg("root") = 0, py::arg("op") = "sum", py::kw_only(),
+          py::arg("out") = py::none(), py::arg("async_op") = false)
+      .def(
+          "gather",
+          [](const CommPtr& c, py::handle in, py::handle out, py::handle root, bool asyncOp) {
+            return rooted(c, Rooted::kGather, in, out, root, py::none(), asyncOp);
+          },
+          py::arg("input"), py::arg("output") = py::none(), py::arg("root") = 0, py::kw_only(),
+          py::arg("async_op") = false)
+      .def(
+          "scatter",
+          [](const CommPtr& c, py::handle in, py::handle out, py::handle root, bool asyncOp) {
+            return rooted(c, Rooted::kScatter, out, in, root, py::none(), asyncOp);
+          },
+          py::arg("input"), py::arg("output"), py::arg("root") = 0, py::kw_only(),
+          py::arg("async_op") = false)
+      .def(
+          "alltoall",
+          [](const CommPtr& c, py::handle in, py::handle out, bool asyncOp) {
+            std::vector<HeldTensor> keep;
+            checkArgs(*c, "alltoall", [&] {
+              keep.push_back(viewTensor(in, "alltoall: input", false));
+              keep.push_back(viewTensor(out, "alltoall: output", true));
+            });
+            Work w;
+            {
+              py::gil_scoped_release nogil;
+              w = c->alltoallAsync(keep[0].tensor, keep[1].tensor);
+            }
+            return finish(c, std::move(w), std::move(keep), asyncOp);
+          },
+          py::arg("input"), py::arg("output"), py::kw_only(), py::arg("async_op") = false)
       .def(
           "barrier",
           [](const CommPtr& c, bool asyncOp) {

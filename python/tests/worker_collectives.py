@@ -138,6 +138,28 @@ comm.broadcast(x, root=N - 1)
 assert np.array_equal(x, xs[N - 1]), "broadcast"
 comm.barrier()
 
+# ---- reduce, gather, scatter, alltoall (the root's array only on the root)
+xs = inputs(np.int64, 77, 18)
+out = np.full(77, -1, np.int64)
+root = N - 1
+comm.reduce(xs[R], root=root, op="max", out=out if R == root else None)
+expect = np.max(np.stack(xs), axis=0) if R == root else np.full(77, -1, np.int64)
+assert np.array_equal(out, expect), "reduce"
+x = xs[R].copy()
+comm.reduce(x, root=0)  # in place on the root; untouched elsewhere
+assert np.array_equal(x, np.sum(np.stack(xs), axis=0) if R == 0 else xs[R]), "reduce in place"
+g = np.empty(77 * N, np.int64) if R == root else None
+comm.gather(xs[R], g, root=root)
+assert R != root or np.array_equal(g, np.concatenate(xs)), "gather"
+s = np.empty(77, np.int64)
+comm.scatter(np.concatenate(xs) if R == 0 else None, s, root=0)
+assert np.array_equal(s, xs[R]), "scatter"
+a = np.arange(N * 5, dtype=np.float32) + 1000 * R
+b = np.empty_like(a)
+comm.alltoall(a, b)
+assert np.array_equal(b, np.concatenate([np.arange(R * 5, R * 5 + 5, dtype=np.float32) + 1000 * j
+                                         for j in range(N)])), "alltoall"
+
 # ---- async: several in flight, waited in reverse, callbacks once each
 cases = [inputs(np.float32, 3000 + i, 20 + i) for i in range(4)]
 arrays = [c[R].copy() for c in cases]
