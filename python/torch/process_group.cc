@@ -1,8 +1,11 @@
 // The "gflow" torch.distributed backend (_gflow_torch): a c10d::ProcessGroup
 // whose collectives run on a gflow::Communicator, bootstrapped through the
 // c10d::Store that init_process_group hands the backend creator. CPU
-// tensors; allreduce (and its coalesced form), broadcast, allgather,
-// reduce_scatter (list and flat forms) and barrier. One translation unit on
+// tensors; allreduce (and its coalesced form), reduce, broadcast, allgather
+// (list, flat and coalesced forms), gather, scatter, all-to-all (equal
+// splits), reduce_scatter (list and flat forms) and barrier. Ops that only
+// move data take any dtype (as bytes); non-contiguous tensors go through a
+// contiguous copy. One translation unit on
 // purpose: the torch headers dominate the build time.
 #include <torch/csrc/utils/pybind.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -13,6 +16,7 @@
 
 #include <cctype>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <mutex>
 #include <thread>
@@ -100,15 +104,48 @@ DataType toDataType(const at::Tensor& t, const char* what) {
   }
 }
 
-// A view of a CPU tensor that gflow can use in place.
-Tensor view(const at::Tensor& t, const char* what) {
+void checkPlacement(const at::Tensor& t, const char* what) {
   if (!t.device().is_cpu()) {
     invalid(std::string(what) + ": tensor on " + t.device().str() +
             "; the gflow backend takes CPU tensors");
   }
   if (t.is_sparse()) invalid(std::string(what) + ": sparse tensors are not supported");
   if (!t.is_contiguous()) invalid(std::string(what) + ": tensor is not contiguous");
+}
+
+// A view of a contiguous CPU tensor that gflow can use in place, for ops
+// that reduce (the dtype must be one gflow reduces).
+Tensor view(const at::Tensor& t, const char* what) {
+  checkPlacement(t, what);
   return Tensor(t.data_ptr(), static_cast<size_t>(t.numel()), toDataType(t, what));
+}
+
+bool reducible(at::ScalarType s) {
+  return s == at::kFloat || s == at::kHalf || s == at::kBFloat16 || s == at::kDouble ||
+         s == at::kInt || s == at::kLong || s == at::kByte;
+}
+
+// For ops that only move data (broadcast, gathers, scatter, all-to-all):
+// any dtype, as its bytes where gflow has no type of its own for it (int8,
+// bool, complex, ...). Every rank passes the same dtype, so every rank
+// describes the op the same way.
+Tensor bytesView(const at::Tensor& t, const char* what) {
+  checkPlacement(t, what);
+  if (reducible(t.scalar_type())) return view(t, what);
+  return Tensor(t.data_ptr(), static_cast<size_t>(t.nbytes()), DataType::kUInt8);
+}
+
+// A contiguous tensor with `t`'s values (`t` itself when it is contiguous).
+// `writeBack` runs after the op: it copies the result into a
+// non-contiguous `t` (nothing for a contiguous one).
+struct Dense {
+  at::Tensor t;
+  std::function<void()> writeBack;
+};
+Dense dense(const at::Tensor& t) {
+  if (t.is_contiguous()) return {t, nullptr};
+  at::Tensor c = t.contiguous();
+  return {c, [t, c]() mutable { t.copy_(c); }};
 }
 
 ReduceOp toReduceOp(const c10d::ReduceOp& op) {
@@ -217,6 +254,50 @@ struct CompletionQueue {
   }
 };
 
+// The one tensor of an in-place reduction (allreduce, reduce): a
+// contiguous stand-in, gflow's view of it and the op.
+struct InPlace {
+  at::Tensor t;
+  Dense d;
+  Tensor v;
+  ReduceOp op;
+};
+InPlace inPlace(const std::vector<at::Tensor>& tensors, const c10d::ReduceOp& op,
+                const char* what) {
+  InPlace x;
+  x.t = single(tensors, what);
+  x.d = dense(x.t);
+  x.v = view(x.d.t, what);
+  x.op = toReduceOp(op);
+  return x;
+}
+
+// A copy of a contiguous tensor's bytes as a 1-D uint8 tensor.
+at::Tensor asBytes(const at::Tensor& t) {
+  return at::from_blob(t.data_ptr(), {static_cast<int64_t>(t.nbytes())},
+                       at::TensorOptions().dtype(at::kByte))
+      .clone();
+}
+
+// Block r of `flat` (size() equal blocks) into outs[r].
+void unflatten(const at::Tensor& flat, const std::vector<at::Tensor>& outs) {
+  for (size_t r = 0; r < outs.size(); ++r) {
+    at::Tensor o = outs[r];
+    o.copy_(flat.narrow(0, static_cast<int64_t>(r) * o.numel(), o.numel()).view_as(o));
+  }
+}
+
+// The bytes of `flat`, in order, into the tensors `outs` (any dtypes).
+void unflattenBytes(const at::Tensor& flat, const std::vector<at::Tensor>& outs) {
+  const auto* src = static_cast<const uint8_t*>(flat.data_ptr());
+  for (at::Tensor o : outs) {
+    at::Tensor c = at::empty(o.sizes(), o.options());
+    std::memcpy(c.data_ptr(), src, c.nbytes());
+    src += c.nbytes();
+    o.copy_(c);
+  }
+}
+
 class ProcessGroupGflow : public c10d::ProcessGroup {
  public:
   ProcessGroupGflow(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
@@ -263,27 +344,149 @@ class ProcessGroupGflow : public c10d::ProcessGroup {
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override {
     Tensor v;
+    Dense d;
     at::Tensor t = checked("broadcast", [&] {
       const at::Tensor& one = single(tensors, "broadcast");
       if (opts.rootTensor != 0) invalid("broadcast: rootTensor must be 0");
-      v = view(one, "broadcast");
+      d = dense(one);
+      v = bytesView(d.t, "broadcast");
       return one;
     });
     return enqueue(c10d::OpType::BROADCAST,
-                   comm_->broadcastAsync(v, static_cast<int>(opts.rootRank)), {t});
+                   comm_->broadcastAsync(v, static_cast<int>(opts.rootRank)), {t}, {d.t},
+                   d.writeBack);
   }
 
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override {
-    Tensor v;
-    ReduceOp op;
-    at::Tensor t = checked("allreduce", [&] {
-      const at::Tensor& one = single(tensors, "allreduce");
-      v = view(one, "allreduce");
-      op = toReduceOp(opts.reduceOp);
-      return one;
+    InPlace x = checked("allreduce", [&] { return inPlace(tensors, opts.reduceOp, "allreduce"); });
+    return enqueue(c10d::OpType::ALLREDUCE, comm_->allreduceAsync(x.v, x.op), {x.t}, {x.d.t},
+                   x.d.writeBack);
+  }
+
+  // In place on the root's tensor; the other ranks' tensors are left alone.
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
+                                        const c10d::ReduceOptions& opts) override {
+    InPlace x = checked("reduce", [&] {
+      if (opts.rootTensor != 0) invalid("reduce: rootTensor must be 0");
+      return inPlace(tensors, opts.reduceOp, "reduce");
     });
-    return enqueue(c10d::OpType::ALLREDUCE, comm_->allreduceAsync(v, op), {t});
+    return enqueue(c10d::OpType::REDUCE,
+                   comm_->reduceAsync(x.v, static_cast<int>(opts.rootRank), x.op), {x.t}, {x.d.t},
+                   x.d.writeBack);
+  }
+
+  // The root passes one list of size() tensors, the others an empty list.
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                        std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override {
+    const int root = static_cast<int>(opts.rootRank);
+    at::Tensor in, flat;
+    Tensor vin, vflat;
+    std::vector<at::Tensor> outs = checked("gather", [&] {
+      in = single(inputs, "gather").contiguous();
+      vin = bytesView(in, "gather");
+      if (rank_ != root) {
+        if (!outputs.empty()) invalid("gather: only the root passes output tensors");
+        return std::vector<at::Tensor>{};
+      }
+      sameShapeList(outputs, in, "gather", "output");
+      flat = at::empty({size_ * in.numel()}, in.options());
+      vflat = bytesView(flat, "gather");
+      return outputs[0];
+    });
+    gflow::Work w = comm_->gatherAsync(vin, vflat, root);
+    std::function<void()> after;
+    if (rank_ == root) after = [flat, outs] { unflatten(flat, outs); };
+    return enqueue(c10d::OpType::GATHER, std::move(w), outs, {in, flat}, std::move(after));
+  }
+
+  // The root passes one list of size() tensors, the others an empty list.
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override {
+    const int root = static_cast<int>(opts.rootRank);
+    at::Tensor out, flat;
+    Tensor vout, vflat;
+    Dense d;
+    checked("scatter", [&] {
+      out = single(outputs, "scatter");
+      d = dense(out);
+      vout = bytesView(d.t, "scatter");
+      if (rank_ != root) {
+        if (!inputs.empty()) invalid("scatter: only the root passes input tensors");
+        return;
+      }
+      sameShapeList(inputs, out, "scatter", "input");
+      std::vector<at::Tensor> flatIn;
+      for (const at::Tensor& i : inputs[0]) flatIn.push_back(i.reshape({-1}));
+      flat = at::cat(flatIn);
+      vflat = bytesView(flat, "scatter");
+    });
+    return enqueue(c10d::OpType::SCATTER, comm_->scatterAsync(vflat, vout, root), {out},
+                   {flat, d.t}, d.writeBack);
+  }
+
+  // Equal splits (no split sizes): block j of the input goes to rank j.
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& out, at::Tensor& in,
+                                               std::vector<int64_t>& outSplits,
+                                               std::vector<int64_t>& inSplits,
+                                               const c10d::AllToAllOptions&) override {
+    Tensor vin, vout;
+    at::Tensor cin;
+    Dense d;
+    checked("alltoall", [&] {
+      if (!outSplits.empty() || !inSplits.empty()) {
+        invalid("alltoall_base: split sizes are not supported yet (equal splits only)");
+      }
+      if (in.numel() % size_ != 0 || out.numel() != in.numel()) {
+        invalid("alltoall_base: input and output must have the same numel, a multiple of " +
+                std::to_string(size_));
+      }
+      cin = in.contiguous();
+      d = dense(out);
+      vin = bytesView(cin, "alltoall_base");
+      vout = bytesView(d.t, "alltoall_base");
+    });
+    return enqueue(c10d::OpType::ALLTOALL_BASE, comm_->alltoallAsync(vin, vout), {out}, {cin, d.t},
+                   d.writeBack);
+  }
+
+  // Every rank's input tensors, as bytes, in one allgather; rank r's land in
+  // outputs[r].
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                     std::vector<at::Tensor>& inputs,
+                                                     const c10d::AllgatherOptions&) override {
+    at::Tensor in, flat;
+    Tensor vin, vflat;
+    std::vector<at::Tensor> outs = checked("allgather_coalesced", [&] {
+      if (outputs.size() != static_cast<size_t>(size_)) {
+        invalid("allgather_coalesced: expected " + std::to_string(size_) + " output lists");
+      }
+      std::vector<at::Tensor> parts, all;
+      for (const at::Tensor& i : inputs) parts.push_back(asBytes(i.contiguous()));
+      for (const auto& list : outputs) {
+        if (list.size() != inputs.size()) {
+          invalid("allgather_coalesced: every output list must have one tensor per input");
+        }
+        for (size_t k = 0; k < list.size(); ++k) {
+          if (list[k].numel() != inputs[k].numel() ||
+              list[k].scalar_type() != inputs[k].scalar_type()) {
+            invalid("allgather_coalesced: output tensor " + std::to_string(k) +
+                    " must have the numel and dtype of input tensor " + std::to_string(k));
+          }
+          all.push_back(list[k]);
+        }
+      }
+      in = parts.empty() ? at::empty({0}, at::kByte) : at::cat(parts);
+      flat = at::empty({size_ * in.numel()}, in.options());
+      vin = bytesView(in, "allgather_coalesced");
+      vflat = bytesView(flat, "allgather_coalesced");
+      return all;
+    });
+    gflow::Work w = comm_->allgatherAsync(vin, vflat);
+    return enqueue(c10d::OpType::ALLGATHER_COALESCED, std::move(w), outs, {in, flat},
+                   [flat, outs] { unflattenBytes(flat, outs); });
   }
 
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
@@ -303,7 +506,7 @@ class ProcessGroupGflow : public c10d::ProcessGroup {
     at::Tensor in, flat;
     Tensor vin, vflat;
     std::vector<at::Tensor> outs = checked("allgather", [&] {
-      in = single(inputs, "allgather");
+      in = single(inputs, "allgather").contiguous();
       if (outputs.size() != 1 || outputs[0].size() != static_cast<size_t>(size_)) {
         invalid("allgather: expected one list of " + std::to_string(size_) + " output tensors");
       }
@@ -312,26 +515,22 @@ class ProcessGroupGflow : public c10d::ProcessGroup {
           invalid("allgather: every output tensor must have the input's numel and dtype");
         }
       }
-      vin = view(in, "allgather");
+      vin = bytesView(in, "allgather");
       flat = at::empty({size_ * in.numel()}, in.options());
-      vflat = view(flat, "allgather");
+      vflat = bytesView(flat, "allgather");
       return outputs[0];
     });
     gflow::Work w = comm_->allgatherAsync(vin, vflat);
-    return enqueue(c10d::OpType::ALLGATHER, std::move(w), outs, {in, flat}, [flat, outs] {
-      for (size_t r = 0; r < outs.size(); ++r) {
-        at::Tensor o = outs[r];
-        o.copy_(flat.narrow(0, static_cast<int64_t>(r) * o.numel(), o.numel()).view_as(o));
-      }
-    });
+    return enqueue(c10d::OpType::ALLGATHER, std::move(w), outs, {in, flat},
+                   [flat, outs] { unflatten(flat, outs); });
   }
 
   c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& out, at::Tensor& in,
                                                  const c10d::AllgatherOptions&) override {
     Tensor vin, vout;
     checked("allgather", [&] {
-      vin = view(in, "_allgather_base");
-      vout = view(out, "_allgather_base");
+      vin = bytesView(in, "_allgather_base");
+      vout = bytesView(out, "_allgather_base");
     });
     return enqueue(c10d::OpType::_ALLGATHER_BASE, comm_->allgatherAsync(vin, vout), {out}, {in});
   }
@@ -383,6 +582,22 @@ class ProcessGroupGflow : public c10d::ProcessGroup {
   }
 
  private:
+  // `lists` is one list of size() tensors, each with `like`'s numel and dtype.
+  void sameShapeList(const std::vector<std::vector<at::Tensor>>& lists, const at::Tensor& like,
+                     const char* op, const char* what) {
+    if (lists.size() != 1 || lists[0].size() != static_cast<size_t>(size_)) {
+      invalid(std::string(op) + ": the root passes one list of " + std::to_string(size_) + " " +
+              what + " tensors");
+    }
+    for (const at::Tensor& t : lists[0]) {
+      if (t.numel() != like.numel() || t.scalar_type() != like.scalar_type()) {
+        invalid(std::string(op) + ": every " + what + " tensor must have numel " +
+                std::to_string(like.numel()) + " and dtype " +
+                std::string(c10::toString(like.scalar_type())));
+      }
+    }
+  }
+
   // Runs an op's argument checks: any error fails the communicator
   // (frontend::failInvalidArgument names `op` and the problem), so the
   // peers, entering the same collective, raise PeerLostError at once and a
