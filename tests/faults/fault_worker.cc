@@ -9,6 +9,9 @@
 //     sleep-before-init MS   sleep before Communicator::create
 //     linger MS              after MODE succeeded, keep the communicator for MS,
 //                            then fail if it has been failed meanwhile
+//     op NAME                the collective of `loop`: allreduce (default),
+//                            alltoall (BYTES per rank, every block verified)
+//                            or reduce (to rank 0, verified there)
 //   MODE:
 //     loop ITERS BYTES [PAUSE_MS]   ITERS allreduces (0: forever) of BYTES
 //                                   (float32 sum, verified), PAUSE_MS between
@@ -99,15 +102,42 @@ long verify(const std::vector<float>& buf, int size, long iter) {
   return -1;
 }
 
-int runLoop(gflow::Communicator& comm, const std::vector<std::string>& args) {
+// All-to-all: rank r's element i of block j is valueAt(r, i + j, iter), so
+// block j of the result holds valueAt(j, i + r, iter).
+long alltoallStep(gflow::Communicator& comm, std::vector<float>& buf, long it) {
+  const int n = comm.size(), r = comm.rank();
+  const size_t block = buf.size() / static_cast<size_t>(n);
+  std::vector<float> in(block * static_cast<size_t>(n));
+  for (size_t k = 0; k < in.size(); ++k) in[k] = valueAt(r, k % block + k / block, it);
+  comm.alltoall(gflow::tensor(in.data(), in.size()), gflow::tensor(buf.data(), in.size()));
+  for (size_t k = 0; k < in.size(); ++k) {
+    if (buf[k] != valueAt(static_cast<int>(k / block), k % block + static_cast<size_t>(r), it)) {
+      return static_cast<long>(k);
+    }
+  }
+  return -1;
+}
+
+// One verified op of `loop`; returns the first wrong index or -1.
+long loopStep(gflow::Communicator& comm, const std::string& op, std::vector<float>& buf, long it) {
+  if (op == "alltoall") return alltoallStep(comm, buf, it);
+  fill(buf, comm.rank(), it);
+  if (op == "reduce") {
+    comm.reduce(gflow::tensor(buf.data(), buf.size()), 0);
+    return comm.rank() == 0 ? verify(buf, comm.size(), it) : -1;
+  }
+  comm.allreduce(gflow::tensor(buf.data(), buf.size()));
+  return verify(buf, comm.size(), it);
+}
+
+int runLoop(gflow::Communicator& comm, const std::vector<std::string>& args,
+            const std::string& op) {
   const long iters = argNum(args, 1, "ITERS");
   const long bytes = argNum(args, 2, "BYTES");
   const long pauseMs = args.size() > 3 ? argNum(args, 3, "PAUSE_MS") : 0;
   std::vector<float> buf(static_cast<size_t>(bytes) / sizeof(float));
   for (long it = 0; iters == 0 || it < iters; ++it) {
-    fill(buf, comm.rank(), it);
-    comm.allreduce(gflow::tensor(buf.data(), buf.size()));
-    long bad = verify(buf, comm.size(), it);
+    long bad = loopStep(comm, op, buf, it);
     if (bad >= 0) {
       say("GFLOW_WRONG rank=" + std::to_string(comm.rank()) + " iter=" + std::to_string(it + 1) +
           " index=" + std::to_string(bad) + " got=" + std::to_string(buf[bad]));
@@ -186,8 +216,12 @@ int reportError(const gflow::Error& e, int rank) {
 
 int run(std::vector<std::string> args) {
   long sleepMs = 0, lingerMs = 0;
+  std::string op = "allreduce";
   for (;;) {
-    if (!args.empty() && args[0] == "sleep-before-init") {
+    if (args.size() > 1 && args[0] == "op") {
+      op = args[1];
+      if (op != "allreduce" && op != "alltoall" && op != "reduce") usage("unknown op '" + op + "'");
+    } else if (!args.empty() && args[0] == "sleep-before-init") {
       sleepMs = argNum(args, 1, "sleep-before-init MS");
     } else if (!args.empty() && args[0] == "linger") {
       lingerMs = argNum(args, 1, "linger MS");
@@ -207,7 +241,7 @@ int run(std::vector<std::string> args) {
     std::shared_ptr<gflow::Communicator> comm = gflow::Communicator::create();
     say("GFLOW_READY rank=" + std::to_string(comm->rank()) +
         " size=" + std::to_string(comm->size()));
-    int rc = args[0] == "loop"      ? runLoop(*comm, args)
+    int rc = args[0] == "loop"      ? runLoop(*comm, args, op)
              : args[0] == "reducer" ? runReducer(comm, args)
                                     : runMismatch(*comm, args);
     if (rc != 0) return rc;

@@ -123,6 +123,44 @@ INSTANTIATE_TEST_SUITE_P(, FaultKill,
                                            RankCase{4, 1, "hier"}, RankCase{4, 2, "hier"}),
                          caseName);
 
+// A rank killed during all-to-all or a rooted op (reduce to rank 0): the
+// survivors raise peer_lost naming it, on every path.
+struct OpKillCase {
+  const char* op;
+  RankCase ranks;
+};
+class FaultKillOp : public ::testing::TestWithParam<OpKillCase> {};
+
+TEST_P(FaultKillOp, SurvivorsReportPeerLostNamingTheKilledRank) {
+  const RankCase& c = GetParam().ranks;
+  Job job(c.size, sameArgs({"op", GetParam().op, "loop", "0", "1048576"}));
+  setPath(job, c);
+  job.start();
+  ASSERT_TRUE(job.waitProgress(3, seconds(8))) << job.report();
+  const Clock::time_point killed = job.signal(c.victim, SIGKILL);
+  ASSERT_TRUE(job.waitExit(seconds(11))) << job.report();
+  const std::string report = job.report();
+  for (int r = 0; r < c.size; ++r) {
+    if (r == c.victim) continue;
+    const RankResult& res = job.result(r);
+    logRank(std::string(GetParam().op) + " kill rank " + std::to_string(c.victim), r,
+            secondsSince(killed, res.exitTime), res);
+    EXPECT_EQ(res.code, "peer_lost") << "rank " << r << "\n" << report;
+    EXPECT_TRUE(res.names(c.victim))
+        << "rank " << r << " does not name rank " << c.victim << ": " << res.what;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    , FaultKillOp,
+    ::testing::Values(
+        OpKillCase{"alltoall", RankCase{3, 1}}, OpKillCase{"alltoall", RankCase{4, 2, "tcp"}},
+        OpKillCase{"alltoall", RankCase{4, 1, "hier"}}, OpKillCase{"reduce", RankCase{3, 2}},
+        OpKillCase{"reduce", RankCase{4, 0, "tcp"}}, OpKillCase{"reduce", RankCase{4, 3, "tcp"}}),
+    [](const ::testing::TestParamInfo<OpKillCase>& i) {
+      return std::string(i.param.op) + "_" + caseName({i.param.ranks, i.index});
+    });
+
 // A rank killed in the middle of GradientReducer steps: the survivors' wait()
 // raises peer_lost naming it (fixed buckets and negotiated rounds).
 class FaultKillReducer : public ::testing::TestWithParam<const char*> {};
