@@ -1,6 +1,9 @@
-// allreduce_bw: an nccl-tests style allreduce sweep over gflow's public API.
+// allreduce_bw: an nccl-tests style sweep over gflow's public API: allreduce,
+// or the collective of --op (reduce, broadcast, allgather, reducescatter,
+// gather, scatter, alltoall).
 //
 //   gflowrun -n 4 -- allreduce_bw -b 8 -e 64M -f 2
+//   gflowrun -n 4 -- allreduce_bw --op alltoall -b 64K -e 64M
 //   mpirun -np 4 allreduce_bw -d all -o all
 //   gflowrun -n 4 -- allreduce_bw --backend verbs     (RDMA; docs/backends.md)
 //   gflowrun -n 8 -- allreduce_bw --device cuda       (GPU buffers: NCCL or staged)
@@ -145,7 +148,9 @@ class GflowBackend : public Backend {
   }
   bool supports(DataType, ReduceOp) const override { return true; }
 
-  std::function<void()> prepare(void* in, void* out, size_t count, DataType dtype,
+  bool supports(Collective) const override { return true; }
+
+  std::function<void()> prepare(Collective k, void* in, void* out, size_t count, DataType dtype,
                                 ReduceOp op) override {
     Communicator* c = comm_.get();
     if (device_) {
@@ -153,8 +158,7 @@ class GflowBackend : public Backend {
       const Device gpu{DeviceType::kCUDA, device_->device()};
       const Tensor din(device_->in(), count, dtype, gpu, device_->stream());
       const Tensor dout(device_->out(), count, dtype, gpu, device_->stream());
-      if (in == out) return [=] { c->allreduce(din, op); };
-      return [=] { c->allreduce(din, dout, op); };
+      return call(k, din, dout, op);
     }
     // Zero-copy transports: pin the sweep's buffers once per size, as a
     // training loop pins its gradient buffers (not timed).
@@ -164,8 +168,28 @@ class GflowBackend : public Backend {
       regs_.push_back(c->registerMemory(in, bytes));
       if (out != in) regs_.push_back(c->registerMemory(out, bytes));
     }
-    if (in == out) return [=] { c->allreduce(Tensor(in, count, dtype), op); };
-    return [=] { c->allreduce(Tensor(in, count, dtype), Tensor(out, count, dtype), op); };
+    return call(k, Tensor(in, count, dtype), Tensor(out, count, dtype), op);
+  }
+
+  // One run of `k` on whole buffers `in` and `out` (their count is the
+  // sweep's; the block ops move count / size() per rank or pair).
+  std::function<void()> call(Collective k, Tensor in, Tensor out, ReduceOp op) {
+    Communicator* c = comm_.get();
+    Tensor inBlock = in, outBlock = out;
+    inBlock.count = outBlock.count = in.count / static_cast<size_t>(c->size());
+    switch (k) {
+      case Collective::kAllreduce:
+        if (in.data == out.data) return [=] { c->allreduce(in, op); };
+        return [=] { c->allreduce(in, out, op); };
+      case Collective::kReduce: return [=] { c->reduce(in, out, kSweepRoot, op); };
+      case Collective::kBroadcast: return [=] { c->broadcast(out, kSweepRoot); };
+      case Collective::kAllgather: return [=] { c->allgather(inBlock, out); };
+      case Collective::kReduceScatter: return [=] { c->reduceScatter(in, outBlock, op); };
+      case Collective::kGather: return [=] { c->gather(inBlock, out, kSweepRoot); };
+      case Collective::kScatter: return [=] { c->scatter(in, outBlock, kSweepRoot); };
+      case Collective::kAlltoall: return [=] { c->alltoall(in, out); };
+    }
+    return [] {};
   }
 
   void upload(const void* in, const void* out, size_t bytes) override {

@@ -31,7 +31,9 @@ void printHelp(const DriverInfo& info) {
       "               (default float32; a comma-separated list also works)\n"
       "  -o OP        sum, avg, min, max, prod or all (default sum; a list also works)\n"
       "  -a ALGO      %s\n"
-      "  -m 0|1       also run in-place (default 1)\n"
+      "  -m 0|1       also run in-place (default 1; allreduce only)\n"
+      "  --op NAME    the collective: allreduce (default), reduce, broadcast, allgather,\n"
+      "               reducescatter, gather, scatter, alltoall (rooted ops: root 0)\n"
       "  --csv        print CSV instead of the table\n"
       "  --json [F]   also write JSON to file F (with no F: JSON alone on stdout)\n",
       info.program.c_str(), info.description.c_str(), info.algorithmHelp.c_str());
@@ -178,6 +180,12 @@ int parseSweepArgs(int argc, char** argv, DriverInfo& info, SweepConfig* cfg) {
       }
     } else if (flag == "-a") {
       cfg->algorithm = v;
+    } else if (flag == "--op") {
+      if (!parseCollective(v, &cfg->collective)) {
+        return usage(info, "--op '" + v +
+                               "': expected allreduce, reduce, broadcast, allgather, "
+                               "reducescatter, gather, scatter or alltoall");
+      }
     } else {
       bool known = false;
       for (ExtraFlag& f : info.extraFlags) {

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/collective.h"
 #include "gflow/types.h"
 
 namespace gflow::bench {
@@ -24,6 +25,7 @@ struct SweepConfig {
   std::vector<DataType> dtypes{DataType::kFloat32};  // -d
   std::vector<ReduceOp> ops{ReduceOp::kSum};         // -o
   std::string algorithm;                             // -a; empty: the library's default
+  Collective collective = Collective::kAllreduce;    // --op
   bool csv = false;                                  // --csv
   bool json = false;                                 // --json
   std::string jsonFile;                              // --json FILE; empty: stdout

@@ -166,9 +166,16 @@ void CheckPattern::fillInput(int rank, void* buf, size_t count) const {
   }
 }
 
-int64_t CheckPattern::countWrong(const void* result, size_t count) const {
+int64_t CheckPattern::countWrong(const void* result, size_t count, size_t offset) const {
   const auto* got = static_cast<const uint8_t*>(result);
   int64_t wrong = 0;
+  if (offset % period_ != 0) {  // element by element (reduce-scatter blocks)
+    for (size_t j = 0; j < count; ++j) {
+      const size_t e = (offset + j) % period_;
+      if (std::memcmp(got + j * esize_, &expected_[e * esize_], esize_) != 0) ++wrong;
+    }
+    return wrong;
+  }
   for (size_t i = 0; i < count; i += period_) {
     size_t n = std::min(period_, count - i);
     const uint8_t* block = got + i * esize_;

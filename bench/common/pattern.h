@@ -30,8 +30,9 @@ class CheckPattern {
 
   // Writes rank `rank`'s input: `count` elements at `buf`.
   void fillInput(int rank, void* buf, size_t count) const;
-  // Number of elements of `result` that differ from the exact result.
-  int64_t countWrong(const void* result, size_t count) const;
+  // Number of elements of `result` that differ from the exact result, for
+  // `count` elements from element `offset` of the reduction on.
+  int64_t countWrong(const void* result, size_t count, size_t offset = 0) const;
 
  private:
   double value(int rank, size_t j) const;  // rank's element j (j < period_)

@@ -39,11 +39,11 @@ std::string jsonString(const std::string& s) {
 
 }  // namespace
 
-Measurement makeMeasurement(uint64_t bytes, double timeUs, int worldSize) {
+Measurement makeMeasurement(uint64_t bytes, double timeUs, double busFactor) {
   Measurement m;
   m.timeUs = timeUs;
   m.algbw = timeUs > 0 ? static_cast<double>(bytes) / (timeUs * 1e3) : 0;  // bytes/us/1e3 = GB/s
-  m.busbw = worldSize > 1 ? m.algbw * 2.0 * (worldSize - 1) / worldSize : 0;
+  m.busbw = m.algbw * busFactor;
   return m;
 }
 
@@ -54,8 +54,8 @@ Report::Report(const SweepConfig& cfg, RunInfo info) : cfg_(cfg), info_(std::mov
 }
 
 void Report::header() {
-  std::fprintf(meta_, "# %s allreduce_bw: world size %d, algorithm %s\n", info_.library.c_str(),
-               info_.worldSize, info_.algorithm.c_str());
+  std::fprintf(meta_, "# %s %s_bw: world size %d, algorithm %s\n", info_.library.c_str(),
+               toString(cfg_.collective), info_.worldSize, info_.algorithm.c_str());
   if (!info_.extra.empty()) std::fprintf(meta_, "# %s\n", info_.extra.c_str());
   std::string step =
       cfg_.stepBytes ? "+" + formatSize(cfg_.stepBytes) : "x" + std::to_string(cfg_.stepFactor);

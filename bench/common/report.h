@@ -23,7 +23,8 @@ struct Measurement {
   int64_t wrong = -1;  // wrong elements summed over ranks; -1: not checked
 };
 
-Measurement makeMeasurement(uint64_t bytes, double timeUs, int worldSize);
+// busFactor: algorithm to bus bandwidth (common/collective.h).
+Measurement makeMeasurement(uint64_t bytes, double timeUs, double busFactor);
 
 struct Row {
   uint64_t bytes = 0;

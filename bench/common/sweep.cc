@@ -5,6 +5,7 @@
 #include <cstring>
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include "common/pattern.h"
 
@@ -30,12 +31,13 @@ double stableValue(ReduceOp op) {
   return op == ReduceOp::kProd ? 1 : 0;
 }
 
-Measurement measure(Backend& be, const SweepConfig& cfg, const CheckPattern& pattern, void* in,
+Measurement measure(Backend& be, const SweepConfig& cfg, const CollectiveCheck& check, void* in,
                     void* out, size_t count, DataType dtype, ReduceOp op) {
+  const Collective c = cfg.collective;
   fillValue(dtype, stableValue(op), in, count);
   if (out != in) fillValue(dtype, stableValue(op), out, count);
   const uint64_t bytes = count * dataTypeSize(dtype);
-  std::function<void()> run = be.prepare(in, out, count, dtype, op);
+  std::function<void()> run = be.prepare(c, in, out, count, dtype, op);
   be.upload(in, out, bytes);
 
   for (int i = 0; i < cfg.warmup; ++i) run();
@@ -45,16 +47,16 @@ Measurement measure(Backend& be, const SweepConfig& cfg, const CheckPattern& pat
   auto t1 = std::chrono::steady_clock::now();
   double us = std::chrono::duration<double, std::micro>(t1 - t0).count() / cfg.iters;
 
-  Measurement m = makeMeasurement(bytes, be.maxOverRanks(us), be.size());
+  Measurement m = makeMeasurement(bytes, be.maxOverRanks(us), busFactor(c, be.size()));
   if (cfg.check) {
-    pattern.fillInput(be.rank(), in, count);
-    // Zero never is a correct result (every pattern value is >= 1), so an
+    // Zero never is a correct result (every checked value is >= 1), so an
     // output the library leaves untouched counts as wrong.
     if (out != in) std::memset(out, 0, bytes);
+    check.fillInputs(in, out, count);
     be.upload(in, out, bytes);
     run();
     be.download(out, bytes);
-    m.wrong = be.sumOverRanks(pattern.countWrong(out, count));
+    m.wrong = be.sumOverRanks(check.countWrong(out, count));
   }
   return m;
 }
@@ -73,29 +75,42 @@ int runSweep(Backend& be, const SweepConfig& cfg) {
     report->header();
   }
   int64_t wrong = 0;
+  const Collective c = cfg.collective;
+  if (!be.supports(c)) {
+    if (report) {
+      report->note(std::string("skipping ") + toString(c) + ": not supported by " +
+                   be.info().library);
+    }
+    return report && !report->finish() ? 1 : 0;
+  }
+  // Ops that apply no ReduceOp run once per dtype (labelled with the first).
+  std::vector<ReduceOp> ops = cfg.ops;
+  if (!reduces(c)) ops.resize(1);
+  const size_t n = static_cast<size_t>(be.size());
   for (DataType dtype : cfg.dtypes) {
     size_t esize = dataTypeSize(dtype);
-    for (ReduceOp op : cfg.ops) {
-      if (!be.supports(dtype, op)) {
+    for (ReduceOp op : ops) {
+      if (reduces(c) && !be.supports(dtype, op)) {
         if (report) {
           report->note(std::string("skipping ") + toString(dtype) + " " + toString(op) +
                        ": not supported by " + be.info().library);
         }
         continue;
       }
-      CheckPattern pattern(dtype, op, be.size());
+      CollectiveCheck check(c, dtype, op, be.rank(), be.size());
       for (uint64_t bytes : sizes) {
         size_t count = bytes / esize;
+        if (blocked(c)) count -= count % n;
         if (count == 0) continue;
         Row row;
         row.bytes = count * esize;
         row.count = count;
         row.dtype = dtype;
         row.op = op;
-        row.outOfPlace = measure(be, cfg, pattern, in.get(), out.get(), count, dtype, op);
-        if (cfg.inPlace) {
+        row.outOfPlace = measure(be, cfg, check, in.get(), out.get(), count, dtype, op);
+        if (cfg.inPlace && c == Collective::kAllreduce) {
           row.hasInPlace = true;
-          row.inPlace = measure(be, cfg, pattern, in.get(), in.get(), count, dtype, op);
+          row.inPlace = measure(be, cfg, check, in.get(), in.get(), count, dtype, op);
         }
         wrong += std::max<int64_t>(row.outOfPlace.wrong, 0) +
                  (row.hasInPlace ? std::max<int64_t>(row.inPlace.wrong, 0) : 0);

@@ -1,6 +1,6 @@
-// The allreduce sweep shared by gflow's allreduce_bw and the Gloo and MPI
-// harnesses. A driver only adapts its library to Backend; timing, checking
-// and reporting live here once, so the three measure the same thing.
+// The sweep (allreduce, or the collective of --op) shared by gflow's allreduce_bw and the Gloo and
+// MPI harnesses. A driver only adapts its library to Backend; timing, checking and reporting live
+// here once, so the three measure the same thing.
 //
 // Per (dtype, op, size) and per mode (out-of-place, then in-place with -m 1):
 //   1. fill the buffers with values that stay constant under the op (0, or 1
@@ -17,6 +17,7 @@
 #include <functional>
 #include <string>
 
+#include "common/collective.h"
 #include "common/options.h"
 #include "common/report.h"
 #include "gflow/types.h"
@@ -33,12 +34,16 @@ class Backend {
   virtual RunInfo info() const = 0;
   // Combinations a backend cannot run are skipped with a note.
   virtual bool supports(DataType dtype, ReduceOp op) const = 0;
+  virtual bool supports(Collective c) const { return c == Collective::kAllreduce; }
 
-  // Binds one allreduce of `count` elements to its buffers and returns the
-  // callable the sweep times. in == out means in-place. Libraries that set
-  // an algorithm up per buffer (Gloo) do it here, outside the timed loop.
-  virtual std::function<void()> prepare(void* in, void* out, size_t count, DataType dtype,
-                                        ReduceOp op) = 0;
+  // Binds one run of `c` on `count` elements (the sweep's size, see
+  // common/collective.h; a multiple of size() for the block ops) to its
+  // buffers and returns the callable the sweep times. in == out means
+  // in-place (allreduce); broadcast runs in place on `out` from root
+  // kSweepRoot, as do the other rooted ops. Libraries that set an
+  // algorithm up per buffer (Gloo) do it here, outside the timed loop.
+  virtual std::function<void()> prepare(Collective c, void* in, void* out, size_t count,
+                                        DataType dtype, ReduceOp op) = 0;
   // Backends that run on copies of the buffers (device memory) move the
   // host contents there after each fill and bring the result back before
   // the check; neither is timed.

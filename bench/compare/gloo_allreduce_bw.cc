@@ -183,7 +183,7 @@ class GlooBackend : public Backend {
     return false;
   }
 
-  std::function<void()> prepare(void* in, void* out, size_t count, DataType dtype,
+  std::function<void()> prepare(Collective, void* in, void* out, size_t count, DataType dtype,
                                 ReduceOp op) override {
     switch (dtype) {
       case DataType::kFloat32: return prepareTyped<float>(in, out, count, op);

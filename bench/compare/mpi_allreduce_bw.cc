@@ -97,14 +97,39 @@ class MpiBackend : public Backend {
     return mpiType(dtype) != MPI_DATATYPE_NULL && mpiOp(op) != MPI_OP_NULL;
   }
 
-  std::function<void()> prepare(void* in, void* out, size_t count, DataType dtype,
+  bool supports(Collective) const override { return true; }
+
+  // MPI_Allreduce, MPI_Reduce, MPI_Bcast, MPI_Allgather,
+  // MPI_Reduce_scatter_block, MPI_Gather, MPI_Scatter or MPI_Alltoall.
+  std::function<void()> prepare(Collective k, void* in, void* out, size_t count, DataType dtype,
                                 ReduceOp op) override {
     if (count > static_cast<size_t>(INT32_MAX)) throw std::invalid_argument("count exceeds int");
     const void* send = in == out ? MPI_IN_PLACE : in;
-    int n = static_cast<int>(count);
-    MPI_Datatype type = mpiType(dtype);
-    MPI_Op mop = mpiOp(op);
-    return [=] { check(MPI_Allreduce(send, out, n, type, mop, MPI_COMM_WORLD), "MPI_Allreduce"); };
+    const int n = static_cast<int>(count), b = n / size_, root = kSweepRoot;
+    const MPI_Datatype t = mpiType(dtype);
+    const MPI_Op mop = mpiOp(op);
+    const MPI_Comm w = MPI_COMM_WORLD;
+    switch (k) {
+      case Collective::kAllreduce:
+        return [=] { check(MPI_Allreduce(send, out, n, t, mop, w), "MPI_Allreduce"); };
+      case Collective::kReduce:
+        return [=] { check(MPI_Reduce(in, out, n, t, mop, root, w), "MPI_Reduce"); };
+      case Collective::kBroadcast:
+        return [=] { check(MPI_Bcast(out, n, t, root, w), "MPI_Bcast"); };
+      case Collective::kAllgather:
+        return [=] { check(MPI_Allgather(in, b, t, out, b, t, w), "MPI_Allgather"); };
+      case Collective::kReduceScatter:
+        return [=] {
+          check(MPI_Reduce_scatter_block(in, out, b, t, mop, w), "MPI_Reduce_scatter_block");
+        };
+      case Collective::kGather:
+        return [=] { check(MPI_Gather(in, b, t, out, b, t, root, w), "MPI_Gather"); };
+      case Collective::kScatter:
+        return [=] { check(MPI_Scatter(in, b, t, out, b, t, root, w), "MPI_Scatter"); };
+      case Collective::kAlltoall:
+        return [=] { check(MPI_Alltoall(in, b, t, out, b, t, w), "MPI_Alltoall"); };
+    }
+    return [] {};
   }
 
   void barrier() override { check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier"); }
