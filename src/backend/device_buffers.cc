@@ -141,6 +141,7 @@ void DeviceBuffers::toHost(StagingPool& pool) {
 }
 
 void* DeviceBuffers::host(const void* p) const {
+  if (p == nullptr) return nullptr;  // a rooted op's root-only buffer, off the root
   const char* c = static_cast<const char*>(p);
   for (size_t i = 0; i < items_.size(); ++i) {
     const char* base = static_cast<const char*>(items_[i].t.data);

@@ -53,7 +53,8 @@ class DeviceBuffers {
   // Staging (executing thread, around a host collective): toHost copies
   // the device inputs into `pool`'s pinned memory; host(p) is where the
   // byte at `p` (inside an item) lives during the collective (p itself for
-  // host items); toDevice copies the outputs back.
+  // host items; nullptr for nullptr, a rooted op's root-only buffer off the
+  // root); toDevice copies the outputs back.
   void toHost(StagingPool& pool);
   void* host(const void* p) const;
   void toDevice(StagingPool& pool);

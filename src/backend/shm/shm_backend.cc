@@ -212,7 +212,7 @@ class ShmBackend final : public Backend {
       const size_t bytes = cnt * es;
       std::memcpy(g_->slot(r), in + off * es, bytes);
       g_->sync();
-      char* dst = out + off * es;
+      char* dst = reader ? out + off * es : nullptr;  // `out` is null off a reduce's root
       if (oneSync) {
         if (reader) reduceSlots(s, d, fn, dst, 0, cnt);
       } else {
