@@ -181,6 +181,10 @@ py::dict statsDict(const Stats& s) {
   d["allgather"] = s.allgather;
   d["broadcast"] = s.broadcast;
   d["barrier"] = s.barrier;
+  d["reduce"] = s.reduce;
+  d["gather"] = s.gather;
+  d["scatter"] = s.scatter;
+  d["alltoall"] = s.alltoall;
   d["shared_memory_ops"] = s.sharedMemoryOps;
   d["hierarchical_ops"] = s.hierarchicalOps;
   d["network_ops"] = s.networkOps;

@@ -159,6 +159,8 @@ b = np.empty_like(a)
 comm.alltoall(a, b)
 assert np.array_equal(b, np.concatenate([np.arange(R * 5, R * 5 + 5, dtype=np.float32) + 1000 * j
                                          for j in range(N)])), "alltoall"
+st = comm.stats()
+assert (st["reduce"], st["gather"], st["scatter"], st["alltoall"]) == (2, 1, 1, 1), st
 
 # ---- async: several in flight, waited in reverse, callbacks once each
 cases = [inputs(np.float32, 3000 + i, 20 + i) for i in range(4)]
