@@ -179,10 +179,36 @@ def _create_process_group(store, rank, size, timeout):
     return _gflow_torch.create_process_group(store, rank, size, timeout, *local)
 
 
+def _monitored_barrier_for(torch_monitored_barrier):
+    """torch.distributed.monitored_barrier that also takes gflow groups:
+    torch 1.13 refuses every backend but gloo by name before it reaches the
+    process group, whose monitoredBarrier gflow implements."""
+
+    @functools.wraps(torch_monitored_barrier)
+    def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
+        c10d = dist.distributed_c10d
+        pg = c10d._get_default_group() if group is None or group is c10d.GroupMember.WORLD \
+            else group
+        if c10d._rank_not_in_group(pg) or dist.get_backend(pg) != "gflow":
+            return torch_monitored_barrier(group=group, timeout=timeout,
+                                           wait_all_ranks=wait_all_ranks)
+        if timeout is None:
+            timeout = c10d.default_pg_timeout
+        return pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
+
+    monitored_barrier._gflow = True
+    return monitored_barrier
+
+
 def register_backend():
-    """Registers the "gflow" torch.distributed backend (idempotent)."""
+    """Registers the "gflow" torch.distributed backend (idempotent), and lets
+    torch.distributed.monitored_barrier run on gflow groups."""
     if not hasattr(dist.Backend, "GFLOW"):
         dist.Backend.register_backend("gflow", _create_process_group)
+    if not getattr(dist.monitored_barrier, "_gflow", False):
+        patched = _monitored_barrier_for(dist.distributed_c10d.monitored_barrier)
+        dist.distributed_c10d.monitored_barrier = patched
+        dist.monitored_barrier = patched
 
 
 register_backend()

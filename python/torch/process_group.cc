@@ -309,6 +309,8 @@ class ProcessGroupGflow : public c10d::ProcessGroup {
     o.localRank = localRank;  // hints only (-1: the launcher's); see gflow/torch.py
     o.localSize = localSize;
     o.store = std::make_shared<C10dStore>(store);
+    store_ = store;
+    timeout_ = timeout;
     o.timeout = timeout;
     comm_ = Communicator::create(o);
     thread_ = std::thread(&CompletionQueue::run, q_);
@@ -581,7 +583,91 @@ class ProcessGroupGflow : public c10d::ProcessGroup {
     return enqueue(c10d::OpType::BARRIER, comm_->barrierAsync(), {});
   }
 
+  // Through the group's c10d store, not the communicator, so that a rank
+  // that never arrives is named without failing the group. Every rank but
+  // 0 announces itself and waits for rank 0's verdict; rank 0 waits for the
+  // announcements in rank order (the time left of `timeout`, or all of it
+  // for each with waitAllRanks) and names the first rank that did not
+  // arrive, or every one (waitAllRanks). Either way its message also lists
+  // every rank missing at that moment.
+  void monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) override {
+    const auto timeout = opts.timeout == c10d::kUnsetTimeout ? timeout_ : opts.timeout;
+    const std::string key = "gflow/monitored_barrier/" + std::to_string(monitoredCalls_++) + "/";
+    if (rank_ != 0) return awaitVerdict(key, timeout);
+    const auto start = std::chrono::steady_clock::now();
+    std::vector<int> failed;
+    for (int r = 1; r < size_; ++r) {
+      auto left = timeout;
+      if (!waitAllRanks) {
+        left = timeout - std::chrono::duration_cast<std::chrono::milliseconds>(
+                             std::chrono::steady_clock::now() - start);
+        if (left.count() <= 0) {
+          monitoredFailure(key, "Rank 0 timed out in monitoredBarrier after " +
+                                    std::to_string(timeout.count()) + " ms" + missing(key));
+        }
+      }
+      if (!arrived(key + std::to_string(r), left)) failed.push_back(r);
+      if (!failed.empty() && !waitAllRanks) break;
+    }
+    if (failed.empty()) {
+      store_->set(key + "verdict", std::vector<uint8_t>{'o', 'k'});
+      return;
+    }
+    std::string which = failed.size() == 1 ? "Rank " : "Ranks ";
+    for (size_t i = 0; i < failed.size(); ++i) {
+      which += (i ? ", " : "") + std::to_string(failed[i]);
+    }
+    monitoredFailure(key, which + " failed to pass monitoredBarrier in " +
+                              std::to_string(timeout.count()) + " ms" + missing(key));
+  }
+
  private:
+  // Whether `key` is set within `timeout` (<= 0: already set). Polls with
+  // check(): a TCPStore wait() that times out leaves its request pending on
+  // the server, whose late answer then desynchronises this client's next
+  // request.
+  bool arrived(const std::string& key, std::chrono::milliseconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (auto pause = std::chrono::milliseconds(1);; pause = std::min(pause * 2, kPollMax)) {
+      if (store_->check({key})) return true;
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= deadline) return false;
+      std::this_thread::sleep_for(
+          std::min<std::chrono::steady_clock::duration>(pause, deadline - now));
+    }
+  }
+  static constexpr std::chrono::milliseconds kPollMax{10};
+
+  // "; not arrived: 1, 3" for the ranks whose announcement is missing now.
+  std::string missing(const std::string& key) {
+    std::string list;
+    for (int r = 1; r < size_; ++r) {
+      if (!arrived(key + std::to_string(r), std::chrono::milliseconds(0))) {
+        list += (list.empty() ? "" : ", ") + std::to_string(r);
+      }
+    }
+    return list.empty() ? "" : "; not arrived: " + list;
+  }
+
+  // Rank 0: tells the waiting ranks, then raises.
+  [[noreturn]] void monitoredFailure(const std::string& key, const std::string& what) {
+    store_->set(key + "verdict", std::vector<uint8_t>(what.begin(), what.end()));
+    TORCH_CHECK(false, "[Rank 0]: ", what);
+  }
+
+  void awaitVerdict(const std::string& key, std::chrono::milliseconds timeout) {
+    store_->set(key + std::to_string(rank_), std::vector<uint8_t>{'1'});
+    std::string verdict = "no answer within " + std::to_string(timeout.count()) + " ms";
+    if (arrived(key + "verdict", timeout)) {
+      const std::vector<uint8_t> v = store_->get(key + "verdict");
+      verdict.assign(v.begin(), v.end());
+    }
+    TORCH_CHECK(verdict == "ok", "[Rank ", rank_, "]: Rank ", rank_,
+                " successfully reached monitoredBarrier, but received errors while waiting for "
+                "send/recv from rank 0: ",
+                verdict);
+  }
+
   // `lists` is one list of size() tensors, each with `like`'s numel and dtype.
   void sameShapeList(const std::vector<std::vector<at::Tensor>>& lists, const at::Tensor& like,
                      const char* op, const char* what) {
@@ -630,6 +716,9 @@ class ProcessGroupGflow : public c10d::ProcessGroup {
   }
 
   std::shared_ptr<Communicator> comm_;
+  c10::intrusive_ptr<c10d::Store> store_;  // monitoredBarrier's
+  std::chrono::milliseconds timeout_;
+  uint64_t monitoredCalls_ = 0;
   std::shared_ptr<CompletionQueue> q_ = std::make_shared<CompletionQueue>();
   std::thread thread_;
 };
