@@ -244,7 +244,7 @@ TEST(RootedErrors, BadArgumentsNameTheOpAndFailEveryRank) {
   auto w = worldOn(Path::kNetwork, 2);
   std::vector<std::string> what(2);
   testing::forEachRank(w, [&](Communicator& c) {
-    std::vector<float> in(4), out(4);
+    std::vector<float> in(8), out(4);
     try {
       if (c.rank() == 1) {
         c.scatter(Tensor{}, tensor(out.data(), 4), 2);  // root outside the world
