@@ -34,8 +34,8 @@ std::shared_ptr<Buffers> bindRooted(CommunicatorImpl& I, const char* name, bool 
 // block of `big` (in place), which the return value says.
 bool checkRootBlocks(CommunicatorImpl& I, const char* name, const Tensor& small,
                      const char* smallName, const Tensor& big, const char* bigName, int root) {
-  const bool same = small.data == opcheck::blockOf(big, small, root);
   opcheck::checkBlocks(I, name, small, smallName, big, bigName);
+  const bool same = small.data == opcheck::blockOf(big, small, root);
   if (!same && overlap(small.data, small.nbytes(), big.data, big.nbytes())) {
     I.invalid(name, std::string(smallName) + " overlaps " + bigName +
                         " but is not the root's block of " + bigName);
