@@ -19,6 +19,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "core/frontend.h"
@@ -89,8 +90,9 @@ class C10dStore : public Store {
   c10::intrusive_ptr<c10d::Store> store_;
 };
 
-DataType toDataType(const at::Tensor& t, const char* what) {
-  switch (t.scalar_type()) {
+// gflow's element type of a torch dtype, if it has one.
+std::optional<DataType> gflowType(at::ScalarType s) {
+  switch (s) {
     case at::kFloat: return DataType::kFloat32;
     case at::kHalf: return DataType::kFloat16;
     case at::kBFloat16: return DataType::kBFloat16;
@@ -98,10 +100,14 @@ DataType toDataType(const at::Tensor& t, const char* what) {
     case at::kInt: return DataType::kInt32;
     case at::kLong: return DataType::kInt64;
     case at::kByte: return DataType::kUInt8;
-    default:
-      invalid(std::string(what) + ": dtype " + std::string(c10::toString(t.scalar_type())) +
-              " is not supported (float32, float16, bfloat16, float64, int32, int64, uint8)");
+    default: return std::nullopt;
   }
+}
+
+DataType toDataType(const at::Tensor& t, const char* what) {
+  if (auto type = gflowType(t.scalar_type())) return *type;
+  invalid(std::string(what) + ": dtype " + std::string(c10::toString(t.scalar_type())) +
+          " is not supported (float32, float16, bfloat16, float64, int32, int64, uint8)");
 }
 
 void checkPlacement(const at::Tensor& t, const char* what) {
@@ -120,18 +126,13 @@ Tensor view(const at::Tensor& t, const char* what) {
   return Tensor(t.data_ptr(), static_cast<size_t>(t.numel()), toDataType(t, what));
 }
 
-bool reducible(at::ScalarType s) {
-  return s == at::kFloat || s == at::kHalf || s == at::kBFloat16 || s == at::kDouble ||
-         s == at::kInt || s == at::kLong || s == at::kByte;
-}
-
 // For ops that only move data (broadcast, gathers, scatter, all-to-all):
 // any dtype, as its bytes where gflow has no type of its own for it (int8,
 // bool, complex, ...). Every rank passes the same dtype, so every rank
 // describes the op the same way.
 Tensor bytesView(const at::Tensor& t, const char* what) {
   checkPlacement(t, what);
-  if (reducible(t.scalar_type())) return view(t, what);
+  if (gflowType(t.scalar_type())) return view(t, what);
   return Tensor(t.data_ptr(), static_cast<size_t>(t.nbytes()), DataType::kUInt8);
 }
 
