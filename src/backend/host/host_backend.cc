@@ -52,34 +52,22 @@ class HostBackend final : public Backend {
     barrierDissemination(ex);
   }
   void reduce(const Op& op, const void* in, void* out) override {
-    Exchange ex(*ctx_, op, tuning_);
-    RollCall call(ex);
-    if (op.desc.algo == Algorithm::kChain) {
-      reduceChain(ex, scratch_, in, out);
-    } else {
+    rooted(op, [&](Exchange& ex) {
+      if (op.desc.algo == Algorithm::kChain) return reduceChain(ex, scratch_, in, out);
       reduceBinomial(ex, scratch_, in, out);
-    }
-    call.finish();
+    });
   }
   void gather(const Op& op, const void* in, void* out) override {
-    Exchange ex(*ctx_, op, tuning_);
-    RollCall call(ex);
-    if (op.desc.algo == Algorithm::kLinear) {
-      gatherLinear(ex, in, out);
-    } else {
+    rooted(op, [&](Exchange& ex) {
+      if (op.desc.algo == Algorithm::kLinear) return gatherLinear(ex, in, out);
       gatherBinomial(ex, scratch_, in, out);
-    }
-    call.finish();
+    });
   }
   void scatter(const Op& op, const void* in, void* out) override {
-    Exchange ex(*ctx_, op, tuning_);
-    RollCall call(ex);
-    if (op.desc.algo == Algorithm::kLinear) {
-      scatterLinear(ex, in, out);
-    } else {
+    rooted(op, [&](Exchange& ex) {
+      if (op.desc.algo == Algorithm::kLinear) return scatterLinear(ex, in, out);
       scatterBinomial(ex, scratch_, in, out);
-    }
-    call.finish();
+    });
   }
   void alltoall(const Op& op, const void* in, void* out) override {
     Exchange ex(*ctx_, op, tuning_);
@@ -96,6 +84,15 @@ class HostBackend final : public Backend {
   }
 
  private:
+  // A rooted op: its algorithm inside the roll call (exchange.h).
+  template <typename F>
+  void rooted(const Op& op, F&& run) {
+    Exchange ex(*ctx_, op, tuning_);
+    RollCall call(ex);
+    run(ex);
+    call.finish();
+  }
+
   std::unique_ptr<transport::Context> ctx_;
   const RingTuning tuning_;
   Scratch scratch_;
