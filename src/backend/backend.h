@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -129,6 +130,14 @@ class Backend {
   virtual void splitInto(const Op& op, int color, int key, Backend* child) {
     (void)op, (void)color, (void)key, (void)child;
   }
+  // Liveness across the phases of a composed op (the hierarchical backend):
+  // answerProbes() answers the peers' probes without blocking (and may raise
+  // this backend's error); `hook` runs while this backend's waits sleep, at
+  // least every half probe grace (transport/liveness.h). Owning thread; set
+  // before the first op. Only backends that a composition uses as a phase
+  // (shared memory, the host backend) implement them.
+  virtual void answerProbes() {}
+  virtual void setWhileWaiting(std::function<void()> hook) { (void)hook; }
 };
 
 // The host backend over a connected transport context. `tuning`: its ring

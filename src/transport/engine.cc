@@ -87,6 +87,11 @@ bool Engine::test(const RequestPtr& req) {
   return req->done();
 }
 
+void Engine::poll() {
+  checkFailed();
+  pollOnce();
+}
+
 // ---- groups ------------------------------------------------------------------
 
 void Engine::beginGroup(uint64_t group, const Envelope& env) {

@@ -62,6 +62,7 @@ class Engine : public Context {
   // progress (pollOnce, waitUntilDone).
   void wait(const RequestPtr& req, Deadline deadline) override;
   bool test(const RequestPtr& req) override;
+  void poll() override;
   void abort(const Error& error) override;
   std::shared_ptr<const Error> error() const override { return error_.get(); }
   PeerStats peerStats(int peer) const override;

@@ -23,7 +23,8 @@ LivenessProbe::Step LivenessProbe::step(const Deadline& deadline, uint64_t pongs
 }
 
 int LivenessProbe::sleepMs(const Deadline& deadline, int capMs) const {
-  return std::min(probing_ ? end_.remainingMs() : deadline.remainingMs(), capMs);
+  const int halfGrace = static_cast<int>(grace_.count() / 2);
+  return std::min({probing_ ? end_.remainingMs() : deadline.remainingMs(), capMs, halfGrace});
 }
 
 }  // namespace gflow::transport

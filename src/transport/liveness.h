@@ -10,7 +10,9 @@
 // that really waits on the stalled one the time to report it first; then it
 // times out saying the peer is alive.
 //
-// One probe per wait; used by the waiting thread only (not thread-safe).
+// One probe per wait; used by the waiting thread only (not thread-safe). The
+// network transports PING by a frame; shared-memory groups by a counter in
+// the member's memory (backend/shm/group.h).
 #pragma once
 
 #include <chrono>
@@ -35,7 +37,9 @@ class LivenessProbe {
   Step step(const Deadline& deadline, uint64_t pongs);
 
   // How long the wait loop may block, in ms: until the deadline or the end
-  // of the probe's current grace period, at most `capMs`.
+  // of the probe's current grace period, at most `capMs` and at most half a
+  // grace, so the hook of a companion transport (Context::setWhileWaiting)
+  // answers its probes in time.
   int sleepMs(const Deadline& deadline, int capMs) const;
 
   // Valid after step() returned kTimeout: the peer answered the PING.

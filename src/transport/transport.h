@@ -150,6 +150,9 @@ class Context {
   virtual void wait(const RequestPtr& req, Deadline deadline) = 0;
   // Drives progress once without blocking; true if `req` has completed.
   virtual bool test(const RequestPtr& req) = 0;
+  // Drives progress once without blocking, which answers the peers' liveness
+  // probes (transport/liveness.h); throws the context's error.
+  virtual void poll() = 0;
 
   // Fails the context (see the header comment). Thread-safe.
   virtual void abort(const Error& error) = 0;
@@ -163,17 +166,26 @@ class Context {
   virtual PeerStats peerStats(int peer) const = 0;
 
   void setEnvelopeFormatter(EnvelopeFormatter f) { formatter_ = std::move(f); }
+  // `hook` runs on the waiting thread while a wait sleeps, at least every
+  // half probe grace: a transport used in turn with this one by the same op
+  // (the two phases of a hierarchical op) answers its probes meanwhile.
+  // Set before the first op.
+  void setWhileWaiting(std::function<void()> hook) { whileWaiting_ = std::move(hook); }
 
  protected:
   Context(int rank, int size) : rank_(rank), size_(size) {}
   std::string describe(const Envelope& e) const {
     return formatter_ ? formatter_(e) : std::string("<op>");
   }
+  void whileWaiting() const {
+    if (whileWaiting_) whileWaiting_();
+  }
 
  private:
   int rank_;
   int size_;
   EnvelopeFormatter formatter_;
+  std::function<void()> whileWaiting_;
 };
 
 // Creates and connects a context of the named transport ("tcp", "verbs"). Collective

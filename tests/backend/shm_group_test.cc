@@ -1,6 +1,8 @@
 // shm::Group's single-copy reads (backend/shm/group.h): members agree on
 // whether they can read each other's memory, read the buffers a member
 // published, and a buffer that cannot be read is an error naming its owner.
+// And its liveness probe: a waiter past its deadline tells a member that
+// waits itself from one that is stalled, and lets the former report first.
 // The allreduce that uses them is checked against exact sums with every
 // other collective test (tests/testing/test_env.cc sends 16 KiB and more
 // through it at every group size).
@@ -8,7 +10,9 @@
 
 #include <sys/mman.h>
 
+#include <atomic>
 #include <numeric>
+#include <thread>
 #include <vector>
 
 #include "backend/shm/group.h"
@@ -131,6 +135,83 @@ TEST(ShmSingleCopy, AnUnreadableBufferIsAnErrorNamingItsOwner) {
   });
   testing::expectNoErrors(errs);
   ::munmap(hole, 1 << 16);
+}
+
+// ---- liveness -----------------------------------------------------------
+
+// Member 0's side of the liveness tests: op 1 with a 200 ms deadline, whose
+// first sync must fail (member 1 never syncs); returns that error.
+Error syncThatFails(Group& g) {
+  g.beginOp(1, envelope(), Deadline::after(std::chrono::milliseconds(200)));
+  try {
+    g.sync();
+  } catch (const Error& e) {
+    return e;
+  }
+  ADD_FAILURE() << "member 0 finished the op without member 1";
+  return Error(ErrorCode::kInternal, "no error", ErrorContext{});
+}
+
+// Member 1 starts the op but never syncs. Member 0's wait passes its
+// deadline and probes: a member 1 that answers (as its waits on another
+// transport do through the hook) is alive but waiting itself; one that does
+// not answer is stalled. Either way the timeout names member 1 (rank 7), and
+// member 0's sleeping wait ran its own hook.
+TEST(ShmLiveness, TheTimeoutSaysWhetherTheMemberAnswersTheProbe) {
+  for (bool answers : {true, false}) {
+    std::atomic<bool> done{false};
+    std::atomic<int> hookRuns{0};
+    auto errs = onThreads(2, [&](int r, const std::shared_ptr<Store>& store) {
+      GroupOptions o = optionsFor(r, 2, store);
+      o.commRanks = {5, 7};
+      o.timeout = std::chrono::milliseconds(400);  // a grace of 100 ms
+      auto g = connectOrFail(o);
+      if (r == 0) {
+        g->setWhileWaiting([&] { ++hookRuns; });
+        const Error e = syncThatFails(*g);
+        EXPECT_EQ(e.code(), ErrorCode::kTimeout) << e.what();
+        EXPECT_EQ(e.context().peer, 7) << e.what();
+        const std::string want =
+            answers ? "rank 7 is alive but waiting itself" : "rank 7 is not responding";
+        EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+        done = true;
+        return;
+      }
+      g->beginOp(1, envelope(), soon());
+      while (!done) {
+        if (answers) g->answerProbes();
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+    });
+    testing::expectNoErrors(errs);
+    EXPECT_GT(hookRuns.load(), 0);
+  }
+}
+
+// Member 1 waits elsewhere and reports the failure it ran into as soon as
+// member 0's probe reaches it: member 0 raises that report (naming the
+// stalled rank behind member 1), not a timeout blaming member 1.
+TEST(ShmLiveness, TheReportOfAMemberThatWaitsItselfWinsOverTheTimeout) {
+  std::atomic<bool> done{false};
+  auto errs = onThreads(2, [&](int r, const std::shared_ptr<Store>& store) {
+    GroupOptions o = optionsFor(r, 2, store);
+    o.timeout = std::chrono::milliseconds(400);
+    auto g = connectOrFail(o);
+    if (r == 0) {
+      const Error e = syncThatFails(*g);
+      EXPECT_EQ(e.code(), ErrorCode::kTimeout) << e.what();
+      const std::string what = e.what();
+      EXPECT_NE(what.find("rank 1 failed"), std::string::npos) << what;
+      EXPECT_NE(what.find("rank 9 stalled"), std::string::npos) << what;
+      done = true;
+      return;
+    }
+    g->beginOp(1, envelope(), soon());
+    while (!done && !g->answerProbes()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (!done) g->notifyPeers(Error(ErrorCode::kTimeout, "rank 9 stalled", ErrorContext{}));
+    while (!done) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  });
+  testing::expectNoErrors(errs);
 }
 
 }  // namespace

@@ -4,7 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstring>
+#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -331,6 +334,49 @@ TEST(HierarchicalMismatch, AvgAgainstSumIsAMismatch) {
       std::rethrow_exception(errors[r]);
     } catch (const Error& e) {
       EXPECT_EQ(e.code(), ErrorCode::kMismatch) << "rank " << r << ": " << e.what();
+    }
+  }
+}
+
+// A rank that stops calling collectives (its thread leaves gflow) stalls a
+// hierarchical allreduce in both of its phases. Every other rank fails, and
+// names the stalled rank: the ranks that wait on it directly time out
+// blaming it; a rank that waits on one of those, across hosts or in shared
+// memory, finds it alive (it answers probes from its wait in the other
+// phase) and reports the failure that rank relays. (A rank stopped in the
+// middle of an op, the cross phase on the helper thread, is FaultStop's.)
+TEST(HierarchicalStall, EveryRankNamesTheRankThatStopsCalling) {
+  for (const int victim : {3, 2}) {
+    Options base;
+    base.timeout = std::chrono::milliseconds(600);
+    auto world = testing::makeWorldWith(4, testing::onHosts({0, 0, 1, 1}, base));
+    std::vector<std::string> what(4);
+    std::atomic<int> failed{0};
+    testing::forEachRank(world, [&](Communicator& c) {
+      std::vector<float> v(4096, 1.0f);
+      c.allreduce(tensor(v.data(), v.size()));
+      if (c.rank() == victim) {  // stalls outside gflow until the others gave up
+        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+        while (failed < 3 && std::chrono::steady_clock::now() < until) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        }
+        return;
+      }
+      try {
+        c.allreduce(tensor(v.data(), v.size()));
+        what[c.rank()] = "completed without the stalled rank";
+      } catch (const Error& e) {
+        what[c.rank()] = std::string(toString(e.code())) + ": " + e.what();
+      }
+      ++failed;
+    });
+    const std::regex names("\\b(rank|peer) " + std::to_string(victim) + "\\b");
+    for (int r = 0; r < 4; ++r) {
+      if (r == victim) continue;
+      EXPECT_TRUE(what[r].rfind("timeout: ", 0) == 0 || what[r].rfind("peer_lost: ", 0) == 0)
+          << "victim " << victim << " rank " << r << ": " << what[r];
+      EXPECT_TRUE(std::regex_search(what[r], names))
+          << "victim " << victim << " rank " << r << " blames another rank: " << what[r];
     }
   }
 }

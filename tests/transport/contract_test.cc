@@ -268,6 +268,42 @@ TEST_P(TransportContract, TimeoutSaysWhetherTheSilentPeerIsAliveAndBlamesIt) {
   }
 }
 
+// poll() answers probes: a rank 1 that only polls (what the hook of a
+// companion transport does while its own wait sleeps) is alive. Rank 0's
+// sleeping wait runs its own hook (Context::setWhileWaiting).
+TEST_P(TransportContract, PollAnswersTheProbeAndSleepingWaitsRunTheHook) {
+  std::atomic<bool> done{false};
+  std::atomic<int> hookRuns{0};
+  auto errs = run(
+      2,
+      [&](Context& c) {
+        c.beginGroup(1, kEnv);
+        if (c.rank() == 1) {
+          try {
+            while (!done) {
+              c.poll();
+              std::this_thread::sleep_for(milliseconds(5));
+            }
+          } catch (const Error&) {
+            // rank 0 left: expected.
+          }
+          return;
+        }
+        SetOnExit release{done};
+        c.setWhileWaiting([&] { ++hookRuns; });
+        char b = 0;
+        auto r = c.irecv(1, &b, 1, Tag{1, 0}, kEnv);
+        c.wait(r, Deadline::after(milliseconds(200)));
+      },
+      std::chrono::seconds(1));
+  ASSERT_TRUE(errs[0]);
+  const Error e = errorOf(errs[0]);
+  EXPECT_EQ(e.code(), ErrorCode::kTimeout) << e.what();
+  EXPECT_NE(std::string(e.what()).find("rank 1 is alive but waiting itself"), std::string::npos)
+      << e.what();
+  EXPECT_GT(hookRuns.load(), 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, TransportContract, ::testing::Values("tcp", "verbs"),
                          [](const ::testing::TestParamInfo<const char*>& p) {
                            return std::string(p.param);

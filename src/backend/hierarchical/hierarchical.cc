@@ -4,6 +4,7 @@
 #include <cstring>
 #include <future>
 #include <map>
+#include <mutex>
 #include <string>
 
 #include "common/check.h"
@@ -74,6 +75,8 @@ class HierarchicalBackend final : public Backend {
     for (int host = 0; host < h.numHosts; ++host) hostRanks_.push_back(h.ranksOfHost(host));
     for (size_t i = 0; i < localRanks_.size(); ++i) localIndex_[localRanks_[i]] = int(i);
     for (size_t i = 0; i < crossRanks_.size(); ++i) crossIndex_[crossRanks_[i]] = int(i);
+    local_->setWhileWaiting([this] { answerFor(*cross_, crossMu_); });
+    cross_->setWhileWaiting([this] { answerFor(*local_, localMu_); });
   }
 
   void allreduce(const Op& op, const void* inp, void* outp) override {
@@ -311,6 +314,7 @@ class HierarchicalBackend final : public Backend {
   void runLocal(const Op& op, OpKind kind, ReduceOp rop, uint64_t count, int root, F&& f) {
     Op sub{++localSeq_, subDesc(op, kind, rop, count, root, Algorithm::kShm), op.deadline,
            op.buffers};
+    const std::lock_guard<std::mutex> busy(localMu_);
     run(sub, localRanks_, "on this host", f);
   }
 
@@ -320,7 +324,23 @@ class HierarchicalBackend final : public Backend {
     const int n = static_cast<int>(crossRanks_.size());
     const Algorithm algo = crossSelect_(kind, bytes, n);
     Op sub{++crossSeq_, subDesc(op, kind, rop, count, root, algo), op.deadline, op.buffers};
+    const std::lock_guard<std::mutex> busy(crossMu_);
     run(sub, crossRanks_, "across hosts", f);
+  }
+
+  // Liveness across the phases: while a wait of one part sleeps, the other
+  // part answers its peers' probes, so a rank waiting on shared memory still
+  // answers a PING from across hosts and the other way round (a waiter that
+  // hears no answer blames this rank for the stall). Skipped while the part
+  // runs a phase on the helper thread: its own waits answer then.
+  static void answerFor(Backend& part, std::mutex& busy) {
+    std::unique_lock<std::mutex> lock(busy, std::try_to_lock);
+    if (!lock.owns_lock()) return;
+    try {
+      part.answerProbes();
+    } catch (const Error&) {
+      // The part's error is sticky: its next phase raises it, named as its own.
+    }
   }
 
   // Runs a phase; its errors name the communicator's ranks, not the group's.
@@ -355,6 +375,9 @@ class HierarchicalBackend final : public Backend {
   uint64_t segmentBytes_;
   uint64_t localSeq_ = 0;
   uint64_t crossSeq_ = 0;  // touched by the helper thread while it runs
+  // Held while a phase of the part runs (answerFor skips a busy part).
+  std::mutex localMu_;
+  std::mutex crossMu_;
   std::vector<char> scratch_;
 };
 

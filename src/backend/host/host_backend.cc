@@ -78,6 +78,10 @@ class HostBackend final : public Backend {
   void abort(const Error& error) override { ctx_->abort(error); }
   void notifyPeers(const Error& error) override { ctx_->notifyPeers(error); }
   PeerStats peerStats(int peer) const override { return ctx_->peerStats(peer); }
+  void answerProbes() override { ctx_->poll(); }
+  void setWhileWaiting(std::function<void()> hook) override {
+    ctx_->setWhileWaiting(std::move(hook));
+  }
   void registerMemory(void* data, size_t bytes,
                       std::vector<std::unique_ptr<transport::MemoryRegion>>* out) override {
     out->push_back(ctx_->registerMemory(data, bytes));

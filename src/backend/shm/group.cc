@@ -20,13 +20,16 @@ namespace gflow::backend::shm {
 
 namespace {
 
-constexpr uint64_t kMagic = 0x676677736d310002ull;  // "gflwsm1" + layout version
+constexpr uint64_t kMagic = 0x676677736d310003ull;  // "gflwsm1" + layout version
 constexpr size_t kPage = 4096;
 // How long a waiter polls (spinning, or yielding when oversubscribed) before
 // it sleeps on the futex. Collective phases are short, so most waits end here.
 constexpr auto kPollTime = std::chrono::microseconds(2000);
 // Futex sleeps are sliced so deadlines, aborts and dead peers are noticed.
 constexpr int64_t kSleepSliceUs = 2000;
+// How often a sleeping wait runs the companion transport's hook: well within
+// the smallest probe grace (50 ms), rarely enough to cost nothing.
+constexpr auto kHookPeriod = std::chrono::milliseconds(10);
 
 size_t roundUp(size_t n, size_t to) {
   return (n + to - 1) / to * to;
@@ -59,7 +62,8 @@ struct OpRecord {
 };
 
 // The control block at the start of every segment. Only its owner writes it,
-// except `waiters`, which the members waiting on the owner count in.
+// except `waiters`, which the members waiting on the owner count in, and
+// `pings`, which they raise to probe it.
 struct Control {
   uint64_t magic;
   uint64_t nonce;
@@ -72,7 +76,9 @@ struct Control {
   std::atomic<uint32_t> waiters;
   alignas(64) OpRecord ops[2];  // by op number parity
   alignas(64) std::atomic<uint32_t> failed;
-  std::atomic<uint32_t> left;  // the owner destroyed its group (process may live on)
+  std::atomic<uint32_t> left;               // the owner destroyed its group (process may live on)
+  alignas(64) std::atomic<uint64_t> pings;  // probes raised by waiters
+  std::atomic<uint64_t> pongs;              // the owner's answer: pings seen
   uint32_t code;
   uint64_t failedOp;  // op number the owner was in when it failed
   char message[1024];
@@ -190,6 +196,7 @@ std::unique_ptr<Group> Group::connect(const GroupOptions& o, std::string* why) {
   g->rank_ = o.rank;
   g->size_ = o.size;
   g->describe_ = o.describe;
+  g->timeout_ = o.timeout;
   g->commRanks_ = o.commRanks;
   if (g->commRanks_.empty()) {
     for (int i = 0; i < o.size; ++i) g->commRanks_.push_back(i);
@@ -366,7 +373,7 @@ void Group::raise(const Error& e) {
   throw *error_.set(e);
 }
 
-void Group::checkSlow(int member, uint64_t tick) {
+void Group::checkSlow(int member, uint64_t tick, transport::LivenessProbe& probe) {
   error_.throwIfFailed();
   // The member may have reached `tick` (and moved on or left) since the
   // waiter last looked, e.g. while the waiter was preempted: that is
@@ -396,21 +403,47 @@ void Group::checkSlow(int member, uint64_t tick) {
                     "communicator during the op",
                 context(member)));
   }
-  if (deadline_.expired()) {
-    const OpRecord* r = ctl_[member]->ops;
-    const bool newer =
-        r[1].number.load(std::memory_order_acquire) > r[0].number.load(std::memory_order_acquire);
-    std::ostringstream os;
-    os << "Timed out waiting for rank " << commRanks_[member]
-       << " (same host, shared memory); it last started op #" << r[newer ? 1 : 0].seq
-       << ", this rank is in #" << seq_;
-    raise(Error(ErrorCode::kTimeout, os.str(), context(member)));
+  switch (probe.step(deadline_, ctl_[member]->pongs.load(std::memory_order_acquire))) {
+    case transport::LivenessProbe::Step::kPing:
+      ctl_[member]->pings.fetch_add(1, std::memory_order_acq_rel);
+      break;
+    case transport::LivenessProbe::Step::kTimeout: raise(timeoutError(member, probe.peerAlive()));
+    case transport::LivenessProbe::Step::kWait: break;
   }
+}
+
+Error Group::timeoutError(int member, bool alive) const {
+  const OpRecord* r = ctl_[member]->ops;
+  const bool newer =
+      r[1].number.load(std::memory_order_acquire) > r[0].number.load(std::memory_order_acquire);
+  const int who = commRanks_[member];
+  std::ostringstream os;
+  os << "Timed out waiting for rank " << who << " (same host, shared memory); it last started op #"
+     << r[newer ? 1 : 0].seq << ", this rank is in #" << seq_ << "; rank " << who;
+  if (alive) {
+    os << " is alive but waiting itself: the stalled rank is further along the chain";
+  } else {
+    os << " is not responding (stopped, hung or not calling this collective)";
+  }
+  return Error(ErrorCode::kTimeout, os.str(), context(member));
+}
+
+bool Group::answerProbes() {
+  Control* c = ctl_[rank_];
+  const uint64_t pings = c->pings.load(std::memory_order_acquire);
+  uint64_t pongs = c->pongs.load(std::memory_order_relaxed);
+  const bool pending = pongs < pings;
+  // Only ever raised: answers from two threads never take one back.
+  while (pongs < pings &&
+         !c->pongs.compare_exchange_weak(pongs, pings, std::memory_order_acq_rel)) {
+  }
+  return pending;
 }
 
 void Group::waitFor(int member, uint64_t tick) {
   Control* c = ctl_[member];
   if (c->tick.load(std::memory_order_acquire) >= tick) return;
+  transport::LivenessProbe probe(timeout_);
   const auto pollUntil = Deadline::Clock::now() + kPollTime;
   while (true) {
     for (int i = 0; i < 128; ++i) {
@@ -420,13 +453,19 @@ void Group::waitFor(int member, uint64_t tick) {
     if (oversubscribed_) sched_yield();
     if (error_.failed() || c->failed.load(std::memory_order_relaxed) != 0 ||
         c->left.load(std::memory_order_relaxed) != 0) {
-      checkSlow(member, tick);
+      checkSlow(member, tick, probe);
       if (c->tick.load(std::memory_order_acquire) >= tick) return;
     }
     if (Deadline::Clock::now() >= pollUntil) break;
   }
+  auto hookAt = Deadline::Clock::now();
   while (true) {
-    checkSlow(member, tick);
+    checkSlow(member, tick, probe);
+    answerProbes();
+    if (whileWaiting_ && Deadline::Clock::now() >= hookAt) {
+      whileWaiting_();
+      hookAt = Deadline::Clock::now() + kHookPeriod;
+    }
     c->waiters.fetch_add(1, std::memory_order_seq_cst);
     const uint32_t v = c->wakeSeq.load(std::memory_order_seq_cst);
     if (c->tick.load(std::memory_order_seq_cst) >= tick) {

@@ -25,12 +25,19 @@
 // Waiting spins (yielding the core when the host has fewer cores than
 // members), then sleeps on a futex in short slices; between slices it checks
 // the op's deadline, abort(), failures published by members and whether a
-// member's process has exited (kPeerLost).
+// member's process has exited (kPeerLost). When the deadline passes, the
+// waiter probes the member it waits on under the network transports' blame
+// policy (transport/liveness.h): a counter in the member's memory that the
+// member raises to answer (answerProbes) from its own waits, and from the
+// waits of the other transport of a composed op (setWhileWaiting, wired by
+// the hierarchical backend). A member that answers is waiting itself, so the
+// waiter gives it the time to report the rank that stalled.
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -40,6 +47,7 @@
 #include "common/sticky_error.h"
 #include "gflow/error.h"
 #include "gflow/store.h"
+#include "transport/liveness.h"
 #include "transport/transport.h"
 
 namespace gflow::backend::shm {
@@ -109,6 +117,12 @@ class Group {
   // so does every later beginOp.
   void abort(const Error& error) { error_.set(error); }
   void notifyPeers(const Error& error);
+  // Answers the probes raised on this member's memory; true if one was
+  // waiting for an answer. Any thread.
+  bool answerProbes();
+  // `hook` runs while this member's waits sleep, every few ms (owning
+  // thread; set before the first op).
+  void setWhileWaiting(std::function<void()> hook) { whileWaiting_ = std::move(hook); }
   std::shared_ptr<const Error> error() const { return error_.get(); }
   // Records that this member read `bytes` of `member`'s slots (algorithms
   // call it; it feeds peerStats on both sides).
@@ -122,8 +136,11 @@ class Group {
   void waitFor(int member, uint64_t tick);
   [[noreturn]] void raise(const Error& e);
   // Raises if waiting for `member` to reach `tick` cannot succeed (abort,
-  // a failure reported by any member, the member exited, the deadline).
-  void checkSlow(int member, uint64_t tick);
+  // a failure reported by any member, the member exited, the deadline as
+  // `probe` rules); probes the member once the deadline has passed.
+  void checkSlow(int member, uint64_t tick, transport::LivenessProbe& probe);
+  Error timeoutError(int member, bool alive) const;
+
   void checkOp(int member);
   void publish(uint64_t tick);
   ErrorContext context(int member) const;
@@ -131,6 +148,8 @@ class Group {
   int rank_ = 0;
   int size_ = 1;
   size_t slotBytes_ = 0;
+  std::chrono::milliseconds timeout_{300000};  // sizes the probe's grace
+  std::function<void()> whileWaiting_;
   std::vector<int> commRanks_;
   Mapping own_;
   std::vector<Mapping> peers_;

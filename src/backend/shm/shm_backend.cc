@@ -189,6 +189,10 @@ class ShmBackend final : public Backend {
   void abort(const Error& error) override { g_->abort(error); }
   void notifyPeers(const Error& error) override { g_->notifyPeers(error); }
   PeerStats peerStats(int peer) const override { return g_->peerStats(peer); }
+  void answerProbes() override { g_->answerProbes(); }
+  void setWhileWaiting(std::function<void()> hook) override {
+    g_->setWhileWaiting(std::move(hook));
+  }
   // Shared memory copies through its own segments: nothing to register.
   void registerMemory(void*, size_t,
                       std::vector<std::unique_ptr<transport::MemoryRegion>>*) override {}

@@ -449,6 +449,7 @@ void TcpContext::waitUntilDone(const RequestPtr& req, Deadline deadline) {
   LivenessProbe probe(timeout());
   while (!req->done()) {
     const bool polling = spin.polling();
+    if (!polling) whileWaiting();
     progress(polling ? 0 : probe.sleepMs(deadline, 1000));
     checkFailed();
     if (req->done()) break;

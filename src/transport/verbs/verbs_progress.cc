@@ -319,7 +319,10 @@ void VerbsContext::waitUntilDone(const RequestPtr& req, Deadline deadline) {
       case LivenessProbe::Step::kTimeout: failTimeout(req, liveness.peerAlive(), " over verbs");
       case LivenessProbe::Step::kWait: break;
     }
-    if (n == 0) sleepForEvents(liveness.sleepMs(deadline, 250));
+    if (n == 0) {
+      whileWaiting();
+      sleepForEvents(liveness.sleepMs(deadline, 250));
+    }
   }
 }
 
