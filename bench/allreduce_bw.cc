@@ -146,7 +146,7 @@ class GflowBackend : public Backend {
                        ", hosts " + std::to_string(comm_->numHosts()) + ", local size " +
                        std::to_string(comm_->localSize())};
   }
-  bool supports(DataType, ReduceOp) const override { return true; }
+  bool supports(DataType dtype, ReduceOp op) const override { return supportsReduceOp(dtype, op); }
 
   bool supports(Collective) const override { return true; }
 

@@ -58,6 +58,29 @@ void fill(DataType dtype, std::vector<uint8_t>& buf, double value, bool vary) {
         break;
       }
       case DataType::kUInt8: *p = static_cast<uint8_t>(v); break;
+      case DataType::kInt8: *p = static_cast<uint8_t>(static_cast<int8_t>(v)); break;
+      case DataType::kInt16: {
+        const auto x = static_cast<int16_t>(v);
+        std::memcpy(p, &x, 2);
+        break;
+      }
+      case DataType::kBool: *p = v != 0 ? 1 : 0; break;
+      case DataType::kFloat8E4M3:
+        *p = gflow::kernels::floatToFloat8e4m3(static_cast<float>(v));
+        break;
+      case DataType::kFloat8E5M2:
+        *p = gflow::kernels::floatToFloat8e5m2(static_cast<float>(v));
+        break;
+      case DataType::kComplex64: {
+        const float f[2] = {static_cast<float>(v), -static_cast<float>(v)};
+        std::memcpy(p, f, 8);
+        break;
+      }
+      case DataType::kComplex128: {
+        const double d[2] = {v, -v};
+        std::memcpy(p, d, 16);
+        break;
+      }
     }
   }
 }
@@ -78,7 +101,10 @@ void reduceBench(benchmark::State& state, Isa isa, DataType dtype, ReduceOp op) 
     case ReduceOp::kAvg: fill(dtype, b, 0.0, false); break;
     case ReduceOp::kProd: fill(dtype, b, 1.0, false); break;
     case ReduceOp::kMin:
-    case ReduceOp::kMax: fill(dtype, b, 17.0, true); break;
+    case ReduceOp::kMax:
+    case ReduceOp::kBand:
+    case ReduceOp::kBor:
+    case ReduceOp::kBxor: fill(dtype, b, 17.0, true); break;
   }
   for (auto _ : state) {
     fn(a.data(), a.data(), b.data(), count);
@@ -109,14 +135,14 @@ BENCHMARK(memcpyBench)->Name("memcpy_dram")->Arg(256 << 20)->Threads(1)->Threads
 
 // Registers reduce/<isa>/<dtype>/<op>/<bytes> for every ISA this CPU runs.
 int registerAll() {
-  constexpr DataType kTypes[] = {DataType::kFloat32, DataType::kFloat16, DataType::kBFloat16,
-                                 DataType::kFloat64, DataType::kInt32,   DataType::kInt64,
-                                 DataType::kUInt8};
-  constexpr ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProd};
+  constexpr ReduceOp kOps[] = {ReduceOp::kSum,  ReduceOp::kMin,  ReduceOp::kMax,
+                               ReduceOp::kProd, ReduceOp::kBand, ReduceOp::kBxor};
   for (Isa isa : {Isa::kBaseline, Isa::kAvx2, Isa::kAvx512}) {
     if (gflow::kernels::cpu::tableFor(isa) == nullptr) continue;
-    for (DataType dtype : kTypes) {
+    for (int t = 0; t < gflow::kNumDataTypes; ++t) {
+      const auto dtype = static_cast<DataType>(t);
       for (ReduceOp op : kOps) {
+        if (!gflow::supportsReduceOp(dtype, op)) continue;
         const std::string name = std::string("reduce/") + gflow::kernels::toString(isa) + "/" +
                                  gflow::toString(dtype) + "/" + gflow::toString(op);
         benchmark::RegisterBenchmark(name.c_str(), reduceBench, isa, dtype, op)

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "common/pattern.h"
 #include "gflow/error.h"
 
 namespace gflow::bench {
@@ -11,9 +12,9 @@ namespace {
 
 const DataType kAllTypes[] = {DataType::kFloat32, DataType::kFloat16, DataType::kBFloat16,
                               DataType::kFloat64, DataType::kInt32,   DataType::kInt64,
-                              DataType::kUInt8};
-const ReduceOp kAllOps[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax,
-                            ReduceOp::kProd};
+                              DataType::kUInt8,   DataType::kInt8,    DataType::kInt16};
+const ReduceOp kAllOps[] = {ReduceOp::kSum,  ReduceOp::kAvg,  ReduceOp::kMin, ReduceOp::kMax,
+                            ReduceOp::kProd, ReduceOp::kBand, ReduceOp::kBor, ReduceOp::kBxor};
 
 void printHelp(const DriverInfo& info) {
   std::printf(
@@ -160,6 +161,9 @@ int parseSweepArgs(int argc, char** argv, DriverInfo& info, SweepConfig* cfg) {
             cfg->dtypes.assign(std::begin(kAllTypes), std::end(kAllTypes));
           } else {
             cfg->dtypes.push_back(parseDataType(t));
+            if (!sweepable(cfg->dtypes.back())) {
+              return usage(info, "-d: the sweep does not cover " + t);
+            }
           }
         }
       } catch (const Error& e) {

@@ -44,6 +44,8 @@ uint16_t floatToBFloat16(float f) {
 int64_t exactIntegerLimit(DataType t) {
   switch (t) {
     case DataType::kUInt8: return 255;
+    case DataType::kInt8: return 127;
+    case DataType::kInt16: return 32767;
     case DataType::kBFloat16: return 256;
     case DataType::kFloat16: return 2048;
     case DataType::kFloat32: return 1 << 24;
@@ -55,6 +57,8 @@ int64_t exactIntegerLimit(DataType t) {
 int exponentRoom(DataType t) {
   switch (t) {
     case DataType::kUInt8: return 7;
+    case DataType::kInt8: return 6;
+    case DataType::kInt16: return 14;
     case DataType::kFloat16: return 15;
     case DataType::kInt32: return 30;
     case DataType::kInt64: return 62;
@@ -95,6 +99,28 @@ void encodeValue(DataType dtype, double value, void* dst) {
       return;
     }
     case DataType::kUInt8: *static_cast<uint8_t*>(dst) = static_cast<uint8_t>(value); return;
+    case DataType::kInt8: *static_cast<int8_t*>(dst) = static_cast<int8_t>(value); return;
+    case DataType::kInt16: {
+      int16_t v = static_cast<int16_t>(value);
+      std::memcpy(dst, &v, sizeof(v));
+      return;
+    }
+    case DataType::kBool:
+    case DataType::kFloat8E4M3:
+    case DataType::kFloat8E5M2:
+    case DataType::kComplex64:
+    case DataType::kComplex128: break;  // not swept (sweepable() is false)
+  }
+}
+
+bool sweepable(DataType dtype) {
+  switch (dtype) {
+    case DataType::kBool:
+    case DataType::kFloat8E4M3:
+    case DataType::kFloat8E5M2:
+    case DataType::kComplex64:
+    case DataType::kComplex128: return false;
+    default: return true;
   }
 }
 
@@ -115,7 +141,10 @@ CheckPattern::CheckPattern(DataType dtype, ReduceOp op, int worldSize)
     case ReduceOp::kSum:
     case ReduceOp::kAvg: period_ = static_cast<size_t>(sumMax_); break;
     case ReduceOp::kMin:
-    case ReduceOp::kMax: period_ = kMinMaxRange; break;
+    case ReduceOp::kMax:
+    case ReduceOp::kBand:
+    case ReduceOp::kBor:
+    case ReduceOp::kBxor: period_ = kMinMaxRange; break;
     case ReduceOp::kProd: period_ = static_cast<size_t>(worldSize) + 1; break;
   }
 
@@ -130,11 +159,15 @@ CheckPattern::CheckPattern(DataType dtype, ReduceOp op, int worldSize)
         case ReduceOp::kMin: acc = std::min(acc, v); break;
         case ReduceOp::kMax: acc = std::max(acc, v); break;
         case ReduceOp::kProd: acc *= v; break;
+        case ReduceOp::kBand: acc = static_cast<double>(int64_t(acc) & int64_t(v)); break;
+        case ReduceOp::kBor: acc = static_cast<double>(int64_t(acc) | int64_t(v)); break;
+        case ReduceOp::kBxor: acc = static_cast<double>(int64_t(acc) ^ int64_t(v)); break;
       }
     }
     if (op == ReduceOp::kAvg) {
-      bool integer =
-          dtype == DataType::kInt32 || dtype == DataType::kInt64 || dtype == DataType::kUInt8;
+      bool integer = dtype == DataType::kInt32 || dtype == DataType::kInt64 ||
+                     dtype == DataType::kUInt8 || dtype == DataType::kInt8 ||
+                     dtype == DataType::kInt16;
       acc = integer ? std::trunc(acc / worldSize) : acc / worldSize;
     }
     encodeValue(dtype, acc, &expected_[j * esize_]);
@@ -147,6 +180,9 @@ double CheckPattern::value(int rank, size_t j) const {
     case ReduceOp::kAvg: return 1 + static_cast<double>((static_cast<size_t>(rank) + j) % period_);
     case ReduceOp::kMin:
     case ReduceOp::kMax:
+    case ReduceOp::kBand:
+    case ReduceOp::kBor:
+    case ReduceOp::kBxor:
       return 1 + static_cast<double>((static_cast<size_t>(rank) * 7 + j * 3) % kMinMaxRange);
     case ReduceOp::kProd:
       // Element j gets a 2 from ranks 0..j-1 (at most prodMax_ of them):

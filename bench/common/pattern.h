@@ -52,5 +52,8 @@ void fillValue(DataType dtype, double value, void* buf, size_t count);
 // Rounds `value` to `dtype` (round to nearest even; integers truncate) and
 // writes the encoding at `dst`.
 void encodeValue(DataType dtype, double value, void* dst);
+// Whether the sweep's value patterns cover `dtype` (not bool, float8 or
+// complex: the C++ tests check those against exact references).
+bool sweepable(DataType dtype);
 
 }  // namespace gflow::bench

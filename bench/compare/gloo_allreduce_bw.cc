@@ -98,7 +98,10 @@ const gloo::ReductionFunction<T>* reduction(ReduceOp op) {
     case ReduceOp::kProd: return gloo::ReductionFunction<T>::product;
     case ReduceOp::kMin: return gloo::ReductionFunction<T>::min;
     case ReduceOp::kMax: return gloo::ReductionFunction<T>::max;
-    case ReduceOp::kAvg: break;
+    case ReduceOp::kAvg:
+    case ReduceOp::kBand:
+    case ReduceOp::kBor:
+    case ReduceOp::kBxor: break;
   }
   return nullptr;
 }
@@ -114,7 +117,10 @@ VoidReduce reductionFunc(ReduceOp op) {
     case ReduceOp::kProd: return &gloo::product<T>;
     case ReduceOp::kMin: return &gloo::min<T>;
     case ReduceOp::kMax: return &gloo::max<T>;
-    case ReduceOp::kAvg: break;
+    case ReduceOp::kAvg:
+    case ReduceOp::kBand:
+    case ReduceOp::kBor:
+    case ReduceOp::kBxor: break;
   }
   return nullptr;
 }
@@ -170,17 +176,21 @@ class GlooBackend : public Backend {
   }
 
   bool supports(DataType dtype, ReduceOp op) const override {
-    if (op == ReduceOp::kAvg) return false;  // Gloo has no average
+    // Gloo has no average and no bitwise reductions.
+    if (op == ReduceOp::kAvg || op == ReduceOp::kBand || op == ReduceOp::kBor ||
+        op == ReduceOp::kBxor) {
+      return false;
+    }
     switch (dtype) {
       case DataType::kFloat32:
       case DataType::kFloat16:
       case DataType::kFloat64:
       case DataType::kInt32:
       case DataType::kInt64:
-      case DataType::kUInt8: return true;
-      case DataType::kBFloat16: return false;
+      case DataType::kUInt8:
+      case DataType::kInt8: return true;
+      default: return false;
     }
-    return false;
   }
 
   std::function<void()> prepare(Collective, void* in, void* out, size_t count, DataType dtype,
@@ -192,7 +202,8 @@ class GlooBackend : public Backend {
       case DataType::kInt32: return prepareTyped<int32_t>(in, out, count, op);
       case DataType::kInt64: return prepareTyped<int64_t>(in, out, count, op);
       case DataType::kUInt8: return prepareTyped<uint8_t>(in, out, count, op);
-      case DataType::kBFloat16: break;
+      case DataType::kInt8: return prepareTyped<int8_t>(in, out, count, op);
+      default: break;
     }
     throw std::invalid_argument("unsupported data type");
   }

@@ -48,8 +48,15 @@ MPI_Datatype mpiType(DataType t) {
     case DataType::kInt32: return MPI_INT32_T;
     case DataType::kInt64: return MPI_INT64_T;
     case DataType::kUInt8: return MPI_UINT8_T;
+    case DataType::kInt8: return MPI_INT8_T;
+    case DataType::kInt16: return MPI_INT16_T;
+    case DataType::kComplex64: return MPI_C_FLOAT_COMPLEX;
+    case DataType::kComplex128: return MPI_C_DOUBLE_COMPLEX;
     case DataType::kFloat16:
-    case DataType::kBFloat16: break;  // not in MPI 3.1
+    case DataType::kBFloat16:
+    case DataType::kFloat8E4M3:
+    case DataType::kFloat8E5M2:
+    case DataType::kBool: break;  // not in MPI 3.1 (C bool is, with other op names)
   }
   return MPI_DATATYPE_NULL;
 }
@@ -60,6 +67,9 @@ MPI_Op mpiOp(ReduceOp op) {
     case ReduceOp::kProd: return MPI_PROD;
     case ReduceOp::kMin: return MPI_MIN;
     case ReduceOp::kMax: return MPI_MAX;
+    case ReduceOp::kBand: return MPI_BAND;
+    case ReduceOp::kBor: return MPI_BOR;
+    case ReduceOp::kBxor: return MPI_BXOR;
     case ReduceOp::kAvg: break;  // MPI has no average
   }
   return MPI_OP_NULL;

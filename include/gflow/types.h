@@ -20,17 +20,31 @@ enum class DataType : uint8_t {
   kInt32 = 4,
   kInt64 = 5,
   kUInt8 = 6,
+  kInt8 = 7,
+  kInt16 = 8,
+  kBool = 9,         // one byte, 0 or 1: sum and max are "or", prod and min "and"
+  kFloat8E4M3 = 10,  // OCP float8 E4M3FN (no inf; 448 is the largest); in float32
+  kFloat8E5M2 = 11,  // OCP float8 E5M2 (IEEE-like, with inf); reductions in float32
+  kComplex64 = 12,   // two float32 (real, imaginary); sum and avg only
+  kComplex128 = 13,  // two float64; sum and avg only
 };
-constexpr int kNumDataTypes = 7;
+constexpr int kNumDataTypes = 14;
 
+// Which op applies to which type (supportsReduceOp): every op to the integer
+// types; sum, avg, min, max and prod to the floating-point types; sum and avg
+// (part by part) to the complex types; to bool every op but avg. Integers
+// wrap; avg on integers truncates toward zero.
 enum class ReduceOp : uint8_t {
   kSum = 0,
   kAvg = 1,  // sum, then one division by the world size (integers truncate)
   kMin = 2,
   kMax = 3,
   kProd = 4,
+  kBand = 5,  // bitwise and (integer types and bool)
+  kBor = 6,   // bitwise or
+  kBxor = 7,  // bitwise xor
 };
-constexpr int kNumReduceOps = 5;
+constexpr int kNumReduceOps = 8;
 
 enum class DeviceType : uint8_t {
   kCPU = 0,
@@ -66,6 +80,9 @@ GFLOW_EXPORT Tensor tensor(double* data, size_t count);
 GFLOW_EXPORT Tensor tensor(int32_t* data, size_t count);
 GFLOW_EXPORT Tensor tensor(int64_t* data, size_t count);
 GFLOW_EXPORT Tensor tensor(uint8_t* data, size_t count);
+GFLOW_EXPORT Tensor tensor(int8_t* data, size_t count);
+GFLOW_EXPORT Tensor tensor(int16_t* data, size_t count);
+GFLOW_EXPORT Tensor tensor(bool* data, size_t count);
 
 // Bytes per element; 0 for a value outside the enum.
 GFLOW_EXPORT size_t dataTypeSize(DataType dtype);
@@ -75,6 +92,9 @@ GFLOW_EXPORT const char* toString(DeviceType type);
 // Parses "float32", "fp32", "float", "half", "bf16", ... Throws gflow::Error.
 GFLOW_EXPORT DataType parseDataType(const std::string& name);
 GFLOW_EXPORT ReduceOp parseReduceOp(const std::string& name);
+// Whether `op` applies to `dtype` (see ReduceOp); false for values outside
+// the enums. A collective given a pair that does not raises invalid_argument.
+GFLOW_EXPORT bool supportsReduceOp(DataType dtype, ReduceOp op);
 
 // Traffic between this rank and one peer (Communicator::stats).
 struct PeerStats {

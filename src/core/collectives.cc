@@ -32,7 +32,7 @@ std::shared_ptr<WorkState> doAllreduce(CommunicatorImpl& I, Tensor in, Tensor ou
   I.checkUsable(name);
   I.validateTensor(name, "in", in);
   I.validateTensor(name, "out", out);
-  I.validateOp(name, op);
+  I.validateOp(name, op, in.dtype);
   if (in.count != out.count || in.dtype != out.dtype) {
     I.invalid(name, "out (" + std::to_string(out.count) + " x " + toString(out.dtype) +
                         ") must match in (" + std::to_string(in.count) + " x " +
@@ -66,7 +66,7 @@ bool checkAllreduceOptions(CommunicatorImpl& I, const char* name, const Tensor& 
                            const AllreduceOptions& o) {
   I.checkUsable(name);
   I.validateTensor(name, "inout", inout);
-  I.validateOp(name, o.op);
+  I.validateOp(name, o.op, inout.dtype);
   const bool compress = o.wire != DataType::kFloat32 && o.wire != inout.dtype;
   if (compress && (inout.dtype != DataType::kFloat32 ||
                    (o.wire != DataType::kFloat16 && o.wire != DataType::kBFloat16))) {
@@ -155,7 +155,7 @@ std::shared_ptr<WorkState> doReduceScatter(CommunicatorImpl& I, Tensor in, Tenso
                                            bool blocking) {
   const char* name = "reduce_scatter";
   I.checkUsable(name);
-  I.validateOp(name, op);
+  I.validateOp(name, op, in.dtype);
   checkBlocks(I, name, out, "out", in, "in");
   if (overlap(in.data, in.nbytes(), out.data, out.nbytes())) {
     I.invalid(name, "in and out must not overlap");

@@ -96,10 +96,17 @@ void CommunicatorImpl::validateTensor(const char* op, const char* name, const Te
   }
 }
 
-void CommunicatorImpl::validateOp(const char* op, ReduceOp rop) {
+void CommunicatorImpl::validateOp(const char* op, ReduceOp rop, DataType dtype) {
   if (static_cast<int>(rop) >= kNumReduceOps) {
     invalid(op, "invalid reduce op (" + std::to_string(static_cast<int>(rop)) + ")");
   }
+  if (static_cast<int>(dtype) >= kNumDataTypes || supportsReduceOp(dtype, rop)) return;
+  const char* which = dtype == DataType::kBool ? "bool takes every op but avg"
+                      : dtype == DataType::kComplex64 || dtype == DataType::kComplex128
+                          ? "complex types take sum and avg"
+                          : "bitwise ops take integer types and bool";
+  invalid(op, std::string("reduce op ") + toString(rop) + " does not apply to " + toString(dtype) +
+                  " data (" + which + ")");
 }
 
 std::shared_ptr<WorkState> CommunicatorImpl::submit(

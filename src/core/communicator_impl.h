@@ -54,7 +54,9 @@ class CommunicatorImpl final : public Communicator {
   std::shared_ptr<const Error> error();
   void checkUsable(const char* op);
   void validateTensor(const char* op, const char* name, const Tensor& t);
-  void validateOp(const char* op, ReduceOp rop);
+  // `rop` is a valid op that applies to `dtype` (a dtype outside the enum is
+  // validateTensor's to report).
+  void validateOp(const char* op, ReduceOp rop, DataType dtype);
 
   // Builds the backends for (store, prefix): the flat host backend over the
   // network transport, then, from the host grouping, the shared-memory

@@ -52,7 +52,7 @@ std::shared_ptr<WorkState> doReduce(CommunicatorImpl& I, Tensor in, Tensor out, 
   const char* name = "reduce";
   I.checkUsable(name);
   I.validateTensor(name, "in", in);
-  I.validateOp(name, op);
+  I.validateOp(name, op, in.dtype);
   opcheck::checkRoot(I, name, root);
   const bool atRoot = I.commRank() == root;
   const bool same = atRoot && in.data == out.data;

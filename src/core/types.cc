@@ -22,6 +22,16 @@ Tensor tensor(int64_t* data, size_t count) {
 Tensor tensor(uint8_t* data, size_t count) {
   return Tensor(data, count, DataType::kUInt8);
 }
+Tensor tensor(int8_t* data, size_t count) {
+  return Tensor(data, count, DataType::kInt8);
+}
+Tensor tensor(int16_t* data, size_t count) {
+  return Tensor(data, count, DataType::kInt16);
+}
+Tensor tensor(bool* data, size_t count) {
+  static_assert(sizeof(bool) == 1, "gflow's bool is one byte");
+  return Tensor(data, count, DataType::kBool);
+}
 
 size_t dataTypeSize(DataType dtype) {
   switch (dtype) {
@@ -32,6 +42,13 @@ size_t dataTypeSize(DataType dtype) {
     case DataType::kInt32: return 4;
     case DataType::kInt64: return 8;
     case DataType::kUInt8: return 1;
+    case DataType::kInt8: return 1;
+    case DataType::kInt16: return 2;
+    case DataType::kBool: return 1;
+    case DataType::kFloat8E4M3: return 1;
+    case DataType::kFloat8E5M2: return 1;
+    case DataType::kComplex64: return 8;
+    case DataType::kComplex128: return 16;
   }
   return 0;
 }
@@ -45,6 +62,13 @@ const char* toString(DataType dtype) {
     case DataType::kInt32: return "int32";
     case DataType::kInt64: return "int64";
     case DataType::kUInt8: return "uint8";
+    case DataType::kInt8: return "int8";
+    case DataType::kInt16: return "int16";
+    case DataType::kBool: return "bool";
+    case DataType::kFloat8E4M3: return "float8_e4m3";
+    case DataType::kFloat8E5M2: return "float8_e5m2";
+    case DataType::kComplex64: return "complex64";
+    case DataType::kComplex128: return "complex128";
   }
   return "invalid";
 }
@@ -56,6 +80,9 @@ const char* toString(ReduceOp op) {
     case ReduceOp::kMin: return "min";
     case ReduceOp::kMax: return "max";
     case ReduceOp::kProd: return "prod";
+    case ReduceOp::kBand: return "band";
+    case ReduceOp::kBor: return "bor";
+    case ReduceOp::kBxor: return "bxor";
   }
   return "invalid";
 }
@@ -85,9 +112,19 @@ DataType parseDataType(const std::string& name) {
   if (n == "int32" || n == "int" || n == "i32") return DataType::kInt32;
   if (n == "int64" || n == "i64") return DataType::kInt64;
   if (n == "uint8" || n == "u8" || n == "byte") return DataType::kUInt8;
+  if (n == "int8" || n == "i8" || n == "char") return DataType::kInt8;
+  if (n == "int16" || n == "i16" || n == "short") return DataType::kInt16;
+  if (n == "bool") return DataType::kBool;
+  if (n == "float8_e4m3" || n == "float8_e4m3fn" || n == "e4m3" || n == "fp8_e4m3") {
+    return DataType::kFloat8E4M3;
+  }
+  if (n == "float8_e5m2" || n == "e5m2" || n == "fp8_e5m2") return DataType::kFloat8E5M2;
+  if (n == "complex64" || n == "cfloat") return DataType::kComplex64;
+  if (n == "complex128" || n == "cdouble") return DataType::kComplex128;
   GFLOW_THROW(kInvalidArgument, ErrorContext{})
       << "unknown data type '" << name
-      << "' (expected float32, float16, bfloat16, float64, int32, int64 or uint8)";
+      << "' (expected float32, float16, bfloat16, float64, int32, int64, uint8, int8, int16, "
+         "bool, float8_e4m3, float8_e5m2, complex64 or complex128)";
 }
 
 ReduceOp parseReduceOp(const std::string& name) {
@@ -97,8 +134,30 @@ ReduceOp parseReduceOp(const std::string& name) {
   if (n == "min") return ReduceOp::kMin;
   if (n == "max") return ReduceOp::kMax;
   if (n == "prod" || n == "product") return ReduceOp::kProd;
+  if (n == "band" || n == "and") return ReduceOp::kBand;
+  if (n == "bor" || n == "or") return ReduceOp::kBor;
+  if (n == "bxor" || n == "xor") return ReduceOp::kBxor;
   GFLOW_THROW(kInvalidArgument, ErrorContext{})
-      << "unknown reduce op '" << name << "' (expected sum, avg, min, max or prod)";
+      << "unknown reduce op '" << name
+      << "' (expected sum, avg, min, max, prod, band, bor or bxor)";
+}
+
+bool supportsReduceOp(DataType dtype, ReduceOp op) {
+  if (static_cast<int>(dtype) >= kNumDataTypes || static_cast<int>(op) >= kNumReduceOps) {
+    return false;
+  }
+  const bool bitwise = op == ReduceOp::kBand || op == ReduceOp::kBor || op == ReduceOp::kBxor;
+  switch (dtype) {
+    case DataType::kInt8:
+    case DataType::kInt16:
+    case DataType::kInt32:
+    case DataType::kInt64:
+    case DataType::kUInt8: return true;
+    case DataType::kBool: return op != ReduceOp::kAvg;
+    case DataType::kComplex64:
+    case DataType::kComplex128: return op == ReduceOp::kSum || op == ReduceOp::kAvg;
+    default: return !bitwise;  // the floating-point types
+  }
 }
 
 }  // namespace gflow

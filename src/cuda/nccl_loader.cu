@@ -48,6 +48,13 @@ bool toNccl(int dtype, ncclDataType_t* out) {
     case DataType::kInt32: *out = ncclInt32; return true;
     case DataType::kInt64: *out = ncclInt64; return true;
     case DataType::kUInt8: *out = ncclUint8; return true;
+    case DataType::kInt8: *out = ncclInt8; return true;
+    case DataType::kFloat8E4M3: *out = ncclFloat8e4m3; return true;
+    case DataType::kFloat8E5M2: *out = ncclFloat8e5m2; return true;
+    case DataType::kInt16:
+    case DataType::kBool:
+    case DataType::kComplex64:
+    case DataType::kComplex128: break;  // no NCCL type: the NCCL backend stages them
   }
   return false;
 }
@@ -59,6 +66,9 @@ bool toNccl(int op, ncclRedOp_t* out) {
     case ReduceOp::kMin: *out = ncclMin; return true;
     case ReduceOp::kMax: *out = ncclMax; return true;
     case ReduceOp::kProd: *out = ncclProd; return true;
+    case ReduceOp::kBand:
+    case ReduceOp::kBor:
+    case ReduceOp::kBxor: break;  // no NCCL op: the NCCL backend stages them
   }
   return false;
 }

@@ -291,6 +291,13 @@ void GradientReducer::Impl::setUp(const ReducerOptions& options) {
         std::to_string(names.size()) + " names for " + std::to_string(tensors.size()) + " tensors");
   }
   validateTensors(*comm, kCreate, tensors, names);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (supportsReduceOp(tensors[i].dtype, op)) continue;
+    CommunicatorAccess::failInvalid(*comm, kCreate,
+                                    gradient::describeTensor(i, tensors, names) + ": reduce op " +
+                                        toString(op) + " does not apply to its dtype " +
+                                        toString(tensors[i].dtype));
+  }
   wire = internal::WireFormat{options.wire, options.prescale, options.postscale};
   if (wire.wire != DataType::kFloat32 && wire.wire != DataType::kFloat16 &&
       wire.wire != DataType::kBFloat16) {

@@ -19,6 +19,7 @@ TEST_P(CollectivesWorld, ReduceScatterEveryDtypeOp) {
     for (DataType t : testing::allDataTypes()) {
       const size_t es = dataTypeSize(t);
       for (ReduceOp op : testing::allReduceOps()) {
+        if (!supportsReduceOp(t, op)) continue;
         for (size_t block : {size_t(0), size_t(1), size_t(5), size_t(1037)}) {
           const size_t total = block * n;
           std::vector<char> in(total * es + 1), out(block * es + 1);

@@ -134,6 +134,19 @@ TEST(InvalidArgument, EachCheckNamesTheProblem) {
        [](Communicator& c, std::vector<float>& v) {
          c.allreduce(tensor(v.data(), 4), static_cast<ReduceOp>(42));
        }},
+      {"reduce op bxor does not apply to float32 data (bitwise ops take integer types",
+       [](Communicator& c, std::vector<float>& v) {
+         c.allreduce(tensor(v.data(), 4), ReduceOp::kBxor);
+       }},
+      {"reduce op max does not apply to complex64 data (complex types take sum and avg)",
+       [](Communicator& c, std::vector<float>& v) {
+         c.reduceScatter(Tensor(v.data(), 4, DataType::kComplex64),
+                         Tensor(v.data() + 8, 2, DataType::kComplex64), ReduceOp::kMax);
+       }},
+      {"reduce op avg does not apply to bool data",
+       [](Communicator& c, std::vector<float>& v) {
+         c.reduce(Tensor(v.data(), 4, DataType::kBool), 0, ReduceOp::kAvg);
+       }},
   };
   for (const Case& k : cases) {
     auto res = outcomes(2, [&](Communicator& c) {

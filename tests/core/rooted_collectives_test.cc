@@ -48,6 +48,7 @@ TEST_P(Rooted, ReduceEveryDtypeOpLandsOnTheRootOnly) {
       for (DataType t : testing::allDataTypes()) {
         const size_t es = dataTypeSize(t);
         for (ReduceOp op : testing::allReduceOps()) {
+          if (!supportsReduceOp(t, op)) continue;
           for (size_t count : {size_t(0), size_t(3), size_t(1037), size_t(20000)}) {
             std::vector<char> in(count * es + 1), out(count * es + 1, 0x5a);
             for (size_t i = 0; i < count; ++i) {

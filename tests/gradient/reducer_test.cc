@@ -341,6 +341,38 @@ TEST(Reducer, ReadyNeverWaitsForAPeer) {
   });
 }
 
+// Gradients of the newer dtypes ride in their own buckets; an op that does
+// not apply to one of them (avg of bool) fails creation naming the tensor.
+TEST(Reducer, Int16AndBoolTensorsReduceAndAvgOfBoolIsRefused) {
+  testing::runRanks(3, [](Communicator& c) {
+    std::vector<int16_t> counts(100, static_cast<int16_t>(1000 * (c.rank() + 1)));
+    bool mask[7] = {c.rank() == 0, false, true, false, false, false, c.rank() == 2};
+    ReducerOptions o;
+    o.op = ReduceOp::kMax;
+    GradientReducer r(
+        borrow(c), {Tensor(counts.data(), 100, DataType::kInt16), Tensor(mask, 7, DataType::kBool)},
+        o);
+    r.ready(1);
+    r.ready(0);
+    r.wait();
+    EXPECT_EQ(counts[99], 3000);
+    EXPECT_TRUE(mask[0] && !mask[1] && mask[2] && mask[6]);
+  });
+  auto errs = errorsOf(2, [](Communicator& c) {
+    float w[4] = {};
+    bool mask[3] = {};
+    ReducerOptions o;
+    o.op = ReduceOp::kAvg;
+    o.names = {"fc.weight", "fc.mask"};
+    GradientReducer r(borrow(c), {tensor(w, 4), Tensor(mask, 3, DataType::kBool)}, o);
+  });
+  for (const std::string& e : errs) {
+    EXPECT_EQ(e.rfind("invalid_argument: ", 0), 0u) << e;
+    EXPECT_NE(e.find("'fc.mask'"), std::string::npos) << e;
+    EXPECT_NE(e.find("avg does not apply"), std::string::npos) << e;
+  }
+}
+
 TEST(Reducer, ReadyTwiceAndOutOfRangeAreRejectedWithoutHarm) {
   testing::runRanks(2, [](Communicator& c) {
     std::vector<float> a(10, 1.0f), b(10, 2.0f);

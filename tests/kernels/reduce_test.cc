@@ -25,11 +25,16 @@ namespace gflow::kernels {
 namespace {
 
 constexpr Isa kAllIsas[] = {Isa::kBaseline, Isa::kAvx2, Isa::kAvx512};
-constexpr DataType kAllTypes[] = {DataType::kFloat32, DataType::kFloat16, DataType::kBFloat16,
-                                  DataType::kFloat64, DataType::kInt32,   DataType::kInt64,
-                                  DataType::kUInt8};
-constexpr ReduceOp kAllOps[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax,
-                                ReduceOp::kProd};
+const std::vector<DataType> kAllTypes = [] {
+  std::vector<DataType> v;
+  for (int t = 0; t < kNumDataTypes; ++t) v.push_back(static_cast<DataType>(t));
+  return v;
+}();
+const std::vector<ReduceOp> kAllOps = [] {
+  std::vector<ReduceOp> v;
+  for (int op = 0; op < kNumReduceOps; ++op) v.push_back(static_cast<ReduceOp>(op));
+  return v;
+}();
 
 // Restores the dispatch table when a test switches ISA.
 class IsaGuard {
@@ -119,6 +124,71 @@ uint16_t encode16(double v, Format f) {
   return static_cast<uint16_t>(sign | (static_cast<uint32_t>(e2 + f.bias()) << f.mantBits) | mant);
 }
 
+// ---- reference float8 --------------------------------------------------------------
+// Decoded by formula; encoded by searching the 256 codes for the nearest value
+// (ties to the even code), with one code past the largest finite value
+// standing for overflow: E4M3FN gives NaN there, E5M2 inf.
+
+struct Format8 {
+  int expBits;
+  bool finiteOnly;  // E4M3FN: no inf, S.1111.111 is NaN
+  int mantBits() const { return 7 - expBits; }
+  int bias() const { return (1 << (expBits - 1)) - 1; }
+  uint8_t nan() const { return finiteOnly ? 0x7F : 0x7E; }
+  uint8_t overflow() const { return finiteOnly ? 0x7F : 0x7C; }
+};
+constexpr Format8 kE4M3{4, true};
+constexpr Format8 kE5M2{5, false};
+
+Format8 format8(DataType t) {
+  return t == DataType::kFloat8E4M3 ? kE4M3 : kE5M2;
+}
+
+// The value of code b's magnitude bits as if every exponent were finite.
+double magnitude8(uint8_t b, Format8 f) {
+  const int m = f.mantBits();
+  const uint32_t mant = b & ((1u << m) - 1), exp = (b >> m) & ((1u << f.expBits) - 1);
+  if (exp == 0) return std::ldexp(static_cast<double>(mant), 1 - f.bias() - m);
+  return std::ldexp(static_cast<double>(mant + (1u << m)), static_cast<int>(exp) - f.bias() - m);
+}
+
+bool isNan8(uint8_t b, Format8 f) {
+  const uint8_t a = b & 0x7F;
+  return f.finiteOnly ? a == 0x7F : a > 0x7C;
+}
+
+double decode8(uint8_t b, Format8 f) {
+  const uint8_t a = b & 0x7F;
+  double v;
+  if (isNan8(b, f)) {
+    v = std::numeric_limits<double>::quiet_NaN();
+  } else if (!f.finiteOnly && a == 0x7C) {
+    v = std::numeric_limits<double>::infinity();
+  } else {
+    v = magnitude8(a, f);
+  }
+  return (b & 0x80) != 0 ? -v : v;
+}
+
+uint8_t encode8(double v, Format8 f) {
+  if (std::isnan(v)) return f.nan();
+  const uint8_t sign = std::signbit(v) ? 0x80 : 0;
+  const double a = std::fabs(v);
+  const uint8_t over = f.overflow();  // its magnitude8 is the next value past the largest
+  if (a > magnitude8(over, f)) return static_cast<uint8_t>(sign | over);
+  // Magnitudes grow with the code: the last code at or below `a`, then the
+  // nearer of it and the next (ties to the even code).
+  int lo = 0, hi = over;
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    (magnitude8(static_cast<uint8_t>(mid), f) <= a ? lo : hi) = mid;
+  }
+  const double dlo = a - magnitude8(static_cast<uint8_t>(lo), f);
+  const double dhi = magnitude8(static_cast<uint8_t>(hi), f) - a;
+  const int best = dlo < dhi ? lo : dhi < dlo ? hi : (lo % 2 == 0 ? lo : hi);
+  return static_cast<uint8_t>(sign | best);  // `over` itself is NaN or inf
+}
+
 // ---- reference ops ----------------------------------------------------------------
 
 double refFloatOp(ReduceOp op, double x, double y) {
@@ -144,6 +214,9 @@ T refIntOp(ReduceOp op, T x, T y) {
     case ReduceOp::kMin: r = a < b ? a : b; break;
     case ReduceOp::kMax: r = a > b ? a : b; break;
     case ReduceOp::kProd: r = a * b; break;
+    case ReduceOp::kBand: r = a & b; break;
+    case ReduceOp::kBor: r = a | b; break;
+    case ReduceOp::kBxor: r = a ^ b; break;
     default: r = a + b; break;
   }
   // Two's complement wrap: keep the low bits.
@@ -175,10 +248,35 @@ void refElement(DataType dtype, ReduceOp op, const uint8_t* a, const uint8_t* b,
     case DataType::kInt32: put(out, refIntOp(op, load<int32_t>(a), load<int32_t>(b))); return;
     case DataType::kInt64: put(out, refIntOp(op, load<int64_t>(a), load<int64_t>(b))); return;
     case DataType::kUInt8: put(out, refIntOp(op, load<uint8_t>(a), load<uint8_t>(b))); return;
+    case DataType::kInt8: put(out, refIntOp(op, load<int8_t>(a), load<int8_t>(b))); return;
+    case DataType::kInt16: put(out, refIntOp(op, load<int16_t>(a), load<int16_t>(b))); return;
+    case DataType::kBool: {
+      const bool x = *a != 0, y = *b != 0;
+      const bool orLike = op == ReduceOp::kSum || op == ReduceOp::kMax || op == ReduceOp::kBor;
+      *out = op == ReduceOp::kBxor ? (x != y) : orLike ? (x || y) : (x && y);
+      return;
+    }
+    case DataType::kFloat8E4M3:
+    case DataType::kFloat8E5M2: {
+      const Format8 f = format8(dtype);
+      *out = encode8(refFloatOp(op, decode8(*a, f), decode8(*b, f)), f);
+      return;
+    }
+    case DataType::kComplex64:
+    case DataType::kComplex128: {  // sum: part by part
+      const DataType part = dtype == DataType::kComplex64 ? DataType::kFloat32 : DataType::kFloat64;
+      const size_t half = dataTypeSize(part);
+      refElement(part, op, a, b, out);
+      refElement(part, op, a + half, b + half, out + half);
+      return;
+    }
   }
 }
 
 // ---- inputs: ordinary values, raw bit patterns (every class) and specials -------
+
+void fillRandom(DataType dtype, uint8_t* p, size_t n, std::mt19937_64& rng);
+void refElement(DataType dtype, ReduceOp op, const uint8_t* a, const uint8_t* b, uint8_t* out);
 
 void fillRandom(DataType dtype, uint8_t* p, size_t n, std::mt19937_64& rng) {
   const size_t size = dataTypeSize(dtype);
@@ -238,7 +336,27 @@ void fillRandom(DataType dtype, uint8_t* p, size_t n, std::mt19937_64& rng) {
                                 : kSpecial[raw % 5]);
         break;
       }
-      case DataType::kUInt8: put<uint8_t>(p, static_cast<uint8_t>(raw)); break;
+      case DataType::kUInt8:
+      case DataType::kBool:  // any byte: bool reads every nonzero byte as true
+        put<uint8_t>(p, static_cast<uint8_t>(raw));
+        break;
+      case DataType::kInt8: put<int8_t>(p, static_cast<int8_t>(raw)); break;
+      case DataType::kInt16: {
+        static const int16_t kSpecial[] = {0, 1, -1, INT16_MIN, INT16_MAX};
+        put<int16_t>(p, k < 7   ? static_cast<int16_t>(raw % 201) - 100
+                        : k < 9 ? static_cast<int16_t>(raw)
+                                : kSpecial[raw % 5]);
+        break;
+      }
+      case DataType::kFloat8E4M3:
+      case DataType::kFloat8E5M2: {  // typical values and every code
+        const Format8 f = format8(dtype);
+        put<uint8_t>(p, k < 5 ? encode8(std::ldexp(unit(rng), scale(rng) % 6), f)
+                              : static_cast<uint8_t>(raw));
+        break;
+      }
+      case DataType::kComplex64: fillRandom(DataType::kFloat32, p, 2, rng); break;
+      case DataType::kComplex128: fillRandom(DataType::kFloat64, p, 2, rng); break;
     }
   }
 }
@@ -313,11 +431,20 @@ std::string paramName(const ::testing::TestParamInfo<ReduceParam>& info) {
          gflow::toString(std::get<1>(info.param)) + "_" + gflow::toString(std::get<2>(info.param));
 }
 
-INSTANTIATE_TEST_SUITE_P(AllIsaTypeOp, ReduceTest,
-                         ::testing::Combine(::testing::ValuesIn(kAllIsas),
-                                            ::testing::ValuesIn(kAllTypes),
-                                            ::testing::ValuesIn(kAllOps)),
-                         paramName);
+// Every ISA x dtype x op that applies to the dtype.
+std::vector<ReduceParam> validParams() {
+  std::vector<ReduceParam> v;
+  for (Isa isa : kAllIsas) {
+    for (DataType t : kAllTypes) {
+      for (ReduceOp op : kAllOps) {
+        if (supportsReduceOp(t, op)) v.emplace_back(isa, t, op);
+      }
+    }
+  }
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(AllIsaTypeOp, ReduceTest, ::testing::ValuesIn(validParams()), paramName);
 
 // Swapping the operands never changes a bit, NaN payloads and signed zeros
 // included, on any ISA (each must also match the reference, so ISAs agree).
@@ -333,6 +460,7 @@ TEST(Reduce, OperandOrderDoesNotMatter) {
       fillRandom(dtype, a.data(), kCount, rng);
       fillRandom(dtype, b.data(), kCount, rng);
       for (ReduceOp op : kAllOps) {
+        if (!supportsReduceOp(dtype, op)) continue;
         const ReduceFn fn = reduceFn(dtype, op);
         fn(ab.data(), a.data(), b.data(), kCount);
         fn(ba.data(), b.data(), a.data(), kCount);
@@ -499,6 +627,66 @@ TEST(Conversion, Bfloat16) {
   }
 }
 
+// Every float8 code widens to the reference value (NaN to NaN with its sign);
+// narrowing every float32 near each code, the midpoints between codes, the
+// overflow boundary and random bit patterns gives the reference's code.
+TEST(Conversion, Float8BothFormats) {
+  std::mt19937_64 rng(8);
+  for (DataType t : {DataType::kFloat8E4M3, DataType::kFloat8E5M2}) {
+    const Format8 f = format8(t);
+    auto widen = [t](uint8_t b) {
+      return t == DataType::kFloat8E4M3 ? float8e4m3ToFloat(b) : float8e5m2ToFloat(b);
+    };
+    auto narrow = [t](float x) {
+      return t == DataType::kFloat8E4M3 ? floatToFloat8e4m3(x) : floatToFloat8e5m2(x);
+    };
+    for (int c = 0; c < 256; ++c) {
+      const auto b = static_cast<uint8_t>(c);
+      const double want = decode8(b, f);
+      const float got = widen(b);
+      if (std::isnan(want)) {
+        ASSERT_TRUE(std::isnan(got)) << gflow::toString(t) << " code " << c;
+        ASSERT_EQ(std::signbit(got), (c & 0x80) != 0) << c;
+      } else {
+        ASSERT_EQ(static_cast<double>(got), want) << gflow::toString(t) << " code " << c;
+        ASSERT_EQ(std::signbit(got), std::signbit(want)) << c;
+      }
+    }
+    std::vector<float> probes = {0.0f,
+                                 -0.0f,
+                                 std::numeric_limits<float>::infinity(),
+                                 -std::numeric_limits<float>::infinity(),
+                                 1e-30f,
+                                 -1e-30f,
+                                 1e30f,
+                                 464.0f,
+                                 480.0f,
+                                 61440.0f,
+                                 57344.0f,
+                                 65536.0f};
+    for (int c = 0; c < 0x7F; ++c) {
+      const double lo = magnitude8(static_cast<uint8_t>(c), f);
+      const double hi = magnitude8(static_cast<uint8_t>(c + 1), f);
+      for (double x : {lo, (lo + hi) / 2, std::nextafter((lo + hi) / 2, 0.0),
+                       std::nextafter((lo + hi) / 2, 1e9)}) {
+        probes.push_back(static_cast<float>(x));
+        probes.push_back(-static_cast<float>(x));
+      }
+    }
+    for (int i = 0; i < 100000; ++i) probes.push_back(floatOf(static_cast<uint32_t>(rng())));
+    for (float x : probes) {
+      const uint8_t got = narrow(x), want = encode8(static_cast<double>(x), f);
+      if (std::isnan(x)) {
+        ASSERT_EQ(got & 0x7F, f.nan()) << gflow::toString(t) << " NaN " << bits(x);
+        ASSERT_EQ(got & 0x80, std::signbit(x) ? 0x80 : 0) << bits(x);
+      } else {
+        ASSERT_EQ(got, want) << gflow::toString(t) << " " << x << " (0x" << std::hex << bits(x)
+                             << ")";
+      }
+    }
+  }
+}
+
 // ---- divide -------------------------------------------------------------------------
 
 // One element of data / divisor, independently: float types divide in double
@@ -537,6 +725,33 @@ void refDivide(DataType dtype, const uint8_t* in, uint8_t* out, int64_t d) {
       return;
     }
     case DataType::kUInt8: put(out, static_cast<uint8_t>(load<uint8_t>(in) / d)); return;
+    case DataType::kInt8:
+    case DataType::kInt16: {
+      const int64_t x = dtype == DataType::kInt8 ? load<int8_t>(in) : load<int16_t>(in);
+      const int64_t q = x < 0 ? -((-x) / d) : x / d;
+      if (dtype == DataType::kInt8)
+        put(out, static_cast<int8_t>(q));
+      else
+        put(out, static_cast<int16_t>(q));
+      return;
+    }
+    case DataType::kFloat8E4M3:
+    case DataType::kFloat8E5M2: {  // a NaN stays NaN with its sign
+      const Format8 f = format8(dtype);
+      const uint8_t x = *in;
+      *out = isNan8(x, f) ? static_cast<uint8_t>((x & 0x80) | f.nan())
+                          : encode8(decode8(x, f) / static_cast<double>(d), f);
+      return;
+    }
+    case DataType::kComplex64:
+    case DataType::kComplex128: {
+      const DataType part = dtype == DataType::kComplex64 ? DataType::kFloat32 : DataType::kFloat64;
+      const size_t half = dataTypeSize(part);
+      refDivide(part, in, out, d);
+      refDivide(part, in + half, out + half, d);
+      return;
+    }
+    case DataType::kBool: return;  // divide refuses bool (Divide.RejectsBadArguments)
   }
 }
 
@@ -546,6 +761,7 @@ TEST(Divide, MatchesReference) {
   for (Isa isa : kAllIsas) {
     if (!setIsa(isa)) continue;
     for (DataType dtype : kAllTypes) {
+      if (dtype == DataType::kBool) continue;  // avg does not apply
       const size_t size = dataTypeSize(dtype);
       for (int64_t d :
            {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{7}, int64_t{1000}, int64_t{1} << 40}) {
@@ -589,6 +805,8 @@ TEST(Divide, RejectsBadArguments) {
     }
   }
   EXPECT_THROW(divide(&x, 1, static_cast<DataType>(42), 2), Error);
+  bool flag = true;
+  EXPECT_THROW(divide(&flag, 1, DataType::kBool, 2), Error);
   divide(nullptr, 0, DataType::kFloat16, 3);  // nothing to do, nothing touched
 }
 
@@ -609,9 +827,37 @@ TEST(Dispatch, InvalidEnumsThrow) {
 
 TEST(Dispatch, AvgUsesSumAndEveryEntryIsSet) {
   for (DataType dtype : kAllTypes) {
-    for (ReduceOp op : kAllOps) EXPECT_NE(reduceFn(dtype, op), nullptr);
+    for (ReduceOp op : kAllOps) {
+      if (supportsReduceOp(dtype, op)) {
+        EXPECT_NE(reduceFn(dtype, op), nullptr);
+      }
+    }
+    if (dtype == DataType::kBool) continue;
     EXPECT_EQ(reduceFn(dtype, ReduceOp::kAvg), reduceFn(dtype, ReduceOp::kSum));
   }
+}
+
+// The pairs supportsReduceOp refuses have no kernel: invalid_argument naming
+// both, never a null function.
+TEST(Dispatch, OpsThatDoNotApplyToTheTypeThrow) {
+  int refused = 0;
+  for (DataType dtype : kAllTypes) {
+    for (ReduceOp op : kAllOps) {
+      if (supportsReduceOp(dtype, op)) continue;
+      ++refused;
+      try {
+        reduceFn(dtype, op);
+        ADD_FAILURE() << gflow::toString(dtype) << " " << gflow::toString(op) << " accepted";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+        EXPECT_NE(std::string(e.what()).find(gflow::toString(dtype)), std::string::npos);
+        EXPECT_NE(std::string(e.what()).find(gflow::toString(op)), std::string::npos);
+      }
+    }
+  }
+  // The floats refuse the 3 bitwise ops (6 types), complex all but sum and
+  // avg (2 x 6), bool avg.
+  EXPECT_EQ(refused, 6 * 3 + 2 * 6 + 1);
 }
 
 TEST(Dispatch, IsaSelection) {

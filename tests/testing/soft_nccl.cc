@@ -268,6 +268,28 @@ void reduceHalf(void* out, const std::vector<const void*>& ins, size_t off, size
       combineFloat<float>);
 }
 
+// float8: accumulate in float32, round once.
+template <float (*ToFloat)(uint8_t), uint8_t (*FromFloat)(float)>
+void reduceFloat8(void* out, const std::vector<const void*>& ins, size_t off, size_t count,
+                  int op) {
+  reduceLoop<float>(
+      count, static_cast<int>(ins.size()), op,
+      [&](int r, size_t i) { return ToFloat(static_cast<const uint8_t*>(ins[r])[off + i]); },
+      [&](size_t i, float v) { static_cast<uint8_t*>(out)[i] = FromFloat(v); },
+      combineFloat<float>);
+}
+
+// The data types NCCL has (ncclDataType_t): not int16, bool or complex.
+bool ncclHas(int dtype) {
+  switch (static_cast<DataType>(dtype)) {
+    case DataType::kInt16:
+    case DataType::kBool:
+    case DataType::kComplex64:
+    case DataType::kComplex128: return false;
+    default: return dtype >= 0 && dtype < kNumDataTypes;
+  }
+}
+
 void reduce(void* out, const std::vector<const void*>& ins, size_t off, size_t count, int dtype,
             int op) {
   switch (static_cast<DataType>(dtype)) {
@@ -281,6 +303,17 @@ void reduce(void* out, const std::vector<const void*>& ins, size_t off, size_t c
     case DataType::kInt32: return reduceInt<int32_t>(out, ins, off, count, op);
     case DataType::kInt64: return reduceInt<int64_t>(out, ins, off, count, op);
     case DataType::kUInt8: return reduceInt<uint8_t>(out, ins, off, count, op);
+    case DataType::kInt8: return reduceInt<int8_t>(out, ins, off, count, op);
+    case DataType::kFloat8E4M3:
+      return reduceFloat8<kernels::float8e4m3ToFloat, kernels::floatToFloat8e4m3>(out, ins, off,
+                                                                                  count, op);
+    case DataType::kFloat8E5M2:
+      return reduceFloat8<kernels::float8e5m2ToFloat, kernels::floatToFloat8e5m2>(out, ins, off,
+                                                                                  count, op);
+    case DataType::kInt16:
+    case DataType::kBool:
+    case DataType::kComplex64:
+    case DataType::kComplex128: break;  // not NCCL types: collective() refuses them
   }
 }
 
@@ -379,10 +412,11 @@ int collective(const char* entry, const Args& a, void* comm, void* stream) {
   std::lock_guard<std::mutex> l(s.mu);
   Comm* c = findLocked(comm);
   if (int e = usableLocked(c, comm)) return e;
-  if (a.dtype < 0 || a.dtype >= kNumDataTypes)
+  if (!ncclHas(a.dtype))
     return failLocked(c, kInvalidArgument, "invalid data type " + std::to_string(a.dtype));
   const bool reduces = a.kind == kAllReduce || a.kind == kReduceScatter;
-  if (reduces && (a.op < 0 || a.op >= kNumReduceOps))
+  // NCCL's ops: sum, prod, max, min, avg (no bitwise ones).
+  if (reduces && (a.op < 0 || a.op > static_cast<int>(ReduceOp::kProd)))
     return failLocked(c, kInvalidArgument, "invalid reduction operation " + std::to_string(a.op));
   if (a.kind == kBroadcast && (a.root < 0 || a.root >= c->nranks))
     return failLocked(c, kInvalidArgument, "invalid root " + std::to_string(a.root));

@@ -17,11 +17,15 @@ void setValue(void* buf, size_t i, DataType t, double v);
 double roundTo(DataType t, double v);
 
 // Small-integer inputs for which every op's result is exact in every dtype
-// for up to 8 ranks (so results can be compared exactly).
+// for up to 8 ranks (so results can be compared exactly). A complex element
+// is (v, -v) and reads back as v (NaN if its parts broke that rule); bool
+// elements are 0 or 1.
 double exactInput(int rank, size_t i, ReduceOp op, DataType t);
 // The exact expected result of reducing exactInput over `n` ranks.
 double exactExpected(int n, size_t i, ReduceOp op, DataType t);
 
+// Every dtype and every op; a loop over both skips the pairs for which
+// supportsReduceOp() is false (a test of the refusal takes them on purpose).
 const std::vector<DataType>& allDataTypes();
 const std::vector<ReduceOp>& allReduceOps();
 

@@ -90,6 +90,21 @@ int NcclBackend::finalize(void* comm, const Deadline& d) {
   return r;
 }
 
+namespace {
+
+bool ncclHas(const OpDesc& d) {
+  switch (d.dtype) {
+    case DataType::kInt16:
+    case DataType::kBool:
+    case DataType::kComplex64:
+    case DataType::kComplex128: return false;
+    default: break;
+  }
+  return d.op != ReduceOp::kBand && d.op != ReduceOp::kBor && d.op != ReduceOp::kBxor;
+}
+
+}  // namespace
+
 bool NcclBackend::use(const Op& op, const cuda::Plugin& plugin, int device) {
   if (state_ == State::kUndecided) {
     plugin_ = &plugin;
@@ -102,8 +117,9 @@ bool NcclBackend::use(const Op& op, const cuda::Plugin& plugin, int device) {
   }
   if (state_ == State::kStaged) return false;
   // The rooted ops and all-to-all are staged through the host algorithms
-  // (docs/backends.md): NCCL runs the five it was built for.
-  if (op.desc.kind > OpKind::kBarrier) return false;
+  // (docs/backends.md): NCCL runs the five it was built for, on the types and
+  // ops NCCL has (not int16, bool or complex; no bitwise ops).
+  if (op.desc.kind > OpKind::kBarrier || !ncclHas(op.desc)) return false;
   if (state_ == State::kBroken) {
     GFLOW_THROW(kInternal, ErrorContext().withSeq(op.seq).withRank(s_.rank))
         << "the NCCL communicator failed earlier on this rank";

@@ -22,8 +22,9 @@ using NarrowScaledFn = void (*)(void* dst, const float* src, size_t count, float
 
 struct KernelTable {
   Isa isa;
-  // [dtype][KernelOp]: sum, min, max, prod (see scalar.h).
-  ReduceFn reduce[kNumDataTypes][4];
+  // [dtype][KernelOp]: sum, min, max, prod, band, bor, bxor (see scalar.h);
+  // nullptr where the op does not apply to the type.
+  ReduceFn reduce[kNumDataTypes][7];
   WidenFn halfToFloat;
   NarrowFn floatToHalf;
   WidenFn bfloat16ToFloat;

@@ -156,8 +156,24 @@ struct U8x32 : IntLoadStore {
   static V max(V a, V b) { return _mm256_max_epu8(a, b); }
 };
 
+struct I8x32 : U8x32 {
+  using T = int8_t;  // sum and prod: the same low bits as unsigned
+  static V min(V a, V b) { return _mm256_min_epi8(a, b); }
+  static V max(V a, V b) { return _mm256_max_epi8(a, b); }
+};
+
+struct I16x16 : IntLoadStore {
+  using T = int16_t;
+  static constexpr size_t kLanes = 16;
+  static V sum(V a, V b) { return _mm256_add_epi16(a, b); }
+  static V prod(V a, V b) { return _mm256_mullo_epi16(a, b); }
+  static V min(V a, V b) { return _mm256_min_epi16(a, b); }
+  static V max(V a, V b) { return _mm256_max_epi16(a, b); }
+};
+
 constexpr KernelTable kAvx2Table =
-    makeVectorTable<F32x8, F16x8, BF16x8, F64x4, I32x8, I64x4, U8x32, BF16x8Convert>(Isa::kAvx2);
+    makeVectorTable<F32x8, F16x8, BF16x8, F64x4, I32x8, I64x4, U8x32, I8x32, I16x16, BF16x8Convert>(
+        Isa::kAvx2);
 
 }  // namespace
 

@@ -154,9 +154,24 @@ struct U8x64 : IntLoadStore {
   static V max(V a, V b) { return _mm512_max_epu8(a, b); }
 };
 
+struct I8x64 : U8x64 {
+  using T = int8_t;  // sum and prod: the same low bits as unsigned
+  static V min(V a, V b) { return _mm512_min_epi8(a, b); }
+  static V max(V a, V b) { return _mm512_max_epi8(a, b); }
+};
+
+struct I16x32 : IntLoadStore {
+  using T = int16_t;
+  static constexpr size_t kLanes = 32;
+  static V sum(V a, V b) { return _mm512_add_epi16(a, b); }
+  static V prod(V a, V b) { return _mm512_mullo_epi16(a, b); }
+  static V min(V a, V b) { return _mm512_min_epi16(a, b); }
+  static V max(V a, V b) { return _mm512_max_epi16(a, b); }
+};
+
 constexpr KernelTable kAvx512Table =
-    makeVectorTable<F32x16, F16x16, BF16x16, F64x8, I32x16, I64x8, U8x64, BF16x16Convert>(
-        Isa::kAvx512);
+    makeVectorTable<F32x16, F16x16, BF16x16, F64x8, I32x16, I64x8, U8x64, I8x64, I16x32,
+                    BF16x16Convert>(Isa::kAvx512);
 
 }  // namespace
 

@@ -6,26 +6,6 @@
 namespace gflow::kernels::cpu {
 namespace {
 
-// One element per "vector": the shared driver then supplies the 4-way unrolled
-// loop. Loads and stores go through memcpy because the buffers carry no
-// alignment promise, not even the element's own.
-template <class Elem>
-struct ScalarLane {
-  using T = Elem;
-  using V = Elem;
-  static constexpr size_t kLanes = 1;
-  static V load(const void* p) {
-    V v;
-    std::memcpy(&v, p, sizeof v);
-    return v;
-  }
-  static void store(void* p, V v) { std::memcpy(p, &v, sizeof v); }
-  static V sum(V a, V b) { return applyScalar<kOpSum>(a, b); }
-  static V prod(V a, V b) { return applyScalar<kOpProd>(a, b); }
-  static V min(V a, V b) { return applyScalar<kOpMin>(a, b); }
-  static V max(V a, V b) { return applyScalar<kOpMax>(a, b); }
-};
-
 // Half types: widen to float32, apply the float32 op, round once.
 struct HalfLane : ScalarLane<float> {
   using T = uint16_t;
@@ -41,7 +21,8 @@ struct Bfloat16Lane : ScalarLane<float> {
 
 constexpr KernelTable kBaselineTable =
     makeVectorTable<ScalarLane<float>, HalfLane, Bfloat16Lane, ScalarLane<double>,
-                    ScalarLane<int32_t>, ScalarLane<int64_t>, ScalarLane<uint8_t>>(Isa::kBaseline);
+                    ScalarLane<int32_t>, ScalarLane<int64_t>, ScalarLane<uint8_t>,
+                    ScalarLane<int8_t>, ScalarLane<int16_t>>(Isa::kBaseline);
 
 }  // namespace
 

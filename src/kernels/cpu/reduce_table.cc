@@ -74,6 +74,9 @@ int kernelColumn(ReduceOp op) {
     case ReduceOp::kMin: return cpu::kOpMin;
     case ReduceOp::kMax: return cpu::kOpMax;
     case ReduceOp::kProd: return cpu::kOpProd;
+    case ReduceOp::kBand: return cpu::kOpBand;
+    case ReduceOp::kBor: return cpu::kOpBor;
+    case ReduceOp::kBxor: return cpu::kOpBxor;
   }
   return -1;
 }
@@ -106,6 +109,22 @@ void divideHalfType(void* data, size_t count, float divisor, cpu::WidenFn widen,
   }
 }
 
+// Integers narrower than int64_t divide in it, so a divisor beyond their
+// range simply gives 0 (truncation toward zero).
+template <class T>
+void divideInteger(void* data, size_t count, int64_t divisor) {
+  divideEach<T>(data, count,
+                [divisor](T v) { return static_cast<T>(static_cast<int64_t>(v) / divisor); });
+}
+
+template <class Fmt>
+void divideFloat8(void* data, size_t count, int64_t divisor) {
+  const auto d = static_cast<float>(divisor);
+  divideEach<uint8_t>(data, count, [d](uint8_t v) {
+    return cpu::floatToFloat8Scalar<Fmt>(cpu::float8ToFloatScalar<Fmt>(v) / d);
+  });
+}
+
 }  // namespace
 
 namespace cpu {
@@ -124,11 +143,16 @@ const KernelTable* tableFor(Isa isa) {
 ReduceFn reduceFn(DataType dtype, ReduceOp op) {
   const auto type = static_cast<unsigned>(dtype);
   const int column = kernelColumn(op);
-  if (type >= static_cast<unsigned>(kNumDataTypes) || column < 0) {
-    GFLOW_THROW(kInvalidArgument, ErrorContext{})
-        << "no reduction kernel for data type " << type << " and op " << static_cast<unsigned>(op);
+  ReduceFn fn = nullptr;
+  if (type < static_cast<unsigned>(kNumDataTypes) && column >= 0) {
+    fn = activeTable().load(std::memory_order_acquire)->reduce[type][column];
   }
-  return activeTable().load(std::memory_order_acquire)->reduce[type][column];
+  if (fn == nullptr || (dtype == DataType::kBool && op == ReduceOp::kAvg)) {
+    GFLOW_THROW(kInvalidArgument, ErrorContext{})
+        << "no reduction kernel for data type " << toString(dtype) << " (" << type << ") and op "
+        << toString(op) << " (" << static_cast<unsigned>(op) << ")";
+  }
+  return fn;
 }
 
 void divide(void* data, size_t count, DataType dtype, int64_t divisor) {
@@ -157,22 +181,24 @@ void divide(void* data, size_t count, DataType dtype, int64_t divisor) {
       return;
     // Integers: C++ division truncates toward zero. Narrow types divide in
     // int64_t, so a divisor beyond their range simply gives 0.
-    case DataType::kInt32:
-      divideEach<int32_t>(data, count, [divisor](int32_t v) {
-        return static_cast<int32_t>(static_cast<int64_t>(v) / divisor);
-      });
-      return;
+    case DataType::kInt32: return divideInteger<int32_t>(data, count, divisor);
     case DataType::kInt64:
       divideEach<int64_t>(data, count, [divisor](int64_t v) { return v / divisor; });
       return;
-    case DataType::kUInt8:
-      divideEach<uint8_t>(data, count, [divisor](uint8_t v) {
-        return static_cast<uint8_t>(static_cast<int64_t>(v) / divisor);
-      });
-      return;
+    case DataType::kUInt8: return divideInteger<uint8_t>(data, count, divisor);
+    case DataType::kInt8: return divideInteger<int8_t>(data, count, divisor);
+    case DataType::kInt16: return divideInteger<int16_t>(data, count, divisor);
+    // float8: in float32, rounded once.
+    case DataType::kFloat8E4M3: return divideFloat8<cpu::E4M3>(data, count, divisor);
+    case DataType::kFloat8E5M2: return divideFloat8<cpu::E5M2>(data, count, divisor);
+    // Complex: both parts.
+    case DataType::kComplex64: return divide(data, 2 * count, DataType::kFloat32, divisor);
+    case DataType::kComplex128: return divide(data, 2 * count, DataType::kFloat64, divisor);
+    case DataType::kBool: break;  // avg does not apply
   }
   GFLOW_THROW(kInvalidArgument, ErrorContext{})
-      << "divide: invalid data type " << static_cast<unsigned>(dtype);
+      << "divide: no division for data type " << toString(dtype) << " ("
+      << static_cast<unsigned>(dtype) << ")";
 }
 
 const char* toString(Isa isa) {
@@ -253,6 +279,12 @@ bool anyNonFinite(const void* data, size_t count, DataType dtype) {
       return anyExponentAllOnes<uint16_t>(data, count, static_cast<uint16_t>(0x7c00));
     case DataType::kBFloat16:
       return anyExponentAllOnes<uint16_t>(data, count, static_cast<uint16_t>(0x7f80));
+    case DataType::kFloat8E5M2:
+      return anyExponentAllOnes<uint8_t>(data, count, static_cast<uint8_t>(0x7c));
+    case DataType::kFloat8E4M3:  // no inf: only S.1111.111 (NaN)
+      return anyExponentAllOnes<uint8_t>(data, count, static_cast<uint8_t>(0x7f));
+    case DataType::kComplex64: return anyNonFinite(data, 2 * count, DataType::kFloat32);
+    case DataType::kComplex128: return anyNonFinite(data, 2 * count, DataType::kFloat64);
     default: return false;
   }
 }
@@ -268,6 +300,18 @@ float bfloat16ToFloat(uint16_t b) {
 }
 uint16_t floatToBfloat16(float f) {
   return cpu::floatToBfloat16Scalar(f);
+}
+float float8e4m3ToFloat(uint8_t b) {
+  return cpu::float8ToFloatScalar<cpu::E4M3>(b);
+}
+uint8_t floatToFloat8e4m3(float f) {
+  return cpu::floatToFloat8Scalar<cpu::E4M3>(f);
+}
+float float8e5m2ToFloat(uint8_t b) {
+  return cpu::float8ToFloatScalar<cpu::E5M2>(b);
+}
+uint8_t floatToFloat8e5m2(float f) {
+  return cpu::floatToFloat8Scalar<cpu::E5M2>(f);
 }
 
 }  // namespace gflow::kernels

@@ -118,6 +118,73 @@ inline uint16_t floatToBfloat16Scalar(float f) {
   return static_cast<uint16_t>((x + 0x7FFFu + ((x >> 16) & 1u)) >> 16);
 }
 
+// ---- float8 (OCP 8-bit floating point) ------------------------------------------
+// E4M3FN: bias 7, no inf, S.1111.111 is NaN, 448 the largest finite value.
+// E5M2: bias 15, IEEE-like (inf and NaN). Widening is exact; narrowing rounds to
+// nearest even, as PyTorch's casts do: E4M3FN turns what rounds past 448
+// (and inf) into NaN, E5M2 turns what rounds past 57344 into inf. A NaN keeps
+// its sign and becomes the format's quiet NaN (0x7F / 0x7E).
+template <int kExpBits, int kManBits, bool kFiniteOnly>
+struct Float8Format {
+  static constexpr int kExp = kExpBits;
+  static constexpr int kMan = kManBits;
+  static constexpr bool kFinite = kFiniteOnly;
+  static constexpr int kBias = (1 << (kExpBits - 1)) - 1;
+  static constexpr uint8_t kNan = kFiniteOnly ? 0x7F : 0x7E;
+  static constexpr uint8_t kInf = kFiniteOnly ? 0x7F : 0x7C;  // E4M3FN: NaN
+  // The first bit pattern past the largest finite value.
+  static constexpr uint32_t kOverflow = kFiniteOnly ? 0x7F : 0x7C;
+};
+using E4M3 = Float8Format<4, 3, true>;
+using E5M2 = Float8Format<5, 2, false>;
+
+template <class Fmt>
+inline float float8ToFloatScalar(uint8_t b) {
+  constexpr int kExpBits = Fmt::kExp, kMan = Fmt::kMan;
+  const uint32_t sign = static_cast<uint32_t>(b & 0x80u) << 24;
+  const uint32_t exp = (b >> kMan) & ((1u << kExpBits) - 1);
+  const uint32_t man = b & ((1u << kMan) - 1);
+  const uint32_t top = (1u << kExpBits) - 1;
+  if (Fmt::kFinite ? (exp == top && man == ((1u << kMan) - 1)) : exp == top) {
+    if (!Fmt::kFinite && man == 0) return floatFromBits(sign | 0x7F800000u);  // inf
+    return floatFromBits(sign | kNanF32);
+  }
+  if (exp == 0) {  // subnormal: man units of 2^(1 - bias - kMan), exact in float32
+    const float unit = floatFromBits(static_cast<uint32_t>(127 + 1 - Fmt::kBias - kMan) << 23);
+    const float v = static_cast<float>(man) * unit;
+    return sign ? -v : v;
+  }
+  return floatFromBits(sign | ((exp - Fmt::kBias + 127) << 23) | (man << (23 - kMan)));
+}
+
+template <class Fmt>
+inline uint8_t floatToFloat8Scalar(float f) {
+  constexpr int kMan = Fmt::kMan;
+  const uint32_t x = bitsOf(f);
+  const auto sign = static_cast<uint8_t>((x >> 24) & 0x80u);
+  const uint32_t ax = x & 0x7FFFFFFFu;
+  if (ax > 0x7F800000u) return static_cast<uint8_t>(sign | Fmt::kNan);
+  if (ax == 0x7F800000u) return static_cast<uint8_t>(sign | Fmt::kInf);
+  const int e = static_cast<int>(ax >> 23) - 127;
+  const uint32_t m = (ax & 0x7FFFFFu) | 0x800000u;
+  uint32_t h;
+  if (e < 1 - Fmt::kBias) {  // below the normals: units of the smallest subnormal
+    const int shift = 24 - Fmt::kBias - kMan - e;
+    if (ax < 0x00800000u || shift > 25) return sign;  // rounds to zero
+    h = m >> shift;
+    const uint32_t rest = m & ((1u << shift) - 1);
+    const uint32_t half = 1u << (shift - 1);
+    if (rest > half || (rest == half && (h & 1u) != 0)) ++h;  // may become the min normal
+  } else {
+    h = (static_cast<uint32_t>(e + Fmt::kBias) << kMan) | ((m & 0x7FFFFFu) >> (23 - kMan));
+    const uint32_t rest = m & ((1u << (23 - kMan)) - 1);
+    const uint32_t half = 1u << (22 - kMan);
+    if (rest > half || (rest == half && (h & 1u) != 0)) ++h;  // may carry into exp
+  }
+  if (h >= Fmt::kOverflow) return static_cast<uint8_t>(sign | Fmt::kInf);
+  return static_cast<uint8_t>(sign | h);
+}
+
 // ---- op semantics ---------------------------------------------------------------
 // Floating point: IEEE arithmetic, every NaN result canonical. Min/max follow
 // IEEE 754-2019 minimum/maximum: NaN if either input is NaN, and -0 < +0, so
@@ -158,27 +225,45 @@ inline F fpMax(F a, F b) {
   return andBits(a, b);  // +0 wins
 }
 
-// Integers wrap (two's complement). The arithmetic is done in the unsigned type
-// because signed overflow is undefined behaviour; uint8_t promotes to int, whose
-// product 255 * 255 cannot overflow.
+// Integers wrap (two's complement). The arithmetic is done in an unsigned type
+// because signed overflow is undefined behaviour: unsigned int for the types
+// narrower than it (which would otherwise promote to int, where 65535 * 65535
+// overflows), the type's own unsigned type above.
+template <class T>
+using WrapType =
+    std::conditional_t<(sizeof(T) < sizeof(unsigned)), unsigned, std::make_unsigned_t<T>>;
 template <class T>
 inline T intSum(T a, T b) {
   using U = std::make_unsigned_t<T>;
-  return static_cast<T>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
+  using W = WrapType<T>;
+  return static_cast<T>(static_cast<U>(W(U(a)) + W(U(b))));
 }
 template <class T>
 inline T intProd(T a, T b) {
   using U = std::make_unsigned_t<T>;
-  return static_cast<T>(static_cast<U>(static_cast<U>(a) * static_cast<U>(b)));
+  using W = WrapType<T>;
+  return static_cast<T>(static_cast<U>(W(U(a)) * W(U(b))));
 }
 
-// Column of each op in a kernel table; kAvg shares the kSum kernel.
-enum KernelOp : int { kOpSum = 0, kOpMin = 1, kOpMax = 2, kOpProd = 3, kNumKernelOps = 4 };
+// Column of each op in a kernel table; kAvg shares the kSum kernel. The
+// arithmetic ops come first (lanes implement them); the bitwise ones act on
+// the bytes, whatever the integer type.
+enum KernelOp : int {
+  kOpSum = 0,
+  kOpMin = 1,
+  kOpMax = 2,
+  kOpProd = 3,
+  kNumArithmeticOps = 4,
+  kOpBand = 4,
+  kOpBor = 5,
+  kOpBxor = 6,
+  kNumKernelOps = 7,
+};
 
 // One element of op kOp on the compute type C (float, double or an integer).
 template <int kOp, class C>
 inline C applyScalar(C a, C b) {
-  static_assert(kOp >= 0 && kOp < kNumKernelOps);
+  static_assert(kOp >= 0 && kOp < kNumArithmeticOps);
   if constexpr (std::is_floating_point_v<C>) {
     if constexpr (kOp == kOpSum) {
       return canonicalize(a + b);

@@ -11,6 +11,9 @@
 //     static V sum(V, V), prod(V, V), min(V, V), max(V, V);
 //   };
 //
+// The bitwise ops of the integer types, bool, float8 and complex are built
+// here from shared pieces, the same in every table.
+//
 // Internal linkage for the same reason as scalar.h: each ISA file instantiates
 // these with its own flags.
 #pragma once
@@ -167,6 +170,95 @@ void widenScaledLoop(float* dst, const void* src, size_t count, float scale) {
   }
 }
 
+// ---- lanes every ISA shares ---------------------------------------------------
+
+// One element per "vector": the driver then supplies the 4-way unrolled loop.
+// Loads and stores go through memcpy because the buffers carry no alignment
+// promise, not even the element's own. The baseline table is made of these;
+// the SIMD tables use them for the types they have no intrinsics for.
+template <class Elem>
+struct ScalarLane {
+  using T = Elem;
+  using V = Elem;
+  static constexpr size_t kLanes = 1;
+  static V load(const void* p) {
+    V v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+  }
+  static void store(void* p, V v) { std::memcpy(p, &v, sizeof v); }
+  static V sum(V a, V b) { return applyScalar<kOpSum>(a, b); }
+  static V prod(V a, V b) { return applyScalar<kOpProd>(a, b); }
+  static V min(V a, V b) { return applyScalar<kOpMin>(a, b); }
+  static V max(V a, V b) { return applyScalar<kOpMax>(a, b); }
+};
+
+// float8: widen to float32, apply the float32 op, round once.
+template <class Fmt>
+struct Float8Lane : ScalarLane<float> {
+  using T = uint8_t;
+  static V load(const void* p) {
+    return float8ToFloatScalar<Fmt>(*static_cast<const unsigned char*>(p));
+  }
+  static void store(void* p, V v) { *static_cast<unsigned char*>(p) = floatToFloat8Scalar<Fmt>(v); }
+};
+
+// bool: any nonzero byte is true and every result is 0 or 1; sum and max are
+// "or", prod and min "and".
+struct BoolLane : ScalarLane<uint8_t> {
+  static V load(const void* p) { return *static_cast<const unsigned char*>(p) != 0 ? 1 : 0; }
+  static V sum(V a, V b) { return a | b; }
+  static V prod(V a, V b) { return a & b; }
+  static V min(V a, V b) { return a & b; }
+  static V max(V a, V b) { return a | b; }
+  static V bxor(V a, V b) { return a ^ b; }
+};
+
+// ---- kernels beyond a lane's four ops ----------------------------------------
+
+// The bitwise ops of the integer types act on bytes alike: count elements of
+// kSize bytes, in 64-bit words (vectorized by the compiler with each ISA's
+// flags; the result is the same bits on every ISA).
+template <int kOp, size_t kSize>
+void bitwiseLoop(void* dst, const void* a, const void* b, size_t count) {
+  const size_t bytes = count * kSize;
+  const auto* pa = static_cast<const unsigned char*>(a);
+  const auto* pb = static_cast<const unsigned char*>(b);
+  auto* pd = static_cast<unsigned char*>(dst);
+  auto apply = [](uint64_t x, uint64_t y) {
+    if constexpr (kOp == kOpBand) return x & y;
+    if constexpr (kOp == kOpBor) return x | y;
+    static_assert(kOp == kOpBand || kOp == kOpBor || kOp == kOpBxor);
+    return x ^ y;
+  };
+  size_t i = 0;
+  for (; i + 8 <= bytes; i += 8) {
+    uint64_t x, y;
+    std::memcpy(&x, pa + i, 8);
+    std::memcpy(&y, pb + i, 8);
+    const uint64_t r = apply(x, y);
+    std::memcpy(pd + i, &r, 8);
+  }
+  for (; i < bytes; ++i) pd[i] = static_cast<unsigned char>(apply(pa[i], pb[i]));
+}
+
+// bool xor on normalized bytes (BoolLane has no fifth op in the driver).
+inline void boolXorLoop(void* dst, const void* a, const void* b, size_t count) {
+  const auto* pa = static_cast<const unsigned char*>(a);
+  const auto* pb = static_cast<const unsigned char*>(b);
+  auto* pd = static_cast<unsigned char*>(dst);
+  for (size_t i = 0; i < count; ++i) {
+    pd[i] = BoolLane::bxor(BoolLane::load(pa + i), BoolLane::load(pb + i));
+  }
+}
+
+// Complex sum: the real and imaginary parts are independent sums of the
+// part's type, so a complex element is two elements of the lane's type.
+template <class L>
+void complexSumLoop(void* dst, const void* a, const void* b, size_t count) {
+  reduceLoop<L, kOpSum>(dst, a, b, 2 * count);
+}
+
 template <class L>
 constexpr void setRow(KernelTable& table, DataType dtype) {
   ReduceFn* row = table.reduce[static_cast<int>(dtype)];
@@ -176,12 +268,37 @@ constexpr void setRow(KernelTable& table, DataType dtype) {
   row[kOpProd] = &reduceLoop<L, kOpProd>;
 }
 
+// An integer type: its lane's four ops and the bytewise ones.
+template <class L>
+constexpr void setIntegerRow(KernelTable& table, DataType dtype) {
+  setRow<L>(table, dtype);
+  ReduceFn* row = table.reduce[static_cast<int>(dtype)];
+  row[kOpBand] = &bitwiseLoop<kOpBand, sizeof(typename L::T)>;
+  row[kOpBor] = &bitwiseLoop<kOpBor, sizeof(typename L::T)>;
+  row[kOpBxor] = &bitwiseLoop<kOpBxor, sizeof(typename L::T)>;
+}
+
+// The rows every ISA builds from the shared lanes (complex from its own
+// float32 and float64 lanes).
+template <class F32, class F64>
+constexpr void setSharedRows(KernelTable& t) {
+  setRow<Float8Lane<E4M3>>(t, DataType::kFloat8E4M3);
+  setRow<Float8Lane<E5M2>>(t, DataType::kFloat8E5M2);
+  setRow<BoolLane>(t, DataType::kBool);
+  ReduceFn* b = t.reduce[static_cast<int>(DataType::kBool)];
+  b[kOpBand] = &reduceLoop<BoolLane, kOpMin>;
+  b[kOpBor] = &reduceLoop<BoolLane, kOpMax>;
+  b[kOpBxor] = &boolXorLoop;
+  t.reduce[static_cast<int>(DataType::kComplex64)][kOpSum] = &complexSumLoop<F32>;
+  t.reduce[static_cast<int>(DataType::kComplex128)][kOpSum] = &complexSumLoop<F64>;
+}
+
 // The whole table from one lane per data type. constexpr so each ISA's table
 // is constant-initialized data: building it runs no code of that ISA.
 // BF16Convert narrows arbitrary floats; BF16 may assume its input comes from a
 // reduce op (no NaN but the canonical one).
-template <class F32, class F16, class BF16, class F64, class I32, class I64, class U8,
-          class BF16Convert = BF16>
+template <class F32, class F16, class BF16, class F64, class I32, class I64, class U8, class I8,
+          class I16, class BF16Convert = BF16>
 constexpr KernelTable makeVectorTable(Isa isa) {
   KernelTable t{};
   t.isa = isa;
@@ -189,9 +306,12 @@ constexpr KernelTable makeVectorTable(Isa isa) {
   setRow<F16>(t, DataType::kFloat16);
   setRow<BF16>(t, DataType::kBFloat16);
   setRow<F64>(t, DataType::kFloat64);
-  setRow<I32>(t, DataType::kInt32);
-  setRow<I64>(t, DataType::kInt64);
-  setRow<U8>(t, DataType::kUInt8);
+  setIntegerRow<I32>(t, DataType::kInt32);
+  setIntegerRow<I64>(t, DataType::kInt64);
+  setIntegerRow<U8>(t, DataType::kUInt8);
+  setIntegerRow<I8>(t, DataType::kInt8);
+  setIntegerRow<I16>(t, DataType::kInt16);
+  setSharedRows<F32, F64>(t);
   t.halfToFloat = &widenLoop<F32, F16>;
   t.floatToHalf = &narrowLoop<F32, F16>;
   t.bfloat16ToFloat = &widenLoop<F32, BF16Convert>;

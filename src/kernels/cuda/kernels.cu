@@ -106,6 +106,17 @@ __global__ void nonFinite(const T* data, size_t n, int* flag) {
   if (__syncthreads_or(bad) && threadIdx.x == 0) atomicExch(flag, 1);
 }
 
+// float8: inf or NaN is every code whose bits under `mask` are all ones
+// (E5M2: the exponent, 0x7C; E4M3FN, which has no inf: 0x7F, its NaN).
+__global__ void nonFiniteFloat8(const uint8_t* data, size_t n, uint8_t mask, int* flag) {
+  bool bad = false;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(blockDim.x) * gridDim.x) {
+    bad = bad || (data[i] & mask) == mask;
+  }
+  if (__syncthreads_or(bad) && threadIdx.x == 0) atomicExch(flag, 1);
+}
+
 // One block per chunk: update, then a block reduction of |v|.
 __global__ void chunkNorms(float* v, float* u, const float* g, float m, size_t n, size_t chunk,
                            float* norms) {
@@ -245,7 +256,17 @@ int flagNonFinite(const void* data, size_t count, DataType dtype, int* flag, voi
     case DataType::kBFloat16:
       nonFinite<<<b, kThreads, 0, s>>>(static_cast<const __nv_bfloat16*>(data), count, flag);
       break;
-    default: return 0;  // integers are always finite
+    case DataType::kFloat8E4M3:
+    case DataType::kFloat8E5M2:
+      nonFiniteFloat8<<<b, kThreads, 0, s>>>(static_cast<const uint8_t*>(data), count,
+                                             dtype == DataType::kFloat8E5M2 ? 0x7C : 0x7F, flag);
+      break;
+    // Complex: both parts of every element.
+    case DataType::kComplex64:
+      return flagNonFinite(data, 2 * count, DataType::kFloat32, flag, stream);
+    case DataType::kComplex128:
+      return flagNonFinite(data, 2 * count, DataType::kFloat64, flag, stream);
+    default: return 0;  // integers and bool are always finite
   }
   return lastError();
 }
