@@ -201,7 +201,10 @@ void bindCommunicator(py::module_& m) {
       .value("AVG", ReduceOp::kAvg)
       .value("MIN", ReduceOp::kMin)
       .value("MAX", ReduceOp::kMax)
-      .value("PROD", ReduceOp::kProd);
+      .value("PROD", ReduceOp::kProd)
+      .value("BAND", ReduceOp::kBand)
+      .value("BOR", ReduceOp::kBor)
+      .value("BXOR", ReduceOp::kBxor);
   py::enum_<DataType>(m, "DataType")
       .value("FLOAT32", DataType::kFloat32)
       .value("FLOAT16", DataType::kFloat16)
@@ -209,7 +212,14 @@ void bindCommunicator(py::module_& m) {
       .value("FLOAT64", DataType::kFloat64)
       .value("INT32", DataType::kInt32)
       .value("INT64", DataType::kInt64)
-      .value("UINT8", DataType::kUInt8);
+      .value("UINT8", DataType::kUInt8)
+      .value("INT8", DataType::kInt8)
+      .value("INT16", DataType::kInt16)
+      .value("BOOL", DataType::kBool)
+      .value("FLOAT8_E4M3", DataType::kFloat8E4M3)
+      .value("FLOAT8_E5M2", DataType::kFloat8E5M2)
+      .value("COMPLEX64", DataType::kComplex64)
+      .value("COMPLEX128", DataType::kComplex128);
 
   py::class_<PyWork, std::shared_ptr<PyWork>>(m, "Work")
       .def(

@@ -22,7 +22,7 @@ struct DLDevice {
   int32_t device_id;
 };
 struct DLDataType {
-  uint8_t code;  // 0 int, 1 uint, 2 float, 4 bfloat
+  uint8_t code;  // 0 int, 1 uint, 2 float, 4 bfloat, 5 complex, 6 bool
   uint8_t bits;
   uint16_t lanes;
 };
@@ -41,7 +41,9 @@ struct DLManagedTensor {
   void (*deleter)(DLManagedTensor*);
 };
 
-const char* kSupported = "float32, float16, bfloat16, float64, int32, int64, uint8";
+const char* kSupported =
+    "float32, float16, bfloat16, float64, int32, int64, uint8, int8, int16, bool, complex64, "
+    "complex128";
 
 [[noreturn]] void invalid(const std::string& message) {
   throw Error(ErrorCode::kInvalidArgument, message);
@@ -78,7 +80,12 @@ DataType fromBufferFormat(const std::string& format, size_t itemsize, const char
   if (f == "d" && itemsize == 8) return DataType::kFloat64;
   if (f == "e" && itemsize == 2) return DataType::kFloat16;
   if (f == "B" && itemsize == 1) return DataType::kUInt8;
+  if (f == "?" && itemsize == 1) return DataType::kBool;
+  if (f == "Zf" && itemsize == 8) return DataType::kComplex64;
+  if (f == "Zd" && itemsize == 16) return DataType::kComplex128;
   if (f == "i" || f == "l" || f == "q" || f == "h" || f == "b") {
+    if (itemsize == 1) return DataType::kInt8;
+    if (itemsize == 2) return DataType::kInt16;
     if (itemsize == 4) return DataType::kInt32;
     if (itemsize == 8) return DataType::kInt64;
   }
@@ -121,6 +128,11 @@ DataType fromDLPack(const DLDataType& t, const char* what) {
     if (t.code == 0 && t.bits == 32) return DataType::kInt32;
     if (t.code == 0 && t.bits == 64) return DataType::kInt64;
     if (t.code == 1 && t.bits == 8) return DataType::kUInt8;
+    if (t.code == 0 && t.bits == 8) return DataType::kInt8;
+    if (t.code == 0 && t.bits == 16) return DataType::kInt16;
+    if (t.code == 6 && t.bits == 8) return DataType::kBool;  // kDLBool
+    if (t.code == 5 && t.bits == 64) return DataType::kComplex64;
+    if (t.code == 5 && t.bits == 128) return DataType::kComplex128;
   }
   invalid(std::string(what) + ": DLPack element type (code " + std::to_string(t.code) + ", " +
           std::to_string(t.bits) + " bits, " + std::to_string(t.lanes) +
@@ -134,6 +146,11 @@ HeldTensor viewDLPack(py::handle obj, const char* what) {
   if (py::hasattr(src, "requires_grad") && src.attr("requires_grad").cast<bool>()) {
     src = src.attr("detach")();
   }
+  // torch (1.13) exports no bool tensor through DLPack: its bytes go as a
+  // uint8 view of the same memory, and gflow reduces them as bool.
+  const bool torchBool =
+      py::hasattr(src, "dtype") && py::str(src.attr("dtype")).cast<std::string>() == "torch.bool";
+  if (torchBool) src = src.attr("view")(py::module_::import("torch").attr("uint8"));
   py::object capsule;
   try {
     capsule = src.attr("__dlpack__")();
@@ -153,7 +170,7 @@ HeldTensor viewDLPack(py::handle obj, const char* what) {
             std::to_string(t.device.device_type) +
             "); the Python API takes CPU tensors (move it with .cpu())");
   }
-  const DataType dtype = fromDLPack(t.dtype, what);
+  const DataType dtype = torchBool ? DataType::kBool : fromDLPack(t.dtype, what);
   const int64_t itemsize = static_cast<int64_t>(dataTypeSize(dtype));
   std::vector<int64_t> shape(t.shape, t.shape + t.ndim);
   int64_t count = 1;
@@ -188,8 +205,10 @@ HeldTensor viewTensor(py::handle obj, const char* what, bool writable) {
 ReduceOp toReduceOp(py::handle obj) {
   if (py::isinstance<ReduceOp>(obj)) return obj.cast<ReduceOp>();
   if (py::isinstance<py::str>(obj)) return parseReduceOp(obj.cast<std::string>());
-  invalid("op: expected a gflow.ReduceOp or a name ('sum', 'avg', 'min', 'max', 'prod'), got " +
-          typeName(obj));
+  invalid(
+      "op: expected a gflow.ReduceOp or a name ('sum', 'avg', 'min', 'max', 'prod', 'band', "
+      "'bor', 'bxor'), got " +
+      typeName(obj));
 }
 
 DataType toDataType(py::handle obj) {

@@ -143,6 +143,28 @@ nc = torch.arange(12, dtype=torch.float32).reshape(4, 3).t() * (R + 1)  # non-co
 dist.all_reduce(nc)
 assert torch.equal(nc, torch.arange(12, dtype=torch.float32).reshape(4, 3).t() * (N * (N + 1) // 2))
 
+# bool, int8, int16 and the bitwise ops, as Gloo reduces them
+b = torch.tensor([R == 0, False, True, R % 2 == 1])
+dist.all_reduce(b)  # sum: "or"
+assert torch.equal(b, torch.tensor([True, False, True, N > 1]))
+b = torch.tensor([R == 0, True])
+dist.all_reduce(b, op=dist.ReduceOp.PRODUCT)  # "and"
+assert torch.equal(b, torch.tensor([N == 1, True]))
+for dtype in (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8):
+    x = torch.tensor([1 << (R % 7), 0x7F, R], dtype=dtype)
+    for op in (dist.ReduceOp.BAND, dist.ReduceOp.BOR, dist.ReduceOp.BXOR):
+        y = x.clone()
+        dist.all_reduce(y, op=op)
+        ref = x.clone().zero_()
+        for r in range(N):
+            v = torch.tensor([1 << (r % 7), 0x7F, r], dtype=dtype)
+            ref = (ref | v if op == dist.ReduceOp.BOR else ref ^ v if op == dist.ReduceOp.BXOR
+                   else (v if r == 0 else ref & v))
+        assert torch.equal(y, ref), (dtype, op, y, ref)
+i16 = torch.full((5,), 1000 * (R + 1), dtype=torch.int16)
+dist.all_reduce(i16, op=dist.ReduceOp.MAX)
+assert torch.equal(i16, torch.full((5,), 1000 * N, dtype=torch.int16))
+
 # monitored_barrier: every rank arrives; then rank 1 stays away and rank 0
 # names it, the others hear of it from rank 0
 dist.monitored_barrier(timeout=datetime.timedelta(seconds=30))
@@ -168,10 +190,11 @@ if N >= 3:
 
 # errors name what was wrong (gflow.Error subclasses, also through
 # torch.distributed); each fails its process group, so each gets a new one
-for bad, what in ((lambda g: dist.all_reduce(torch.zeros(3, dtype=torch.bool), group=g),
-                   "not supported"),
+for bad, what in ((lambda g: dist.all_reduce(torch.zeros(3, dtype=torch.bool),
+                                             op=dist.ReduceOp.AVG, group=g),
+                   "reduce op avg does not apply to bool"),
                   (lambda g: dist.all_reduce(torch.zeros(3), op=dist.ReduceOp.BAND, group=g),
-                   "not supported"),
+                   "reduce op band does not apply to float32"),
                   (lambda g: dist.all_gather([torch.zeros(3)], torch.zeros(3), group=g),
                    "output tensors")):
     g = dist.new_group()
@@ -188,12 +211,12 @@ start = time.time()
 try:
     if R == 1:
         time.sleep(0.3)  # the others are in the allreduce
-        dist.all_reduce(torch.zeros(12, dtype=torch.int8), group=g)
+        dist.all_reduce(torch.zeros(12, dtype=torch.bool), op=dist.ReduceOp.AVG, group=g)
     else:
         dist.all_reduce(torch.zeros(12), group=g)
 except gflow.Error as e:
     want = gflow.InvalidArgumentError if R == 1 else gflow.PeerLostError
-    assert isinstance(e, want) and "not supported" in str(e), (type(e), str(e))
+    assert isinstance(e, want) and "does not apply" in str(e), (type(e), str(e))
     assert time.time() - start < 10, time.time() - start
 else:
     raise AssertionError("no error on rank %d" % R)

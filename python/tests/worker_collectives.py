@@ -113,6 +113,53 @@ p = torch.nn.Parameter(torch.full((4,), float(R + 1)))  # requires grad: shared 
 comm.allreduce(p, "sum")
 assert torch.equal(p.detach(), torch.full((4,), N * (N + 1) / 2.0))
 
+# ---- int8, int16, bool and complex (numpy and torch), bitwise ops: exact
+def small_ints(dtype, count, seed, lo, hi):
+    return [np.random.default_rng(seed * 1009 + r).integers(lo, hi, count).astype(dtype)
+            for r in range(N)]
+
+
+bitwise = {"band": np.bitwise_and, "bor": np.bitwise_or, "bxor": np.bitwise_xor}
+for dtype, tdtype in ((np.int8, torch.int8), (np.int16, torch.int16)):
+    for op in ("sum", "avg", "min", "max", "band", "bor", "bxor"):
+        seed += 1
+        xs = small_ints(dtype, 3001, seed, -100 // N, 100 // N)
+        want = (bitwise[op].reduce(np.stack(xs), axis=0) if op in bitwise
+                else reference(xs, op))
+        x = xs[R].copy()
+        comm.allreduce(x, op)
+        assert np.array_equal(x.astype(np.float64), want), "%s %s" % (np.dtype(dtype).name, op)
+        t = torch.from_numpy(xs[R].copy())
+        assert t.dtype == tdtype
+        comm.allreduce(t, op)
+        assert np.array_equal(t.numpy().astype(np.float64), want), "torch %s %s" % (tdtype, op)
+# bool: sum and max are "or", prod and min "and"
+bools = [np.random.default_rng(500 + r).integers(0, 2, 999).astype(np.bool_) for r in range(N)]
+for op, fold in (("sum", np.logical_or), ("max", np.logical_or), ("prod", np.logical_and),
+                 ("min", np.logical_and), ("band", np.logical_and), ("bor", np.logical_or),
+                 ("bxor", np.logical_xor)):
+    want = fold.reduce(np.stack(bools), axis=0)
+    x = bools[R].copy()
+    comm.allreduce(x, op)
+    assert x.dtype == np.bool_ and np.array_equal(x, want), "numpy bool " + op
+    t = torch.from_numpy(bools[R].copy())
+    comm.allreduce(t, op)
+    assert t.dtype == torch.bool and np.array_equal(t.numpy(), want), "torch bool " + op
+# complex: sum and avg part by part (small integers, exact)
+cs = [(np.random.default_rng(600 + r).integers(-8, 8, 777)
+       + 1j * np.random.default_rng(700 + r).integers(-8, 8, 777)).astype(np.complex64)
+      for r in range(N)]
+for op in ("sum", "avg"):
+    total = np.stack([c.astype(np.complex128) for c in cs]).sum(0)
+    # avg divides each part (numpy's complex division by N + 0j may differ)
+    want = total if op == "sum" else total.real / N + 1j * (total.imag / N)
+    x = cs[R].copy()
+    comm.allreduce(x, op)
+    assert np.array_equal(x, want.astype(np.complex64)), "numpy complex64 " + op
+    t = torch.from_numpy(cs[R].astype(np.complex128))
+    comm.allreduce(t, op)
+    assert np.array_equal(t.numpy(), want), "torch complex128 " + op
+
 # ---- out-of-place: the input is untouched
 xs = inputs(np.float64, 999, 14)
 x = xs[R].copy()

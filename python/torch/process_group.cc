@@ -100,6 +100,11 @@ std::optional<DataType> gflowType(at::ScalarType s) {
     case at::kInt: return DataType::kInt32;
     case at::kLong: return DataType::kInt64;
     case at::kByte: return DataType::kUInt8;
+    case at::kChar: return DataType::kInt8;
+    case at::kShort: return DataType::kInt16;
+    case at::kBool: return DataType::kBool;
+    case at::kComplexFloat: return DataType::kComplex64;
+    case at::kComplexDouble: return DataType::kComplex128;
     default: return std::nullopt;
   }
 }
@@ -107,7 +112,8 @@ std::optional<DataType> gflowType(at::ScalarType s) {
 DataType toDataType(const at::Tensor& t, const char* what) {
   if (auto type = gflowType(t.scalar_type())) return *type;
   invalid(std::string(what) + ": dtype " + std::string(c10::toString(t.scalar_type())) +
-          " is not supported (float32, float16, bfloat16, float64, int32, int64, uint8)");
+          " is not supported (float32, float16, bfloat16, float64, int32, int64, uint8, int8, "
+          "int16, bool, complex64, complex128)");
 }
 
 void checkPlacement(const at::Tensor& t, const char* what) {
@@ -127,8 +133,8 @@ Tensor view(const at::Tensor& t, const char* what) {
 }
 
 // For ops that only move data (broadcast, gathers, scatter, all-to-all):
-// any dtype, as its bytes where gflow has no type of its own for it (int8,
-// bool, complex, ...). Every rank passes the same dtype, so every rank
+// any dtype, as its bytes where gflow has no type of its own for it
+// (quantized types, ...). Every rank passes the same dtype, so every rank
 // describes the op the same way.
 Tensor bytesView(const at::Tensor& t, const char* what) {
   checkPlacement(t, what);
@@ -156,9 +162,12 @@ ReduceOp toReduceOp(const c10d::ReduceOp& op) {
     case c10d::ReduceOp::PRODUCT: return ReduceOp::kProd;
     case c10d::ReduceOp::MIN: return ReduceOp::kMin;
     case c10d::ReduceOp::MAX: return ReduceOp::kMax;
+    case c10d::ReduceOp::BAND: return ReduceOp::kBand;
+    case c10d::ReduceOp::BOR: return ReduceOp::kBor;
+    case c10d::ReduceOp::BXOR: return ReduceOp::kBxor;
     default:
       invalid("reduce op " + std::to_string(static_cast<int>(op.op_)) +
-              " is not supported (SUM, AVG, PRODUCT, MIN, MAX)");
+              " is not supported (SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR)");
   }
 }
 
