@@ -165,6 +165,20 @@ i16 = torch.full((5,), 1000 * (R + 1), dtype=torch.int16)
 dist.all_reduce(i16, op=dist.ReduceOp.MAX)
 assert torch.equal(i16, torch.full((5,), 1000 * N, dtype=torch.int16))
 
+# sparse allreduce (Gloo's way): uneven nnz, duplicate indices (uncoalesced),
+# a rank with nothing, a dense part; the sum against the dense reference
+def sparse_of(r):
+    nnz = 0 if r == 1 else r + 2
+    idx = torch.tensor([[(r * 3 + k) % 5 for k in range(nnz)] + [0],
+                        [(r + k) % 4 for k in range(nnz)] + [0]])
+    val = torch.arange((nnz + 1) * 2, dtype=torch.float64).reshape(nnz + 1, 2) + 10 * r
+    return torch.sparse_coo_tensor(idx, val, (5, 4, 2))
+
+
+sp = sparse_of(R)
+dist.all_reduce(sp)
+assert torch.equal(sp.to_dense(), sum(sparse_of(r).to_dense() for r in range(N))), sp
+
 # monitored_barrier: every rank arrives; then rank 1 stays away and rank 0
 # names it, the others hear of it from rank 0
 dist.monitored_barrier(timeout=datetime.timedelta(seconds=30))
@@ -195,6 +209,8 @@ for bad, what in ((lambda g: dist.all_reduce(torch.zeros(3, dtype=torch.bool),
                    "reduce op avg does not apply to bool"),
                   (lambda g: dist.all_reduce(torch.zeros(3), op=dist.ReduceOp.BAND, group=g),
                    "reduce op band does not apply to float32"),
+                  (lambda g: dist.all_reduce(sparse_of(R), op=dist.ReduceOp.MAX, group=g),
+                   "sparse tensors are summed (ReduceOp.SUM) only"),
                   (lambda g: dist.all_gather([torch.zeros(3)], torch.zeros(3), group=g),
                    "output tensors")):
     g = dist.new_group()

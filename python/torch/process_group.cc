@@ -24,6 +24,7 @@
 
 #include "core/frontend.h"
 #include "gflow/gflow.h"
+#include "sparse_allreduce.h"
 
 namespace gflow {
 namespace torch_backend {
@@ -371,9 +372,23 @@ class ProcessGroupGflow : public c10d::ProcessGroup {
 
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override {
+    if (tensors.size() == 1 && tensors[0].is_sparse()) return sparseAllreduce(tensors[0], opts);
     InPlace x = checked("allreduce", [&] { return inPlace(tensors, opts.reduceOp, "allreduce"); });
     return enqueue(c10d::OpType::ALLREDUCE, comm_->allreduceAsync(x.v, x.op), {x.t}, {x.d.t},
                    x.d.writeBack);
+  }
+
+  // Gloo's way: indices and values gathered, then one coalesced sum on every
+  // rank, copied into the input tensor.
+  c10::intrusive_ptr<c10d::Work> sparseAllreduce(at::Tensor& t,
+                                                 const c10d::AllreduceOptions& opts) {
+    SparseAllreduce s = checked("allreduce", [&] {
+      if (toReduceOp(opts.reduceOp) != ReduceOp::kSum) {
+        invalid("allreduce: sparse tensors are summed (ReduceOp.SUM) only");
+      }
+      return startSparseAllreduce(*comm_, t);
+    });
+    return enqueue(c10d::OpType::ALLREDUCE, std::move(s.work), {t}, {s.gathered}, s.after);
   }
 
   // In place on the root's tensor; the other ranks' tensors are left alone.
