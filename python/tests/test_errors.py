@@ -41,8 +41,10 @@ def _ro():
 @pytest.mark.parametrize("call, match, op", [
     (lambda c: c.allreduce(np.zeros(10, np.float32)[::2]), "ascontiguousarray", "allreduce"),
     (lambda c: c.allreduce(torch.zeros(4, 3).t()), "not contiguous", "allreduce"),
-    (lambda c: c.allreduce(np.zeros(3, np.complex64)), "not supported", "allreduce"),
-    (lambda c: c.allreduce(torch.zeros(3, dtype=torch.bool)), "not supported", "allreduce"),
+    (lambda c: c.allreduce(np.zeros(3, np.longdouble)), "not supported", "allreduce"),
+    (lambda c: c.allreduce(torch.zeros(3, dtype=torch.complex32)), "not supported", "allreduce"),
+    (lambda c: c.allreduce(np.zeros(3, np.float32), "bxor"),
+     "reduce op bxor does not apply to float32", "allreduce"),
     (lambda c: c.allreduce(_ro()), "read-only", "allreduce"),
     (lambda c: c.broadcast(_ro()), "read-only", "broadcast"),
     (lambda c: c.broadcast(np.zeros(3), root="0"), "root must be an int", "broadcast"),
