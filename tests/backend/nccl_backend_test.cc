@@ -160,6 +160,33 @@ TEST_F(NcclBackendTest, EveryDtypeAndOpIsExactOnNcclOrStaged) {
   EXPECT_GT(softcuda::hostAllocs(), 0u) << "the types NCCL lacks are staged";
 }
 
+// Data movement needs no NCCL type: allgather and broadcast of types NCCL
+// cannot reduce (complex128, bool, int16) run on NCCL as bytes, exact.
+TEST_F(NcclBackendTest, DataMovementOfTypesNcclCannotReduceRunsOnNccl) {
+  constexpr int kRanks = 3;
+  constexpr size_t kCount = 101;
+  testing::runRanks(kRanks, [&](Communicator& c) {
+    const int r = c.rank();
+    DeviceBuffer in(r, kCount * 16), out(r, kCount * 16 * kRanks);
+    for (DataType t : {DataType::kComplex128, DataType::kBool, DataType::kInt16}) {
+      const size_t es = dataTypeSize(t);
+      for (size_t i = 0; i < kCount * es; ++i) in.as<uint8_t>()[i] = uint8_t(r * 31 + i);
+      c.allgather(in.tensor(kCount, t), out.tensor(kCount * kRanks, t));
+      for (int q = 0; q < kRanks; ++q) {
+        for (size_t i = 0; i < kCount * es; ++i) {
+          ASSERT_EQ(out.as<uint8_t>()[q * kCount * es + i], uint8_t(q * 31 + i)) << toString(t);
+        }
+      }
+      c.broadcast(in.tensor(kCount, t), 2);
+      for (size_t i = 0; i < kCount * es; ++i) {
+        ASSERT_EQ(in.as<uint8_t>()[i], uint8_t(2 * 31 + i)) << toString(t);
+      }
+    }
+  });
+  EXPECT_EQ(softnccl::collectivesRun(), 6 * kRanks);
+  EXPECT_EQ(softcuda::hostAllocs(), 0u) << "nothing staged through host memory";
+}
+
 TEST_F(NcclBackendTest, ReduceScatterAllgatherAndBroadcastRunOnNccl) {
   constexpr int kRanks = 3;
   constexpr size_t kBlock = 37;

@@ -92,7 +92,10 @@ int NcclBackend::finalize(void* comm, const Deadline& d) {
 
 namespace {
 
+// Whether NCCL can run `d`: data movement always (it moves bytes, whatever
+// the type: byteCount); a reduction on the types and ops NCCL has.
 bool ncclHas(const OpDesc& d) {
+  if (d.kind != OpKind::kAllreduce && d.kind != OpKind::kReduceScatter) return true;
   switch (d.dtype) {
     case DataType::kInt16:
     case DataType::kBool:
@@ -101,6 +104,11 @@ bool ncclHas(const OpDesc& d) {
     default: break;
   }
   return d.op != ReduceOp::kBand && d.op != ReduceOp::kBor && d.op != ReduceOp::kBxor;
+}
+
+// Data movement as bytes: every gflow type then runs on NCCL.
+size_t byteCount(const OpDesc& d) {
+  return d.count * dataTypeSize(d.dtype);
 }
 
 }  // namespace
@@ -117,8 +125,8 @@ bool NcclBackend::use(const Op& op, const cuda::Plugin& plugin, int device) {
   }
   if (state_ == State::kStaged) return false;
   // The rooted ops and all-to-all are staged through the host algorithms
-  // (docs/backends.md): NCCL runs the five it was built for, on the types and
-  // ops NCCL has (not int16, bool or complex; no bitwise ops).
+  // (docs/backends.md): NCCL runs the five it was built for; reductions on the
+  // types and ops NCCL has (not int16, bool or complex; no bitwise ops).
   if (op.desc.kind > OpKind::kBarrier || !ncclHas(op.desc)) return false;
   if (state_ == State::kBroken) {
     GFLOW_THROW(kInternal, ErrorContext().withSeq(op.seq).withRank(s_.rank))
@@ -516,7 +524,8 @@ void NcclBackend::allgather(const Op& op, const void* in, void* out) {
   cuda::DeviceGuard g(*plugin_, device_);
   begin(op);
   check(op, comm_, "ncclAllGather",
-        api_->allGather(in, out, op.desc.count, static_cast<int>(op.desc.dtype), comm_, stream_));
+        api_->allGather(in, out, byteCount(op.desc), static_cast<int>(DataType::kUInt8), comm_,
+                        stream_));
   finish(op, "ncclAllGather");
 }
 
@@ -524,8 +533,8 @@ void NcclBackend::broadcast(const Op& op, void* buf) {
   cuda::DeviceGuard g(*plugin_, device_);
   begin(op);
   check(op, comm_, "ncclBroadcast",
-        api_->broadcast(buf, buf, op.desc.count, static_cast<int>(op.desc.dtype), op.desc.root,
-                        comm_, stream_));
+        api_->broadcast(buf, buf, byteCount(op.desc), static_cast<int>(DataType::kUInt8),
+                        op.desc.root, comm_, stream_));
   finish(op, "ncclBroadcast");
 }
 
