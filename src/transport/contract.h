@@ -27,6 +27,19 @@ inline bool isPast(uint64_t group, uint64_t current) {
   return static_cast<int64_t>(group - current) < 0;
 }
 
+// Point-to-point messages (Communicator::send/recv) carry this bit in their
+// tag group: they are matched by (peer, tag, order), outside the collectives'
+// op order, so the running op's envelope and stale-op checks skip them.
+constexpr uint64_t kPointToPointGroup = uint64_t(1) << 63;
+inline bool isPointToPoint(uint64_t group) {
+  return (group & kPointToPointGroup) != 0;
+}
+// A collective's message for an op this rank has passed (never a
+// point-to-point one).
+inline bool isStale(uint64_t group, uint64_t current) {
+  return !isPointToPoint(group) && isPast(group, current);
+}
+
 // Peer-supplied text made safe to print (non-printable bytes become '?').
 std::string printable(const char* p, size_t n);
 

@@ -92,6 +92,11 @@ void Engine::poll() {
   pollOnce();
 }
 
+bool Engine::arrived(int peer, Tag tag) {
+  const Message* m = find(peer, tag);
+  return m != nullptr && m->req == nullptr;
+}
+
 // ---- groups ------------------------------------------------------------------
 
 void Engine::beginGroup(uint64_t group, const Envelope& env) {
@@ -111,7 +116,7 @@ void Engine::startGroup(uint64_t group, const Envelope& env) {
 void Engine::checkStaged(int peer) {
   for (auto& kv : books_[peer]->msgs) {
     const Message& m = *kv.second;
-    if (m.req) continue;
+    if (m.req || isPointToPoint(m.tag.group)) continue;
     if (m.tag.group == group_ && m.env != groupEnv_) {
       fail(envelopeMismatch(rank(), group_, peer, describe(m.env), describe(groupEnv_)));
     }
@@ -168,7 +173,7 @@ void Engine::checkEnvelope(int peer, uint64_t group, const Envelope& env) {
 }
 
 void Engine::checkStale(int peer, uint64_t group, const Envelope& env) {
-  if (groupActive_ && isPast(group, group_)) {
+  if (groupActive_ && isStale(group, group_)) {
     fail(unexpectedOp(rank(), group_, peer, group, describe(env)));
   }
 }

@@ -63,6 +63,7 @@ class Engine : public Context {
   void wait(const RequestPtr& req, Deadline deadline) override;
   bool test(const RequestPtr& req) override;
   void poll() override;
+  bool arrived(int peer, Tag tag) override;
   void abort(const Error& error) override;
   std::shared_ptr<const Error> error() const override { return error_.get(); }
   PeerStats peerStats(int peer) const override;

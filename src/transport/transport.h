@@ -9,6 +9,9 @@
 //     once; completion is observed with test() or wait(deadline).
 //   - Messages between a pair are matched by tag, never by arrival order, so
 //     an algorithm may post receives in any order. Tags are unique per op.
+//   - Point-to-point messages (tag groups with kPointToPointGroup set,
+//     transport/contract.h) stand outside the op order: beginGroup's checks
+//     skip them, and arrived() finds them for a receive from any source.
 //   - Every message carries the op's Envelope (what collective, dtype, count,
 //     ...). A message whose tag group (op sequence number) equals the group of
 //     an op this rank is running, but whose envelope differs, fails that op
@@ -143,6 +146,13 @@ class Context {
   // of that group from any peer must carry `env`. Messages of an earlier
   // group that no receive matched are a mismatch too.
   virtual void beginGroup(uint64_t group, const Envelope& env) = 0;
+
+  // Whether a message of `tag` from `peer` has arrived (or been announced)
+  // with no receive posted for it yet. Owning thread.
+  virtual bool arrived(int peer, Tag tag) = 0;
+  // The end of an op that ran without beginGroup (point-to-point): what the
+  // wire kept for the op's buffers goes (verbs: per-op registrations).
+  virtual void endOp() {}
 
   // Drives progress until `req` completes; throws the request's or the
   // context's error, or Error(kTimeout) naming the peer when the deadline

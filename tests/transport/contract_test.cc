@@ -125,6 +125,54 @@ TEST_P(TransportContract, ReceivesMatchByTagInAnyOrderAndEarlyMessagesAreStaged)
   }));
 }
 
+// Point-to-point messages (kPointToPointGroup tags) stand outside the op
+// order: ones that arrive before, during and after other ops' groups are
+// neither stale nor a mismatch, and arrived() finds them before a receive
+// is posted, whatever their size (staged, or announced by the wire).
+TEST_P(TransportContract, PointToPointMessagesSkipTheOpChecksAndArrivedFindsThem) {
+  const uint64_t p2p = transport::kPointToPointGroup | 7;
+  expectNoErrors(run(2, [&](Context& c) {
+    const int peer = 1 - c.rank();
+    const std::vector<size_t> sizes = {0, 100, 513, 100000};
+    if (c.rank() == 0) {
+      c.beginGroup(5, kEnv);
+      std::vector<std::vector<char>> out;
+      for (size_t i = 0; i < sizes.size(); ++i) out.push_back(pattern(sizes[i], int(i)));
+      std::vector<RequestPtr> sends;
+      for (size_t i = 0; i < sizes.size(); ++i) {
+        sends.push_back(c.isend(peer, out[i].data(), sizes[i], Tag{p2p, i}, kOther));
+      }
+      for (auto& s : sends) c.wait(s, longDeadline());
+      char done = 0;
+      c.wait(c.irecv(peer, &done, 1, Tag{9, 0}, kEnv), longDeadline());
+      return;
+    }
+    // Rank 1 runs ops 8 and 9 meanwhile: the messages are from neither.
+    c.beginGroup(8, kEnv);
+    const Deadline d = longDeadline();
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      while (!c.arrived(peer, Tag{p2p, i})) {
+        ASSERT_FALSE(d.expired()) << "message " << i << " never arrived";
+        c.poll();
+      }
+    }
+    EXPECT_FALSE(c.arrived(peer, Tag{p2p, sizes.size()}));
+    c.beginGroup(9, kEnv);
+    for (size_t i = sizes.size(); i-- > 0;) {
+      std::vector<char> in(sizes[i] + 1, 0);
+      c.wait(c.irecv(peer, in.data(), sizes[i], Tag{p2p, i}, kOther), longDeadline());
+      const std::vector<char> want = pattern(sizes[i], int(i));
+      if (sizes[i] > 0) {
+        EXPECT_EQ(0, std::memcmp(in.data(), want.data(), sizes[i])) << i;
+      }
+      EXPECT_EQ(in[sizes[i]], 0);
+      EXPECT_FALSE(c.arrived(peer, Tag{p2p, i})) << "a received message still counts as arrived";
+    }
+    char done = 1;
+    c.wait(c.isend(peer, &done, 1, Tag{9, 0}, kEnv), longDeadline());
+  }));
+}
+
 TEST_P(TransportContract, UnexpectedDataStaysWithinTheLimitAndArrivesIntact) {
   setenv("GFLOW_UNEXPECTED_LIMIT", "64K", 1);
   params::resetCacheForTesting();

@@ -315,6 +315,10 @@ void VerbsContext::matchCts(uint32_t opId, const CtsInfo& info) {
   counters_.rendezvousWrites += count;
 }
 
+void VerbsContext::endOp() {
+  cache_->endOp();
+}
+
 void VerbsContext::beginGroup(uint64_t group, const Envelope& env) {
   checkFailed();
   // The previous op is over: its per-op registrations go (see reg_cache.h).
@@ -323,7 +327,7 @@ void VerbsContext::beginGroup(uint64_t group, const Envelope& env) {
   for (int peer = 0; peer < size(); ++peer) {
     if (peer == rank()) continue;
     for (auto& kv : peers_[peer]->ctsArrived) {
-      if (kv.first.group == group ? kv.second.env != env : isPast(kv.first.group, group)) {
+      if (kv.first.group == group ? kv.second.env != env : isStale(kv.first.group, group)) {
         fail(Error(ErrorCode::kMismatch,
                    "rank " + std::to_string(peer) + " expects data for op #" +
                        std::to_string(kv.first.group) + " (" + describe(kv.second.env) +

@@ -100,6 +100,7 @@ class VerbsContext final : public Engine {
   RequestPtr isend(int peer, const void* data, size_t bytes, Tag tag, const Envelope& env) override;
   RequestPtr irecv(int peer, void* data, size_t bytes, Tag tag, const Envelope& env) override;
   void beginGroup(uint64_t group, const Envelope& env) override;
+  void endOp() override;
   void notifyPeers(const Error& error) override;
 
   // Protocol counters of this context (benchmarks, tests).
