@@ -96,6 +96,7 @@ struct GFLOW_EXPORT Stats {
   uint64_t gather = 0;
   uint64_t scatter = 0;
   uint64_t alltoall = 0;
+  uint64_t pointToPoint = 0;  // send, recv and sendRecv calls (a sendRecv counts once)
   // The same ops by the path that ran them: the shared-memory backend (one
   // host), the hierarchical one (several hosts), a flat algorithm over the
   // network transport, or NCCL (device buffers). Device buffers that are
@@ -124,6 +125,25 @@ class GFLOW_EXPORT MemoryRegistration {
  private:
   void* data_;
   size_t bytes_;
+};
+
+// One send or receive of Communicator::sendRecv.
+struct P2POp {
+  enum class Kind : uint8_t { kSend, kRecv };
+  Kind kind = Kind::kSend;
+  Tensor tensor;  // send: read; receive: written
+  // The other rank; a receive may take kAnySource.
+  int peer = 0;
+  int tag = 0;  // >= 0
+  // Receives: where the sending rank is written once the op completes (may
+  // be null; must stay valid until then).
+  int* source = nullptr;
+
+  static constexpr int kAnySource = -1;
+  static P2POp send(Tensor t, int peer, int tag = 0) { return {Kind::kSend, t, peer, tag, nullptr}; }
+  static P2POp recv(Tensor t, int peer, int tag = 0, int* source = nullptr) {
+    return {Kind::kRecv, t, peer, tag, source};
+  }
 };
 
 class GFLOW_EXPORT Communicator {
@@ -178,6 +198,31 @@ class GFLOW_EXPORT Communicator {
   // and out must not overlap.
   void alltoall(Tensor in, Tensor out);
 
+  // Point-to-point. Only the two ranks of a message take part, and these
+  // calls stand outside the collectives' order: a rank may run any number
+  // of them between two collectives. They run in this rank's issue order
+  // with its collectives, each to completion before the next op starts.
+  // Between two ranks, messages of one tag are received in the order they
+  // were sent (MPI's non-overtaking rule); messages of different tags do not
+  // wait for each other. A receive must name the send's dtype and count
+  // (kMismatch otherwise, raised on the receiving rank and reported to the
+  // sender's next op). A send completes once the transport has taken the
+  // data: without a posted receive, up to GFLOW_UNEXPECTED_LIMIT bytes per
+  // peer are buffered by the receiver; beyond that it waits for the
+  // receive, as MPI's rendezvous does, so two ranks that both send large
+  // messages to each other first use sendRecv. A peer that never matches
+  // raises kTimeout naming it by the deadline; a dead peer kPeerLost.
+  // `peer`: another rank (not this one); `tag` >= 0.
+  void send(Tensor in, int peer, int tag = 0);
+  // Returns the rank the message came from (`peer`, or the matched rank
+  // for P2POp::kAnySource: the first rank whose message of `tag` arrives).
+  int recv(Tensor out, int peer, int tag = 0);
+  // Posts every message of `ops` at once, then waits for all of them (so
+  // exchanges of any size cannot deadlock, like NCCL's grouped
+  // ncclSend/ncclRecv or torch's batch_isend_irecv). Receive buffers must
+  // not overlap any other buffer of the call.
+  void sendRecv(const std::vector<P2POp>& ops);
+
   Work allreduceAsync(Tensor inout, ReduceOp op = ReduceOp::kSum);
   Work allreduceAsync(Tensor inout, const AllreduceOptions& options);
   Work allreduceAsync(Tensor in, Tensor out, ReduceOp op = ReduceOp::kSum);
@@ -190,6 +235,10 @@ class GFLOW_EXPORT Communicator {
   Work gatherAsync(Tensor in, Tensor out, int root);
   Work scatterAsync(Tensor in, Tensor out, int root);
   Work alltoallAsync(Tensor in, Tensor out);
+  Work sendAsync(Tensor in, int peer, int tag = 0);
+  // `source` (may be null): the sending rank, written when the op completes.
+  Work recvAsync(Tensor out, int peer, int tag = 0, int* source = nullptr);
+  Work sendRecvAsync(const std::vector<P2POp>& ops);
 
   // Collective over this communicator: ranks with the same color form a new
   // communicator, ordered by (key, rank). A negative color returns nullptr

@@ -18,6 +18,7 @@ const char* toString(OpKind kind) {
     case OpKind::kGather: return "gather";
     case OpKind::kScatter: return "scatter";
     case OpKind::kAlltoall: return "alltoall";
+    case OpKind::kPointToPoint: return "send/recv";
   }
   return "unknown-op";
 }
@@ -35,6 +36,7 @@ const char* toString(Algorithm algo) {
     case Algorithm::kBinomial: return "binomial";
     case Algorithm::kLinear: return "linear";
     case Algorithm::kPairwise: return "pairwise";
+    case Algorithm::kDirect: return "direct";
   }
   return "unknown-algorithm";
 }
@@ -99,6 +101,9 @@ void Backend::scatter(const Op& op, const void*, void*) {
   notRun(*this, op);
 }
 void Backend::alltoall(const Op& op, const void*, void*) {
+  notRun(*this, op);
+}
+std::unique_ptr<P2PInFlight> Backend::startPointToPoint(const Op& op, std::vector<P2PMessage>) {
   notRun(*this, op);
 }
 

@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/deadline.h"
 #include "gflow/types.h"
@@ -30,8 +31,11 @@ enum class OpKind : uint8_t {
   kGather = 7,    // to desc.root; desc.count elements per rank
   kScatter = 8,   // from desc.root; desc.count elements per rank
   kAlltoall = 9,  // desc.count elements per pair
+  // Point-to-point sends and receives (Backend::pointToPoint), outside the
+  // collectives' op order; desc.count and dtype describe each message.
+  kPointToPoint = 10,
 };
-constexpr size_t kNumOpKinds = 10;  // arrays indexed by OpKind (values 1..9)
+constexpr size_t kNumOpKinds = 11;  // arrays indexed by OpKind (values 1..10)
 const char* toString(OpKind kind);
 
 enum class Algorithm : uint8_t {
@@ -46,6 +50,7 @@ enum class Algorithm : uint8_t {
   kBinomial = 8,           // binomial tree (rooted ops: reduce, gather, scatter)
   kLinear = 9,             // root exchanges with every rank directly (gather, scatter)
   kPairwise = 10,          // every pair exchanges directly, staggered by rank (all-to-all)
+  kDirect = 11,            // point-to-point: one message straight to its peer
 };
 const char* toString(Algorithm algo);
 
@@ -71,6 +76,20 @@ std::string describe(const transport::Envelope& e);
 
 class DeviceBuffers;  // backend/device_buffers.h
 
+// One send or receive of a point-to-point op (Backend::pointToPoint).
+struct P2PMessage {
+  bool send = true;
+  // The other rank; a receive may take kAnySource (any rank's message of
+  // `tag`), and learns the sender in `source`.
+  int peer = 0;
+  static constexpr int kAnySource = -1;
+  int tag = 0;  // >= 0
+  DataType dtype = DataType::kFloat32;
+  uint64_t count = 0;
+  void* data = nullptr;  // send: read; receive: written
+  int source = -1;       // set by the backend: the rank the message came from
+};
+
 struct Op {
   uint64_t seq = 0;
   OpDesc desc;
@@ -87,6 +106,21 @@ inline void accumulate(PeerStats& into, const PeerStats& p) {
   into.messagesSent += p.messagesSent;
   into.messagesReceived += p.messagesReceived;
 }
+
+// A point-to-point op in flight (Backend::startPointToPoint). Used by the
+// executing thread only.
+class P2PInFlight {
+ public:
+  virtual ~P2PInFlight() = default;
+  // Drives progress once without blocking; true once every message is done.
+  // Throws the op's error; past the op's deadline, waits as wait() does.
+  virtual bool test() = 0;
+  // Until every message is done; throws the op's error (kTimeout naming the
+  // peer at the deadline).
+  virtual void wait() = 0;
+  // The messages, with each receive's `source` once done.
+  virtual const std::vector<P2PMessage>& messages() const = 0;
+};
 
 class Backend {
  public:
@@ -111,6 +145,15 @@ class Backend {
   // in and out: desc.count * size elements; block j of in goes to rank j,
   // block j of out comes from rank j. in and out do not overlap.
   virtual void alltoall(const Op& op, const void* in, void* out);
+  // Posts every message of `msgs` at once (so two ranks that each send to
+  // the other first cannot deadlock) and returns them in flight; a receive
+  // from any source is posted once a message for it has arrived. Between a
+  // pair, messages of one tag match in the order they were posted (MPI's
+  // non-overtaking rule); a receive's dtype and count must match the send's
+  // (kMismatch). Not part of the op order: ranks outside the messages do
+  // nothing. op.desc.kind is kPointToPoint.
+  virtual std::unique_ptr<P2PInFlight> startPointToPoint(const Op& op,
+                                                         std::vector<P2PMessage> msgs);
   // For the defaults' message.
   virtual const char* name() const = 0;
 

@@ -42,7 +42,7 @@ void* StagingPool::stream(int device) {
 }
 
 std::shared_ptr<DeviceBuffers> DeviceBuffers::bind(const char* op, int rank,
-                                                   std::initializer_list<Item> items) {
+                                                   std::vector<Item> items) {
   bool any = false;
   for (const Item& it : items) any = any || it.t.device.type == DeviceType::kCUDA;
   if (!any) return nullptr;
@@ -53,7 +53,7 @@ std::shared_ptr<DeviceBuffers> DeviceBuffers::bind(const char* op, int rank,
   st->p_ = plugin;
   st->op_ = op;
   st->rank_ = rank;
-  st->items_.assign(items.begin(), items.end());
+  st->items_ = std::move(items);
   st->events_.assign(st->items_.size(), nullptr);
   st->ptr_.assign(st->items_.size(), nullptr);
   for (size_t i = 0; i < st->items_.size(); ++i) {

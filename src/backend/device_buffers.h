@@ -10,7 +10,6 @@
 // communicator's executing thread only.
 #pragma once
 
-#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -32,8 +31,7 @@ class DeviceBuffers {
 
   // nullptr when no tensor of `items` is on a device. Throws gflow::Error
   // (kInternal, naming `op` and `rank`) when CUDA fails.
-  static std::shared_ptr<DeviceBuffers> bind(const char* op, int rank,
-                                             std::initializer_list<Item> items);
+  static std::shared_ptr<DeviceBuffers> bind(const char* op, int rank, std::vector<Item> items);
   ~DeviceBuffers();
   DeviceBuffers(const DeviceBuffers&) = delete;
   DeviceBuffers& operator=(const DeviceBuffers&) = delete;

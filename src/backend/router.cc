@@ -38,6 +38,10 @@ class ByAlgorithm final : public Backend {
   void alltoall(const Op& op, const void* in, void* out) override {
     pick(op).alltoall(op, in, out);
   }
+  std::unique_ptr<P2PInFlight> startPointToPoint(const Op& op,
+                                                 std::vector<P2PMessage> msgs) override {
+    return pick(op).startPointToPoint(op, std::move(msgs));
+  }
   const char* name() const override { return "host"; }
 
   void abort(const Error& error) override {
@@ -141,13 +145,18 @@ void Router::scatter(const Op& op, const void* in, void* out) {
 void Router::alltoall(const Op& op, const void* in, void* out) {
   route(op).alltoall(op, in, out);
 }
+std::unique_ptr<P2PInFlight> Router::startPointToPoint(const Op& op, std::vector<P2PMessage> msgs) {
+  return route(op).startPointToPoint(op, std::move(msgs));
+}
 
 Backend& Router::route(const Op& op) {
   if (!op.buffers) {
     count(hostPath(op.desc.algo));
     return *host_;
   }
-  if (onNccl(op)) {
+  // Point-to-point never reaches NCCL (whose first use is collective): its
+  // device buffers are staged.
+  if (op.desc.kind != OpKind::kPointToPoint && onNccl(op)) {
     count(Path::kNccl);
     return nccl_->forOp(op);
   }

@@ -84,6 +84,8 @@ class Router final : public Backend {
   void gather(const Op& op, const void* in, void* out) override;
   void scatter(const Op& op, const void* in, void* out) override;
   void alltoall(const Op& op, const void* in, void* out) override;
+  std::unique_ptr<P2PInFlight> startPointToPoint(const Op& op,
+                                                 std::vector<P2PMessage> msgs) override;
   const char* name() const override { return "router"; }
 
   void abort(const Error& error) override;

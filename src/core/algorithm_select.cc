@@ -119,6 +119,10 @@ Algorithm AlgorithmSelector::select(OpKind kind, uint64_t bytes, int worldSize) 
       // Across hosts these run flat: the hierarchical backend composes the
       // reductions and broadcast only.
       return caps_.shm ? Algorithm::kShm : selectFlat(kind, bytes, worldSize);
+    case OpKind::kPointToPoint:
+      // Over the network transport, which connects every pair (shared
+      // memory has no point-to-point channel).
+      return Algorithm::kDirect;
     case OpKind::kAllreduce: break;
   }
   for (const Rule& r : rules_) {
@@ -158,6 +162,7 @@ Algorithm AlgorithmSelector::selectFlat(OpKind kind, uint64_t bytes, int worldSi
     case OpKind::kScatter:
       return bytes <= kRootedTreeMaxBytes ? Algorithm::kBinomial : Algorithm::kLinear;
     case OpKind::kAlltoall: return Algorithm::kPairwise;
+    case OpKind::kPointToPoint: return Algorithm::kDirect;
     case OpKind::kAllreduce: break;
   }
   for (const Rule& r : rules_) {

@@ -109,10 +109,12 @@ void CommunicatorImpl::validateOp(const char* op, ReduceOp rop, DataType dtype) 
                   " data (" + which + ")");
 }
 
-std::shared_ptr<WorkState> CommunicatorImpl::submit(
-    OpDesc desc, bool blocking, std::function<void(const backend::Op&)> body,
-    std::shared_ptr<backend::DeviceBuffers> buffers) {
-  checkUsable(backend::toString(desc.kind));
+std::shared_ptr<WorkState> CommunicatorImpl::submit(OpDesc desc, bool blocking,
+                                                    std::function<void(const backend::Op&)> body,
+                                                    std::shared_ptr<backend::DeviceBuffers> buffers,
+                                                    const char* opName) {
+  const char* name = opName ? opName : backend::toString(desc.kind);
+  checkUsable(name);
   const uint64_t bytes = desc.count * dataTypeSize(desc.dtype) *
                          (desc.kind == OpKind::kAllgather || desc.kind == OpKind::kReduceScatter ||
                                   desc.kind == OpKind::kGather || desc.kind == OpKind::kScatter ||
@@ -121,9 +123,10 @@ std::shared_ptr<WorkState> CommunicatorImpl::submit(
                               : 1);
   desc.algo = selector->select(desc.kind, bytes, size);
   opCount[opIndex(desc.kind)].fetch_add(1, std::memory_order_relaxed);
-  auto task = [this, desc, body = std::move(body), buffers = std::move(buffers)] {
-    const uint64_t mySeq = ++seq;
-    const char* name = backend::toString(desc.kind);
+  auto task = [this, desc, name, body = std::move(body), buffers = std::move(buffers)] {
+    // Point-to-point stands outside the collectives' order (only two ranks
+    // take part): it carries the last collective's number, for errors.
+    const uint64_t mySeq = desc.kind == OpKind::kPointToPoint ? seq : ++seq;
     // Failed by abort() or bad input on another thread: tell the peers now
     // (this is the executing thread) and raise the original error.
     if (auto e = error()) {
@@ -158,6 +161,41 @@ std::shared_ptr<WorkState> CommunicatorImpl::submit(
   return executor.submit(std::move(task), blocking);
 }
 
+void CommunicatorImpl::defer(std::unique_ptr<backend::P2PInFlight> op, std::function<void()> done,
+                             const char* name) {
+  inFlight.push_back(InFlight{std::move(op), std::move(done), executor.deferCurrent(), name});
+}
+
+bool CommunicatorImpl::progressInFlight() noexcept {
+  for (size_t i = 0; i < inFlight.size();) {
+    InFlight& f = inFlight[i];
+    std::shared_ptr<const Error> failed;
+    try {
+      if (!f.op->test()) {
+        ++i;
+        continue;
+      }
+      f.done();
+    } catch (const Error& e) {
+      failed = std::make_shared<const Error>(
+          relabel(e, ErrorContext::forOp(f.name).withSeq(seq).withRank(rank).withPeer(e.peer())));
+    } catch (const std::exception& e) {
+      failed = std::make_shared<const Error>(
+          ErrorCode::kInternal, std::string("unexpected exception: ") + e.what(),
+          ErrorContext::forOp(f.name).withSeq(seq).withRank(rank));
+    }
+    if (failed) fail(*failed);
+    f.work->finish(failed);
+    inFlight.erase(inFlight.begin() + static_cast<std::ptrdiff_t>(i));
+  }
+  return !inFlight.empty();
+}
+
+void CommunicatorImpl::dropInFlight(const Error& e) {
+  for (InFlight& f : inFlight) f.work->finish(std::make_shared<const Error>(e));
+  inFlight.clear();
+}
+
 std::unique_ptr<CommunicatorImpl> CommunicatorImpl::connect(
     int rank, int size, transport::ContextOptions ctxOpts, const std::string& transportName,
     const Settings& settings, uint64_t hostHash, int localRank, int localSize) {
@@ -171,6 +209,7 @@ std::unique_ptr<CommunicatorImpl> CommunicatorImpl::connect(
   impl->settings = settings;
   impl->executor.setPinNear(topology::dataInterfaceName(ctxOpts.tcp.socketIfname),
                             settings.progress.pinThreads);
+  impl->executor.setBackground([self = impl.get()] { return self->progressInFlight(); });
   impl->selector = std::make_unique<AlgorithmSelector>(
       settings.algo, settings.algoSource,
       AlgorithmSelector::Thresholds{settings.rdMaxBytes, settings.hdMaxBytes});
@@ -263,6 +302,7 @@ CommunicatorImpl::~CommunicatorImpl() {
   // worker; the transport is going away anyway.
   backend->abort(e);
   executor.shutdown(e);
+  dropInFlight(e);
 }
 
 std::shared_ptr<Communicator> Communicator::create(const Options& options) {
@@ -455,6 +495,7 @@ Stats Communicator::stats() const {
   s.gather = impl(*this).opCount[opIndex(OpKind::kGather)];
   s.scatter = impl(*this).opCount[opIndex(OpKind::kScatter)];
   s.alltoall = impl(*this).opCount[opIndex(OpKind::kAlltoall)];
+  s.pointToPoint = impl(*this).opCount[opIndex(OpKind::kPointToPoint)];
   const backend::PathCounts paths = impl(*this).backend->paths();
   auto path = [&](backend::Path p) { return paths[static_cast<size_t>(p)]; };
   s.sharedMemoryOps = path(backend::Path::kShm);

@@ -45,10 +45,17 @@ class CommunicatorImpl final : public Communicator {
   }
 
   // Runs one collective (blocking or async) with the common bookkeeping.
-  // `buffers`: Op::buffers of every run (backend::DeviceBuffers::bind).
+  // `buffers`: Op::buffers of every run (backend::DeviceBuffers::bind);
+  // `opName`: the op's name in errors (default: desc.kind's).
   std::shared_ptr<WorkState> submit(backend::OpDesc desc, bool blocking,
                                     std::function<void(const backend::Op&)> body,
-                                    std::shared_ptr<backend::DeviceBuffers> buffers = nullptr);
+                                    std::shared_ptr<backend::DeviceBuffers> buffers = nullptr,
+                                    const char* opName = nullptr);
+  // Executing thread, inside submit's body: the running op stays in flight
+  // after the body returns; progressInFlight() completes its Work (after
+  // `done`) or fails it and the communicator.
+  void defer(std::unique_ptr<backend::P2PInFlight> op, std::function<void()> done,
+             const char* name);
   // Raises kInvalidArgument for `op` and fails the communicator with it.
   [[noreturn]] void invalid(const char* op, const std::string& what);
   std::shared_ptr<const Error> error();
@@ -97,6 +104,20 @@ class CommunicatorImpl final : public Communicator {
   std::atomic<uint64_t> splitCount{0};
   Settings settings;                                                // inherited by split()
   std::array<backend::Algorithm, backend::kNumOpKinds> lastAlgo{};  // for the INFO log
+
+  // Point-to-point ops in flight after their task (defer); executing thread.
+  struct InFlight {
+    std::unique_ptr<backend::P2PInFlight> op;
+    std::function<void()> done;
+    std::shared_ptr<WorkState> work;
+    const char* name;
+  };
+  std::vector<InFlight> inFlight;
+  // The executor's background: drives the ops in flight once; true while
+  // any remains.
+  bool progressInFlight() noexcept;
+  // Fails the ops in flight with `e` once no thread executes (destruction).
+  void dropInFlight(const Error& e);
 
   StickyError sticky;  // the first error that failed this communicator
   std::atomic<bool> notified{false};

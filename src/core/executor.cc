@@ -47,16 +47,42 @@ Executor::~Executor() {
   shutdown(Error(ErrorCode::kAborted, "communicator destroyed"));
 }
 
+namespace {
+thread_local void* tlsCurrent = nullptr;  // the Item a task of this thread runs for
+}  // namespace
+
+std::shared_ptr<WorkState> Executor::deferCurrent() {
+  auto* item = static_cast<Item*>(tlsCurrent);
+  GFLOW_ENFORCE(item != nullptr);
+  item->deferred = true;
+  return item->work;
+}
+
 void Executor::run(Item& item) {
+  tlsCurrent = &item;
   try {
     item.task();
-    item.work->finish(nullptr);
+    tlsCurrent = nullptr;
+    if (!item.deferred) item.work->finish(nullptr);
   } catch (const Error& e) {
     item.work->finish(std::make_shared<const Error>(e));
   } catch (const std::exception& e) {
     item.work->finish(std::make_shared<const Error>(
         Error(ErrorCode::kInternal, std::string("unexpected exception: ") + e.what())));
   }
+  tlsCurrent = nullptr;
+  if (background_) inFlight_ = background_();
+}
+
+// Worker, holding `lock`, with an empty queue and ops in flight: drives
+// them once with the executor to itself.
+void Executor::runBackground(std::unique_lock<std::mutex>& lock) {
+  running_ = true;
+  lock.unlock();
+  inFlight_ = background_();
+  lock.lock();
+  running_ = false;
+  cv_.notify_all();
 }
 
 std::shared_ptr<WorkState> Executor::submit(Task task, bool blocking) {
@@ -132,10 +158,20 @@ void Executor::pinWorker(bool nicSet, const std::string& nic, std::optional<bool
 
 void Executor::workerLoop() {
   std::unique_lock<std::mutex> lock(mutex_);
+  int idle = 0;  // background rounds since the last task
   for (;;) {
-    cv_.wait(lock, [&] { return stop_ || (!queue_.empty() && !running_); });
+    cv_.wait(lock, [&] { return stop_ || ((!queue_.empty() || inFlight_) && !running_); });
     if (queue_.empty() && stop_) return;
-    if (running_ || queue_.empty()) continue;
+    if (running_) continue;
+    if (queue_.empty()) {
+      runBackground(lock);
+      // Spin briefly, then poll every millisecond (or at the next task).
+      if (inFlight_ && ++idle > 64) {
+        cv_.wait_for(lock, std::chrono::milliseconds(1), [&] { return stop_ || !queue_.empty(); });
+      }
+      continue;
+    }
+    idle = 0;
     Item item = std::move(queue_.front());
     queue_.pop_front();
     running_ = true;

@@ -4,6 +4,11 @@
 // for the executor's worker thread, started on first need. The worker is gflow's
 // progress thread: it pins itself near the rank's NIC (topology/pinning.h;
 // Options::progress.pinThreads, else GFLOW_PIN) before running its first op.
+// An op may also stay in flight after its task returned (deferCurrent():
+// point-to-point messages waiting for their peer); the background function
+// (setBackground) drives such ops after every task and, while no task is
+// queued, on the worker (spinning briefly, then every millisecond), always
+// with the executor to itself like a task.
 #pragma once
 
 #include <atomic>
@@ -53,6 +58,14 @@ class Executor {
   // returns after the task ran (its error is in the returned state).
   std::shared_ptr<WorkState> submit(Task task, bool blocking);
 
+  // The running task's op completes later: its state is returned, and the
+  // executor does not finish it when the task returns (unless it throws).
+  // Executing thread, inside a task.
+  std::shared_ptr<WorkState> deferCurrent();
+  // `fn` drives the deferred ops once without blocking and returns whether
+  // any remains in flight; it must not throw. Set before the first op.
+  void setBackground(std::function<bool()> fn) { background_ = std::move(fn); }
+
   // Runs `fn` while no op executes (the caller then owns the transport).
   // Returns false without running it if an op is executing.
   bool tryRunExclusive(const std::function<void()>& fn);
@@ -72,8 +85,10 @@ class Executor {
   struct Item {
     Task task;
     std::shared_ptr<WorkState> work;
+    bool deferred = false;
   };
   void run(Item& item);
+  void runBackground(std::unique_lock<std::mutex>& lock);
   void workerLoop();
   static void pinWorker(bool nicSet, const std::string& nic, std::optional<bool> enabled,
                         int hintCpu) noexcept;
@@ -87,6 +102,8 @@ class Executor {
   std::string pinNear_;
   std::optional<bool> pinEnabled_;
   std::thread worker_;
+  std::function<bool()> background_;
+  std::atomic<bool> inFlight_{false};  // background_ has ops to drive
 };
 
 }  // namespace gflow

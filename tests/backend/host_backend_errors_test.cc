@@ -60,6 +60,15 @@ std::vector<std::exception_ptr> runWithoutRank(BackendWorld& w, const Op& op, in
           case OpKind::kGather: b.gather(op, in[r].data(), out[r].data()); break;
           case OpKind::kScatter: b.scatter(op, in[r].data(), out[r].data()); break;
           case OpKind::kAlltoall: b.alltoall(op, in[r].data(), out[r].data()); break;
+          case OpKind::kPointToPoint: {
+            // A send to the next rank and a receive from the previous one.
+            const int n = w.size();
+            std::vector<backend::P2PMessage> m{
+                {true, (r + 1) % n, 0, DataType::kFloat32, d.count, in[r].data(), -1},
+                {false, (r + n - 1) % n, 0, DataType::kFloat32, d.count, out[r].data(), -1}};
+            b.startPointToPoint(op, m)->wait();
+            break;
+          }
         }
       },
       /*abortOthers=*/false);
@@ -110,6 +119,7 @@ INSTANTIATE_TEST_SUITE_P(
                       SilentPeerCase{"ScatterBinomial", OpKind::kScatter, Algorithm::kBinomial},
                       SilentPeerCase{"ScatterLinear", OpKind::kScatter, Algorithm::kLinear},
                       SilentPeerCase{"Alltoall", OpKind::kAlltoall, Algorithm::kPairwise},
+                      SilentPeerCase{"PointToPoint", OpKind::kPointToPoint, Algorithm::kDirect},
                       SilentPeerCase{"Barrier", OpKind::kBarrier, Algorithm::kDissemination}),
     [](const ::testing::TestParamInfo<SilentPeerCase>& p) { return p.param.name; });
 

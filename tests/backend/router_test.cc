@@ -24,6 +24,7 @@ using backend::Backend;
 using backend::Op;
 using backend::OpDesc;
 using backend::OpKind;
+using backend::P2PMessage;
 using backend::Path;
 using backend::PathCounts;
 using backend::Router;
@@ -72,6 +73,11 @@ class RouterTest : public ::testing::Test {
       case OpKind::kGather: router_->gather(op, in_, out_); break;
       case OpKind::kScatter: router_->scatter(op, in_, out_); break;
       case OpKind::kAlltoall: router_->alltoall(op, in_, out_); break;
+      case OpKind::kPointToPoint: {
+        std::vector<P2PMessage> m{{true, 1, 0, DataType::kFloat64, 8, out_, -1}};
+        router_->startPointToPoint(op, m);
+        break;
+      }
     }
   }
 
@@ -91,9 +97,10 @@ class RouterTest : public ::testing::Test {
   void* out_ = outBuf_;
 };
 
-constexpr OpKind kAllKinds[] = {OpKind::kAllreduce, OpKind::kReduceScatter, OpKind::kAllgather,
-                                OpKind::kBroadcast, OpKind::kBarrier,       OpKind::kReduce,
-                                OpKind::kGather,    OpKind::kScatter,       OpKind::kAlltoall};
+constexpr OpKind kAllKinds[] = {OpKind::kAllreduce,   OpKind::kReduceScatter, OpKind::kAllgather,
+                                OpKind::kBroadcast,   OpKind::kBarrier,       OpKind::kReduce,
+                                OpKind::kGather,      OpKind::kScatter,       OpKind::kAlltoall,
+                                OpKind::kPointToPoint};
 
 uint64_t at(const PathCounts& c, Path p) {
   return c[static_cast<size_t>(p)];

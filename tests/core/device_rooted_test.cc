@@ -1,8 +1,8 @@
-// Reduce, gather, scatter and all-to-all on cuda tensors (the software CUDA
+// Reduce, gather, scatter, all-to-all and point-to-point on cuda tensors (the software CUDA
 // and NCCL of tests/testing), ranks as threads, against exact references.
 // Three ranks on one soft GPU stage them through the host algorithms; one
 // soft GPU per rank makes NCCL run the communicator's device ops, and these
-// four are still staged (docs/backends.md), so both paths must give the
+// ops are still staged (docs/backends.md), so both paths must give the
 // exact results and leave no device or pinned memory behind.
 #include <gtest/gtest.h>
 
@@ -83,7 +83,17 @@ TEST_P(DeviceRooted, EveryRootedOpAndAlltoallIsExact) {
     for (int j = 0; j < n; ++j) {
       for (size_t i = 0; i < kBlock; ++i) ASSERT_EQ(recv.values()[j * kBlock + i], tagged(j, r, i));
     }
-    EXPECT_EQ(c.stats().stagedOps, 4u);
+    // point-to-point: a sendRecv ring, then rank 0's host buffer into
+    // rank 1's device buffer
+    OnGpu from(g, std::vector<int64_t>(kBlock, -1));
+    c.sendRecv({P2POp::send(in.t(), (r + 1) % n), P2POp::recv(from.t(), (r + n - 1) % n)});
+    for (size_t i = 0; i < kBlock; ++i) ASSERT_EQ(from.values()[i], tagged((r + n - 1) % n, 0, i));
+    if (r == 0) c.send(tensor(mine.data(), kBlock), 1, 9);
+    if (r == 1) {
+      EXPECT_EQ(c.recv(from.t(), 0, 9), 0);
+      for (size_t i = 0; i < kBlock; ++i) ASSERT_EQ(from.values()[i], tagged(0, 0, i));
+    }
+    EXPECT_EQ(c.stats().stagedOps, r == 1 ? 6u : 5u);
   });
 }
 

@@ -14,30 +14,11 @@ namespace {
 
 using std::chrono::milliseconds;
 
-// Runs fn on n ranks and returns each rank's gflow::Error (code, message).
-struct Outcome {
-  bool threw = false;
-  ErrorCode code = ErrorCode::kInternal;
-  std::string what;
-  int peer = -1;
-};
+using testing::Outcome;
 
 std::vector<Outcome> outcomes(int n, const std::function<void(Communicator&)>& fn,
                               Options o = Options{}) {
-  if (o.timeout.count() == 0) o.timeout = std::chrono::seconds(20);
-  auto errs = testing::runRanksCollect(n, fn, o);
-  std::vector<Outcome> out(n);
-  for (int r = 0; r < n; ++r) {
-    if (!errs[r]) continue;
-    try {
-      std::rethrow_exception(errs[r]);
-    } catch (const Error& e) {
-      out[r] = Outcome{true, e.code(), e.what(), e.peer()};
-    } catch (const std::exception& e) {
-      out[r] = Outcome{true, ErrorCode::kInternal, std::string("non-gflow: ") + e.what(), -1};
-    }
-  }
-  return out;
+  return testing::runRanksOutcomes(n, fn, o);
 }
 
 TEST(Mismatch, DifferentCountsRaiseMismatchOnEveryRank) {

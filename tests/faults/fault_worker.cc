@@ -10,8 +10,10 @@
 //     linger MS              after MODE succeeded, keep the communicator for MS,
 //                            then fail if it has been failed meanwhile
 //     op NAME                the collective of `loop`: allreduce (default),
-//                            alltoall (BYTES per rank, every block verified)
-//                            or reduce (to rank 0, verified there)
+//                            alltoall (BYTES per rank, every block verified),
+//                            reduce (to rank 0, verified there) or sendrecv
+//                            (BYTES to the next rank, from the previous one,
+//                            one sendRecv; verified)
 //   MODE:
 //     loop ITERS BYTES [PAUSE_MS]   ITERS allreduces (0: forever) of BYTES
 //                                   (float32 sum, verified), PAUSE_MS between
@@ -118,9 +120,24 @@ long alltoallStep(gflow::Communicator& comm, std::vector<float>& buf, long it) {
   return -1;
 }
 
+// Point-to-point ring: BYTES to the next rank, from the previous one, in
+// one sendRecv; element i from rank p is valueAt(p, i, iter).
+long sendRecvStep(gflow::Communicator& comm, std::vector<float>& buf, long it) {
+  const int n = comm.size(), r = comm.rank();
+  std::vector<float> out(buf.size());
+  for (size_t i = 0; i < out.size(); ++i) out[i] = valueAt(r, i, it);
+  comm.sendRecv({gflow::P2POp::send(gflow::tensor(out.data(), out.size()), (r + 1) % n),
+                 gflow::P2POp::recv(gflow::tensor(buf.data(), buf.size()), (r + n - 1) % n)});
+  for (size_t i = 0; i < buf.size(); ++i) {
+    if (buf[i] != valueAt((r + n - 1) % n, i, it)) return static_cast<long>(i);
+  }
+  return -1;
+}
+
 // One verified op of `loop`; returns the first wrong index or -1.
 long loopStep(gflow::Communicator& comm, const std::string& op, std::vector<float>& buf, long it) {
   if (op == "alltoall") return alltoallStep(comm, buf, it);
+  if (op == "sendrecv") return sendRecvStep(comm, buf, it);
   fill(buf, comm.rank(), it);
   if (op == "reduce") {
     comm.reduce(gflow::tensor(buf.data(), buf.size()), 0);
@@ -220,7 +237,9 @@ int run(std::vector<std::string> args) {
   for (;;) {
     if (args.size() > 1 && args[0] == "op") {
       op = args[1];
-      if (op != "allreduce" && op != "alltoall" && op != "reduce") usage("unknown op '" + op + "'");
+      if (op != "allreduce" && op != "alltoall" && op != "reduce" && op != "sendrecv") {
+        usage("unknown op '" + op + "'");
+      }
     } else if (!args.empty() && args[0] == "sleep-before-init") {
       sleepMs = argNum(args, 1, "sleep-before-init MS");
     } else if (!args.empty() && args[0] == "linger") {

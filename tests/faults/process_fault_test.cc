@@ -123,8 +123,9 @@ INSTANTIATE_TEST_SUITE_P(, FaultKill,
                                            RankCase{4, 1, "hier"}, RankCase{4, 2, "hier"}),
                          caseName);
 
-// A rank killed during all-to-all or a rooted op (reduce to rank 0): the
-// survivors raise peer_lost naming it, on every path.
+// A rank killed during all-to-all, a rooted op (reduce to rank 0) or a
+// point-to-point wait (a sendRecv ring): the survivors raise peer_lost
+// naming it, on every path.
 struct OpKillCase {
   const char* op;
   RankCase ranks;
@@ -156,7 +157,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         OpKillCase{"alltoall", RankCase{3, 1}}, OpKillCase{"alltoall", RankCase{4, 2, "tcp"}},
         OpKillCase{"alltoall", RankCase{4, 1, "hier"}}, OpKillCase{"reduce", RankCase{3, 2}},
-        OpKillCase{"reduce", RankCase{4, 0, "tcp"}}, OpKillCase{"reduce", RankCase{4, 3, "tcp"}}),
+        OpKillCase{"reduce", RankCase{4, 0, "tcp"}}, OpKillCase{"reduce", RankCase{4, 3, "tcp"}},
+        OpKillCase{"sendrecv", RankCase{3, 1}}, OpKillCase{"sendrecv", RankCase{4, 2, "hier"}}),
     [](const ::testing::TestParamInfo<OpKillCase>& i) {
       return std::string(i.param.op) + "_" + caseName({i.param.ranks, i.index});
     });

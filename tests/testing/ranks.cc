@@ -116,4 +116,22 @@ bool expectNoErrors(const std::vector<std::exception_ptr>& errs) {
   return ok;
 }
 
+std::vector<Outcome> runRanksOutcomes(int n, const std::function<void(Communicator&)>& fn,
+                                      Options o) {
+  if (o.timeout.count() == 0) o.timeout = std::chrono::seconds(20);
+  auto errs = runRanksCollect(n, fn, o);
+  std::vector<Outcome> out(n);
+  for (int r = 0; r < n; ++r) {
+    if (!errs[r]) continue;
+    try {
+      std::rethrow_exception(errs[r]);
+    } catch (const Error& e) {
+      out[r] = Outcome{true, e.code(), e.what(), e.peer()};
+    } catch (const std::exception& e) {
+      out[r] = Outcome{true, ErrorCode::kInternal, std::string("non-gflow: ") + e.what(), -1};
+    }
+  }
+  return out;
+}
+
 }  // namespace gflow::testing

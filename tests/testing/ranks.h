@@ -4,6 +4,7 @@
 
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "gflow/gflow.h"
@@ -38,6 +39,18 @@ std::vector<std::exception_ptr> onThreads(
 
 void forEachRank(const std::vector<std::shared_ptr<Communicator>>& world,
                  const std::function<void(Communicator&)>& fn);
+
+// What one rank's fn raised (runRanksOutcomes).
+struct Outcome {
+  bool threw = false;
+  ErrorCode code = ErrorCode::kInternal;
+  std::string what;
+  int peer = -1;
+};
+// Runs fn on n ranks (a 20 s timeout unless `o` sets one) and returns each
+// rank's gflow::Error as an Outcome (a non-gflow exception is kInternal).
+std::vector<Outcome> runRanksOutcomes(int n, const std::function<void(Communicator&)>& fn,
+                                      Options o = Options{});
 
 // Adds a test failure naming the rank for each exception in `errs`; true
 // when there was none.

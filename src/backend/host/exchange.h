@@ -3,6 +3,7 @@
 // op's deadline, so algorithms only say who, what and which message index.
 #pragma once
 
+#include <unordered_map>
 #include <vector>
 
 #include "backend/backend.h"
@@ -111,6 +112,18 @@ class RollCall {
   std::vector<transport::RequestPtr> recvs_;
 };
 
+// The order of point-to-point messages: per (direction, peer, tag), the
+// number the next message gets. Owned by the backend, kept across ops.
+class P2POrder {
+ public:
+  uint64_t peek(bool send, int peer, int tag) const;
+  uint64_t take(bool send, int peer, int tag);  // returns peek's number, then advances
+
+ private:
+  static uint64_t key(bool send, int peer, int tag);
+  std::unordered_map<uint64_t, uint64_t> next_;
+};
+
 // Algorithms (one per file).
 void allreduceRing(Exchange& ex, Scratch& scratch, const void* in, void* out);
 void allreduceRecursiveDoubling(Exchange& ex, Scratch& scratch, const void* in, void* out);
@@ -126,5 +139,7 @@ void gatherLinear(Exchange& ex, const void* in, void* out);
 void scatterBinomial(Exchange& ex, Scratch& scratch, const void* in, void* out);
 void scatterLinear(Exchange& ex, const void* in, void* out);
 void alltoallPairwise(Exchange& ex, const void* in, void* out);
+std::unique_ptr<P2PInFlight> startPointToPointDirect(transport::Context& ctx, const Op& op,
+                                                     P2POrder& order, std::vector<P2PMessage> msgs);
 
 }  // namespace gflow::backend::host

@@ -73,6 +73,10 @@ class HostBackend final : public Backend {
     Exchange ex(*ctx_, op, tuning_);
     alltoallPairwise(ex, in, out);
   }
+  std::unique_ptr<P2PInFlight> startPointToPoint(const Op& op,
+                                                 std::vector<P2PMessage> msgs) override {
+    return startPointToPointDirect(*ctx_, op, p2pOrder_, std::move(msgs));
+  }
   const char* name() const override { return "host"; }
 
   void abort(const Error& error) override { ctx_->abort(error); }
@@ -100,6 +104,7 @@ class HostBackend final : public Backend {
   std::unique_ptr<transport::Context> ctx_;
   const RingTuning tuning_;
   Scratch scratch_;
+  P2POrder p2pOrder_;
 };
 
 }  // namespace

@@ -5,6 +5,18 @@
 namespace gflow::backend {
 namespace {
 
+// A point-to-point op that already completed.
+class Done final : public P2PInFlight {
+ public:
+  explicit Done(std::vector<P2PMessage> msgs) : msgs_(std::move(msgs)) {}
+  bool test() override { return true; }
+  void wait() override {}
+  const std::vector<P2PMessage>& messages() const override { return msgs_; }
+
+ private:
+  std::vector<P2PMessage> msgs_;
+};
+
 class StagedBackend final : public Backend {
  public:
   explicit StagedBackend(Backend& inner) : inner_(inner) {}
@@ -33,6 +45,19 @@ class StagedBackend final : public Backend {
   }
   void alltoall(const Op& op, const void* in, void* out) override {
     staged(op, [&](DeviceBuffers& b) { inner_.alltoall(op, b.host(in), b.host(out)); });
+  }
+  // Runs to completion: the results go back to the device before it
+  // returns (an async op on device buffers completes in order).
+  std::unique_ptr<P2PInFlight> startPointToPoint(const Op& op,
+                                                 std::vector<P2PMessage> msgs) override {
+    staged(op, [&](DeviceBuffers& b) {
+      std::vector<P2PMessage> onHost = msgs;
+      for (P2PMessage& m : onHost) m.data = b.host(m.data);
+      auto inFlight = inner_.startPointToPoint(op, std::move(onHost));
+      inFlight->wait();
+      for (size_t i = 0; i < msgs.size(); ++i) msgs[i].source = inFlight->messages()[i].source;
+    });
+    return std::make_unique<Done>(std::move(msgs));
   }
   const char* name() const override { return "staged"; }
 
