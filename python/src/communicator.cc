@@ -59,13 +59,17 @@ py::object allreduce(const CommPtr& comm, py::handle x, py::handle op, py::handl
 }
 
 // A root argument: an int (bool and floats are refused by name).
-int rootOf(py::handle rootArg, const char* op) {
-  if (!PyIndex_Check(rootArg.ptr())) {
+// An int argument (`name`: "root", "dst", "tag", ...) of `op`.
+int intArg(py::handle arg, const char* op, const char* name) {
+  if (!PyIndex_Check(arg.ptr())) {
     throw Error(ErrorCode::kInvalidArgument,
-                std::string(op) + ": root must be an int, got " +
-                    std::string(py::str(py::type::handle_of(rootArg).attr("__qualname__"))));
+                std::string(op) + ": " + name + " must be an int, got " +
+                    std::string(py::str(py::type::handle_of(arg).attr("__qualname__"))));
   }
-  return rootArg.cast<int>();
+  return arg.cast<int>();
+}
+int rootOf(py::handle rootArg, const char* op) {
+  return intArg(rootArg, op, "root");
 }
 
 // reduce / gather / scatter: `mine` is this rank's array on every rank,
@@ -185,6 +189,7 @@ py::dict statsDict(const Stats& s) {
   d["gather"] = s.gather;
   d["scatter"] = s.scatter;
   d["alltoall"] = s.alltoall;
+  d["point_to_point"] = s.pointToPoint;
   d["shared_memory_ops"] = s.sharedMemoryOps;
   d["hierarchical_ops"] = s.hierarchicalOps;
   d["network_ops"] = s.networkOps;
@@ -331,6 +336,50 @@ void bindCommunicator(py::module_& m) {
             return finish(c, std::move(w), std::move(keep), asyncOp);
           },
           py::arg("input"), py::arg("output"), py::kw_only(), py::arg("async_op") = false)
+      .def(
+          "send",
+          [](const CommPtr& c, py::handle x, py::handle dst, py::handle tag, bool asyncOp) {
+            std::vector<HeldTensor> keep;
+            const std::pair<int, int> to = checkArgs(*c, "send", [&] {
+              keep.push_back(viewTensor(x, "send: tensor", false));
+              return std::make_pair(intArg(dst, "send", "dst"), intArg(tag, "send", "tag"));
+            });
+            Work w;
+            {
+              py::gil_scoped_release nogil;
+              w = c->sendAsync(keep[0].tensor, to.first, to.second);
+            }
+            return finish(c, std::move(w), std::move(keep), asyncOp);
+          },
+          py::arg("tensor"), py::arg("dst"), py::arg("tag") = 0, py::kw_only(),
+          py::arg("async_op") = false)
+      .def(
+          "recv",
+          [](const CommPtr& c, py::handle x, py::handle src, py::handle tag,
+             bool asyncOp) -> py::object {
+            std::vector<HeldTensor> keep;
+            const std::pair<int, int> from = checkArgs(*c, "recv", [&] {
+              keep.push_back(viewTensor(x, "recv: tensor", true));
+              const int peer = src.is_none() ? P2POp::kAnySource : intArg(src, "recv", "src");
+              return std::make_pair(peer, intArg(tag, "recv", "tag"));
+            });
+            if (asyncOp) {
+              Work w;
+              {
+                py::gil_scoped_release nogil;
+                w = c->recvAsync(keep[0].tensor, from.first, from.second);
+              }
+              return finish(c, std::move(w), std::move(keep), true);
+            }
+            int source = -1;
+            {
+              py::gil_scoped_release nogil;
+              source = c->recv(keep[0].tensor, from.first, from.second);
+            }
+            return py::int_(source);
+          },
+          py::arg("tensor"), py::arg("src") = py::none(), py::arg("tag") = 0, py::kw_only(),
+          py::arg("async_op") = false)
       .def(
           "barrier",
           [](const CommPtr& c, bool asyncOp) {

@@ -179,6 +179,43 @@ sp = sparse_of(R)
 dist.all_reduce(sp)
 assert torch.equal(sp.to_dense(), sum(sparse_of(r).to_dense() for r in range(N))), sp
 
+# point-to-point: a ring of isend/irecv (non-contiguous receive, int8),
+# messages of one tag in order, tags kept apart, receives from any source
+nxt, prv = (R + 1) % N, (R - 1) % N
+out = (torch.arange(24, dtype=torch.int8) + 3 * R).reshape(4, 6)
+got = torch.zeros(6, 4, dtype=torch.int8).t()  # non-contiguous
+works = [dist.isend(out, nxt, tag=5), dist.irecv(got, prv, tag=5)]
+for w in works:
+    w.wait()
+assert torch.equal(got, (torch.arange(24, dtype=torch.int8) + 3 * prv).reshape(4, 6))
+if R == 0:
+    for v, tag in ((1.0, 1), (2.0, 2), (3.0, 1)):
+        dist.send(torch.tensor([v]), 1, tag=tag)
+elif R == 1:
+    seen = []
+    for tag in (2, 1, 1):
+        x = torch.zeros(1)
+        dist.recv(x, 0, tag=tag)
+        seen.append(x.item())
+    assert seen == [2.0, 1.0, 3.0], seen
+if R == 0:
+    senders = set()
+    for _ in range(N - 1):
+        x = torch.zeros(2, dtype=torch.float64)
+        src = dist.recv(x, tag=7)  # any source
+        assert x.tolist() == [src, src * 10], (src, x)
+        senders.add(src)
+    assert senders == set(range(1, N)), senders
+else:
+    dist.send(torch.tensor([R, R * 10], dtype=torch.float64), 0, tag=7)
+ops = [dist.P2POp(dist.isend, torch.full((1000,), R, dtype=torch.float32), nxt),
+       dist.P2POp(dist.irecv, torch.zeros(1000), prv)]
+reqs = dist.batch_isend_irecv(ops)
+for q in reqs:
+    q.wait()
+assert torch.equal(ops[1].tensor, torch.full((1000,), prv, dtype=torch.float32))
+dist.barrier()
+
 # monitored_barrier: every rank arrives; then rank 1 stays away and rank 0
 # names it, the others hear of it from rank 0
 dist.monitored_barrier(timeout=datetime.timedelta(seconds=30))

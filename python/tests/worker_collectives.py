@@ -209,6 +209,31 @@ assert np.array_equal(b, np.concatenate([np.arange(R * 5, R * 5 + 5, dtype=np.fl
 st = comm.stats()
 assert (st["reduce"], st["gather"], st["scatter"], st["alltoall"]) == (2, 1, 1, 1), st
 
+# ---- send / recv: a ring, then every other rank to rank 0 from any source
+nxt, prv = (R + 1) % N, (R - 1) % N
+mine = np.arange(40, dtype=np.int16) * (R + 1)
+theirs = np.zeros(40, np.int16)
+if R % 2 == 0:
+    comm.send(mine, nxt, tag=3)
+    assert comm.recv(theirs, prv, tag=3) == prv
+else:
+    w = comm.recv(theirs, prv, tag=3, async_op=True)
+    comm.send(mine, nxt, tag=3)
+    w.wait()
+assert np.array_equal(theirs, np.arange(40, dtype=np.int16) * (prv + 1)), "recv"
+if R == 0:
+    got = set()
+    for _ in range(N - 1):
+        v = np.zeros(1, np.float64)
+        src = comm.recv(v)
+        assert v[0] == src * 1.5, (src, v)
+        got.add(src)
+    assert got == set(range(1, N)), got
+else:
+    comm.send(np.array([R * 1.5]), 0)
+assert comm.stats()["point_to_point"] == (3 if R != 0 else 1 + N), comm.stats()
+comm.barrier()
+
 # ---- async: several in flight, waited in reverse, callbacks once each
 cases = [inputs(np.float32, 3000 + i, 20 + i) for i in range(4)]
 arrays = [c[R].copy() for c in cases]

@@ -3,7 +3,8 @@
 // c10d::Store that init_process_group hands the backend creator. CPU
 // tensors; allreduce (and its coalesced form), reduce, broadcast, allgather
 // (list, flat and coalesced forms), gather, scatter, all-to-all (equal
-// splits), reduce_scatter (list and flat forms) and barrier. Ops that only
+// splits), reduce_scatter (list and flat forms), barrier and point-to-point
+// (send, recv, recv from any source). Ops that only
 // move data take any dtype (as bytes); non-contiguous tensors go through a
 // contiguous copy. One translation unit on
 // purpose: the torch headers dominate the build time.
@@ -196,6 +197,10 @@ class GflowWork : public c10d::Work {
             c10::ListType::create(c10::TensorType::get()))) {}
 
   std::vector<at::Tensor> result() override { return outputs_; }
+  // A receive's sender (recv, recvAnysource), written by gflow when the
+  // receive completes.
+  void setSource(std::shared_ptr<int> source) { source_ = std::move(source); }
+  int sourceRank() const override { return source_ ? *source_ : c10d::Work::sourceRank(); }
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
 
   // The Work is completed before its future (so that after fut.wait()
@@ -235,6 +240,7 @@ class GflowWork : public c10d::Work {
   std::vector<at::Tensor> inputs_;
   std::function<void()> after_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::shared_ptr<int> source_;
 };
 
 // The completion thread's queue; shared with the thread so that the thread
@@ -452,6 +458,26 @@ class ProcessGroupGflow : public c10d::ProcessGroup {
     });
     return enqueue(c10d::OpType::SCATTER, comm_->scatterAsync(vflat, vout, root), {out},
                    {flat, d.t}, d.writeBack);
+  }
+
+  // Point-to-point, one tensor per call as in Gloo; messages of one tag
+  // between two ranks match in order (Communicator::send).
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dstRank,
+                                      int tag) override {
+    at::Tensor t;
+    Tensor v;
+    checked("send", [&] {
+      t = single(tensors, "send").contiguous();
+      v = bytesView(t, "send");
+    });
+    return enqueue(c10d::OpType::SEND, comm_->sendAsync(v, dstRank, tag), {}, {t});
+  }
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank,
+                                      int tag) override {
+    return receive(tensors, srcRank, tag, c10d::OpType::RECV);
+  }
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override {
+    return receive(tensors, P2POp::kAnySource, tag, c10d::OpType::RECVANYSOURCE);
   }
 
   // Equal splits (no split sizes): block j of the input goes to rank j.
@@ -728,12 +754,38 @@ class ProcessGroupGflow : public c10d::ProcessGroup {
     }
   }
 
+  c10::intrusive_ptr<c10d::Work> receive(std::vector<at::Tensor>& tensors, int srcRank, int tag,
+                                         c10d::OpType type) {
+    at::Tensor out;
+    Dense d;
+    Tensor v;
+    checked("recv", [&] {
+      out = single(tensors, "recv");
+      d = dense(out);
+      v = bytesView(d.t, "recv");
+    });
+    auto source = std::make_shared<int>(-1);
+    auto work =
+        makeWork(type, comm_->recvAsync(v, srcRank, tag, source.get()), {out}, {d.t}, d.writeBack);
+    work->setSource(std::move(source));
+    return push(std::move(work));
+  }
+
   c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, gflow::Work w,
                                          std::vector<at::Tensor> outputs,
                                          std::vector<at::Tensor> inputs = {},
                                          std::function<void()> after = nullptr) {
-    auto work = c10::make_intrusive<GflowWork>(rank_, type, std::move(w), std::move(outputs),
-                                               std::move(inputs), std::move(after));
+    return push(
+        makeWork(type, std::move(w), std::move(outputs), std::move(inputs), std::move(after)));
+  }
+  c10::intrusive_ptr<GflowWork> makeWork(c10d::OpType type, gflow::Work w,
+                                         std::vector<at::Tensor> outputs,
+                                         std::vector<at::Tensor> inputs,
+                                         std::function<void()> after) {
+    return c10::make_intrusive<GflowWork>(rank_, type, std::move(w), std::move(outputs),
+                                          std::move(inputs), std::move(after));
+  }
+  c10::intrusive_ptr<c10d::Work> push(c10::intrusive_ptr<GflowWork> work) {
     std::lock_guard<std::mutex> lock(q_->mu);
     q_->queue.push_back(work);
     q_->cv.notify_all();
