@@ -99,7 +99,8 @@ std::shared_ptr<WorkState> Executor::submit(Task task, bool blocking) {
     run(item);
     lock.lock();
     running_ = false;
-    if (!queue_.empty()) cv_.notify_all();
+    // The worker may wait for this op to end: queued ops, or ops in flight.
+    if (!queue_.empty() || inFlight_) cv_.notify_all();
     return item.work;
   }
   auto work = item.work;
