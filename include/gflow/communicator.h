@@ -95,7 +95,7 @@ struct GFLOW_EXPORT Stats {
   uint64_t reduce = 0;
   uint64_t gather = 0;
   uint64_t scatter = 0;
-  uint64_t alltoall = 0;
+  uint64_t alltoall = 0;      // the v forms count with their even ones
   uint64_t pointToPoint = 0;  // send, recv and sendRecv calls (a sendRecv counts once)
   // The same ops by the path that ran them: the shared-memory backend (one
   // host), the hierarchical one (several hosts), a flat algorithm over the
@@ -140,7 +140,9 @@ struct P2POp {
   int* source = nullptr;
 
   static constexpr int kAnySource = -1;
-  static P2POp send(Tensor t, int peer, int tag = 0) { return {Kind::kSend, t, peer, tag, nullptr}; }
+  static P2POp send(Tensor t, int peer, int tag = 0) {
+    return {Kind::kSend, t, peer, tag, nullptr};
+  }
   static P2POp recv(Tensor t, int peer, int tag = 0, int* source = nullptr) {
     return {Kind::kRecv, t, peer, tag, source};
   }
@@ -198,6 +200,34 @@ class GFLOW_EXPORT Communicator {
   // and out must not overlap.
   void alltoall(Tensor in, Tensor out);
 
+  // Uneven (v) forms; counts and offsets are in elements, one per rank.
+  // Every rank passes the same `counts` (kMismatch otherwise), except for
+  // alltoallv, where each rank passes its own. They run over the network
+  // transport (shared memory has no uneven forms).
+  // out.count == sum(counts); rank r's `in` (counts[r] elements) lands at
+  // sum(counts[0..r)) of every rank's `out`.
+  void allgatherv(Tensor in, Tensor out, const std::vector<size_t>& counts);
+  // The same into the root's `out` only (other ranks' `out` is not used).
+  void gatherv(Tensor in, Tensor out, const std::vector<size_t>& counts, int root);
+  // Root: in.count == sum(counts); rank r receives counts[r] elements from
+  // sum(counts[0..r)) of the root's `in` (other ranks' `in` is not used).
+  void scatterv(Tensor in, Tensor out, const std::vector<size_t>& counts, int root);
+  // in.count == sum(counts); rank r receives the reduction of every rank's
+  // counts[r] elements at sum(counts[0..r)) (out.count == counts[r]). Runs
+  // as one allreduce of `in` through host scratch memory, then a copy: every
+  // allreduce path applies, and Stats counts it as an allreduce. Host
+  // tensors only.
+  void reduceScatterv(Tensor in, Tensor out, const std::vector<size_t>& counts,
+                      ReduceOp op = ReduceOp::kSum);
+  // inCounts[j] elements at inOffsets[j] of `in` go to rank j; outCounts[j]
+  // elements from rank j land at outOffsets[j] of `out`. Each block inside
+  // its tensor, the blocks of `out` disjoint, in and out disjoint, and
+  // inCounts[rank()] == outCounts[rank()]. A block whose count differs from
+  // what its receiver expects raises kMismatch on every rank.
+  void alltoallv(Tensor in, const std::vector<size_t>& inCounts,
+                 const std::vector<size_t>& inOffsets, Tensor out,
+                 const std::vector<size_t>& outCounts, const std::vector<size_t>& outOffsets);
+
   // Point-to-point. Only the two ranks of a message take part, and these
   // calls stand outside the collectives' order: a rank may run any number
   // of them between two collectives. They run in this rank's issue order
@@ -235,6 +265,14 @@ class GFLOW_EXPORT Communicator {
   Work gatherAsync(Tensor in, Tensor out, int root);
   Work scatterAsync(Tensor in, Tensor out, int root);
   Work alltoallAsync(Tensor in, Tensor out);
+  Work allgathervAsync(Tensor in, Tensor out, const std::vector<size_t>& counts);
+  Work gathervAsync(Tensor in, Tensor out, const std::vector<size_t>& counts, int root);
+  Work scattervAsync(Tensor in, Tensor out, const std::vector<size_t>& counts, int root);
+  Work reduceScattervAsync(Tensor in, Tensor out, const std::vector<size_t>& counts,
+                           ReduceOp op = ReduceOp::kSum);
+  Work alltoallvAsync(Tensor in, const std::vector<size_t>& inCounts,
+                      const std::vector<size_t>& inOffsets, Tensor out,
+                      const std::vector<size_t>& outCounts, const std::vector<size_t>& outOffsets);
   Work sendAsync(Tensor in, int peer, int tag = 0);
   // `source` (may be null): the sending rank, written when the op completes.
   Work recvAsync(Tensor out, int peer, int tag = 0, int* source = nullptr);

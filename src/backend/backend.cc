@@ -19,6 +19,10 @@ const char* toString(OpKind kind) {
     case OpKind::kScatter: return "scatter";
     case OpKind::kAlltoall: return "alltoall";
     case OpKind::kPointToPoint: return "send/recv";
+    case OpKind::kAlltoallv: return "alltoallv";
+    case OpKind::kAllgatherv: return "allgatherv";
+    case OpKind::kGatherv: return "gatherv";
+    case OpKind::kScatterv: return "scatterv";
   }
   return "unknown-op";
 }
@@ -53,13 +57,19 @@ transport::Envelope encode(const OpDesc& d) {
   return e;
 }
 
-uint64_t fingerprint(const OpDesc& d) {
-  const transport::Envelope e = encode(d);
-  // FNV-1a over the envelope words; 0 is reserved for "no parent".
+namespace {
+// FNV-1a over `words`, folded to 24 nonzero bits (0 means "none").
+uint64_t digest24(const uint64_t* words, size_t n) {
   uint64_t h = hash::kFnvOffset;
-  for (uint64_t w : e.words) h = hash::fnv1aWord(h, w);
+  for (size_t i = 0; i < n; ++i) h = hash::fnv1aWord(h, words[i]);
   h ^= h >> 24;
   return (h & 0xffffff) ? (h & 0xffffff) : 1;
+}
+}  // namespace
+
+uint64_t fingerprint(const OpDesc& d) {
+  const transport::Envelope e = encode(d);
+  return digest24(e.words, 3);
 }
 
 std::string describe(const transport::Envelope& e) {
@@ -75,12 +85,51 @@ std::string describe(const transport::Envelope& e) {
   if (kind == OpKind::kAllreduce || kind == OpKind::kReduceScatter || kind == OpKind::kReduce)
     os << ", " << gflow::toString(op);
   if (kind == OpKind::kBroadcast || kind == OpKind::kReduce || kind == OpKind::kGather ||
-      kind == OpKind::kScatter)
+      kind == OpKind::kScatter || kind == OpKind::kGatherv || kind == OpKind::kScatterv)
     os << ", root=" << root;
   os << ", algorithm=" << toString(algo);
-  if (const uint64_t parent = e.words[2] >> 40) os << ", phase of op " << std::hex << parent;
+  const bool uneven =
+      kind == OpKind::kAllgatherv || kind == OpKind::kGatherv || kind == OpKind::kScatterv;
+  if (const uint64_t parent = e.words[2] >> 40) {
+    // An allreduce's is either a hierarchical phase's parent or
+    // reduceScatterv's counts.
+    os << (uneven                         ? ", counts digest "
+           : kind == OpKind::kAllreduce ? ", phase of op or counts digest "
+                                          : ", phase of op ")
+       << std::hex << parent;
+  }
   os << ")";
   return os.str();
+}
+
+Blocks Blocks::equal(int ranks, uint64_t count) {
+  Blocks b;
+  for (int r = 0; r < ranks; ++r) {
+    b.counts.push_back(count);
+    b.offsets.push_back(uint64_t(r) * count);
+  }
+  return b;
+}
+
+Blocks Blocks::packed(std::vector<uint64_t> counts) {
+  Blocks b;
+  uint64_t at = 0;
+  for (uint64_t c : counts) {
+    b.offsets.push_back(at);
+    at += c;
+  }
+  b.counts = std::move(counts);
+  return b;
+}
+
+uint64_t Blocks::total() const {
+  uint64_t t = 0;
+  for (uint64_t c : counts) t += c;
+  return t;
+}
+
+uint64_t blocksDigest(const std::vector<uint64_t>& counts) {
+  return digest24(counts.data(), counts.size());
 }
 
 namespace {
@@ -101,6 +150,15 @@ void Backend::scatter(const Op& op, const void*, void*) {
   notRun(*this, op);
 }
 void Backend::alltoall(const Op& op, const void*, void*) {
+  notRun(*this, op);
+}
+void Backend::alltoallv(const Op& op, const void*, const Blocks&, void*, const Blocks&) {
+  notRun(*this, op);
+}
+void Backend::gatherv(const Op& op, const void*, void*, const Blocks&) {
+  notRun(*this, op);
+}
+void Backend::scatterv(const Op& op, const void*, const Blocks&, void*) {
   notRun(*this, op);
 }
 std::unique_ptr<P2PInFlight> Backend::startPointToPoint(const Op& op, std::vector<P2PMessage>) {

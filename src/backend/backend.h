@@ -34,8 +34,16 @@ enum class OpKind : uint8_t {
   // Point-to-point sends and receives (Backend::pointToPoint), outside the
   // collectives' op order; desc.count and dtype describe each message.
   kPointToPoint = 10,
+  // The uneven (v) forms: per-rank blocks (Blocks) instead of desc.count
+  // each. desc.count: every rank's elements together (all-to-all: 0, the
+  // ranks' counts differ); desc.parent: a digest of the counts every rank
+  // passes alike (blocksDigest).
+  kAlltoallv = 11,
+  kAllgatherv = 12,
+  kGatherv = 13,   // to desc.root
+  kScatterv = 14,  // from desc.root
 };
-constexpr size_t kNumOpKinds = 11;  // arrays indexed by OpKind (values 1..10)
+constexpr size_t kNumOpKinds = 15;  // arrays indexed by OpKind (values 1..14)
 const char* toString(OpKind kind);
 
 enum class Algorithm : uint8_t {
@@ -75,6 +83,19 @@ uint64_t fingerprint(const OpDesc& d);
 std::string describe(const transport::Envelope& e);
 
 class DeviceBuffers;  // backend/device_buffers.h
+
+// Per-rank blocks of a buffer, in elements (the uneven ops): block r is
+// counts[r] elements at offsets[r].
+struct Blocks {
+  std::vector<uint64_t> counts, offsets;
+  // Block r at r * count.
+  static Blocks equal(int ranks, uint64_t count);
+  // One after another, in rank order.
+  static Blocks packed(std::vector<uint64_t> counts);
+  uint64_t total() const;
+};
+// A nonzero 24-bit digest of `counts` (OpDesc::parent of the uneven ops).
+uint64_t blocksDigest(const std::vector<uint64_t>& counts);
 
 // One send or receive of a point-to-point op (Backend::pointToPoint).
 struct P2PMessage {
@@ -145,6 +166,15 @@ class Backend {
   // in and out: desc.count * size elements; block j of in goes to rank j,
   // block j of out comes from rank j. in and out do not overlap.
   virtual void alltoall(const Op& op, const void* in, void* out);
+  // The uneven forms. alltoallv: block j of `in` (inBlocks) goes to rank j,
+  // block j of `out` (outBlocks) comes from rank j; allgatherv runs as an
+  // alltoallv whose in blocks are all this rank's input. gatherv: rank r's
+  // `in` (blocks.counts[r] elements) lands in block r of the root's `out`;
+  // scatterv: block r of the root's `in` lands in rank r's `out`.
+  virtual void alltoallv(const Op& op, const void* in, const Blocks& inBlocks, void* out,
+                         const Blocks& outBlocks);
+  virtual void gatherv(const Op& op, const void* in, void* out, const Blocks& blocks);
+  virtual void scatterv(const Op& op, const void* in, const Blocks& blocks, void* out);
   // Posts every message of `msgs` at once (so two ranks that each send to
   // the other first cannot deadlock) and returns them in flight; a receive
   // from any source is posted once a message for it has arrived. Between a

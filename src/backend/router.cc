@@ -38,6 +38,16 @@ class ByAlgorithm final : public Backend {
   void alltoall(const Op& op, const void* in, void* out) override {
     pick(op).alltoall(op, in, out);
   }
+  void alltoallv(const Op& op, const void* in, const Blocks& inBlocks, void* out,
+                 const Blocks& outBlocks) override {
+    pick(op).alltoallv(op, in, inBlocks, out, outBlocks);
+  }
+  void gatherv(const Op& op, const void* in, void* out, const Blocks& blocks) override {
+    pick(op).gatherv(op, in, out, blocks);
+  }
+  void scatterv(const Op& op, const void* in, const Blocks& blocks, void* out) override {
+    pick(op).scatterv(op, in, blocks, out);
+  }
   std::unique_ptr<P2PInFlight> startPointToPoint(const Op& op,
                                                  std::vector<P2PMessage> msgs) override {
     return pick(op).startPointToPoint(op, std::move(msgs));
@@ -145,6 +155,16 @@ void Router::scatter(const Op& op, const void* in, void* out) {
 void Router::alltoall(const Op& op, const void* in, void* out) {
   route(op).alltoall(op, in, out);
 }
+void Router::alltoallv(const Op& op, const void* in, const Blocks& inBlocks, void* out,
+                       const Blocks& outBlocks) {
+  route(op).alltoallv(op, in, inBlocks, out, outBlocks);
+}
+void Router::gatherv(const Op& op, const void* in, void* out, const Blocks& blocks) {
+  route(op).gatherv(op, in, out, blocks);
+}
+void Router::scatterv(const Op& op, const void* in, const Blocks& blocks, void* out) {
+  route(op).scatterv(op, in, blocks, out);
+}
 std::unique_ptr<P2PInFlight> Router::startPointToPoint(const Op& op, std::vector<P2PMessage> msgs) {
   return route(op).startPointToPoint(op, std::move(msgs));
 }
@@ -154,9 +174,11 @@ Backend& Router::route(const Op& op) {
     count(hostPath(op.desc.algo));
     return *host_;
   }
-  // Point-to-point never reaches NCCL (whose first use is collective): its
+  // Point-to-point never reaches NCCL (whose first use is collective), and
+  // neither do the uneven ops, which NCCL has no counterpart for: their
   // device buffers are staged.
-  if (op.desc.kind != OpKind::kPointToPoint && onNccl(op)) {
+  const bool ncclKind = op.desc.kind <= OpKind::kAlltoall;
+  if (ncclKind && onNccl(op)) {
     count(Path::kNccl);
     return nccl_->forOp(op);
   }

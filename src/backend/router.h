@@ -84,6 +84,10 @@ class Router final : public Backend {
   void gather(const Op& op, const void* in, void* out) override;
   void scatter(const Op& op, const void* in, void* out) override;
   void alltoall(const Op& op, const void* in, void* out) override;
+  void alltoallv(const Op& op, const void* in, const Blocks& inBlocks, void* out,
+                 const Blocks& outBlocks) override;
+  void gatherv(const Op& op, const void* in, void* out, const Blocks& blocks) override;
+  void scatterv(const Op& op, const void* in, const Blocks& blocks, void* out) override;
   std::unique_ptr<P2PInFlight> startPointToPoint(const Op& op,
                                                  std::vector<P2PMessage> msgs) override;
   const char* name() const override { return "router"; }

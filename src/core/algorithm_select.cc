@@ -120,9 +120,13 @@ Algorithm AlgorithmSelector::select(OpKind kind, uint64_t bytes, int worldSize) 
       // reductions and broadcast only.
       return caps_.shm ? Algorithm::kShm : selectFlat(kind, bytes, worldSize);
     case OpKind::kPointToPoint:
-      // Over the network transport, which connects every pair (shared
-      // memory has no point-to-point channel).
-      return Algorithm::kDirect;
+    case OpKind::kAlltoallv:
+    case OpKind::kAllgatherv:
+    case OpKind::kGatherv:
+    case OpKind::kScatterv:
+      // Over the network transport, which connects every pair: shared
+      // memory has no point-to-point channel and no uneven forms.
+      return selectFlat(kind, bytes, worldSize);
     case OpKind::kAllreduce: break;
   }
   for (const Rule& r : rules_) {
@@ -163,6 +167,10 @@ Algorithm AlgorithmSelector::selectFlat(OpKind kind, uint64_t bytes, int worldSi
       return bytes <= kRootedTreeMaxBytes ? Algorithm::kBinomial : Algorithm::kLinear;
     case OpKind::kAlltoall: return Algorithm::kPairwise;
     case OpKind::kPointToPoint: return Algorithm::kDirect;
+    case OpKind::kAlltoallv:
+    case OpKind::kAllgatherv: return Algorithm::kPairwise;
+    case OpKind::kGatherv:
+    case OpKind::kScatterv: return Algorithm::kLinear;
     case OpKind::kAllreduce: break;
   }
   for (const Rule& r : rules_) {

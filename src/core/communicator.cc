@@ -488,13 +488,16 @@ Stats Communicator::stats() const {
   }
   s.allreduce = impl(*this).opCount[opIndex(OpKind::kAllreduce)];
   s.reduceScatter = impl(*this).opCount[opIndex(OpKind::kReduceScatter)];
-  s.allgather = impl(*this).opCount[opIndex(OpKind::kAllgather)];
   s.broadcast = impl(*this).opCount[opIndex(OpKind::kBroadcast)];
   s.barrier = impl(*this).opCount[opIndex(OpKind::kBarrier)];
   s.reduce = impl(*this).opCount[opIndex(OpKind::kReduce)];
-  s.gather = impl(*this).opCount[opIndex(OpKind::kGather)];
-  s.scatter = impl(*this).opCount[opIndex(OpKind::kScatter)];
-  s.alltoall = impl(*this).opCount[opIndex(OpKind::kAlltoall)];
+  auto count = [&](OpKind a, OpKind b) {
+    return impl(*this).opCount[opIndex(a)] + impl(*this).opCount[opIndex(b)];
+  };
+  s.allgather = count(OpKind::kAllgather, OpKind::kAllgatherv);
+  s.gather = count(OpKind::kGather, OpKind::kGatherv);
+  s.scatter = count(OpKind::kScatter, OpKind::kScatterv);
+  s.alltoall = count(OpKind::kAlltoall, OpKind::kAlltoallv);
   s.pointToPoint = impl(*this).opCount[opIndex(OpKind::kPointToPoint)];
   const backend::PathCounts paths = impl(*this).backend->paths();
   auto path = [&](backend::Path p) { return paths[static_cast<size_t>(p)]; };

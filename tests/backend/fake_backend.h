@@ -60,6 +60,16 @@ class FakeBackend final : public backend::Backend {
   void gather(const backend::Op& op, const void* in, void* out) override { record(op, in, out); }
   void scatter(const backend::Op& op, const void* in, void* out) override { record(op, in, out); }
   void alltoall(const backend::Op& op, const void* in, void* out) override { record(op, in, out); }
+  void alltoallv(const backend::Op& op, const void* in, const backend::Blocks&, void* out,
+                 const backend::Blocks&) override {
+    record(op, in, out);
+  }
+  void gatherv(const backend::Op& op, const void* in, void* out, const backend::Blocks&) override {
+    record(op, in, out);
+  }
+  void scatterv(const backend::Op& op, const void* in, const backend::Blocks&, void* out) override {
+    record(op, in, out);
+  }
   std::unique_ptr<backend::P2PInFlight> startPointToPoint(
       const backend::Op& op, std::vector<backend::P2PMessage> msgs) override {
     record(op, msgs.empty() ? nullptr : msgs[0].data, msgs.empty() ? nullptr : msgs[0].data);

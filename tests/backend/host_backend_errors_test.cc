@@ -60,6 +60,17 @@ std::vector<std::exception_ptr> runWithoutRank(BackendWorld& w, const Op& op, in
           case OpKind::kGather: b.gather(op, in[r].data(), out[r].data()); break;
           case OpKind::kScatter: b.scatter(op, in[r].data(), out[r].data()); break;
           case OpKind::kAlltoall: b.alltoall(op, in[r].data(), out[r].data()); break;
+          case OpKind::kAlltoallv:
+          case OpKind::kAllgatherv:
+            b.alltoallv(op, in[r].data(), backend::Blocks::equal(w.size(), d.count), out[r].data(),
+                        backend::Blocks::equal(w.size(), d.count));
+            break;
+          case OpKind::kGatherv:
+            b.gatherv(op, in[r].data(), out[r].data(), backend::Blocks::equal(w.size(), d.count));
+            break;
+          case OpKind::kScatterv:
+            b.scatterv(op, in[r].data(), backend::Blocks::equal(w.size(), d.count), out[r].data());
+            break;
           case OpKind::kPointToPoint: {
             // A send to the next rank and a receive from the previous one.
             const int n = w.size();
@@ -119,6 +130,9 @@ INSTANTIATE_TEST_SUITE_P(
                       SilentPeerCase{"ScatterBinomial", OpKind::kScatter, Algorithm::kBinomial},
                       SilentPeerCase{"ScatterLinear", OpKind::kScatter, Algorithm::kLinear},
                       SilentPeerCase{"Alltoall", OpKind::kAlltoall, Algorithm::kPairwise},
+                      SilentPeerCase{"Alltoallv", OpKind::kAlltoallv, Algorithm::kPairwise},
+                      SilentPeerCase{"Gatherv", OpKind::kGatherv, Algorithm::kLinear, 0},
+                      SilentPeerCase{"Scatterv", OpKind::kScatterv, Algorithm::kLinear},
                       SilentPeerCase{"PointToPoint", OpKind::kPointToPoint, Algorithm::kDirect},
                       SilentPeerCase{"Barrier", OpKind::kBarrier, Algorithm::kDissemination}),
     [](const ::testing::TestParamInfo<SilentPeerCase>& p) { return p.param.name; });

@@ -73,6 +73,13 @@ class RouterTest : public ::testing::Test {
       case OpKind::kGather: router_->gather(op, in_, out_); break;
       case OpKind::kScatter: router_->scatter(op, in_, out_); break;
       case OpKind::kAlltoall: router_->alltoall(op, in_, out_); break;
+      case OpKind::kAlltoallv:
+      case OpKind::kAllgatherv:
+        router_->alltoallv(op, in_, backend::Blocks::equal(2, 4), out_,
+                           backend::Blocks::equal(2, 4));
+        break;
+      case OpKind::kGatherv: router_->gatherv(op, in_, out_, backend::Blocks::equal(2, 4)); break;
+      case OpKind::kScatterv: router_->scatterv(op, in_, backend::Blocks::equal(2, 4), out_); break;
       case OpKind::kPointToPoint: {
         std::vector<P2PMessage> m{{true, 1, 0, DataType::kFloat64, 8, out_, -1}};
         router_->startPointToPoint(op, m);
@@ -97,10 +104,11 @@ class RouterTest : public ::testing::Test {
   void* out_ = outBuf_;
 };
 
-constexpr OpKind kAllKinds[] = {OpKind::kAllreduce,   OpKind::kReduceScatter, OpKind::kAllgather,
-                                OpKind::kBroadcast,   OpKind::kBarrier,       OpKind::kReduce,
-                                OpKind::kGather,      OpKind::kScatter,       OpKind::kAlltoall,
-                                OpKind::kPointToPoint};
+constexpr OpKind kAllKinds[] = {OpKind::kAllreduce,    OpKind::kReduceScatter, OpKind::kAllgather,
+                                OpKind::kBroadcast,    OpKind::kBarrier,       OpKind::kReduce,
+                                OpKind::kGather,       OpKind::kScatter,       OpKind::kAlltoall,
+                                OpKind::kPointToPoint, OpKind::kAlltoallv,     OpKind::kAllgatherv,
+                                OpKind::kGatherv,      OpKind::kScatterv};
 
 uint64_t at(const PathCounts& c, Path p) {
   return c[static_cast<size_t>(p)];

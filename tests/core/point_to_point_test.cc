@@ -16,8 +16,8 @@
 #include <thread>
 
 #include "gflow/gflow.h"
+#include "testing/paths.h"
 #include "testing/ranks.h"
-#include "testing/soft_verbs.h"
 #include "testing/values.h"
 
 namespace gflow {
@@ -26,16 +26,7 @@ namespace {
 using std::chrono::milliseconds;
 using ::testing::HasSubstr;
 
-enum class Path { kShm, kNetwork, kTwoHosts, kVerbs };
-
-std::vector<std::shared_ptr<Communicator>> worldOn(Path p, int n, Options o = Options{}) {
-  if (p == Path::kNetwork) o.shm.enabled = false;
-  if (p == Path::kVerbs) o.transport = "verbs";
-  if (p != Path::kTwoHosts) return testing::makeWorld(n, o);
-  std::vector<int> hostOf(n);
-  for (int r = 0; r < n; ++r) hostOf[r] = r < (n + 1) / 2 ? 0 : 1;
-  return testing::makeWorldWith(n, testing::onHosts(hostOf, o));
-}
+using testing::WorldPath;
 
 // A value that tells sender, receiver, message and element apart, as `t`.
 double valueOf(int from, int to, int msg, size_t i, DataType t) {
@@ -59,19 +50,7 @@ void expectFrom(const std::vector<char>& got, int from, int to, int msg, size_t 
       << toString(t) << " count " << count << " from " << from << " to " << to << " msg " << msg;
 }
 
-class PointToPoint : public ::testing::TestWithParam<std::tuple<Path, int>> {
- protected:
-  void SetUp() override {
-    if (std::get<0>(GetParam()) == Path::kVerbs) device_.emplace();
-  }
-  std::vector<std::shared_ptr<Communicator>> world(Options o = Options{}) {
-    return worldOn(std::get<0>(GetParam()), std::get<1>(GetParam()), o);
-  }
-  int n() const { return std::get<1>(GetParam()); }
-
- private:
-  std::optional<testing::softverbs::Installed> device_;
-};
+class PointToPoint : public testing::OnPaths {};
 
 // A ring of sendRecv (each rank to the next, from the previous) and pairs of
 // blocking send/recv in both orders, for every dtype and sizes from 0 to
@@ -254,19 +233,13 @@ TEST_P(PointToPoint, AsyncReceivesPostedBeforeTheSendsDoNotHoldThemBack) {
   });
 }
 
-std::string pathName(const ::testing::TestParamInfo<std::tuple<Path, int>>& p) {
-  static const char* const kNames[] = {"shm", "network", "two_hosts", "verbs"};
-  return std::string(kNames[int(std::get<0>(p.param))]) + "_n" +
-         std::to_string(std::get<1>(p.param));
-}
-
 INSTANTIATE_TEST_SUITE_P(Paths, PointToPoint,
-                         ::testing::Values(std::make_tuple(Path::kShm, 2),
-                                           std::make_tuple(Path::kShm, 3),
-                                           std::make_tuple(Path::kNetwork, 4),
-                                           std::make_tuple(Path::kTwoHosts, 4),
-                                           std::make_tuple(Path::kVerbs, 3)),
-                         pathName);
+                         ::testing::Values(std::make_tuple(WorldPath::kShm, 2),
+                                           std::make_tuple(WorldPath::kShm, 3),
+                                           std::make_tuple(WorldPath::kNetwork, 4),
+                                           std::make_tuple(WorldPath::kTwoHosts, 4),
+                                           std::make_tuple(WorldPath::kVerbs, 3)),
+                         testing::pathName);
 
 // ---- errors ------------------------------------------------------------------
 

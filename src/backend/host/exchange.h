@@ -139,6 +139,10 @@ void gatherLinear(Exchange& ex, const void* in, void* out);
 void scatterBinomial(Exchange& ex, Scratch& scratch, const void* in, void* out);
 void scatterLinear(Exchange& ex, const void* in, void* out);
 void alltoallPairwise(Exchange& ex, const void* in, void* out);
+void alltoallvPairwise(Exchange& ex, const void* in, const Blocks& inBlocks, void* out,
+                       const Blocks& outBlocks);
+void gathervLinear(Exchange& ex, const void* in, void* out, const Blocks& blocks);
+void scattervLinear(Exchange& ex, const void* in, const Blocks& blocks, void* out);
 std::unique_ptr<P2PInFlight> startPointToPointDirect(transport::Context& ctx, const Op& op,
                                                      P2POrder& order, std::vector<P2PMessage> msgs);
 

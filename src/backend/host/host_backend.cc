@@ -73,6 +73,17 @@ class HostBackend final : public Backend {
     Exchange ex(*ctx_, op, tuning_);
     alltoallPairwise(ex, in, out);
   }
+  void alltoallv(const Op& op, const void* in, const Blocks& inBlocks, void* out,
+                 const Blocks& outBlocks) override {
+    Exchange ex(*ctx_, op, tuning_);
+    alltoallvPairwise(ex, in, inBlocks, out, outBlocks);
+  }
+  void gatherv(const Op& op, const void* in, void* out, const Blocks& blocks) override {
+    rooted(op, [&](Exchange& ex) { gathervLinear(ex, in, out, blocks); });
+  }
+  void scatterv(const Op& op, const void* in, const Blocks& blocks, void* out) override {
+    rooted(op, [&](Exchange& ex) { scattervLinear(ex, in, blocks, out); });
+  }
   std::unique_ptr<P2PInFlight> startPointToPoint(const Op& op,
                                                  std::vector<P2PMessage> msgs) override {
     return startPointToPointDirect(*ctx_, op, p2pOrder_, std::move(msgs));

@@ -46,6 +46,18 @@ class StagedBackend final : public Backend {
   void alltoall(const Op& op, const void* in, void* out) override {
     staged(op, [&](DeviceBuffers& b) { inner_.alltoall(op, b.host(in), b.host(out)); });
   }
+  void alltoallv(const Op& op, const void* in, const Blocks& inBlocks, void* out,
+                 const Blocks& outBlocks) override {
+    staged(op, [&](DeviceBuffers& b) {
+      inner_.alltoallv(op, b.host(in), inBlocks, b.host(out), outBlocks);
+    });
+  }
+  void gatherv(const Op& op, const void* in, void* out, const Blocks& blocks) override {
+    staged(op, [&](DeviceBuffers& b) { inner_.gatherv(op, b.host(in), b.host(out), blocks); });
+  }
+  void scatterv(const Op& op, const void* in, const Blocks& blocks, void* out) override {
+    staged(op, [&](DeviceBuffers& b) { inner_.scatterv(op, b.host(in), blocks, b.host(out)); });
+  }
   // Runs to completion: the results go back to the device before it
   // returns (an async op on device buffers completes in order).
   std::unique_ptr<P2PInFlight> startPointToPoint(const Op& op,
