@@ -127,6 +127,19 @@ a2a_out = torch.empty(N * 4)
 dist.all_to_all_single(a2a_out, a2a_in)
 assert torch.equal(a2a_out, torch.cat([torch.arange(R * 4, R * 4 + 4, dtype=torch.float32) + 100 * j
                                        for j in range(N)]))
+# with split sizes (rank i sends i + j + 1 rows of 3 to rank j), and the
+# list form (any shapes per pair)
+rows_to = [R + j + 1 for j in range(N)]
+rows_from = [j + R + 1 for j in range(N)]
+v_in = torch.cat([torch.full((rows_to[j], 3), 10 * R + j, dtype=torch.int16) for j in range(N)])
+v_out = torch.empty(sum(rows_from), 3, dtype=torch.int16)
+dist.all_to_all_single(v_out, v_in, output_split_sizes=rows_from, input_split_sizes=rows_to)
+assert torch.equal(v_out, torch.cat([torch.full((rows_from[j], 3), 10 * j + R, dtype=torch.int16)
+                                     for j in range(N)]))
+l_in = [torch.full((R + 1, j + 1), float(R * 10 + j)) for j in range(N)]
+l_out = [torch.empty(j + 1, R + 1) for j in range(N)]
+dist.all_to_all(l_out, l_in)
+assert all(torch.equal(l_out[j], torch.full((j + 1, R + 1), float(j * 10 + R))) for j in range(N))
 co_in = [torch.full((2, 3), R, dtype=torch.int8), torch.full((5,), R - 7, dtype=torch.int8)]
 co_out = [[torch.empty(2, 3, dtype=torch.int8), torch.empty(5, dtype=torch.int8)]
           for _ in range(N)]

@@ -3,11 +3,10 @@
 // c10d::Store that init_process_group hands the backend creator. CPU
 // tensors; allreduce (and its coalesced form), reduce, broadcast, allgather
 // (list, flat and coalesced forms), gather, scatter, all-to-all (equal
-// splits), reduce_scatter (list and flat forms), barrier and point-to-point
-// (send, recv, recv from any source). Ops that only
-// move data take any dtype (as bytes); non-contiguous tensors go through a
-// contiguous copy. One translation unit on
-// purpose: the torch headers dominate the build time.
+// splits, split sizes and the list form), reduce_scatter (list and flat forms), barrier and
+// point-to-point (send, recv, recv from any source). Ops that only move data take any dtype (as
+// bytes); non-contiguous tensors go through a contiguous copy. One translation unit on purpose: the
+// torch headers dominate the build time.
 #include <torch/csrc/utils/pybind.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -315,6 +314,43 @@ void unflattenBytes(const at::Tensor& flat, const std::vector<at::Tensor>& outs)
   }
 }
 
+// alltoall_base's blocks of `t` (whose gflow view has `viewCount`
+// elements: its numel, or its bytes for a dtype gflow moves as bytes): with
+// no splits, size equal blocks; else splits[j] rows (dim 0) each.
+void splitBlocks(const at::Tensor& t, const std::vector<int64_t>& splits, size_t viewCount,
+                 const char* what, std::vector<size_t>* counts, std::vector<size_t>* offsets,
+                 int size) {
+  const size_t per = t.numel() > 0 ? viewCount / static_cast<size_t>(t.numel()) : 1;
+  std::vector<int64_t> rows = splits;
+  if (rows.empty()) {
+    if (t.dim() == 0 || t.size(0) % size != 0) {
+      invalid(std::string("alltoall_base: the ") + what + "'s first dimension must split into " +
+              std::to_string(size) + " equal parts when no split sizes are given");
+    }
+    rows.assign(static_cast<size_t>(size), t.size(0) / size);
+  }
+  if (rows.size() != static_cast<size_t>(size) || t.dim() == 0) {
+    invalid(std::string("alltoall_base: ") + what + " split sizes must have " +
+            std::to_string(size) + " entries");
+  }
+  int64_t sum = 0;
+  for (int64_t r : rows) {
+    if (r < 0) invalid(std::string("alltoall_base: negative ") + what + " split size");
+    sum += r;
+  }
+  if (sum != t.size(0)) {
+    invalid(std::string("alltoall_base: ") + what + " split sizes sum to " + std::to_string(sum) +
+            ", not its first dimension (" + std::to_string(t.size(0)) + ")");
+  }
+  const size_t rowElems = t.size(0) > 0 ? static_cast<size_t>(t.numel() / t.size(0)) : 0;
+  size_t at = 0;
+  for (int64_t r : rows) {
+    counts->push_back(static_cast<size_t>(r) * rowElems * per);
+    offsets->push_back(at);
+    at += counts->back();
+  }
+}
+
 class ProcessGroupGflow : public c10d::ProcessGroup {
  public:
   ProcessGroupGflow(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
@@ -480,7 +516,9 @@ class ProcessGroupGflow : public c10d::ProcessGroup {
     return receive(tensors, P2POp::kAnySource, tag, c10d::OpType::RECVANYSOURCE);
   }
 
-  // Equal splits (no split sizes): block j of the input goes to rank j.
+  // Block j of the input goes to rank j: equal blocks without split sizes,
+  // else inSplits[j] rows (dim 0) of it (outSplits[j] rows of the output
+  // come from rank j), as alltoallv.
   c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& out, at::Tensor& in,
                                                std::vector<int64_t>& outSplits,
                                                std::vector<int64_t>& inSplits,
@@ -488,21 +526,67 @@ class ProcessGroupGflow : public c10d::ProcessGroup {
     Tensor vin, vout;
     at::Tensor cin;
     Dense d;
+    std::vector<size_t> inCounts, inOffsets, outCounts, outOffsets;
     checked("alltoall", [&] {
-      if (!outSplits.empty() || !inSplits.empty()) {
-        invalid("alltoall_base: split sizes are not supported yet (equal splits only)");
-      }
-      if (in.numel() % size_ != 0 || out.numel() != in.numel()) {
-        invalid("alltoall_base: input and output must have the same numel, a multiple of " +
-                std::to_string(size_));
+      if (in.scalar_type() != out.scalar_type()) {
+        invalid("alltoall_base: input and output must have the same dtype");
       }
       cin = in.contiguous();
       d = dense(out);
       vin = bytesView(cin, "alltoall_base");
       vout = bytesView(d.t, "alltoall_base");
+      if (outSplits.empty() && inSplits.empty()) {
+        if (in.numel() % size_ != 0 || out.numel() != in.numel()) {
+          invalid("alltoall_base: input and output must have the same numel, a multiple of " +
+                  std::to_string(size_));
+        }
+        return;
+      }
+      splitBlocks(in, inSplits, vin.count, "input", &inCounts, &inOffsets, size_);
+      splitBlocks(out, outSplits, vout.count, "output", &outCounts, &outOffsets, size_);
     });
-    return enqueue(c10d::OpType::ALLTOALL_BASE, comm_->alltoallAsync(vin, vout), {out}, {cin, d.t},
-                   d.writeBack);
+    gflow::Work w = inCounts.empty() ? comm_->alltoallAsync(vin, vout)
+                                     : comm_->alltoallvAsync(vin, inCounts, inOffsets, vout,
+                                                             outCounts, outOffsets);
+    return enqueue(c10d::OpType::ALLTOALL_BASE, std::move(w), {out}, {cin, d.t}, d.writeBack);
+  }
+
+  // The list form: inputs[j] goes to rank j, outputs[j] comes from rank j
+  // (any shapes and dtypes; each pair agrees in bytes), as one alltoallv of
+  // their bytes.
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
+                                          std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions&) override {
+    at::Tensor in, flat;
+    Tensor vin, vflat;
+    std::vector<size_t> inCounts, inOffsets, outCounts, outOffsets;
+    checked("alltoall", [&] {
+      if (inputs.size() != static_cast<size_t>(size_) ||
+          outputs.size() != static_cast<size_t>(size_)) {
+        invalid("alltoall: expected " + std::to_string(size_) + " input and output tensors");
+      }
+      std::vector<at::Tensor> parts;
+      size_t at = 0;
+      for (const at::Tensor& t : inputs) {
+        parts.push_back(asBytes(t.contiguous()));
+        inCounts.push_back(static_cast<size_t>(t.nbytes()));
+        inOffsets.push_back(at);
+        at += inCounts.back();
+      }
+      at = 0;
+      for (const at::Tensor& t : outputs) {
+        outCounts.push_back(static_cast<size_t>(t.nbytes()));
+        outOffsets.push_back(at);
+        at += outCounts.back();
+      }
+      in = at::cat(parts);
+      flat = at::empty({static_cast<int64_t>(at)}, at::TensorOptions().dtype(at::kByte));
+      vin = bytesView(in, "alltoall");
+      vflat = bytesView(flat, "alltoall");
+    });
+    gflow::Work w = comm_->alltoallvAsync(vin, inCounts, inOffsets, vflat, outCounts, outOffsets);
+    return enqueue(c10d::OpType::ALLTOALL, std::move(w), outputs, {in, flat},
+                   [flat, outs = outputs] { unflattenBytes(flat, outs); });
   }
 
   // Every rank's input tensors, as bytes, in one allgather; rank r's land in
