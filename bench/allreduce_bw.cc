@@ -13,6 +13,7 @@
 // bench/common/sweep.h, shared with the Gloo and MPI harnesses.
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <memory>
 #include <stdexcept>
@@ -188,6 +189,13 @@ class GflowBackend : public Backend {
       case Collective::kGather: return [=] { c->gather(inBlock, out, kSweepRoot); };
       case Collective::kScatter: return [=] { c->scatter(in, outBlock, kSweepRoot); };
       case Collective::kAlltoall: return [=] { c->alltoall(in, out); };
+      case Collective::kSendRecv: {
+        const int n = c->size(), r = c->rank();
+        if (n == 1) return [=] { std::memcpy(out.data, in.data, in.nbytes()); };
+        const std::vector<P2POp> ops = {P2POp::send(in, (r + 1) % n),
+                                        P2POp::recv(out, (r + n - 1) % n)};
+        return [=] { c->sendRecv(ops); };
+      }
     }
     return [] {};
   }

@@ -19,6 +19,7 @@ constexpr Name kNames[] = {
     {Collective::kGather, "gather"},
     {Collective::kScatter, "scatter"},
     {Collective::kAlltoall, "alltoall"},
+    {Collective::kSendRecv, "sendrecv"},
 };
 
 // What rank `source` sends as element i: a small integer (1..97), exact in
@@ -58,7 +59,9 @@ bool blocked(Collective c) {
 double busFactor(Collective c, int n) {
   if (n <= 1) return 0;
   if (c == Collective::kAllreduce) return 2.0 * (n - 1) / n;
-  if (c == Collective::kReduce || c == Collective::kBroadcast) return 1.0;
+  if (c == Collective::kReduce || c == Collective::kBroadcast || c == Collective::kSendRecv) {
+    return 1.0;
+  }
   return static_cast<double>(n - 1) / n;
 }
 
@@ -111,6 +114,7 @@ void CollectiveCheck::fillInputs(void* in, void* out, size_t count) const {
     case Collective::kAlltoall:
       for (int j = 0; j < n_; ++j) fillMoved(bytes + j * block * esize_, block, rank_ * n_ + j);
       break;
+    case Collective::kSendRecv: fillMoved(in, count, rank_); break;
   }
 }
 
@@ -136,6 +140,7 @@ int64_t CollectiveCheck::countWrong(const void* out, size_t count) const {
         wrong += wrongMoved(bytes + j * block * esize_, block, j * n_ + rank_);
       }
       return wrong;
+    case Collective::kSendRecv: return wrongMoved(out, count, (rank_ + n_ - 1) % n_);
   }
   return wrong;
 }

@@ -24,10 +24,11 @@ enum class Collective {
   kGather,
   kScatter,
   kAlltoall,
+  kSendRecv,  // nccl-tests' sendrecv: the whole buffer to the next rank, from the previous
 };
 
 // "allreduce", "reduce", "broadcast", "allgather", "reducescatter",
-// "gather", "scatter", "alltoall". False on anything else.
+// "gather", "scatter", "alltoall", "sendrecv". False on anything else.
 bool parseCollective(const std::string& s, Collective* out);
 const char* toString(Collective c);
 // The ops that apply a ReduceOp (the others run once per dtype).

@@ -34,7 +34,8 @@ void printHelp(const DriverInfo& info) {
       "  -a ALGO      %s\n"
       "  -m 0|1       also run in-place (default 1; allreduce only)\n"
       "  --op NAME    the collective: allreduce (default), reduce, broadcast, allgather,\n"
-      "               reducescatter, gather, scatter, alltoall (rooted ops: root 0)\n"
+      "               reducescatter, gather, scatter, alltoall (rooted ops: root 0),\n"
+      "               sendrecv (to the next rank, from the previous)\n"
       "  --csv        print CSV instead of the table\n"
       "  --json [F]   also write JSON to file F (with no F: JSON alone on stdout)\n",
       info.program.c_str(), info.description.c_str(), info.algorithmHelp.c_str());
@@ -188,7 +189,7 @@ int parseSweepArgs(int argc, char** argv, DriverInfo& info, SweepConfig* cfg) {
       if (!parseCollective(v, &cfg->collective)) {
         return usage(info, "--op '" + v +
                                "': expected allreduce, reduce, broadcast, allgather, "
-                               "reducescatter, gather, scatter or alltoall");
+                               "reducescatter, gather, scatter, alltoall or sendrecv");
       }
     } else {
       bool known = false;

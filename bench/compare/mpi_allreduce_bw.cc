@@ -110,7 +110,8 @@ class MpiBackend : public Backend {
   bool supports(Collective) const override { return true; }
 
   // MPI_Allreduce, MPI_Reduce, MPI_Bcast, MPI_Allgather,
-  // MPI_Reduce_scatter_block, MPI_Gather, MPI_Scatter or MPI_Alltoall.
+  // MPI_Reduce_scatter_block, MPI_Gather, MPI_Scatter, MPI_Alltoall or
+  // MPI_Sendrecv.
   std::function<void()> prepare(Collective k, void* in, void* out, size_t count, DataType dtype,
                                 ReduceOp op) override {
     if (count > static_cast<size_t>(INT32_MAX)) throw std::invalid_argument("count exceeds int");
@@ -136,6 +137,11 @@ class MpiBackend : public Backend {
         return [=] { check(MPI_Gather(in, b, t, out, b, t, root, w), "MPI_Gather"); };
       case Collective::kScatter:
         return [=] { check(MPI_Scatter(in, b, t, out, b, t, root, w), "MPI_Scatter"); };
+      case Collective::kSendRecv:
+        return [=, next = (rank_ + 1) % size_, prev = (rank_ + size_ - 1) % size_] {
+          check(MPI_Sendrecv(in, n, t, next, 0, out, n, t, prev, 0, w, MPI_STATUS_IGNORE),
+                "MPI_Sendrecv");
+        };
       case Collective::kAlltoall:
         return [=] { check(MPI_Alltoall(in, b, t, out, b, t, w), "MPI_Alltoall"); };
     }
