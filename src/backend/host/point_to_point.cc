@@ -95,9 +95,14 @@ class Direct final : public P2PInFlight {
  public:
   Direct(transport::Context& ctx, const Op& op, P2POrder& order, std::vector<P2PMessage> msgs)
       : ctx_(ctx), op_(op), order_(order), msgs_(std::move(msgs)), reqs_(msgs_.size()) {
-    for (size_t i = 0; i < msgs_.size(); ++i) {
-      if (msgs_[i].peer != P2PMessage::kAnySource)
-        reqs_[i] = post(ctx_, order_, msgs_[i], msgs_[i].peer);
+    // Receives first, so that a peer's data finds its buffer rather than
+    // being staged while this rank's sends go out.
+    for (bool sends : {false, true}) {
+      for (size_t i = 0; i < msgs_.size(); ++i) {
+        if (msgs_[i].send == sends && msgs_[i].peer != P2PMessage::kAnySource) {
+          reqs_[i] = post(ctx_, order_, msgs_[i], msgs_[i].peer);
+        }
+      }
     }
   }
 
