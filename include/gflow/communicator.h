@@ -230,9 +230,12 @@ class GFLOW_EXPORT Communicator {
 
   // Point-to-point. Only the two ranks of a message take part, and these
   // calls stand outside the collectives' order: a rank may run any number
-  // of them between two collectives. They run in this rank's issue order
-  // with its collectives, each to completion before the next op starts.
-  // Between two ranks, messages of one tag are received in the order they
+  // of them between two collectives. They are posted in this rank's issue
+  // order with its collectives. A blocking call returns when its messages
+  // are done; an async one whose messages are not done at once stays in
+  // flight while later ops run, and its Work completes when they are (so
+  // an async receive posted before this rank's own send does not hold the
+  // send back). Between two ranks, messages of one tag are received in the order they
   // were sent (MPI's non-overtaking rule); messages of different tags do not
   // wait for each other. A receive must name the send's dtype and count
   // (kMismatch otherwise, raised on the receiving rank and reported to the
@@ -240,7 +243,11 @@ class GFLOW_EXPORT Communicator {
   // data: without a posted receive, up to GFLOW_UNEXPECTED_LIMIT bytes per
   // peer are buffered by the receiver; beyond that it waits for the
   // receive, as MPI's rendezvous does, so two ranks that both send large
-  // messages to each other first use sendRecv. A peer that never matches
+  // messages to each other with blocking calls first use sendRecv (or the
+  // async forms). A receive from any source claims a message only when one
+  // arrives; until then, a later receive naming a rank takes that rank's
+  // messages in order (in MPI the earlier any-source receive would match
+  // first). A peer that never matches
   // raises kTimeout naming it by the deadline; a dead peer kPeerLost.
   // `peer`: another rank (not this one); `tag` >= 0.
   void send(Tensor in, int peer, int tag = 0);
