@@ -93,9 +93,9 @@ std::string describe(const transport::Envelope& e) {
   if (const uint64_t parent = e.words[2] >> 40) {
     // An allreduce's is either a hierarchical phase's parent or
     // reduceScatterv's counts.
-    os << (uneven                         ? ", counts digest "
+    os << (uneven                       ? ", counts digest "
            : kind == OpKind::kAllreduce ? ", phase of op or counts digest "
-                                          : ", phase of op ")
+                                        : ", phase of op ")
        << std::hex << parent;
   }
   os << ")";
