@@ -88,8 +88,7 @@ std::string describe(const transport::Envelope& e) {
       kind == OpKind::kScatter || kind == OpKind::kGatherv || kind == OpKind::kScatterv)
     os << ", root=" << root;
   os << ", algorithm=" << toString(algo);
-  const bool uneven =
-      kind == OpKind::kAllgatherv || kind == OpKind::kGatherv || kind == OpKind::kScatterv;
+  const bool uneven = isUneven(kind);  // alltoallv's parent is 0
   if (const uint64_t parent = e.words[2] >> 40) {
     // An allreduce's is either a hierarchical phase's parent or
     // reduceScatterv's counts.

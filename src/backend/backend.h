@@ -31,7 +31,7 @@ enum class OpKind : uint8_t {
   kGather = 7,    // to desc.root; desc.count elements per rank
   kScatter = 8,   // from desc.root; desc.count elements per rank
   kAlltoall = 9,  // desc.count elements per pair
-  // Point-to-point sends and receives (Backend::pointToPoint), outside the
+  // Point-to-point sends and receives (Backend::startPointToPoint), outside the
   // collectives' op order; desc.count and dtype describe each message.
   kPointToPoint = 10,
   // The uneven (v) forms: per-rank blocks (Blocks) instead of desc.count
@@ -45,6 +45,11 @@ enum class OpKind : uint8_t {
 };
 constexpr size_t kNumOpKinds = 15;  // arrays indexed by OpKind (values 1..14)
 const char* toString(OpKind kind);
+// The uneven (v) forms, which take per-rank Blocks.
+inline bool isUneven(OpKind k) {
+  return k == OpKind::kAlltoallv || k == OpKind::kAllgatherv || k == OpKind::kGatherv ||
+         k == OpKind::kScatterv;
+}
 
 enum class Algorithm : uint8_t {
   kAuto = 0,
@@ -97,7 +102,7 @@ struct Blocks {
 // A nonzero 24-bit digest of `counts` (OpDesc::parent of the uneven ops).
 uint64_t blocksDigest(const std::vector<uint64_t>& counts);
 
-// One send or receive of a point-to-point op (Backend::pointToPoint).
+// One send or receive of a point-to-point op (Backend::startPointToPoint).
 struct P2PMessage {
   bool send = true;
   // The other rank; a receive may take kAnySource (any rank's message of

@@ -177,7 +177,7 @@ Backend& Router::route(const Op& op) {
   // Point-to-point never reaches NCCL (whose first use is collective), and
   // neither do the uneven ops, which NCCL has no counterpart for: their
   // device buffers are staged.
-  const bool ncclKind = op.desc.kind <= OpKind::kAlltoall;
+  const bool ncclKind = op.desc.kind != OpKind::kPointToPoint && !isUneven(op.desc.kind);
   if (ncclKind && onNccl(op)) {
     count(Path::kNccl);
     return nccl_->forOp(op);

@@ -9,6 +9,9 @@ namespace gflow {
 void WorkState::finish(std::shared_ptr<const Error> error) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    // The first outcome stands (a deferred op whose task threw afterwards
+    // is finished by the executor and again by whoever drives it).
+    if (done()) return;
     error_ = std::move(error);
     done_.store(true, std::memory_order_release);
   }

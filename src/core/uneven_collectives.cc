@@ -6,6 +6,7 @@
 // counts differ by rank, and its receivers compare each block's size.
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -201,10 +202,10 @@ std::shared_ptr<WorkState> doReduceScatterv(CommunicatorImpl& I, Tensor in, Tens
       d, blocking,
       [self, in, out, me, blocks](const backend::Op& o) {
         const size_t es = dataTypeSize(in.dtype);
-        std::vector<char> all(in.nbytes());
-        self->router().allreduce(o, in.data, all.data());
-        if (out.count > 0)
-          std::memcpy(out.data, all.data() + blocks.offsets[me] * es, out.nbytes());
+        // Scratch the allreduce overwrites whole: left uninitialised.
+        std::unique_ptr<char[]> all(new char[in.nbytes() > 0 ? in.nbytes() : 1]);
+        self->router().allreduce(o, in.data, all.get());
+        if (out.count > 0) std::memcpy(out.data, all.get() + blocks.offsets[me] * es, out.nbytes());
       },
       nullptr, name);
 }

@@ -1,4 +1,5 @@
-// Point-to-point messages over the network transport (Backend::pointToPoint).
+// Point-to-point messages over the network transport
+// (Backend::startPointToPoint).
 // A message's tag is (kPointToPointGroup | the caller's tag, its number among
 // the pair's messages of that tag in that direction), so both sides number
 // them alike and messages of one tag match in the order they were posted.
@@ -122,7 +123,9 @@ class Direct final : public P2PInFlight {
         }
         reqs_[i] = post(ctx_, order_, msgs_[i], peer);
       }
-      done = ctx_.test(reqs_[i]) && done;
+      // One poll above drove every request; a failed one raises its error.
+      if (reqs_[i]->failed()) throw reqs_[i]->error();
+      done = reqs_[i]->done() && done;
     }
     if (done) ctx_.endOp();
     return done;
