@@ -9,6 +9,7 @@ never blocks on a full pipe).
 """
 
 import os
+import random
 import secrets
 import socket
 import subprocess
@@ -29,24 +30,43 @@ if not os.path.exists(os.path.join(PKG, "gflow", "__init__.py")):
 sys.path.insert(0, PKG)
 
 
+def _ephemeral_range():
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            lo, hi = (int(x) for x in f.read().split())
+            return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port(consecutive=1):
-    """A port p such that p .. p+consecutive-1 were free just now."""
-    for _ in range(100):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-        others = []
+    """A port p such that p .. p+consecutive-1 were free just now.
+
+    Drawn below the kernel's ephemeral range: a port picked from inside it can
+    be handed to an outgoing connection (torch's or gloo's own sockets in the
+    same job) between this check and the rank that binds it.
+    """
+    lo, hi = _ephemeral_range()
+    if lo - consecutive > 20000:
+        bottom, top = 20000, lo - consecutive
+    elif hi < 65535 - consecutive - 1000:
+        bottom, top = hi + 1, 65535 - consecutive
+    else:  # the whole space is ephemeral: any port, and hope
+        bottom, top = 1024, 65535 - consecutive
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randint(bottom, top)
+        held = []
         try:
-            for i in range(1, consecutive):
-                o = socket.socket()
-                o.bind(("127.0.0.1", port + i))
-                others.append(o)
+            for i in range(consecutive):
+                s = socket.socket()
+                held.append(s)
+                s.bind(("127.0.0.1", port + i))
         except OSError:
             continue
         finally:
-            s.close()
-            for o in others:
-                o.close()
+            for s in held:
+                s.close()
         return port
     raise RuntimeError("no free port")
 

@@ -150,6 +150,21 @@ bool waitFor(int fd, short events, const Deadline& deadline) {
   }
 }
 
+// A connect to a local port with no listener can succeed on Linux by
+// connecting the socket to itself (TCP simultaneous open), when the kernel
+// picks the target port as the socket's own ephemeral port. That socket then
+// holds the port the real listener is about to bind, and reads back its own
+// bytes; it is a refusal in disguise.
+bool connectedToItself(int fd) {
+  sockaddr_storage self{}, peer{};
+  socklen_t selfLen = sizeof(self), peerLen = sizeof(peer);
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&self), &selfLen) != 0 ||
+      ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peerLen) != 0) {
+    return false;
+  }
+  return selfLen == peerLen && std::memcmp(&self, &peer, selfLen) == 0;
+}
+
 // Result of one non-blocking connect attempt: a socket, or the errno.
 Socket tryConnect(const addrinfo* ai, const Deadline& deadline,
                   const std::function<void(int)>& beforeConnect, int* err) {
@@ -177,6 +192,10 @@ Socket tryConnect(const addrinfo* ai, const Deadline& deadline,
       *err = soErr;
       return Socket();
     }
+  }
+  if (connectedToItself(s.fd())) {
+    *err = ECONNREFUSED;
+    return Socket();
   }
   *err = 0;
   return s;

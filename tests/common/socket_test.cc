@@ -2,9 +2,12 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <numeric>
 #include <thread>
 #include <vector>
@@ -154,6 +157,34 @@ TEST(SocketConnectTest, TimesOutWhenNothingListens) {
   EXPECT_THAT(e.detail(), HasSubstr("the test peer"));
   EXPECT_THAT(e.detail(), HasSubstr("127.0.0.1:" + std::to_string(port)));
   EXPECT_THAT(e.detail(), HasSubstr("refused"));
+}
+
+// A socket whose own port is the target port connects to itself when nothing
+// listens there (TCP simultaneous open). connectTo must see a refusal, keep
+// retrying, and never hand back that socket: it would read its own bytes and
+// hold the port the real listener needs. Binding the port in beforeConnect
+// makes the kernel's rare choice of an ephemeral port certain.
+TEST(SocketConnectTest, ASocketConnectedToItselfIsARefusal) {
+  uint16_t port = 0;
+  { Socket s = listenOn("127.0.0.1", PortRange{}, &port); }
+  auto bindToTarget = [port](int fd) {
+    int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(port);
+    ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0) << std::strerror(errno);
+  };
+  Error e = expectError(
+      [&] {
+        connectTo("127.0.0.1", port, Deadline::after(milliseconds(200)), "the root", bindToTarget);
+      },
+      ErrorCode::kTimeout);
+  EXPECT_THAT(e.detail(), HasSubstr("refused"));
+  uint16_t bound = 0;
+  Socket l = listenOn("127.0.0.1", PortRange{port, port}, &bound);  // the port is free again
+  EXPECT_EQ(bound, port);
 }
 
 TEST(SocketConnectTest, RetriesUntilListenerAppears) {

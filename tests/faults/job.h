@@ -65,19 +65,29 @@ inline std::string readFile(const std::string& path) {
   return ss.str();
 }
 
-// A port that was free a moment ago (for rank 0's store).
+// A port that was free a moment ago (for rank 0's store), drawn below the
+// kernel's ephemeral range so that no outgoing connection of a parallel test
+// can be handed it before rank 0 binds it.
 inline uint16_t freePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    ADD_FAILURE() << "cannot find a free port: " << std::strerror(errno);
+  int lo = 32768;
+  std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
+  range >> lo;
+  const int bottom = lo > 21024 ? 20000 : 1024, top = lo > 21024 ? lo - 1 : 65535;
+  std::random_device seed;
+  std::mt19937 rng(seed());
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    const auto port = static_cast<uint16_t>(bottom + rng() % (top - bottom + 1));
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(port);
+    const bool free = fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+    if (fd >= 0) ::close(fd);
+    if (free) return port;
   }
-  ::close(fd);
-  return ntohs(a.sin_port);
+  ADD_FAILURE() << "cannot find a free port below " << lo;
+  return 0;
 }
 
 // Launcher variables a developer's shell may carry that would change the
