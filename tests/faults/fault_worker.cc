@@ -11,6 +11,8 @@
 //                            then fail if it has been failed meanwhile
 //     op NAME                the collective of `loop`: allreduce (default),
 //                            alltoall (BYTES per rank, every block verified),
+//                            alltoallv (uneven blocks of up to BYTES / N,
+//                            verified),
 //                            reduce (to rank 0, verified there) or sendrecv
 //                            (BYTES to the next rank, from the previous one,
 //                            one sendRecv; verified)
@@ -120,6 +122,38 @@ long alltoallStep(gflow::Communicator& comm, std::vector<float>& buf, long it) {
   return -1;
 }
 
+// Uneven all-to-all: rank r sends c(r, j) = block * (1 + (r + j) % 3) / 3
+// elements to rank j (block: BYTES per rank / N), element k of them
+// valueAt(r, k + j, iter).
+long alltoallvStep(gflow::Communicator& comm, std::vector<float>& buf, long it) {
+  const int n = comm.size(), r = comm.rank();
+  const size_t block = buf.size() / static_cast<size_t>(n);
+  auto count = [block](int from, int to) { return block * (1 + (from + to) % 3) / 3; };
+  std::vector<size_t> inCounts, inOffsets, outCounts, outOffsets;
+  size_t inTotal = 0, outTotal = 0;
+  for (int j = 0; j < n; ++j) {
+    inCounts.push_back(count(r, j));
+    inOffsets.push_back(inTotal);
+    inTotal += inCounts.back();
+    outCounts.push_back(count(j, r));
+    outOffsets.push_back(outTotal);
+    outTotal += outCounts.back();
+  }
+  std::vector<float> in(inTotal), out(outTotal);
+  for (int j = 0; j < n; ++j) {
+    for (size_t k = 0; k < inCounts[j]; ++k) in[inOffsets[j] + k] = valueAt(r, k + j, it);
+  }
+  comm.alltoallv(gflow::tensor(in.data(), in.size()), inCounts, inOffsets,
+                 gflow::tensor(out.data(), out.size()), outCounts, outOffsets);
+  for (int i = 0; i < n; ++i) {
+    for (size_t k = 0; k < outCounts[i]; ++k) {
+      if (out[outOffsets[i] + k] != valueAt(i, k + r, it))
+        return static_cast<long>(outOffsets[i] + k);
+    }
+  }
+  return -1;
+}
+
 // Point-to-point ring: BYTES to the next rank, from the previous one, in
 // one sendRecv; element i from rank p is valueAt(p, i, iter).
 long sendRecvStep(gflow::Communicator& comm, std::vector<float>& buf, long it) {
@@ -137,6 +171,7 @@ long sendRecvStep(gflow::Communicator& comm, std::vector<float>& buf, long it) {
 // One verified op of `loop`; returns the first wrong index or -1.
 long loopStep(gflow::Communicator& comm, const std::string& op, std::vector<float>& buf, long it) {
   if (op == "alltoall") return alltoallStep(comm, buf, it);
+  if (op == "alltoallv") return alltoallvStep(comm, buf, it);
   if (op == "sendrecv") return sendRecvStep(comm, buf, it);
   fill(buf, comm.rank(), it);
   if (op == "reduce") {
@@ -237,7 +272,8 @@ int run(std::vector<std::string> args) {
   for (;;) {
     if (args.size() > 1 && args[0] == "op") {
       op = args[1];
-      if (op != "allreduce" && op != "alltoall" && op != "reduce" && op != "sendrecv") {
+      if (op != "allreduce" && op != "alltoall" && op != "alltoallv" && op != "reduce" &&
+          op != "sendrecv") {
         usage("unknown op '" + op + "'");
       }
     } else if (!args.empty() && args[0] == "sleep-before-init") {

@@ -158,7 +158,8 @@ INSTANTIATE_TEST_SUITE_P(
         OpKillCase{"alltoall", RankCase{3, 1}}, OpKillCase{"alltoall", RankCase{4, 2, "tcp"}},
         OpKillCase{"alltoall", RankCase{4, 1, "hier"}}, OpKillCase{"reduce", RankCase{3, 2}},
         OpKillCase{"reduce", RankCase{4, 0, "tcp"}}, OpKillCase{"reduce", RankCase{4, 3, "tcp"}},
-        OpKillCase{"sendrecv", RankCase{3, 1}}, OpKillCase{"sendrecv", RankCase{4, 2, "hier"}}),
+        OpKillCase{"sendrecv", RankCase{3, 1}}, OpKillCase{"sendrecv", RankCase{4, 2, "hier"}},
+        OpKillCase{"alltoallv", RankCase{3, 2}}, OpKillCase{"alltoallv", RankCase{4, 1, "hier"}}),
     [](const ::testing::TestParamInfo<OpKillCase>& i) {
       return std::string(i.param.op) + "_" + caseName({i.param.ranks, i.index});
     });
