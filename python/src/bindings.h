@@ -99,7 +99,9 @@ class Completer {
 class PyWork {
  public:
   // Keeps `comm` (and the arrays) alive until the op has completed.
-  PyWork(std::shared_ptr<Communicator> comm, Work work, std::vector<HeldTensor> keep);
+  // `source`: a receive's sender, written by the op when it completes.
+  PyWork(std::shared_ptr<Communicator> comm, Work work, std::vector<HeldTensor> keep,
+         std::shared_ptr<int> source = nullptr);
   // `deferredWait` returns nonfinite; `keepalive` (e.g. the reducer's Python
   // object, which owns the gradient arrays and its communicator) lives until
   // it has returned. `lane`: the communicator it waits on.
@@ -108,6 +110,9 @@ class PyWork {
   void wait(std::chrono::milliseconds timeout);
   bool test() const;
   bool nonFinite() const;
+  // A receive's sender once it has completed; -1 before, on failure, and for
+  // other ops.
+  int source() const;
   void addDoneCallback(py::object self, py::object fn);
 
  private:
@@ -116,6 +121,7 @@ class PyWork {
   const void* lane_ = nullptr;
   Work work_;
   std::shared_ptr<std::vector<HeldTensor>> keep_;
+  std::shared_ptr<int> source_;  // outlives the op, as keep_ does
   std::shared_ptr<Deferred> deferred_;
 };
 

@@ -115,6 +115,118 @@ py::object rooted(const CommPtr& comm, Rooted kind, py::handle mine, py::handle 
   return finish(comm, std::move(w), std::move(keep), asyncOp);
 }
 
+// A counts or offsets argument (`name`) of `op`: a sequence of
+// non-negative ints, one per rank.
+std::vector<size_t> sizesArg(py::handle arg, const char* op, const char* name, int size) {
+  if (!py::isinstance<py::sequence>(arg) || py::isinstance<py::str>(arg)) {
+    throw Error(
+        ErrorCode::kInvalidArgument,
+        std::string(op) + ": " + name + " must be a sequence of " + std::to_string(size) + " ints");
+  }
+  const py::sequence seq = py::reinterpret_borrow<py::sequence>(arg);
+  if (static_cast<int>(seq.size()) != size) {
+    throw Error(ErrorCode::kInvalidArgument,
+                std::string(op) + ": " + name + " has " + std::to_string(seq.size()) +
+                    " entries; the communicator has " + std::to_string(size) + " ranks");
+  }
+  std::vector<size_t> out;
+  for (py::handle v : seq) {
+    const long long x = static_cast<long long>(intArg(v, op, name));
+    if (x < 0) {
+      throw Error(
+          ErrorCode::kInvalidArgument,
+          std::string(op) + ": " + name + " holds a negative entry (" + std::to_string(x) + ")");
+    }
+    out.push_back(static_cast<size_t>(x));
+  }
+  return out;
+}
+
+// Offsets that place blocks of `counts` one after another.
+std::vector<size_t> packed(const std::vector<size_t>& counts) {
+  std::vector<size_t> offsets(counts.size());
+  size_t at = 0;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    offsets[i] = at;
+    at += counts[i];
+  }
+  return offsets;
+}
+
+// allgatherv, gatherv, scatterv and reduceScatterv: one `counts` for every
+// rank. `mine` is this rank's own block (in for allgatherv/gatherv, out for
+// scatterv/reduceScatterv), `whole` the array of sum(counts) elements
+// (every rank's out for allgatherv, the root's for gatherv/scatterv, every
+// rank's in for reduceScatterv; None elsewhere on the rooted forms).
+enum class Uneven { kAllgatherv, kGatherv, kScatterv, kReduceScatterv };
+py::object uneven(const CommPtr& comm, Uneven kind, py::handle mine, py::handle whole,
+                  py::handle countsArg, py::handle rootArg, py::handle op, bool asyncOp) {
+  static const char* const kNames[] = {"allgatherv", "gatherv", "scatterv", "reduce_scatterv"};
+  const char* name = kNames[static_cast<int>(kind)];
+  Communicator& c = *comm;
+  std::vector<HeldTensor> keep;
+  std::vector<size_t> counts;
+  ReduceOp rop = ReduceOp::kSum;
+  int root = 0;
+  const bool rooted = kind == Uneven::kGatherv || kind == Uneven::kScatterv;
+  const bool mineIsOut = kind == Uneven::kScatterv || kind == Uneven::kReduceScatterv;
+  checkArgs(c, name, [&] {
+    counts = sizesArg(countsArg, name, "counts", c.size());
+    if (rooted) root = rootOf(rootArg, name);
+    keep.push_back(
+        viewTensor(mine, (std::string(name) + ": this rank's block").c_str(), mineIsOut));
+    if (!rooted || c.rank() == root) {
+      if (whole.is_none()) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    std::string(name) + ": " +
+                        (rooted ? "the root (rank " + std::to_string(root) + ") passes"
+                                : std::string("every rank passes")) +
+                        " the array of sum(counts) elements");
+      }
+      keep.push_back(
+          viewTensor(whole, (std::string(name) + ": the whole array").c_str(), !mineIsOut));
+    }
+    if (kind == Uneven::kReduceScatterv) rop = toReduceOp(op);
+  });
+  const Tensor own = keep[0].tensor;
+  const Tensor all = keep.size() > 1 ? keep[1].tensor : Tensor{};
+  Work w;
+  {
+    py::gil_scoped_release nogil;
+    switch (kind) {
+      case Uneven::kAllgatherv: w = c.allgathervAsync(own, all, counts); break;
+      case Uneven::kGatherv: w = c.gathervAsync(own, all, counts, root); break;
+      case Uneven::kScatterv: w = c.scattervAsync(all, own, counts, root); break;
+      case Uneven::kReduceScatterv: w = c.reduceScattervAsync(all, own, counts, rop); break;
+    }
+  }
+  return finish(comm, std::move(w), std::move(keep), asyncOp);
+}
+
+py::object alltoallv(const CommPtr& comm, py::handle in, py::handle inCounts, py::handle out,
+                     py::handle outCounts, py::handle inOffsets, py::handle outOffsets,
+                     bool asyncOp) {
+  Communicator& c = *comm;
+  std::vector<HeldTensor> keep;
+  std::vector<size_t> ic, oc, io, oo;
+  checkArgs(c, "alltoallv", [&] {
+    ic = sizesArg(inCounts, "alltoallv", "in_counts", c.size());
+    oc = sizesArg(outCounts, "alltoallv", "out_counts", c.size());
+    io =
+        inOffsets.is_none() ? packed(ic) : sizesArg(inOffsets, "alltoallv", "in_offsets", c.size());
+    oo = outOffsets.is_none() ? packed(oc)
+                              : sizesArg(outOffsets, "alltoallv", "out_offsets", c.size());
+    keep.push_back(viewTensor(in, "alltoallv: input", false));
+    keep.push_back(viewTensor(out, "alltoallv: output", true));
+  });
+  Work w;
+  {
+    py::gil_scoped_release nogil;
+    w = c.alltoallvAsync(keep[0].tensor, ic, io, keep[1].tensor, oc, oo);
+  }
+  return finish(comm, std::move(w), std::move(keep), asyncOp);
+}
+
 // The configuration keywords of init/create beyond the identity ones: each
 // sets one field of Options (docs/python.md lists them with their GFLOW_*
 // variables); None or absent leaves it to the environment.
@@ -233,6 +345,11 @@ void bindCommunicator(py::module_& m) {
       .def("test", &PyWork::test)
       .def("done", &PyWork::test)
       .def_property_readonly("nonfinite", &PyWork::nonFinite)
+      .def_property_readonly("source",
+                             [](const PyWork& w) -> py::object {
+                               const int s = w.source();
+                               return s < 0 ? py::object(py::none()) : py::object(py::int_(s));
+                             })
       .def(
           "add_done_callback",
           [](py::object self, py::object fn) {
@@ -337,6 +454,40 @@ void bindCommunicator(py::module_& m) {
           },
           py::arg("input"), py::arg("output"), py::kw_only(), py::arg("async_op") = false)
       .def(
+          "allgatherv",
+          [](const CommPtr& c, py::handle in, py::handle out, py::handle counts, bool asyncOp) {
+            return uneven(c, Uneven::kAllgatherv, in, out, counts, py::none(), py::none(), asyncOp);
+          },
+          py::arg("input"), py::arg("output"), py::arg("counts"), py::kw_only(),
+          py::arg("async_op") = false)
+      .def(
+          "gatherv",
+          [](const CommPtr& c, py::handle in, py::handle out, py::handle counts, py::handle root,
+             bool asyncOp) {
+            return uneven(c, Uneven::kGatherv, in, out, counts, root, py::none(), asyncOp);
+          },
+          py::arg("input"), py::arg("output"), py::arg("counts"), py::arg("root") = 0,
+          py::kw_only(), py::arg("async_op") = false)
+      .def(
+          "scatterv",
+          [](const CommPtr& c, py::handle in, py::handle out, py::handle counts, py::handle root,
+             bool asyncOp) {
+            return uneven(c, Uneven::kScatterv, out, in, counts, root, py::none(), asyncOp);
+          },
+          py::arg("input"), py::arg("output"), py::arg("counts"), py::arg("root") = 0,
+          py::kw_only(), py::arg("async_op") = false)
+      .def(
+          "reduce_scatterv",
+          [](const CommPtr& c, py::handle in, py::handle out, py::handle counts, py::handle op,
+             bool asyncOp) {
+            return uneven(c, Uneven::kReduceScatterv, out, in, counts, py::none(), op, asyncOp);
+          },
+          py::arg("input"), py::arg("output"), py::arg("counts"), py::arg("op") = "sum",
+          py::kw_only(), py::arg("async_op") = false)
+      .def("alltoallv", &alltoallv, py::arg("input"), py::arg("in_counts"), py::arg("output"),
+           py::arg("out_counts"), py::kw_only(), py::arg("in_offsets") = py::none(),
+           py::arg("out_offsets") = py::none(), py::arg("async_op") = false)
+      .def(
           "send",
           [](const CommPtr& c, py::handle x, py::handle dst, py::handle tag, bool asyncOp) {
             std::vector<HeldTensor> keep;
@@ -364,12 +515,13 @@ void bindCommunicator(py::module_& m) {
               return std::make_pair(peer, intArg(tag, "recv", "tag"));
             });
             if (asyncOp) {
+              auto source = std::make_shared<int>(-1);
               Work w;
               {
                 py::gil_scoped_release nogil;
-                w = c->recvAsync(keep[0].tensor, from.first, from.second);
+                w = c->recvAsync(keep[0].tensor, from.first, from.second, source.get());
               }
-              return finish(c, std::move(w), std::move(keep), true);
+              return py::cast(std::make_shared<PyWork>(c, std::move(w), std::move(keep), source));
             }
             int source = -1;
             {

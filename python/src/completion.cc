@@ -110,11 +110,13 @@ struct PyWork::Deferred {
   std::exception_ptr error;
 };
 
-PyWork::PyWork(std::shared_ptr<Communicator> comm, Work work, std::vector<HeldTensor> keep)
+PyWork::PyWork(std::shared_ptr<Communicator> comm, Work work, std::vector<HeldTensor> keep,
+               std::shared_ptr<int> source)
     : comm_(std::move(comm)),
       lane_(comm_.get()),
       work_(std::move(work)),
-      keep_(std::make_shared<std::vector<HeldTensor>>(std::move(keep))) {}
+      keep_(std::make_shared<std::vector<HeldTensor>>(std::move(keep))),
+      source_(std::move(source)) {}
 
 PyWork::PyWork(const void* lane, std::function<bool()> deferredWait, py::object keepalive)
     : lane_(lane), deferred_(std::make_shared<Deferred>()) {
@@ -146,9 +148,10 @@ PyWork::~PyWork() {
     Work w = work_;
     std::shared_ptr<std::vector<HeldTensor>> keep = std::move(keep_);
     std::shared_ptr<Communicator> comm = std::move(comm_);
+    std::shared_ptr<int> source = std::move(source_);
     Completer::instance().enqueue(
         lane_,
-        [w, comm] {
+        [w, comm, source] {
           try {
             w.wait();
           } catch (...) {
@@ -192,6 +195,11 @@ bool PyWork::nonFinite() const {
   if (work_.valid()) return work_.nonFinite();
   std::lock_guard<std::mutex> lock(deferred_->mu);
   return deferred_->nonFinite;
+}
+
+int PyWork::source() const {
+  if (!source_ || !work_.valid() || !work_.test()) return -1;
+  return *source_;
 }
 
 void PyWork::addDoneCallback(py::object self, py::object fn) {

@@ -59,6 +59,16 @@ def _ro():
     (lambda c: c.reduce_scatter(np.zeros(3), _ro()), "read-only", "reduce_scatter"),
     (lambda c: c.allgather([1], np.zeros(3)), "got list", "allgather"),
     (lambda c: gflow.GradientReducer(c, [np.zeros(4)[::2]]), "tensor 0", "GradientReducer"),
+    (lambda c: c.allgatherv(np.zeros(2), np.zeros(2), [1, 1]), "counts has 2 entries",
+     "allgatherv"),
+    (lambda c: c.allgatherv(np.zeros(2), np.zeros(2), 2), "sequence", "allgatherv"),
+    (lambda c: c.gatherv(np.zeros(2), None, [2]), "the root .* passes", "gatherv"),
+    (lambda c: c.scatterv(np.zeros(2), np.zeros(2), [-2]), "negative", "scatterv"),
+    (lambda c: c.reduce_scatterv(np.zeros(2), np.zeros(2), [2], "median"), "reduce",
+     "reduce_scatterv"),
+    (lambda c: c.alltoallv(np.zeros(2), [2], np.zeros(2), [2.0]), "must be an int", "alltoallv"),
+    (lambda c: c.alltoallv(np.zeros(2), [2], np.zeros(2), [2], in_offsets=[1]), "alltoallv",
+     "alltoallv"),
 ])
 def test_bad_arrays_fail_the_communicator(call, match, op):
     # Front-end argument errors fail the communicator (the peers, entering

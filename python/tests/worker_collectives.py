@@ -209,6 +209,52 @@ assert np.array_equal(b, np.concatenate([np.arange(R * 5, R * 5 + 5, dtype=np.fl
 st = comm.stats()
 assert (st["reduce"], st["gather"], st["scatter"], st["alltoall"]) == (2, 1, 1, 1), st
 
+# ---- the uneven (v) forms: rank r's block has counts[r] elements (one empty)
+before = comm.stats()
+counts = [(3 * r + 2) % 7 for r in range(N)]  # then the last is 0: N=3 gives 2, 5, 0
+counts[N - 1] = 0
+offs = np.concatenate([[0], np.cumsum(counts)]).astype(int)
+blocks = [np.arange(counts[r], dtype=np.int32) + 100 * r for r in range(N)]
+whole = np.concatenate(blocks)
+out = np.full(sum(counts), -1, np.int32)
+comm.allgatherv(blocks[R], out, counts)
+assert np.array_equal(out, whole), "allgatherv"
+g = np.full(sum(counts), -1, np.int32) if R == root else None
+comm.gatherv(blocks[R], g, counts, root=root)
+assert R != root or np.array_equal(g, whole), "gatherv"
+mine = np.full(counts[R], -1, np.int32)
+comm.scatterv(whole if R == 0 else None, mine, counts, root=0)
+assert np.array_equal(mine, blocks[R]), "scatterv"
+xs = inputs(np.float64, sum(counts), 19)
+mine = np.empty(counts[R], np.float64)
+w = comm.reduce_scatterv(xs[R].copy(), mine, counts, "sum", async_op=True)
+w.wait()
+assert w.source is None  # only a receive has one
+check_close(mine, reference(xs, "sum")[offs[R]:offs[R + 1]],
+            [x[offs[R]:offs[R + 1]] for x in xs], "reduce_scatterv")
+# alltoallv: rank i sends i + j + 1 elements to rank j, valued 1000 * i + j
+send_counts = [R + j + 1 for j in range(N)]
+recv_counts = [i + R + 1 for i in range(N)]
+a = np.concatenate([np.full(send_counts[j], 1000 * R + j, np.int64) for j in range(N)])
+b = np.full(sum(recv_counts), -1, np.int64)
+comm.alltoallv(a, send_counts, b, recv_counts)
+assert np.array_equal(b, np.concatenate([np.full(recv_counts[i], 1000 * i + R, np.int64)
+                                         for i in range(N)])), "alltoallv"
+# explicit offsets: the received blocks in reverse rank order, 2 apart
+out_offs, at = [0] * N, 0
+for i in reversed(range(N)):
+    out_offs[i] = at
+    at += recv_counts[i] + 2
+b = np.full(at, -1, np.int64)
+comm.alltoallv(a, send_counts, b, recv_counts, out_offsets=out_offs)
+for i in range(N):
+    assert np.array_equal(b[out_offs[i]:out_offs[i] + recv_counts[i]],
+                          np.full(recv_counts[i], 1000 * i + R)), "alltoallv offsets"
+    assert np.all(b[out_offs[i] + recv_counts[i]:out_offs[i] + recv_counts[i] + 2] == -1)
+st = comm.stats()
+assert [st[k] - before[k] for k in ("allgather", "gather", "scatter", "alltoall")] == [
+    1, 1, 1, 2], (before, st)
+
 # ---- send / recv: a ring, then every other rank to rank 0 from any source
 nxt, prv = (R + 1) % N, (R - 1) % N
 mine = np.arange(40, dtype=np.int16) * (R + 1)
@@ -220,6 +266,7 @@ else:
     w = comm.recv(theirs, prv, tag=3, async_op=True)
     comm.send(mine, nxt, tag=3)
     w.wait()
+    assert w.source == prv, w.source
 assert np.array_equal(theirs, np.arange(40, dtype=np.int16) * (prv + 1)), "recv"
 if R == 0:
     got = set()
@@ -229,9 +276,16 @@ if R == 0:
         assert v[0] == src * 1.5, (src, v)
         got.add(src)
     assert got == set(range(1, N)), got
+    v = np.zeros(1, np.float64)
+    w = comm.recv(v, async_op=True)  # any source, async: the Work names the sender
+    w.wait()
+    assert w.source == N - 1 and v[0] == -1.0, (w.source, v)
 else:
     comm.send(np.array([R * 1.5]), 0)
-assert comm.stats()["point_to_point"] == (3 if R != 0 else 1 + N), comm.stats()
+    if R == N - 1:
+        comm.send(np.array([-1.0]), 0)
+assert comm.stats()["point_to_point"] == (
+    3 + (R == N - 1) if R != 0 else 2 + N), comm.stats()
 comm.barrier()
 
 # ---- async: several in flight, waited in reverse, callbacks once each
