@@ -100,6 +100,35 @@ assert all(torch.equal(outs[r], xs[r]) for r in range(N))
 flat = torch.empty(333 * N, dtype=torch.float64)
 dist._all_gather_base(flat, xs[R])
 assert torch.equal(flat, torch.cat(xs))
+# several tensors per call, Gloo's forms (the *_multigpu calls reach them on CPU):
+# allreduce over every tensor of every rank, broadcast of tensors[src_tensor],
+# allgather of k inputs into k lists of k * N
+ms = [[torch.arange(6, dtype=torch.int64).reshape(2, 3) * (10 * r + i + 1) - 7 * i
+       for i in range(3)] for r in range(N)]
+every = torch.stack([m for per_rank in ms for m in per_rank])
+for op, want in ((dist.ReduceOp.SUM, every.sum(0)), (dist.ReduceOp.MAX, every.max(0).values),
+                 (dist.ReduceOp.MIN, every.min(0).values),
+                 (dist.ReduceOp.BXOR, torch.stack([m ^ 0 for m in every]).numpy()),
+                 (dist.ReduceOp.AVG, torch.div(every.sum(0), 3 * N, rounding_mode="trunc"))):
+    if op == dist.ReduceOp.BXOR:
+        want = torch.from_numpy(np.bitwise_xor.reduce(want, axis=0))
+    ts = [m.clone() for m in ms[R]]
+    dist.all_reduce_multigpu(ts, op=op)
+    assert all(torch.equal(t, want) for t in ts), (op, ts, want)
+fs = [data(40 + i, 9, torch.float64) for i in range(2)]  # fs[i][r]
+ts = [fs[i][R].clone() for i in range(2)]
+dist.all_reduce_multigpu(ts, op=dist.ReduceOp.AVG)
+favg = ref([fs[i][r] for i in range(2) for r in range(N)], lambda a: a.sum(0)) / (2 * N)
+assert all(torch.allclose(t, favg, rtol=0, atol=1e-14) for t in ts), (ts, favg)
+bs = [torch.full((4,), float(10 * R + i)) for i in range(3)]
+dist.broadcast_multigpu(bs, src=N - 1, src_tensor=1)
+assert all(torch.equal(x, torch.full((4,), float(10 * (N - 1) + 1))) for x in bs), bs
+gin = [torch.full((2,), float(10 * R + i)) for i in range(2)]
+gout = [[torch.empty(2) for _ in range(2 * N)] for _ in range(2)]
+dist.all_gather_multigpu(gout, gin)
+assert all(torch.equal(lst[r * 2 + i], torch.full((2,), float(10 * r + i)))
+           for lst in gout for r in range(N) for i in range(2)), gout
+
 ins = [data(4 + j, 100) for j in range(N)]  # ins[j][r]: rank r's block for rank j
 out = torch.empty(100)
 dist.reduce_scatter(out, [ins[j][R] for j in range(N)])
@@ -262,7 +291,11 @@ for bad, what in ((lambda g: dist.all_reduce(torch.zeros(3, dtype=torch.bool),
                   (lambda g: dist.all_reduce(sparse_of(R), op=dist.ReduceOp.MAX, group=g),
                    "sparse tensors are summed (ReduceOp.SUM) only"),
                   (lambda g: dist.all_gather([torch.zeros(3)], torch.zeros(3), group=g),
-                   "output tensors")):
+                   "output tensors"),
+                  (lambda g: dist.all_reduce_multigpu([torch.zeros(3), torch.zeros(4)], group=g),
+                   "tensor 1 differs from tensor 0"),
+                  (lambda g: dist.broadcast_multigpu([torch.zeros(3)], 0, group=g, src_tensor=1),
+                   "invalid root tensor 1")):
     g = dist.new_group()
     try:
         bad(g)

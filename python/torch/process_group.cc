@@ -180,6 +180,36 @@ const at::Tensor& single(const std::vector<at::Tensor>& tensors, const char* wha
   return tensors[0];
 }
 
+// Gloo's several-tensors-per-call forms need the tensors alike: same dtype
+// and shape (and, as everywhere here, dense CPU tensors).
+void checkAlike(const std::vector<at::Tensor>& tensors, const char* what) {
+  if (tensors.empty()) invalid(std::string(what) + ": expected at least one tensor, got none");
+  for (size_t i = 1; i < tensors.size(); ++i) {
+    if (tensors[i].scalar_type() != tensors[0].scalar_type() ||
+        tensors[i].sizes() != tensors[0].sizes()) {
+      invalid(std::string(what) + ": tensor " + std::to_string(i) +
+              " differs from tensor 0 in dtype or shape (several tensors per call must match)");
+    }
+  }
+}
+
+// `acc` (op) `t`, element-wise, in place: the local step of a
+// several-tensor allreduce (the tensors of one rank reduce like ranks do).
+// bool's sum is "or" and its product "and", as gflow reduces them.
+void combineInto(at::Tensor& acc, const at::Tensor& t, ReduceOp op) {
+  const bool isBool = acc.scalar_type() == at::kBool;
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg: isBool ? acc.logical_or_(t) : acc.add_(t); return;
+    case ReduceOp::kProd: isBool ? acc.logical_and_(t) : acc.mul_(t); return;
+    case ReduceOp::kMin: acc = at::minimum(acc, t); return;
+    case ReduceOp::kMax: acc = at::maximum(acc, t); return;
+    case ReduceOp::kBand: acc.bitwise_and_(t); return;
+    case ReduceOp::kBor: acc.bitwise_or_(t); return;
+    case ReduceOp::kBxor: acc.bitwise_xor_(t); return;
+  }
+}
+
 // A c10d::Work completed by the process group's completion thread once the
 // gflow op is done (and, for staged ops, the result copied out). It holds
 // the op's inputs and outputs (and staging buffers) until then.
@@ -401,23 +431,74 @@ class ProcessGroupGflow : public c10d::ProcessGroup {
     Tensor v;
     Dense d;
     at::Tensor t = checked("broadcast", [&] {
-      const at::Tensor& one = single(tensors, "broadcast");
-      if (opts.rootTensor != 0) invalid("broadcast: rootTensor must be 0");
+      checkAlike(tensors, "broadcast");
+      if (opts.rootTensor < 0 || opts.rootTensor >= static_cast<int64_t>(tensors.size())) {
+        invalid("broadcast: invalid root tensor " + std::to_string(opts.rootTensor) + " (" +
+                std::to_string(tensors.size()) + " tensors)");
+      }
+      const at::Tensor& one = tensors[static_cast<size_t>(opts.rootTensor)];
       d = dense(one);
       v = bytesView(d.t, "broadcast");
       return one;
     });
+    // Several tensors (Gloo's form): tensors[rootTensor] is broadcast, then
+    // copied into the others on every rank.
+    std::function<void()> after = [wb = d.writeBack, t, tensors] {
+      if (wb) wb();
+      for (at::Tensor o : tensors) {
+        if (!o.is_same(t)) o.copy_(t);
+      }
+    };
     return enqueue(c10d::OpType::BROADCAST,
-                   comm_->broadcastAsync(v, static_cast<int>(opts.rootRank)), {t}, {d.t},
-                   d.writeBack);
+                   comm_->broadcastAsync(v, static_cast<int>(opts.rootRank)), tensors, {d.t},
+                   std::move(after));
   }
 
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override {
     if (tensors.size() == 1 && tensors[0].is_sparse()) return sparseAllreduce(tensors[0], opts);
+    if (tensors.size() > 1) return allreduceMany(tensors, opts);
     InPlace x = checked("allreduce", [&] { return inPlace(tensors, opts.reduceOp, "allreduce"); });
     return enqueue(c10d::OpType::ALLREDUCE, comm_->allreduceAsync(x.v, x.op), {x.t}, {x.d.t},
                    x.d.writeBack);
+  }
+
+  // Several tensors per call (Gloo's form): every tensor of every rank
+  // reduces into one result, written into each tensor. The tensors of this
+  // rank combine first, then one allreduce; avg is a sum, then one division
+  // by the number of tensors in the group (integers truncate, as gflow's avg).
+  c10::intrusive_ptr<c10d::Work> allreduceMany(std::vector<at::Tensor>& tensors,
+                                               const c10d::AllreduceOptions& opts) {
+    at::Tensor acc;
+    Tensor v;
+    const ReduceOp op = checked("allreduce", [&] {
+      checkAlike(tensors, "allreduce");
+      const ReduceOp o = toReduceOp(opts.reduceOp);
+      for (const at::Tensor& t : tensors) checkPlacement(t, "allreduce");
+      const DataType dt = toDataType(tensors[0], "allreduce");
+      if (!supportsReduceOp(dt, o)) {
+        invalid("allreduce: reduce op " + std::string(toString(o)) + " does not apply to " +
+                toString(dt));
+      }
+      acc = tensors[0].contiguous().clone();
+      for (size_t i = 1; i < tensors.size(); ++i) combineInto(acc, tensors[i], o);
+      v = view(acc, "allreduce");
+      return o;
+    });
+    const int64_t parts = static_cast<int64_t>(tensors.size()) * size_;
+    std::function<void()> after = [acc, tensors, op, parts]() mutable {
+      if (op == ReduceOp::kAvg) {
+        if (at::isIntegralType(acc.scalar_type(), /*includeBool=*/false)) {
+          acc.div_(parts, "trunc");
+        } else {
+          acc.div_(parts);
+        }
+      }
+      for (at::Tensor& t : tensors) t.copy_(acc);
+    };
+    const ReduceOp wireOp = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
+    return enqueue(c10d::OpType::ALLREDUCE, comm_->allreduceAsync(v, wireOp), tensors, {acc},
+                   std::move(after));
   }
 
   // Gloo's way: indices and values gathered, then one coalesced sum on every
@@ -640,26 +721,41 @@ class ProcessGroupGflow : public c10d::ProcessGroup {
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                            std::vector<at::Tensor>& inputs,
                                            const c10d::AllgatherOptions&) override {
+    // Several inputs (Gloo's form): k inputs, k output lists of k * size()
+    // tensors; every list receives rank r's input i at r * k + i.
     at::Tensor in, flat;
     Tensor vin, vflat;
-    std::vector<at::Tensor> outs = checked("allgather", [&] {
-      in = single(inputs, "allgather").contiguous();
-      if (outputs.size() != 1 || outputs[0].size() != static_cast<size_t>(size_)) {
-        invalid("allgather: expected one list of " + std::to_string(size_) + " output tensors");
+    checked("allgather", [&] {
+      checkAlike(inputs, "allgather");
+      const size_t k = inputs.size(), want = k * static_cast<size_t>(size_);
+      if (outputs.size() != k) {
+        invalid("allgather: expected " + std::to_string(k) + " output list(s), one per input");
       }
-      for (const at::Tensor& o : outputs[0]) {
-        if (o.numel() != in.numel() || o.scalar_type() != in.scalar_type()) {
-          invalid("allgather: every output tensor must have the input's numel and dtype");
+      for (const auto& list : outputs) {
+        if (list.size() != want) {
+          invalid("allgather: expected each output list to hold " + std::to_string(want) +
+                  " output tensors (" + std::to_string(k) + " input(s) x " + std::to_string(size_) +
+                  " ranks)");
+        }
+        for (const at::Tensor& o : list) {
+          if (o.numel() != inputs[0].numel() || o.scalar_type() != inputs[0].scalar_type()) {
+            invalid("allgather: every output tensor must have the input's numel and dtype");
+          }
         }
       }
+      std::vector<at::Tensor> flatIns;
+      for (const at::Tensor& t : inputs) flatIns.push_back(t.reshape({-1}));
+      in = k == 1 ? inputs[0].contiguous() : at::cat(flatIns);
       vin = bytesView(in, "allgather");
-      flat = at::empty({size_ * in.numel()}, in.options());
+      flat = at::empty({static_cast<int64_t>(want) * inputs[0].numel()}, inputs[0].options());
       vflat = bytesView(flat, "allgather");
-      return outputs[0];
     });
+    std::vector<at::Tensor> outs;
+    for (const auto& list : outputs) outs.insert(outs.end(), list.begin(), list.end());
     gflow::Work w = comm_->allgatherAsync(vin, vflat);
-    return enqueue(c10d::OpType::ALLGATHER, std::move(w), outs, {in, flat},
-                   [flat, outs] { unflatten(flat, outs); });
+    return enqueue(c10d::OpType::ALLGATHER, std::move(w), outs, {in, flat}, [flat, outputs] {
+      for (const auto& list : outputs) unflatten(flat, list);
+    });
   }
 
   c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& out, at::Tensor& in,
