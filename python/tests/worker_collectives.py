@@ -277,13 +277,13 @@ if R == 0:
         got.add(src)
     assert got == set(range(1, N)), got
     v = np.zeros(1, np.float64)
-    w = comm.recv(v, async_op=True)  # any source, async: the Work names the sender
+    w = comm.recv(v, tag=5, async_op=True)  # any source, async: the Work names the sender
     w.wait()
     assert w.source == N - 1 and v[0] == -1.0, (w.source, v)
 else:
     comm.send(np.array([R * 1.5]), 0)
     if R == N - 1:
-        comm.send(np.array([-1.0]), 0)
+        comm.send(np.array([-1.0]), 0, tag=5)  # its own tag: not taken by the loop above
 assert comm.stats()["point_to_point"] == (
     3 + (R == N - 1) if R != 0 else 2 + N), comm.stats()
 comm.barrier()
