@@ -109,11 +109,11 @@ def _future_of(work, result):
 
 
 def _fail(state, op, message):
-    """Raises InvalidArgumentError; a hook that would skip the collective its
-    peers enter fails the communicator first (they raise PeerLostError)."""
+    """Raises InvalidArgumentError; the collective the hook skips is rejected
+    on the communicator (peers that run it raise MismatchError at once)."""
     comm = state if isinstance(state, gflow.Communicator) else getattr(state, "comm", None)
     if isinstance(comm, gflow.Communicator):
-        comm.fail_invalid_argument(op, message)  # raises InvalidArgumentError
+        comm.reject_invalid_argument(op, message)  # raises InvalidArgumentError
     raise gflow.InvalidArgumentError(message)
 
 

@@ -38,25 +38,25 @@ HeldTensor viewTensor(py::handle obj, const char* what, bool writable);
 
 // Runs the argument checks (and conversions) `f` of the front end's `op` on
 // `comm`: an argument error, or any other error converting an argument,
-// fails the communicator through frontend::failInvalidArgument (the
-// peers, entering the same op, raise PeerLostError at once instead of
-// waiting for their deadline, and a caught error cannot let this rank's
-// next call pair with the peers' pending op), then raises it as
-// InvalidArgumentError. Call with the GIL held.
+// goes through frontend::rejectInvalidArgument and is raised as
+// InvalidArgumentError. A collective is rejected: the communicator stays
+// usable, and peers that run the op raise MismatchError at once instead of
+// waiting for their deadline. A send or recv fails the communicator (its
+// peer raises PeerLostError). Call with the GIL held.
 template <class F>
 auto checkArgs(Communicator& comm, const char* op, F&& f) -> decltype(f()) {
   try {
     return f();
   } catch (const Error& e) {
     // An error that names its op came from the library, which has already
-    // failed the communicator (or it is the communicator's own error).
+    // rejected the op or failed the communicator.
     if (e.code() != ErrorCode::kInvalidArgument || !e.op().empty()) throw;
-    gflow::frontend::failInvalidArgument(comm, op, e.detail());
+    gflow::frontend::rejectInvalidArgument(comm, op, e.detail());
   } catch (py::error_already_set& e) {
     const std::string what = e.what();
-    gflow::frontend::failInvalidArgument(comm, op, what);
+    gflow::frontend::rejectInvalidArgument(comm, op, what);
   } catch (const std::exception& e) {
-    gflow::frontend::failInvalidArgument(comm, op, e.what());
+    gflow::frontend::rejectInvalidArgument(comm, op, e.what());
   }
 }
 

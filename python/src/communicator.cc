@@ -556,9 +556,9 @@ void bindCommunicator(py::module_& m) {
            py::call_guard<py::gil_scoped_release>())
       .def("abort", &Communicator::abort)
       .def(
-          "fail_invalid_argument",
+          "reject_invalid_argument",
           [](Communicator& c, const std::string& op, const std::string& what) {
-            gflow::frontend::failInvalidArgument(c, op, what);
+            gflow::frontend::rejectInvalidArgument(c, op, what);
           },
           py::arg("op"), py::arg("what"))
       .def("stats", [](const Communicator& c) { return statsDict(c.stats()); })

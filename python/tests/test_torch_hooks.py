@@ -73,9 +73,8 @@ def test_csc_hook_reducer_per_bucket(single):
     assert sorted(state._reducers) == [0]
     with pytest.raises(gflow.InvalidArgumentError, match="CSCState"):
         gt.csc_hook(single, Bucket(a))
-    # A hook that skips the collective fails the communicator for the peers.
-    with pytest.raises(gflow.InvalidArgumentError, match="CSCState"):
-        single.barrier()
+    # The hook's collective was rejected: the communicator stays usable.
+    single.barrier()
 
 
 def test_backend_registered():

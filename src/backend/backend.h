@@ -194,6 +194,17 @@ class Backend {
 
   virtual void abort(const Error& error) = 0;
   virtual void notifyPeers(const Error& error) = 0;
+  // This rank will not run op `seq` (the call's arguments were rejected,
+  // `why`): tells the peers without failing (transport::Context::reject), so
+  // one that runs the op fails at once and one that rejected it too goes on.
+  // False where the backend cannot (a peer's op may be past recall, as an
+  // NCCL kernel is): the caller then fails the communicator instead.
+  // Executing thread, between ops.
+  virtual bool reject(uint64_t seq, const std::string& why) {
+    (void)seq;
+    (void)why;
+    return false;
+  }
   virtual PeerStats peerStats(int peer) const = 0;
   // Registers user memory with every network transport context of this
   // backend (zero-copy RDMA); the regions are valid while `out` holds them.

@@ -60,6 +60,12 @@ class ByAlgorithm final : public Backend {
   void notifyPeers(const Error& error) override {
     for (Backend* b : all()) b->notifyPeers(error);
   }
+  // Every backend keeps its own op numbering: each hears of the rejection.
+  bool reject(uint64_t seq, const std::string& why) override {
+    bool ok = true;
+    for (Backend* b : all()) ok = b->reject(seq, why) && ok;
+    return ok;
+  }
   PeerStats peerStats(int peer) const override {
     PeerStats s;
     for (Backend* b : all()) accumulate(s, b->peerStats(peer));
@@ -234,6 +240,13 @@ void Router::abort(const Error& error) {
 void Router::notifyPeers(const Error& error) {
   host_->notifyPeers(error);
   if (nccl_) nccl_->notifyPeers(error);
+}
+
+bool Router::reject(uint64_t seq, const std::string& why) {
+  // A peer's NCCL kernel for the op cannot be recalled: NCCL says no
+  // (Backend's default), and the communicator fails as before.
+  if (nccl_ && !nccl_->reject(seq, why)) return false;
+  return host_->reject(seq, why);
 }
 
 PeerStats Router::peerStats(int peer) const {

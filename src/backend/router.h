@@ -94,6 +94,7 @@ class Router final : public Backend {
 
   void abort(const Error& error) override;
   void notifyPeers(const Error& error) override;
+  bool reject(uint64_t seq, const std::string& why) override;
   PeerStats peerStats(int peer) const override;
   void registerMemory(void* data, size_t bytes,
                       std::vector<std::unique_ptr<transport::MemoryRegion>>* out) override;

@@ -12,6 +12,7 @@
 #include "core/frontend.h"
 #include "core/host_backends.h"
 #include "core/internal.h"
+#include "core/op_checks.h"
 #include "gflow/communicator.h"
 #include "topology/data_interface.h"
 
@@ -71,14 +72,32 @@ void CommunicatorImpl::checkUsable(const char* op) {
 
 void CommunicatorImpl::invalid(const char* op, const std::string& what) {
   Error e(ErrorCode::kInvalidArgument, what, ErrorContext::forOp(op).withRank(rank));
-  // Peers are already inside (or about to enter) this collective; failing the
-  // communicator and telling them turns their wait into an immediate error.
+  if (!opcheck::isPointToPointCall(op)) {
+    reject(e);
+    throw e;
+  }
+  // A peer may be waiting on this call's message: failing the communicator
+  // and telling it turns its wait into an immediate error.
   auto first = setFailed(e);
   if (backend) {
     backend->abort(*first);
     executor.tryRunExclusive([&] { notifyOnce(first); });
   }
   throw e;
+}
+
+void CommunicatorImpl::reject(const Error& e) {
+  if (!backend || error()) return;
+  auto task = [this, e] {
+    const uint64_t mySeq = ++seq;  // the number this call would have run as
+    if (error()) return;
+    const Error numbered = relabel(e, ErrorContext::forOp(e.op()).withSeq(mySeq).withRank(rank));
+    if (!backend->reject(mySeq, numbered.what())) fail(numbered);
+  };
+  // Runs here when no op is queued or running, so the peers have heard
+  // before the call raises (even if the communicator is destroyed next);
+  // else after the earlier ops, without waiting for them.
+  executor.submit(std::move(task), true);
 }
 
 void CommunicatorImpl::validateTensor(const char* op, const char* name, const Tensor& t) {
@@ -436,8 +455,8 @@ void CommunicatorImpl::splitBackend(int color, int key, CommunicatorImpl* child)
   executor.submit(std::move(task), true)->wait(std::chrono::milliseconds(0));
 }
 
-void frontend::failInvalidArgument(Communicator& comm, const std::string& op,
-                                   const std::string& what) {
+void frontend::rejectInvalidArgument(Communicator& comm, const std::string& op,
+                                     const std::string& what) {
   // The op name outlives the throw: Error copies it.
   impl(comm).invalid(op.c_str(), what);
 }

@@ -56,8 +56,17 @@ class CommunicatorImpl final : public Communicator {
   // `done`) or fails it and the communicator.
   void defer(std::unique_ptr<backend::P2PInFlight> op, std::function<void()> done,
              const char* name);
-  // Raises kInvalidArgument for `op` and fails the communicator with it.
+  // Raises kInvalidArgument for `op`. A collective is rejected (reject):
+  // the communicator stays usable. A point-to-point call
+  // (isPointToPointCall) fails the communicator, as its peer's matching op
+  // has no number to reject.
   [[noreturn]] void invalid(const char* op, const std::string& what);
+  // The collective `e` names will not run here: its op number goes to it
+  // (on the executing thread, after the earlier ops), and the backends tell
+  // the peers (Backend::reject), so a peer that runs that op fails with
+  // kMismatch and one that rejected it too goes on. Where a backend cannot
+  // (NCCL), the communicator fails with `e` instead.
+  void reject(const Error& e);
   std::shared_ptr<const Error> error();
   void checkUsable(const char* op);
   void validateTensor(const char* op, const char* name, const Tensor& t);

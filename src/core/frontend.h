@@ -10,11 +10,13 @@
 
 namespace gflow::frontend {
 
-// For a front end that checks an op's arguments before calling it: fails
-// `comm` with Error(kInvalidArgument) naming `op` and `what`, as gflow's own
-// checks do, so the peers, which are entering the same op, raise at once
-// instead of waiting for their deadline; then throws that error.
-[[noreturn]] GFLOW_EXPORT void failInvalidArgument(Communicator& comm, const std::string& op,
-                                                   const std::string& what);
+// For a front end that checks an op's arguments before calling it: raises
+// Error(kInvalidArgument) naming `op` and `what` as gflow's own checks do.
+// A collective is rejected: `comm` stays usable, and a peer that runs the
+// op instead of rejecting it too fails with kMismatch at once. A
+// point-to-point op (opcheck::isPointToPointCall: "send", "recv",
+// "sendRecv") fails `comm`, so its peer raises at once.
+[[noreturn]] GFLOW_EXPORT void rejectInvalidArgument(Communicator& comm, const std::string& op,
+                                                     const std::string& what);
 
 }  // namespace gflow::frontend

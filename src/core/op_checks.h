@@ -1,7 +1,7 @@
 // The argument checks the collectives' front doors share (collectives.cc,
 // rooted_collectives.cc). Each raises through CommunicatorImpl::invalid, so
-// a bad argument names the op, the argument and this rank, and fails the
-// communicator so that no peer waits for this rank.
+// a bad argument names the op, the argument and this rank, and no peer
+// waits for this rank (the op is rejected, or the communicator fails).
 #pragma once
 
 #include <cstdint>
@@ -11,6 +11,16 @@
 #include "core/communicator_impl.h"
 
 namespace gflow::opcheck {
+
+// The names of the point-to-point calls (point_to_point.cc and the front
+// ends): outside the collectives' op order, so a bad argument fails the
+// communicator instead of rejecting an op number.
+constexpr const char* kSend = "send";
+constexpr const char* kRecv = "recv";
+constexpr const char* kSendRecv = "sendRecv";
+inline bool isPointToPointCall(const std::string& op) {
+  return op == kSend || op == kRecv || op == kSendRecv;
+}
 
 inline bool overlap(const void* a, size_t an, const void* b, size_t bn) {
   auto pa = reinterpret_cast<uintptr_t>(a), pb = reinterpret_cast<uintptr_t>(b);

@@ -94,26 +94,27 @@ std::shared_ptr<WorkState> doPointToPoint(CommunicatorImpl& I, const char* name,
 }  // namespace
 
 void Communicator::send(Tensor in, int peer, int tag) {
-  opcheck::finish(doPointToPoint(impl(*this), "send", {P2POp::send(in, peer, tag)}, true));
+  opcheck::finish(doPointToPoint(impl(*this), opcheck::kSend, {P2POp::send(in, peer, tag)}, true));
 }
 int Communicator::recv(Tensor out, int peer, int tag) {
   int source = -1;
   opcheck::finish(
-      doPointToPoint(impl(*this), "recv", {P2POp::recv(out, peer, tag, &source)}, true));
+      doPointToPoint(impl(*this), opcheck::kRecv, {P2POp::recv(out, peer, tag, &source)}, true));
   return source;
 }
 void Communicator::sendRecv(const std::vector<P2POp>& ops) {
-  opcheck::finish(doPointToPoint(impl(*this), "sendRecv", ops, true));
+  opcheck::finish(doPointToPoint(impl(*this), opcheck::kSendRecv, ops, true));
 }
 
 Work Communicator::sendAsync(Tensor in, int peer, int tag) {
-  return Work(doPointToPoint(impl(*this), "send", {P2POp::send(in, peer, tag)}, false));
+  return Work(doPointToPoint(impl(*this), opcheck::kSend, {P2POp::send(in, peer, tag)}, false));
 }
 Work Communicator::recvAsync(Tensor out, int peer, int tag, int* source) {
-  return Work(doPointToPoint(impl(*this), "recv", {P2POp::recv(out, peer, tag, source)}, false));
+  return Work(
+      doPointToPoint(impl(*this), opcheck::kRecv, {P2POp::recv(out, peer, tag, source)}, false));
 }
 Work Communicator::sendRecvAsync(const std::vector<P2POp>& ops) {
-  return Work(doPointToPoint(impl(*this), "sendRecv", ops, false));
+  return Work(doPointToPoint(impl(*this), opcheck::kSendRecv, ops, false));
 }
 
 }  // namespace gflow

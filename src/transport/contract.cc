@@ -72,4 +72,12 @@ Error peerReport(int rank, uint64_t group, int peer, const char* payload, size_t
                ErrorContext().withSeq(group).withRank(rank).withPeer(peer));
 }
 
+Error rejectionReport(int rank, uint64_t group, int peer, const char* payload, size_t n) {
+  return Error(ErrorCode::kMismatch,
+               "rank " + std::to_string(peer) + " rejected its call of op #" +
+                   std::to_string(group) + " (" + printable(payload, n) + "), so this rank's op #" +
+                   std::to_string(group) + " cannot complete",
+               ErrorContext().withSeq(group).withRank(rank).withPeer(peer));
+}
+
 }  // namespace gflow::transport

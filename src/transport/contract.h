@@ -57,5 +57,8 @@ Error sizeMismatch(int rank, uint64_t group, int peer, uint64_t sent, uint64_t e
 Error requestTimeout(int rank, uint64_t group, const Request& req, bool alive, const char* via);
 // A peer's error report (code byte, then text) as this rank's error.
 Error peerReport(int rank, uint64_t group, int peer, const char* payload, size_t n);
+// `peer`'s notice (Context::reject) that it will not run op `group`; the
+// payload is its reason. kMismatch: the ranks called op `group` differently.
+Error rejectionReport(int rank, uint64_t group, int peer, const char* payload, size_t n);
 
 }  // namespace gflow::transport

@@ -70,6 +70,20 @@ void Engine::peerReported(uint64_t theirGroup, const Error& e) {
   fail(e);
 }
 
+void Engine::peerRejected(uint64_t theirGroup, const Error& e) {
+  // Bounded: the ops a peer can reject ahead of this rank's progress.
+  constexpr size_t kMaxRejectedAhead = 1 << 16;
+  if (groupActive_ && theirGroup == group_) fail(e);        // this rank runs the op now
+  if (groupActive_ && !isPast(group_, theirGroup)) return;  // passed: rejected here too
+  if (rejected_.size() >= kMaxRejectedAhead && !rejected_.count(theirGroup)) {
+    fail(Error(ErrorCode::kInternal,
+               "more than " + std::to_string(kMaxRejectedAhead) +
+                   " notices of rejected ops ahead of this rank's op #" + std::to_string(group_),
+               ErrorContext().withSeq(group_).withRank(rank()).withPeer(e.peer())));
+  }
+  rejected_.emplace(theirGroup, e);
+}
+
 // ---- progress ----------------------------------------------------------------
 
 void Engine::wait(const RequestPtr& req, Deadline deadline) {
@@ -110,6 +124,12 @@ void Engine::startGroup(uint64_t group, const Envelope& env) {
   groupEnv_ = env;
   groupActive_ = true;
   if (deferredError_ && !isPast(group, deferredGroup_)) fail(*deferredError_);
+  // Notices of earlier ops concern ops this rank rejected too.
+  while (!rejected_.empty() && isPast(rejected_.begin()->first, group)) {
+    rejected_.erase(rejected_.begin());
+  }
+  auto it = rejected_.find(group);
+  if (it != rejected_.end()) fail(it->second);
 }
 
 // Data that arrived before this rank reached the op is checked now.

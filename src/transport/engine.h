@@ -17,6 +17,9 @@
 //     does when it is reached is its own: TCP stops reading, verbs fails).
 //   - Deferred peer reports: a peer's error about an op this rank has not
 //     reached yet is raised when it gets there.
+//   - Rejected ops (Context::reject): a peer's notice that it will not run
+//     op k fails this rank if it runs k now or starts it later, and is
+//     forgotten once this rank starts a later op (it rejected k too).
 //   - Per-peer traffic counters (peerStats) and PONG counts for the liveness
 //     probe (transport/liveness.h).
 //   - wait()/test(): the request's or the context's error around the wire's
@@ -29,6 +32,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <unordered_map>
@@ -95,6 +99,9 @@ class Engine : public Context {
   // A peer's error report about its op `theirGroup`: failed now, or deferred
   // until this rank reaches that op.
   void peerReported(uint64_t theirGroup, const Error& e);
+  // A peer's notice that it will not run op `theirGroup` (Context::reject),
+  // as rejectionReport() words it.
+  void peerRejected(uint64_t theirGroup, const Error& e);
 
   // The op this rank runs (beginGroup).
   uint64_t group() const { return group_; }
@@ -164,6 +171,8 @@ class Engine : public Context {
   // gets there, so an op that succeeded everywhere does not fail here.
   std::optional<Error> deferredError_;
   uint64_t deferredGroup_ = 0;
+  // Notices of ops this rank has not started (peerRejected), by op number.
+  std::map<uint64_t, Error> rejected_;
 };
 
 }  // namespace gflow::transport

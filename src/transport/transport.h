@@ -164,6 +164,12 @@ class Context {
   // probes (transport/liveness.h); throws the context's error.
   virtual void poll() = 0;
 
+  // Tells every peer that this rank will not run op `group` (its call was
+  // rejected for invalid arguments, `why`), without failing this context: a
+  // peer that runs that op fails with kMismatch now or when it starts it,
+  // and one that rejected it too forgets the notice. Owning thread; never
+  // throws (a peer it cannot reach learns of it from the op that follows).
+  virtual void reject(uint64_t group, const std::string& why) = 0;
   // Fails the context (see the header comment). Thread-safe.
   virtual void abort(const Error& error) = 0;
   // Best-effort: tells every peer that this rank failed with `error`, so they

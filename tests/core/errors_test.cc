@@ -80,10 +80,12 @@ TEST(InvalidArgument, BadInputOnOneRankFailsFastEverywhere) {
   EXPECT_EQ(res[1].code, ErrorCode::kInvalidArgument);
   EXPECT_NE(res[1].what.find("null"), std::string::npos) << res[1].what;
   EXPECT_NE(res[1].what.find("rank 1"), std::string::npos) << res[1].what;
+  // The call is rejected: the others, running it, raise mismatch naming it.
   for (int r : {0, 2}) {
     ASSERT_TRUE(res[r].threw);
-    EXPECT_EQ(res[r].code, ErrorCode::kPeerLost) << res[r].what;
-    EXPECT_NE(res[r].what.find("rank 1"), std::string::npos) << res[r].what;
+    EXPECT_EQ(res[r].code, ErrorCode::kMismatch) << res[r].what;
+    EXPECT_NE(res[r].what.find("rank 1 rejected"), std::string::npos) << res[r].what;
+    EXPECT_NE(res[r].what.find("null"), std::string::npos) << res[r].what;
   }
 }
 
@@ -237,7 +239,7 @@ TEST(Abort, PendingAsyncWorkFailsWithTheError) {
 namespace gflow {
 namespace {
 
-TEST(FrontEndChecks, FailInvalidArgumentFailsThePeersAtOnce) {
+TEST(FrontEndChecks, ARejectedCallReachesThePeersAtOnce) {
   const auto t0 = std::chrono::steady_clock::now();
   Options o;
   o.timeout = std::chrono::milliseconds(60000);
@@ -245,7 +247,9 @@ TEST(FrontEndChecks, FailInvalidArgumentFailsThePeersAtOnce) {
       3,
       [](Communicator& c) {
         std::vector<float> v(16, 1.0f);
-        if (c.rank() == 1) frontend::failInvalidArgument(c, "allreduce", "x is a read-only array");
+        if (c.rank() == 1) {
+          frontend::rejectInvalidArgument(c, "allreduce", "x is a read-only array");
+        }
         c.allreduce(tensor(v.data(), v.size()));
       },
       o);
@@ -255,7 +259,7 @@ TEST(FrontEndChecks, FailInvalidArgumentFailsThePeersAtOnce) {
     try {
       std::rethrow_exception(errors[r]);
     } catch (const Error& e) {
-      EXPECT_EQ(e.code(), r == 1 ? ErrorCode::kInvalidArgument : ErrorCode::kPeerLost) << e.what();
+      EXPECT_EQ(e.code(), r == 1 ? ErrorCode::kInvalidArgument : ErrorCode::kMismatch) << e.what();
       EXPECT_NE(std::string(e.what()).find("x is a read-only array"), std::string::npos)
           << e.what();
     }

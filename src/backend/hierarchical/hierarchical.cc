@@ -271,6 +271,18 @@ class HierarchicalBackend final : public Backend {
     local_->notifyPeers(error);
     cross_->notifyPeers(error);
   }
+  // Each part's next sub-op number goes to the rejected op, on every rank
+  // that rejects it, so the parts' numbering stays the same on every rank.
+  bool reject(uint64_t seq, const std::string& why) override {
+    (void)seq;
+    bool ok = false;
+    {
+      const std::lock_guard<std::mutex> busy(localMu_);
+      ok = local_->reject(++localSeq_, why);
+    }
+    const std::lock_guard<std::mutex> busy(crossMu_);
+    return cross_->reject(++crossSeq_, why) && ok;
+  }
   PeerStats peerStats(int peer) const override {
     PeerStats s;
     auto l = localIndex_.find(peer);

@@ -92,6 +92,10 @@ class HostBackend final : public Backend {
 
   void abort(const Error& error) override { ctx_->abort(error); }
   void notifyPeers(const Error& error) override { ctx_->notifyPeers(error); }
+  bool reject(uint64_t seq, const std::string& why) override {
+    ctx_->reject(seq, why);
+    return true;
+  }
   PeerStats peerStats(int peer) const override { return ctx_->peerStats(peer); }
   void answerProbes() override { ctx_->poll(); }
   void setWhileWaiting(std::function<void()> hook) override {

@@ -481,6 +481,10 @@ void NcclBackend::abort(const Error& error) {
   if (Backend* h = hierarchical_.load(std::memory_order_acquire)) h->abort(error);
 }
 
+bool NcclBackend::reject(uint64_t, const std::string&) {
+  return state_ == State::kUndecided || state_ == State::kStaged;
+}
+
 void NcclBackend::notifyPeers(const Error& error) {
   // Only peers that wait inside NCCL or its start read the store report.
   if (state_ == State::kUndecided || state_ == State::kStaged) return;

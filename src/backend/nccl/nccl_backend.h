@@ -82,6 +82,11 @@ class NcclBackend final : public Backend {
   void abort(const Error& error) override;
   // The communicator failed: tell the peers waiting in NCCL (store).
   void notifyPeers(const Error& error) override;
+  // True while NCCL has run nothing here (undecided, or staged through the
+  // host backend, which tells the peers): no peer can wait in an NCCL
+  // kernel for this rank's op. Once NCCL runs, false: a peer's kernel for
+  // the op cannot be recalled.
+  bool reject(uint64_t seq, const std::string& why) override;
   // NCCL keeps no per-peer counters.
   PeerStats peerStats(int) const override { return {}; }
   // Device memory is never registered with a host transport.

@@ -15,12 +15,13 @@
 #include "common/check.h"
 #include "common/logging.h"
 #include "common/params.h"
+#include "transport/contract.h"
 
 namespace gflow::backend::shm {
 
 namespace {
 
-constexpr uint64_t kMagic = 0x676677736d310003ull;  // "gflwsm1" + layout version
+constexpr uint64_t kMagic = 0x676677736d310004ull;  // "gflwsm1" + layout version
 constexpr size_t kPage = 4096;
 // How long a waiter polls (spinning, or yielding when oversubscribed) before
 // it sleeps on the futex. Collective phases are short, so most waits end here.
@@ -82,6 +83,8 @@ struct Control {
   uint32_t code;
   uint64_t failedOp;  // op number the owner was in when it failed
   char message[1024];
+  alignas(64) std::atomic<uint64_t> rejected;  // 1 + seq of the last op the owner rejected
+  char rejectedWhy[256];
 };
 
 namespace {
@@ -359,7 +362,9 @@ void Group::checkOp(int member) {
   const uint64_t peerSeq = r.seq;
   Envelope peerEnv;
   std::memcpy(peerEnv.words, r.env, sizeof(peerEnv.words));
-  if (number == ops_ && peerEnv == env_) return;
+  if (number == ops_ && peerEnv == env_ && peerSeq == seq_) return;
+  // A member that rejected this op can reach this sync in its next op.
+  if (ctl_[member]->rejected.load(std::memory_order_acquire) == seq_ + 1) raise(rejection(member));
   const int peer = commRanks_[member];
   std::ostringstream os;
   os << "rank " << peer << " called " << (describe_ ? describe_(peerEnv) : "<op>") << " as op #"
@@ -396,6 +401,14 @@ void Group::checkSlow(int member, uint64_t tick, transport::LivenessProbe& probe
                 ErrorContext().withSeq(seq_).withRank(commRanks_[rank_]).withPeer(commRanks_[p])));
     }
   }
+  if (ctl_[member]->rejected.load(std::memory_order_acquire) == seq_ + 1) {
+    raise(rejection(member));
+  }
+  if (latestSeq(member) != seq_ && !transport::isPast(latestSeq(member), seq_)) {
+    // It started a later op without reaching this one's sync: it skipped
+    // this op (rejected it) and has rejected another since.
+    raise(rejection(member));
+  }
   if (watch_[member].exited() || ctl_[member]->left.load(std::memory_order_acquire)) {
     raise(Error(ErrorCode::kPeerLost,
                 "rank " + std::to_string(commRanks_[member]) +
@@ -412,14 +425,25 @@ void Group::checkSlow(int member, uint64_t tick, transport::LivenessProbe& probe
   }
 }
 
-Error Group::timeoutError(int member, bool alive) const {
+uint64_t Group::latestSeq(int member) const {
   const OpRecord* r = ctl_[member]->ops;
   const bool newer =
       r[1].number.load(std::memory_order_acquire) > r[0].number.load(std::memory_order_acquire);
+  return r[newer ? 1 : 0].seq;
+}
+
+Error Group::rejection(int member) const {
+  const Control* c = ctl_[member];
+  const std::string why = printable(c->rejectedWhy, sizeof(c->rejectedWhy));
+  return transport::rejectionReport(commRanks_[rank_], seq_, commRanks_[member], why.data(),
+                                    why.size());
+}
+
+Error Group::timeoutError(int member, bool alive) const {
   const int who = commRanks_[member];
   std::ostringstream os;
   os << "Timed out waiting for rank " << who << " (same host, shared memory); it last started op #"
-     << r[newer ? 1 : 0].seq << ", this rank is in #" << seq_ << "; rank " << who;
+     << latestSeq(member) << ", this rank is in #" << seq_ << "; rank " << who;
   if (alive) {
     os << " is alive but waiting itself: the stalled rank is further along the chain";
   } else {
@@ -452,7 +476,8 @@ void Group::waitFor(int member, uint64_t tick) {
     }
     if (oversubscribed_) sched_yield();
     if (error_.failed() || c->failed.load(std::memory_order_relaxed) != 0 ||
-        c->left.load(std::memory_order_relaxed) != 0) {
+        c->left.load(std::memory_order_relaxed) != 0 ||
+        c->rejected.load(std::memory_order_relaxed) == seq_ + 1) {
       checkSlow(member, tick, probe);
       if (c->tick.load(std::memory_order_acquire) >= tick) return;
     }
@@ -489,6 +514,16 @@ void Group::notifyPeers(const Error& error) {
   // A failure between ops concerns the next op: the last one completed.
   c->failedOp = inOp_ ? ops_ : ops_ + 1;
   c->failed.store(1, std::memory_order_release);
+  c->wakeSeq.fetch_add(1, std::memory_order_seq_cst);
+  futexWake(reinterpret_cast<uint32_t*>(&c->wakeSeq));
+}
+
+void Group::reject(uint64_t seq, const std::string& why) {
+  Control* c = ctl_[rank_];
+  const size_t n = std::min(why.size(), sizeof(c->rejectedWhy) - 1);
+  std::memcpy(c->rejectedWhy, why.data(), n);
+  c->rejectedWhy[n] = '\0';
+  c->rejected.store(seq + 1, std::memory_order_release);
   c->wakeSeq.fetch_add(1, std::memory_order_seq_cst);
   futexWake(reinterpret_cast<uint32_t*>(&c->wakeSeq));
 }

@@ -15,6 +15,9 @@
 // Each op publishes its sequence number and envelope before its first sync;
 // the first sync of an op compares them with every member's, so ranks that
 // call different collectives fail with kMismatch instead of mixing data.
+// A member that rejects an op (reject: its arguments were invalid) publishes
+// its number instead of running it; a member waiting in that op fails with
+// kMismatch at once, and members that rejected it too never look.
 //
 // Single-copy reads: where every member may read every other member's
 // memory (backend/shm/peer_memory.h), an op can publish its user buffers
@@ -117,6 +120,9 @@ class Group {
   // so does every later beginOp.
   void abort(const Error& error) { error_.set(error); }
   void notifyPeers(const Error& error);
+  // This member will not run op `seq` (`why`: the call's arguments were
+  // rejected). Owning thread, between ops.
+  void reject(uint64_t seq, const std::string& why);
   // Answers the probes raised on this member's memory; true if one was
   // waiting for an answer. Any thread.
   bool answerProbes();
@@ -140,6 +146,10 @@ class Group {
   // `probe` rules); probes the member once the deadline has passed.
   void checkSlow(int member, uint64_t tick, transport::LivenessProbe& probe);
   Error timeoutError(int member, bool alive) const;
+  // The seq of the newest op `member` started; the error for a member that
+  // rejected (or skipped) this member's current op.
+  uint64_t latestSeq(int member) const;
+  Error rejection(int member) const;
 
   void checkOp(int member);
   void publish(uint64_t tick);

@@ -188,6 +188,10 @@ class ShmBackend final : public Backend {
   const char* name() const override { return "shared-memory"; }
   void abort(const Error& error) override { g_->abort(error); }
   void notifyPeers(const Error& error) override { g_->notifyPeers(error); }
+  bool reject(uint64_t seq, const std::string& why) override {
+    g_->reject(seq, why);
+    return true;
+  }
   PeerStats peerStats(int peer) const override { return g_->peerStats(peer); }
   void answerProbes() override { g_->answerProbes(); }
   void setWhileWaiting(std::function<void()> hook) override {

@@ -20,9 +20,12 @@ constexpr uint16_t kFrameError = 2;
 // blames the rank that is really stuck, not a live one waiting in turn.
 constexpr uint16_t kFramePing = 3;
 constexpr uint16_t kFramePong = 4;
+// A rank will not run op `group` (its call's arguments were rejected); the
+// payload says why. Not a failure of the sender (transport.h, reject).
+constexpr uint16_t kFrameReject = 5;
 // A message larger than this is refused outright (64 TiB).
 constexpr uint64_t kMaxMessageBytes = 1ull << 46;
-// ERROR frame payload bound.
+// ERROR and REJECT frame payload bound.
 constexpr uint64_t kMaxErrorPayload = 4096;
 
 struct FrameHeader {

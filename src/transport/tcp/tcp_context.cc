@@ -278,8 +278,11 @@ void TcpContext::startFragment(Conn& c) {
                "invalid frame from rank " + std::to_string(c.peer) + ": " + what, ectx));
   };
   if (h.magic != kFrameMagic) protocolError("bad magic");
-  if (h.type == kFrameError) {
+  if (h.type == kFrameError || h.type == kFrameReject) {
     if (h.fragLen > kMaxErrorPayload) protocolError("oversized error report");
+    if (h.type == kFrameReject && isPointToPoint(h.group)) {
+      protocolError("rejection of a point-to-point op");
+    }
     c.ctrl.assign(h.fragLen, 0);
     c.cur = nullptr;
     c.dst = c.ctrl.data();
@@ -336,6 +339,11 @@ void TcpContext::finishFragment(Conn& c) {
   c.dst = nullptr;
   if (c.hdr.type == kFrameError) {
     handleErrorFrame(c);
+    return;
+  }
+  if (c.hdr.type == kFrameReject) {
+    peerRejected(c.hdr.group,
+                 rejectionReport(rank(), c.hdr.group, c.peer, c.ctrl.data(), c.ctrl.size()));
     return;
   }
   if (c.hdr.type == kFramePing) {
@@ -465,6 +473,30 @@ void TcpContext::waitUntilDone(const RequestPtr& req, Deadline deadline) {
         break;
       case LivenessProbe::Step::kTimeout: failTimeout(req, probe.peerAlive(), "");
       case LivenessProbe::Step::kWait: break;
+    }
+  }
+}
+
+void TcpContext::reject(uint64_t group, const std::string& why) {
+  auto payload = std::make_shared<const std::vector<char>>(
+      why.begin(),
+      why.begin() + static_cast<std::ptrdiff_t>(std::min<size_t>(why.size(), kMaxErrorPayload)));
+  for (int peer = 0; peer < size(); ++peer) {
+    if (peer == rank() || peers_[peer]->closed) continue;
+    for (auto& cp : peers_[peer]->conns) {
+      if (!cp || cp->closed) continue;
+      SendItem item;
+      item.hdr = FrameHeader{kFrameMagic, kFrameReject,    0,        group, 0, payload->size(),
+                             0,           payload->size(), {0, 0, 0}};
+      item.owned = payload;
+      item.payload = payload->data();
+      item.payloadLen = payload->size();
+      try {
+        enqueue(*cp, std::move(item));
+      } catch (const Error&) {
+        // The peer is gone: its next op with this rank says so.
+      }
+      break;  // one connection per peer
     }
   }
 }

@@ -59,6 +59,7 @@ class TcpContext final : public Engine {
   RequestPtr isend(int peer, const void* data, size_t bytes, Tag tag, const Envelope& env) override;
   RequestPtr irecv(int peer, void* data, size_t bytes, Tag tag, const Envelope& env) override;
   void notifyPeers(const Error& error) override;
+  void reject(uint64_t group, const std::string& why) override;
 
   // Tests: payload bytes and DATA frames written to connection `index` of
   // `peer` so far, a send buffer size for one connection (to make it
@@ -90,8 +91,9 @@ class TcpContext final : public Engine {
     FrameHeader hdr;
     const char* payload = nullptr;
     size_t payloadLen = 0;
-    size_t written = 0;  // bytes of header + payload written so far
-    uint64_t units = 1;  // fragments of msg this frame accounts for
+    std::shared_ptr<const std::vector<char>> owned;  // a control frame's payload
+    size_t written = 0;                              // bytes of header + payload written so far
+    uint64_t units = 1;                              // fragments of msg this frame accounts for
   };
 
   // The not yet assigned rest [next, end) of a message sent by progress, in

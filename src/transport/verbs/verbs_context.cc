@@ -367,6 +367,11 @@ void VerbsContext::handleSlot(int peer, const char* slot) {
       sendControl(peer, kSlotPong, Tag{h.group, 0}, Envelope{}, 0, nullptr, 0);
       break;
     case kSlotPong: countPong(peer); break;
+    case kSlotReject:
+      if (isPointToPoint(h.group)) protocolError(peer, "rejection of a point-to-point op");
+      peerRejected(h.group, rejectionReport(rank(), h.group, peer, payload,
+                                            std::min<size_t>(h.payload, kMaxErrorText)));
+      break;
     default: protocolError(peer, "unknown slot type " + std::to_string(h.type));
   }
 }
@@ -530,6 +535,19 @@ void VerbsContext::errorQueuePairs() {
       ibv_qp_attr a{};
       a.qp_state = IBV_QPS_ERR;
       device_->api().modifyQp(qp, &a, IBV_QP_STATE);
+    }
+  }
+}
+
+void VerbsContext::reject(uint64_t group, const std::string& why) {
+  if (!device_ || qpsErrored_ || failed()) return;
+  const size_t n = std::min({why.size(), kMaxErrorText, eagerMax_});
+  for (int peer = 0; peer < size(); ++peer) {
+    if (peer == rank() || peers_[peer]->lost) continue;
+    try {
+      sendControl(peer, kSlotReject, Tag{group, 0}, Envelope{}, n, why.data(), n);
+    } catch (const Error&) {
+      // The peer is gone: its next op with this rank says so.
     }
   }
 }

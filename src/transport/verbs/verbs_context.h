@@ -59,7 +59,8 @@ enum SlotType : uint16_t {
   kSlotCts = 3,
   kSlotError = 4,
   kSlotPing = 5,
-  kSlotPong = 6
+  kSlotPong = 6,
+  kSlotReject = 7  // this rank will not run op `group` (Context::reject); payload: why
 };
 constexpr uint32_t kSlotMagic = 0x67665653;  // "gfVS"
 
@@ -102,6 +103,7 @@ class VerbsContext final : public Engine {
   void beginGroup(uint64_t group, const Envelope& env) override;
   void endOp() override;
   void notifyPeers(const Error& error) override;
+  void reject(uint64_t group, const std::string& why) override;
 
   // Protocol counters of this context (benchmarks, tests).
   struct Counters {
