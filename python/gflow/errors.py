@@ -7,10 +7,12 @@ gflow.Error`` catches them all. The attributes say where it happened:
 sequence number on its communicator, 0 if none), ``rank`` (the rank raising
 it) and ``peer`` (the peer involved; -1 if none).
 
-The subclasses also derive from the closest built-in exception, so generic
-handlers work: InvalidArgumentError is a ValueError, TimeoutError the
-built-in TimeoutError, PeerLostError a ConnectionError, UnauthorizedError a
-PermissionError.
+Error is a RuntimeError, as torch.distributed's backends raise them, so code
+written for Gloo or NCCL (``except RuntimeError``, torch's own tests) handles
+gflow's errors too. The subclasses also derive from the closest built-in
+exception, so generic handlers work: InvalidArgumentError is a ValueError,
+TimeoutError the built-in TimeoutError, PeerLostError a ConnectionError,
+UnauthorizedError a PermissionError.
 """
 
 import builtins
@@ -29,13 +31,13 @@ class ErrorCode(enum.IntEnum):
     INTERNAL = 6
 
 
-class Error(Exception):
+class Error(RuntimeError):
     """Base class of every gflow error."""
 
     code = ErrorCode.INTERNAL
 
     def __init__(self, message, detail=None, op="", seq=0, rank=-1, peer=-1):
-        Exception.__init__(self, message)
+        RuntimeError.__init__(self, message)
         self.detail = message if detail is None else detail
         self.op = op
         self.seq = seq

@@ -22,6 +22,7 @@ def raises(cls, match, fn, *args, **kwargs):
 
 
 def test_error_hierarchy():
+    assert issubclass(gflow.Error, RuntimeError)  # as torch.distributed's backends raise
     assert issubclass(gflow.InvalidArgumentError, ValueError)
     assert issubclass(gflow.TimeoutError, builtins.TimeoutError)
     assert issubclass(gflow.PeerLostError, ConnectionError)
@@ -69,16 +70,21 @@ def _ro():
     (lambda c: c.alltoallv(np.zeros(2), [2], np.zeros(2), [2.0]), "must be an int", "alltoallv"),
     (lambda c: c.alltoallv(np.zeros(2), [2], np.zeros(2), [2], in_offsets=[1]), "alltoallv",
      "alltoallv"),
+    (lambda c: c.send(np.zeros(2), 5), "peer 5", "send"),
 ])
-def test_bad_arrays_fail_the_communicator(call, match, op):
-    # Front-end argument errors fail the communicator (the peers, entering
-    # the same op, fail at once; a caught error cannot pair the next call
-    # with their op): the next call raises the same error.
+def test_bad_arrays_are_rejected(call, match, op):
+    # A collective with bad arguments is rejected: the communicator stays
+    # usable (peers that run the op raise MismatchError at once). A send or
+    # recv fails the communicator (its peer has no op number to reject): the
+    # next call raises the same error.
     comm = make_single()
     e = raises(gflow.InvalidArgumentError, match, call, comm)
     assert e.op == op and e.rank == 0, (e.op, e.rank)
-    again = raises(gflow.InvalidArgumentError, match, comm.barrier)
-    assert again.detail == e.detail
+    if op in ("send", "recv"):
+        again = raises(gflow.InvalidArgumentError, match, comm.barrier)
+        assert again.detail == e.detail
+    else:
+        comm.barrier()
 
 
 def test_timeouts(single):
@@ -94,11 +100,14 @@ def test_timeouts(single):
            root="127.0.0.1:1", timeout=float("nan"))
 
 
-def test_fail_invalid_argument(single):
-    e = raises(gflow.InvalidArgumentError, "my check", single.fail_invalid_argument, "allreduce",
+def test_reject_invalid_argument(single):
+    e = raises(gflow.InvalidArgumentError, "my check", single.reject_invalid_argument, "allreduce",
                "my check")
     assert e.op == "allreduce"
-    raises(gflow.InvalidArgumentError, "my check", single.allreduce, np.zeros(3))
+    # The collective is rejected, the communicator stays usable.
+    x = np.arange(3.0)
+    single.allreduce(x)
+    np.testing.assert_array_equal(x, np.arange(3.0))
 
 
 @pytest.mark.parametrize("call, match, op", [

@@ -2,6 +2,7 @@
 (init_process_group's env:// rendezvous) against float64 references."""
 
 import datetime
+import re
 import time
 
 import numpy as np
@@ -258,6 +259,81 @@ for q in reqs:
 assert torch.equal(ops[1].tensor, torch.full((1000,), prv, dtype=torch.float32))
 dist.barrier()
 
+# torch's own ProcessGroupGloo *_checks cases, on a gflow group: every rank
+# makes the same bad call and raises a RuntimeError in Gloo's words; the
+# group stays usable (an exact allreduce after them)
+from torch._C._distributed_c10d import (AllreduceCoalescedOptions, AllreduceOptions,  # noqa: E402
+                                        BroadcastOptions, GatherOptions, ReduceOptions,
+                                        ScatterOptions)
+
+
+def _opts(cls, **kw):
+    o = cls()
+    for k, v in kw.items():
+        setattr(o, k, v)
+    return o
+
+
+pg = dist.new_group()
+t1, t2, t3 = torch.zeros([1]), torch.zeros([1], dtype=torch.float64), torch.zeros([2])
+B, G, S, RO = BroadcastOptions, GatherOptions, ScatterOptions, ReduceOptions
+checks = [
+    ("invalid root rank", lambda: pg.broadcast([t1], _opts(B, rootRank=-1, rootTensor=0))),
+    ("invalid root rank", lambda: pg.broadcast([t1], _opts(B, rootRank=N, rootTensor=0))),
+    ("invalid root tensor", lambda: pg.broadcast([t1], _opts(B, rootRank=R, rootTensor=1))),
+    ("invalid root tensor", lambda: pg.broadcast([], _opts(B, rootRank=R, rootTensor=0))),
+    ("invalid tensor type", lambda: pg.broadcast([t1, t2], _opts(B, rootRank=R, rootTensor=0))),
+    ("invalid tensor size", lambda: pg.broadcast([t1, t3], _opts(B, rootRank=R, rootTensor=0))),
+    ("requires non-empty tensor list", lambda: pg.allreduce([], AllreduceOptions())),
+    ("invalid tensor type", lambda: pg.allreduce([t1, t2], AllreduceOptions())),
+    ("invalid tensor size", lambda: pg.allreduce([t1, t3], AllreduceOptions())),
+    ("requires non-empty tensor list",
+     lambda: pg.allreduce_coalesced([], AllreduceCoalescedOptions())),
+    ("tensors must all have the same type",
+     lambda: pg.allreduce_coalesced([t1, t2], AllreduceCoalescedOptions())),
+    ("invalid root rank", lambda: pg.scatter([t1], [], _opts(S, rootRank=-1))),
+    ("requires a single-element output tensor list", lambda: pg.scatter([], [], _opts(S))),
+    ("requires a single-element input list", lambda: pg.scatter([t1], [], _opts(S, rootRank=R))),
+    ("Incorrect input list size %d. Input list size should be %d" % (N + 1, N),
+     lambda: pg.scatter([t1], [[t1] * (N + 1)], _opts(S, rootRank=R))),
+    ("invalid tensor type", lambda: pg.scatter([t1], [[t2] * N], _opts(S, rootRank=R))),
+    ("invalid tensor size", lambda: pg.scatter([t1], [[t3] * N], _opts(S, rootRank=R))),
+    ("invalid root rank", lambda: pg.gather([], [t1], _opts(G, rootRank=N))),
+    ("requires a single-element input tensor list", lambda: pg.gather([], [], _opts(G))),
+    ("requires a single-element output list", lambda: pg.gather([], [t1], _opts(G, rootRank=R))),
+    ("Incorrect output list size %d. Output list size should be %d" % (N + 1, N),
+     lambda: pg.gather([[t1] * (N + 1)], [t1], _opts(G, rootRank=R))),
+    ("invalid tensor type", lambda: pg.gather([[t2] * N], [t1], _opts(G, rootRank=R))),
+    ("invalid tensor size", lambda: pg.gather([[t3] * N], [t1], _opts(G, rootRank=R))),
+    ("requires non-empty input tensor list", lambda: pg.allgather([], [])),
+    ("requires input/output tensor lists to have the same length",
+     lambda: pg.allgather([], [t1])),
+    ("invalid output tensor list", lambda: pg.allgather([[t1] * (N + 1)], [t1])),
+    ("invalid tensor type", lambda: pg.allgather([[t1] * N], [t2])),
+    ("invalid root rank", lambda: pg.reduce([t1], _opts(RO, rootRank=-1, rootTensor=0))),
+    ("invalid root tensor", lambda: pg.reduce([t1], _opts(RO, rootRank=R, rootTensor=1))),
+    ("requires a single-element tensor list",
+     lambda: pg.reduce([t1, t1], _opts(RO, rootRank=R, rootTensor=0))),
+]
+if N >= 2:
+    checks += [
+        ("requires empty input on non-root",
+         lambda: pg.scatter([t1], [[t1] * N], _opts(S, rootRank=(R + 1) % N))),
+        ("requires empty output on non-root",
+         lambda: pg.gather([[t1] * N], [t1], _opts(G, rootRank=(R + 1) % N))),
+    ]
+for want, call in checks:
+    try:
+        call()
+    except RuntimeError as e:  # gflow.InvalidArgumentError is one, as Gloo's errors are
+        assert isinstance(e, gflow.InvalidArgumentError) and re.search(want, str(e)), \
+            (want, type(e), str(e))
+    else:
+        raise AssertionError("no error: " + want)
+x = torch.full((3,), float(R + 1))
+pg.allreduce([x]).wait()
+assert x.tolist() == [N * (N + 1) / 2] * 3, x
+
 # monitored_barrier: every rank arrives; then rank 1 stays away and rank 0
 # names it, the others hear of it from rank 0
 dist.monitored_barrier(timeout=datetime.timedelta(seconds=30))
@@ -282,29 +358,33 @@ if N >= 3:
         assert s.item() == 2.0
 
 # errors name what was wrong (gflow.Error subclasses, also through
-# torch.distributed); each fails its process group, so each gets a new one
+# torch.distributed); every rank rejects the same calls, so the group stays
+# usable (as torch's own *_checks tests expect of a process group)
+g = dist.new_group()
 for bad, what in ((lambda g: dist.all_reduce(torch.zeros(3, dtype=torch.bool),
                                              op=dist.ReduceOp.AVG, group=g),
                    "reduce op avg does not apply to bool"),
                   (lambda g: dist.all_reduce(torch.zeros(3), op=dist.ReduceOp.BAND, group=g),
                    "reduce op band does not apply to float32"),
                   (lambda g: dist.all_reduce(sparse_of(R), op=dist.ReduceOp.MAX, group=g),
-                   "sparse tensors are summed (ReduceOp.SUM) only"),
+                   "unsupported reduction operation"),
                   (lambda g: dist.all_gather([torch.zeros(3)], torch.zeros(3), group=g),
-                   "output tensors"),
+                   "invalid output tensor list"),
                   (lambda g: dist.all_reduce_multigpu([torch.zeros(3), torch.zeros(4)], group=g),
-                   "tensor 1 differs from tensor 0"),
+                   "invalid tensor size at index 1"),
                   (lambda g: dist.broadcast_multigpu([torch.zeros(3)], 0, group=g, src_tensor=1),
-                   "invalid root tensor 1")):
-    g = dist.new_group()
+                   "invalid root tensor: 1")):
     try:
         bad(g)
     except gflow.InvalidArgumentError as e:  # gflow's errors keep their Python class
         assert what in str(e), str(e)
     else:
         raise AssertionError("no error: " + what)
+    s = torch.arange(5, dtype=torch.int64) * (R + 1)
+    dist.all_reduce(s, group=g)
+    assert s.tolist() == [i * N * (N + 1) // 2 for i in range(5)], s
 
-# bad input on one rank: the others fail at once with PeerLostError naming it
+# bad input on one rank: the others fail at once with MismatchError naming it
 g = dist.new_group()
 start = time.time()
 try:
@@ -314,7 +394,7 @@ try:
     else:
         dist.all_reduce(torch.zeros(12), group=g)
 except gflow.Error as e:
-    want = gflow.InvalidArgumentError if R == 1 else gflow.PeerLostError
+    want = gflow.InvalidArgumentError if R == 1 else gflow.MismatchError
     assert isinstance(e, want) and "does not apply" in str(e), (type(e), str(e))
     assert time.time() - start < 10, time.time() - start
 else:

@@ -172,25 +172,56 @@ ReduceOp toReduceOp(const c10d::ReduceOp& op) {
   }
 }
 
-const at::Tensor& single(const std::vector<at::Tensor>& tensors, const char* what) {
+// Argument errors use Gloo's phrases ("requires a single-element ... tensor
+// list", "invalid tensor type", "invalid root rank", ...), which torch's
+// own tests and users' scripts match on; gflow's detail follows them.
+// `list` names the list for Gloo's message ("input ", "output " or "").
+const at::Tensor& single(const std::vector<at::Tensor>& tensors, const char* what,
+                         const char* list = "") {
   if (tensors.size() != 1) {
-    invalid(std::string(what) + ": expected one tensor per call, got " +
-            std::to_string(tensors.size()));
+    invalid(std::string(what) + ": requires a single-element " + list + "tensor list (got " +
+            std::to_string(tensors.size()) + " tensors)");
   }
   return tensors[0];
+}
+
+// Tensor `i` of a list against tensor 0 (`like`): layout, dtype, then shape.
+void checkLike(const at::Tensor& t, const at::Tensor& like, size_t i, const char* what) {
+  const std::string at = " at index " + std::to_string(i);
+  if (t.layout() != like.layout()) {
+    invalid(std::string(what) + ": invalid tensor layout" + at + " (expected " +
+            c10::str(like.layout()) + ", got " + c10::str(t.layout()) + ")");
+  }
+  if (t.scalar_type() != like.scalar_type()) {
+    invalid(std::string(what) + ": invalid tensor type" + at + " (expected " +
+            std::string(c10::toString(like.scalar_type())) + ", got " +
+            std::string(c10::toString(t.scalar_type())) + ")");
+  }
+  if (t.sizes() != like.sizes()) {
+    invalid(std::string(what) + ": invalid tensor size" + at + " (expected " +
+            c10::str(like.sizes()) + ", got " + c10::str(t.sizes()) + ")");
+  }
+}
+
+void checkRootRank(int64_t root, int size, const char* what) {
+  if (root < 0 || root >= size) {
+    invalid(std::string(what) + ": invalid root rank: " + std::to_string(root) + " (" +
+            std::to_string(size) + " ranks)");
+  }
+}
+
+void checkRootTensor(int64_t root, size_t n, const char* what) {
+  if (root < 0 || root >= static_cast<int64_t>(n)) {
+    invalid(std::string(what) + ": invalid root tensor: " + std::to_string(root) + " (" +
+            std::to_string(n) + " tensors)");
+  }
 }
 
 // Gloo's several-tensors-per-call forms need the tensors alike: same dtype
 // and shape (and, as everywhere here, dense CPU tensors).
 void checkAlike(const std::vector<at::Tensor>& tensors, const char* what) {
-  if (tensors.empty()) invalid(std::string(what) + ": expected at least one tensor, got none");
-  for (size_t i = 1; i < tensors.size(); ++i) {
-    if (tensors[i].scalar_type() != tensors[0].scalar_type() ||
-        tensors[i].sizes() != tensors[0].sizes()) {
-      invalid(std::string(what) + ": tensor " + std::to_string(i) +
-              " differs from tensor 0 in dtype or shape (several tensors per call must match)");
-    }
-  }
+  if (tensors.empty()) invalid(std::string(what) + ": requires non-empty tensor list");
+  for (size_t i = 1; i < tensors.size(); ++i) checkLike(tensors[i], tensors[0], i, what);
 }
 
 // `acc` (op) `t`, element-wise, in place: the local step of a
@@ -431,11 +462,9 @@ class ProcessGroupGflow : public c10d::ProcessGroup {
     Tensor v;
     Dense d;
     at::Tensor t = checked("broadcast", [&] {
+      checkRootRank(opts.rootRank, size_, "broadcast");
+      checkRootTensor(opts.rootTensor, tensors.size(), "broadcast");
       checkAlike(tensors, "broadcast");
-      if (opts.rootTensor < 0 || opts.rootTensor >= static_cast<int64_t>(tensors.size())) {
-        invalid("broadcast: invalid root tensor " + std::to_string(opts.rootTensor) + " (" +
-                std::to_string(tensors.size()) + " tensors)");
-      }
       const at::Tensor& one = tensors[static_cast<size_t>(opts.rootTensor)];
       d = dense(one);
       v = bytesView(d.t, "broadcast");
@@ -457,7 +486,7 @@ class ProcessGroupGflow : public c10d::ProcessGroup {
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override {
     if (tensors.size() == 1 && tensors[0].is_sparse()) return sparseAllreduce(tensors[0], opts);
-    if (tensors.size() > 1) return allreduceMany(tensors, opts);
+    if (tensors.size() != 1) return allreduceMany(tensors, opts);
     InPlace x = checked("allreduce", [&] { return inPlace(tensors, opts.reduceOp, "allreduce"); });
     return enqueue(c10d::OpType::ALLREDUCE, comm_->allreduceAsync(x.v, x.op), {x.t}, {x.d.t},
                    x.d.writeBack);
@@ -507,7 +536,9 @@ class ProcessGroupGflow : public c10d::ProcessGroup {
                                                  const c10d::AllreduceOptions& opts) {
     SparseAllreduce s = checked("allreduce", [&] {
       if (toReduceOp(opts.reduceOp) != ReduceOp::kSum) {
-        invalid("allreduce: sparse tensors are summed (ReduceOp.SUM) only");
+        invalid(
+            "allreduce: unsupported reduction operation (allreduce of sparse tensors only "
+            "works with ReduceOp.SUM)");
       }
       return startSparseAllreduce(*comm_, t);
     });
@@ -518,7 +549,8 @@ class ProcessGroupGflow : public c10d::ProcessGroup {
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
                                         const c10d::ReduceOptions& opts) override {
     InPlace x = checked("reduce", [&] {
-      if (opts.rootTensor != 0) invalid("reduce: rootTensor must be 0");
+      checkRootRank(opts.rootRank, size_, "reduce");
+      checkRootTensor(opts.rootTensor, 1, "reduce");
       return inPlace(tensors, opts.reduceOp, "reduce");
     });
     return enqueue(c10d::OpType::REDUCE,
@@ -534,10 +566,11 @@ class ProcessGroupGflow : public c10d::ProcessGroup {
     at::Tensor in, flat;
     Tensor vin, vflat;
     std::vector<at::Tensor> outs = checked("gather", [&] {
-      in = single(inputs, "gather").contiguous();
+      checkRootRank(opts.rootRank, size_, "gather");
+      in = single(inputs, "gather", "input ").contiguous();
       vin = bytesView(in, "gather");
       if (rank_ != root) {
-        if (!outputs.empty()) invalid("gather: only the root passes output tensors");
+        if (!outputs.empty()) invalid("gather: requires empty output on non-root");
         return std::vector<at::Tensor>{};
       }
       sameShapeList(outputs, in, "gather", "output");
@@ -560,11 +593,12 @@ class ProcessGroupGflow : public c10d::ProcessGroup {
     Tensor vout, vflat;
     Dense d;
     checked("scatter", [&] {
-      out = single(outputs, "scatter");
+      checkRootRank(opts.rootRank, size_, "scatter");
+      out = single(outputs, "scatter", "output ");
       d = dense(out);
       vout = bytesView(d.t, "scatter");
       if (rank_ != root) {
-        if (!inputs.empty()) invalid("scatter: only the root passes input tensors");
+        if (!inputs.empty()) invalid("scatter: requires empty input on non-root");
         return;
       }
       sameShapeList(inputs, out, "scatter", "input");
@@ -679,19 +713,27 @@ class ProcessGroupGflow : public c10d::ProcessGroup {
     Tensor vin, vflat;
     std::vector<at::Tensor> outs = checked("allgather_coalesced", [&] {
       if (outputs.size() != static_cast<size_t>(size_)) {
-        invalid("allgather_coalesced: expected " + std::to_string(size_) + " output lists");
+        invalid("allgather_coalesced: output lists should be equal to world size (" +
+                std::to_string(size_) + ", got " + std::to_string(outputs.size()) + ")");
       }
       std::vector<at::Tensor> parts, all;
       for (const at::Tensor& i : inputs) parts.push_back(asBytes(i.contiguous()));
       for (const auto& list : outputs) {
         if (list.size() != inputs.size()) {
-          invalid("allgather_coalesced: every output list must have one tensor per input");
+          invalid("allgather_coalesced: invalid output size: (expected length " +
+                  std::to_string(inputs.size()) + ", got " + std::to_string(list.size()) +
+                  "): one output tensor per input");
         }
         for (size_t k = 0; k < list.size(); ++k) {
-          if (list[k].numel() != inputs[k].numel() ||
-              list[k].scalar_type() != inputs[k].scalar_type()) {
-            invalid("allgather_coalesced: output tensor " + std::to_string(k) +
-                    " must have the numel and dtype of input tensor " + std::to_string(k));
+          if (list[k].numel() != inputs[k].numel()) {
+            invalid("allgather_coalesced: invalid size of output tensor at index " +
+                    std::to_string(k) + " (expected " + c10::str(inputs[k].sizes()) + ", got " +
+                    c10::str(list[k].sizes()) + ")");
+          }
+          if (list[k].scalar_type() != inputs[k].scalar_type()) {
+            invalid("allgather_coalesced: invalid tensor type at index " + std::to_string(k) +
+                    " (expected " + std::string(c10::toString(inputs[k].scalar_type())) + ", got " +
+                    std::string(c10::toString(list[k].scalar_type())) + ")");
           }
           all.push_back(list[k]);
         }
@@ -711,7 +753,16 @@ class ProcessGroupGflow : public c10d::ProcessGroup {
       std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override {
     std::vector<Tensor> views;
     const ReduceOp op = checked("allreduce", [&] {
-      for (const at::Tensor& t : tensors) views.push_back(view(t, "allreduce_coalesced"));
+      const char* what = "allreduce_coalesced";
+      if (tensors.empty()) invalid(std::string(what) + ": requires non-empty tensor list");
+      for (size_t i = 1; i < tensors.size(); ++i) {
+        if (tensors[i].layout() != tensors[0].layout()) checkLike(tensors[i], tensors[0], i, what);
+        if (tensors[i].scalar_type() != tensors[0].scalar_type()) {
+          invalid(std::string(what) + ": tensors must all have the same type");
+        }
+      }
+      if (tensors[0].is_sparse()) invalid(std::string(what) + ": unsupported layout (sparse)");
+      for (const at::Tensor& t : tensors) views.push_back(view(t, what));
       return toReduceOp(opts.reduceOp);
     });
     return enqueue(c10d::OpType::ALLREDUCE_COALESCED, allreduceCoalesced(*comm_, views, op),
@@ -726,22 +777,24 @@ class ProcessGroupGflow : public c10d::ProcessGroup {
     at::Tensor in, flat;
     Tensor vin, vflat;
     checked("allgather", [&] {
-      checkAlike(inputs, "allgather");
+      if (inputs.empty()) invalid("allgather: requires non-empty input tensor list");
       const size_t k = inputs.size(), want = k * static_cast<size_t>(size_);
       if (outputs.size() != k) {
-        invalid("allgather: expected " + std::to_string(k) + " output list(s), one per input");
+        invalid("allgather: requires input/output tensor lists to have the same length (" +
+                std::to_string(k) + " input(s), " + std::to_string(outputs.size()) +
+                " output list(s))");
       }
+      for (size_t l = 0; l < outputs.size(); ++l) {
+        if (outputs[l].size() != want) {
+          invalid("allgather: invalid output tensor list at index " + std::to_string(l) +
+                  " (expected length " + std::to_string(want) + ", got " +
+                  std::to_string(outputs[l].size()) + ": " + std::to_string(k) + " input(s) x " +
+                  std::to_string(size_) + " ranks)");
+        }
+      }
+      checkAlike(inputs, "allgather");
       for (const auto& list : outputs) {
-        if (list.size() != want) {
-          invalid("allgather: expected each output list to hold " + std::to_string(want) +
-                  " output tensors (" + std::to_string(k) + " input(s) x " + std::to_string(size_) +
-                  " ranks)");
-        }
-        for (const at::Tensor& o : list) {
-          if (o.numel() != inputs[0].numel() || o.scalar_type() != inputs[0].scalar_type()) {
-            invalid("allgather: every output tensor must have the input's numel and dtype");
-          }
-        }
+        for (size_t i = 0; i < list.size(); ++i) checkLike(list[i], inputs[0], i, "allgather");
       }
       std::vector<at::Tensor> flatIns;
       for (const at::Tensor& t : inputs) flatIns.push_back(t.reshape({-1}));
@@ -899,38 +952,48 @@ class ProcessGroupGflow : public c10d::ProcessGroup {
                 verdict);
   }
 
-  // `lists` is one list of size() tensors, each with `like`'s numel and dtype.
+  // `lists` is one list of size() tensors, each with `like`'s dtype and
+  // numel. `what` is "input" or "output" (Gloo's messages).
   void sameShapeList(const std::vector<std::vector<at::Tensor>>& lists, const at::Tensor& like,
                      const char* op, const char* what) {
-    if (lists.size() != 1 || lists[0].size() != static_cast<size_t>(size_)) {
-      invalid(std::string(op) + ": the root passes one list of " + std::to_string(size_) + " " +
-              what + " tensors");
+    const std::string n = std::to_string(size_);
+    if (lists.size() != 1) {
+      invalid(std::string(op) + ": requires a single-element " + what +
+              " list containing a list with " + n + " tensors (the root's)");
     }
-    for (const at::Tensor& t : lists[0]) {
-      if (t.numel() != like.numel() || t.scalar_type() != like.scalar_type()) {
-        invalid(std::string(op) + ": every " + what + " tensor must have numel " +
-                std::to_string(like.numel()) + " and dtype " +
-                std::string(c10::toString(like.scalar_type())));
+    if (lists[0].size() != static_cast<size_t>(size_)) {
+      std::string list = what;
+      list[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(list[0])));
+      invalid(std::string(op) + ": Incorrect " + what + " list size " +
+              std::to_string(lists[0].size()) + ". " + list + " list size should be " + n +
+              ", same as size of the process group.");
+    }
+    for (size_t i = 0; i < lists[0].size(); ++i) {
+      const at::Tensor& t = lists[0][i];
+      if (t.scalar_type() != like.scalar_type()) checkLike(t, like, i, op);
+      if (t.numel() != like.numel()) {
+        invalid(std::string(op) + ": invalid tensor size at index " + std::to_string(i) +
+                " (expected " + c10::str(like.sizes()) + ", got " + c10::str(t.sizes()) + ")");
       }
     }
   }
 
-  // Runs an op's argument checks: any error fails the communicator
-  // (frontend::failInvalidArgument names `op` and the problem), so the
-  // peers, entering the same collective, raise PeerLostError at once and a
-  // caught error cannot let this rank's next op pair with theirs.
+  // Runs an op's argument checks: any error goes through
+  // frontend::rejectInvalidArgument, which names `op` and the problem. A
+  // collective is rejected and the group stays usable (peers that run the
+  // op raise at once); a send or recv fails the group.
   template <class F>
   auto checked(const char* op, F&& f) -> decltype(f()) {
     try {
       return f();
     } catch (const Error& e) {
       if (e.code() != ErrorCode::kInvalidArgument || !e.op().empty()) throw;
-      gflow::frontend::failInvalidArgument(*comm_, op, e.detail());
+      gflow::frontend::rejectInvalidArgument(*comm_, op, e.detail());
     } catch (const c10::Error& e) {
-      gflow::frontend::failInvalidArgument(
+      gflow::frontend::rejectInvalidArgument(
           *comm_, op, std::string("gflow backend: ") + e.what_without_backtrace());
     } catch (const std::exception& e) {
-      gflow::frontend::failInvalidArgument(*comm_, op, std::string("gflow backend: ") + e.what());
+      gflow::frontend::rejectInvalidArgument(*comm_, op, std::string("gflow backend: ") + e.what());
     }
   }
 
