@@ -71,13 +71,16 @@ void CommunicatorImpl::checkUsable(const char* op) {
 }
 
 void CommunicatorImpl::invalid(const char* op, const std::string& what) {
+  if (opcheck::isPointToPointCall(op)) failInvalid(op, what);
   Error e(ErrorCode::kInvalidArgument, what, ErrorContext::forOp(op).withRank(rank));
-  if (!opcheck::isPointToPointCall(op)) {
-    reject(e);
-    throw e;
-  }
-  // A peer may be waiting on this call's message: failing the communicator
-  // and telling it turns its wait into an immediate error.
+  reject(e);
+  throw e;
+}
+
+void CommunicatorImpl::failInvalid(const char* op, const std::string& what) {
+  Error e(ErrorCode::kInvalidArgument, what, ErrorContext::forOp(op).withRank(rank));
+  // A peer may be waiting on this rank: failing the communicator and
+  // telling it turns its wait into an immediate error.
   auto first = setFailed(e);
   if (backend) {
     backend->abort(*first);
@@ -397,7 +400,7 @@ std::shared_ptr<Communicator> Communicator::crossHostCommunicator() {
 
 void internal::CommunicatorAccess::failInvalid(Communicator& comm, const char* op,
                                                const std::string& what) {
-  impl(comm).invalid(op, what);
+  impl(comm).failInvalid(op, what);
 }
 
 std::shared_ptr<Communicator> Communicator::split(int color, int key) {

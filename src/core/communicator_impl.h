@@ -61,6 +61,8 @@ class CommunicatorImpl final : public Communicator {
   // (isPointToPointCall) fails the communicator, as its peer's matching op
   // has no number to reject.
   [[noreturn]] void invalid(const char* op, const std::string& what);
+  // Raises kInvalidArgument for `op` and fails the communicator with it.
+  [[noreturn]] void failInvalid(const char* op, const std::string& what);
   // The collective `e` names will not run here: its op number goes to it
   // (on the executing thread, after the earlier ops), and the backends tell
   // the peers (Backend::reject), so a peer that runs that op fails with
