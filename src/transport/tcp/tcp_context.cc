@@ -125,7 +125,7 @@ RequestPtr TcpContext::irecv(int peer, void* data, size_t bytes, Tag tag, const 
     resumePaused(p);  // a paused connection may hold this message's header
     return req;
   }
-  if (m->received == m->len && m->claimed == m->len) completeRecv(peer, m);
+  if (m->received == m->len && m->claimed.claimed() == m->len) completeRecv(peer, m);
   return req;
 }
 
@@ -325,8 +325,8 @@ void TcpContext::startFragment(Conn& c) {
   } else {
     checkArrival(c.peer, *m, env, h.msgLen);
   }
-  if (h.fragLen > m->len - m->claimed) protocolError("fragments exceed the message length");
-  m->claimed += h.fragLen;
+  const std::string bad = m->claimed.claim(h.offset, h.fragLen, m->len);
+  if (!bad.empty()) protocolError(bad);
   c.cur = m;
   c.dst = m->buf + h.offset;
   c.left = h.fragLen;
@@ -362,7 +362,7 @@ void TcpContext::finishFragment(Conn& c) {
   RecvMsg* m = c.cur;
   c.cur = nullptr;
   m->received += c.hdr.fragLen;
-  if (m->received == m->len && m->claimed == m->len && m->req) {
+  if (m->received == m->len && m->claimed.claimed() == m->len && m->req) {
     completeRecv(c.peer, m);
   }
 }

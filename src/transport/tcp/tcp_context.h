@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "common/socket.h"
+#include "transport/byte_ranges.h"
 #include "transport/engine.h"
 #include "transport/tcp/frame.h"
 #include "transport/wait_policy.h"
@@ -76,7 +77,7 @@ class TcpContext final : public Engine {
   // One message being received: posted by irecv, or announced by the first
   // fragment header to arrive, or both.
   struct RecvMsg : Message {
-    uint64_t claimed = 0;   // payload bytes announced by fragment headers
+    ByteRanges claimed;     // payload ranges announced by fragment headers
     uint64_t received = 0;  // payload bytes read
     char* buf = nullptr;    // where fragments land (user buffer or staging)
   };
