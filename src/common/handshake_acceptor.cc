@@ -19,6 +19,9 @@ namespace {
 // How long accepting pauses when the process is out of descriptors or
 // memory: the connection stays in the backlog, so retrying at once would spin.
 constexpr std::chrono::milliseconds kAcceptPause{100};
+// A handshake younger than this is never evicted: a legitimate peer may be
+// between its connect and its first authentication message.
+constexpr int64_t kMinEvictAgeMs = 50;
 
 }  // namespace
 
@@ -67,20 +70,56 @@ void HandshakeAcceptor::wake() {
 void HandshakeAcceptor::acceptLoop() {
   for (;;) {
     reap(false);
-    const bool accepting = pending() < options_.maxPending && acceptPausedUntil_.expired();
-    const int timeoutMs = acceptPausedUntil_.expired() ? -1 : acceptPausedUntil_.remainingMs() + 1;
-    if (!waitForWork(accepting, timeoutMs)) break;
-    if (accepting) {
-      while (pending() < options_.maxPending && acceptOne()) {
-      }
+    const bool room = pending() < options_.maxPending;
+    // At the bound, listen only while a stranger can make room (one that is
+    // too young to evict yet can in a moment).
+    const int64_t strangerAge = room ? 0 : oldestStrangerAgeMs();
+    const bool listening = acceptPausedUntil_.expired() && (room || strangerAge >= kMinEvictAgeMs);
+    int timeoutMs = acceptPausedUntil_.expired() ? -1 : acceptPausedUntil_.remainingMs() + 1;
+    if (!room && strangerAge >= 0 && strangerAge < kMinEvictAgeMs) {
+      timeoutMs = static_cast<int>(kMinEvictAgeMs - strangerAge) + 1;
+    }
+    bool waiting = false;
+    if (!waitForWork(listening, timeoutMs, &waiting)) break;
+    if (!waiting) continue;
+    if (!room) {
+      evictOldestStranger();  // its end wakes this loop, which then accepts
+      continue;
+    }
+    while (pending() < options_.maxPending && acceptOne()) {
     }
   }
   reap(true);
 }
 
-bool HandshakeAcceptor::waitForWork(bool accepting, int timeoutMs) {
+HandshakeAcceptor::Handshake* HandshakeAcceptor::oldestStranger() {
+  for (auto& h : handshakes_) {  // oldest first
+    if (!h->evicted_ && !h->done_.load(std::memory_order_acquire) &&
+        !h->authenticated_.load(std::memory_order_acquire) && h->sock_.valid()) {
+      return h.get();
+    }
+  }
+  return nullptr;
+}
+
+int64_t HandshakeAcceptor::oldestStrangerAgeMs() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const Handshake* h = oldestStranger();
+  return h ? options_.timeout.count() - h->deadline_.remainingMs() : -1;
+}
+
+void HandshakeAcceptor::evictOldestStranger() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (Handshake* h = oldestStranger()) {
+    h->evicted_ = true;
+    ::shutdown(h->sock_.fd(), SHUT_RDWR);
+  }
+}
+
+bool HandshakeAcceptor::waitForWork(bool listening, int timeoutMs, bool* pending) {
   pollfd fds[2] = {{wake_.fd(), POLLIN, 0}, {listen_.fd(), POLLIN, 0}};
-  int n = ::poll(fds, accepting ? 2 : 1, timeoutMs);
+  int n = ::poll(fds, listening ? 2 : 1, timeoutMs);
+  *pending = listening && n > 0 && (fds[1].revents & POLLIN);
   if (n < 0 && errno != EINTR) {
     GFLOW_LOG(ERROR) << options_.name
                      << ": poll on the listening socket failed: " << detail::errnoString(errno);
@@ -136,16 +175,22 @@ void HandshakeAcceptor::start(Socket sock, std::string peer) {
 void HandshakeAcceptor::runHandshake(Handshake* h) {
   try {
     auth::authenticate(h->fd(), options_.token, options_.label, /*initiator=*/false, h->deadline());
+    h->authenticated_.store(true, std::memory_order_release);
     callback_(*h);
   } catch (const std::exception& e) {
     const Error* ge = dynamic_cast<const Error*>(&e);
     const std::string why = ge ? ge->detail() : std::string(e.what());
-    bool stopping;
+    bool stopping, evicted;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       stopping = stopping_;
+      evicted = h->evicted_;
     }
-    if (stopping) {
+    if (evicted) {
+      GFLOW_LOG(WARN) << options_.name << ": dropped connection from " << h->peer_
+                      << ": it had not authenticated when " << options_.maxPending
+                      << " handshakes were pending and another connection came in";
+    } else if (stopping) {
       GFLOW_LOG(DEBUG) << options_.name << ": handshake with " << h->peer_
                        << " interrupted by shutdown: " << why;
     } else {

@@ -11,13 +11,16 @@
 // WARN ("<name>: rejected connection from <peer>: <why>") and its socket is
 // closed.
 //
-// At most `Options::maxPending` handshakes run at once. At the bound the
-// acceptor stops accepting: further connections wait in the kernel's listen
-// backlog (which refuses new ones once it is full) until a handshake finishes
-// or times out, so a stranger opening many connections costs a bounded number
-// of threads and descriptors and cannot make the acceptor drop a legitimate
-// connection. Running out of descriptors pauses accepting for a moment (WARN)
-// rather than failing.
+// At most `Options::maxPending` handshakes run at once, so a stranger
+// opening many connections costs a bounded number of threads and
+// descriptors. At the bound, a new connection waiting in the listen backlog
+// makes room by evicting the oldest handshake that has not authenticated yet
+// (a stranger: a legitimate peer authenticates within milliseconds of its
+// connect), so idle strangers cannot crowd out a real peer however many
+// they hold; handshakes past authentication are never evicted, and when all
+// are, new connections wait in the backlog until one finishes or times out.
+// Running out of descriptors pauses accepting for a moment (WARN) rather
+// than failing.
 //
 // Thread safety: construct, stop() and destroy from one owner thread;
 // pending() from any thread. The callback runs on handshake threads,
@@ -28,6 +31,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <list>
 #include <memory>
@@ -67,6 +71,8 @@ class HandshakeAcceptor {
     Deadline deadline_;
     std::thread thread_;
     std::atomic<bool> done_{false};
+    std::atomic<bool> authenticated_{false};  // past the token check
+    bool evicted_ = false;                    // shut down to make room (mutex_)
   };
 
   // Runs on the handshake's thread after the token check passed. It may
@@ -100,8 +106,17 @@ class HandshakeAcceptor {
 
  private:
   void acceptLoop();
-  bool waitForWork(bool accepting, int timeoutMs);  // false: stop requested
-  bool acceptOne();                                 // false: nothing to accept now
+  // Waits for a wake-up or (`listening`) a connection in the backlog; false:
+  // stop requested. *pending: a connection is waiting to be accepted.
+  bool waitForWork(bool listening, int timeoutMs, bool* pending);
+  // The oldest handshake that has not authenticated and is still running
+  // (mutex_ held), and its age in ms (-1: none).
+  Handshake* oldestStranger();
+  int64_t oldestStrangerAgeMs();
+  // At the bound: shuts the oldest stranger's socket down (its thread ends
+  // at once and wakes the accept loop).
+  void evictOldestStranger();
+  bool acceptOne();  // false: nothing to accept now
   void start(Socket sock, std::string peer);
   void runHandshake(Handshake* h);
   void reap(bool all);

@@ -210,9 +210,10 @@ TEST(FaultGarbage, DataListenersSurviveGarbageDuringSetup) {
   }
 }
 
-// A stranger that connects to a data port and says nothing (a port scanner,
-// a health check) must not hold up the ranks that are still to connect.
-TEST(FaultGarbage, SilentStrangerOnDataPortDoesNotStallSetup) {
+// Strangers that connect to the data ports of ranks 0..1 and say nothing (a
+// port scanner, a health check; `perPort` of them on each of `ports` ranks)
+// while rank 2 is still to connect: every rank must finish its loop.
+void expectSetupCompletesWithIdleStrangers(int ports, int perPort, const char* label) {
   Job job(3, [](int r) {
     std::vector<std::string> a = {"loop", "3", "65536"};
     if (r == 2) a.insert(a.begin(), {"sleep-before-init", "1500"});
@@ -220,18 +221,33 @@ TEST(FaultGarbage, SilentStrangerOnDataPortDoesNotStallSetup) {
   });
   job.setEnv("GFLOW_TIMEOUT", "6s");
   job.start();
-  auto at = dataAddress(job, 0);
-  gflow::net::Socket silent = connectRaw(at.first, at.second);
+  std::vector<gflow::net::Socket> idle;
+  for (int target = 0; target < ports; ++target) {
+    auto at = dataAddress(job, target);
+    for (int i = 0; i < perPort; ++i) idle.push_back(connectRaw(at.first, at.second));
+  }
   ASSERT_LT(secondsSince(job.started(), Clock::now()), 1.5)
-      << "precondition: the stranger was meant to connect before rank 2";
+      << "precondition: the strangers were meant to connect before rank 2";
   const bool finished = job.waitExit(seconds(8));
   const std::string report = job.report();
   ASSERT_TRUE(finished) << report;
   for (int r = 0; r < 3; ++r) {
     const RankResult& res = job.result(r);
-    logRank("silent stranger", r, secondsSince(job.started(), res.exitTime), res);
+    logRank(label, r, secondsSince(job.started(), res.exitTime), res);
     EXPECT_EQ(res.exitCode, 0) << "rank " << r << "\n" << report;
   }
+}
+
+TEST(FaultGarbage, SilentStrangerOnDataPortDoesNotStallSetup) {
+  expectSetupCompletesWithIdleStrangers(1, 1, "silent stranger");
+}
+
+// More idle strangers than the pending-handshake bound (64) on the data
+// ports of two ranks: the oldest are dropped to make room, so setup
+// completes (before, every rank failed: "ranks 2 did not connect within the
+// deadline").
+TEST(FaultGarbage, ManyIdleStrangersOnDataPortsDoNotStallSetup) {
+  expectSetupCompletesWithIdleStrangers(2, 70, "idle strangers");
 }
 
 }  // namespace
