@@ -16,6 +16,7 @@
 #include <signal.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -83,8 +84,9 @@ struct Config {
   std::vector<std::pair<std::string, std::string>> env;  // --env, in order
   int64_t timeoutMs = 0;                                 // 0: no job timeout
   int64_t graceMs = 5000;
-  std::string root;  // --root host:port
-  int port = -1;     // --port
+  std::string token;  // --token-file's contents
+  std::string root;   // --root host:port
+  int port = -1;      // --port
   bool prefix = true;
   bool printConfig = false;
   bool topology = false;
@@ -110,7 +112,8 @@ void printHelp() {
       "\n"
       "Options:\n"
       "  -n, --np N          number of ranks (required)\n"
-      "  --env K=V           set K=V in every rank (repeatable)\n"
+      "  --env K=V           set K=V in every rank (repeatable; not GFLOW_JOB_TOKEN)\n"
+      "  --token-file FILE   the job token: FILE's first line (FILE must be private)\n"
       "  --root HOST:PORT    address of rank 0's store (default 127.0.0.1:<free port>)\n"
       "  --port PORT         store port on 127.0.0.1 (default: a free port)\n"
       "  --timeout T         kill the job after T (300, 30s, 5m; bare number = seconds)\n"
@@ -122,8 +125,34 @@ void printHelp() {
       "                      which NIC is nearest each GPU, and where progress threads pin\n"
       "  -h, --help          this text\n"
       "\n"
-      "GFLOW_JOB_TOKEN is kept when already set (or given with --env); otherwise a\n"
-      "fresh random token is generated for each job.\n");
+      "The job token comes from --token-file, else an exported GFLOW_JOB_TOKEN; otherwise\n"
+      "a fresh random token is generated for each job. It is never taken from the\n"
+      "command line, where every user of the host can read it.\n");
+}
+
+// The job token from `path`: its first line, which must not be empty; the
+// file must be private (no group or other access), as a token's secrecy is
+// what keeps strangers out.
+std::string readTokenFile(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) usageError("--token-file '" + path + "': " + std::strerror(errno));
+  struct stat st {};
+  std::string text;
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && (st.st_mode & 077) == 0) {
+    char buf[4096];
+    ssize_t n = 0;
+    while (text.size() < 65536 && (n = ::read(fd, buf, sizeof(buf))) > 0) text.append(buf, n);
+  }
+  ::close(fd);
+  if (!S_ISREG(st.st_mode)) usageError("--token-file '" + path + "': not a regular file");
+  if ((st.st_mode & 077) != 0) {
+    usageError("--token-file '" + path + "': the file is readable or writable by others " +
+               "(chmod 600 it)");
+  }
+  text = text.substr(0, text.find('\n'));
+  if (!text.empty() && text.back() == '\r') text.pop_back();
+  if (text.empty()) usageError("--token-file '" + path + "': the first line is empty");
+  return text;
 }
 
 int64_t parseDurationArg(const std::string& flag, const std::string& v) {
@@ -216,7 +245,15 @@ Config parseArgs(int argc, char** argv) {
       if (isRankVar(key)) {
         usageError("--env cannot set " + key + ": gflowrun sets it per rank (use -n)");
       }
+      if (key == "GFLOW_JOB_TOKEN") {
+        // Every local user can read a process's argv (/proc/<pid>/cmdline).
+        usageError(
+            "--env cannot set GFLOW_JOB_TOKEN: a secret on the command line is readable "
+            "by every user of this host; use --token-file FILE or export it");
+      }
       cfg.env.emplace_back(key, kv.substr(eq + 1));
+    } else if (flag == "--token-file") {
+      cfg.token = readTokenFile(takeValue());
     } else if (flag == "--root") {
       cfg.root = takeValue();
       checkHostPort("--root", cfg.root);
@@ -452,11 +489,10 @@ class Job {
   // The environment every rank shares; per-rank variables are appended in spawn().
   void prepareEnvironment() {
     std::string root = cfg_.root;
-    std::string token;
-    if (const char* t = std::getenv("GFLOW_JOB_TOKEN"); t && *t) token = t;
+    std::string token = cfg_.token;
+    if (const char* t = std::getenv("GFLOW_JOB_TOKEN"); token.empty() && t && *t) token = t;
     for (const auto& [k, v] : cfg_.env) {
       if (k == "GFLOW_ROOT" && root.empty()) root = v;
-      if (k == "GFLOW_JOB_TOKEN" && !v.empty()) token = v;
     }
     // An inherited GFLOW_ROOT (say, from an enclosing gflow job) is ignored:
     // this job's rank 0 serves its own store.

@@ -3,11 +3,13 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -231,6 +233,52 @@ TEST(Gflowrun, KeepsExistingToken) {
   Launch run({"-n", "2", "sh", "-c", "echo $GFLOW_JOB_TOKEN"}, {"env", "GFLOW_JOB_TOKEN=s3cret"});
   ASSERT_EQ(run.wait(), 0);
   EXPECT_EQ(sorted(lines(run.out())), (std::vector<std::string>{"[0] s3cret", "[1] s3cret"}));
+}
+
+// A file holding `text`, with `mode`; removed with the object.
+class TempFile {
+ public:
+  TempFile(const std::string& text, mode_t mode) {
+    char tmpl[] = "/tmp/gflowrun_token.XXXXXX";
+    const int fd = ::mkstemp(tmpl);
+    path_ = tmpl;
+    EXPECT_EQ(::write(fd, text.data(), text.size()), static_cast<ssize_t>(text.size()));
+    ::fchmod(fd, mode);
+    ::close(fd);
+  }
+  ~TempFile() { std::remove(path_.c_str()); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+TEST(Gflowrun, TokenFileReachesRanks) {
+  TempFile f("fr0m-a-file\nsecond line ignored\n", 0600);
+  Launch run({"-n", "2", "--token-file", f.path(), "sh", "-c", "echo $GFLOW_JOB_TOKEN"},
+             {"env", "GFLOW_JOB_TOKEN=exported"});
+  ASSERT_EQ(run.wait(), 0) << run.err();
+  EXPECT_EQ(sorted(lines(run.out())),
+            (std::vector<std::string>{"[0] fr0m-a-file", "[1] fr0m-a-file"}));
+}
+
+// A token in argv is readable by every local user (/proc/<pid>/cmdline):
+// refused, as is a token file others can read.
+TEST(Gflowrun, RefusesATokenOnTheCommandLineOrInAPublicFile) {
+  Launch inArgv({"-n", "2", "--env", "GFLOW_JOB_TOKEN=s3cret", "true"});
+  EXPECT_EQ(inArgv.wait(), 2);
+  EXPECT_NE(inArgv.err().find("--token-file"), std::string::npos) << inArgv.err();
+  Launch inline_({"-n", "2", "--env=GFLOW_JOB_TOKEN=s3cret", "true"});
+  EXPECT_EQ(inline_.wait(), 2);
+  TempFile open("s3cret\n", 0644);
+  Launch publicFile({"-n", "2", "--token-file", open.path(), "true"});
+  EXPECT_EQ(publicFile.wait(), 2);
+  EXPECT_NE(publicFile.err().find("chmod 600"), std::string::npos) << publicFile.err();
+  TempFile empty("\n", 0600);
+  Launch emptyFile({"-n", "2", "--token-file", empty.path(), "true"});
+  EXPECT_EQ(emptyFile.wait(), 2);
+  Launch missing({"-n", "2", "--token-file", "/nonexistent/token", "true"});
+  EXPECT_EQ(missing.wait(), 2);
 }
 
 TEST(Gflowrun, HonoursPort) {
