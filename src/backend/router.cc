@@ -243,8 +243,8 @@ void Router::notifyPeers(const Error& error) {
 }
 
 bool Router::reject(uint64_t seq, const std::string& why) {
-  // A peer's NCCL kernel for the op cannot be recalled: NCCL says no
-  // (Backend's default), and the communicator fails as before.
+  // Once NCCL has run, a peer's kernel for the op cannot be recalled: NCCL
+  // says no (NcclBackend::reject), and the communicator fails as before.
   if (nccl_ && !nccl_->reject(seq, why)) return false;
   return host_->reject(seq, why);
 }

@@ -269,6 +269,7 @@ std::shared_ptr<kernels::GradientKernels> internal::CommunicatorAccess::kernelsF
 std::shared_ptr<WorkState> internal::CommunicatorAccess::fusedAllreduce(
     Communicator& comm, Tensor buffer, ReduceOp op, std::function<void()> before,
     std::function<void()> after) {
+  const CommunicatorImpl::FatalArgumentErrors fatal;
   return doAllreduce(impl(comm), buffer, buffer, op, false, std::move(before), std::move(after));
 }
 

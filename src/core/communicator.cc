@@ -70,8 +70,19 @@ void CommunicatorImpl::checkUsable(const char* op) {
   }
 }
 
+namespace {
+thread_local int tlsFatalArgumentErrors = 0;  // FatalArgumentErrors alive on this thread
+}  // namespace
+
+CommunicatorImpl::FatalArgumentErrors::FatalArgumentErrors() {
+  ++tlsFatalArgumentErrors;
+}
+CommunicatorImpl::FatalArgumentErrors::~FatalArgumentErrors() {
+  --tlsFatalArgumentErrors;
+}
+
 void CommunicatorImpl::invalid(const char* op, const std::string& what) {
-  if (opcheck::isPointToPointCall(op)) failInvalid(op, what);
+  if (tlsFatalArgumentErrors > 0 || opcheck::isPointToPointCall(op)) failInvalid(op, what);
   Error e(ErrorCode::kInvalidArgument, what, ErrorContext::forOp(op).withRank(rank));
   reject(e);
   throw e;
@@ -100,7 +111,7 @@ void CommunicatorImpl::reject(const Error& e) {
   // Runs here when no op is queued or running, so the peers have heard
   // before the call raises (even if the communicator is destroyed next);
   // else after the earlier ops, without waiting for them.
-  executor.submit(std::move(task), true);
+  executor.runOrQueue(std::move(task));
 }
 
 void CommunicatorImpl::validateTensor(const char* op, const char* name, const Tensor& t) {

@@ -59,10 +59,19 @@ class CommunicatorImpl final : public Communicator {
   // Raises kInvalidArgument for `op`. A collective is rejected (reject):
   // the communicator stays usable. A point-to-point call
   // (isPointToPointCall) fails the communicator, as its peer's matching op
-  // has no number to reject.
+  // has no number to reject, and so does any call under FatalArgumentErrors.
   [[noreturn]] void invalid(const char* op, const std::string& what);
   // Raises kInvalidArgument for `op` and fails the communicator with it.
   [[noreturn]] void failInvalid(const char* op, const std::string& what);
+  // While one is alive on a thread, invalid() there fails the communicator
+  // instead of rejecting: the gradient layer's bucket ops (a reducer cannot
+  // be left with some buckets reduced and one rejected).
+  struct FatalArgumentErrors {
+    FatalArgumentErrors();
+    ~FatalArgumentErrors();
+    FatalArgumentErrors(const FatalArgumentErrors&) = delete;
+    FatalArgumentErrors& operator=(const FatalArgumentErrors&) = delete;
+  };
   // The collective `e` names will not run here: its op number goes to it
   // (on the executing thread, after the earlier ops), and the backends tell
   // the peers (Backend::reject), so a peer that runs that op fails with

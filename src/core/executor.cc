@@ -89,6 +89,24 @@ void Executor::runBackground(std::unique_lock<std::mutex>& lock) {
 }
 
 std::shared_ptr<WorkState> Executor::submit(Task task, bool blocking) {
+  bool queued = false;
+  auto work = start(std::move(task), blocking, &queued);
+  if (blocking && queued) {
+    try {
+      work->wait(std::chrono::milliseconds(0));
+    } catch (const Error&) {
+      // The caller reads the error from the returned state.
+    }
+  }
+  return work;
+}
+
+std::shared_ptr<WorkState> Executor::runOrQueue(Task task) {
+  bool queued = false;
+  return start(std::move(task), true, &queued);
+}
+
+std::shared_ptr<WorkState> Executor::start(Task task, bool inlineIfIdle, bool* queued) {
   Item item{std::move(task), std::make_shared<WorkState>()};
   std::unique_lock<std::mutex> lock(mutex_);
   if (stop_) {
@@ -96,7 +114,7 @@ std::shared_ptr<WorkState> Executor::submit(Task task, bool blocking) {
         Error(ErrorCode::kAborted, "the communicator is shutting down")));
     return item.work;
   }
-  if (blocking && queue_.empty() && !running_) {
+  if (inlineIfIdle && queue_.empty() && !running_) {
     running_ = true;
     lock.unlock();
     run(item);
@@ -117,14 +135,7 @@ std::shared_ptr<WorkState> Executor::submit(Task task, bool blocking) {
     });
   }
   cv_.notify_all();
-  lock.unlock();
-  if (blocking) {
-    try {
-      work->wait(std::chrono::milliseconds(0));
-    } catch (const Error&) {
-      // The caller reads the error from the returned state.
-    }
-  }
+  *queued = true;
   return work;
 }
 

@@ -57,6 +57,9 @@ class Executor {
   // Queues `task`; returns its completion state. With blocking=true the call
   // returns after the task ran (its error is in the returned state).
   std::shared_ptr<WorkState> submit(Task task, bool blocking);
+  // Runs `task` on this thread when no task is queued or running (as a
+  // blocking submit does), else queues it after them without waiting.
+  std::shared_ptr<WorkState> runOrQueue(Task task);
 
   // The running task's op completes later: its state is returned, and the
   // executor does not finish it when the task returns (unless it throws).
@@ -88,6 +91,9 @@ class Executor {
     bool deferred = false;
   };
   void run(Item& item);
+  // Runs `task` inline when idle and `inlineIfIdle`, else queues it for the
+  // worker; *queued says which.
+  std::shared_ptr<WorkState> start(Task task, bool inlineIfIdle, bool* queued);
   void runBackground(std::unique_lock<std::mutex>& lock);
   void workerLoop();
   static void pinWorker(bool nicSet, const std::string& nic, std::optional<bool> enabled,

@@ -1,5 +1,7 @@
 #include "transport/contract.h"
 
+#include <algorithm>
+
 namespace gflow::transport {
 
 std::string printable(const char* p, size_t n) {
@@ -75,8 +77,8 @@ Error peerReport(int rank, uint64_t group, int peer, const char* payload, size_t
 Error rejectionReport(int rank, uint64_t group, int peer, const char* payload, size_t n) {
   return Error(ErrorCode::kMismatch,
                "rank " + std::to_string(peer) + " rejected its call of op #" +
-                   std::to_string(group) + " (" + printable(payload, n) + "), so this rank's op #" +
-                   std::to_string(group) + " cannot complete",
+                   std::to_string(group) + " (" + printable(payload, std::min<size_t>(n, 512)) +
+                   "), so this rank's op #" + std::to_string(group) + " cannot complete",
                ErrorContext().withSeq(group).withRank(rank).withPeer(peer));
 }
 

@@ -73,8 +73,9 @@ void Engine::peerReported(uint64_t theirGroup, const Error& e) {
 void Engine::peerRejected(uint64_t theirGroup, const Error& e) {
   // Bounded: the ops a peer can reject ahead of this rank's progress.
   constexpr size_t kMaxRejectedAhead = 1 << 16;
-  if (groupActive_ && theirGroup == group_) fail(e);        // this rank runs the op now
-  if (groupActive_ && !isPast(group_, theirGroup)) return;  // passed: rejected here too
+  if (selfRejected_ && !isPast(*selfRejected_, theirGroup)) return;  // rejected here too
+  if (groupActive_ && theirGroup == group_) fail(e);                 // this rank runs the op now
+  if (groupActive_ && !isPast(group_, theirGroup)) return;           // passed: rejected here too
   if (rejected_.size() >= kMaxRejectedAhead && !rejected_.count(theirGroup)) {
     fail(Error(ErrorCode::kInternal,
                "more than " + std::to_string(kMaxRejectedAhead) +
@@ -82,6 +83,13 @@ void Engine::peerRejected(uint64_t theirGroup, const Error& e) {
                ErrorContext().withSeq(group_).withRank(rank()).withPeer(e.peer())));
   }
   rejected_.emplace(theirGroup, e);
+}
+
+void Engine::selfRejected(uint64_t group) {
+  selfRejected_ = group;
+  while (!rejected_.empty() && !isPast(group, rejected_.begin()->first)) {
+    rejected_.erase(rejected_.begin());
+  }
 }
 
 // ---- progress ----------------------------------------------------------------

@@ -102,6 +102,10 @@ class Engine : public Context {
   // A peer's notice that it will not run op `theirGroup` (Context::reject),
   // as rejectionReport() words it.
   void peerRejected(uint64_t theirGroup, const Error& e);
+  // This rank rejects op `group` (the wire's reject calls it first): notices
+  // of it and earlier ops are moot from now on, also in a context that
+  // never starts an op (its communicator's ops all run elsewhere).
+  void selfRejected(uint64_t group);
 
   // The op this rank runs (beginGroup).
   uint64_t group() const { return group_; }
@@ -171,8 +175,10 @@ class Engine : public Context {
   // gets there, so an op that succeeded everywhere does not fail here.
   std::optional<Error> deferredError_;
   uint64_t deferredGroup_ = 0;
-  // Notices of ops this rank has not started (peerRejected), by op number.
+  // Notices of ops this rank has not started (peerRejected), by op number,
+  // and the last op this rank rejected itself.
   std::map<uint64_t, Error> rejected_;
+  std::optional<uint64_t> selfRejected_;
 };
 
 }  // namespace gflow::transport

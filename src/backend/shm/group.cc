@@ -370,6 +370,11 @@ void Group::checkOp(int member) {
   os << "rank " << peer << " called " << (describe_ ? describe_(peerEnv) : "<op>") << " as op #"
      << peerSeq << " while this rank called " << (describe_ ? describe_(env_) : "<op>")
      << " as op #" << seq_;
+  const Control* own = ctl_[rank_];
+  if (peerSeq != seq_ && own->rejected.load(std::memory_order_relaxed) == peerSeq + 1) {
+    os << "; this rank rejected its call of op #" << peerSeq << " ("
+       << printable(own->rejectedWhy, sizeof(own->rejectedWhy)) << ")";
+  }
   raise(Error(ErrorCode::kMismatch, os.str(),
               ErrorContext().withSeq(seq_).withRank(commRanks_[rank_]).withPeer(peer)));
 }
@@ -401,14 +406,7 @@ void Group::checkSlow(int member, uint64_t tick, transport::LivenessProbe& probe
                 ErrorContext().withSeq(seq_).withRank(commRanks_[rank_]).withPeer(commRanks_[p])));
     }
   }
-  if (ctl_[member]->rejected.load(std::memory_order_acquire) == seq_ + 1) {
-    raise(rejection(member));
-  }
-  if (latestSeq(member) != seq_ && !transport::isPast(latestSeq(member), seq_)) {
-    // It started a later op without reaching this one's sync: it skipped
-    // this op (rejected it) and has rejected another since.
-    raise(rejection(member));
-  }
+  if (skippedThisOp(member, tick)) raise(rejection(member));
   if (watch_[member].exited() || ctl_[member]->left.load(std::memory_order_acquire)) {
     raise(Error(ErrorCode::kPeerLost,
                 "rank " + std::to_string(commRanks_[member]) +
@@ -423,6 +421,20 @@ void Group::checkSlow(int member, uint64_t tick, transport::LivenessProbe& probe
     case transport::LivenessProbe::Step::kTimeout: raise(timeoutError(member, probe.peerAlive()));
     case transport::LivenessProbe::Step::kWait: break;
   }
+}
+
+bool Group::skippedThisOp(int member, uint64_t tick) const {
+  const Control* c = ctl_[member];
+  const uint64_t rejected = c->rejected.load(std::memory_order_acquire);
+  const uint64_t latest = latestSeq(member);
+  using transport::isPast;
+  const bool skipped = rejected == seq_ + 1 ||                          // it rejected this op
+                       (latest != seq_ && !isPast(latest, seq_)) ||     // it started a later op
+                       (rejected != 0 && isPast(seq_, rejected - 1) &&  // it rejected a later one
+                        isPast(latest, seq_));  // and never started this one
+  // A member that reached `tick` and went on (while this waiter was
+  // preempted between its reads) ran this op: not skipped.
+  return skipped && c->tick.load(std::memory_order_acquire) < tick;
 }
 
 uint64_t Group::latestSeq(int member) const {

@@ -150,6 +150,10 @@ class Group {
   // rejected (or skipped) this member's current op.
   uint64_t latestSeq(int member) const;
   Error rejection(int member) const;
+  // Whether `member`, which this member waits on to reach `tick`, will never
+  // run this op: it rejected it, started a later op, or rejected a later
+  // one without starting this.
+  bool skippedThisOp(int member, uint64_t tick) const;
 
   void checkOp(int member);
   void publish(uint64_t tick);

@@ -478,6 +478,7 @@ void TcpContext::waitUntilDone(const RequestPtr& req, Deadline deadline) {
 }
 
 void TcpContext::reject(uint64_t group, const std::string& why) {
+  selfRejected(group);
   auto payload = std::make_shared<const std::vector<char>>(
       why.begin(),
       why.begin() + static_cast<std::ptrdiff_t>(std::min<size_t>(why.size(), kMaxErrorPayload)));

@@ -540,6 +540,7 @@ void VerbsContext::errorQueuePairs() {
 }
 
 void VerbsContext::reject(uint64_t group, const std::string& why) {
+  selfRejected(group);
   if (!device_ || qpsErrored_ || failed()) return;
   const size_t n = std::min({why.size(), kMaxErrorText, eagerMax_});
   for (int peer = 0; peer < size(); ++peer) {
