@@ -303,6 +303,9 @@ void printConfig() {
     } else {
       std::printf("  current: %s\n", cur ? cur : "(unset)");
     }
+    if (const std::string a = gflow::params::acceptedValues(p); !a.empty()) {
+      std::printf("  accepts: %s\n", a.c_str());
+    }
     if (p.scope == gflow::params::Scope::kAgree) {
       std::printf("  every rank must use the same value\n");
     }

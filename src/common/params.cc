@@ -27,10 +27,57 @@ Param find(const char* envName) {
   return Param{envName, Kind::kString, "", Scope::kLocal, ""};
 }
 
-[[noreturn]] void bad(const char* envName, const std::string& value, const char* want) {
+[[noreturn]] void bad(const char* envName, const std::string& value, const std::string& want) {
+  // A very long value is cut in the message (the variable is named).
+  const std::string shown = value.size() <= 64 ? value
+                                               : value.substr(0, 64) + "... (" +
+                                                     std::to_string(value.size()) + " characters)";
   throw Error(ErrorCode::kInvalidArgument,
-              std::string(envName) + "='" + value + "' is not valid: expected " + want,
+              std::string(envName) + "='" + shown + "' is not valid: expected " + want,
               ErrorContext::forOp("config"));
+}
+
+// "64K", "1G" where exact, else the number.
+std::string bytesText(int64_t b) {
+  static const char* const kUnits[] = {"", "K", "M", "G", "T"};
+  int u = 0;
+  while (u < 4 && b >= 1024 && b % 1024 == 0) {
+    b /= 1024;
+    ++u;
+  }
+  return std::to_string(b) + kUnits[u];
+}
+
+std::string durationText(int64_t ms) {
+  if (ms % 86400000 == 0) return std::to_string(ms / 86400000) + " days";
+  if (ms % 1000 == 0) return std::to_string(ms / 1000) + "s";
+  return std::to_string(ms) + "ms";
+}
+
+// What `p` accepts, for messages: `noun` with its range.
+std::string accepted(const Param& p, const char* noun) {
+  const Range* r = rangeOf(p);
+  if (!r) return noun;
+  auto show = [&](int64_t v) {
+    return p.kind == Kind::kBytes || p.kind == Kind::kBytesOrAuto ? bytesText(v)
+           : p.kind == Kind::kDurationMs                          ? durationText(v)
+                                                                  : std::to_string(v);
+  };
+  std::string out = std::string(noun) + " in [" + show(r->lo) + ", " + show(r->hi) + "]";
+  if (r->zeroMeansOff) out += " or 0 (off)";
+  if (p.kind == Kind::kIntOrAuto || p.kind == Kind::kBytesOrAuto) out += ", or auto";
+  return out;
+}
+
+// Raises unless the value (`negative`, else `magnitude`) is in p's range.
+void checkRange(const Param& p, const std::string& v, bool negative, uint64_t magnitude,
+                const char* noun) {
+  const Range* r = rangeOf(p);
+  if (!r || (!negative && magnitude == 0 && r->zeroMeansOff)) return;
+  if (negative || magnitude < static_cast<uint64_t>(r->lo) ||
+      magnitude > static_cast<uint64_t>(r->hi)) {
+    bad(p.name, v, accepted(p, noun));
+  }
 }
 
 const std::string& valueOrDefault(const Param& p, std::string* storage) {
@@ -54,6 +101,48 @@ const std::vector<Param>& all() {
 #undef GFLOW_PARAM_ENTRY
   };
   return params;
+}
+
+std::string acceptedValues(const Param& p) {
+  switch (p.kind) {
+    case Kind::kString: return "";
+    case Kind::kInt:
+    case Kind::kIntOrAuto: return accepted(p, "an integer");
+    case Kind::kBytes:
+    case Kind::kBytesOrAuto: return accepted(p, "a byte count");
+    case Kind::kDurationMs: return accepted(p, "a duration");
+  }
+  return "";
+}
+
+const Range* rangeOf(const Param& p) {
+  static const std::map<std::string, Range> ranges = {
+#define GFLOW_PARAM_RANGE(id, lo, hi, zero) {spec::id.name, Range{lo, hi, zero}},
+      GFLOW_PARAM_RANGES(GFLOW_PARAM_RANGE)
+#undef GFLOW_PARAM_RANGE
+  };
+  auto it = ranges.find(p.name);
+  return it == ranges.end() ? nullptr : &it->second;
+}
+
+void validateAll() {
+  // No parameter needs more (a token, a path, an interface list): a longer
+  // value is a mistake or an attack, refused before anything repeats it.
+  constexpr size_t kMaxValueChars = 4096;
+  for (const Param& p : all()) {
+    if (raw(p).size() > kMaxValueChars) {
+      bad(p.name, raw(p), "at most " + std::to_string(kMaxValueChars) + " characters");
+    }
+    if (!isSet(p) && *p.defaultValue == '\0') continue;  // unset, nothing to check
+    switch (p.kind) {
+      case Kind::kString: break;  // their readers check them
+      case Kind::kInt: getInt(p); break;
+      case Kind::kBytes: getBytes(p); break;
+      case Kind::kDurationMs: getDurationMs(p); break;
+      case Kind::kIntOrAuto: getIntOrAuto(p); break;
+      case Kind::kBytesOrAuto: getBytesOrAuto(p); break;
+    }
+  }
 }
 
 const std::string& raw(const Param& p) {
@@ -83,11 +172,12 @@ int64_t getInt(const Param& p) {
   const char* envName = p.name;
   std::string storage;
   const std::string& v = valueOrDefault(p, &storage);
-  if (v.empty()) bad(envName, v, "an integer");
+  if (v.empty()) bad(envName, v, accepted(p, "an integer"));
   errno = 0;
   char* end = nullptr;
   long long x = std::strtoll(v.c_str(), &end, 10);
-  if (errno != 0 || end == v.c_str() || *end != '\0') bad(envName, v, "an integer");
+  if (errno != 0 || end == v.c_str() || *end != '\0') bad(envName, v, accepted(p, "an integer"));
+  checkRange(p, v, x < 0, x < 0 ? 0 : static_cast<uint64_t>(x), "an integer");
   return x;
 }
 
@@ -156,7 +246,8 @@ uint64_t getBytes(const Param& p) {
   std::string storage;
   const std::string& v = valueOrDefault(p, &storage);
   uint64_t x = 0;
-  if (!parseBytes(v, &x)) bad(p.name, v, "a byte count such as 65536, 64K or 4M");
+  if (!parseBytes(v, &x)) bad(p.name, v, accepted(p, "a byte count (65536, 64K, 4M)"));
+  checkRange(p, v, false, x, "a byte count");
   return x;
 }
 
@@ -164,7 +255,8 @@ int64_t getDurationMs(const Param& p) {
   std::string storage;
   const std::string& v = valueOrDefault(p, &storage);
   int64_t x = 0;
-  if (!parseDurationMs(v, &x)) bad(p.name, v, "a duration such as 300, 30s, 500ms or 5m");
+  if (!parseDurationMs(v, &x)) bad(p.name, v, accepted(p, "a duration (300, 30s, 500ms, 5m)"));
+  checkRange(p, v, x < 0, x < 0 ? 0 : static_cast<uint64_t>(x), "a duration");
   return x;
 }
 

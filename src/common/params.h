@@ -44,6 +44,23 @@ GFLOW_PARAMS(GFLOW_PARAM_SPEC)
 // All parameters in table order.
 const std::vector<Param>& all();
 
+// The accepted values of a numeric parameter (params_table.h,
+// GFLOW_PARAM_RANGES): [lo, hi] in its unit, and 0 too where zeroMeansOff.
+struct Range {
+  int64_t lo;
+  int64_t hi;
+  bool zeroMeansOff;
+};
+// Null for a parameter without a range (the strings).
+const Range* rangeOf(const Param& p);
+// What a numeric parameter accepts, in words ("a byte count in [4K, 1G]");
+// "" for the strings.
+std::string acceptedValues(const Param& p);
+// Reads every numeric parameter that is set (or has a default), so a bad
+// value fails at init, naming the variable and what it accepts, rather than
+// at its first use deep inside an op. Communicator::create calls it.
+void validateAll();
+
 // Raw environment value ("" when unset), cached after the first read so a
 // process sees one consistent configuration.
 const std::string& raw(const Param& p);

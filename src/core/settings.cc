@@ -47,6 +47,7 @@ std::string resolveSingleCopy(const std::string& option) {
 }  // namespace
 
 Settings resolveSettings(const Options& o) {
+  params::validateAll();  // a bad GFLOW_* value fails here, not deep inside an op
   validate(o);
   Settings s;
   const bool algoFromOptions = !o.algorithm.empty();

@@ -1,5 +1,6 @@
 // The parameter registry: parsing, defaults, errors naming the variable, and
 // docs/configuration.md listing every parameter.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -47,6 +48,57 @@ TEST(Params, BadValueNamesTheVariable) {
   unsetenv("GFLOW_TIMEOUT");
   params::resetCacheForTesting();
   EXPECT_EQ(params::timeoutMs(), 300000);
+}
+
+// Every numeric parameter has a range, and its default lies inside it.
+TEST(Params, EveryNumberHasARangeThatHoldsItsDefault) {
+  for (const params::Param& p : params::all()) {
+    if (p.kind == params::Kind::kString) {
+      EXPECT_EQ(params::rangeOf(p), nullptr) << p.name;
+      continue;
+    }
+    const params::Range* r = params::rangeOf(p);
+    ASSERT_NE(r, nullptr) << p.name << " has no row in GFLOW_PARAM_RANGES";
+    EXPECT_LE(r->lo, r->hi) << p.name;
+    EXPECT_NE(params::acceptedValues(p), "") << p.name;
+  }
+  params::resetCacheForTesting();
+  EXPECT_NO_THROW(params::validateAll());  // the defaults (and the test presets)
+}
+
+TEST(Params, OutOfRangeValuesNameTheVariableAndTheRange) {
+  {
+    testing::ScopedEnv env("GFLOW_SOCKETS_PER_PEER", "1000");
+    EXPECT_THROW(
+        {
+          try {
+            params::validateAll();
+          } catch (const Error& e) {
+            EXPECT_THAT(e.what(), ::testing::HasSubstr("GFLOW_SOCKETS_PER_PEER='1000'"));
+            EXPECT_THAT(e.what(), ::testing::HasSubstr("an integer in [1, 64]"));
+            throw;
+          }
+        },
+        Error);
+  }
+  {
+    testing::ScopedEnv env("GFLOW_STRIPE_CHUNK", "1");
+    EXPECT_THROW(params::validateAll(), Error);
+  }
+  {
+    testing::ScopedEnv env("GFLOW_STRIPE_CHUNK", "0");  // off
+    EXPECT_NO_THROW(params::validateAll());
+  }
+  {
+    testing::ScopedEnv env("GFLOW_HOST_ID", std::string(5000, 'h').c_str());
+    try {
+      params::validateAll();
+      ADD_FAILURE() << "a 5000-character value was accepted";
+    } catch (const Error& e) {
+      EXPECT_THAT(e.what(), ::testing::HasSubstr("at most 4096 characters"));
+      EXPECT_LT(std::string(e.what()).size(), 300u);
+    }
+  }
 }
 
 TEST(Params, ConfigurationDocListsEveryParameter) {

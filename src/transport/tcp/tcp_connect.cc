@@ -6,6 +6,7 @@
 // inbound handshake on its own thread under a deadline).
 #include <algorithm>
 #include <condition_variable>
+#include <functional>
 #include <cstring>
 #include <mutex>
 #include <utility>
@@ -17,6 +18,7 @@
 #include "common/hash.h"
 #include "common/logging.h"
 #include "common/params.h"
+#include "transport/contract.h"
 #include "transport/tcp/congestion.h"
 #include "transport/tcp/tcp_context.h"
 
@@ -28,6 +30,9 @@ constexpr const char* kAuthLabel = "gflow-data/v1";
 // so a silent stranger cannot stall the setup.
 constexpr std::chrono::milliseconds kHandshakeTimeout{10000};
 constexpr size_t kMaxPendingHandshakes = 64;
+// How often a rank waiting for others during setup looks for their failure
+// reports in the store.
+constexpr std::chrono::milliseconds kSetupPoll{100};
 
 // What a Hello must match: this rank's view of the communicator.
 struct Identity {
@@ -62,6 +67,15 @@ net::Socket listenAndPublish(const ContextOptions& options, int rank,
 // ones until connectAll collects them. Thread safe.
 class Inbound {
  public:
+  // Higher ranks not fully connected yet (mutex_ held).
+  std::vector<int> missingRanks() const {
+    std::vector<int> out;
+    for (int r = me_.rank + 1; r < me_.size; ++r) {
+      if (std::find(seen_[r].begin(), seen_[r].end(), false) != seen_[r].end()) out.push_back(r);
+    }
+    return out;
+  }
+
   Inbound(const Identity& me, Deadline deadline)
       : me_(me),
         deadline_(deadline),
@@ -94,16 +108,24 @@ class Inbound {
   }
 
   // Blocks until every higher rank has connected; kTimeout naming the ranks
-  // still missing at the deadline.
-  std::vector<std::pair<Hello, net::Socket>> wait(const ErrorContext& ectx) {
+  // still missing at the deadline. Every kSetupPoll, `check` may raise the
+  // setup failure of a missing rank (outside the lock).
+  std::vector<std::pair<Hello, net::Socket>> wait(
+      const ErrorContext& ectx, const std::function<void(const std::vector<int>&)>& check) {
     std::unique_lock<std::mutex> lock(mutex_);
-    if (!done_.wait_until(lock, deadline_.at(), [&] { return accepted_.size() >= expected_; })) {
+    const auto complete = [&] { return accepted_.size() >= expected_; };
+    while (!complete() && !deadline_.expired()) {
+      done_.wait_until(lock, std::min(deadline_.at(), Deadline::Clock::now() + kSetupPoll),
+                       complete);
+      if (complete()) break;
+      const std::vector<int> missing = missingRanks();
+      lock.unlock();
+      check(missing);
+      lock.lock();
+    }
+    if (!complete()) {
       std::string missing;
-      for (int r = me_.rank + 1; r < me_.size; ++r) {
-        if (std::find(seen_[r].begin(), seen_[r].end(), false) != seen_[r].end()) {
-          missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-        }
-      }
+      for (int r : missingRanks()) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
       GFLOW_THROW(kTimeout, ectx) << "ranks " << missing
                                   << " did not connect within the deadline (GFLOW_TIMEOUT)";
     }
@@ -171,9 +193,63 @@ net::Socket dial(const Identity& me, const std::pair<std::string, uint16_t>& hp,
   return s;
 }
 
+// A rank that fails during setup says so in the store, so the ranks that
+// wait for it fail at once with its reason instead of at the deadline.
+void reportSetupFailure(const ContextOptions& o, int rank, const Error& e) noexcept {
+  try {
+    o.store->setString(o.prefix + "tcp/failure/" + std::to_string(rank), e.what());
+    o.store->add(o.prefix + "tcp/failed", 1);
+  } catch (const Error&) {
+    // Best effort: the others then wait for their deadline.
+  }
+}
+
+// Raises the report of a rank of `ranks` that failed during setup, if any.
+void raiseSetupFailure(const ContextOptions& o, int rank, const std::vector<int>& ranks) {
+  if (o.store->add(o.prefix + "tcp/failed", 0) <= 0) return;
+  for (int r : ranks) {
+    std::string why;
+    try {
+      why = o.store->getString(o.prefix + "tcp/failure/" + std::to_string(r),
+                               std::chrono::milliseconds(1));
+    } catch (const Error&) {
+      continue;  // not this one
+    }
+    throw Error(ErrorCode::kPeerLost,
+                "rank " + std::to_string(r) + " failed while connecting: " +
+                    printable(why.data(), std::min<size_t>(why.size(), 1024)),
+                ErrorContext::forOp("init").withRank(rank).withPeer(r));
+  }
+}
+
+// The address rank `peer` published, waited for in slices so that its
+// setup failure (or another rank's) ends the wait at once.
+std::string peerAddress(const ContextOptions& o, int rank, int peer, const Deadline& deadline) {
+  const std::string key = o.prefix + "tcp/addr/" + std::to_string(peer);
+  for (;;) {
+    const int slice = static_cast<int>(std::min<int64_t>(
+        std::max(deadline.remainingMs(), 1), std::chrono::milliseconds(kSetupPoll).count()));
+    try {
+      return o.store->getString(key, std::chrono::milliseconds(slice));
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kTimeout || deadline.expired()) throw;
+    }
+    raiseSetupFailure(o, rank, {peer});
+  }
+}
+
 }  // namespace
 
 void TcpContext::connectAll(const ContextOptions& options) {
+  try {
+    connectAllOrThrow(options);
+  } catch (const Error& e) {
+    reportSetupFailure(options, rank(), e);
+    throw;
+  }
+}
+
+void TcpContext::connectAllOrThrow(const ContextOptions& options) {
   if (size() == 1) return;
   const Deadline deadline = Deadline::after(options.timeout);
   commId_ = hash::sha256Id(options.prefix);
@@ -198,15 +274,15 @@ void TcpContext::connectAll(const ContextOptions& options) {
       [&](net::HandshakeAcceptor::Handshake& h) { inbound.handshake(h); });
 
   for (int peer = 0; peer < rank(); ++peer) {
-    std::string addr =
-        options.store->getString(options.prefix + "tcp/addr/" + std::to_string(peer),
-                                 std::chrono::milliseconds(std::max(deadline.remainingMs(), 1)));
+    const std::string addr = peerAddress(options, rank(), peer, deadline);
     auto hp = net::parseHostPort(addr, "address of rank " + std::to_string(peer));
     for (int i = 0; i < socketsPerPeer_; ++i) {
       addConnection(peer, i, dial(me, hp, peer, i, options.token, bufBytes, congestion, deadline));
     }
   }
-  auto accepted = inbound.wait(ErrorContext::forOp("init").withRank(rank()));
+  auto accepted = inbound.wait(
+      ErrorContext::forOp("init").withRank(rank()),
+      [&](const std::vector<int>& missing) { raiseSetupFailure(options, rank(), missing); });
   acceptor.stop();
   for (auto& [hello, sock] : accepted) {
     net::setBufferSizes(sock.fd(), bufBytes);

@@ -150,8 +150,10 @@ class TcpContext final : public Engine {
     uint64_t pendingBytes = 0;    // payload bytes in `pending` not yet taken
   };
 
-  // Connection setup (tcp_connect.cc).
+  // Connection setup (tcp_connect.cc). A failure is reported in the store
+  // first, so the ranks waiting for this one fail at once with its reason.
   void connectAll(const ContextOptions& options);
+  void connectAllOrThrow(const ContextOptions& options);
   void addConnection(int peer, int index, net::Socket sock);
 
   // Progress.
