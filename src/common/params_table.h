@@ -121,6 +121,9 @@
   X(jobToken, "GFLOW_JOB_TOKEN", kString, "", kLocal,                                              \
     "Job secret; store and data connections prove knowledge of it (HMAC-SHA256). gflowrun "        \
     "generates one.")                                                                              \
+  X(requireToken, "GFLOW_REQUIRE_TOKEN", kInt, "0", kLocal,                                        \
+    "1: a communicator without a job token (GFLOW_JOB_TOKEN, gflowrun's, a PMIx launcher's) "     \
+    "fails at creation instead of warning that any stranger may join.")                           \
   X(hostId, "GFLOW_HOST_ID", kString, "", kLocal,                                                  \
     "Overrides host identity (hostname + boot id) for grouping ranks into hosts.")
 
@@ -162,4 +165,5 @@
   R(rank, 0, (1LL << 24) - 1, false)                                        \
   R(worldSize, 1, 1LL << 24, false)                                         \
   R(localRank, 0, (1LL << 24) - 1, false)                                   \
-  R(localSize, 1, 1LL << 24, false)
+  R(localSize, 1, 1LL << 24, false)                                         \
+  R(requireToken, 0, 1, false)

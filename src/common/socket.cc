@@ -314,6 +314,19 @@ std::string selectInterfaceAddress(const std::string& spec) {
       << describeInterfaces(ifs);
 }
 
+std::string resolveAddress(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0 || res == nullptr) return "";
+  char buf[NI_MAXHOST] = {};
+  const int rc =
+      ::getnameinfo(res->ai_addr, res->ai_addrlen, buf, sizeof(buf), nullptr, 0, NI_NUMERICHOST);
+  ::freeaddrinfo(res);
+  return rc == 0 ? std::string(buf) : std::string();
+}
+
 Socket listenOn(const std::string& ip, const PortRange& range, uint16_t* port, int backlog) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;

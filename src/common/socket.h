@@ -56,6 +56,10 @@ std::pair<std::string, uint16_t> parseHostPort(const std::string& s, const std::
 // listing the interfaces that exist.
 std::string selectInterfaceAddress(const std::string& spec);
 
+// The numeric address `host` resolves to here (its first), "" if it does
+// not resolve.
+std::string resolveAddress(const std::string& host);
+
 // A listening socket bound to `ip` on a port in `range` (tries each port in
 // turn; any port when range.any()). *port receives the bound port. Throws
 // kInvalidArgument naming GFLOW_PORT_RANGE when every port is taken.

@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <cmath>
+#include <mutex>
 
 #include "backend/device_buffers.h"
 #include "backend/hierarchical/hierarchical.h"
@@ -8,6 +9,7 @@
 #include "common/hash.h"
 #include "common/logging.h"
 #include "common/params.h"
+#include "common/socket.h"
 #include "core/communicator_impl.h"
 #include "core/frontend.h"
 #include "core/host_backends.h"
@@ -338,19 +340,55 @@ CommunicatorImpl::~CommunicatorImpl() {
   dropInFlight(e);
 }
 
+namespace {
+
+// Without a job token anyone who reaches the store or a data port can join or
+// disrupt the job: an error under GFLOW_REQUIRE_TOKEN=1, else one warning
+// (rank 0, once per process).
+void checkAuthenticated(const bootstrap::Identity& id) {
+  if (!id.token.empty()) return;
+  if (params::requireToken() != 0) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "GFLOW_REQUIRE_TOKEN=1 and this job has no token: set GFLOW_JOB_TOKEN to the "
+                "same secret on every rank (or Options::token), or launch with gflowrun",
+                ErrorContext::forOp("init").withRank(id.rank));
+  }
+  static std::once_flag warned;
+  if (id.rank != 0) return;
+  std::call_once(warned, [] {
+    GFLOW_LOG(WARN) << "this job has no token (GFLOW_JOB_TOKEN is unset): any process that can "
+                       "reach rank 0's store port or a rank's data port can join or disrupt it. "
+                       "Set GFLOW_JOB_TOKEN to the same secret on every rank (gflowrun generates "
+                       "one); GFLOW_REQUIRE_TOKEN=1 makes a missing token an error";
+  });
+}
+
+// Where rank 0's store listens. With a token, every interface (a hostname
+// may resolve to a loopback alias such as Debian's 127.0.1.1 on rank 0 and
+// to its network address elsewhere); the token keeps strangers out. Without
+// one, only the address the root name resolves to here, unless that is such
+// an alias (then every interface, as before, and the warning above).
+std::string storeListenHost(const bootstrap::Identity& id) {
+  const bool v6 = id.rootHost.find(':') != std::string::npos;
+  const std::string any = v6 ? "::" : "0.0.0.0";
+  if (!id.token.empty()) return any;
+  const std::string ip = net::resolveAddress(id.rootHost);
+  return ip.empty() || (ip.rfind("127.", 0) == 0 && ip != "127.0.0.1") ? any : ip;
+}
+
+}  // namespace
+
 std::shared_ptr<Communicator> Communicator::create(const Options& options) {
   const Settings settings = resolveSettings(options);  // before any connection
   bootstrap::Identity id = bootstrap::resolveIdentity(options);
+  checkAuthenticated(id);
   std::chrono::milliseconds timeout = options.timeout.count() > 0
                                           ? options.timeout
                                           : std::chrono::milliseconds(params::timeoutMs());
   std::shared_ptr<Store> store = options.store;
   if (!store) {
     TcpStoreOptions so;
-    // The server listens on every interface (a hostname may resolve to a
-    // loopback alias such as Debian's 127.0.1.1); clients use rootHost.
-    so.host = id.rank == 0 ? (id.rootHost.find(':') != std::string::npos ? "::" : "0.0.0.0")
-                           : id.rootHost;
+    so.host = id.rank == 0 ? storeListenHost(id) : id.rootHost;  // clients use rootHost
     so.port = id.rootPort;
     so.isServer = (id.rank == 0);
     so.token = id.token;

@@ -250,4 +250,55 @@ TEST(FaultGarbage, ManyIdleStrangersOnDataPortsDoNotStallSetup) {
   expectSetupCompletesWithIdleStrangers(2, 70, "idle strangers");
 }
 
+// The local address rank 0's store listens on ("ADDR:PORT" in
+// /proc/net/tcp's hex, e.g. "0100007F:1F90"), or "" while nothing listens.
+std::string listeningAddress(uint16_t port) {
+  std::ifstream in("/proc/net/tcp");
+  char portHex[8];
+  std::snprintf(portHex, sizeof(portHex), "%04X", port);
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream ls(line);
+    std::string slot, local, remote, state;
+    ls >> slot >> local >> remote >> state;
+    if (state == "0A" && local.size() > 5 && local.substr(local.size() - 4) == portHex) {
+      return local;
+    }
+  }
+  return "";
+}
+
+// A job without a token: rank 0 warns once that strangers may join, and its
+// store listens only on the root address (127.0.0.1 here), not on every
+// interface; with GFLOW_REQUIRE_TOKEN=1 every rank refuses to start.
+TEST(FaultGarbage, AJobWithoutATokenWarnsAndListensOnlyOnTheRootAddress) {
+  {
+    Job job(2, [](int) { return std::vector<std::string>{"loop", "20", "65536"}; });
+    job.setEnv("GFLOW_JOB_TOKEN", "");
+    job.start();
+    std::string local;
+    for (int i = 0; i < 500 && local.empty(); ++i) {
+      local = listeningAddress(job.port());
+      if (local.empty()) std::this_thread::sleep_for(milliseconds(10));
+    }
+    EXPECT_EQ(local.substr(0, 8), "0100007F") << "the store listens on " << local;
+    ASSERT_TRUE(job.waitExit(seconds(20))) << job.report();
+    for (int r = 0; r < 2; ++r) EXPECT_EQ(job.result(r).exitCode, 0) << job.report();
+    EXPECT_NE(job.result(0).err.find("this job has no token"), std::string::npos)
+        << job.result(0).err;
+    EXPECT_EQ(job.result(1).err.find("this job has no token"), std::string::npos);
+  }
+  {
+    Job job(2, [](int) { return std::vector<std::string>{"loop", "2", "1024"}; });
+    job.setEnv("GFLOW_JOB_TOKEN", "");
+    job.setEnv("GFLOW_REQUIRE_TOKEN", "1");
+    job.start();
+    ASSERT_TRUE(job.waitExit(seconds(20))) << job.report();
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_NE(job.result(r).exitCode, 0) << job.report();
+      EXPECT_NE(job.result(r).what.find("GFLOW_REQUIRE_TOKEN"), std::string::npos)
+          << job.report();
+    }
+  }
+}
+
 }  // namespace
