@@ -49,8 +49,30 @@ class C10dStore : public Store {
     guard("get", [&] { value = store_->get(key); });
     return value;
   }
+  // Polls check() (which never blocks) instead of c10d's wait with a
+  // timeout: in torch 1.13 a TCPStore wait that times out leaves its WAIT
+  // registered on the server, whose late answer then desynchronizes the
+  // client's next request. gflow waits in slices (NCCL setup, failure
+  // reports), so it must never time out a c10d wait.
   void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
-    guard("wait", [&] { store_->wait(keys, timeout); });
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    auto pause = std::chrono::milliseconds(1);
+    for (;;) {
+      bool ready = false;
+      guard("wait", [&] { ready = store_->check(keys); });
+      if (ready) return;
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= deadline) {
+        throw Error(ErrorCode::kTimeout,
+                    "Timed out after " + std::to_string(timeout.count()) +
+                        " ms waiting for store key '" + (keys.empty() ? std::string() : keys[0]) +
+                        "'",
+                    ErrorContext::forOp("store"));
+      }
+      std::this_thread::sleep_for(
+          std::min<std::chrono::steady_clock::duration>(pause, deadline - now));
+      pause = std::min(pause * 2, std::chrono::milliseconds(50));
+    }
   }
   int64_t add(const std::string& key, int64_t delta) override {
     int64_t v = 0;

@@ -6,9 +6,10 @@
 // inbound handshake on its own thread under a deadline).
 #include <algorithm>
 #include <condition_variable>
-#include <functional>
 #include <cstring>
+#include <functional>
 #include <mutex>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -58,6 +59,7 @@ net::Socket listenAndPublish(const ContextOptions& options, int rank,
   const std::string hostPort =
       (ip.find(':') != std::string::npos ? "[" + ip + "]" : ip) + ":" + std::to_string(port);
   options.store->setString(options.prefix + "tcp/addr/" + std::to_string(rank), hostPort);
+  options.store->add(options.prefix + "tcp/published/" + std::to_string(rank), 1);
   GFLOW_LOG(DEBUG) << "rank " << rank << " listens on " << hostPort;
   return listener;
 }
@@ -194,27 +196,33 @@ net::Socket dial(const Identity& me, const std::pair<std::string, uint16_t>& hp,
 }
 
 // A rank that fails during setup says so in the store, so the ranks that
-// wait for it fail at once with its reason instead of at the deadline.
+// wait for it fail at once with its reason instead of at the deadline. The
+// waiters poll counters (`add` of 0, which never blocks) and read a text
+// only once its counter says it is there: a store wait that times out can
+// leave a c10d store's client out of step with its server.
 void reportSetupFailure(const ContextOptions& o, int rank, const Error& e) noexcept {
   try {
     o.store->setString(o.prefix + "tcp/failure/" + std::to_string(rank), e.what());
+    o.store->add(o.prefix + "tcp/failed/" + std::to_string(rank), 1);
     o.store->add(o.prefix + "tcp/failed", 1);
   } catch (const Error&) {
     // Best effort: the others then wait for their deadline.
   }
 }
 
+bool counterSet(const ContextOptions& o, const std::string& key) {
+  return o.store->add(o.prefix + key, 0) > 0;
+}
+
 // Raises the report of a rank of `ranks` that failed during setup, if any.
-void raiseSetupFailure(const ContextOptions& o, int rank, const std::vector<int>& ranks) {
-  if (o.store->add(o.prefix + "tcp/failed", 0) <= 0) return;
+void raiseSetupFailure(const ContextOptions& o, int rank, const std::vector<int>& ranks,
+                       const Deadline& deadline) {
+  if (!counterSet(o, "tcp/failed")) return;
   for (int r : ranks) {
-    std::string why;
-    try {
-      why = o.store->getString(o.prefix + "tcp/failure/" + std::to_string(r),
-                               std::chrono::milliseconds(1));
-    } catch (const Error&) {
-      continue;  // not this one
-    }
+    if (!counterSet(o, "tcp/failed/" + std::to_string(r))) continue;
+    const std::string why =
+        o.store->getString(o.prefix + "tcp/failure/" + std::to_string(r),
+                           std::chrono::milliseconds(std::max(deadline.remainingMs(), 1)));
     throw Error(ErrorCode::kPeerLost,
                 "rank " + std::to_string(r) + " failed while connecting: " +
                     printable(why.data(), std::min<size_t>(why.size(), 1024)),
@@ -222,20 +230,26 @@ void raiseSetupFailure(const ContextOptions& o, int rank, const std::vector<int>
   }
 }
 
-// The address rank `peer` published, waited for in slices so that its
-// setup failure (or another rank's) ends the wait at once.
+// The address rank `peer` published (listenAndPublish sets it, then its
+// counter), polled so that its setup failure ends the wait at once.
 std::string peerAddress(const ContextOptions& o, int rank, int peer, const Deadline& deadline) {
-  const std::string key = o.prefix + "tcp/addr/" + std::to_string(peer);
-  for (;;) {
-    const int slice = static_cast<int>(std::min<int64_t>(
-        std::max(deadline.remainingMs(), 1), std::chrono::milliseconds(kSetupPoll).count()));
-    try {
-      return o.store->getString(key, std::chrono::milliseconds(slice));
-    } catch (const Error& e) {
-      if (e.code() != ErrorCode::kTimeout || deadline.expired()) throw;
+  const std::string n = std::to_string(peer);
+  // From 1 ms, doubling to kSetupPoll: ranks that start together connect at
+  // once, one that starts late costs a poll every kSetupPoll.
+  auto pause = std::chrono::milliseconds(1);
+  while (!counterSet(o, "tcp/published/" + n)) {
+    raiseSetupFailure(o, rank, {peer}, deadline);
+    if (deadline.expired()) {
+      GFLOW_THROW(kTimeout, ErrorContext::forOp("init").withRank(rank).withPeer(peer))
+          << "Timed out waiting for rank " << peer
+          << " to publish its address (GFLOW_TIMEOUT): it has not started or is stuck";
     }
-    raiseSetupFailure(o, rank, {peer});
+    std::this_thread::sleep_for(
+        std::min(pause, std::chrono::milliseconds(std::max(deadline.remainingMs(), 0))));
+    pause = std::min(pause * 2, std::chrono::milliseconds(kSetupPoll));
   }
+  return o.store->getString(o.prefix + "tcp/addr/" + n,
+                            std::chrono::milliseconds(std::max(deadline.remainingMs(), 1)));
 }
 
 }  // namespace
@@ -280,9 +294,10 @@ void TcpContext::connectAllOrThrow(const ContextOptions& options) {
       addConnection(peer, i, dial(me, hp, peer, i, options.token, bufBytes, congestion, deadline));
     }
   }
-  auto accepted = inbound.wait(
-      ErrorContext::forOp("init").withRank(rank()),
-      [&](const std::vector<int>& missing) { raiseSetupFailure(options, rank(), missing); });
+  auto accepted = inbound.wait(ErrorContext::forOp("init").withRank(rank()),
+                               [&](const std::vector<int>& missing) {
+                                 raiseSetupFailure(options, rank(), missing, deadline);
+                               });
   acceptor.stop();
   for (auto& [hello, sock] : accepted) {
     net::setBufferSizes(sock.fd(), bufBytes);
