@@ -122,8 +122,8 @@
     "Job secret; store and data connections prove knowledge of it (HMAC-SHA256). gflowrun "        \
     "generates one.")                                                                              \
   X(requireToken, "GFLOW_REQUIRE_TOKEN", kInt, "0", kLocal,                                        \
-    "1: a communicator without a job token (GFLOW_JOB_TOKEN, gflowrun's, a PMIx launcher's) "     \
-    "fails at creation instead of warning that any stranger may join.")                           \
+    "1: a communicator without a job token (GFLOW_JOB_TOKEN or gflowrun's) fails at "              \
+    "creation instead of warning that any stranger may join.")                                     \
   X(hostId, "GFLOW_HOST_ID", kString, "", kLocal,                                                  \
     "Overrides host identity (hostname + boot id) for grouping ranks into hosts.")
 
@@ -134,36 +134,36 @@
 // from Communicator::create) naming the variable and this range. The ranges
 // keep out values that parse but make no sense: a 1-byte stripe or piece,
 // thousands of sockets per peer, a timeout of 0.
-#define GFLOW_PARAM_RANGES(R)                                               \
-  R(timeoutMs, 1, 30LL * 24 * 3600 * 1000, false)                           \
-  R(ncclVerify, 0, 1, false)                                                \
-  R(shm, 0, 1, false)                                                       \
-  R(shmChunk, 4096, 1LL << 30, false)                                       \
-  R(hierSegment, 4096, 1LL << 40, false)                                    \
-  R(pin, 0, 1, false)                                                       \
-  R(socketsPerPeer, 1, 64, false)                                           \
-  R(stripeMin, 0, 1LL << 46, false)                                         \
-  R(stripeChunk, 4096, 1LL << 30, true)                                     \
-  R(socketBuffer, 16384, 1LL << 31, false)                                  \
-  R(unexpectedLimit, 65536, 1LL << 46, false)                               \
-  R(spinUs, 0, 10000000, false)                                             \
-  R(ibGidIndex, 0, 255, false)                                              \
-  R(ibTimeout, 1, 31, false)                                                \
-  R(ibRetryCnt, 0, 7, false)                                                \
-  R(ibMtu, 256, 4096, true)                                                 \
-  R(ibQpsPerPeer, 1, 16, false)                                             \
-  R(ibEagerBytes, 64, 1LL << 20, false)                                     \
-  R(ibEagerSlots, 2, 4096, false)                                           \
-  R(ibRegCache, 0, 1LL << 46, false)                                        \
-  R(pieceBytes, 64, 1LL << 30, false)                                     \
-  R(ringWindow, 1, 1024, false)                                             \
-  R(rdMaxBytes, 0, 1LL << 46, false)                                        \
-  R(hdMaxBytes, 0, 1LL << 46, false)                                        \
-  R(fusionThreshold, 1, 1LL << 40, false)                                   \
-  R(cycleTimeMs, 0, 3600000, false)                                         \
-  R(cscChunk, 1, 1LL << 24, false)                                          \
-  R(rank, 0, (1LL << 24) - 1, false)                                        \
-  R(worldSize, 1, 1LL << 24, false)                                         \
-  R(localRank, 0, (1LL << 24) - 1, false)                                   \
-  R(localSize, 1, 1LL << 24, false)                                         \
+#define GFLOW_PARAM_RANGES(R)                     \
+  R(timeoutMs, 1, 30LL * 24 * 3600 * 1000, false) \
+  R(ncclVerify, 0, 1, false)                      \
+  R(shm, 0, 1, false)                             \
+  R(shmChunk, 4096, 1LL << 30, false)             \
+  R(hierSegment, 4096, 1LL << 40, false)          \
+  R(pin, 0, 1, false)                             \
+  R(socketsPerPeer, 1, 64, false)                 \
+  R(stripeMin, 0, 1LL << 46, false)               \
+  R(stripeChunk, 4096, 1LL << 30, true)           \
+  R(socketBuffer, 16384, 1LL << 31, false)        \
+  R(unexpectedLimit, 65536, 1LL << 46, false)     \
+  R(spinUs, 0, 10000000, false)                   \
+  R(ibGidIndex, 0, 255, false)                    \
+  R(ibTimeout, 1, 31, false)                      \
+  R(ibRetryCnt, 0, 7, false)                      \
+  R(ibMtu, 256, 4096, true)                       \
+  R(ibQpsPerPeer, 1, 16, false)                   \
+  R(ibEagerBytes, 64, 1LL << 20, false)           \
+  R(ibEagerSlots, 2, 4096, false)                 \
+  R(ibRegCache, 0, 1LL << 46, false)              \
+  R(pieceBytes, 64, 1LL << 30, false)             \
+  R(ringWindow, 1, 1024, false)                   \
+  R(rdMaxBytes, 0, 1LL << 46, false)              \
+  R(hdMaxBytes, 0, 1LL << 46, false)              \
+  R(fusionThreshold, 1, 1LL << 40, false)         \
+  R(cycleTimeMs, 0, 3600000, false)               \
+  R(cscChunk, 1, 1LL << 24, false)                \
+  R(rank, 0, (1LL << 24) - 1, false)              \
+  R(worldSize, 1, 1LL << 24, false)               \
+  R(localRank, 0, (1LL << 24) - 1, false)         \
+  R(localSize, 1, 1LL << 24, false)               \
   R(requireToken, 0, 1, false)

@@ -263,7 +263,8 @@ TEST_F(EnvironmentTest, RangeChecks) {
   EXPECT_THAT(failure(), HasSubstr("outside [0, 4)"));
   set("GFLOW_RANK", "0");
   set("GFLOW_WORLD_SIZE", "0");
-  EXPECT_THAT(failure(), HasSubstr("GFLOW_WORLD_SIZE='0' is not valid: expected an integer in [1,"));
+  EXPECT_THAT(failure(),
+              HasSubstr("GFLOW_WORLD_SIZE='0' is not valid: expected an integer in [1,"));
   set("GFLOW_WORLD_SIZE", "4");
   set("GFLOW_LOCAL_RANK", "2");
   set("GFLOW_LOCAL_SIZE", "2");

@@ -295,8 +295,7 @@ TEST(FaultGarbage, AJobWithoutATokenWarnsAndListensOnlyOnTheRootAddress) {
     ASSERT_TRUE(job.waitExit(seconds(20))) << job.report();
     for (int r = 0; r < 2; ++r) {
       EXPECT_NE(job.result(r).exitCode, 0) << job.report();
-      EXPECT_NE(job.result(r).what.find("GFLOW_REQUIRE_TOKEN"), std::string::npos)
-          << job.report();
+      EXPECT_NE(job.result(r).what.find("GFLOW_REQUIRE_TOKEN"), std::string::npos) << job.report();
     }
   }
 }
