@@ -11,6 +11,8 @@ packages=(
   libgloo-dev openmpi-bin libopenmpi-dev
   # later issues: topology, verbs, python
   libhwloc-dev libibverbs-dev
+  # the PMIx bootstrap: <pmix.h> at build time (libpmix2 is loaded at run time)
+  libpmix-dev
   # multi-host tests (network namespaces) and tooling
   iproute2 procps python3
   # examples/digits_train: zlib, and the digits data shipped by scikit-learn

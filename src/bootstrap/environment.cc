@@ -2,7 +2,10 @@
 //   1. explicit Options fields (always win, never reported as contradictions);
 //   2. GFLOW_* (gflowrun) and torchrun's RANK/WORLD_SIZE/...: the launchers that
 //      start the ranks themselves. Where both set a field they must agree;
-//   3. Open MPI (OMPI_COMM_WORLD_*), then 4. Slurm (SLURM_*).
+//   3. the PMIx server of the launcher that started this process (mpirun,
+//      srun --mpi=pmix, PRRTE), asked only when tier 2 sets nothing;
+//   4. Open MPI (OMPI_COMM_WORLD_*), then 5. Slurm (SLURM_*), the same
+//      launchers' variables, for when no PMIx client can be had.
 // Open MPI and Slurm are usually *outer* launchers: `srun torchrun ...` leaves
 // SLURM_PROCID (the node's task id) next to torchrun's RANK, and a batch
 // script's SLURM_NTASKS is still set when gflowrun runs inside it. So a lower
@@ -20,6 +23,7 @@
 #include <fstream>
 #include <vector>
 
+#include "bootstrap/pmix.h"
 #include "common/check.h"
 #include "common/logging.h"
 #include "common/params.h"
@@ -42,6 +46,14 @@ struct Tier {
   std::string name;
   Field rank, size, localRank, localSize;
   bool any() const { return rank.set() || size.set() || localRank.set() || localSize.set(); }
+};
+
+// What became of the PMIx server: `used` when it gave the identity; `why` it
+// could not when it was asked and failed.
+struct PmixOutcome {
+  bool used = false;
+  std::string host;
+  std::string why;
 };
 
 // Launcher variables are not gflow parameters, so they are read directly
@@ -118,6 +130,35 @@ Tier launcherTier(const char* name, const std::array<const char*, 4>& vars) {
   return t;
 }
 
+// The PMIx server's answer. Asked only when the process was started by one;
+// a failure is kept in `outcome->why` and leaves the tier empty, so the
+// launcher's variables (Open MPI, Slurm) still serve.
+Tier pmixTier(PmixOutcome* outcome) {
+  Tier t;
+  t.name = "PMIx";
+  if (!pmix::launched()) return t;
+  try {
+    const pmix::Job j = pmix::job();
+    auto field = [](int v, const char* var) {
+      Field f;
+      if (v < 0) return f;
+      f.value = v;
+      f.var = var;
+      f.source = "PMIx";
+      return f;
+    };
+    t.rank = field(j.rank, "PMIx rank");
+    t.size = field(j.size, "PMIx job size");
+    t.localRank = field(j.localRank, "PMIx local rank");
+    t.localSize = field(j.localSize, "PMIx local size");
+    outcome->host = j.host;
+  } catch (const Error& e) {
+    outcome->why = e.what();
+    GFLOW_LOG(DEBUG) << "not using the PMIx server: " << e.what();
+  }
+  return t;
+}
+
 // An explicit Options value: -1 means unset, other negatives are mistakes.
 Field optionField(int value, const char* name) {
   Field f;
@@ -133,7 +174,7 @@ Field optionField(int value, const char* name) {
   return f;
 }
 
-void resolveRoot(const Options& options, Identity* id) {
+void resolveRoot(const Options& options, const PmixOutcome& pmix, Identity* id) {
   if (options.store) return;  // the caller brings the rendezvous
   if (!options.root.empty()) {
     auto hp = net::parseHostPort(options.root, "Options::root");
@@ -171,17 +212,21 @@ void resolveRoot(const Options& options, Identity* id) {
                                                      : "MASTER_PORT is set but MASTER_ADDR is not")
                                         << "; set both, or set GFLOW_ROOT=host:port";
   }
+  if (pmix.used) return;  // shared through the PMIx server (rendezvous.h)
   GFLOW_THROW(kInvalidArgument, kCtx)
       << "cannot find rank 0's store: set GFLOW_ROOT=host:port (or MASTER_ADDR and "
-         "MASTER_PORT), or pass Options::root or Options::store";
+         "MASTER_PORT), or pass Options::root or Options::store, or launch under a PMIx "
+         "server (mpirun, srun --mpi=pmix)"
+      << (pmix.why.empty() ? "" : "; the PMIx server could not be used: " + pmix.why);
 }
 
 constexpr Field Tier::*kFields[4] = {&Tier::rank, &Tier::size, &Tier::localRank, &Tier::localSize};
 
 // The four identity fields after precedence: each Options field, else the
 // first tier that sets any identity variable (GFLOW_* with torchrun, then
-// Open MPI, then Slurm). The result's name is that tier's ("" when none).
-Tier resolveFields(const Options& options) {
+// PMIx, then Open MPI, then Slurm). The result's name is that tier's ("" when
+// none); `pmix` says whether the PMIx server was that tier.
+Tier resolveFields(const Options& options, PmixOutcome* pmix) {
   Tier direct = gflowTier();
   Tier torch = launcherTier("torchrun", {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"});
   Tier ompi =
@@ -201,17 +246,20 @@ Tier resolveFields(const Options& options) {
       if (!opt[i].set()) agree(&(direct.*kFields[i]), torch.*kFields[i]);
     }
   }
+  Tier server;
+  if (!direct.any() && !torch.any()) server = pmixTier(pmix);
   const Tier* primary = nullptr;
-  for (const Tier* t : {&direct, &ompi, &slurm}) {
+  for (const Tier* t : {&direct, &server, &ompi, &slurm}) {
     if (t->any()) {
       primary = t;
       break;
     }
   }
+  pmix->used = primary == &server;
   for (const Tier* t : {&ompi, &slurm}) {
     if (primary != nullptr && t != primary && t->any()) {
       GFLOW_LOG(DEBUG) << "identity from " << primary->name << "; ignoring " << t->name
-                       << " variables (outer launcher)";
+                       << " variables (lower precedence)";
     }
   }
 
@@ -276,7 +324,8 @@ void checkRanges(const Tier& got) {
 }  // namespace
 
 Identity resolveIdentity(const Options& options) {
-  const Tier got = resolveFields(options);
+  PmixOutcome pmix;
+  const Tier got = resolveFields(options, &pmix);
   requireRankAndSize(got);
   checkRanges(got);
   Identity id;
@@ -285,18 +334,24 @@ Identity resolveIdentity(const Options& options) {
   id.localRank = got.localRank.value;
   id.localSize = got.localSize.value;
   id.source = got.rank.source;
-  resolveRoot(options, &id);
+  resolveRoot(options, pmix, &id);
   id.token = !options.token.empty() ? options.token : params::jobToken();
+  id.pmix = pmix.used;
+  if (pmix.used) id.launcherHost = pmix.host;
   GFLOW_LOG(DEBUG) << "identity: rank " << id.rank << " of " << id.size << " (local "
                    << id.localRank << " of " << id.localSize << ") from " << id.source;
   return id;
 }
 
-std::string hostId() {
+std::string hostId(const std::string& launcherHost) {
   std::string fixed = params::hostId();
   if (!fixed.empty()) return fixed;
   char name[256] = {0};
-  if (::gethostname(name, sizeof(name) - 1) < 0) std::snprintf(name, sizeof(name), "unknown");
+  if (!launcherHost.empty()) {
+    std::snprintf(name, sizeof(name), "%s", launcherHost.c_str());
+  } else if (::gethostname(name, sizeof(name) - 1) < 0) {
+    std::snprintf(name, sizeof(name), "unknown");
+  }
   // The boot id tells apart containers that share a hostname but not a kernel
   // (and so cannot share memory), and hosts cloned from one image.
   std::string bootId;

@@ -1,5 +1,6 @@
 // Who am I: rank, world size, local rank and the root store address, from
-// explicit Options, then GFLOW_*, then torchrun, Open MPI and Slurm variables.
+// explicit Options, then GFLOW_* and torchrun's variables, then a PMIx server,
+// then Open MPI's and Slurm's variables (docs/launching.md).
 #pragma once
 
 #include <cstdint>
@@ -17,7 +18,11 @@ struct Identity {
   std::string rootHost;  // empty when Options::store is given
   uint16_t rootPort = 0;
   std::string token;
-  std::string source;  // "options", "GFLOW_*", "torchrun", "Open MPI", "Slurm"
+  std::string source;  // "options", "GFLOW_*", "torchrun", "PMIx", "Open MPI", "Slurm"
+  // The identity came from a PMIx server: a root address or token not given
+  // here is shared through it (rendezvous.h), so rootHost may be empty.
+  bool pmix = false;
+  std::string launcherHost;  // the launcher's name for this node (PMIx), "" if none
 };
 
 // Throws Error(kInvalidArgument) naming the variable to set when something is
@@ -26,8 +31,9 @@ struct Identity {
 // outside [0, size).
 Identity resolveIdentity(const Options& options);
 
-// This host's identity for grouping ranks: GFLOW_HOST_ID, else
-// hostname + "/" + /proc/sys/kernel/random/boot_id.
-std::string hostId();
+// This host's identity for grouping ranks: GFLOW_HOST_ID, else the
+// launcher's node name (Identity::launcherHost) or the hostname, + "/" +
+// /proc/sys/kernel/random/boot_id.
+std::string hostId(const std::string& launcherHost = "");
 
 }  // namespace gflow::bootstrap

@@ -155,8 +155,7 @@ TcpStore::TcpStore(const TcpStoreOptions& options) : impl_(std::make_unique<Impl
     }
     m.port = options.port;
   }
-  m.where = (m.host.find(':') != std::string::npos ? "[" + m.host + "]" : m.host) + ":" +
-            std::to_string(m.port);
+  m.where = net::joinHostPort(m.host, m.port);
   // Connect now: the caller learns of a wrong token or an absent server here,
   // and a rank that starts before rank 0 waits here (connectTo retries).
   m.release(m.connect(m.requestDeadline()));

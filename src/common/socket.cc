@@ -244,6 +244,11 @@ PortRange parsePortRange(const std::string& spec) {
   return r;
 }
 
+std::string joinHostPort(const std::string& host, uint16_t port) {
+  const bool v6 = host.find(':') != std::string::npos && host.front() != '[';
+  return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
+}
+
 std::pair<std::string, uint16_t> parseHostPort(const std::string& s, const std::string& what) {
   std::string t = trim(s);
   std::string host, port;

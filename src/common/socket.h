@@ -46,6 +46,9 @@ struct PortRange {
 // GFLOW_PORT_RANGE on a malformed value.
 PortRange parsePortRange(const std::string& spec);
 
+// "host:port", with an IPv6 host in brackets ("[::1]:80"): parseHostPort's input.
+std::string joinHostPort(const std::string& host, uint16_t port);
+
 // "host:port" (host may be "[v6]"). Throws kInvalidArgument naming `what`.
 std::pair<std::string, uint16_t> parseHostPort(const std::string& s, const std::string& what);
 

@@ -5,6 +5,7 @@
 #include "backend/device_buffers.h"
 #include "backend/hierarchical/hierarchical.h"
 #include "bootstrap/environment.h"
+#include "bootstrap/rendezvous.h"
 #include "common/check.h"
 #include "common/hash.h"
 #include "common/logging.h"
@@ -345,8 +346,9 @@ namespace {
 // Without a job token anyone who reaches the store or a data port can join or
 // disrupt the job: an error under GFLOW_REQUIRE_TOKEN=1, else one warning
 // (rank 0, once per process).
-void checkAuthenticated(const bootstrap::Identity& id) {
-  if (!id.token.empty()) return;
+// `tokenComing`: the PMIx rendezvous will share one (bootstrap::openStore).
+void checkAuthenticated(const bootstrap::Identity& id, bool tokenComing) {
+  if (!id.token.empty() || tokenComing) return;
   if (params::requireToken() != 0) {
     throw Error(ErrorCode::kInvalidArgument,
                 "GFLOW_REQUIRE_TOKEN=1 and this job has no token: set GFLOW_JOB_TOKEN to the "
@@ -363,37 +365,20 @@ void checkAuthenticated(const bootstrap::Identity& id) {
   });
 }
 
-// Where rank 0's store listens. With a token, every interface (a hostname
-// may resolve to a loopback alias such as Debian's 127.0.1.1 on rank 0 and
-// to its network address elsewhere); the token keeps strangers out. Without
-// one, only the address the root name resolves to here, unless that is such
-// an alias (then every interface, as before, and the warning above).
-std::string storeListenHost(const bootstrap::Identity& id) {
-  const bool v6 = id.rootHost.find(':') != std::string::npos;
-  const std::string any = v6 ? "::" : "0.0.0.0";
-  if (!id.token.empty()) return any;
-  const std::string ip = net::resolveAddress(id.rootHost);
-  return ip.empty() || (ip.rfind("127.", 0) == 0 && ip != "127.0.0.1") ? any : ip;
-}
-
 }  // namespace
 
 std::shared_ptr<Communicator> Communicator::create(const Options& options) {
   const Settings settings = resolveSettings(options);  // before any connection
   bootstrap::Identity id = bootstrap::resolveIdentity(options);
-  checkAuthenticated(id);
+  checkAuthenticated(id, id.pmix && !options.store);
   std::chrono::milliseconds timeout = options.timeout.count() > 0
                                           ? options.timeout
                                           : std::chrono::milliseconds(params::timeoutMs());
   std::shared_ptr<Store> store = options.store;
   if (!store) {
-    TcpStoreOptions so;
-    so.host = id.rank == 0 ? storeListenHost(id) : id.rootHost;  // clients use rootHost
-    so.port = id.rootPort;
-    so.isServer = (id.rank == 0);
-    so.token = id.token;
-    so.timeout = timeout;
-    store = std::make_shared<TcpStore>(so);
+    const std::string ifname =
+        !options.tcp.socketIfname.empty() ? options.tcp.socketIfname : params::socketIfname();
+    store = bootstrap::openStore(&id, ifname, timeout);
   }
   // Each rank counts the communicators it created on this store; ranks that
   // create them in the same order get the same key prefix.
@@ -410,7 +395,8 @@ std::shared_ptr<Communicator> Communicator::create(const Options& options) {
   co.ranksOnHost = id.localSize;  // the launcher's count until host identities are known
   const std::string transportName =
       !options.transport.empty() ? options.transport : params::transport();
-  const std::string host = !options.hostId.empty() ? options.hostId : bootstrap::hostId();
+  const std::string host =
+      !options.hostId.empty() ? options.hostId : bootstrap::hostId(id.launcherHost);
   const uint64_t hostHash = hash::sha256Id(host);
   auto impl = CommunicatorImpl::connect(id.rank, id.size, co, transportName, settings, hostHash,
                                         id.localRank, id.localSize);

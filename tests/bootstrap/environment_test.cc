@@ -37,7 +37,9 @@ const char* const kVars[] = {"GFLOW_RANK",
                              "OMPI_COMM_WORLD_LOCAL_SIZE",
                              "SLURM_PROCID",
                              "SLURM_NTASKS",
-                             "SLURM_LOCALID"};
+                             "SLURM_LOCALID",
+                             "PMIX_NAMESPACE",
+                             "PMIX_RANK"};
 
 class EnvironmentTest : public testing::Test {
  protected:
@@ -310,6 +312,46 @@ TEST_F(EnvironmentTest, RootProblems) {
   Options o;
   o.root = "bad";
   EXPECT_THAT(failure(o), HasSubstr("Options::root"));
+}
+
+// A process that looks PMIx-launched but whose server cannot be reached (no
+// PMIX_SERVER_URI*): the launcher's own variables still serve, and when they
+// give no root address the error says why PMIx could not.
+TEST_F(EnvironmentTest, UnreachablePmixServerFallsBackToLauncherVariables) {
+  set("PMIX_NAMESPACE", "gflow-test-no-server");
+  set("PMIX_RANK", "1");
+  set("OMPI_COMM_WORLD_RANK", "1");
+  set("OMPI_COMM_WORLD_SIZE", "2");
+  std::string err = failure();
+  EXPECT_THAT(err, HasSubstr("PMIx server could not be used"));
+  EXPECT_THAT(err, HasSubstr("GFLOW_ROOT"));
+  set("GFLOW_ROOT", "head:5000");
+  Identity id = resolveIdentity({});
+  EXPECT_EQ(id.rank, 1);
+  EXPECT_EQ(id.size, 2);
+  EXPECT_EQ(id.source, "Open MPI");
+  EXPECT_FALSE(id.pmix);
+}
+
+// GFLOW_* (and torchrun) are the launchers that start the ranks themselves:
+// with them set, the PMIx server of an outer launcher is not even asked.
+TEST_F(EnvironmentTest, GflowVariablesShadowPmix) {
+  set("PMIX_NAMESPACE", "gflow-test-no-server");
+  set("PMIX_RANK", "0");
+  set("GFLOW_RANK", "1");
+  set("GFLOW_WORLD_SIZE", "3");
+  set("GFLOW_ROOT", "head:5000");
+  Identity id = resolveIdentity({});
+  EXPECT_EQ(id.rank, 1);
+  EXPECT_EQ(id.source, "GFLOW_*");
+  EXPECT_FALSE(id.pmix);
+}
+
+TEST_F(EnvironmentTest, HostIdFromTheLauncher) {
+  EXPECT_EQ(hostId("nodeA").rfind("nodeA/", 0), 0u) << hostId("nodeA");
+  EXPECT_NE(hostId("nodeA"), hostId("nodeB"));
+  set("GFLOW_HOST_ID", "rack1-node7");
+  EXPECT_EQ(hostId("nodeA"), "rack1-node7");  // GFLOW_HOST_ID still wins
 }
 
 TEST_F(EnvironmentTest, HostId) {

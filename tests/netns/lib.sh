@@ -40,6 +40,7 @@ NN_TIMEOUT_PIDS=()                  # subshells around the ranks' `timeout` wrap
 NN_RANK_HOST=()                     # host of each rank of the current run
 NN_OUT=""                           # output directory of the current run
 NN_ENV=()                           # extra VAR=value for every rank
+NN_ETC_DIRS=()                      # /etc/netns/<ns> directories nn_name_hosts made
 export NN_LAST_SHAPE=""             # description of the shaping in place (for callers)
 
 nn_log() { echo "[netns] $*" >&2; }
@@ -94,10 +95,12 @@ nn_cleanup_stale() {
     nn_log "removing stale namespace $ns (its creator, pid $pid, is gone)"
     nn__kill_ns_pids "$ns"
     ip netns del "$ns" 2>/dev/null || true
+    rm -rf "/etc/netns/$ns"
   done
 }
 
 nn_host_ns() { echo "${NN_PREFIX}h$1"; }
+nn_host_name() { echo "nnhost$1"; }
 nn_switch_ns() { echo "${NN_PREFIX}sw"; }
 nn_host_ip() { echo "${NN_SUBNET}.$(($1 + 1))"; }
 
@@ -215,6 +218,69 @@ nn_shape_all() {
   done
   NN_LAST_SHAPE="$NN_QDISC $rate per host link, each direction"
   [ "${NN_SHAPE_DOWNLINK:-1}" = 1 ] || NN_LAST_SHAPE="$NN_QDISC $rate per host, egress only"
+}
+
+# nn_name_hosts: every host namespace gets an /etc/hosts (through
+# /etc/netns/<ns>/hosts, which `ip netns exec` mounts over /etc/hosts) naming
+# each host nnhost<i> at its address, so launchers can address hosts by name.
+# The hostname itself is per process tree: run it under `unshare --uts` and
+# set it there (nn_exec_named).
+nn_name_hosts() {
+  local h i dir
+  for ((h = 0; h < NN_HOSTS; h++)); do
+    dir=/etc/netns/$(nn_host_ns "$h")
+    mkdir -p "$dir" || return 1
+    NN_ETC_DIRS+=("$dir")
+    {
+      echo "127.0.0.1 localhost"
+      for ((i = 0; i < NN_HOSTS; i++)); do echo "$(nn_host_ip "$i") $(nn_host_name "$i")"; done
+    } >"$dir/hosts" || return 1
+  done
+}
+
+# nn_exec_named H CMD...: CMD (a shell command string) in host H's namespace,
+# in a UTS namespace of its own whose hostname is nnhost<H>.
+nn_exec_named() {
+  local h=$1
+  shift
+  ip netns exec "$(nn_host_ns "$h")" unshare --uts sh -c "hostname $(nn_host_name "$h") && $*"
+}
+
+# nn_listening_ports H PROGRAM: "ip:port" of every TCP socket that a process
+# named PROGRAM listens on in host H's namespace, one per line.
+nn_listening_ports() {
+  ip netns exec "$(nn_host_ns "$1")" ss -Htlnp 2>/dev/null |
+    awk -v p="((\"$2\"," 'index($0, p) { print $4 }'
+}
+
+# nn_probe_strangers HOST BENCH ADDR...: from host HOST (a namespace outside
+# the job), a stranger tries each ADDR (ip:port of a job's listener) three
+# ways: as a gflow rank with a wrong token, as one without a token, and with
+# 4 KiB of random bytes. Every gflow attempt must fail with "unauthorized"
+# within 30 s. Returns 0 when every attempt was refused; prints each verdict.
+nn_probe_strangers() {
+  local h=$1 bench=$2 addr tok rc err fails=0
+  shift 2
+  for addr in "$@"; do
+    tok=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
+    for how in wrong-token no-token; do
+      local env=(GFLOW_RANK=1 GFLOW_WORLD_SIZE=4 GFLOW_ROOT="$addr" GFLOW_TIMEOUT=10s)
+      [ "$how" = wrong-token ] && env+=(GFLOW_JOB_TOKEN="$tok")
+      err=$(ip netns exec "$(nn_host_ns "$h")" env -i PATH="$PATH" "${env[@]}" \
+        timeout 30 "$bench" -b 4 -e 4 -n 1 -w 0 2>&1 >/dev/null)
+      rc=$?
+      if [ "$rc" != 0 ] && [[ $err == *unauthorized* ]]; then
+        echo "  refused: stranger ($how) at $addr"
+      else
+        echo "  NOT REFUSED: stranger ($how) at $addr: exit $rc: ${err:0:300}"
+        fails=$((fails + 1))
+      fi
+    done
+    ip netns exec "$(nn_host_ns "$h")" timeout 10 bash -c \
+      "exec 3<>/dev/tcp/${addr%:*}/${addr##*:} && head -c 4096 /dev/urandom >&3" 2>/dev/null
+    echo "  sent 4 KiB of random bytes to $addr"
+  done
+  return $fails
 }
 
 # Prints the qdisc statistics of every host link (for the record).
@@ -392,6 +458,8 @@ nn_teardown() {
   NN_TIMEOUT_PIDS=()
   for ns in "${NN_NAMESPACES[@]}"; do ip netns del "$ns" 2>/dev/null || true; done
   NN_NAMESPACES=()
+  for ns in "${NN_ETC_DIRS[@]}"; do rm -rf "$ns"; done
+  NN_ETC_DIRS=()
   NN_HOSTS=0
 }
 

@@ -56,8 +56,7 @@ net::Socket listenAndPublish(const ContextOptions& options, int rank,
   uint16_t port = 0;
   net::Socket listener = net::listenOn(ip, net::parsePortRange(range), &port);
   congestion.apply(listener.fd(), rank);
-  const std::string hostPort =
-      (ip.find(':') != std::string::npos ? "[" + ip + "]" : ip) + ":" + std::to_string(port);
+  const std::string hostPort = net::joinHostPort(ip, port);
   options.store->setString(options.prefix + "tcp/addr/" + std::to_string(rank), hostPort);
   options.store->add(options.prefix + "tcp/published/" + std::to_string(rank), 1);
   GFLOW_LOG(DEBUG) << "rank " << rank << " listens on " << hostPort;
