@@ -34,7 +34,13 @@ struct ErrorContext {
   std::string op;    // "allreduce", "broadcast", "bootstrap", ...
   uint64_t seq = 0;  // the op's sequence number on its communicator (1-based)
   int rank = -1;     // the rank raising the error
-  int peer = -1;     // the peer involved, if any
+  int peer = -1;     // the peer involved, if any: at the API, the rank this error blames
+  // What a peer's failure report said, in the communicator's numbering: the
+  // rank it blames (-1: none) and the op it failed in (0: none). The
+  // communicator settles every rank's report into one verdict (errors.md),
+  // so all ranks that hear of a failure raise the same code, op and culprit.
+  int culprit = -1;
+  uint64_t reportedSeq = 0;
 
   static ErrorContext forOp(std::string name) { return ErrorContext().withOp(std::move(name)); }
   ErrorContext withOp(std::string name) const {
@@ -55,6 +61,12 @@ struct ErrorContext {
   ErrorContext withPeer(int p) const {
     ErrorContext c = *this;
     c.peer = p;
+    return c;
+  }
+  ErrorContext withCulprit(int r, uint64_t s) const {
+    ErrorContext c = *this;
+    c.culprit = r;
+    c.reportedSeq = s;
     return c;
   }
 };

@@ -194,6 +194,14 @@ class Backend {
 
   virtual void abort(const Error& error) = 0;
   virtual void notifyPeers(const Error& error) = 0;
+  // After a failure: the peers' failure reports, once every peer but
+  // `exclude` (communicator numbering) has reported or is gone, or at
+  // `until` (transport::Context::awaitReports). Executing thread.
+  virtual std::vector<Error> awaitReports(Deadline until, int exclude) {
+    (void)until;
+    (void)exclude;
+    return {};
+  }
   // This rank will not run op `seq` (the call's arguments were rejected,
   // `why`): tells the peers without failing (transport::Context::reject), so
   // one that runs the op fails at once and one that rejected it too goes on.

@@ -60,6 +60,13 @@ class ByAlgorithm final : public Backend {
   void notifyPeers(const Error& error) override {
     for (Backend* b : all()) b->notifyPeers(error);
   }
+  std::vector<Error> awaitReports(Deadline until, int exclude) override {
+    std::vector<Error> all;
+    for (Backend* b : this->all()) {
+      for (Error& e : b->awaitReports(until, exclude)) all.push_back(std::move(e));
+    }
+    return all;
+  }
   // Every backend keeps its own op numbering: each hears of the rejection.
   bool reject(uint64_t seq, const std::string& why) override {
     bool ok = true;
@@ -240,6 +247,10 @@ void Router::abort(const Error& error) {
 void Router::notifyPeers(const Error& error) {
   host_->notifyPeers(error);
   if (nccl_) nccl_->notifyPeers(error);
+}
+
+std::vector<Error> Router::awaitReports(Deadline until, int exclude) {
+  return host_->awaitReports(until, exclude);  // NCCL's one report is the verdict already
 }
 
 bool Router::reject(uint64_t seq, const std::string& why) {

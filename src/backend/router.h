@@ -94,6 +94,7 @@ class Router final : public Backend {
 
   void abort(const Error& error) override;
   void notifyPeers(const Error& error) override;
+  std::vector<Error> awaitReports(Deadline until, int exclude) override;
   bool reject(uint64_t seq, const std::string& why) override;
   PeerStats peerStats(int peer) const override;
   void registerMemory(void* data, size_t bytes,

@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <cmath>
 #include <mutex>
+#include <tuple>
 
 #include "backend/device_buffers.h"
 #include "backend/hierarchical/hierarchical.h"
@@ -37,7 +38,36 @@ Error relabel(const Error& e, ErrorContext ctx) {
   if (ctx.seq == 0) ctx.seq = had.seq;
   if (ctx.rank < 0) ctx.rank = had.rank;
   if (ctx.peer < 0) ctx.peer = had.peer;
+  if (ctx.culprit < 0) ctx = ctx.withCulprit(had.culprit, had.reportedSeq);
   return Error(e.code(), e.detail(), std::move(ctx));
+}
+
+// The rank `e` blames: the culprit a peer's report named (when it is a rank
+// of this communicator), else the peer that failed this rank's wait.
+int blamed(const Error& e, int size) {
+  const int culprit = e.context().culprit;
+  return culprit >= 0 && culprit < size ? culprit : e.peer();
+}
+
+// The op `e` concerns: an earlier op a peer's report said it failed in (a
+// rank that completed op n fails in n+1 when a peer still in n reports),
+// else this rank's op `mine`.
+uint64_t reportedOp(const Error& e, uint64_t mine) {
+  const uint64_t theirs = e.context().reportedSeq;
+  return theirs >= 1 && theirs < mine ? theirs : mine;
+}
+
+// Only failures that blame another rank are settled into one verdict.
+bool settles(const Error& e, int rank) {
+  return (e.code() == ErrorCode::kTimeout || e.code() == ErrorCode::kPeerLost) && e.peer() >= 0 &&
+         e.peer() != rank;
+}
+
+// The verdict's order over candidates: the earliest op, then the code, then
+// the lowest culprit. Every rank orders the same set of candidates.
+bool before(uint64_t seq, ErrorCode code, int culprit, const Error& than) {
+  return std::make_tuple(seq, static_cast<int>(code), culprit) <
+         std::make_tuple(than.seq(), static_cast<int>(than.code()), than.peer());
 }
 
 }  // namespace
@@ -63,6 +93,33 @@ void CommunicatorImpl::notifyOnce(const std::shared_ptr<const Error>& e) {
 
 void CommunicatorImpl::fail(const Error& e) {
   notifyOnce(setFailed(e));
+}
+
+Error CommunicatorImpl::settle(const Error& candidate) {
+  if (!backend || !settles(candidate, rank) || error() || notified.exchange(true)) {
+    fail(candidate);  // failed before (abort(), another thread): as it was
+    return candidate;
+  }
+  // Every peer hears this rank's candidate now, and this rank waits (for at
+  // most a probe grace) for every peer's but the culprit's.
+  backend->abort(candidate);
+  backend->notifyPeers(candidate);
+  const auto grace =
+      std::clamp(timeout / 4, std::chrono::milliseconds(50), std::chrono::milliseconds(2000));
+  Error verdict = candidate;
+  for (const Error& r : backend->awaitReports(Deadline::after(grace), candidate.peer())) {
+    const ErrorContext& c = r.context();
+    if (c.culprit < 0 || c.culprit >= size || c.reportedSeq == 0) continue;
+    if (!before(c.reportedSeq, r.code(), c.culprit, verdict)) continue;
+    verdict = Error(r.code(), r.detail(),
+                    ErrorContext::forOp(candidate.op())
+                        .withSeq(c.reportedSeq)
+                        .withRank(rank)
+                        .withPeer(c.culprit)
+                        .withCulprit(c.culprit, c.reportedSeq));
+  }
+  setFailed(verdict);
+  return verdict;
 }
 
 void CommunicatorImpl::checkUsable(const char* op) {
@@ -179,10 +236,15 @@ std::shared_ptr<WorkState> CommunicatorImpl::submit(OpDesc desc, bool blocking,
     try {
       body(op);
     } catch (const Error& e) {
-      Error full =
-          relabel(e, ErrorContext::forOp(name).withSeq(mySeq).withRank(rank).withPeer(e.peer()));
-      fail(full);
-      throw full;
+      Error full = relabel(e, ErrorContext::forOp(name)
+                                  .withSeq(reportedOp(e, mySeq))
+                                  .withRank(rank)
+                                  .withPeer(blamed(e, size)));
+      if (desc.kind == OpKind::kPointToPoint) {
+        fail(full);
+        throw full;
+      }
+      throw settle(full);
     } catch (const std::exception& e) {
       // E.g. bad_alloc: receives may already be posted into user memory, so
       // the communicator must not be used again.
@@ -213,8 +275,8 @@ bool CommunicatorImpl::progressInFlight() noexcept {
       }
       f.done();
     } catch (const Error& e) {
-      failed = std::make_shared<const Error>(
-          relabel(e, ErrorContext::forOp(f.name).withSeq(seq).withRank(rank).withPeer(e.peer())));
+      failed = std::make_shared<const Error>(relabel(
+          e, ErrorContext::forOp(f.name).withSeq(seq).withRank(rank).withPeer(blamed(e, size))));
     } catch (const std::exception& e) {
       failed = std::make_shared<const Error>(
           ErrorCode::kInternal, std::string("unexpected exception: ") + e.what(),
@@ -484,8 +546,8 @@ void CommunicatorImpl::splitBackend(int color, int key, CommunicatorImpl* child)
     try {
       backend->splitInto(op, color, key, child ? child->backend.get() : nullptr);
     } catch (const Error& e) {
-      Error full =
-          relabel(e, ErrorContext::forOp("split").withSeq(seq).withRank(rank).withPeer(e.peer()));
+      Error full = relabel(
+          e, ErrorContext::forOp("split").withSeq(seq).withRank(rank).withPeer(blamed(e, size)));
       fail(full);
       throw full;
     }

@@ -149,6 +149,10 @@ class CommunicatorImpl final : public Communicator {
   std::shared_ptr<const Error> setFailed(const Error& e);
   void notifyOnce(const std::shared_ptr<const Error>& e);
   void fail(const Error& e);
+  // fail() for an op's failure that blames another rank, settled into the
+  // verdict every rank reaches (docs/errors.md, "One verdict"): tells the
+  // peers this rank's candidate, gathers theirs, returns the least.
+  Error settle(const Error& candidate);
   // Communicator::split's part that the parent's backend derives
   // (Backend::splitInto), on the executing thread after every earlier op.
   void splitBackend(int color, int key, CommunicatorImpl* child);

@@ -57,21 +57,58 @@ Error requestTimeout(int rank, uint64_t group, const Request& req, bool alive, c
                ErrorContext().withSeq(group).withRank(rank).withPeer(peer));
 }
 
+namespace {
+
+void putLE(char* at, uint64_t v, int bytes) {
+  for (int i = 0; i < bytes; ++i) at[i] = static_cast<char>((v >> (8 * i)) & 0xff);
+}
+
+uint64_t getLE(const char* at, int bytes) {
+  uint64_t v = 0;
+  for (int i = 0; i < bytes; ++i)
+    v |= static_cast<uint64_t>(static_cast<uint8_t>(at[i])) << (8 * i);
+  return v;
+}
+
+}  // namespace
+
+std::vector<char> errorReportPayload(const Error& error, size_t maxText) {
+  const std::string text = error.what();
+  const size_t n = std::min(text.size(), maxText);
+  const int32_t culprit = error.peer() >= 0 ? error.peer() : error.rank();
+  std::vector<char> payload(kReportHeaderBytes + n);
+  payload[0] = static_cast<char>(error.code());
+  putLE(&payload[1], static_cast<uint32_t>(culprit), 4);
+  putLE(&payload[5], error.seq(), 8);
+  std::copy(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(n),
+            payload.begin() + kReportHeaderBytes);
+  return payload;
+}
+
 Error peerReport(int rank, uint64_t group, int peer, const char* payload, size_t n) {
   ErrorCode code = ErrorCode::kPeerLost;
   std::string text;
-  if (n > 0) {
+  int culprit = -1;
+  uint64_t seq = 0;
+  if (n >= kReportHeaderBytes) {
     const uint8_t raw = static_cast<uint8_t>(payload[0]);
     if (raw <= static_cast<uint8_t>(ErrorCode::kInternal)) code = static_cast<ErrorCode>(raw);
-    text = printable(payload + 1, n - 1);
+    // The communicator checks both against its size and op count.
+    const int32_t c = static_cast<int32_t>(static_cast<uint32_t>(getLE(payload + 1, 4)));
+    culprit = c >= 0 ? c : -1;
+    seq = getLE(payload + 5, 8);
+    text = printable(payload + kReportHeaderBytes, n - kReportHeaderBytes);
+  } else {
+    text = printable(payload, n);
   }
   // A peer that aborted or failed locally is, for this rank, a lost peer.
   if (code == ErrorCode::kAborted || code == ErrorCode::kInvalidArgument ||
       code == ErrorCode::kInternal) {
     code = ErrorCode::kPeerLost;
   }
-  return Error(code, "rank " + std::to_string(peer) + " failed: " + text,
-               ErrorContext().withSeq(group).withRank(rank).withPeer(peer));
+  return Error(
+      code, "rank " + std::to_string(peer) + " failed: " + text,
+      ErrorContext().withSeq(group).withRank(rank).withPeer(peer).withCulprit(culprit, seq));
 }
 
 Error rejectionReport(int rank, uint64_t group, int peer, const char* payload, size_t n) {

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "gflow/error.h"
 #include "transport/transport.h"
@@ -55,7 +56,14 @@ Error sizeMismatch(int rank, uint64_t group, int peer, uint64_t sent, uint64_t e
 // `req` did not finish by its deadline; `alive`: the peer answered a probe
 // from inside gflow. `via`: " over verbs" or "".
 Error requestTimeout(int rank, uint64_t group, const Request& req, bool alive, const char* via);
-// A peer's error report (code byte, then text) as this rank's error.
+// The error report a failing rank sends its peers: the code (1 byte), the
+// culprit (4 bytes, little-endian: the rank `error` blames, else the rank
+// raising it), the op it failed (8 bytes, error.seq()), both in the
+// communicator's numbering, then at most `maxText` bytes of text.
+std::vector<char> errorReportPayload(const Error& error, size_t maxText);
+constexpr size_t kReportHeaderBytes = 13;  // errorReportPayload's code, culprit and op
+// A peer's error report (errorReportPayload) as this rank's error: peer is
+// the reporting `peer`; culprit and reportedSeq are what the report says.
 Error peerReport(int rank, uint64_t group, int peer, const char* payload, size_t n);
 // `peer`'s notice (Context::reject) that it will not run op `group`; the
 // payload is its reason. kMismatch: the ranks called op `group` differently.

@@ -56,7 +56,15 @@ void Engine::failTimeout(const RequestPtr& req, bool peerAlive, const char* via)
   fail(requestTimeout(rank(), group_, *req, peerAlive, via));
 }
 
+std::vector<Error> Engine::awaitReports(Deadline, int) {
+  std::vector<Error> all;
+  for (const auto& kv : reports_) all.push_back(kv.second);
+  return all;
+}
+
 void Engine::peerReported(uint64_t theirGroup, const Error& e) {
+  reports_.emplace(e.peer(), e);  // one per peer: bounded
+  if (failed()) return;
   // The sender's op number came with the report: a report about an op this
   // rank has not started yet waits until it does (this rank's current op may
   // still complete, as it did on the other ranks).

@@ -71,6 +71,9 @@ class Engine : public Context {
   void abort(const Error& error) override;
   std::shared_ptr<const Error> error() const override { return error_.get(); }
   PeerStats peerStats(int peer) const override;
+  // The reports received so far (a wire that can read on after failing
+  // overrides this to wait for the rest).
+  std::vector<Error> awaitReports(Deadline until, int exclude) override;
 
   // Bytes (with kStagedOverhead per message) staged for `peer`: what the
   // unexpected limit bounds. Owning thread only (tests).
@@ -96,9 +99,11 @@ class Engine : public Context {
   void checkFailed();  // raises an abort() from another thread
   bool failed() const { return error_.failed(); }
   [[noreturn]] void failTimeout(const RequestPtr& req, bool peerAlive, const char* via);
-  // A peer's error report about its op `theirGroup`: failed now, or deferred
-  // until this rank reaches that op.
+  // A peer's error report about its op `theirGroup`: kept for the verdict
+  // (awaitReports; the first of each peer), and failed now, or deferred
+  // until this rank reaches that op. Once failed, only kept.
   void peerReported(uint64_t theirGroup, const Error& e);
+  bool reported(int peer) const { return reports_.count(peer) != 0; }
   // A peer's notice that it will not run op `theirGroup` (Context::reject),
   // as rejectionReport() words it.
   void peerRejected(uint64_t theirGroup, const Error& e);
@@ -173,6 +178,7 @@ class Engine : public Context {
   bool groupActive_ = false;
   // An error report for an op this rank has not reached yet: raised when it
   // gets there, so an op that succeeded everywhere does not fail here.
+  std::map<int, Error> reports_;  // each peer's first failure report
   std::optional<Error> deferredError_;
   uint64_t deferredGroup_ = 0;
   // Notices of ops this rank has not started (peerRejected), by op number,

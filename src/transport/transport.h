@@ -175,6 +175,15 @@ class Context {
   // Best-effort: tells every peer that this rank failed with `error`, so they
   // fail with it instead of waiting for a timeout. Never throws.
   virtual void notifyPeers(const Error& error) = 0;
+  // After this context failed: the failure report (notifyPeers) each peer
+  // sent, the first of each, once every peer but `exclude` has reported or
+  // is gone, or at `until`. Owning thread; never throws. Without a way to
+  // read reports after failing, those it has (the default: none).
+  virtual std::vector<Error> awaitReports(Deadline until, int exclude) {
+    (void)until;
+    (void)exclude;
+    return {};
+  }
   // The error that failed this context, if any. Thread-safe.
   virtual std::shared_ptr<const Error> error() const = 0;
 

@@ -19,8 +19,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -233,6 +235,72 @@ INSTANTIATE_TEST_SUITE_P(, FaultStop,
                          ::testing::Values(RankCase{3, 1}, RankCase{4, 3}, RankCase{3, 1, "tcp"},
                                            RankCase{4, 3, "hier"}),
                          caseName);
+
+// ---- 2b. one verdict: every survivor names the same culprit ---------------
+
+// 4 ranks; in each trial one rank, chosen at random, is killed (SIGKILL) or
+// stopped (SIGSTOP) at a random point of an allreduce loop of a random size.
+// Every survivor must raise the same error code for the same op sequence
+// number naming the same culprit (Error::peer()), the victim, within the
+// op's deadline + 2 s. The seed is printed (GFLOW_TEST_SEED replays it).
+class FaultVerdict : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(FaultVerdict, SurvivorsAgreeOnCodeOpAndCulprit) {
+  constexpr int kRanks = 4, kTrials = 20;
+  const char* seedVar = std::getenv("GFLOW_TEST_SEED");
+  const unsigned seed = seedVar ? static_cast<unsigned>(std::stoul(seedVar))
+                                : static_cast<unsigned>(std::random_device{}());
+  std::mt19937 rng(seed);
+  std::printf("FaultVerdict %s: seed %u\n", GetParam(), seed);
+  const char* sizes[] = {"4096", "262144", "1048576"};
+  std::vector<double> detect;
+  for (int trial = 0; trial < kTrials; ++trial) {
+    const int victim = static_cast<int>(rng() % kRanks);
+    const bool stop = rng() % 2 == 1;
+    const std::string bytes = sizes[rng() % 3];
+    const int delayMs = static_cast<int>(rng() % 200);
+    const std::string what = std::string("trial ") + std::to_string(trial) + ": " +
+                             (stop ? "SIGSTOP" : "SIGKILL") + " rank " + std::to_string(victim) +
+                             ", " + bytes + " B, after " + std::to_string(delayMs) + " ms";
+    Job job(kRanks, sameArgs({"loop", "0", bytes}), seconds(25));
+    job.setEnv("GFLOW_TIMEOUT", "2s");
+    setPath(job, RankCase{kRanks, victim, GetParam()});
+    job.start();
+    ASSERT_TRUE(job.waitProgress(2, seconds(10))) << what << "\n" << job.report();
+    std::this_thread::sleep_for(milliseconds(delayMs));
+    const Clock::time_point faulted = job.signal(victim, stop ? SIGSTOP : SIGKILL);
+    std::vector<int> survivors;
+    for (int r = 0; r < kRanks; ++r) {
+      if (r != victim) survivors.push_back(r);
+    }
+    const bool allFailed = job.waitExit(seconds(7), survivors);
+    if (stop) job.signal(victim, SIGKILL);
+    ASSERT_TRUE(allFailed) << what << "\n" << job.report();
+    ASSERT_TRUE(job.waitExit(seconds(3))) << what << "\n" << job.report();
+    const RankResult& first = job.result(survivors[0]);
+    for (int r : survivors) {
+      const RankResult& res = job.result(r);
+      const double took = secondsSince(faulted, res.exitTime);
+      detect.push_back(took);
+      EXPECT_FALSE(res.code.empty()) << what << ": rank " << r << " raised nothing\n"
+                                     << job.report();
+      EXPECT_EQ(res.code, first.code) << what << ": rank " << r << "\n" << job.report();
+      EXPECT_EQ(res.seq, first.seq) << what << ": rank " << r << "\n" << job.report();
+      EXPECT_EQ(res.peer, victim) << what << ": rank " << r << " names rank " << res.peer
+                                  << " as the culprit: " << res.what;
+      EXPECT_LT(took, 2.0 + 2.0) << what << ": rank " << r << "\n" << job.report();
+    }
+    if (HasFailure()) return;
+  }
+  std::sort(detect.begin(), detect.end());
+  std::printf("FaultVerdict %s: %d trials, detection min %.2f median %.2f max %.2f s\n", GetParam(),
+              kTrials, detect.front(), detect[detect.size() / 2], detect.back());
+}
+
+INSTANTIATE_TEST_SUITE_P(, FaultVerdict, ::testing::Values("shm", "tcp", "hier"),
+                         [](const ::testing::TestParamInfo<const char*>& i) {
+                           return std::string(i.param);
+                         });
 
 // ---- 3. a rank with another job token ---------------------------------------
 

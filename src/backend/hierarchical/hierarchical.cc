@@ -271,6 +271,16 @@ class HierarchicalBackend final : public Backend {
     local_->notifyPeers(error);
     cross_->notifyPeers(error);
   }
+  std::vector<Error> awaitReports(Deadline until, int exclude) override {
+    auto partIndex = [exclude](const std::map<int, int>& index) {
+      auto it = index.find(exclude);
+      return it == index.end() ? -1 : it->second;
+    };
+    std::vector<Error> all = local_->awaitReports(until, partIndex(localIndex_));
+    for (Error& e : cross_->awaitReports(until, partIndex(crossIndex_)))
+      all.push_back(std::move(e));
+    return all;
+  }
   // Each part's next sub-op number goes to the rejected op, on every rank
   // that rejects it, so the parts' numbering stays the same on every rank.
   bool reject(uint64_t seq, const std::string& why) override {
@@ -371,7 +381,8 @@ class HierarchicalBackend final : public Backend {
                   std::string("hierarchical phase ") + toString(sub.desc.kind) + " " + where +
                       " (group ranks " + members +
                       ", numbered from 0 in what follows): " + e.detail(),
-                  ErrorContext().withRank(h_.rank).withPeer(peer));
+                  ErrorContext().withRank(h_.rank).withPeer(peer).withCulprit(
+                      e.context().culprit, e.context().reportedSeq));
     }
   }
 

@@ -92,6 +92,9 @@ class HostBackend final : public Backend {
 
   void abort(const Error& error) override { ctx_->abort(error); }
   void notifyPeers(const Error& error) override { ctx_->notifyPeers(error); }
+  std::vector<Error> awaitReports(Deadline until, int exclude) override {
+    return ctx_->awaitReports(until, exclude);
+  }
   bool reject(uint64_t seq, const std::string& why) override {
     ctx_->reject(seq, why);
     return true;

@@ -433,11 +433,13 @@ void NcclBackend::checkWaiting(const Op& op, const Deadline& deadline, const cha
   try {
     report = s_.store->get(s_.prefix + "nccl/failure", std::chrono::milliseconds(1000));
   } catch (const Error&) {
-    const std::string unknown = "-1 \x02another rank failed (its report could not be read)";
-    report.assign(unknown.begin(), unknown.end());
+    const std::vector<char> unknown = transport::errorReportPayload(
+        Error(ErrorCode::kPeerLost, "another rank failed (its report could not be read)"), 256);
+    report.assign({'-', '1', ' '});
+    report.insert(report.end(), unknown.begin(), unknown.end());
   }
   abortComms();
-  // "<rank> <code byte><text>", the transport's error report after the rank.
+  // "<rank> <report>": the reporting rank, then its errorReportPayload.
   const std::string r(report.begin(), report.end());
   const size_t space = r.find(' ');
   long peer = -1;
@@ -490,8 +492,8 @@ void NcclBackend::notifyPeers(const Error& error) {
   if (state_ == State::kUndecided || state_ == State::kStaged) return;
   failed_ = true;
   std::string report = std::to_string(s_.rank) + " ";
-  report += static_cast<char>(error.code());
-  report += error.detail();
+  const std::vector<char> payload = transport::errorReportPayload(error, 2048);
+  report.append(payload.begin(), payload.end());
   try {
     // The first report wins; readers wait briefly for its text.
     if (s_.store->add(s_.prefix + "nccl/reporters", 1) == 1) {

@@ -81,7 +81,9 @@ struct Control {
   alignas(64) std::atomic<uint64_t> pings;  // probes raised by waiters
   std::atomic<uint64_t> pongs;              // the owner's answer: pings seen
   uint32_t code;
-  uint64_t failedOp;  // op number the owner was in when it failed
+  int32_t culprit;     // the rank the owner's error blames (communicator numbering)
+  uint64_t failedSeq;  // the op of that error (communicator numbering)
+  uint64_t failedOp;   // op number the owner was in when it failed
   char message[1024];
   alignas(64) std::atomic<uint64_t> rejected;  // 1 + seq of the last op the owner rejected
   char rejectedWhy[256];
@@ -391,20 +393,8 @@ void Group::checkSlow(int member, uint64_t tick, transport::LivenessProbe& probe
   if (ctl_[member]->tick.load(std::memory_order_acquire) >= tick) return;
   for (int p = 0; p < size_; ++p) {
     if (p == rank_) continue;
-    Control* c = ctl_[p];
-    if (c->failed.load(std::memory_order_acquire) && c->failedOp <= ops_) {
-      ErrorCode code = ErrorCode::kPeerLost;
-      if (c->code == static_cast<uint32_t>(ErrorCode::kMismatch) ||
-          c->code == static_cast<uint32_t>(ErrorCode::kTimeout) ||
-          c->code == static_cast<uint32_t>(ErrorCode::kPeerLost)) {
-        code = static_cast<ErrorCode>(c->code);
-      }
-      raise(
-          Error(code,
-                "rank " + std::to_string(commRanks_[p]) +
-                    " failed: " + printable(c->message, sizeof(c->message)),
-                ErrorContext().withSeq(seq_).withRank(commRanks_[rank_]).withPeer(commRanks_[p])));
-    }
+    const Control* c = ctl_[p];
+    if (c->failed.load(std::memory_order_acquire) && c->failedOp <= ops_) raise(reportOf(p));
   }
   if (skippedThisOp(member, tick)) raise(rejection(member));
   if (watch_[member].exited() || ctl_[member]->left.load(std::memory_order_acquire)) {
@@ -515,6 +505,39 @@ void Group::waitFor(int member, uint64_t tick) {
   }
 }
 
+Error Group::reportOf(int member) const {
+  const Control* c = ctl_[member];
+  ErrorCode code = ErrorCode::kPeerLost;
+  if (c->code == static_cast<uint32_t>(ErrorCode::kMismatch) ||
+      c->code == static_cast<uint32_t>(ErrorCode::kTimeout) ||
+      c->code == static_cast<uint32_t>(ErrorCode::kPeerLost)) {
+    code = static_cast<ErrorCode>(c->code);
+  }
+  return Error(code,
+               "rank " + std::to_string(commRanks_[member]) +
+                   " failed: " + printable(c->message, sizeof(c->message)),
+               context(member).withCulprit(c->culprit, c->failedSeq));
+}
+
+std::vector<Error> Group::awaitReports(Deadline until, int exclude) {
+  for (;;) {
+    std::vector<Error> reports;
+    bool complete = true;
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_) continue;
+      if (ctl_[p]->failed.load(std::memory_order_acquire)) {
+        reports.push_back(reportOf(p));
+      } else if (p != exclude && !watch_[p].exited() &&
+                 !ctl_[p]->left.load(std::memory_order_acquire)) {
+        complete = false;
+      }
+    }
+    if (complete || until.expired()) return reports;
+    answerProbes();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
 void Group::notifyPeers(const Error& error) {
   Control* c = ctl_[rank_];
   if (c->failed.load(std::memory_order_relaxed)) return;
@@ -523,6 +546,8 @@ void Group::notifyPeers(const Error& error) {
   std::memcpy(c->message, text.data(), n);
   c->message[n] = '\0';
   c->code = static_cast<uint32_t>(error.code());
+  c->culprit = error.peer() >= 0 ? error.peer() : error.rank();
+  c->failedSeq = error.seq();
   // A failure between ops concerns the next op: the last one completed.
   c->failedOp = inOp_ ? ops_ : ops_ + 1;
   c->failed.store(1, std::memory_order_release);

@@ -120,6 +120,9 @@ class Group {
   // so does every later beginOp.
   void abort(const Error& error) { error_.set(error); }
   void notifyPeers(const Error& error);
+  // After a failure: the failure report of every member that failed, once
+  // each member but `exclude` has failed or is gone, or at `until`.
+  std::vector<Error> awaitReports(Deadline until, int exclude);
   // This member will not run op `seq` (`why`: the call's arguments were
   // rejected). Owning thread, between ops.
   void reject(uint64_t seq, const std::string& why);
@@ -150,6 +153,7 @@ class Group {
   // rejected (or skipped) this member's current op.
   uint64_t latestSeq(int member) const;
   Error rejection(int member) const;
+  Error reportOf(int member) const;  // `member`'s failure report (its control block)
   // Whether `member`, which this member waits on to reach `tick`, will never
   // run this op: it rejected it, started a later op, or rejected a later
   // one without starting this.

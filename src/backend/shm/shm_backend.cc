@@ -188,6 +188,9 @@ class ShmBackend final : public Backend {
   const char* name() const override { return "shared-memory"; }
   void abort(const Error& error) override { g_->abort(error); }
   void notifyPeers(const Error& error) override { g_->notifyPeers(error); }
+  std::vector<Error> awaitReports(Deadline until, int exclude) override {
+    return g_->awaitReports(until, exclude);
+  }
   bool reject(uint64_t seq, const std::string& why) override {
     g_->reject(seq, why);
     return true;

@@ -53,6 +53,6 @@ struct Hello {
   uint64_t commId;
 };
 static_assert(sizeof(Hello) == 32, "hello layout");
-constexpr uint32_t kProtocolVersion = 1;
+constexpr uint32_t kProtocolVersion = 2;  // 2: error reports name the culprit
 
 }  // namespace gflow::transport::tcp

@@ -104,6 +104,8 @@ void TcpContext::failWire(const Error& first) {
       for (auto& item : c->sendq) {
         if (item.msg) item.msg->req->fail(first);
       }
+      // The rest of a data fragment being read has nowhere to go now.
+      if (c->inPayload && c->hdr.type == kFrameData) c->discard = true;
       // Keep a partially written frame so notifyPeers can finish it.
       while (c->sendq.size() > 1 || (c->sendq.size() == 1 && c->sendq.front().written == 0)) {
         c->sendq.pop_back();
@@ -243,22 +245,26 @@ bool TcpContext::readHeader(Conn& c) {
 // The current fragment's payload: what the read-ahead holds, then straight
 // from the socket (a large rest) or through the read-ahead (a small one).
 bool TcpContext::readPayload(Conn& c) {
+  if (c.discard && discarded_.empty()) discarded_.resize(kReadAhead);
   while (c.left > 0) {
+    // A dropped payload goes to the same scratch bytes over and over.
+    char* into = c.discard ? discarded_.data() : c.dst;
+    const uint64_t room = c.discard ? std::min<uint64_t>(c.left, discarded_.size()) : c.left;
     if (c.aheadPos < c.aheadLen) {
-      const size_t k = takeAhead(c, c.dst, c.left);
-      c.dst += k;
+      const size_t k = takeAhead(c, into, room);
+      if (!c.discard) c.dst += k;
       c.left -= k;
       continue;
     }
     if (c.drained) return false;
-    const bool direct = c.left >= kReadAhead;
+    const bool direct = room >= kReadAhead;
     size_t got = 0;
     c.aheadPos = c.aheadLen = 0;
-    const Fill f = direct ? fill(c, c.dst, c.left, &got) : fill(c, c.ahead.get(), kReadAhead, &got);
+    const Fill f = direct ? fill(c, into, room, &got) : fill(c, c.ahead.get(), kReadAhead, &got);
     if (f == Fill::kWouldBlock) return false;
     if (f == Fill::kClosed) failLost(c.peer, "closed the connection mid-message");
     if (direct) {
-      c.dst += got;
+      if (!c.discard) c.dst += got;
       c.left -= got;
     } else {
       c.aheadLen = got;
@@ -299,6 +305,13 @@ void TcpContext::startFragment(Conn& c) {
     return;
   }
   if (h.type != kFrameData) protocolError("unknown frame type " + std::to_string(h.type));
+  if (failed()) {  // awaitReports reads on for the reports: data is dropped
+    c.cur = nullptr;
+    c.discard = true;
+    c.left = h.fragLen;
+    c.inPayload = true;
+    return;
+  }
   if (h.msgLen > kMaxMessageBytes || h.fragLen > h.msgLen || h.offset > h.msgLen - h.fragLen) {
     protocolError("fragment [" + std::to_string(h.offset) + ", +" + std::to_string(h.fragLen) +
                   ") outside a message of " + std::to_string(h.msgLen) + " bytes");
@@ -337,6 +350,12 @@ void TcpContext::finishFragment(Conn& c) {
   c.hdrGot = 0;
   c.inPayload = false;
   c.dst = nullptr;
+  if (c.discard) {
+    c.discard = false;
+    c.cur = nullptr;
+    return;
+  }
+  if (failed() && c.hdr.type != kFrameError) return;  // awaitReports wants reports only
   if (c.hdr.type == kFrameError) {
     handleErrorFrame(c);
     return;
@@ -502,12 +521,75 @@ void TcpContext::reject(uint64_t group, const std::string& why) {
   }
 }
 
+std::vector<Error> TcpContext::awaitReports(Deadline until, int exclude) {
+  try {
+    checkFailed();  // an abort() from another thread: fail the wire here first
+  } catch (const Error&) {
+  }
+  if (!failed()) return Engine::awaitReports(until, exclude);
+  for (auto& p : peers_) {
+    for (auto& c : p->conns) {
+      if (!c || c->closed || !c->paused) continue;
+      c->paused = false;  // staging limits no longer matter: data is dropped
+      try {
+        updateInterest(*c);
+      } catch (const Error&) {
+        markGone(*c);
+      }
+    }
+  }
+  auto complete = [&] {
+    for (int peer = 0; peer < size(); ++peer) {
+      if (peer != rank() && peer != exclude && !reported(peer) && !peers_[peer]->closed) {
+        return false;
+      }
+    }
+    return true;
+  };
+  while (!complete() && !until.expired())
+    drainOnce(static_cast<int>(std::min<int64_t>(until.remainingMs(), 10)));
+  return Engine::awaitReports(until, exclude);
+}
+
+void TcpContext::drainOnce(int timeoutMs) {
+  epoll_event events[64];
+  const int n = epoll_wait(epoll_.fd(), events, 64, aheadPending_.empty() ? timeoutMs : 0);
+  std::vector<Conn*> ready;
+  for (int i = 0; i < n; ++i) {
+    if (events[i].data.ptr == nullptr) {
+      uint64_t v;
+      ssize_t rc = ::read(wakeFd_.fd(), &v, sizeof(v));
+      (void)rc;
+      continue;
+    }
+    ready.push_back(static_cast<Conn*>(events[i].data.ptr));
+  }
+  ready.insert(ready.end(), aheadPending_.begin(), aheadPending_.end());
+  aheadPending_.clear();
+  for (Conn* c : ready) {
+    c->aheadQueued = false;
+    if (c->closed) continue;
+    try {
+      handleReadable(*c);
+    } catch (const Error&) {
+      markGone(*c);  // reset, closed mid-frame or garbage: nothing more to read
+    }
+  }
+}
+
+void TcpContext::markGone(Conn& c) {
+  if (!c.closed) epoll_ctl(epoll_.fd(), EPOLL_CTL_DEL, c.sock.fd(), nullptr);
+  c.closed = true;
+  c.watched = false;
+  PeerState& p = *peers_[c.peer];
+  for (const auto& other : p.conns) {
+    if (other && !other->closed) return;
+  }
+  p.closed = true;
+}
+
 void TcpContext::notifyPeers(const Error& error) {
-  std::string text = error.what();
-  if (text.size() > kMaxErrorPayload - 1) text.resize(kMaxErrorPayload - 1);
-  std::vector<char> payload(1 + text.size());
-  payload[0] = static_cast<char>(error.code());
-  std::memcpy(payload.data() + 1, text.data(), text.size());
+  const std::vector<char> payload = errorReportPayload(error, kMaxErrorPayload - 64);
   for (int peer = 0; peer < size(); ++peer) {
     if (peer == rank()) continue;
     peers_[peer]->pending.clear();  // units no socket took are never sent

@@ -60,6 +60,9 @@ class TcpContext final : public Engine {
   RequestPtr isend(int peer, const void* data, size_t bytes, Tag tag, const Envelope& env) override;
   RequestPtr irecv(int peer, void* data, size_t bytes, Tag tag, const Envelope& env) override;
   void notifyPeers(const Error& error) override;
+  // Reads on after the failure, discarding data, until every peer but
+  // `exclude` has sent its report or closed (docs/errors.md, "One verdict").
+  std::vector<Error> awaitReports(Deadline until, int exclude) override;
   void reject(uint64_t group, const std::string& why) override;
 
   // Tests: payload bytes and DATA frames written to connection `index` of
@@ -128,6 +131,7 @@ class TcpContext final : public Engine {
     char* dst = nullptr;
     uint64_t left = 0;
     std::vector<char> ctrl;  // ERROR frame payload
+    bool discard = false;    // the payload is read and dropped (after failing)
     // Read-ahead: headers and small payloads come out of the socket with
     // one recv; large payloads are read straight into their destination.
     std::unique_ptr<char[]> ahead;
@@ -167,6 +171,9 @@ class TcpContext final : public Engine {
   void startFragment(Conn& c);
   void finishFragment(Conn& c);
   void handleErrorFrame(Conn& c);
+  // awaitReports' pieces: one round of reads; a connection that failed.
+  void drainOnce(int timeoutMs);
+  void markGone(Conn& c);
   void handleClosed(Conn& c);
   void tuneLowat(Conn& c);
   void sendControl(Conn& c, uint16_t type);
@@ -216,6 +223,7 @@ class TcpContext final : public Engine {
   // bound on rounds): epoll would not report them again, progress() does.
   std::vector<Conn*> aheadPending_;
   std::vector<Conn*> aheadWork_;  // progress()'s copy while it serves them
+  std::vector<char> discarded_;   // where dropped payloads are read to
 };
 
 }  // namespace gflow::transport::tcp

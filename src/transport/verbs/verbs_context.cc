@@ -456,8 +456,9 @@ void VerbsContext::handleCts(int peer, const SlotHeader& h, const char* payload)
 }
 
 void VerbsContext::handleError(int peer, const SlotHeader& h, const char* payload) {
-  peerReported(h.group, peerReport(rank(), group(), peer, payload,
-                                   std::min<size_t>(h.payload, kMaxErrorText)));
+  peerReported(h.group,
+               peerReport(rank(), group(), peer, payload,
+                          std::min<size_t>(h.payload, kMaxErrorText + kReportHeaderBytes)));
 }
 
 void VerbsContext::handleRendezvousData(int peer, uint32_t rid, uint32_t bytes) {
@@ -555,13 +556,8 @@ void VerbsContext::reject(uint64_t group, const std::string& why) {
 
 void VerbsContext::notifyPeers(const Error& error) {
   if (!device_ || qpsErrored_) return;
-  std::string text = error.what();
-  if (text.size() > std::min(kMaxErrorText, eagerMax_ - 1)) {
-    text.resize(std::min(kMaxErrorText, eagerMax_ - 1));
-  }
-  std::vector<char> payload(1 + text.size());
-  payload[0] = static_cast<char>(error.code());
-  std::memcpy(payload.data() + 1, text.data(), text.size());
+  const std::vector<char> payload =
+      errorReportPayload(error, std::min(kMaxErrorText, eagerMax_ - kReportHeaderBytes));
   try {
     for (int peer = 0; peer < size(); ++peer) {
       if (peer == rank()) continue;
