@@ -11,8 +11,11 @@ packages=(
   libgloo-dev openmpi-bin libopenmpi-dev
   # later issues: topology, verbs, python
   libhwloc-dev libibverbs-dev
-  # the PMIx bootstrap: <pmix.h> at build time (libpmix2 is loaded at run time)
+  # the PMIx bootstrap: <pmix.h> at build time (libpmix2 is loaded at run time;
+  # Slurm's PMIx plugin also loads the unversioned libpmix.so that -dev ships)
   libpmix-dev
+  # tests/netns/test_srun.sh: a throwaway Slurm cluster (srun --mpi=pmix)
+  slurmd slurmctld slurm-client
   # multi-host tests (network namespaces) and tooling
   iproute2 procps python3
   # examples/digits_train: zlib, and the digits data shipped by scikit-learn

@@ -283,6 +283,86 @@ nn_probe_strangers() {
   return $fails
 }
 
+# ---- launcher tests (test_mpirun.sh, test_srun.sh) ------------------------
+# A launcher test defines RUN (a function: RUN OUT PROG ARGS... starts the 4
+# ranks, 2 on each of nnhost0 and nnhost1, with no gflow variable, and writes
+# OUT.out, OUT.err, OUT.rc) and PORTS (a function that sets the array
+# nn_ports to the job's own listeners on nnhost0), and counts failures in
+# NN_FAILS through nn_fail.
+NN_FAILS=0
+nn_fail() {
+  echo "FAIL: $*"
+  NN_FAILS=$((NN_FAILS + 1))
+}
+
+# nn_launch_bench RUN NAME BENCH: allreduce_bw with the auto and the
+# hierarchical algorithm: rank 0 reports 2 hosts of 2 ranks (grouping from
+# the launcher), every value right, and no "has no token" warning.
+nn_launch_bench() {
+  local run=$1 name=$2 bench=$3 algo out rc head rows bad before
+  for algo in auto hier; do
+    out=$NN_TMP/bench-$algo
+    before=$NN_FAILS
+    "$run" "$out" "$bench" -a "$algo" -b 4 -e 4M -n 5 -w 2
+    rc=$(cat "$out.rc")
+    if [ "$rc" != 0 ]; then
+      nn_fail "$name ($algo) exited $rc; stderr ends:"
+      tail -n 8 "$out.err" | sed 's/^/    /'
+      continue
+    fi
+    head=$(grep -m1 '^# gflow .*hosts' "$out.out")
+    [[ $head == *"hosts 2, local size 2"* ]] ||
+      nn_fail "($algo) rank 0 reports '$head', expected 2 hosts of 2 ranks"
+    rows=$(awk '!/^#/ && NF >= 12' "$out.out" | wc -l)
+    bad=$(awk '!/^#/ && NF >= 12 && ($8 != "0" || $12 != "0")' "$out.out")
+    if [ "$rows" -lt 10 ] || [ -n "$bad" ] || ! grep -q "Out of bounds values : 0 OK" "$out.out"; then
+      nn_fail "($algo) wrong or missing results ($rows rows):"
+      printf '%s\n' "$bad" | sed 's/^/    /'
+    fi
+    if grep -q "has no token" "$out.err"; then
+      nn_fail "($algo) the job ran without a token: $(grep -m1 'has no token' "$out.err")"
+    fi
+    [ "$NN_FAILS" = "$before" ] &&
+      echo "ok   $name 2x2, $algo: $rows sizes right, 2 hosts of 2, authenticated"
+  done
+}
+
+# nn_launch_attacked RUN PORTS BENCH WORKER: a job of 400 verified
+# allreduces (fault_worker) runs while a stranger on nnhost2 tries every
+# port the job listens on (nn_probe_strangers); no rank listens on every
+# interface, and the job still finishes on all 4 ranks.
+nn_launch_attacked() {
+  local run=$1 ports=$2 bench=$3 worker=$4 out=$NN_TMP/job job i p rc done_ranks
+  ( "$run" "$out" "$worker" loop 400 65536 20 ) 2>/dev/null &
+  job=$!
+  nn_ports=()
+  for ((i = 0; i < 300; i++)); do
+    "$ports"
+    [ "${#nn_ports[@]}" -ge 1 ] && grep -q "GFLOW_PROGRESS" "$out.out" 2>/dev/null && break
+    sleep 0.1
+  done
+  if [ "${#nn_ports[@]}" -eq 0 ]; then
+    nn_fail "no listening socket of the job's ranks found on nnhost0 (is the job running?)"
+  else
+    echo "the job listens on nnhost0 at: ${nn_ports[*]}"
+    for p in "${nn_ports[@]}"; do
+      case "$p" in
+        0.0.0.0:* | \[::\]:* | \*:*) nn_fail "a rank listens on every interface ($p)" ;;
+      esac
+    done
+    nn_probe_strangers 2 "$bench" "${nn_ports[@]}" || nn_fail "a stranger was not refused"
+  fi
+  wait "$job"
+  rc=$(cat "$out.rc" 2>/dev/null)
+  done_ranks=$(grep -c "^GFLOW_DONE" "$out.out" 2>/dev/null)
+  if [ "$rc" != 0 ] || [ "$done_ranks" != 4 ]; then
+    nn_fail "the attacked job exited $rc with $done_ranks of 4 ranks done; stderr ends:"
+    tail -n 8 "$out.err" | sed 's/^/    /'
+  else
+    echo "ok   the attacked job finished: 4 ranks, 400 verified allreduces each"
+  fi
+}
+
 # Prints the qdisc statistics of every host link (for the record).
 nn_show_shaping() {
   local h
@@ -441,13 +521,11 @@ nn__kill_ns_pids() {
   return 0
 }
 
-# Kills every process left in our namespaces (ranks first via their timeout
-# wrappers), then deletes the namespaces; veths and the bridge go with them.
-nn_teardown() {
-  local p ns i
-  nn__term_wrappers
-  for ns in "${NN_NAMESPACES[@]}"; do nn__kill_ns_pids "$ns"; done
-  for p in "${NN_TIMEOUT_PIDS[@]}"; do
+# nn_reap PID...: waits up to 2 s for each of this shell's children PID to
+# end, then SIGKILLs it, and reaps it.
+nn_reap() {
+  local p i
+  for p in "$@"; do
     for ((i = 0; i < 20; i++)); do
       kill -0 "$p" 2>/dev/null || break
       sleep 0.1
@@ -455,6 +533,15 @@ nn_teardown() {
     kill -9 "$p" 2>/dev/null
     wait "$p" 2>/dev/null
   done
+}
+
+# Kills every process left in our namespaces (ranks first via their timeout
+# wrappers), then deletes the namespaces; veths and the bridge go with them.
+nn_teardown() {
+  local p ns i
+  nn__term_wrappers
+  for ns in "${NN_NAMESPACES[@]}"; do nn__kill_ns_pids "$ns"; done
+  nn_reap "${NN_TIMEOUT_PIDS[@]}"
   NN_TIMEOUT_PIDS=()
   for ns in "${NN_NAMESPACES[@]}"; do ip netns del "$ns" 2>/dev/null || true; done
   NN_NAMESPACES=()

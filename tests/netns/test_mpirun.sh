@@ -55,70 +55,12 @@ mp_run() {
   echo $? >"$out.rc"
 }
 
-fails=0
-fail() {
-  echo "FAIL: $*"
-  fails=$((fails + 1))
-}
+mp_ports() { mapfile -t nn_ports < <(nn_listening_ports 0 fault_worker); }
 
-# ---- 1. allreduce_bw, auto and hierarchical -------------------------------
-for algo in auto hier; do
-  out=$NN_TMP/bench-$algo
-  mp_run "$out" "$bench" -a "$algo" -b 4 -e 4M -n 5 -w 2
-  rc=$(cat "$out.rc")
-  if [ "$rc" != 0 ]; then
-    fail "mpirun ($algo) exited $rc; stderr ends:"
-    tail -n 8 "$out.err" | sed 's/^/    /'
-    continue
-  fi
-  head=$(grep -m1 '^# gflow .*hosts' "$out.out")
-  [[ $head == *"hosts 2, local size 2"* ]] ||
-    fail "($algo) rank 0 reports '$head', expected 2 hosts of 2 ranks (grouping from the launcher)"
-  rows=$(awk '!/^#/ && NF >= 12' "$out.out" | wc -l)
-  bad=$(awk '!/^#/ && NF >= 12 && ($8 != "0" || $12 != "0")' "$out.out")
-  if [ "$rows" -lt 10 ] || [ -n "$bad" ] || ! grep -q "Out of bounds values : 0 OK" "$out.out"; then
-    fail "($algo) wrong or missing results ($rows rows):"
-    echo "$bad" | sed 's/^/    /'
-  fi
-  if grep -q "has no token" "$out.err"; then
-    fail "($algo) the job ran without a token: $(grep -m1 'has no token' "$out.err")"
-  fi
-  [ "$rc" = 0 ] && echo "ok   mpirun 2x2, $algo: $rows sizes right, 2 hosts of 2, authenticated"
-done
-
-# ---- 2 and 3. strangers against a running job -----------------------------
-out=$NN_TMP/job
-( mp_run "$out" "$worker" loop 400 65536 20 ) &
-job=$!
-ports=()
-for ((i = 0; i < 300; i++)); do
-  mapfile -t ports < <(nn_listening_ports 0 fault_worker)
-  [ "${#ports[@]}" -ge 1 ] && grep -q "GFLOW_PROGRESS" "$out.out" 2>/dev/null && break
-  sleep 0.1
-done
-if [ "${#ports[@]}" -eq 0 ]; then
-  fail "no listening socket of the job's ranks found on nnhost0 (is the job running?)"
-else
-  echo "the job listens on nnhost0 at: ${ports[*]}"
-  for p in "${ports[@]}"; do
-    case "$p" in
-      0.0.0.0:* | \[::\]:* | \*:*) fail "a rank listens on every interface ($p), not the data interface" ;;
-    esac
-  done
-  nn_probe_strangers 2 "$bench" "${ports[@]}" || fail "a stranger was not refused"
-fi
-wait "$job"
-rc=$(cat "$out.rc" 2>/dev/null)
-done_ranks=$(grep -c "^GFLOW_DONE" "$out.out" 2>/dev/null)
-if [ "$rc" != 0 ] || [ "$done_ranks" != 4 ]; then
-  fail "the attacked job exited $rc with $done_ranks of 4 ranks done; stderr ends:"
-  tail -n 8 "$out.err" | sed 's/^/    /'
-else
-  echo "ok   the attacked job finished: 4 ranks, 400 verified allreduces each"
-fi
-
-if [ "$fails" -ne 0 ]; then
-  echo "FAIL: $fails check(s) failed"
+nn_launch_bench mp_run mpirun "$bench"
+nn_launch_attacked mp_run mp_ports "$bench" "$worker"
+if [ "$NN_FAILS" -ne 0 ]; then
+  echo "FAIL: $NN_FAILS check(s) failed"
   exit 1
 fi
 echo "PASS: mpirun across 2 namespace hosts with no gflow variables, strangers refused"
