@@ -535,6 +535,9 @@ TEST(VerbsFaults, APeerThatDiesIsPeerLostNotAHang) {
   ASSERT_EQ(errs.size(), 2u);
   for (const Error& e : errs) {
     EXPECT_EQ(e.code(), ErrorCode::kPeerLost) << e.what();
+    // One verdict (errors.md): both survivors name the dead rank, same op.
+    EXPECT_EQ(e.peer(), 2) << e.what();
+    EXPECT_EQ(e.seq(), errs[0].seq()) << e.what() << "\n" << errs[0].what();
   }
   // Someone saw the verbs status that says why.
   const std::string all = std::string(errs[0].what()) + errs[1].what();
