@@ -255,7 +255,9 @@ Tier resolveFields(const Options& options, PmixOutcome* pmix) {
       break;
     }
   }
-  pmix->used = primary == &server;
+  // The rendezvous goes through PMIx only when its numbering is the job's:
+  // rank 0 there is the rank that publishes.
+  pmix->used = primary == &server && !opt[0].set() && !opt[1].set();
   for (const Tier* t : {&ompi, &slurm}) {
     if (primary != nullptr && t != primary && t->any()) {
       GFLOW_LOG(DEBUG) << "identity from " << primary->name << "; ignoring " << t->name

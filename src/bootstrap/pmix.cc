@@ -5,6 +5,7 @@
 
 #include <dlfcn.h>
 #include <pmix.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstdlib>
@@ -138,7 +139,10 @@ class Client {
     return *client;
   }
 
-  ~Client() { api_.finalize(nullptr, 0); }
+  // A forked child that exits must not disconnect its parent's client.
+  ~Client() {
+    if (::getpid() == pid_) api_.finalize(nullptr, 0);
+  }
 
   const pmix_proc_t& self() const { return self_; }
 
@@ -149,14 +153,16 @@ class Client {
 
   // PMIx_Get of `key` for `rank` (PMIX_RANK_WILDCARD: the job); null when
   // the server has no such value.
+  // `local`: a value the server gave at init (PMIX_OPTIONAL: not asked for
+  // again, so a key an older server lacks costs no wait).
   Value get(pmix_rank_t rank, const char* key, std::chrono::milliseconds timeout,
-            pmix_status_t* status) {
+            pmix_status_t* status, bool local = false) {
     std::lock_guard<std::mutex> lock(mu_);
     pmix_proc_t proc = self_;
     proc.rank = rank;
-    pmix_info_t info = timeoutInfo(timeout);
+    pmix_info_t info[2] = {timeoutInfo(timeout), flagInfo(PMIX_OPTIONAL)};
     pmix_value_t* v = nullptr;
-    *status = api_.get(&proc, key, &info, 1, &v);
+    *status = api_.get(&proc, key, info, local ? 2 : 1, &v);
     Value out(v, ValueDeleter{&api_});
     if (*status != PMIX_SUCCESS) out.reset();
     return out;
@@ -183,7 +189,7 @@ class Client {
   }
 
  private:
-  Client() : api_(load()) {
+  Client() : api_(load()), pid_(::getpid()) {
     pmix_status_t rc = api_.init(&self_, nullptr, 0);
     if (rc != PMIX_SUCCESS) {
       GFLOW_THROW(kInvalidArgument, kCtx)
@@ -211,13 +217,14 @@ class Client {
   }
 
   Api api_;
+  pid_t pid_;
   pmix_proc_t self_{};
   std::mutex mu_;
 };
 
 int intOf(Client& c, pmix_rank_t rank, const char* key, const char* what, bool required) {
   pmix_status_t rc = PMIX_SUCCESS;
-  Value v = c.get(rank, key, std::chrono::seconds(10), &rc);
+  Value v = c.get(rank, key, std::chrono::seconds(10), &rc, /*local=*/true);
   int64_t x = -1;
   if (!v || !toInt(*v, &x) || x < 0 || x > INT32_MAX) {
     if (!required) return -1;
@@ -244,7 +251,7 @@ Job job() {
   j.localRank = intOf(c, c.self().rank, PMIX_LOCAL_RANK, "local rank", false);
   j.localSize = intOf(c, PMIX_RANK_WILDCARD, PMIX_LOCAL_SIZE, "local size", false);
   pmix_status_t rc = PMIX_SUCCESS;
-  Value host = c.get(c.self().rank, PMIX_HOSTNAME, std::chrono::seconds(10), &rc);
+  Value host = c.get(c.self().rank, PMIX_HOSTNAME, std::chrono::seconds(10), &rc, true);
   if (host && host->type == PMIX_STRING && host->data.string != nullptr &&
       std::strlen(host->data.string) <= 255) {
     j.host = host->data.string;

@@ -1,6 +1,7 @@
 #include "bootstrap/rendezvous.h"
 
 #include <atomic>
+#include <cstring>
 
 #include "bootstrap/pmix.h"
 #include "common/auth.h"
@@ -39,14 +40,17 @@ std::shared_ptr<TcpStore> makeStore(const Identity& id, const std::string& host,
   return std::make_shared<TcpStore>(so);
 }
 
-// Rank 0's half of the PMIx exchange: what is missing from `id`, as
-// "<host:port>\n<token>" (an empty line for what was given).
-std::string offer(Identity* id, const std::string& storeAddress) {
-  return (id->rootHost.empty() ? storeAddress : std::string()) + "\n" + id->token;
-}
+// What rank 0 publishes when it cannot start its store: the others fail at
+// once with its reason instead of waiting for their deadline.
+constexpr const char* kFailed = "!failed: ";
 
-// Every rank's half: takes the root address and token rank 0 offered.
+// Every rank's half of the exchange: takes the store address and the token
+// rank 0 offered ("<host:port>\n<token>"), each only where it has none.
 void accept(const std::string& offered, Identity* id) {
+  if (offered.rfind(kFailed, 0) == 0) {
+    GFLOW_THROW(kInvalidArgument, kCtx)
+        << "rank 0 could not start its store: " << offered.substr(std::strlen(kFailed));
+  }
   const size_t nl = offered.find('\n');
   const std::string root = nl == std::string::npos ? offered : offered.substr(0, nl);
   const std::string token = nl == std::string::npos ? "" : offered.substr(nl + 1);
@@ -65,14 +69,33 @@ void accept(const std::string& offered, Identity* id) {
   }
 }
 
+// Rank 0's half: its store (at the given address, else on the data
+// interface at a port the kernel picks) and what it offers the others.
+std::shared_ptr<TcpStore> startRoot(Identity* id, const std::string& ifname,
+                                    std::chrono::milliseconds timeout, std::string* offered) {
+  if (id->token.empty()) id->token = auth::randomToken();
+  std::shared_ptr<TcpStore> store;
+  if (id->rootHost.empty()) {
+    const std::string ip = net::selectInterfaceAddress(ifname);
+    store = makeStore(*id, ip, timeout);
+    id->rootHost = ip;
+    id->rootPort = store->port();
+  } else {
+    store = makeStore(*id, givenListenHost(*id), timeout);
+  }
+  *offered = net::joinHostPort(id->rootHost, id->rootPort) + "\n" + id->token;
+  return store;
+}
+
 }  // namespace
 
 std::shared_ptr<Store> openStore(Identity* id, const std::string& ifname,
                                  std::chrono::milliseconds timeout) {
-  const bool exchange = id->pmix && (id->rootHost.empty() || id->token.empty());
-  if (!exchange) {
+  if (!id->pmix) {
     return makeStore(*id, id->rank == 0 ? givenListenHost(*id) : id->rootHost, timeout);
   }
+  // Every rank of a PMIx job takes part, whatever it was given itself: the
+  // fence is collective, and ranks given different things must not split.
   // Communicators are created in the same order on every rank, so the n-th
   // exchange of each process is the same one.
   static std::atomic<uint64_t> exchanges{0};
@@ -80,19 +103,22 @@ std::shared_ptr<Store> openStore(Identity* id, const std::string& ifname,
   std::shared_ptr<TcpStore> store;
   std::string offered;
   if (id->rank == 0) {
-    if (id->token.empty()) id->token = auth::randomToken();
-    std::string ip;
-    if (id->rootHost.empty()) {
-      ip = net::selectInterfaceAddress(ifname);
-      store = makeStore(*id, ip, timeout);
+    try {
+      store = startRoot(id, ifname, timeout, &offered);
+    } catch (const Error& e) {
+      try {
+        pmix::shareFromRankZero(key, kFailed + std::string(e.what()), timeout);
+      } catch (const Error&) {
+        // The others time out at the fence; this rank's error is the cause.
+      }
+      throw;
     }
-    offered = offer(id, net::joinHostPort(ip, store ? store->port() : 0));
   }
   accept(pmix::shareFromRankZero(key, offered, timeout), id);
-  GFLOW_LOG(DEBUG) << "rank " << id->rank << ": rank 0's store is " << id->rootHost << ":"
-                   << id->rootPort << " (shared through PMIx)";
+  GFLOW_LOG(DEBUG) << "rank " << id->rank << ": rank 0's store is "
+                   << net::joinHostPort(id->rootHost, id->rootPort) << " (shared through PMIx)";
   if (store) return store;
-  return makeStore(*id, id->rank == 0 ? givenListenHost(*id) : id->rootHost, timeout);
+  return makeStore(*id, id->rootHost, timeout);
 }
 
 }  // namespace gflow::bootstrap

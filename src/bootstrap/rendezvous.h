@@ -18,8 +18,11 @@ namespace gflow::bootstrap {
 //     the data interface (`ifname`, GFLOW_SOCKET_IFNAME syntax) on a port the
 //     kernel picks, and rank 0 shares that address through the PMIx server.
 // Under PMIx a job without a token gets one: rank 0 draws it at random and
-// shares it the same way (id->token is set on every rank). Collective over
-// the job's ranks when it uses PMIx.
+// shares it the same way (id->token is set on every rank). What a rank was
+// given itself wins for that rank; what it lacks it takes from rank 0. Under
+// PMIx this is collective over every process of the PMIx job (a fence), even
+// on ranks given both; when rank 0 cannot start its store, the others raise
+// its reason.
 std::shared_ptr<Store> openStore(Identity* id, const std::string& ifname,
                                  std::chrono::milliseconds timeout);
 

@@ -111,15 +111,16 @@ Error CommunicatorImpl::settle(const Error& candidate) {
     const ErrorContext& c = r.context();
     if (c.culprit < 0 || c.culprit >= size || c.reportedSeq == 0) continue;
     if (!before(c.reportedSeq, r.code(), c.culprit, verdict)) continue;
-    verdict = Error(r.code(), r.detail(),
+    // The peer's account, then what this rank saw itself (the evidence
+    // it had, e.g. the transport status, is kept).
+    verdict = Error(r.code(), r.detail() + " [this rank saw: " + candidate.detail() + "]",
                     ErrorContext::forOp(candidate.op())
                         .withSeq(c.reportedSeq)
                         .withRank(rank)
                         .withPeer(c.culprit)
                         .withCulprit(c.culprit, c.reportedSeq));
   }
-  setFailed(verdict);
-  return verdict;
+  return *setFailed(verdict);  // an abort() meanwhile stays the error of record
 }
 
 void CommunicatorImpl::checkUsable(const char* op) {

@@ -327,13 +327,14 @@ nn_launch_bench() {
   done
 }
 
-# nn_launch_attacked RUN PORTS BENCH WORKER: a job of 400 verified
-# allreduces (fault_worker) runs while a stranger on nnhost2 tries every
-# port the job listens on (nn_probe_strangers); no rank listens on every
-# interface, and the job still finishes on all 4 ranks.
+# nn_launch_attacked RUN PORTS BENCH WORKER: a job of 600 verified
+# allreduces (fault_worker, 20 ms apart: over 12 s) runs while a stranger on
+# nnhost2 tries every port the job listens on (nn_probe_strangers, well
+# under a second when they are refused); no rank listens on every interface,
+# the job is still running after the probes, and it finishes on all 4 ranks.
 nn_launch_attacked() {
   local run=$1 ports=$2 bench=$3 worker=$4 out=$NN_TMP/job job i p rc done_ranks
-  ( "$run" "$out" "$worker" loop 400 65536 20 ) 2>/dev/null &
+  ( "$run" "$out" "$worker" loop 600 65536 20 ) 2>/dev/null &
   job=$!
   nn_ports=()
   for ((i = 0; i < 300; i++)); do
@@ -351,6 +352,8 @@ nn_launch_attacked() {
       esac
     done
     nn_probe_strangers 2 "$bench" "${nn_ports[@]}" || nn_fail "a stranger was not refused"
+    # A job that ended first would make a refusal look like a closed port.
+    kill -0 "$job" 2>/dev/null || nn_fail "the job ended before the probes did: they prove nothing"
   fi
   wait "$job"
   rc=$(cat "$out.rc" 2>/dev/null)
@@ -359,7 +362,7 @@ nn_launch_attacked() {
     nn_fail "the attacked job exited $rc with $done_ranks of 4 ranks done; stderr ends:"
     tail -n 8 "$out.err" | sed 's/^/    /'
   else
-    echo "ok   the attacked job finished: 4 ranks, 400 verified allreduces each"
+    echo "ok   the attacked job finished: 4 ranks, 600 verified allreduces each"
   fi
 }
 

@@ -49,9 +49,11 @@ mp_run() {
   for var in LD_LIBRARY_PATH ASAN_OPTIONS UBSAN_OPTIONS TSAN_OPTIONS LSAN_OPTIONS; do
     [ -n "${!var:-}" ] && keep+=("$var=${!var}")
   done
-  nn_exec_named 0 "exec env -i ${keep[*]} OMPI_ALLOW_RUN_AS_ROOT=1 \
-    OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout -k 5 240 mpirun -np 4 \
-    --host nnhost0:2,nnhost1:2 --mca plm_rsh_agent $agent $*" >"$out.out" 2>"$out.err" </dev/null
+  # One shell command string (nn_exec_named): every word quoted.
+  nn_exec_named 0 "exec env -i $(printf '%q ' "${keep[@]}") OMPI_ALLOW_RUN_AS_ROOT=1 \
+    OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout -k 5 120 mpirun -np 4 \
+    --host nnhost0:2,nnhost1:2 --mca plm_rsh_agent $(printf '%q' "$agent") $(printf '%q ' "$@")" \
+    >"$out.out" 2>"$out.err" </dev/null
   echo $? >"$out.rc"
 }
 

@@ -148,7 +148,7 @@ sl_run() {
   for var in LD_LIBRARY_PATH ASAN_OPTIONS UBSAN_OPTIONS TSAN_OPTIONS LSAN_OPTIONS; do
     [ -n "${!var:-}" ] && keep+=("$var=${!var}")
   done
-  ( sl_exec 0 env -i "${keep[@]}" timeout -k 5 240 \
+  ( sl_exec 0 env -i "${keep[@]}" timeout -k 5 120 \
     srun --mpi=pmix -N2 -n4 --ntasks-per-node=2 "$@" ) >"$out.out" 2>"$out.err" </dev/null
   echo $? >"$out.rc"
 }

@@ -371,19 +371,25 @@ class HierarchicalBackend final : public Backend {
     try {
       f(sub);
     } catch (const Error& e) {
-      int peer = e.peer();
-      std::string members;
-      for (size_t i = 0; i < ranks.size(); ++i) {
-        members += (i ? "," : "") + std::to_string(ranks[i]);
-      }
-      if (peer >= 0 && peer < static_cast<int>(ranks.size())) peer = ranks[peer];
-      throw Error(e.code(),
-                  std::string("hierarchical phase ") + toString(sub.desc.kind) + " " + where +
-                      " (group ranks " + members +
-                      ", numbered from 0 in what follows): " + e.detail(),
-                  ErrorContext().withRank(h_.rank).withPeer(peer).withCulprit(
-                      e.context().culprit, e.context().reportedSeq));
+      throw renumbered(e, ranks,
+                       std::string("hierarchical phase ") + toString(sub.desc.kind) + " " + where);
     }
+  }
+
+  // `e` of a part as this communicator's error: its peer renumbered, its
+  // text prefixed with `what` and the part's ranks (the text numbers from 0).
+  Error renumbered(const Error& e, const std::vector<int>& ranks, const std::string& what) const {
+    int peer = e.peer();
+    std::string members;
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      members += (i ? "," : "") + std::to_string(ranks[i]);
+    }
+    if (peer >= 0 && peer < static_cast<int>(ranks.size())) peer = ranks[peer];
+    return Error(
+        e.code(),
+        what + " (group ranks " + members + ", numbered from 0 in what follows): " + e.detail(),
+        ErrorContext().withRank(h_.rank).withPeer(peer).withCulprit(e.context().culprit,
+                                                                    e.context().reportedSeq));
   }
 
   Hierarchy h_;

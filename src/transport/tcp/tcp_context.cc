@@ -246,6 +246,9 @@ bool TcpContext::readHeader(Conn& c) {
 // from the socket (a large rest) or through the read-ahead (a small one).
 bool TcpContext::readPayload(Conn& c) {
   if (c.discard && discarded_.empty()) discarded_.resize(kReadAhead);
+  // Dropped bytes are read in bounded rounds, so a peer that streams
+  // without end cannot keep awaitReports past its deadline.
+  int rounds = 0;
   while (c.left > 0) {
     // A dropped payload goes to the same scratch bytes over and over.
     char* into = c.discard ? discarded_.data() : c.dst;
@@ -256,7 +259,7 @@ bool TcpContext::readPayload(Conn& c) {
       c.left -= k;
       continue;
     }
-    if (c.drained) return false;
+    if (c.drained || (c.discard && ++rounds > 64)) return false;
     const bool direct = room >= kReadAhead;
     size_t got = 0;
     c.aheadPos = c.aheadLen = 0;
@@ -306,6 +309,7 @@ void TcpContext::startFragment(Conn& c) {
   }
   if (h.type != kFrameData) protocolError("unknown frame type " + std::to_string(h.type));
   if (failed()) {  // awaitReports reads on for the reports: data is dropped
+    if (h.msgLen > kMaxMessageBytes || h.fragLen > h.msgLen) protocolError("oversized fragment");
     c.cur = nullptr;
     c.discard = true;
     c.left = h.fragLen;
@@ -527,10 +531,16 @@ std::vector<Error> TcpContext::awaitReports(Deadline until, int exclude) {
   } catch (const Error&) {
   }
   if (!failed()) return Engine::awaitReports(until, exclude);
+  // Read only from now on (nothing more is sent but the report, already
+  // out), from every connection, starting with what its read-ahead holds.
+  aheadPending_.clear();
   for (auto& p : peers_) {
     for (auto& c : p->conns) {
-      if (!c || c->closed || !c->paused) continue;
+      if (!c || c->closed) continue;
       c->paused = false;  // staging limits no longer matter: data is dropped
+      c->wantOut = false;
+      c->aheadQueued = true;
+      aheadPending_.push_back(c.get());
       try {
         updateInterest(*c);
       } catch (const Error&) {
