@@ -385,6 +385,23 @@ nn_layout_map() {
   echo "${hostof[*]}"
 }
 
+# nn_clean_env: NN_CLEAN_ENV = the VAR=value words a rank needs from the
+# caller's environment (PATH, HOME, LANG, the library path and sanitizer
+# options), and no GFLOW_* variable.
+nn_clean_env() {
+  local var
+  NN_CLEAN_ENV=(PATH="$PATH" HOME="${HOME:-/root}" LANG="${LANG:-C.UTF-8}")
+  for var in LD_LIBRARY_PATH ASAN_OPTIONS UBSAN_OPTIONS TSAN_OPTIONS LSAN_OPTIONS; do
+    [ -n "${!var:-}" ] && NN_CLEAN_ENV+=("$var=${!var}")
+  done
+}
+
+# nn_find_worker BENCH [PATH]: PATH, else fault_worker next to BENCH's build.
+nn_find_worker() {
+  local w=${2:-$(dirname "$1")/../tests/faults/fault_worker}
+  [ -x "$w" ] && echo "$w"
+}
+
 # nn_start_ranks OUTDIR TIMEOUT_S MAP -- PROG ARGS...
 # Starts one process per entry of MAP (comma-separated host index per rank)
 # in the background; nn_wait_ranks collects them.
@@ -410,10 +427,8 @@ nn_start_ranks() {
   port=$NN_PORT
   root="$(nn_host_ip "${NN_RANK_HOST[0]}"):$port"
   # The caller's environment, minus identities, for every rank.
-  local base=(PATH="$PATH" HOME="${HOME:-/root}" LANG="${LANG:-C.UTF-8}")
-  for var in LD_LIBRARY_PATH ASAN_OPTIONS UBSAN_OPTIONS TSAN_OPTIONS LSAN_OPTIONS; do
-    [ -n "${!var:-}" ] && base+=("$var=${!var}")
-  done
+  nn_clean_env
+  local base=("${NN_CLEAN_ENV[@]}")
   while IFS='=' read -r var _; do
     [[ $var == GFLOW_* ]] || continue
     nn__owned_var "$var" && continue

@@ -21,8 +21,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 source "$here/lib.sh"
 
 bench=$(nn_find_bench "${1:-}") || { echo "FAIL: allreduce_bw not found (pass its path)"; exit 1; }
-worker=${2:-$(dirname "$bench")/../tests/faults/fault_worker}
-[ -x "$worker" ] || { echo "FAIL: fault_worker not found (pass its path second)"; exit 1; }
+worker=$(nn_find_worker "$bench" "${2:-}") ||
+  { echo "FAIL: fault_worker not found (pass its path second)"; exit 1; }
 command -v mpirun >/dev/null 2>&1 || nn_skip "Open MPI's mpirun not found (Debian: openmpi-bin)"
 command -v unshare >/dev/null 2>&1 || nn_skip "util-linux's unshare not found"
 command -v ss >/dev/null 2>&1 || nn_skip "iproute2's ss not found"
@@ -44,13 +44,11 @@ chmod +x "$agent"
 # mp_run OUT PROG ARGS...: mpirun on nnhost0, 2 ranks on each of nnhost0 and
 # nnhost1, with a clean environment (no GFLOW_*); output in OUT.{out,err,rc}.
 mp_run() {
-  local out=$1 keep=(PATH="$PATH" HOME="${HOME:-/root}" LANG="${LANG:-C.UTF-8}") var
+  local out=$1
   shift
-  for var in LD_LIBRARY_PATH ASAN_OPTIONS UBSAN_OPTIONS TSAN_OPTIONS LSAN_OPTIONS; do
-    [ -n "${!var:-}" ] && keep+=("$var=${!var}")
-  done
+  nn_clean_env
   # One shell command string (nn_exec_named): every word quoted.
-  nn_exec_named 0 "exec env -i $(printf '%q ' "${keep[@]}") OMPI_ALLOW_RUN_AS_ROOT=1 \
+  nn_exec_named 0 "exec env -i $(printf '%q ' "${NN_CLEAN_ENV[@]}") OMPI_ALLOW_RUN_AS_ROOT=1 \
     OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout -k 5 120 mpirun -np 4 \
     --host nnhost0:2,nnhost1:2 --mca plm_rsh_agent $(printf '%q' "$agent") $(printf '%q ' "$@")" \
     >"$out.out" 2>"$out.err" </dev/null

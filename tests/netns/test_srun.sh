@@ -30,8 +30,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 source "$here/lib.sh"
 
 bench=$(nn_find_bench "${1:-}") || { echo "FAIL: allreduce_bw not found (pass its path)"; exit 1; }
-worker=${2:-$(dirname "$bench")/../tests/faults/fault_worker}
-[ -x "$worker" ] || { echo "FAIL: fault_worker not found (pass its path second)"; exit 1; }
+worker=$(nn_find_worker "$bench" "${2:-}") ||
+  { echo "FAIL: fault_worker not found (pass its path second)"; exit 1; }
 for cmd in slurmctld slurmd srun sinfo; do
   command -v "$cmd" >/dev/null 2>&1 ||
     nn_skip "Slurm's $cmd not found (Debian: slurmctld slurmd slurm-client)"
@@ -143,12 +143,10 @@ echo "the Slurm cluster is up: 2 nodes idle"
 # nnhost1, with a clean environment (no GFLOW_*; srun passes its environment
 # on to the ranks); output in OUT.{out,err,rc}.
 sl_run() {
-  local out=$1 keep=(PATH="$PATH" HOME="${HOME:-/root}" LANG="${LANG:-C.UTF-8}" SLURM_CONF="$conf") var
+  local out=$1
   shift
-  for var in LD_LIBRARY_PATH ASAN_OPTIONS UBSAN_OPTIONS TSAN_OPTIONS LSAN_OPTIONS; do
-    [ -n "${!var:-}" ] && keep+=("$var=${!var}")
-  done
-  ( sl_exec 0 env -i "${keep[@]}" timeout -k 5 120 \
+  nn_clean_env
+  ( sl_exec 0 env -i "${NN_CLEAN_ENV[@]}" SLURM_CONF="$conf" timeout -k 5 120 \
     srun --mpi=pmix -N2 -n4 --ntasks-per-node=2 "$@" ) >"$out.out" 2>"$out.err" </dev/null
   echo $? >"$out.rc"
 }

@@ -167,8 +167,14 @@ void TcpContext::failLost(int peer, const std::string& what) {
 // it is an error only while this rank still exchanges data with it.
 void TcpContext::handleClosed(Conn& c) {
   if (c.inPayload || c.hdrGot > 0) failLost(c.peer, "closed the connection mid-message");
+  markGone(c);
+  if (peers_[c.peer]->closed && hasPendingWith(c.peer)) failLost(c.peer, "closed the connection");
+}
+
+// Stops watching a connection that has nothing more to read.
+void TcpContext::markGone(Conn& c) {
+  if (!c.closed) epoll_ctl(epoll_.fd(), EPOLL_CTL_DEL, c.sock.fd(), nullptr);
   c.closed = true;
-  epoll_ctl(epoll_.fd(), EPOLL_CTL_DEL, c.sock.fd(), nullptr);
   c.watched = false;
   // With several connections per peer, the others may still carry data the
   // peer sent before exiting: the peer is gone only once all of them are.
@@ -177,7 +183,6 @@ void TcpContext::handleClosed(Conn& c) {
     if (other && !other->closed) return;
   }
   p.closed = true;
-  if (hasPendingWith(c.peer)) failLost(c.peer, "closed the connection");
 }
 
 void TcpContext::updateInterest(Conn& c) {
@@ -585,17 +590,6 @@ void TcpContext::drainOnce(int timeoutMs) {
       markGone(*c);  // reset, closed mid-frame or garbage: nothing more to read
     }
   }
-}
-
-void TcpContext::markGone(Conn& c) {
-  if (!c.closed) epoll_ctl(epoll_.fd(), EPOLL_CTL_DEL, c.sock.fd(), nullptr);
-  c.closed = true;
-  c.watched = false;
-  PeerState& p = *peers_[c.peer];
-  for (const auto& other : p.conns) {
-    if (other && !other->closed) return;
-  }
-  p.closed = true;
 }
 
 void TcpContext::notifyPeers(const Error& error) {

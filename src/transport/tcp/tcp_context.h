@@ -171,8 +171,10 @@ class TcpContext final : public Engine {
   void startFragment(Conn& c);
   void finishFragment(Conn& c);
   void handleErrorFrame(Conn& c);
-  // awaitReports' pieces: one round of reads; a connection that failed.
+  // awaitReports' round of reads.
   void drainOnce(int timeoutMs);
+  // A connection closed (or, after failing, broken): unwatched; its peer is
+  // closed once all its connections are.
   void markGone(Conn& c);
   void handleClosed(Conn& c);
   void tuneLowat(Conn& c);
