@@ -116,7 +116,7 @@ Path hostPath(Algorithm a) {
 uint64_t digest(const OpDesc& d) {
   uint64_t h = hash::kFnvOffset;
   for (uint64_t v : {uint64_t(d.kind), uint64_t(d.dtype), uint64_t(d.op), uint64_t(d.algo),
-                     uint64_t(int64_t(d.root)), d.count}) {
+                     uint64_t(int64_t(d.root)), d.count, d.parent}) {
     h = hash::mix(h, v);
     h ^= h >> 29;
   }
@@ -170,7 +170,7 @@ void Router::alltoall(const Op& op, const void* in, void* out) {
 }
 void Router::alltoallv(const Op& op, const void* in, const Blocks& inBlocks, void* out,
                        const Blocks& outBlocks) {
-  route(op).alltoallv(op, in, inBlocks, out, outBlocks);
+  route(op, &inBlocks, &outBlocks).alltoallv(op, in, inBlocks, out, outBlocks);
 }
 void Router::gatherv(const Op& op, const void* in, void* out, const Blocks& blocks) {
   route(op).gatherv(op, in, out, blocks);
@@ -182,16 +182,14 @@ std::unique_ptr<P2PInFlight> Router::startPointToPoint(const Op& op, std::vector
   return route(op).startPointToPoint(op, std::move(msgs));
 }
 
-Backend& Router::route(const Op& op) {
+Backend& Router::route(const Op& op, const Blocks* in, const Blocks* out) {
   if (!op.buffers) {
     count(hostPath(op.desc.algo));
     return *host_;
   }
-  // Point-to-point never reaches NCCL (whose first use is collective), and
-  // neither do the uneven ops, which NCCL has no counterpart for: their
+  // Point-to-point never reaches NCCL (whose first use is collective): its
   // device buffers are staged.
-  const bool ncclKind = op.desc.kind != OpKind::kPointToPoint && !isUneven(op.desc.kind);
-  if (ncclKind && onNccl(op)) {
+  if (op.desc.kind != OpKind::kPointToPoint && onNccl(op, in, out)) {
     count(Path::kNccl);
     return nccl_->forOp(op);
   }
@@ -200,7 +198,7 @@ Backend& Router::route(const Op& op) {
   return *staged_;
 }
 
-bool Router::onNccl(const Op& op) {
+bool Router::onNccl(const Op& op, const Blocks* in, const Blocks* out) {
   int device = -1;
   void* ready = nullptr;
   const bool single = op.buffers->single(&device, &ready);
@@ -212,29 +210,47 @@ bool Router::onNccl(const Op& op) {
         << " (NCCL binds a communicator to one GPU: use another communicator for this GPU, or "
            "GFLOW_DEVICE_BACKEND=staged)";
   }
-  if (verify_ && size_ > 1) verifyNccl(op);
+  if (verify_ && size_ > 1) verifyNccl(op, in, out);
   return true;
 }
 
-void Router::verifyNccl(const Op& op) {
+void Router::verifyNccl(const Op& op, const Blocks* in, const Blocks* out) {
   // A tiny allgather over the host backend whose envelope carries this op's
   // fingerprint (24 bits); its values compare all 64 of a digest of the
-  // whole description.
-  OpDesc v{OpKind::kAllgather, DataType::kInt64, ReduceOp::kSum, Algorithm::kAuto, 0, 1};
-  v.algo = select_(OpKind::kAllgather, sizeof(int64_t) * size_, size_);
+  // whole description and, for all-to-all-v (whose counts differ by rank),
+  // every rank's send and receive counts, so that every rank finds the
+  // same pair that disagrees.
+  const size_t n = static_cast<size_t>(size_);
+  const size_t width = in && out ? 1 + 2 * n : 1;
+  std::vector<int64_t> mine(width);
+  mine[0] = static_cast<int64_t>(digest(op.desc));
+  for (size_t r = 0; width > 1 && r < n; ++r) {
+    mine[1 + r] = static_cast<int64_t>(in->counts[r]);
+    mine[1 + n + r] = static_cast<int64_t>(out->counts[r]);
+  }
+  OpDesc v{OpKind::kAllgather, DataType::kInt64, ReduceOp::kSum, Algorithm::kAuto, 0, width};
+  v.algo = select_(OpKind::kAllgather, sizeof(int64_t) * width * n, size_);
   v.parent = fingerprint(op.desc);
   Op check;
   check.seq = op.seq;
   check.desc = v;
   check.deadline = op.deadline;
-  const int64_t mine = static_cast<int64_t>(digest(op.desc));
-  std::vector<int64_t> all(static_cast<size_t>(size_));
-  host_->allgather(check, &mine, all.data());
-  for (int r = 0; r < size_; ++r) {
-    if (all[r] != mine) {
-      GFLOW_THROW(kMismatch, ErrorContext().withSeq(op.seq).withRank(rank_).withPeer(r))
+  std::vector<int64_t> all(width * n);
+  host_->allgather(check, mine.data(), all.data());
+  for (size_t r = 0; r < n; ++r) {
+    if (all[r * width] != mine[0]) {
+      GFLOW_THROW(kMismatch, ErrorContext().withSeq(op.seq).withRank(rank_).withPeer(int(r)))
           << "rank " << r << " called another op on NCCL than this rank ("
           << describe(encode(op.desc)) << ")";
+    }
+  }
+  for (size_t i = 0; width > 1 && i < n; ++i) {
+    for (size_t j = 0; j < n; ++j) {
+      const int64_t sends = all[i * width + 1 + j], expects = all[j * width + 1 + n + i];
+      if (sends == expects) continue;
+      GFLOW_THROW(kMismatch, ErrorContext().withSeq(op.seq).withRank(rank_).withPeer(int(i)))
+          << "rank " << i << " sends " << sends << " elements to rank " << j << ", which expects "
+          << expects << " from it (alltoallv counts)";
     }
   }
 }

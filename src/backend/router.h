@@ -9,9 +9,9 @@
 // The first op on device buffers makes NCCL decide, on every rank at once,
 // whether it runs this communicator (backend/nccl/nccl_backend.h). With
 // `verifyNccl` (Options::device.verifyOps, GFLOW_NCCL_VERIFY), each NCCL op is preceded by an
-// 8-byte allgather over the host backend whose envelope and values carry the op's description, so
-// ranks that call different ops (or stage this one) fail with kMismatch instead of hanging inside
-// NCCL.
+// 8-byte allgather over the host backend whose envelope and values carry the op's description
+// (all-to-all-v: and every rank's counts), so ranks that call different ops (or stage this one)
+// fail with kMismatch instead of hanging inside NCCL.
 //
 // abort/notifyPeers reach every backend; peerStats adds them up; paths()
 // counts the ops each path ran. Calls come from the executing thread,
@@ -106,9 +106,10 @@ class Router final : public Backend {
   void resetPaths();  // after the communicator's own setup ops
 
  private:
-  Backend& route(const Op& op);
-  bool onNccl(const Op& op);
-  void verifyNccl(const Op& op);
+  // `in`/`out`: an all-to-all-v's blocks, which the NCCL check compares.
+  Backend& route(const Op& op, const Blocks* in = nullptr, const Blocks* out = nullptr);
+  bool onNccl(const Op& op, const Blocks* in, const Blocks* out);
+  void verifyNccl(const Op& op, const Blocks* in, const Blocks* out);
   void count(Path p) { paths_[static_cast<size_t>(p)].fetch_add(1, std::memory_order_relaxed); }
 
   int rank_;

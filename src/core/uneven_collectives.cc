@@ -232,7 +232,10 @@ std::shared_ptr<WorkState> doAlltoallv(CommunicatorImpl& I, Tensor in,
     I.invalid(name, "in and out must not overlap");
   }
   CommunicatorImpl* self = &I;
-  auto buffers = Buffers::bind(name, me, {{in, Buffers::kIn}, {out, Buffers::kOut}});
+  // Blocks that leave gaps in `out`: staging copies it in too, so the gaps
+  // go back to the device as they were.
+  const auto outRole = outBlocks.total() < out.count ? Buffers::kInOut : Buffers::kOut;
+  auto buffers = Buffers::bind(name, me, {{in, Buffers::kIn}, {out, outRole}});
   // The ranks' counts differ: the description carries none.
   OpDesc d{OpKind::kAlltoallv, in.dtype, ReduceOp::kSum, Algorithm::kAuto, 0, 0};
   return I.submit(

@@ -55,6 +55,19 @@ struct Api {
                    void* stream) = nullptr;
   int (*broadcast)(const void* in, void* out, size_t count, int dtype, int root, void* comm,
                    void* stream) = nullptr;
+  // `out` is written on `root` only.
+  int (*reduce)(const void* in, void* out, size_t count, int dtype, int op, int root, void* comm,
+                void* stream) = nullptr;
+  // Point-to-point. Between a pair, the k-th send matches the k-th receive.
+  // A lone send or receive blocks its stream until its peer's matching call;
+  // calls between groupStart and groupEnd progress together (no deadlock
+  // however the pairs are ordered). On a non-blocking communicator
+  // groupEnd may return kInProgress (commGetAsyncError tells the end).
+  int (*send)(const void* buf, size_t count, int dtype, int peer, void* comm,
+              void* stream) = nullptr;
+  int (*recv)(void* buf, size_t count, int dtype, int peer, void* comm, void* stream) = nullptr;
+  int (*groupStart)() = nullptr;
+  int (*groupEnd)() = nullptr;
 };
 
 }  // namespace gflow::nccl

@@ -36,6 +36,11 @@ struct Functions {
   decltype(&ncclReduceScatter) reduceScatter = nullptr;
   decltype(&ncclAllGather) allGather = nullptr;
   decltype(&ncclBroadcast) broadcast = nullptr;
+  decltype(&ncclReduce) reduce = nullptr;
+  decltype(&ncclSend) send = nullptr;
+  decltype(&ncclRecv) recv = nullptr;
+  decltype(&ncclGroupStart) groupStart = nullptr;
+  decltype(&ncclGroupEnd) groupEnd = nullptr;
 };
 Functions f;
 
@@ -149,6 +154,29 @@ int broadcast(const void* in, void* out, size_t n, int dtype, int root, void* co
   return f.broadcast(in, out, n, t, root, static_cast<ncclComm_t>(comm),
                      static_cast<cudaStream_t>(s));
 }
+int reduce(const void* in, void* out, size_t n, int dtype, int op, int root, void* comm, void* s) {
+  ncclDataType_t t;
+  ncclRedOp_t o;
+  if (!toNccl(dtype, &t) || !toNccl(op, &o)) return ncclInvalidArgument;
+  return f.reduce(in, out, n, t, o, root, static_cast<ncclComm_t>(comm),
+                  static_cast<cudaStream_t>(s));
+}
+int send(const void* buf, size_t n, int dtype, int peer, void* comm, void* s) {
+  ncclDataType_t t;
+  if (!toNccl(dtype, &t)) return ncclInvalidArgument;
+  return f.send(buf, n, t, peer, static_cast<ncclComm_t>(comm), static_cast<cudaStream_t>(s));
+}
+int recv(void* buf, size_t n, int dtype, int peer, void* comm, void* s) {
+  ncclDataType_t t;
+  if (!toNccl(dtype, &t)) return ncclInvalidArgument;
+  return f.recv(buf, n, t, peer, static_cast<ncclComm_t>(comm), static_cast<cudaStream_t>(s));
+}
+int groupStart() {
+  return f.groupStart();
+}
+int groupEnd() {
+  return f.groupEnd();
+}
 
 template <typename T>
 bool sym(void* h, const char* name, T* out, std::string* missing) {
@@ -193,6 +221,11 @@ Loaded load() {
   sym(h, "ncclReduceScatter", &f.reduceScatter, &missing);
   sym(h, "ncclAllGather", &f.allGather, &missing);
   sym(h, "ncclBroadcast", &f.broadcast, &missing);
+  sym(h, "ncclReduce", &f.reduce, &missing);
+  sym(h, "ncclSend", &f.send, &missing);
+  sym(h, "ncclRecv", &f.recv, &missing);
+  sym(h, "ncclGroupStart", &f.groupStart, &missing);
+  sym(h, "ncclGroupEnd", &f.groupEnd, &missing);
   int version = 0;
   if (f.getVersion) f.getVersion(&version);
   if (!missing.empty() || version < kMinVersion) {
@@ -216,6 +249,11 @@ Loaded load() {
   a.reduceScatter = reduceScatter;
   a.allGather = allGather;
   a.broadcast = broadcast;
+  a.reduce = reduce;
+  a.send = send;
+  a.recv = recv;
+  a.groupStart = groupStart;
+  a.groupEnd = groupEnd;
   l.ok = true;
   return l;
 }

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -50,6 +51,13 @@ class DeviceBuffer {
   void* p_;
 };
 
+// Options of a world whose ranks give up after `ms`.
+Options within(int64_t ms) {
+  Options o;
+  o.timeout = milliseconds(ms);
+  return o;
+}
+
 class NcclBackendTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -67,12 +75,6 @@ class NcclBackendTest : public ::testing::Test {
   static void setParam(const char* name, const char* value) {
     setenv(name, value, 1);
     params::resetCacheForTesting();
-  }
-  // Options of a world whose ranks give up after `ms`.
-  static Options within(int64_t ms) {
-    Options o;
-    o.timeout = milliseconds(ms);
-    return o;
   }
 };
 
@@ -295,20 +297,23 @@ ErrorCode codeOf(const std::exception_ptr& e, std::string* what = nullptr) {
   }
 }
 
-TEST_F(NcclBackendTest, ARankThatNeverCallsEndsInATimeoutAndAbortsNccl) {
-  setParam("GFLOW_NCCL_VERIFY", "0");  // the wait is inside NCCL, not in the check
+// Three ranks run `op` once on NCCL; then ranks 0 and 1 run it again and
+// rank 2 does not (within 1.5 s). The first rank past its deadline aborts
+// NCCL; the other one times out too or hears of it first (NCCL's remote
+// error). A timeout names `waited` (the NCCL call).
+void expectARankThatNeverCallsToEndInATimeout(const std::function<void(Communicator&)>& op,
+                                              const char* waited) {
   std::atomic<int> done{0};
   auto errors = testing::runRanksCollect(
       3,
       [&](Communicator& c) {
-        DeviceBuffer buf(c.rank(), 16 * 4);
-        c.allreduce(buf.tensor(16, DataType::kFloat32));
+        op(c);
         if (c.rank() == 2) {
           while (done.load() < 2) std::this_thread::sleep_for(milliseconds(5));
           return;
         }
         try {
-          c.allreduce(buf.tensor(16, DataType::kFloat32));
+          op(c);
         } catch (...) {
           ++done;
           throw;
@@ -316,15 +321,14 @@ TEST_F(NcclBackendTest, ARankThatNeverCallsEndsInATimeoutAndAbortsNccl) {
         ++done;
       },
       within(1500));
-  // The first rank past its deadline aborts NCCL; the other one times out
-  // too or hears of it first (NCCL's remote error).
   int timeouts = 0;
   for (int r = 0; r < 2; ++r) {
     std::string what;
     const ErrorCode code = codeOf(errors[r], &what);
     if (code == ErrorCode::kTimeout) {
       ++timeouts;
-      EXPECT_NE(what.find("ncclAllReduce did not complete within the deadline"), std::string::npos)
+      EXPECT_NE(what.find(std::string(waited) + " did not complete within the deadline"),
+                std::string::npos)
           << what;
     } else {
       EXPECT_EQ(code, ErrorCode::kPeerLost) << r << ": " << what;
@@ -333,6 +337,16 @@ TEST_F(NcclBackendTest, ARankThatNeverCallsEndsInATimeoutAndAbortsNccl) {
   EXPECT_GE(timeouts, 1);
   EXPECT_FALSE(errors[2]);
   EXPECT_GE(softnccl::aborts(), 2);
+}
+
+TEST_F(NcclBackendTest, ARankThatNeverCallsEndsInATimeoutAndAbortsNccl) {
+  setParam("GFLOW_NCCL_VERIFY", "0");  // the wait is inside NCCL, not in the check
+  expectARankThatNeverCallsToEndInATimeout(
+      [](Communicator& c) {
+        DeviceBuffer buf(c.rank(), 16 * 4);
+        c.allreduce(buf.tensor(16, DataType::kFloat32));
+      },
+      "ncclAllReduce");
 }
 
 TEST_F(NcclBackendTest, DifferentOpsAreAMismatchBeforeNcclRuns) {
@@ -404,6 +418,115 @@ TEST_F(NcclBackendTest, AbortEndsAWaitInsideNccl) {
   });
   aborter.join();
   EXPECT_EQ(code, ErrorCode::kAborted) << what;
+}
+
+// ncclReduce for what NCCL can reduce; gather, scatter and all-to-all as
+// grouped ncclSend/ncclRecv: no host staging, exact against the reference.
+// A reduction NCCL has no type for (int16) is staged, with the same result.
+TEST_F(NcclBackendTest, RootedOpsAndAlltoallRunOnNccl) {
+  constexpr int kRanks = 3, kRoot = 2;
+  constexpr size_t kBlock = 41;
+  testing::runRanks(kRanks, [&](Communicator& c) {
+    const int r = c.rank();
+    DeviceBuffer in(r, kBlock * kRanks * 8), out(r, kBlock * kRanks * 8);
+    float* x = in.as<float>();
+    float* y = out.as<float>();
+    for (size_t i = 0; i < kBlock; ++i) x[i] = static_cast<float>(valueAt(r, i));
+    std::fill(y, y + kBlock, -1.0f);
+    c.reduce(in.tensor(kBlock, DataType::kFloat32), out.tensor(kBlock, DataType::kFloat32), kRoot,
+             ReduceOp::kSum);
+    for (size_t i = 0; i < kBlock; ++i) {
+      double want = 0;
+      for (int q = 0; q < kRanks; ++q) want += valueAt(q, i);
+      ASSERT_EQ(y[i], r == kRoot ? static_cast<float>(want) : -1.0f) << i;
+    }
+    c.gather(in.tensor(kBlock, DataType::kFloat32), out.tensor(kBlock * kRanks, DataType::kFloat32),
+             kRoot);
+    for (int q = 0; q < kRanks && r == kRoot; ++q) {
+      for (size_t i = 0; i < kBlock; ++i) ASSERT_EQ(y[q * kBlock + i], float(valueAt(q, i)));
+    }
+    for (size_t i = 0; i < kBlock * kRanks; ++i) x[i] = static_cast<float>(r * 10000 + i);
+    c.scatter(in.tensor(kBlock * kRanks, DataType::kFloat32),
+              out.tensor(kBlock, DataType::kFloat32), kRoot);
+    for (size_t i = 0; i < kBlock; ++i) ASSERT_EQ(y[i], float(kRoot * 10000 + r * kBlock + i));
+    EXPECT_EQ(c.stats().stagedOps, 0u);
+    c.alltoall(in.tensor(kBlock * kRanks, DataType::kFloat32),
+               out.tensor(kBlock * kRanks, DataType::kFloat32));
+    for (int q = 0; q < kRanks; ++q) {
+      for (size_t i = 0; i < kBlock; ++i) {
+        ASSERT_EQ(y[q * kBlock + i], float(q * 10000 + r * kBlock + i)) << q;
+      }
+    }
+    EXPECT_EQ(c.stats().stagedOps, 0u);
+    int16_t* a = in.as<int16_t>();
+    int16_t* b = out.as<int16_t>();
+    for (size_t i = 0; i < kBlock; ++i) a[i] = int16_t(r * 100 - int(i));
+    c.reduce(in.tensor(kBlock, DataType::kInt16), out.tensor(kBlock, DataType::kInt16), kRoot,
+             ReduceOp::kMin);
+    for (size_t i = 0; i < kBlock && r == kRoot; ++i) ASSERT_EQ(b[i], int16_t(-int(i)));
+    EXPECT_EQ(c.stats().ncclOps, 4u);
+    EXPECT_EQ(c.stats().stagedOps, 1u);
+  });
+  EXPECT_EQ(softnccl::collectivesRun(), 4 * kRanks);
+}
+
+// Rank 1 expects another count from rank 0 than rank 0 sends: the check
+// before NCCL finds the pair on every rank, and NCCL never runs.
+TEST_F(NcclBackendTest, AlltoallvCountsThatDisagreeAreAMismatchOnEveryRankBeforeNcclRuns) {
+  constexpr int kRanks = 3;
+  auto errors = testing::runRanksCollect(
+      kRanks,
+      [&](Communicator& c) {
+        const int r = c.rank();
+        DeviceBuffer in(r, 64 * 4), out(r, 64 * 4);
+        c.allreduce(in.tensor(4, DataType::kFloat32));  // NCCL starts
+        std::vector<size_t> counts(kRanks, 5), offsets = {0, 5, 10};
+        std::vector<size_t> outCounts = counts;
+        if (r == 1) outCounts[0] = 6;
+        std::vector<size_t> outOffsets = {0, 6, 12};
+        c.alltoallv(in.tensor(15, DataType::kFloat32), counts, offsets,
+                    out.tensor(18, DataType::kFloat32), outCounts, outOffsets);
+      },
+      within(20000));
+  for (int r = 0; r < kRanks; ++r) {
+    std::string what;
+    EXPECT_EQ(codeOf(errors[r], &what), ErrorCode::kMismatch) << r << ": " << what;
+    EXPECT_NE(what.find("rank 0 sends 5 elements to rank 1, which expects 6"), std::string::npos)
+        << what;
+  }
+  EXPECT_EQ(softnccl::collectivesRun(), kRanks) << "only the first allreduce ran on NCCL";
+  EXPECT_EQ(softnccl::mismatches(), 0);
+}
+
+// A rank that never calls the all-to-all, and one whose NCCL fails inside
+// it: deadline or peer_lost on the others, no hang.
+TEST_F(NcclBackendTest, AlltoallWithAMissingOrFailingRankEndsInAnError) {
+  setParam("GFLOW_NCCL_VERIFY", "0");  // the wait is inside NCCL, not in the check
+  expectARankThatNeverCallsToEndInATimeout(
+      [](Communicator& c) {
+        DeviceBuffer in(c.rank(), 30 * 4), out(c.rank(), 30 * 4);
+        c.alltoall(in.tensor(30, DataType::kFloat32), out.tensor(30, DataType::kFloat32));
+      },
+      "all-to-all (grouped ncclSend/ncclRecv)");
+
+  softnccl::enable();  // a fresh software NCCL for the second case
+  softnccl::setAbortReleasesPeers(false);
+  auto errors = testing::runRanksCollect(
+      3,
+      [&](Communicator& c) {
+        DeviceBuffer in(c.rank(), 30 * 4), out(c.rank(), 30 * 4);
+        c.alltoall(in.tensor(30, DataType::kFloat32), out.tensor(30, DataType::kFloat32));
+        if (c.rank() == 1) injectOnDevice(1, nccl::kSystemError);
+        c.alltoall(in.tensor(30, DataType::kFloat32), out.tensor(30, DataType::kFloat32));
+      },
+      within(30000));
+  for (int r = 0; r < 3; ++r) {
+    std::string what;
+    EXPECT_EQ(codeOf(errors[r], &what), ErrorCode::kPeerLost) << r << ": " << what;
+    if (r != 1) {
+      EXPECT_NE(what.find("rank 1 failed"), std::string::npos) << what;
+    }
+  }
 }
 
 TEST_F(NcclBackendTest, SplitUsesNcclCommSplit) {

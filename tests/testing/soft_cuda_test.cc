@@ -623,6 +623,106 @@ TEST_F(SoftNccl, ReduceScatterAllGatherBroadcast) {
     for (size_t i = 0; i < c; ++i) EXPECT_EQ(at<float>(bc[r], i), in[1][i]);
 }
 
+TEST_F(SoftNccl, ReduceWritesTheRootOnly) {
+  auto comms = init(3);
+  constexpr size_t c = 5;
+  std::vector<std::vector<int32_t>> in(3, std::vector<int32_t>(c));
+  std::vector<Bytes> inputs;
+  for (int r = 0; r < 3; ++r) {
+    for (size_t i = 0; i < c; ++i) in[r][i] = int32_t(10 * r - int(i));
+    inputs.push_back(bytesOf(in[r]));
+  }
+  // Off the root, recvbuff is never checked: pass null there.
+  auto out = run(inputs, c * 4, [&](int r, const void* i, void* o, void* s) {
+    return a->reduce(i, r == 1 ? o : nullptr, c, int(DataType::kInt32), int(ReduceOp::kMax), 1,
+                     comms[r], s);
+  });
+  for (size_t i = 0; i < c; ++i) EXPECT_EQ(at<int32_t>(out[1], i), in[2][i]);
+  EXPECT_EQ(sn::collectivesRun(), 3);
+}
+
+// Each rank sends its input to its right neighbour as two messages and
+// receives its left neighbour's two into its output, all in one group;
+// odd ranks post their receives first. Between a pair, messages match in
+// order.
+TEST_F(SoftNccl, GroupedSendRecvMatchInOrderWhateverTheCallOrder) {
+  auto comms = init(3);
+  constexpr size_t n = 64, h = n / 2;
+  std::vector<std::vector<float>> in(3, std::vector<float>(n));
+  std::vector<Bytes> inputs;
+  for (int r = 0; r < 3; ++r) {
+    for (size_t i = 0; i < n; ++i) in[r][i] = float(1000 * r + i);
+    inputs.push_back(bytesOf(in[r]));
+  }
+  const int f32 = int(DataType::kFloat32);
+  auto out = run(inputs, n * 4, [&](int r, const void* i, void* o, void* s) {
+    const int right = (r + 1) % 3, left = (r + 2) % 3;
+    const float* src = static_cast<const float*>(i);
+    float* dst = static_cast<float*>(o);
+    int e = a->groupStart();
+    auto sends = [&] {
+      e |= a->send(src, h, f32, right, comms[r], s);
+      e |= a->send(src + h, h, f32, right, comms[r], s);
+    };
+    auto recvs = [&] {
+      e |= a->recv(dst, h, f32, left, comms[r], s);
+      e |= a->recv(dst + h, h, f32, left, comms[r], s);
+    };
+    if (r % 2) {
+      recvs();
+      sends();
+    } else {
+      sends();
+      recvs();
+    }
+    return e | a->groupEnd();
+  });
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(out[r], inputs[(r + 2) % 3]) << r;
+  EXPECT_EQ(sn::collectivesRun(), 3);
+}
+
+TEST_F(SoftNccl, PointToPointArgumentErrorsFailTheGroup) {
+  auto comms = init(2);
+  void* buf = sc::alloc(0, 64);
+  ASSERT_EQ(p->setDevice(0), 0);
+  EXPECT_EQ(a->groupStart(), nccl::kSuccess);
+  EXPECT_EQ(a->send(buf, 4, int(DataType::kFloat32), 1, comms[0], nullptr), nccl::kSuccess);
+  EXPECT_EQ(a->send(buf, 4, int(DataType::kFloat32), 7, comms[0], nullptr), nccl::kInvalidArgument);
+  EXPECT_EQ(a->groupEnd(), nccl::kInvalidArgument) << "a failed call fails its group";
+  EXPECT_NE(std::string(a->getLastError(comms[0])).find("invalid peer 7"), std::string::npos);
+  EXPECT_EQ(a->recv(buf, 64, int(DataType::kFloat32), 1, comms[0], nullptr), nccl::kInvalidArgument)
+      << "256 bytes do not fit the 64-byte buffer";
+  EXPECT_EQ(a->groupEnd(), nccl::kInvalidUsage) << "groupEnd without groupStart";
+  EXPECT_EQ(a->allReduce(buf, buf, 0, 0, 0, comms[0], nullptr), nccl::kSuccess);
+  EXPECT_EQ(a->groupStart(), nccl::kSuccess);
+  EXPECT_EQ(a->allReduce(buf, buf, 4, 0, 0, comms[0], nullptr), nccl::kInvalidUsage)
+      << "collectives inside a group are not modelled";
+  EXPECT_EQ(a->groupEnd(), nccl::kSuccess);
+  sc::free(buf);
+  EXPECT_EQ(sn::collectivesRun(), 0);
+}
+
+TEST_F(SoftNccl, PointToPointCountMismatchHangsUntilAbort) {
+  auto comms = init(2);
+  std::vector<void*> streams(2), bufs(2);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(p->setDevice(r), 0);
+    ASSERT_EQ(p->streamCreate(&streams[r]), 0);
+    bufs[r] = sc::alloc(r, 64);
+  }
+  const int f32 = int(DataType::kFloat32);
+  ASSERT_EQ(p->setDevice(0), 0);
+  ASSERT_EQ(a->send(bufs[0], 16, f32, 1, comms[0], streams[0]), nccl::kSuccess);
+  ASSERT_EQ(p->setDevice(1), 0);
+  ASSERT_EQ(a->recv(bufs[1], 8, f32, 0, comms[1], streams[1]), nccl::kSuccess);
+  EXPECT_TRUE(eventually([] { return sn::mismatches() == 1; }));
+  EXPECT_NE(std::string(a->getLastError(comms[1])).find("matched a send of 16"), std::string::npos);
+  ASSERT_EQ(a->commAbort(comms[0]), nccl::kSuccess);
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(p->streamSynchronize(streams[r]), 0);
+  EXPECT_EQ(sn::collectivesRun(), 0);
+  for (void* b : bufs) sc::free(b);
+}
+
 TEST_F(SoftNccl, MissingRankBlocksUntilAbort) {
   auto comms = init(3);
   constexpr size_t n = 16;

@@ -8,8 +8,11 @@
 //   is only a key in a table); no bootstrap network, no timeouts.
 // - The collective's in-flight state is per communicator (all comms of one
 //   init or split), so commAbort of any of them ends the blocked work of all.
-// - Api::version is fixed (kVersion); no ncclConfig_t, group calls,
-//   point-to-point, user buffer registration or NCCL_* environment.
+// - Point-to-point: the sends and receives of one group on one comm are one
+//   work item on the stream (a send or receive outside a group is a group
+//   of one); collectives inside a group are refused (kInvalidUsage).
+// - Api::version is fixed (kVersion); no ncclConfig_t, user buffer
+//   registration or NCCL_* environment.
 #include "testing/soft_nccl.h"
 
 #include <algorithm>
@@ -38,9 +41,9 @@ using gflow::nccl::Api;
 using gflow::nccl::UniqueId;
 using namespace gflow::nccl;  // Result codes
 
-enum Kind : int { kAllReduce, kReduceScatter, kAllGather, kBroadcast };
+enum Kind : int { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kReduce };
 const char* kindName(int k) {
-  static const char* names[] = {"allReduce", "reduceScatter", "allGather", "broadcast"};
+  static const char* names[] = {"allReduce", "reduceScatter", "allGather", "broadcast", "reduce"};
   return names[k];
 }
 
@@ -89,6 +92,17 @@ struct Group {
   bool aborted = false;
   std::map<uint64_t, Round> rounds;
   std::map<uint64_t, SplitRound> splitRounds;
+  // Point-to-point: the sends from rank a to rank b not yet received, in
+  // the order they were posted (key a * nranks + b).
+  std::map<int, std::deque<std::shared_ptr<struct Sent>>> channels;
+};
+
+// A send posted by a p2p work item, waiting for its receive.
+struct Sent {
+  const void* buf = nullptr;
+  size_t count = 0;
+  int dtype = 0;
+  bool received = false;
 };
 
 struct Comm {
@@ -320,6 +334,10 @@ void reduce(void* out, const std::vector<const void*>& ins, size_t off, size_t c
 size_t outCount(const Args& a, int n) {
   return a.kind == kAllGather ? a.count * n : a.count;
 }
+// Whether rank `rank` writes (and so checks) its output buffer.
+bool writesOut(const Args& a, int rank) {
+  return a.kind != kReduce || a.root == rank;
+}
 size_t inCount(const Args& a, int n) {
   return a.kind == kReduceScatter ? a.count * n : a.count;
 }
@@ -329,7 +347,7 @@ std::vector<unsigned char> compute(const std::vector<Args>& args, int rank) {
   const int n = static_cast<int>(args.size());
   const Args& a = args[rank];
   const size_t es = dataTypeSize(static_cast<DataType>(a.dtype));
-  std::vector<unsigned char> out(outCount(a, n) * es);
+  std::vector<unsigned char> out(writesOut(a, rank) ? outCount(a, n) * es : 0);
   std::vector<const void*> ins;
   for (const Args& x : args) ins.push_back(x.in);
   switch (a.kind) {
@@ -339,6 +357,9 @@ std::vector<unsigned char> compute(const std::vector<Args>& args, int rank) {
       for (int r = 0; r < n; ++r) std::memcpy(out.data() + r * a.count * es, ins[r], a.count * es);
       break;
     case kBroadcast: std::memcpy(out.data(), ins[a.root], a.count * es); break;
+    case kReduce:
+      if (rank == a.root) reduce(out.data(), ins, 0, a.count, a.dtype, a.op);
+      break;
   }
   return out;
 }
@@ -406,34 +427,48 @@ int usableLocked(Comm* c, void* comm) {
   return 0;
 }
 
+// Whether `bytes` at `p` are soft CUDA memory of c's device; else records
+// why as c's last error.
+bool onDeviceLocked(Comm* c, const char* entry, const void* p, size_t bytes, const char* what) {
+  if (softcuda::deviceOf(p, bytes) == c->device) return true;
+  char ptr[32];
+  std::snprintf(ptr, sizeof ptr, "%p", p);
+  failLocked(c, kInvalidArgument,
+             std::string(entry) + ": " + what + " " + ptr + " is not device memory of device " +
+                 std::to_string(c->device) + " for " + std::to_string(bytes) + " bytes");
+  return false;
+}
+
+thread_local int groupDepth = 0;  // groupStart minus groupEnd on this thread
+
 int collective(const char* entry, const Args& a, void* comm, void* stream) {
   if (int e = injected(entry)) return e;
   State& s = st();
   std::lock_guard<std::mutex> l(s.mu);
   Comm* c = findLocked(comm);
   if (int e = usableLocked(c, comm)) return e;
+  if (groupDepth > 0) {
+    return failLocked(c, kInvalidUsage,
+                      std::string(entry) + ": collectives inside a group are not modelled");
+  }
   if (!ncclHas(a.dtype))
     return failLocked(c, kInvalidArgument, "invalid data type " + std::to_string(a.dtype));
-  const bool reduces = a.kind == kAllReduce || a.kind == kReduceScatter;
+  const bool reduces = a.kind == kAllReduce || a.kind == kReduceScatter || a.kind == kReduce;
   // NCCL's ops: sum, prod, max, min, avg (no bitwise ones).
   if (reduces && (a.op < 0 || a.op > static_cast<int>(ReduceOp::kProd)))
     return failLocked(c, kInvalidArgument, "invalid reduction operation " + std::to_string(a.op));
-  if (a.kind == kBroadcast && (a.root < 0 || a.root >= c->nranks))
+  if ((a.kind == kBroadcast || a.kind == kReduce) && (a.root < 0 || a.root >= c->nranks))
     return failLocked(c, kInvalidArgument, "invalid root " + std::to_string(a.root));
   if (a.count == 0) return kSuccess;  // nothing to do, no part in matching
   const size_t es = dataTypeSize(static_cast<DataType>(a.dtype));
   auto check = [&](const void* p, size_t elems, const char* what) {
-    if (softcuda::deviceOf(p, elems * es) == c->device) return true;
-    char ptr[32];
-    std::snprintf(ptr, sizeof ptr, "%p", p);
-    failLocked(c, kInvalidArgument,
-               std::string(entry) + ": " + what + " " + ptr + " is not device memory of device " +
-                   std::to_string(c->device) + " for " + std::to_string(elems * es) + " bytes");
-    return false;
+    return onDeviceLocked(c, entry, p, elems * es, what);
   };
   const bool readsIn = a.kind != kBroadcast || a.root == c->rank;
   if (readsIn && !check(a.in, inCount(a, c->nranks), "sendbuff")) return kInvalidArgument;
-  if (!check(a.out, outCount(a, c->nranks), "recvbuff")) return kInvalidArgument;
+  if (writesOut(a, c->rank) && !check(a.out, outCount(a, c->nranks), "recvbuff")) {
+    return kInvalidArgument;
+  }
   std::shared_ptr<Comm> self = s.comms[comm];
   std::shared_ptr<Group> g = c->group;
   const uint64_t seq = c->enqueued;
@@ -444,6 +479,129 @@ int collective(const char* entry, const Args& a, void* comm, void* stream) {
   }
   ++c->enqueued;
   return kSuccess;
+}
+
+// --- Point-to-point. ---
+
+struct P2PCall {
+  bool send = true;
+  void* buf = nullptr;
+  size_t count = 0;
+  int dtype = 0;
+  int peer = 0;
+  void* comm = nullptr;
+  void* stream = nullptr;
+};
+thread_local std::vector<P2PCall> grouped;  // posted since the outer groupStart
+thread_local int groupError = kSuccess;     // the first failed call of the group
+
+// The work of one group's calls on comm `c`: posts every send, takes every
+// receive's matching send (the oldest from its peer), copies, then waits
+// until the peers took this rank's sends.
+void runPointToPoint(const std::shared_ptr<Comm>& c, const std::shared_ptr<Group>& g,
+                     const std::vector<P2PCall>& calls) {
+  State& s = st();
+  std::unique_lock<std::mutex> l(s.mu);
+  const auto live = [&] { return !g->aborted && !c->dead; };
+  std::vector<std::shared_ptr<Sent>> mine;
+  for (const P2PCall& x : calls) {
+    if (!x.send) continue;
+    mine.push_back(std::make_shared<Sent>(Sent{x.buf, x.count, x.dtype, false}));
+    g->channels[c->rank * g->nranks + x.peer].push_back(mine.back());
+  }
+  s.cv.notify_all();
+  bool ok = true;
+  for (const P2PCall& x : calls) {
+    if (x.send || !ok) continue;
+    auto& from = g->channels[x.peer * g->nranks + c->rank];
+    s.cv.wait(l, [&] { return !from.empty() || !live(); });
+    if (!live()) {
+      ok = false;
+      break;
+    }
+    std::shared_ptr<Sent> m = from.front();
+    if (m->count != x.count || m->dtype != x.dtype) {  // NCCL would hang: so do we
+      ++s.mismatches;
+      failLocked(c.get(), kInvalidUsage,
+                 "recv of " + std::to_string(x.count) + " elements of dtype " +
+                     std::to_string(x.dtype) + " from rank " + std::to_string(x.peer) +
+                     " matched a send of " + std::to_string(m->count) + " of dtype " +
+                     std::to_string(m->dtype));
+      s.cv.wait(l, [&] { return !live(); });
+      ok = false;
+      break;
+    }
+    from.pop_front();
+    std::memcpy(x.buf, m->buf, x.count * dataTypeSize(static_cast<DataType>(x.dtype)));
+    m->received = true;
+    s.cv.notify_all();
+  }
+  if (ok) {
+    s.cv.wait(l, [&] {
+      return !live() ||
+             std::all_of(mine.begin(), mine.end(), [](const auto& m) { return m->received; });
+    });
+  }
+  ++c->completed;
+  if (ok && live()) ++s.collectivesRun;
+  s.cv.notify_all();
+}
+
+// Checks a send or receive and queues it in this thread's group.
+int postPointToPoint(const char* entry, const P2PCall& x) {
+  if (int e = injected(entry)) return e;
+  State& s = st();
+  std::lock_guard<std::mutex> l(s.mu);
+  Comm* c = findLocked(x.comm);
+  if (int e = usableLocked(c, x.comm)) return e;
+  if (!ncclHas(x.dtype))
+    return failLocked(c, kInvalidArgument, "invalid data type " + std::to_string(x.dtype));
+  if (x.peer < 0 || x.peer >= c->nranks)
+    return failLocked(c, kInvalidArgument,
+                      std::string(entry) + ": invalid peer " + std::to_string(x.peer));
+  if (x.count == 0) return kSuccess;  // no part in matching
+  const size_t bytes = x.count * dataTypeSize(static_cast<DataType>(x.dtype));
+  if (!onDeviceLocked(c, entry, x.buf, bytes, x.send ? "sendbuff" : "recvbuff"))
+    return kInvalidArgument;
+  grouped.push_back(x);
+  return kSuccess;
+}
+
+// Enqueues the calls of this thread's group: one work item per comm.
+int launchGroup() {
+  std::vector<P2PCall> calls;
+  calls.swap(grouped);
+  if (calls.empty()) return kSuccess;
+  State& s = st();
+  std::lock_guard<std::mutex> l(s.mu);
+  std::vector<void*> order;  // comms in first-use order
+  for (const P2PCall& x : calls)
+    if (std::find(order.begin(), order.end(), x.comm) == order.end()) order.push_back(x.comm);
+  for (void* comm : order) {
+    std::vector<P2PCall> mine;
+    for (const P2PCall& x : calls)
+      if (x.comm == comm) mine.push_back(x);
+    Comm* c = findLocked(comm);
+    if (int e = usableLocked(c, comm)) return e;
+    std::shared_ptr<Comm> self = s.comms[comm];
+    std::shared_ptr<Group> g = c->group;
+    if (softcuda::enqueue(c->device, mine.front().stream,
+                          [self, g, mine] { runPointToPoint(self, g, mine); })) {
+      return failLocked(
+          c, kUnhandledCudaError,
+          "groupEnd: a stream is not a soft CUDA stream of device " + std::to_string(c->device));
+    }
+    ++c->enqueued;
+  }
+  return kSuccess;
+}
+
+int pointToPoint(const char* entry, const P2PCall& x) {
+  if (int e = postPointToPoint(entry, x)) {
+    if (groupDepth > 0 && groupError == kSuccess) groupError = e;
+    return e;
+  }
+  return groupDepth > 0 ? kSuccess : launchGroup();
 }
 
 // --- The table's entries. ---
@@ -643,6 +801,36 @@ int broadcast(const void* in, void* out, size_t count, int dtype, int root, void
   return collective("broadcast", Args{kBroadcast, in, out, count, dtype, 0, root}, comm, stream);
 }
 
+int reduceTo(const void* in, void* out, size_t count, int dtype, int op, int root, void* comm,
+             void* stream) {
+  return collective("reduce", Args{kReduce, in, out, count, dtype, op, root}, comm, stream);
+}
+int send(const void* buf, size_t count, int dtype, int peer, void* comm, void* stream) {
+  return pointToPoint("send",
+                      P2PCall{true, const_cast<void*>(buf), count, dtype, peer, comm, stream});
+}
+int recv(void* buf, size_t count, int dtype, int peer, void* comm, void* stream) {
+  return pointToPoint("recv", P2PCall{false, buf, count, dtype, peer, comm, stream});
+}
+int groupStart() {
+  if (int e = injected("groupStart")) return e;
+  ++groupDepth;
+  return kSuccess;
+}
+int groupEnd() {
+  if (int e = injected("groupEnd")) return e;
+  if (groupDepth == 0) {
+    std::lock_guard<std::mutex> l(st().mu);
+    return failLocked(nullptr, kInvalidUsage, "groupEnd without groupStart");
+  }
+  if (--groupDepth > 0) return kSuccess;
+  // As NCCL: a group with a failed call enqueues nothing and reports it.
+  const int e = groupError;
+  groupError = kSuccess;
+  if (e != kSuccess) grouped.clear();
+  return e != kSuccess ? e : launchGroup();
+}
+
 Api makeTable() {
   Api t;
   t.version = kVersion;
@@ -659,6 +847,11 @@ Api makeTable() {
   t.reduceScatter = reduceScatter;
   t.allGather = allGather;
   t.broadcast = broadcast;
+  t.reduce = reduceTo;
+  t.send = send;
+  t.recv = recv;
+  t.groupStart = groupStart;
+  t.groupEnd = groupEnd;
   return t;
 }
 

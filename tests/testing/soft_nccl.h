@@ -28,6 +28,18 @@
 //   writes its output only after every rank has read its inputs. If the
 //   ranks' k-th calls disagree (kind, count, dtype, op, root) they hang, as
 //   NCCL would, and mismatches() counts it.
+// - reduce is a collective like the others; only the root checks and
+//   writes its recvbuff.
+// - send/recv: between a pair, the k-th send matches the k-th receive. The
+//   calls between groupStart and groupEnd (a call outside a group is a
+//   group of one) become one work item per comm on the stream: it posts
+//   every send, takes each receive's matching send in call order, and ends
+//   once the peers took its sends; so the calls of a group never deadlock
+//   one another, while two lone sends toward each other do, as in NCCL. A
+//   receive whose matching send has another count or dtype hangs (NCCL
+//   leaves that undefined) and mismatches() counts it. A call that fails
+//   inside a group makes groupEnd return its error and enqueue nothing.
+//   Collectives inside a group return kInvalidUsage (not modelled).
 // - commAbort(comm) ends the blocked (and later) work of every comm of its
 //   communicator without writing outputs; the other, still live comms of it
 //   report kRemoteError from commGetAsyncError (a peer is gone). The comm's

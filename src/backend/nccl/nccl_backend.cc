@@ -95,7 +95,9 @@ namespace {
 // Whether NCCL can run `d`: data movement always (it moves bytes, whatever
 // the type: byteCount); a reduction on the types and ops NCCL has.
 bool ncclHas(const OpDesc& d) {
-  if (d.kind != OpKind::kAllreduce && d.kind != OpKind::kReduceScatter) return true;
+  const bool reduces =
+      d.kind == OpKind::kAllreduce || d.kind == OpKind::kReduceScatter || d.kind == OpKind::kReduce;
+  if (!reduces) return true;
   switch (d.dtype) {
     case DataType::kInt16:
     case DataType::kBool:
@@ -124,10 +126,9 @@ bool NcclBackend::use(const Op& op, const cuda::Plugin& plugin, int device) {
     }
   }
   if (state_ == State::kStaged) return false;
-  // The rooted ops and all-to-all are staged through the host algorithms
-  // (docs/backends.md): NCCL runs the five it was built for; reductions on the
-  // types and ops NCCL has (not int16, bool or complex; no bitwise ops).
-  if (op.desc.kind > OpKind::kBarrier || !ncclHas(op.desc)) return false;
+  // Reductions on the types and ops NCCL has (not int16, bool or complex;
+  // no bitwise ops); data movement always. Point-to-point is staged.
+  if (op.desc.kind == OpKind::kPointToPoint || !ncclHas(op.desc)) return false;
   if (state_ == State::kBroken) {
     GFLOW_THROW(kInternal, ErrorContext().withSeq(op.seq).withRank(s_.rank))
         << "the NCCL communicator failed earlier on this rank";
@@ -542,6 +543,15 @@ void NcclBackend::broadcast(const Op& op, void* buf) {
         api_->broadcast(buf, buf, byteCount(op.desc), static_cast<int>(DataType::kUInt8),
                         op.desc.root, comm_, stream_));
   finish(op, "ncclBroadcast");
+}
+
+void NcclBackend::reduce(const Op& op, const void* in, void* out) {
+  cuda::DeviceGuard g(*plugin_, device_);
+  begin(op);
+  check(op, comm_, "ncclReduce",
+        api_->reduce(in, out, op.desc.count, static_cast<int>(op.desc.dtype),
+                     static_cast<int>(op.desc.op), op.desc.root, comm_, stream_));
+  finish(op, "ncclReduce");
 }
 
 void NcclBackend::barrier(const Op& op) {

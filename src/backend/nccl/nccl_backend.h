@@ -76,6 +76,17 @@ class NcclBackend final : public Backend {
   void broadcast(const Op& op, void* buf) override;
   // An allreduce of one int32 in device memory of this communicator's GPU.
   void barrier(const Op& op) override;
+  // ncclReduce (types and ops NCCL has: use() says).
+  void reduce(const Op& op, const void* in, void* out) override;
+  // Grouped ncclSend/ncclRecv of bytes (nccl_grouped.cc): each block goes
+  // straight to its rank, all in one NCCL group.
+  void gather(const Op& op, const void* in, void* out) override;
+  void scatter(const Op& op, const void* in, void* out) override;
+  void alltoall(const Op& op, const void* in, void* out) override;
+  void alltoallv(const Op& op, const void* in, const Blocks& inBlocks, void* out,
+                 const Blocks& outBlocks) override;
+  void gatherv(const Op& op, const void* in, void* out, const Blocks& blocks) override;
+  void scatterv(const Op& op, const void* in, const Blocks& blocks, void* out) override;
   const char* name() const override { return "nccl"; }
 
   // Any thread: a running op aborts NCCL and raises `error`.
@@ -119,6 +130,16 @@ class NcclBackend final : public Backend {
   void begin(const Op& op);
   // Records the event after the op on the NCCL stream and waits for the GPU.
   void finish(const Op& op, const char* what);
+  // One NCCL group of byte sends and receives (nccl_grouped.cc): this rank
+  // sends `sends[i]` to its peer and receives each of `recvs`; between a
+  // pair, the k-th send matches the peer's k-th receive.
+  struct Transfer {
+    int peer;
+    const void* data;
+    size_t bytes;
+  };
+  void exchange(const Op& op, std::vector<Transfer> sends, std::vector<Transfer> recvs,
+                const char* what);
   // Checks abort, the deadline and the peers' reports; throws after
   // aborting NCCL. `what` names the NCCL call being waited for.
   void checkWaiting(const Op& op, const Deadline& deadline, const char* what,

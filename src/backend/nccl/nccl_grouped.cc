@@ -1,0 +1,128 @@
+// The NCCL backend's ops that NCCL has no collective for: gather, scatter,
+// all-to-all and their uneven forms, each one NCCL group of
+// ncclSend/ncclRecv of bytes (docs/backends.md, "NCCL"). Every block goes
+// straight from its owner to its destination; NCCL progresses the group's
+// transfers together, so no ordering of the pairs can deadlock.
+#include <algorithm>
+
+#include "backend/nccl/nccl_backend.h"
+#include "cuda/device_guard.h"
+
+namespace gflow::backend {
+namespace {
+
+const char* at(const void* base, uint64_t elements, size_t elementSize) {
+  return static_cast<const char*>(base) + elements * elementSize;
+}
+
+}  // namespace
+
+void NcclBackend::exchange(const Op& op, std::vector<Transfer> sends, std::vector<Transfer> recvs,
+                           const char* what) {
+  // This rank's own block, already where it belongs (in place): no copy.
+  auto self = [&](const Transfer& t) { return t.peer == s_.rank; };
+  const auto sendSelf = std::find_if(sends.begin(), sends.end(), self);
+  const auto recvSelf = std::find_if(recvs.begin(), recvs.end(), self);
+  if (sendSelf != sends.end() && recvSelf != recvs.end() && sendSelf->data == recvSelf->data) {
+    sends.erase(sendSelf);
+    recvs.erase(recvSelf);
+  }
+  cuda::DeviceGuard g(*plugin_, device_);
+  begin(op);
+  const int bytes = static_cast<int>(DataType::kUInt8);
+  int first = api_->groupStart();
+  const char* failed = "ncclGroupStart";
+  auto call = [&](int r, const char* name) {
+    if (first == nccl::kSuccess && r != nccl::kSuccess) {
+      first = r;
+      failed = name;
+    }
+  };
+  if (first == nccl::kSuccess) {
+    for (const Transfer& t : sends) {
+      if (t.bytes > 0) call(api_->send(t.data, t.bytes, bytes, t.peer, comm_, stream_), "ncclSend");
+    }
+    for (const Transfer& t : recvs) {
+      if (t.bytes > 0) {
+        call(api_->recv(const_cast<void*>(t.data), t.bytes, bytes, t.peer, comm_, stream_),
+             "ncclRecv");
+      }
+    }
+    // Always closed, even after a failed call: NCCL's groups must balance.
+    const int end = api_->groupEnd();
+    if (first == nccl::kSuccess) {
+      first = end;
+      failed = "ncclGroupEnd";
+    }
+  }
+  check(op, comm_, failed, first);
+  finish(op, what);
+}
+
+void NcclBackend::gather(const Op& op, const void* in, void* out) {
+  const size_t block = op.desc.count * dataTypeSize(op.desc.dtype);
+  std::vector<Transfer> recvs;
+  if (s_.rank == op.desc.root) {
+    for (int r = 0; r < s_.size; ++r) recvs.push_back({r, at(out, r, block), block});
+  }
+  exchange(op, {{op.desc.root, in, block}}, std::move(recvs), "gather (grouped ncclSend/ncclRecv)");
+}
+
+void NcclBackend::scatter(const Op& op, const void* in, void* out) {
+  const size_t block = op.desc.count * dataTypeSize(op.desc.dtype);
+  std::vector<Transfer> sends;
+  if (s_.rank == op.desc.root) {
+    for (int r = 0; r < s_.size; ++r) sends.push_back({r, at(in, r, block), block});
+  }
+  exchange(op, std::move(sends), {{op.desc.root, out, block}},
+           "scatter (grouped ncclSend/ncclRecv)");
+}
+
+void NcclBackend::alltoall(const Op& op, const void* in, void* out) {
+  const Blocks b = Blocks::equal(s_.size, op.desc.count);
+  alltoallv(op, in, b, out, b);
+}
+
+void NcclBackend::alltoallv(const Op& op, const void* in, const Blocks& inBlocks, void* out,
+                            const Blocks& outBlocks) {
+  const size_t es = dataTypeSize(op.desc.dtype);
+  std::vector<Transfer> sends, recvs;
+  // Staggered by rank, as the host's pairwise exchange: rank r's first
+  // transfer goes to r + 1, so no peer receives from everyone at once.
+  for (int i = 0; i < s_.size; ++i) {
+    const int to = (s_.rank + i) % s_.size, from = (s_.rank - i + s_.size) % s_.size;
+    sends.push_back({to, at(in, inBlocks.offsets[to], es), inBlocks.counts[to] * es});
+    recvs.push_back({from, at(out, outBlocks.offsets[from], es), outBlocks.counts[from] * es});
+  }
+  const char* what = op.desc.kind == OpKind::kAlltoall ? "all-to-all (grouped ncclSend/ncclRecv)"
+                     : op.desc.kind == OpKind::kAllgatherv
+                         ? "allgatherv (grouped ncclSend/ncclRecv)"
+                         : "alltoallv (grouped ncclSend/ncclRecv)";
+  exchange(op, std::move(sends), std::move(recvs), what);
+}
+
+void NcclBackend::gatherv(const Op& op, const void* in, void* out, const Blocks& blocks) {
+  const size_t es = dataTypeSize(op.desc.dtype);
+  std::vector<Transfer> recvs;
+  if (s_.rank == op.desc.root) {
+    for (int r = 0; r < s_.size; ++r) {
+      recvs.push_back({r, at(out, blocks.offsets[r], es), blocks.counts[r] * es});
+    }
+  }
+  exchange(op, {{op.desc.root, in, blocks.counts[s_.rank] * es}}, std::move(recvs),
+           "gatherv (grouped ncclSend/ncclRecv)");
+}
+
+void NcclBackend::scatterv(const Op& op, const void* in, const Blocks& blocks, void* out) {
+  const size_t es = dataTypeSize(op.desc.dtype);
+  std::vector<Transfer> sends;
+  if (s_.rank == op.desc.root) {
+    for (int r = 0; r < s_.size; ++r) {
+      sends.push_back({r, at(in, blocks.offsets[r], es), blocks.counts[r] * es});
+    }
+  }
+  exchange(op, std::move(sends), {{op.desc.root, out, blocks.counts[s_.rank] * es}},
+           "scatterv (grouped ncclSend/ncclRecv)");
+}
+
+}  // namespace gflow::backend
