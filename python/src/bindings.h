@@ -30,10 +30,13 @@ struct HeldTensor {
   py::object capsule;
 };
 
-// Views `obj` (numpy array or anything with the buffer protocol, or a CPU
-// torch tensor through DLPack) without copying. Throws
+// Views `obj` (numpy array or anything with the buffer protocol, or a torch
+// tensor through DLPack) without copying. CUDA memory (DLPack device type 2)
+// becomes a cuda Tensor on the legacy default stream, which the producer
+// was asked to order after its own work (__dlpack__(stream=1)). Throws
 // gflow::Error(kInvalidArgument) naming `what` for a non-contiguous,
-// read-only (when `writable`), non-CPU or unsupported-dtype array.
+// read-only (when `writable`), unsupported-device or unsupported-dtype
+// array.
 HeldTensor viewTensor(py::handle obj, const char* what, bool writable);
 
 // Runs the argument checks (and conversions) `f` of the front end's `op` on

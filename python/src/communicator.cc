@@ -305,6 +305,8 @@ py::dict statsDict(const Stats& s) {
   d["shared_memory_ops"] = s.sharedMemoryOps;
   d["hierarchical_ops"] = s.hierarchicalOps;
   d["network_ops"] = s.networkOps;
+  d["nccl_ops"] = s.ncclOps;
+  d["staged_ops"] = s.stagedOps;
   d["bytes_sent"] = s.bytesSent();
   d["bytes_received"] = s.bytesReceived();
   return d;

@@ -1,5 +1,6 @@
 // Python arrays as gflow::Tensor views, without copies: the buffer protocol
-// (numpy, memoryview, bytearray) or DLPack (CPU torch tensors), plus the
+// (numpy, memoryview, bytearray) or DLPack (torch tensors on CPU or CUDA),
+// plus the
 // conversions of ops, dtypes and timeouts from their Python spellings.
 #include <pybind11/pybind11.h>
 
@@ -18,7 +19,7 @@ namespace {
 // The DLPack ABI (dlpack.h v0.x, the version torch 1.13 exports), declared
 // from the specification: a capsule named "dltensor" holds a DLManagedTensor.
 struct DLDevice {
-  int32_t device_type;  // 1: CPU
+  int32_t device_type;  // 1: CPU, 2: CUDA, 3: CUDA pinned host memory
   int32_t device_id;
 };
 struct DLDataType {
@@ -139,6 +140,31 @@ DataType fromDLPack(const DLDataType& t, const char* what) {
           " lanes) is not supported; gflow takes " + kSupported);
 }
 
+// DLPack device types gflow takes: CPU memory (and CUDA's pinned host
+// memory, which is CPU memory to gflow) and CUDA device memory.
+constexpr int32_t kDLCPU = 1, kDLCUDA = 2, kDLCUDAHost = 3;
+
+// Where `src` lives, from __dlpack_device__ (CPU for producers without it).
+// Pinned host memory counts as CPU.
+DLDevice dlpackDevice(const py::object& src, py::handle obj, const char* what) {
+  DLDevice d{kDLCPU, 0};
+  if (!py::hasattr(src, "__dlpack_device__")) return d;
+  try {
+    py::tuple t = src.attr("__dlpack_device__")();
+    d.device_type = t[0].cast<int32_t>();
+    d.device_id = t[1].cast<int32_t>();
+  } catch (const std::exception& e) {
+    invalid(std::string(what) + ": __dlpack_device__ of the " + typeName(obj) +
+            " failed: " + e.what());
+  }
+  if (d.device_type == kDLCUDAHost) d.device_type = kDLCPU;
+  if (d.device_type != kDLCPU && d.device_type != kDLCUDA) {
+    invalid(std::string(what) + " is on DLPack device type " + std::to_string(d.device_type) +
+            "; gflow takes CPU (1) and CUDA (2) memory");
+  }
+  return d;
+}
+
 HeldTensor viewDLPack(py::handle obj, const char* what) {
   py::object src = py::reinterpret_borrow<py::object>(obj);
   // torch refuses to export a tensor that requires grad; its detached view
@@ -151,9 +177,15 @@ HeldTensor viewDLPack(py::handle obj, const char* what) {
   const bool torchBool =
       py::hasattr(src, "dtype") && py::str(src.attr("dtype")).cast<std::string>() == "torch.bool";
   if (torchBool) src = src.attr("view")(py::module_::import("torch").attr("uint8"));
+  const DLDevice where = dlpackDevice(src, obj, what);
   py::object capsule;
   try {
-    capsule = src.attr("__dlpack__")();
+    // CUDA: the DLPack stream protocol. The producer makes the legacy
+    // default stream (1) wait for the work it has enqueued on its current
+    // stream, and gflow's op then waits for the legacy default stream
+    // (Tensor::stream null).
+    capsule = where.device_type == kDLCUDA ? src.attr("__dlpack__")(py::arg("stream") = 1)
+                                           : src.attr("__dlpack__")();
   } catch (py::error_already_set& e) {
     invalid(std::string(what) + ": cannot export the " + typeName(obj) +
             " through DLPack: " + e.what());
@@ -165,10 +197,12 @@ HeldTensor viewDLPack(py::handle obj, const char* what) {
             " did not return a 'dltensor' capsule");
   }
   const DLTensor& t = managed->dl_tensor;
-  if (t.device.device_type != 1) {
-    invalid(std::string(what) + " is not in CPU memory (DLPack device type " +
-            std::to_string(t.device.device_type) +
-            "); the Python API takes CPU tensors (move it with .cpu())");
+  const int32_t type = t.device.device_type == kDLCUDAHost ? kDLCPU : t.device.device_type;
+  if (type != where.device_type || (type == kDLCUDA && t.device.device_id != where.device_id)) {
+    invalid(std::string(what) + ": the " + typeName(obj) + " exported DLPack device (" +
+            std::to_string(t.device.device_type) + ", " + std::to_string(t.device.device_id) +
+            ") but __dlpack_device__ said (" + std::to_string(where.device_type) + ", " +
+            std::to_string(where.device_id) + ")");
   }
   const DataType dtype = torchBool ? DataType::kBool : fromDLPack(t.dtype, what);
   const int64_t itemsize = static_cast<int64_t>(dataTypeSize(dtype));
@@ -189,7 +223,11 @@ HeldTensor viewDLPack(py::handle obj, const char* what) {
   // the storage, but not the object a caller may be watching.
   h.owner = py::make_tuple(py::reinterpret_borrow<py::object>(obj), src);
   h.capsule = capsule;  // not consumed: its destructor runs the deleter
-  h.tensor = Tensor(static_cast<char*>(t.data) + t.byte_offset, static_cast<size_t>(count), dtype);
+  const Device device = where.device_type == kDLCUDA
+                            ? Device{DeviceType::kCUDA, static_cast<int>(where.device_id)}
+                            : Device{};
+  h.tensor =
+      Tensor(static_cast<char*>(t.data) + t.byte_offset, static_cast<size_t>(count), dtype, device);
   return h;
 }
 
@@ -198,7 +236,7 @@ HeldTensor viewDLPack(py::handle obj, const char* what) {
 HeldTensor viewTensor(py::handle obj, const char* what, bool writable) {
   if (PyObject_CheckBuffer(obj.ptr())) return viewBuffer(obj, what, writable);
   if (py::hasattr(obj, "__dlpack__")) return viewDLPack(obj, what);
-  invalid(std::string(what) + ": expected a numpy array or a CPU torch tensor, got " +
+  invalid(std::string(what) + ": expected a numpy array or a torch tensor (CPU or CUDA), got " +
           typeName(obj));
 }
 

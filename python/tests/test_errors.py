@@ -50,7 +50,7 @@ def _ro():
     (lambda c: c.broadcast(_ro()), "read-only", "broadcast"),
     (lambda c: c.broadcast(np.zeros(3), root="0"), "root must be an int", "broadcast"),
     (lambda c: c.allreduce([1.0, 2.0]),
-     "expected a numpy array or a CPU torch tensor, got list", "allreduce"),
+     "expected a numpy array or a torch tensor \\(CPU or CUDA\\), got list", "allreduce"),
     (lambda c: c.allreduce(np.zeros(3), "median"), "reduce", "allreduce"),
     (lambda c: c.allreduce(np.zeros(3), 3.5), "expected", "allreduce"),
     (lambda c: c.allreduce(np.zeros(3, np.float32), wire="float8"), "data type|dtype",

@@ -140,19 +140,39 @@ DataType toDataType(const at::Tensor& t, const char* what) {
 }
 
 void checkPlacement(const at::Tensor& t, const char* what) {
-  if (!t.device().is_cpu()) {
+  if (!t.device().is_cpu() && !t.device().is_cuda()) {
     invalid(std::string(what) + ": tensor on " + t.device().str() +
-            "; the gflow backend takes CPU tensors");
+            "; the gflow backend takes CPU and CUDA tensors");
   }
   if (t.is_sparse()) invalid(std::string(what) + ": sparse tensors are not supported");
   if (!t.is_contiguous()) invalid(std::string(what) + ": tensor is not contiguous");
 }
 
-// A view of a contiguous CPU tensor that gflow can use in place, for ops
-// that reduce (the dtype must be one gflow reduces).
+// The stream a cuda tensor's op is ordered after: the current torch stream
+// of its device, as torch's own backends use it. Asked through Python
+// (torch.cuda.current_stream): this module links only libtorch's CPU
+// parts, which cannot name a CUDA stream. Called without the GIL (c10d
+// releases it), from the caller's thread.
+void* currentStream(const at::Tensor& t) {
+  py::gil_scoped_acquire gil;
+  py::object stream = py::module_::import("torch.cuda").attr("current_stream")(t.device().index());
+  return reinterpret_cast<void*>(stream.attr("cuda_stream").cast<uintptr_t>());
+}
+
+// A gflow Tensor over a contiguous tensor's memory: a cuda one is on its
+// GPU and the current torch stream (gflow's op waits for the work queued
+// there when it is called).
+Tensor over(const at::Tensor& t, size_t count, DataType dtype) {
+  if (!t.device().is_cuda()) return Tensor(t.data_ptr(), count, dtype);
+  return Tensor(t.data_ptr(), count, dtype, Device{DeviceType::kCUDA, t.device().index()},
+                currentStream(t));
+}
+
+// A view of a contiguous CPU or CUDA tensor that gflow can use in place,
+// for ops that reduce (the dtype must be one gflow reduces).
 Tensor view(const at::Tensor& t, const char* what) {
   checkPlacement(t, what);
-  return Tensor(t.data_ptr(), static_cast<size_t>(t.numel()), toDataType(t, what));
+  return over(t, static_cast<size_t>(t.numel()), toDataType(t, what));
 }
 
 // For ops that only move data (broadcast, gathers, scatter, all-to-all):
@@ -162,7 +182,7 @@ Tensor view(const at::Tensor& t, const char* what) {
 Tensor bytesView(const at::Tensor& t, const char* what) {
   checkPlacement(t, what);
   if (gflowType(t.scalar_type())) return view(t, what);
-  return Tensor(t.data_ptr(), static_cast<size_t>(t.nbytes()), DataType::kUInt8);
+  return over(t, static_cast<size_t>(t.nbytes()), DataType::kUInt8);
 }
 
 // A contiguous tensor with `t`'s values (`t` itself when it is contiguous).
@@ -371,8 +391,10 @@ InPlace inPlace(const std::vector<at::Tensor>& tensors, const c10d::ReduceOp& op
   return x;
 }
 
-// A copy of a contiguous tensor's bytes as a 1-D uint8 tensor.
+// A copy of a contiguous tensor's bytes as a 1-D uint8 tensor, on its
+// device.
 at::Tensor asBytes(const at::Tensor& t) {
+  if (t.is_cuda()) return t.reshape({-1}).view(at::kByte).clone();
   return at::from_blob(t.data_ptr(), {static_cast<int64_t>(t.nbytes())},
                        at::TensorOptions().dtype(at::kByte))
       .clone();
@@ -388,9 +410,11 @@ void unflatten(const at::Tensor& flat, const std::vector<at::Tensor>& outs) {
 
 // The bytes of `flat`, in order, into the tensors `outs` (any dtypes).
 void unflattenBytes(const at::Tensor& flat, const std::vector<at::Tensor>& outs) {
-  const auto* src = static_cast<const uint8_t*>(flat.data_ptr());
+  const at::Tensor host = flat.is_cuda() ? flat.cpu() : flat;
+  const auto* src = static_cast<const uint8_t*>(host.data_ptr());
   for (at::Tensor o : outs) {
-    at::Tensor c = at::empty(o.sizes(), o.options());
+    // On the host (flat is), then copied to `o` wherever it lives.
+    at::Tensor c = at::empty(o.sizes(), o.options().device(at::kCPU));
     std::memcpy(c.data_ptr(), src, c.nbytes());
     src += c.nbytes();
     o.copy_(c);

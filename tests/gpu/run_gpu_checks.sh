@@ -17,7 +17,9 @@
 #     compression and CSC kernels against the cpu reducer, staged and on NCCL
 #     (nccl_gpu_test.cc);
 #   - allreduce_bw --device cuda, one process per GPU on NCCL and, on one
-#     GPU, 2 processes staged over TCP (GFLOW_SHM=0), with the result check on (-c 1).
+#     GPU, 2 processes staged over TCP (GFLOW_SHM=0), with the result check on (-c 1);
+#   - where /usr/bin/python3's torch has CUDA: torch CUDA tensors through the
+#     Python API, the torch backend and DDP (tests/gpu/torch_cuda_check.py).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 build=${1:-build-gpu}
@@ -41,5 +43,14 @@ GFLOW_DEVICE_BACKEND=nccl timeout 300 "$build/tools/gflowrun" -n "$ngpu" -- \
 echo "== allreduce_bw --device cuda staged over TCP: 2 processes sharing GPU 0"
 CUDA_VISIBLE_DEVICES=0 GFLOW_DEVICE_BACKEND=staged GFLOW_SHM=0 timeout 300 "$build/tools/gflowrun" -n 2 -- \
   "$build/bench/allreduce_bw" --device cuda -b 8 -e 64M -f 8 -w 2 -n 5 -c 1 || status=1
+echo "== python: torch CUDA tensors (gflow API, torch backend, DDP), 2 processes"
+if /usr/bin/python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  cmake -S . -B "$build" -DGFLOW_BUILD_PYTHON=ON >/dev/null && \
+    cmake --build "$build" -j "$(nproc)" --target _gflow _gflow_torch || status=1
+  PYTHONPATH="$PWD/$build/python" timeout 300 "$build/tools/gflowrun" -n 2 -- \
+    /usr/bin/python3 tests/gpu/torch_cuda_check.py || status=1
+else
+  echo "SKIP: /usr/bin/python3's torch has no CUDA"
+fi
 echo "== done in $(( $(date +%s) - start )) s, status $status"
 exit $status
