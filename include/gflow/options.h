@@ -78,6 +78,8 @@ struct TuningOptions {
 struct DeviceOptions {
   std::string backend;            // GFLOW_DEVICE_BACKEND: "auto", "nccl" or "staged"
   std::optional<bool> verifyOps;  // GFLOW_NCCL_VERIFY: check each NCCL op's match first
+  // GFLOW_NCCL_P2P: point-to-point on cuda tensors through NCCL (docs/backends.md)
+  std::optional<bool> p2p;
 };
 
 // How a rank waits and where its progress thread runs.

@@ -41,6 +41,7 @@ const char* toString(Algorithm algo) {
     case Algorithm::kLinear: return "linear";
     case Algorithm::kPairwise: return "pairwise";
     case Algorithm::kDirect: return "direct";
+    case Algorithm::kNccl: return "nccl";
   }
   return "unknown-algorithm";
 }

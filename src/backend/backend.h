@@ -64,6 +64,7 @@ enum class Algorithm : uint8_t {
   kLinear = 9,             // root exchanges with every rank directly (gather, scatter)
   kPairwise = 10,          // every pair exchanges directly, staggered by rank (all-to-all)
   kDirect = 11,            // point-to-point: one message straight to its peer
+  kNccl = 12,              // point-to-point: the payload travels through NCCL (P2PMessage::viaNccl)
 };
 const char* toString(Algorithm algo);
 
@@ -114,6 +115,12 @@ struct P2PMessage {
   uint64_t count = 0;
   void* data = nullptr;  // send: read; receive: written
   int source = -1;       // set by the backend: the rank the message came from
+  // The message's header only: its payload travels through NCCL. `data`
+  // points to 8 bytes of host memory (the sender's NCCL sequence number to
+  // the peer); dtype and count describe the payload, and the envelope says
+  // "nccl", so a receive of another size or one that expects the payload
+  // itself raises kMismatch.
+  bool viaNccl = false;
 };
 
 struct Op {

@@ -129,6 +129,7 @@ Router::Router(RouterParts parts)
     : rank_(parts.rank),
       size_(parts.size),
       verify_(parts.verifyNccl),
+      ncclP2P_(parts.ncclP2P),
       select_(std::move(parts.select)),
       host_(std::make_unique<ByAlgorithm>(std::move(parts.flat))),
       staged_(createStagedBackend(*host_)) {}
@@ -179,7 +180,35 @@ void Router::scatterv(const Op& op, const void* in, const Blocks& blocks, void* 
   route(op).scatterv(op, in, blocks, out);
 }
 std::unique_ptr<P2PInFlight> Router::startPointToPoint(const Op& op, std::vector<P2PMessage> msgs) {
+  if (p2pOnNccl(op)) {
+    count(Path::kNccl);
+    return nccl_->startPointToPoint(op, std::move(msgs), *host_);
+  }
   return route(op).startPointToPoint(op, std::move(msgs));
+}
+
+bool Router::p2pOnNccl(const Op& op) {
+  if (!ncclP2P_ || !op.buffers || !nccl_) return false;
+  const auto refuse = [&](const std::string& why) {
+    GFLOW_THROW(kInvalidArgument, ErrorContext().withSeq(op.seq).withRank(rank_))
+        << "point-to-point on cuda tensors runs on NCCL here (GFLOW_NCCL_P2P=1, "
+           "Options::device.p2p), but "
+        << why;
+  };
+  if (nccl_->undecided()) {
+    refuse(
+        "NCCL has not started on this rank: call a collective on cuda tensors first (that "
+        "first call is where the ranks choose NCCL or staging)");
+  }
+  if (!nccl_->active()) return false;  // every rank stages
+  int device = -1;
+  void* ready = nullptr;
+  if (!op.buffers->single(&device, &ready) || device != nccl_->device()) {
+    refuse("the call's tensors are not all in memory of cuda:" + std::to_string(nccl_->device()) +
+           " on one stream (a call's messages go all through NCCL or all through the host: pass "
+           "only cuda tensors of this communicator's GPU, or only cpu tensors)");
+  }
+  return true;
 }
 
 Backend& Router::route(const Op& op, const Blocks* in, const Blocks* out) {

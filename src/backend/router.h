@@ -61,6 +61,7 @@ struct RouterParts {
   int size = 1;
   std::unique_ptr<Backend> flat;  // required
   bool verifyNccl = true;
+  bool ncclP2P = false;  // point-to-point on device buffers through NCCL
   Selector select;
 };
 
@@ -110,11 +111,15 @@ class Router final : public Backend {
   Backend& route(const Op& op, const Blocks* in = nullptr, const Blocks* out = nullptr);
   bool onNccl(const Op& op, const Blocks* in, const Blocks* out);
   void verifyNccl(const Op& op, const Blocks* in, const Blocks* out);
+  // Whether NCCL carries this point-to-point call (GFLOW_NCCL_P2P, device
+  // buffers, NCCL running); throws kInvalidArgument for a call it cannot.
+  bool p2pOnNccl(const Op& op);
   void count(Path p) { paths_[static_cast<size_t>(p)].fetch_add(1, std::memory_order_relaxed); }
 
   int rank_;
   int size_;
   bool verify_;
+  bool ncclP2P_;
   Selector select_;
   std::unique_ptr<ByAlgorithm> host_;  // flat, shm, hierarchical by OpDesc::algo
   std::unique_ptr<Backend> staged_;    // over host_

@@ -26,6 +26,10 @@
   X(ncclVerify, "GFLOW_NCCL_VERIFY", kInt, "1", kAgree,                                            \
     "1: before each NCCL collective, ranks check over the host transport that they all call "      \
     "the same op (a mismatch is an error instead of a hang or wrong data); 0: skip the check.")    \
+  X(ncclP2P, "GFLOW_NCCL_P2P", kInt, "0", kAgree,                                              \
+    "1: point-to-point on cuda tensors runs on NCCL (ncclSend/ncclRecv in one group per call) "    \
+    "once NCCL runs the communicator; device messages between a pair are then received in the "   \
+    "order they were sent. 0: staged through host memory.")                                        \
   X(shm, "GFLOW_SHM", kInt, "1", kAgree,                                                           \
     "1: ranks on the same host exchange data through shared memory; 0: through the "               \
     "network transport.")                                                                          \
@@ -137,6 +141,7 @@
 #define GFLOW_PARAM_RANGES(R)                     \
   R(timeoutMs, 1, 30LL * 24 * 3600 * 1000, false) \
   R(ncclVerify, 0, 1, false)                      \
+  R(ncclP2P, 0, 1, false)                         \
   R(shm, 0, 1, false)                             \
   R(shmChunk, 4096, 1LL << 30, false)             \
   R(hierSegment, 4096, 1LL << 40, false)          \

@@ -318,6 +318,7 @@ std::unique_ptr<CommunicatorImpl> CommunicatorImpl::connect(
   parts.flat =
       backend::createHostBackend(transport::createContext(transportName, ctxOpts), settings.tuning);
   parts.verifyNccl = settings.verifyDeviceOps;
+  parts.ncclP2P = settings.ncclP2P;
   parts.select = [sel = impl->selector.get()](OpKind kind, uint64_t bytes, int n) {
     return sel->select(kind, bytes, n);
   };

@@ -60,6 +60,7 @@ Settings resolveSettings(const Options& o) {
   s.hdMaxBytes = o.tuning.hdMaxBytes ? o.tuning.hdMaxBytes : params::hdMaxBytes();
   s.deviceBackend = !o.device.backend.empty() ? o.device.backend : params::deviceBackend();
   s.verifyDeviceOps = o.device.verifyOps ? *o.device.verifyOps : params::ncclVerify() != 0;
+  s.ncclP2P = o.device.p2p ? *o.device.p2p : params::ncclP2P() != 0;
   s.tuning = o.tuning;
   s.progress = o.progress;
   return s;
@@ -71,6 +72,7 @@ std::vector<Settings::Agreed> Settings::agreed() const {
       {&params::spec::algo, "Options::algorithm", algo},
       {&params::spec::deviceBackend, "Options::device.backend", deviceBackend},
       {&params::spec::ncclVerify, "Options::device.verifyOps", flag(verifyDeviceOps)},
+      {&params::spec::ncclP2P, "Options::device.p2p", flag(ncclP2P)},
       {&params::spec::shm, "Options::shm.enabled", flag(shm)},
       {&params::spec::shmChunk, "Options::shm.chunkBytes", std::to_string(shmChunkBytes)},
       {&params::spec::shmSingleCopy, "Options::shm.singleCopy", shmSingleCopy},

@@ -31,6 +31,7 @@ struct Settings {
                                        // (nullopt: auto, the selector's default)
   std::string deviceBackend;           // Options::device.backend, else GFLOW_DEVICE_BACKEND
   bool verifyDeviceOps = true;         // Options::device.verifyOps, else GFLOW_NCCL_VERIFY
+  bool ncclP2P = false;                // Options::device.p2p, else GFLOW_NCCL_P2P
   TuningOptions tuning;                // pieceBytes, ringWindow, hierSegmentBytes as given
   ProgressOptions progress;            // as given
 

@@ -65,7 +65,9 @@ class NcclBackendTest : public ::testing::Test {
     softnccl::enable();
   }
   void TearDown() override {
-    for (const char* v : {"GFLOW_DEVICE_BACKEND", "GFLOW_NCCL_VERIFY"}) unsetenv(v);
+    for (const char* v : {"GFLOW_DEVICE_BACKEND", "GFLOW_NCCL_VERIFY", "GFLOW_NCCL_P2P"}) {
+      unsetenv(v);
+    }
     params::resetCacheForTesting();
     // Communicators gone: gflow freed every device and pinned buffer.
     EXPECT_EQ(softcuda::allocationsAlive(), 0);
@@ -527,6 +529,181 @@ TEST_F(NcclBackendTest, AlltoallWithAMissingOrFailingRankEndsInAnError) {
       EXPECT_NE(what.find("rank 1 failed"), std::string::npos) << what;
     }
   }
+}
+
+// ---- point-to-point through NCCL (GFLOW_NCCL_P2P=1) ------------------------
+
+// Rank r's message for its peer, 1000 + r * 100 + i (exact in float32).
+void fillFrom(DeviceBuffer& b, int r, size_t n, int salt = 0) {
+  for (size_t i = 0; i < n; ++i) b.as<float>()[i] = float(1000 * (salt + 1) + r * 100 + int(i));
+}
+bool holdsFrom(DeviceBuffer& b, int r, size_t n, int salt = 0) {
+  for (size_t i = 0; i < n; ++i) {
+    if (b.as<float>()[i] != float(1000 * (salt + 1) + r * 100 + int(i))) return false;
+  }
+  return true;
+}
+
+TEST_F(NcclBackendTest, PointToPointRunsOnNcclOneGroupPerCall) {
+  setParam("GFLOW_NCCL_P2P", "1");
+  constexpr int kRanks = 3;
+  constexpr size_t n = 50;
+  testing::runRanks(kRanks, [&](Communicator& c) {
+    const int r = c.rank(), right = (r + 1) % kRanks, left = (r + kRanks - 1) % kRanks;
+    DeviceBuffer a(r, n * 4), b(r, n * 4), d(r, n * 4);
+    c.allreduce(a.tensor(n, DataType::kFloat32));  // NCCL starts
+    const uint64_t runs = c.stats().ncclOps;
+    // A ring: every rank sends before it receives, in one call.
+    fillFrom(a, r, n);
+    c.sendRecv({P2POp::send(a.tensor(n, DataType::kFloat32), right),
+                P2POp::recv(b.tensor(n, DataType::kFloat32), left)});
+    EXPECT_TRUE(holdsFrom(b, left, n)) << r;
+    // Two tags from rank 0 to rank 1 in one call; rank 1 takes them in one
+    // call in the other order, one from any source.
+    if (r == 0) {
+      fillFrom(a, 0, n, 5);
+      fillFrom(d, 0, n, 7);
+      c.sendRecv({P2POp::send(a.tensor(n, DataType::kFloat32), 1, 5),
+                  P2POp::send(d.tensor(n, DataType::kFloat32), 1, 7)});
+    } else if (r == 1) {
+      int source = -1;
+      c.sendRecv({P2POp::recv(b.tensor(n, DataType::kFloat32), P2POp::kAnySource, 7, &source),
+                  P2POp::recv(d.tensor(n, DataType::kFloat32), 0, 5)});
+      EXPECT_EQ(source, 0);
+      EXPECT_TRUE(holdsFrom(b, 0, n, 7));
+      EXPECT_TRUE(holdsFrom(d, 0, n, 5));
+    }
+    // Async send then receive across calls in the order sent; a message of
+    // no elements; then an NCCL collective after them.
+    if (r == 2) {
+      fillFrom(a, 2, n, 1);
+      Work w1 = c.sendAsync(a.tensor(n, DataType::kFloat32), 0, 3);
+      Work w2 = c.sendAsync(d.tensor(0, DataType::kFloat32), 0, 4);
+      w1.wait();
+      w2.wait();
+    } else if (r == 0) {
+      Work w1 = c.recvAsync(b.tensor(n, DataType::kFloat32), 2, 3);
+      EXPECT_EQ(c.recv(d.tensor(0, DataType::kFloat32), P2POp::kAnySource, 4), 2);
+      w1.wait();
+      EXPECT_TRUE(holdsFrom(b, 2, n, 1));
+    }
+    c.allreduce(a.tensor(n, DataType::kFloat32));
+    // Host buffers still go through the host.
+    std::vector<float> h(n, float(r)), got(n, -1.0f);
+    c.sendRecv({P2POp::send(tensor(h.data(), n), right), P2POp::recv(tensor(got.data(), n), left)});
+    EXPECT_EQ(got, std::vector<float>(n, float(left)));
+    const uint64_t p2p = r == 0 ? 4 : r == 1 ? 2 : 3;  // NCCL point-to-point calls
+    EXPECT_EQ(c.stats().ncclOps - runs, p2p + 1) << r;
+    EXPECT_EQ(c.stats().stagedOps, 0u) << r;
+  });
+  EXPECT_EQ(softcuda::hostAllocs(), 0u) << "nothing staged through host memory";
+}
+
+// Each case: rank 0 runs `send`, rank 1 `recv`, rank 2 only starts NCCL;
+// rank 1 raises `code` with `what` in its message, rank 0 an error.
+void expectP2PFailure(const std::function<void(Communicator&, DeviceBuffer&)>& send,
+                      const std::function<void(Communicator&, DeviceBuffer&)>& recv, ErrorCode code,
+                      const std::string& what) {
+  auto errors = testing::runRanksCollect(
+      3,
+      [&](Communicator& c) {
+        DeviceBuffer buf(c.rank(), 64 * 4);
+        c.allreduce(buf.tensor(4, DataType::kFloat32));
+        if (c.rank() == 0) send(c, buf);
+        if (c.rank() == 1) recv(c, buf);
+      },
+      within(5000));
+  std::string text;
+  EXPECT_EQ(codeOf(errors[1], &text), code) << text;
+  EXPECT_NE(text.find(what), std::string::npos) << text;
+  EXPECT_TRUE(errors[0]) << "the sender must fail too";
+}
+
+TEST_F(NcclBackendTest, PointToPointOnNcclMismatchesAreErrorsNotWrongData) {
+  setParam("GFLOW_NCCL_P2P", "1");
+  // A receive of another size: the header's envelope differs.
+  expectP2PFailure(
+      [](Communicator& c, DeviceBuffer& b) { c.send(b.tensor(10, DataType::kFloat32), 1); },
+      [](Communicator& c, DeviceBuffer& b) { c.recv(b.tensor(12, DataType::kFloat32), 0); },
+      ErrorCode::kMismatch, "count=10");
+  // A host buffer receiving a device message sent through NCCL.
+  expectP2PFailure(
+      [](Communicator& c, DeviceBuffer& b) { c.send(b.tensor(10, DataType::kFloat32), 1); },
+      [](Communicator& c, DeviceBuffer&) {
+        std::vector<float> h(10);
+        c.recv(tensor(h.data(), 10), 0);
+      },
+      ErrorCode::kMismatch, "algorithm=nccl");
+  // Receiving a peer's second device message before its first.
+  expectP2PFailure(
+      [](Communicator& c, DeviceBuffer& b) {
+        Work w1 = c.sendAsync(b.tensor(8, DataType::kFloat32), 1, 1);
+        Work w2 = c.sendAsync(b.tensor(8, DataType::kFloat32, 8), 1, 2);
+        w1.wait();
+        w2.wait();
+      },
+      [](Communicator& c, DeviceBuffer& b) { c.recv(b.tensor(8, DataType::kFloat32), 0, 2); },
+      ErrorCode::kMismatch, "device message #1 while its message #0 is not received yet");
+}
+
+TEST_F(NcclBackendTest, PointToPointOnNcclRefusesWhatItCannotCarry) {
+  setParam("GFLOW_NCCL_P2P", "1");
+  auto errors = testing::runRanksCollect(
+      2,
+      [&](Communicator& c) {
+        DeviceBuffer buf(c.rank(), 64 * 4);
+        std::vector<float> h(4);
+        if (c.rank() == 0) {
+          // Before NCCL started, then (it fails the communicator) nothing more.
+          c.send(buf.tensor(4, DataType::kFloat32), 1);
+        }
+      },
+      within(5000));
+  std::string what;
+  EXPECT_EQ(codeOf(errors[0], &what), ErrorCode::kInvalidArgument) << what;
+  EXPECT_NE(what.find("call a collective on cuda tensors first"), std::string::npos) << what;
+
+  errors = testing::runRanksCollect(
+      2,
+      [&](Communicator& c) {
+        DeviceBuffer buf(c.rank(), 64 * 4);
+        c.allreduce(buf.tensor(4, DataType::kFloat32));
+        std::vector<float> h(4);
+        if (c.rank() == 0) {
+          c.sendRecv({P2POp::send(buf.tensor(4, DataType::kFloat32), 1),
+                      P2POp::send(tensor(h.data(), 4), 1, 1)});
+        }
+      },
+      within(5000));
+  EXPECT_EQ(codeOf(errors[0], &what), ErrorCode::kInvalidArgument) << what;
+  EXPECT_NE(what.find("not all in memory of cuda:0"), std::string::npos) << what;
+}
+
+TEST_F(NcclBackendTest, APointToPointSendNobodyReceivesEndsInATimeout) {
+  setParam("GFLOW_NCCL_P2P", "1");
+  std::atomic<bool> sent{false};
+  auto errors = testing::runRanksCollect(
+      2,
+      [&](Communicator& c) {
+        DeviceBuffer buf(c.rank(), 64 * 4);
+        c.allreduce(buf.tensor(4, DataType::kFloat32));
+        if (c.rank() == 1) {
+          while (!sent.load()) std::this_thread::sleep_for(milliseconds(5));
+          return;
+        }
+        try {
+          c.send(buf.tensor(4, DataType::kFloat32), 1);
+        } catch (...) {
+          sent = true;
+          throw;
+        }
+        sent = true;
+      },
+      within(1500));
+  std::string what;
+  EXPECT_EQ(codeOf(errors[0], &what), ErrorCode::kTimeout) << what;
+  EXPECT_NE(what.find("(its send to rank 1 (tag 0)) did not complete"), std::string::npos) << what;
+  EXPECT_FALSE(errors[1]);
 }
 
 TEST_F(NcclBackendTest, SplitUsesNcclCommSplit) {

@@ -112,7 +112,9 @@ struct Comm {
   int asyncError = kInProgress;
   bool dead = false;  // aborted or destroyed: a tombstone
   bool finalizing = false;
-  uint64_t enqueued = 0, completed = 0, splitsCalled = 0;
+  // Work items enqueued and completed (collectives and p2p groups), and
+  // collectives enqueued (their number matches the ranks' k-th calls).
+  uint64_t enqueued = 0, completed = 0, splitsCalled = 0, collectives = 0;
   std::string lastError;
 };
 
@@ -471,13 +473,14 @@ int collective(const char* entry, const Args& a, void* comm, void* stream) {
   }
   std::shared_ptr<Comm> self = s.comms[comm];
   std::shared_ptr<Group> g = c->group;
-  const uint64_t seq = c->enqueued;
+  const uint64_t seq = c->collectives;
   if (softcuda::enqueue(c->device, stream, [self, g, seq, a] { runCollective(self, g, seq, a); })) {
     return failLocked(c, kUnhandledCudaError,
                       std::string(entry) + ": the stream is not a soft CUDA stream of device " +
                           std::to_string(c->device));
   }
   ++c->enqueued;
+  ++c->collectives;
   return kSuccess;
 }
 

@@ -37,11 +37,12 @@ transport::Tag tagOf(int tag, uint64_t number) {
 }
 
 size_t bytesOf(const P2PMessage& m) {
-  return m.count * dataTypeSize(m.dtype);
+  return m.viaNccl ? sizeof(uint64_t) : m.count * dataTypeSize(m.dtype);
 }
 
 transport::RequestPtr post(transport::Context& ctx, P2POrder& order, P2PMessage& m, int peer) {
-  const OpDesc d{OpKind::kPointToPoint, m.dtype, ReduceOp::kSum, Algorithm::kDirect, 0, m.count};
+  const Algorithm algo = m.viaNccl ? Algorithm::kNccl : Algorithm::kDirect;
+  const OpDesc d{OpKind::kPointToPoint, m.dtype, ReduceOp::kSum, algo, 0, m.count};
   const transport::Envelope env = encode(d);
   const transport::Tag tag = tagOf(m.tag, order.take(m.send, peer, m.tag));
   if (m.send) return ctx.isend(peer, m.data, bytesOf(m), tag, env);

@@ -310,7 +310,9 @@ Backend& NcclBackend::forOp(const Op& op) {
   // (NCCL averages natively), as are the collectives it regroups in memory.
   const bool hierarchical = hier_ && op.desc.algo == Algorithm::kHierarchical &&
                             op.desc.kind == OpKind::kAllreduce && op.desc.op != ReduceOp::kAvg;
-  return hierarchical ? *hier_ : *this;
+  if (!hierarchical) return *this;
+  launchP2P(nullptr, true);  // earlier point-to-point first, as begin() does
+  return *hier_;
 }
 
 std::vector<uint8_t> NcclBackend::waitForKey(const Op& op, const std::string& key,
@@ -361,6 +363,9 @@ void* readyEvent(const Op& op) {
 }  // namespace
 
 void NcclBackend::begin(const Op& op) {
+  // Point-to-point calls made before this op enqueue their NCCL groups
+  // first, so every rank's NCCL stream holds its ops in program order.
+  if (op.desc.kind != OpKind::kPointToPoint) launchP2P(nullptr, true);
   void* ready = readyEvent(op);
   if (!ready) return;
   if (int e = plugin_->streamWaitEvent(stream_, ready)) {
@@ -372,6 +377,10 @@ void NcclBackend::finish(const Op& op, const char* what) {
   if (int e = plugin_->eventRecord(event_, stream_)) {
     failCuda(op, e, "recording an event after the NCCL op");
   }
+  await(op, event_, what);
+}
+
+void NcclBackend::await(const Op& op, void* event, const char* what) {
   Clock::time_point poll = Clock::now();
   // Until the caller's work that produces the inputs has run, the op has
   // not started: from then on it has a full GFLOW_TIMEOUT.
@@ -388,21 +397,27 @@ void NcclBackend::finish(const Op& op, const char* what) {
         if (fresh.at() > deadline.at()) deadline = fresh;
       }
     }
-    const int q = plugin_->eventQuery(event_);
-    if (q != 0 && q != cuda::kNotReady) failCuda(op, q, "waiting for the NCCL op on the GPU");
-    // Also once the GPU is done: kernels that a peer's abort released end
-    // without their result, which only the asynchronous error tells.
-    int a = nccl::kSuccess;
-    if (int r = api_->commGetAsyncError(comm_, &a)) {
-      failNccl(op, r, "ncclCommGetAsyncError", comm_);
-    }
-    if (a != nccl::kSuccess && a != nccl::kInProgress) failNccl(op, a, what, comm_);
-    if (q == 0) return;
-    checkWaiting(op, deadline,
-                 inputsReady ? what : "the caller's work producing the op's inputs (on its stream)",
-                 &poll);
+    const char* waited =
+        inputsReady ? what : "the caller's work producing the op's inputs (on its stream)";
+    if (passed(op, event, deadline, waited, &poll)) return;
     backoff(round);
   }
+}
+
+bool NcclBackend::passed(const Op& op, void* event, const Deadline& deadline, const char* what,
+                         Clock::time_point* poll) {
+  const int q = plugin_->eventQuery(event);
+  if (q != 0 && q != cuda::kNotReady) failCuda(op, q, "waiting for the NCCL op on the GPU");
+  // Also once the GPU is done: kernels that a peer's abort released end
+  // without their result, which only the asynchronous error tells.
+  int a = nccl::kSuccess;
+  if (int r = api_->commGetAsyncError(comm_, &a)) {
+    failNccl(op, r, "ncclCommGetAsyncError", comm_);
+  }
+  if (a != nccl::kSuccess && a != nccl::kInProgress) failNccl(op, a, what, comm_);
+  if (q == 0) return true;
+  checkWaiting(op, deadline, what, poll);
+  return false;
 }
 
 void NcclBackend::checkWaiting(const Op& op, const Deadline& deadline, const char* what,

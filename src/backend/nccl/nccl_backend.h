@@ -25,6 +25,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
@@ -39,6 +40,7 @@
 namespace gflow::backend {
 
 using NcclSetup = DeviceSetup;  // backend/router.h
+class NcclP2P;                  // nccl_p2p.cc
 
 class NcclBackend final : public Backend {
  public:
@@ -54,6 +56,8 @@ class NcclBackend final : public Backend {
   // (mode "nccl") but cannot run, or fails to start.
   bool use(const Op& op, const cuda::Plugin& plugin, int device);
   bool active() const { return state_ == State::kNccl; }
+  // No device op has decided yet whether NCCL runs this communicator.
+  bool undecided() const { return state_ == State::kUndecided; }
   int device() const { return device_; }
   // The backend that runs `op` once NCCL runs this communicator: the
   // hierarchical composition for a hierarchical allreduce where there is
@@ -87,6 +91,12 @@ class NcclBackend final : public Backend {
                  const Blocks& outBlocks) override;
   void gatherv(const Op& op, const void* in, void* out, const Blocks& blocks) override;
   void scatterv(const Op& op, const void* in, const Blocks& blocks, void* out) override;
+  // Point-to-point through NCCL (nccl_p2p.cc, GFLOW_NCCL_P2P), once active():
+  // each message's header goes through `host`'s point-to-point (tags, any
+  // source, size checks), its payload through NCCL, the call's transfers in
+  // one NCCL group. Calls enqueue their groups in the order they were made.
+  std::unique_ptr<P2PInFlight> startPointToPoint(const Op& op, std::vector<P2PMessage> msgs,
+                                                 Backend& host);
   const char* name() const override { return "nccl"; }
 
   // Any thread: a running op aborts NCCL and raises `error`.
@@ -130,6 +140,13 @@ class NcclBackend final : public Backend {
   void begin(const Op& op);
   // Records the event after the op on the NCCL stream and waits for the GPU.
   void finish(const Op& op, const char* what);
+  // Waits until the GPU passed `event` (recorded after the op's work), under
+  // the op's deadline counted from when its inputs were ready.
+  void await(const Op& op, void* event, const char* what);
+  // One look: true once the GPU passed `event`; raises NCCL's asynchronous
+  // error and what checkWaiting raises.
+  bool passed(const Op& op, void* event, const Deadline& deadline, const char* what,
+              std::chrono::steady_clock::time_point* poll);
   // One NCCL group of byte sends and receives (nccl_grouped.cc): this rank
   // sends `sends[i]` to its peer and receives each of `recvs`; between a
   // pair, the k-th send matches the peer's k-th receive.
@@ -140,6 +157,14 @@ class NcclBackend final : public Backend {
   };
   void exchange(const Op& op, std::vector<Transfer> sends, std::vector<Transfer> recvs,
                 const char* what);
+  // begin(op), then the group enqueued on the NCCL stream (no wait).
+  void enqueueGroup(const Op& op, const std::vector<Transfer>& sends,
+                    const std::vector<Transfer>& recvs);
+  // Enqueues the NCCL groups of the point-to-point calls made before,
+  // oldest first, until `until` (nullptr: every one) is enqueued; `block`:
+  // waits for their headers, else stops at the first whose headers are not
+  // all done.
+  void launchP2P(const NcclP2P* until, bool block);
   // Checks abort, the deadline and the peers' reports; throws after
   // aborting NCCL. `what` names the NCCL call being waited for.
   void checkWaiting(const Op& op, const Deadline& deadline, const char* what,
@@ -171,6 +196,13 @@ class NcclBackend final : public Backend {
   // other's kernels (which could deadlock ranks that issue them in
   // different orders).
   void* stream_ = nullptr;
+
+  // Point-to-point (nccl_p2p.cc): per peer, the NCCL messages sent to and
+  // received from it so far (a header carries the sender's count), and the
+  // calls whose NCCL group is not enqueued yet, in call order.
+  friend class NcclP2P;
+  std::vector<uint64_t> p2pSent_, p2pReceived_;
+  std::deque<NcclP2P*> unlaunched_;
 
   // abort()'s error (the first one wins); checkWaiting polls it.
   StickyError abortError_;

@@ -28,6 +28,12 @@ void NcclBackend::exchange(const Op& op, std::vector<Transfer> sends, std::vecto
     recvs.erase(recvSelf);
   }
   cuda::DeviceGuard g(*plugin_, device_);
+  enqueueGroup(op, sends, recvs);
+  finish(op, what);
+}
+
+void NcclBackend::enqueueGroup(const Op& op, const std::vector<Transfer>& sends,
+                               const std::vector<Transfer>& recvs) {
   begin(op);
   const int bytes = static_cast<int>(DataType::kUInt8);
   int first = api_->groupStart();
@@ -56,7 +62,6 @@ void NcclBackend::exchange(const Op& op, std::vector<Transfer> sends, std::vecto
     }
   }
   check(op, comm_, failed, first);
-  finish(op, what);
 }
 
 void NcclBackend::gather(const Op& op, const void* in, void* out) {
