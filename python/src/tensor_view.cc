@@ -165,6 +165,30 @@ DLDevice dlpackDevice(const py::object& src, py::handle obj, const char* what) {
   return d;
 }
 
+// __dlpack__(stream=1) of a CUDA array. torch orders the legacy default
+// stream after the current stream of the *current* device, so a torch
+// tensor is exported with its own device made current.
+py::object exportOnDevice(const py::object& src, int32_t device) {
+  py::object guard = py::none();
+  py::object modules = py::module_::import("sys").attr("modules");
+  if (modules.contains("torch")) {
+    py::object torch = modules["torch"];
+    if (py::isinstance(src, torch.attr("Tensor"))) {
+      guard = torch.attr("cuda").attr("device")(device);
+    }
+  }
+  if (guard.is_none()) return src.attr("__dlpack__")(py::arg("stream") = 1);
+  guard.attr("__enter__")();
+  try {
+    py::object capsule = src.attr("__dlpack__")(py::arg("stream") = 1);
+    guard.attr("__exit__")(py::none(), py::none(), py::none());
+    return capsule;
+  } catch (...) {
+    guard.attr("__exit__")(py::none(), py::none(), py::none());
+    throw;
+  }
+}
+
 HeldTensor viewDLPack(py::handle obj, const char* what) {
   py::object src = py::reinterpret_borrow<py::object>(obj);
   // torch refuses to export a tensor that requires grad; its detached view
@@ -184,7 +208,7 @@ HeldTensor viewDLPack(py::handle obj, const char* what) {
     // default stream (1) wait for the work it has enqueued on its current
     // stream, and gflow's op then waits for the legacy default stream
     // (Tensor::stream null).
-    capsule = where.device_type == kDLCUDA ? src.attr("__dlpack__")(py::arg("stream") = 1)
+    capsule = where.device_type == kDLCUDA ? exportOnDevice(src, where.device_id)
                                            : src.attr("__dlpack__")();
   } catch (py::error_already_set& e) {
     invalid(std::string(what) + ": cannot export the " + typeName(obj) +

@@ -14,6 +14,7 @@
 
 #include <pybind11/chrono.h>
 
+#include <algorithm>
 #include <cctype>
 #include <condition_variable>
 #include <cstring>
@@ -157,6 +158,20 @@ void* currentStream(const at::Tensor& t) {
   py::gil_scoped_acquire gil;
   py::object stream = py::module_::import("torch.cuda").attr("current_stream")(t.device().index());
   return reinterpret_cast<void*>(stream.attr("cuda_stream").cast<uintptr_t>());
+}
+
+// Waits for the work queued on this thread's current stream of each GPU
+// that holds one of `ts` (torch.cuda.current_stream(d).synchronize()).
+void syncCuda(const std::vector<at::Tensor>& ts) {
+  std::vector<int> done;
+  for (const at::Tensor& t : ts) {
+    if (!t.is_cuda() || std::find(done.begin(), done.end(), t.device().index()) != done.end()) {
+      continue;
+    }
+    done.push_back(t.device().index());
+    py::gil_scoped_acquire gil;
+    py::module_::import("torch.cuda").attr("current_stream")(done.back()).attr("synchronize")();
+  }
 }
 
 // A gflow Tensor over a contiguous tensor's memory: a cuda one is on its
@@ -322,7 +337,12 @@ class GflowWork : public c10d::Work {
     std::exception_ptr error;
     try {
       work_.wait();
-      if (after_) after_();
+      if (after_) {
+        after_();
+        // Copies into cuda outputs were queued on this thread's current
+        // stream: done before the Work is (and before inputs_ is freed).
+        syncCuda(outputs_);
+      }
     } catch (...) {
       error = std::current_exception();
     }

@@ -195,12 +195,12 @@ bool Router::p2pOnNccl(const Op& op) {
            "Options::device.p2p), but "
         << why;
   };
-  if (nccl_->undecided()) {
+  if (nccl_->undecided() && !nccl_->stagedByConfiguration()) {
     refuse(
         "NCCL has not started on this rank: call a collective on cuda tensors first (that "
         "first call is where the ranks choose NCCL or staging)");
   }
-  if (!nccl_->active()) return false;  // every rank stages
+  if (!nccl_->active()) return false;  // every rank stages (or will)
   int device = -1;
   void* ready = nullptr;
   if (!op.buffers->single(&device, &ready) || device != nccl_->device()) {
@@ -211,23 +211,45 @@ bool Router::p2pOnNccl(const Op& op) {
   return true;
 }
 
+namespace {
+
+// Ops whose root-only buffer (off the root: none) may sit elsewhere than the
+// buffers every rank passes, so ranks can see different placements.
+bool rooted(OpKind k) {
+  return k == OpKind::kReduce || k == OpKind::kGather || k == OpKind::kScatter ||
+         k == OpKind::kGatherv || k == OpKind::kScatterv;
+}
+
+}  // namespace
+
 Backend& Router::route(const Op& op, const Blocks* in, const Blocks* out) {
-  if (!op.buffers) {
-    count(hostPath(op.desc.algo));
-    return *host_;
+  const bool p2p = op.desc.kind == OpKind::kPointToPoint;
+  // Device point-to-point calls made before this collective enqueue their
+  // NCCL groups first: a rank's ops start in program order.
+  if (nccl_ && !p2p) nccl_->launchP2P(nullptr, true);
+  bool nccl = false;
+  if (!p2p) {
+    const bool mine = op.buffers && usable(op);  // the first device op decides
+    if (rooted(op.desc.kind) && nccl_ && nccl_->active() && size_ > 1) {
+      // The root's own buffer may be in host memory while the others' are
+      // on the GPU: every rank votes, and one that cannot use NCCL stages
+      // the op on every rank.
+      nccl = checkNccl(op, in, out, mine);
+    } else if (mine) {
+      nccl = !verify_ || size_ == 1 || checkNccl(op, in, out, true);
+    }
   }
-  // Point-to-point never reaches NCCL (whose first use is collective): its
-  // device buffers are staged.
-  if (op.desc.kind != OpKind::kPointToPoint && onNccl(op, in, out)) {
+  if (nccl) {
     count(Path::kNccl);
     return nccl_->forOp(op);
   }
   count(hostPath(op.desc.algo));
+  if (!op.buffers) return *host_;
   count(Path::kStaged);
   return *staged_;
 }
 
-bool Router::onNccl(const Op& op, const Blocks* in, const Blocks* out) {
+bool Router::usable(const Op& op) {
   int device = -1;
   void* ready = nullptr;
   const bool single = op.buffers->single(&device, &ready);
@@ -239,23 +261,23 @@ bool Router::onNccl(const Op& op, const Blocks* in, const Blocks* out) {
         << " (NCCL binds a communicator to one GPU: use another communicator for this GPU, or "
            "GFLOW_DEVICE_BACKEND=staged)";
   }
-  if (verify_ && size_ > 1) verifyNccl(op, in, out);
   return true;
 }
 
-void Router::verifyNccl(const Op& op, const Blocks* in, const Blocks* out) {
+bool Router::checkNccl(const Op& op, const Blocks* in, const Blocks* out, bool vote) {
   // A tiny allgather over the host backend whose envelope carries this op's
   // fingerprint (24 bits); its values compare all 64 of a digest of the
-  // whole description and, for all-to-all-v (whose counts differ by rank),
-  // every rank's send and receive counts, so that every rank finds the
-  // same pair that disagrees.
+  // whole description, carry each rank's vote (whether it can run the op on
+  // NCCL) and, for all-to-all-v (whose counts differ by rank), every rank's
+  // send and receive counts, so that every rank reaches the same verdict.
   const size_t n = static_cast<size_t>(size_);
-  const size_t width = in && out ? 1 + 2 * n : 1;
+  const size_t width = in && out ? 2 + 2 * n : 2;
   std::vector<int64_t> mine(width);
   mine[0] = static_cast<int64_t>(digest(op.desc));
-  for (size_t r = 0; width > 1 && r < n; ++r) {
-    mine[1 + r] = static_cast<int64_t>(in->counts[r]);
-    mine[1 + n + r] = static_cast<int64_t>(out->counts[r]);
+  mine[1] = vote ? 1 : 0;
+  for (size_t r = 0; width > 2 && r < n; ++r) {
+    mine[2 + r] = static_cast<int64_t>(in->counts[r]);
+    mine[2 + n + r] = static_cast<int64_t>(out->counts[r]);
   }
   OpDesc v{OpKind::kAllgather, DataType::kInt64, ReduceOp::kSum, Algorithm::kAuto, 0, width};
   v.algo = select_(OpKind::kAllgather, sizeof(int64_t) * width * n, size_);
@@ -266,22 +288,25 @@ void Router::verifyNccl(const Op& op, const Blocks* in, const Blocks* out) {
   check.deadline = op.deadline;
   std::vector<int64_t> all(width * n);
   host_->allgather(check, mine.data(), all.data());
+  bool everyone = true;
   for (size_t r = 0; r < n; ++r) {
     if (all[r * width] != mine[0]) {
       GFLOW_THROW(kMismatch, ErrorContext().withSeq(op.seq).withRank(rank_).withPeer(int(r)))
           << "rank " << r << " called another op on NCCL than this rank ("
           << describe(encode(op.desc)) << ")";
     }
+    everyone = everyone && all[r * width + 1] == 1;
   }
-  for (size_t i = 0; width > 1 && i < n; ++i) {
+  for (size_t i = 0; width > 2 && i < n; ++i) {
     for (size_t j = 0; j < n; ++j) {
-      const int64_t sends = all[i * width + 1 + j], expects = all[j * width + 1 + n + i];
+      const int64_t sends = all[i * width + 2 + j], expects = all[j * width + 2 + n + i];
       if (sends == expects) continue;
       GFLOW_THROW(kMismatch, ErrorContext().withSeq(op.seq).withRank(rank_).withPeer(int(i)))
           << "rank " << i << " sends " << sends << " elements to rank " << j << ", which expects "
           << expects << " from it (alltoallv counts)";
     }
   }
+  return everyone;
 }
 
 void Router::abort(const Error& error) {

@@ -679,6 +679,96 @@ TEST_F(NcclBackendTest, PointToPointOnNcclRefusesWhatItCannotCarry) {
   EXPECT_NE(what.find("not all in memory of cuda:0"), std::string::npos) << what;
 }
 
+// A device receive still waiting for its header when the rank enters a
+// collective: the collective first enqueues it (program order), on NCCL and
+// on the host alike, so a sender that waits for that receive is released.
+TEST_F(NcclBackendTest, AnEarlierDeviceReceiveStartsBeforeALaterCollective) {
+  setParam("GFLOW_NCCL_P2P", "1");
+  for (bool cpuCollective : {false, true}) {
+    testing::runRanks(2, [&](Communicator& c) {
+      DeviceBuffer buf(c.rank(), 64 * 4), got(c.rank(), 64 * 4);
+      c.allreduce(buf.tensor(4, DataType::kFloat32));  // NCCL starts
+      std::vector<float> h(8, 1.0f);
+      auto collective = [&] {
+        if (cpuCollective) {
+          c.allreduce(tensor(h.data(), h.size()));
+        } else {
+          c.allreduce(buf.tensor(8, DataType::kFloat32));
+        }
+      };
+      if (c.rank() == 0) {
+        Work w = c.recvAsync(got.tensor(16, DataType::kFloat32), 1, 3);
+        collective();
+        w.wait();
+        EXPECT_TRUE(holdsFrom(got, 1, 16));
+      } else {
+        std::this_thread::sleep_for(milliseconds(200));
+        fillFrom(got, 1, 16);
+        c.send(got.tensor(16, DataType::kFloat32), 0, 3);
+        collective();
+      }
+    });
+  }
+}
+
+// A call whose launch fails inside another op (here the collective that
+// enqueues it) raises that failure from its own Work too, not a hang.
+TEST_F(NcclBackendTest, ACallWhoseLaunchFailsInsideAnotherOpRaisesItsError) {
+  setParam("GFLOW_NCCL_P2P", "1");
+  std::string workError;
+  auto errors = testing::runRanksCollect(
+      2,
+      [&](Communicator& c) {
+        DeviceBuffer buf(c.rank(), 64 * 4);
+        c.allreduce(buf.tensor(4, DataType::kFloat32));
+        if (c.rank() == 0) {
+          Work w1 = c.sendAsync(buf.tensor(8, DataType::kFloat32), 1, 1);
+          Work w2 = c.sendAsync(buf.tensor(8, DataType::kFloat32, 8), 1, 2);
+          w1.wait();
+          w2.wait();
+          return;
+        }
+        Work w = c.recvAsync(buf.tensor(8, DataType::kFloat32), 0, 2);
+        try {
+          c.allreduce(buf.tensor(4, DataType::kFloat32, 32));
+        } catch (const Error&) {
+        }
+        try {
+          w.wait(std::chrono::seconds(10));
+        } catch (const Error& e) {
+          workError = e.what();
+          throw;
+        }
+      },
+      within(5000));
+  std::string what;
+  EXPECT_EQ(codeOf(errors[1], &what), ErrorCode::kMismatch) << what;
+  EXPECT_NE(workError.find("is not received yet"), std::string::npos) << workError;
+  EXPECT_TRUE(errors[0]);
+}
+
+// The root gathers into host memory while the others pass only cuda
+// tensors: the ranks vote and stage the op everywhere, with exact results.
+TEST_F(NcclBackendTest, RootedOpsWithAHostBufferOnTheRootAreStagedEverywhere) {
+  constexpr size_t n = 20;
+  testing::runRanks(3, [&](Communicator& c) {
+    const int r = c.rank();
+    DeviceBuffer in(r, n * 4), dev(r, n * 3 * 4);
+    c.allreduce(in.tensor(4, DataType::kFloat32));  // NCCL starts
+    fillFrom(in, r, n);
+    std::vector<float> out(n * 3, -1.0f);
+    c.gather(in.tensor(n, DataType::kFloat32), r == 0 ? tensor(out.data(), n * 3) : Tensor(), 0);
+    for (int q = 0; q < 3 && r == 0; ++q) {
+      for (size_t i = 0; i < n; ++i) ASSERT_EQ(out[q * n + i], float(1000 + q * 100 + int(i)));
+    }
+    // and scatter from a host buffer on the root into cuda tensors
+    c.scatter(r == 0 ? tensor(out.data(), n * 3) : Tensor(), dev.tensor(n, DataType::kFloat32), 0);
+    EXPECT_TRUE(holdsFrom(dev, r, n)) << r;
+    EXPECT_EQ(c.stats().stagedOps, 2u) << r;
+    EXPECT_EQ(c.stats().ncclOps, 1u) << r;
+  });
+}
+
 TEST_F(NcclBackendTest, APointToPointSendNobodyReceivesEndsInATimeout) {
   setParam("GFLOW_NCCL_P2P", "1");
   std::atomic<bool> sent{false};

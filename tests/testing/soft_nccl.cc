@@ -545,6 +545,18 @@ void runPointToPoint(const std::shared_ptr<Comm>& c, const std::shared_ptr<Group
              std::all_of(mine.begin(), mine.end(), [](const auto& m) { return m->received; });
     });
   }
+  // Sends nobody took (the work ended early): gone with it, so no receive
+  // copies from a buffer its owner may have freed.
+  for (const P2PCall& x : calls) {
+    if (!x.send) continue;
+    auto& q = g->channels[c->rank * g->nranks + x.peer];
+    q.erase(std::remove_if(q.begin(), q.end(),
+                           [&](const auto& m) {
+                             return !m->received &&
+                                    std::find(mine.begin(), mine.end(), m) != mine.end();
+                           }),
+            q.end());
+  }
   ++c->completed;
   if (ok && live()) ++s.collectivesRun;
   s.cv.notify_all();
@@ -821,7 +833,14 @@ int groupStart() {
   return kSuccess;
 }
 int groupEnd() {
-  if (int e = injected("groupEnd")) return e;
+  if (int e = injected("groupEnd")) {
+    // As NCCL: a failed groupEnd still ends the group, enqueueing nothing.
+    if (groupDepth > 0 && --groupDepth == 0) {
+      grouped.clear();
+      groupError = kSuccess;
+    }
+    return e;
+  }
   if (groupDepth == 0) {
     std::lock_guard<std::mutex> l(st().mu);
     return failLocked(nullptr, kInvalidUsage, "groupEnd without groupStart");

@@ -136,6 +136,10 @@ bool NcclBackend::use(const Op& op, const cuda::Plugin& plugin, int device) {
   return true;
 }
 
+bool NcclBackend::stagedByConfiguration() const {
+  return (s_.mode.empty() ? params::deviceBackend() : s_.mode) == "staged";
+}
+
 void NcclBackend::decide(const Op& op, int device) {
   state_ = State::kDeciding;  // a failure from here on is reported to the peers
   const std::string mode = s_.mode.empty() ? params::deviceBackend() : s_.mode;
@@ -310,9 +314,7 @@ Backend& NcclBackend::forOp(const Op& op) {
   // (NCCL averages natively), as are the collectives it regroups in memory.
   const bool hierarchical = hier_ && op.desc.algo == Algorithm::kHierarchical &&
                             op.desc.kind == OpKind::kAllreduce && op.desc.op != ReduceOp::kAvg;
-  if (!hierarchical) return *this;
-  launchP2P(nullptr, true);  // earlier point-to-point first, as begin() does
-  return *hier_;
+  return hierarchical ? *hier_ : *this;
 }
 
 std::vector<uint8_t> NcclBackend::waitForKey(const Op& op, const std::string& key,
@@ -363,9 +365,6 @@ void* readyEvent(const Op& op) {
 }  // namespace
 
 void NcclBackend::begin(const Op& op) {
-  // Point-to-point calls made before this op enqueue their NCCL groups
-  // first, so every rank's NCCL stream holds its ops in program order.
-  if (op.desc.kind != OpKind::kPointToPoint) launchP2P(nullptr, true);
   void* ready = readyEvent(op);
   if (!ready) return;
   if (int e = plugin_->streamWaitEvent(stream_, ready)) {

@@ -58,6 +58,8 @@ class NcclBackend final : public Backend {
   bool active() const { return state_ == State::kNccl; }
   // No device op has decided yet whether NCCL runs this communicator.
   bool undecided() const { return state_ == State::kUndecided; }
+  // The configuration says "staged": NCCL never runs this communicator.
+  bool stagedByConfiguration() const;
   int device() const { return device_; }
   // The backend that runs `op` once NCCL runs this communicator: the
   // hierarchical composition for a hierarchical allreduce where there is
@@ -97,6 +99,12 @@ class NcclBackend final : public Backend {
   // one NCCL group. Calls enqueue their groups in the order they were made.
   std::unique_ptr<P2PInFlight> startPointToPoint(const Op& op, std::vector<P2PMessage> msgs,
                                                  Backend& host);
+  // Enqueues the NCCL groups of the point-to-point calls made before,
+  // oldest first, until `until` (nullptr: every one) is enqueued; `block`:
+  // waits for their headers, else stops at the first whose headers are not
+  // all done. The router calls it before every collective, so a rank's ops
+  // start in program order.
+  void launchP2P(const NcclP2P* until, bool block);
   const char* name() const override { return "nccl"; }
 
   // Any thread: a running op aborts NCCL and raises `error`.
@@ -160,11 +168,7 @@ class NcclBackend final : public Backend {
   // begin(op), then the group enqueued on the NCCL stream (no wait).
   void enqueueGroup(const Op& op, const std::vector<Transfer>& sends,
                     const std::vector<Transfer>& recvs);
-  // Enqueues the NCCL groups of the point-to-point calls made before,
-  // oldest first, until `until` (nullptr: every one) is enqueued; `block`:
-  // waits for their headers, else stops at the first whose headers are not
-  // all done.
-  void launchP2P(const NcclP2P* until, bool block);
+
   // Checks abort, the deadline and the peers' reports; throws after
   // aborting NCCL. `what` names the NCCL call being waited for.
   void checkWaiting(const Op& op, const Deadline& deadline, const char* what,

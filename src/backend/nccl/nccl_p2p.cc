@@ -14,6 +14,7 @@
 // messages out of order is refused (kMismatch) rather than handed the wrong
 // payload.
 #include <algorithm>
+#include <exception>
 #include <limits>
 #include <string>
 #include <thread>
@@ -56,6 +57,7 @@ class NcclP2P final : public P2PInFlight {
   }
 
   bool test() override {
+    if (error_) std::rethrow_exception(error_);
     if (!launched_) {
       nccl_.launchP2P(this, op_.deadline.expired());
       if (!launched_) return false;
@@ -65,7 +67,9 @@ class NcclP2P final : public P2PInFlight {
   }
 
   void wait() override {
+    if (error_) std::rethrow_exception(error_);
     nccl_.launchP2P(this, true);
+    if (error_) std::rethrow_exception(error_);
     cuda::DeviceGuard g(*nccl_.plugin_, nccl_.device_);
     nccl_.await(op_, event_, what_.c_str());
   }
@@ -76,8 +80,20 @@ class NcclP2P final : public P2PInFlight {
   bool headersDone() { return headers_->test(); }
   void awaitHeaders() { headers_->wait(); }
 
-  // The headers are done: enqueues the NCCL group (unlaunched_'s front).
+  // The headers are done (this call was unlaunched_'s front): enqueues the
+  // NCCL group. A failure is this call's error too, raised by its own
+  // test() and wait() whichever op launched it.
   void launch() {
+    try {
+      enqueue();
+    } catch (...) {
+      error_ = std::current_exception();
+      throw;
+    }
+  }
+
+ private:
+  void enqueue() {
     const std::vector<P2PMessage>& got = headers_->messages();
     std::vector<NcclBackend::Transfer> sends, recvs;
     std::vector<size_t> order;  // receives with a payload, by (source, sequence)
@@ -93,13 +109,14 @@ class NcclP2P final : public P2PInFlight {
     std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
       return std::make_pair(msgs_[a].source, seq_[a]) < std::make_pair(msgs_[b].source, seq_[b]);
     });
+    std::vector<uint64_t> next = nccl_.p2pReceived_;  // committed once all are in order
     for (size_t i : order) {
       const P2PMessage& m = msgs_[i];
-      uint64_t& next = nccl_.p2pReceived_[m.source];
-      if (seq_[i] != next) outOfOrder(m, seq_[i], next);
-      ++next;
+      if (seq_[i] != next[m.source]) outOfOrder(m, seq_[i], next[m.source]);
+      ++next[m.source];
       recvs.push_back({m.source, m.data, payloadBytes(m)});
     }
+    nccl_.p2pReceived_ = std::move(next);
     what_ = describe();
     cuda::DeviceGuard g(*nccl_.plugin_, nccl_.device_);
     nccl_.enqueueGroup(op_, sends, recvs);
@@ -112,7 +129,6 @@ class NcclP2P final : public P2PInFlight {
     launched_ = true;
   }
 
- private:
   // What a timeout names: the call's transfers and their peers.
   std::string describe() const {
     std::string out = "the NCCL transfers of a point-to-point call (";
@@ -146,7 +162,8 @@ class NcclP2P final : public P2PInFlight {
   std::unique_ptr<P2PInFlight> headers_;
   void* event_ = nullptr;
   bool launched_ = false;
-  std::string what_;  // describe(), once launched
+  std::exception_ptr error_;  // launch()'s failure
+  std::string what_;          // describe(), once launched
   std::chrono::steady_clock::time_point poll_ = std::chrono::steady_clock::now();
 };
 
