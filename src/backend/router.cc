@@ -264,21 +264,23 @@ bool Router::usable(const Op& op) {
   return true;
 }
 
-bool Router::checkNccl(const Op& op, const Blocks* in, const Blocks* out, bool vote) {
-  // A tiny allgather over the host backend whose envelope carries this op's
-  // fingerprint (24 bits); its values compare all 64 of a digest of the
-  // whole description, carry each rank's vote (whether it can run the op on
-  // NCCL) and, for all-to-all-v (whose counts differ by rank), every rank's
-  // send and receive counts, so that every rank reaches the same verdict.
-  const size_t n = static_cast<size_t>(size_);
-  const size_t width = in && out ? 2 + 2 * n : 2;
-  std::vector<int64_t> mine(width);
-  mine[0] = static_cast<int64_t>(digest(op.desc));
-  mine[1] = vote ? 1 : 0;
-  for (size_t r = 0; width > 2 && r < n; ++r) {
-    mine[2 + r] = static_cast<int64_t>(in->counts[r]);
-    mine[2 + n + r] = static_cast<int64_t>(out->counts[r]);
-  }
+namespace {
+
+// A well-mixed 64-bit digest of "rank `from` sends `count` elements to rank
+// `to`" (splitmix64's finalizer over the three).
+uint64_t pairDigest(uint64_t from, uint64_t to, uint64_t count) {
+  uint64_t z = hash::mix(hash::mix(hash::mix(hash::kFnvOffset, from), to), count);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+}  // namespace
+
+std::vector<int64_t> Router::gatherCheck(const Op& op, const std::vector<int64_t>& mine) {
+  // A tiny allgather over the host backend whose envelope carries the op's
+  // fingerprint (24 bits), so ranks running other ops fail with kMismatch.
+  const size_t width = mine.size(), n = static_cast<size_t>(size_);
   OpDesc v{OpKind::kAllgather, DataType::kInt64, ReduceOp::kSum, Algorithm::kAuto, 0, width};
   v.algo = select_(OpKind::kAllgather, sizeof(int64_t) * width * n, size_);
   v.parent = fingerprint(op.desc);
@@ -288,7 +290,32 @@ bool Router::checkNccl(const Op& op, const Blocks* in, const Blocks* out, bool v
   check.deadline = op.deadline;
   std::vector<int64_t> all(width * n);
   host_->allgather(check, mine.data(), all.data());
+  return all;
+}
+
+bool Router::checkNccl(const Op& op, const Blocks* in, const Blocks* out, bool vote) {
+  // Every rank's digest of the whole description (all 64 bits), its vote
+  // (whether it can run the op on NCCL) and, for all-to-all-v (whose counts
+  // differ by rank), the sums of its digests of each pair's send count and
+  // of each pair's receive count: equal totals over all ranks mean every
+  // send matches its receive (O(size) values, not O(size^2)). Every rank
+  // sees the same values, so every rank reaches the same verdict.
+  const size_t n = static_cast<size_t>(size_);
+  const bool counts = in && out;
+  std::vector<int64_t> mine = {static_cast<int64_t>(digest(op.desc)), vote ? 1 : 0};
+  if (counts) {
+    uint64_t sends = 0, receives = 0;
+    for (size_t r = 0; r < n; ++r) {
+      sends += pairDigest(uint64_t(rank_), r, in->counts[r]);
+      receives += pairDigest(r, uint64_t(rank_), out->counts[r]);
+    }
+    mine.push_back(static_cast<int64_t>(sends));
+    mine.push_back(static_cast<int64_t>(receives));
+  }
+  const size_t width = mine.size();
+  const std::vector<int64_t> all = gatherCheck(op, mine);
   bool everyone = true;
+  uint64_t sends = 0, receives = 0;
   for (size_t r = 0; r < n; ++r) {
     if (all[r * width] != mine[0]) {
       GFLOW_THROW(kMismatch, ErrorContext().withSeq(op.seq).withRank(rank_).withPeer(int(r)))
@@ -296,17 +323,35 @@ bool Router::checkNccl(const Op& op, const Blocks* in, const Blocks* out, bool v
           << describe(encode(op.desc)) << ")";
     }
     everyone = everyone && all[r * width + 1] == 1;
+    if (counts) {
+      sends += static_cast<uint64_t>(all[r * width + 2]);
+      receives += static_cast<uint64_t>(all[r * width + 3]);
+    }
   }
-  for (size_t i = 0; width > 2 && i < n; ++i) {
+  if (sends != receives) namePairThatDisagrees(op, *in, *out);
+  return everyone;
+}
+
+void Router::namePairThatDisagrees(const Op& op, const Blocks& in, const Blocks& out) {
+  // Only after the sums differ, on every rank: every count, to name a pair.
+  const size_t n = static_cast<size_t>(size_);
+  std::vector<int64_t> mine(2 * n);
+  for (size_t r = 0; r < n; ++r) {
+    mine[r] = static_cast<int64_t>(in.counts[r]);
+    mine[n + r] = static_cast<int64_t>(out.counts[r]);
+  }
+  const std::vector<int64_t> all = gatherCheck(op, mine);
+  for (size_t i = 0; i < n; ++i) {
     for (size_t j = 0; j < n; ++j) {
-      const int64_t sends = all[i * width + 2 + j], expects = all[j * width + 2 + n + i];
+      const int64_t sends = all[i * 2 * n + j], expects = all[j * 2 * n + n + i];
       if (sends == expects) continue;
       GFLOW_THROW(kMismatch, ErrorContext().withSeq(op.seq).withRank(rank_).withPeer(int(i)))
           << "rank " << i << " sends " << sends << " elements to rank " << j << ", which expects "
           << expects << " from it (alltoallv counts)";
     }
   }
-  return everyone;
+  GFLOW_THROW(kInternal, ErrorContext().withSeq(op.seq).withRank(rank_))
+      << "the alltoallv count digests differ, but every count matches";
 }
 
 void Router::abort(const Error& error) {

@@ -118,6 +118,11 @@ class Router final : public Backend {
   // kMismatch), alltoallv's counts, and every rank's `vote`; true when
   // every rank voted for NCCL.
   bool checkNccl(const Op& op, const Blocks* in, const Blocks* out, bool vote);
+  // Every rank's `mine` (the same length everywhere), by rank.
+  std::vector<int64_t> gatherCheck(const Op& op, const std::vector<int64_t>& mine);
+  // After alltoallv's count digests differed: raises kMismatch naming a
+  // pair that disagrees (every rank, the same pair).
+  [[noreturn]] void namePairThatDisagrees(const Op& op, const Blocks& in, const Blocks& out);
   // Whether NCCL carries this point-to-point call (GFLOW_NCCL_P2P, device
   // buffers, NCCL running); throws kInvalidArgument for a call it cannot.
   bool p2pOnNccl(const Op& op);
