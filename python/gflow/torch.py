@@ -22,6 +22,7 @@ an exception raised in a ``then`` callback into one).
 """
 
 import functools
+import inspect
 import os
 
 import torch
@@ -200,15 +201,55 @@ def _monitored_barrier_for(torch_monitored_barrier):
     return monitored_barrier
 
 
+def _batch_isend_irecv_for(torch_batch_isend_irecv):
+    """torch.distributed.batch_isend_irecv that, on a gflow group, posts the
+    ops as one gflow sendRecv call: they start together (one NCCL group
+    with GFLOW_NCCL_P2P=1) instead of as separate isend/irecv calls, which
+    through NCCL would wait for one another. Every returned request is the
+    call's one Work."""
+
+    @functools.wraps(torch_batch_isend_irecv)
+    def batch_isend_irecv(p2p_op_list):
+        c10d = dist.distributed_c10d
+        check = getattr(c10d, "_check_p2p_op_list", None)
+        if check is not None:
+            check(p2p_op_list)  # torch's own argument errors
+        group = p2p_op_list[0].group if p2p_op_list else None
+        world = group is None or group is c10d.GroupMember.WORLD
+        pg = c10d._get_default_group() if world else group
+        if (not p2p_op_list or c10d._rank_not_in_group(pg) or dist.get_backend(pg) != "gflow"
+                or not hasattr(pg, "size")):
+            return torch_batch_isend_irecv(p2p_op_list)
+        from . import _gflow_torch
+        ops = [(op.op.__name__ == "isend", op.tensor,
+                op.peer if world else c10d._get_group_rank(pg, op.peer), op.tag)
+               for op in p2p_op_list]
+        work = _gflow_torch.batch_send_recv(pg, ops)
+        return [work] * len(ops)
+
+    batch_isend_irecv._gflow = True
+    return batch_isend_irecv
+
+
 def register_backend():
-    """Registers the "gflow" torch.distributed backend (idempotent), and lets
-    torch.distributed.monitored_barrier run on gflow groups."""
+    """Registers the "gflow" torch.distributed backend (idempotent), lets
+    torch.distributed.monitored_barrier run on gflow groups, and posts
+    torch.distributed.batch_isend_irecv on them as one call."""
     if not hasattr(dist.Backend, "GFLOW"):
-        dist.Backend.register_backend("gflow", _create_process_group)
+        if "devices" in inspect.signature(dist.Backend.register_backend).parameters:
+            # torch >= 2.0 registers a backend per device type: gflow takes both.
+            dist.Backend.register_backend("gflow", _create_process_group,
+                                          devices=["cpu", "cuda"])
+        else:  # torch 1.13: one backend for every device
+            dist.Backend.register_backend("gflow", _create_process_group)
     if not getattr(dist.monitored_barrier, "_gflow", False):
         patched = _monitored_barrier_for(dist.distributed_c10d.monitored_barrier)
         dist.distributed_c10d.monitored_barrier = patched
         dist.monitored_barrier = patched
+    if not getattr(dist.batch_isend_irecv, "_gflow", False):
+        patched = _batch_isend_irecv_for(dist.distributed_c10d.batch_isend_irecv)
+        dist.distributed_c10d.batch_isend_irecv = patched
+        dist.batch_isend_irecv = patched
 
 
 register_backend()

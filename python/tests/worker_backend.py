@@ -254,6 +254,8 @@ else:
 ops = [dist.P2POp(dist.isend, torch.full((1000,), R, dtype=torch.float32), nxt),
        dist.P2POp(dist.irecv, torch.zeros(1000), prv)]
 reqs = dist.batch_isend_irecv(ops)
+# gflow.torch posts the batch as one sendRecv call: one Work for every op
+assert getattr(dist.batch_isend_irecv, "_gflow", False) and len(reqs) == 2 and reqs[0] is reqs[1]
 for q in reqs:
     q.wait()
 assert torch.equal(ops[1].tensor, torch.full((1000,), prv, dtype=torch.float32))

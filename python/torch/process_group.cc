@@ -697,6 +697,42 @@ class ProcessGroupGflow : public c10d::ProcessGroup {
     return receive(tensors, P2POp::kAnySource, tag, c10d::OpType::RECVANYSOURCE);
   }
 
+  // torch.distributed.batch_isend_irecv on a gflow group (gflow.torch): the
+  // ops as one sendRecv call, so they start together and cannot wait for
+  // one another (one NCCL group under GFLOW_NCCL_P2P); one Work for all.
+  // Each op: (is a send, tensor, peer in this group, tag).
+  using BatchOp = std::tuple<bool, at::Tensor, int, int>;
+  c10::intrusive_ptr<c10d::Work> batchSendRecv(const std::vector<BatchOp>& ops) {
+    std::vector<P2POp> p2p;
+    std::vector<at::Tensor> outputs, keep;
+    std::vector<std::function<void()>> writeBacks;
+    checked("batch_isend_irecv", [&] {
+      if (ops.empty()) invalid("batch_isend_irecv: no ops");
+      for (const BatchOp& op : ops) {
+        const at::Tensor& t = std::get<1>(op);
+        const int peer = std::get<2>(op), tag = std::get<3>(op);
+        if (std::get<0>(op)) {
+          keep.push_back(t.contiguous());
+          p2p.push_back(P2POp::send(bytesView(keep.back(), "batch_isend_irecv"), peer, tag));
+          continue;
+        }
+        Dense d = dense(t);
+        keep.push_back(d.t);
+        outputs.push_back(t);
+        if (d.writeBack) writeBacks.push_back(d.writeBack);
+        p2p.push_back(P2POp::recv(bytesView(d.t, "batch_isend_irecv"), peer, tag));
+      }
+    });
+    std::function<void()> after;
+    if (!writeBacks.empty()) {
+      after = [writeBacks] {
+        for (const auto& w : writeBacks) w();
+      };
+    }
+    return enqueue(c10d::OpType::RECV, comm_->sendRecvAsync(p2p), std::move(outputs),
+                   std::move(keep), std::move(after));
+  }
+
   // Block j of the input goes to rank j: equal blocks without split sizes,
   // else inSplits[j] rows (dim 0) of it (outSplits[j] rows of the output
   // come from rank j), as alltoallv.
@@ -1126,4 +1162,14 @@ PYBIND11_MODULE(_gflow_torch, m) {
       py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
       py::arg("local_rank") = -1, py::arg("local_size") = -1,
       py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "batch_send_recv",
+      [](const c10::intrusive_ptr<c10d::ProcessGroup>& pg,
+         const std::vector<gflow::torch_backend::ProcessGroupGflow::BatchOp>& ops)
+          -> c10::intrusive_ptr<c10d::Work> {
+        auto* g = dynamic_cast<gflow::torch_backend::ProcessGroupGflow*>(pg.get());
+        if (!g) throw gflow::Error(gflow::ErrorCode::kInvalidArgument, "not a gflow process group");
+        return g->batchSendRecv(ops);
+      },
+      py::arg("pg"), py::arg("ops"), py::call_guard<py::gil_scoped_release>());
 }

@@ -272,7 +272,9 @@ std::string listeningAddress(uint16_t port) {
 // interface; with GFLOW_REQUIRE_TOKEN=1 every rank refuses to start.
 TEST(FaultGarbage, AJobWithoutATokenWarnsAndListensOnlyOnTheRootAddress) {
   {
-    Job job(2, [](int) { return std::vector<std::string>{"loop", "20", "65536"}; });
+    // 20 ops 50 ms apart: the store listens for a second or more, which the
+    // polls below must see even on a loaded machine.
+    Job job(2, [](int) { return std::vector<std::string>{"loop", "20", "65536", "50"}; });
     job.setEnv("GFLOW_JOB_TOKEN", "");
     job.start();
     std::string local;
