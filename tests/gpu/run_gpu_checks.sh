@@ -19,7 +19,8 @@
 #   - allreduce_bw --device cuda, one process per GPU on NCCL and, on one
 #     GPU, 2 processes staged over TCP (GFLOW_SHM=0), with the result check on (-c 1);
 #   - where /usr/bin/python3's torch has CUDA: torch CUDA tensors through the
-#     Python API, the torch backend and DDP (tests/gpu/torch_cuda_check.py).
+#     Python API, the torch backend (batch_isend_irecv included) and DDP
+#     (tests/gpu/torch_cuda_check.py).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 build=${1:-build-gpu}

@@ -51,6 +51,13 @@ assert all(torch.all(p == t * (r + 1)).item() for r, p in enumerate(parts)), "ba
 b = torch.full((10,), float(R), device=dev)
 dist.broadcast(b, N - 1)
 assert torch.all(b == N - 1).item(), "backend broadcast"
+got = torch.empty(4096, device=dev)
+reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, torch.full((4096,), float(R), device=dev),
+                                          (R + 1) % N),
+                               dist.P2POp(dist.irecv, got, (R - 1) % N)])
+for q in reqs:
+    q.wait()
+assert torch.all(got == (R - 1) % N).item(), "backend batch_isend_irecv"
 
 
 def ddp_step(hook):
