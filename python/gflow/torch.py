@@ -221,8 +221,9 @@ def _batch_isend_irecv_for(torch_batch_isend_irecv):
                 or not hasattr(pg, "size")):
             return torch_batch_isend_irecv(p2p_op_list)
         from . import _gflow_torch
+        group_rank = getattr(c10d, "get_group_rank", None) or c10d._get_group_rank
         ops = [(op.op.__name__ == "isend", op.tensor,
-                op.peer if world else c10d._get_group_rank(pg, op.peer), op.tag)
+                op.peer if world else group_rank(pg, op.peer), op.tag)
                for op in p2p_op_list]
         work = _gflow_torch.batch_send_recv(pg, ops)
         return [work] * len(ops)

@@ -358,6 +358,16 @@ if N >= 3:
         s = torch.tensor([float(R)])
         dist.all_reduce(s, group=g)
         assert s.item() == 2.0
+        # batch_isend_irecv in the subgroup: peers are global ranks, which
+        # gflow.torch maps to the group's (0 <-> 2 here)
+        other = 2 - R
+        got = torch.zeros(5)
+        reqs = dist.batch_isend_irecv([
+            dist.P2POp(dist.isend, torch.full((5,), float(R)), other, group=g, tag=4),
+            dist.P2POp(dist.irecv, got, other, group=g, tag=4)])
+        for q in reqs:
+            q.wait()
+        assert torch.equal(got, torch.full((5,), float(other))), got
 
 # errors name what was wrong (gflow.Error subclasses, also through
 # torch.distributed); every rank rejects the same calls, so the group stays

@@ -94,6 +94,24 @@ bool DeviceBuffers::single(int* device, void** ready) const {
   return same;
 }
 
+bool DeviceBuffers::leading(int* device, void** ready) const {
+  *device = -1;
+  *ready = nullptr;
+  if (items_.empty() || items_[0].t.device.type != DeviceType::kCUDA) return false;
+  *device = items_[0].t.device.index;
+  *ready = events_[0];
+  return true;
+}
+
+void* DeviceBuffers::eventOf(const void* p) const {
+  const char* c = static_cast<const char*>(p);
+  for (size_t i = 0; i < items_.size(); ++i) {
+    const char* base = static_cast<const char*>(items_[i].t.data);
+    if (c == base || (c > base && c < base + items_[i].t.nbytes())) return events_[i];
+  }
+  return nullptr;
+}
+
 void DeviceBuffers::recordAgain() {
   for (size_t i = 0; i < items_.size(); ++i) {
     const Tensor& t = items_[i].t;

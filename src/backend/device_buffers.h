@@ -43,6 +43,12 @@ class DeviceBuffers {
   // whatever the answer) and `ready`, the event recorded after the work
   // that produces its inputs.
   bool single(int* device, void** ready) const;
+  // The same for the first item alone: the buffer every rank of a rooted op
+  // passes (the root's root-only buffer comes after it).
+  bool leading(int* device, void** ready) const;
+  // The event after the work producing the item that holds `p` (null: host
+  // memory, or not one of the op's buffers).
+  void* eventOf(const void* p) const;
 
   // Executing thread: moves each event to the work enqueued on its stream
   // so far (the packing kernels a fused op ran just before its collective).

@@ -213,12 +213,26 @@ bool Router::p2pOnNccl(const Op& op) {
 
 namespace {
 
-// Ops whose root-only buffer (off the root: none) may sit elsewhere than the
-// buffers every rank passes, so ranks can see different placements.
+// Ops whose root-only buffer (none off the root) comes after the buffer
+// every rank passes: NCCL runs them when that one is on the GPU, and the
+// root's own buffer may be anywhere (NcclBackend copies it through the GPU).
 bool rooted(OpKind k) {
   return k == OpKind::kReduce || k == OpKind::kGather || k == OpKind::kScatter ||
          k == OpKind::kGatherv || k == OpKind::kScatterv;
 }
+
+// A well-mixed 64-bit digest of "rank `from` sends `count` elements to rank
+// `to`" (splitmix64's finalizer over the three).
+uint64_t pairDigest(uint64_t from, uint64_t to, uint64_t count) {
+  uint64_t z = hash::mix(hash::mix(hash::mix(hash::kFnvOffset, from), to), count);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// Up to this many ranks the alltoallv check carries every count (and names
+// the pair that disagrees); beyond, two digest sums per rank.
+constexpr int kCountsInCheck = 64;
 
 }  // namespace
 
@@ -227,19 +241,7 @@ Backend& Router::route(const Op& op, const Blocks* in, const Blocks* out) {
   // Device point-to-point calls made before this collective enqueue their
   // NCCL groups first: a rank's ops start in program order.
   if (nccl_ && !p2p) nccl_->launchP2P(nullptr, true);
-  bool nccl = false;
-  if (!p2p) {
-    const bool mine = op.buffers && usable(op);  // the first device op decides
-    if (rooted(op.desc.kind) && nccl_ && nccl_->active() && size_ > 1) {
-      // The root's own buffer may be in host memory while the others' are
-      // on the GPU: every rank votes, and one that cannot use NCCL stages
-      // the op on every rank.
-      nccl = checkNccl(op, in, out, mine);
-    } else if (mine) {
-      nccl = !verify_ || size_ == 1 || checkNccl(op, in, out, true);
-    }
-  }
-  if (nccl) {
+  if (!p2p && op.buffers && usable(op) && (!verify_ || size_ == 1 || checkNccl(op, in, out))) {
     count(Path::kNccl);
     return nccl_->forOp(op);
   }
@@ -252,8 +254,9 @@ Backend& Router::route(const Op& op, const Blocks* in, const Blocks* out) {
 bool Router::usable(const Op& op) {
   int device = -1;
   void* ready = nullptr;
-  const bool single = op.buffers->single(&device, &ready);
-  if (!nccl_ || !nccl_->use(op, op.buffers->plugin(), device) || !single) return false;
+  const bool on = rooted(op.desc.kind) ? op.buffers->leading(&device, &ready)
+                                       : op.buffers->single(&device, &ready);
+  if (!nccl_ || !nccl_->use(op, op.buffers->plugin(), device) || !on) return false;
   if (device != nccl_->device()) {
     GFLOW_THROW(kInvalidArgument, ErrorContext().withSeq(op.seq).withRank(rank_))
         << "this communicator runs NCCL on cuda:" << nccl_->device()
@@ -264,46 +267,22 @@ bool Router::usable(const Op& op) {
   return true;
 }
 
-namespace {
-
-// A well-mixed 64-bit digest of "rank `from` sends `count` elements to rank
-// `to`" (splitmix64's finalizer over the three).
-uint64_t pairDigest(uint64_t from, uint64_t to, uint64_t count) {
-  uint64_t z = hash::mix(hash::mix(hash::mix(hash::kFnvOffset, from), to), count);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-}  // namespace
-
-std::vector<int64_t> Router::gatherCheck(const Op& op, const std::vector<int64_t>& mine) {
-  // A tiny allgather over the host backend whose envelope carries the op's
-  // fingerprint (24 bits), so ranks running other ops fail with kMismatch.
-  const size_t width = mine.size(), n = static_cast<size_t>(size_);
-  OpDesc v{OpKind::kAllgather, DataType::kInt64, ReduceOp::kSum, Algorithm::kAuto, 0, width};
-  v.algo = select_(OpKind::kAllgather, sizeof(int64_t) * width * n, size_);
-  v.parent = fingerprint(op.desc);
-  Op check;
-  check.seq = op.seq;
-  check.desc = v;
-  check.deadline = op.deadline;
-  std::vector<int64_t> all(width * n);
-  host_->allgather(check, mine.data(), all.data());
-  return all;
-}
-
-bool Router::checkNccl(const Op& op, const Blocks* in, const Blocks* out, bool vote) {
-  // Every rank's digest of the whole description (all 64 bits), its vote
-  // (whether it can run the op on NCCL) and, for all-to-all-v (whose counts
-  // differ by rank), the sums of its digests of each pair's send count and
-  // of each pair's receive count: equal totals over all ranks mean every
-  // send matches its receive (O(size) values, not O(size^2)). Every rank
-  // sees the same values, so every rank reaches the same verdict.
+bool Router::checkNccl(const Op& op, const Blocks* in, const Blocks* out) {
+  // A tiny allgather over the host backend whose envelope carries this op's
+  // fingerprint (24 bits). Its values: a digest of the whole description
+  // (all 64 bits) and, for all-to-all-v (whose counts differ by rank), every
+  // rank's send and receive counts, or beyond kCountsInCheck ranks the sums
+  // of its digests of each pair's send count and of each pair's receive
+  // count, whose totals over all ranks agree exactly when every send matches
+  // its receive. Every rank sees the same values and reaches the same
+  // verdict; one round, whose width every rank knows.
   const size_t n = static_cast<size_t>(size_);
-  const bool counts = in && out;
-  std::vector<int64_t> mine = {static_cast<int64_t>(digest(op.desc)), vote ? 1 : 0};
-  if (counts) {
+  const bool counts = in && out, full = counts && size_ <= kCountsInCheck;
+  std::vector<int64_t> mine = {static_cast<int64_t>(digest(op.desc))};
+  if (full) {
+    for (size_t r = 0; r < n; ++r) mine.push_back(static_cast<int64_t>(in->counts[r]));
+    for (size_t r = 0; r < n; ++r) mine.push_back(static_cast<int64_t>(out->counts[r]));
+  } else if (counts) {
     uint64_t sends = 0, receives = 0;
     for (size_t r = 0; r < n; ++r) {
       sends += pairDigest(uint64_t(rank_), r, in->counts[r]);
@@ -313,8 +292,15 @@ bool Router::checkNccl(const Op& op, const Blocks* in, const Blocks* out, bool v
     mine.push_back(static_cast<int64_t>(receives));
   }
   const size_t width = mine.size();
-  const std::vector<int64_t> all = gatherCheck(op, mine);
-  bool everyone = true;
+  OpDesc v{OpKind::kAllgather, DataType::kInt64, ReduceOp::kSum, Algorithm::kAuto, 0, width};
+  v.algo = select_(OpKind::kAllgather, sizeof(int64_t) * width * n, size_);
+  v.parent = fingerprint(op.desc);
+  Op check;
+  check.seq = op.seq;
+  check.desc = v;
+  check.deadline = op.deadline;
+  std::vector<int64_t> all(width * n);
+  host_->allgather(check, mine.data(), all.data());
   uint64_t sends = 0, receives = 0;
   for (size_t r = 0; r < n; ++r) {
     if (all[r * width] != mine[0]) {
@@ -322,36 +308,26 @@ bool Router::checkNccl(const Op& op, const Blocks* in, const Blocks* out, bool v
           << "rank " << r << " called another op on NCCL than this rank ("
           << describe(encode(op.desc)) << ")";
     }
-    everyone = everyone && all[r * width + 1] == 1;
-    if (counts) {
-      sends += static_cast<uint64_t>(all[r * width + 2]);
-      receives += static_cast<uint64_t>(all[r * width + 3]);
+    if (counts && !full) {
+      sends += static_cast<uint64_t>(all[r * width + 1]);
+      receives += static_cast<uint64_t>(all[r * width + 2]);
     }
   }
-  if (sends != receives) namePairThatDisagrees(op, *in, *out);
-  return everyone;
-}
-
-void Router::namePairThatDisagrees(const Op& op, const Blocks& in, const Blocks& out) {
-  // Only after the sums differ, on every rank: every count, to name a pair.
-  const size_t n = static_cast<size_t>(size_);
-  std::vector<int64_t> mine(2 * n);
-  for (size_t r = 0; r < n; ++r) {
-    mine[r] = static_cast<int64_t>(in.counts[r]);
-    mine[n + r] = static_cast<int64_t>(out.counts[r]);
-  }
-  const std::vector<int64_t> all = gatherCheck(op, mine);
-  for (size_t i = 0; i < n; ++i) {
+  for (size_t i = 0; full && i < n; ++i) {
     for (size_t j = 0; j < n; ++j) {
-      const int64_t sends = all[i * 2 * n + j], expects = all[j * 2 * n + n + i];
-      if (sends == expects) continue;
+      const int64_t sent = all[i * width + 1 + j], expects = all[j * width + 1 + n + i];
+      if (sent == expects) continue;
       GFLOW_THROW(kMismatch, ErrorContext().withSeq(op.seq).withRank(rank_).withPeer(int(i)))
-          << "rank " << i << " sends " << sends << " elements to rank " << j << ", which expects "
+          << "rank " << i << " sends " << sent << " elements to rank " << j << ", which expects "
           << expects << " from it (alltoallv counts)";
     }
   }
-  GFLOW_THROW(kInternal, ErrorContext().withSeq(op.seq).withRank(rank_))
-      << "the alltoallv count digests differ, but every count matches";
+  if (sends != receives) {
+    GFLOW_THROW(kMismatch, ErrorContext().withSeq(op.seq).withRank(rank_))
+        << "the ranks' alltoallv counts disagree: some rank sends a block of another size than "
+           "its receiver expects";
+  }
+  return true;
 }
 
 void Router::abort(const Error& error) {

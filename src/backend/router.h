@@ -8,12 +8,12 @@
 //     backend over the host choice above.
 // The first op on device buffers makes NCCL decide, on every rank at once,
 // whether it runs this communicator (backend/nccl/nccl_backend.h). With
-// `verifyNccl` (Options::device.verifyOps, GFLOW_NCCL_VERIFY), each NCCL op is preceded by a
-// 16-byte allgather over the host backend whose envelope and values carry the op's description
+// `verifyNccl` (Options::device.verifyOps, GFLOW_NCCL_VERIFY), each NCCL op is preceded by an
+// 8-byte allgather over the host backend whose envelope and values carry the op's description
 // (all-to-all-v: and every rank's counts), so ranks that call different ops (or stage this one)
-// fail with kMismatch instead of hanging inside NCCL. Rooted ops, whose root-only buffer may be
-// in host memory while the others' are on the GPU, always run it once NCCL runs the
-// communicator, with each rank's vote: one rank that cannot use NCCL stages the op everywhere.
+// fail with kMismatch instead of hanging inside NCCL. A rooted op runs on NCCL when the buffer
+// every rank passes is on the GPU; the root's own buffer may be in host memory (NCCL works on a
+// device copy of it).
 //
 // abort/notifyPeers reach every backend; peerStats adds them up; paths()
 // counts the ops each path ran. Calls come from the executing thread,
@@ -112,17 +112,13 @@ class Router final : public Backend {
   // `in`/`out`: an all-to-all-v's blocks, which the NCCL check compares.
   Backend& route(const Op& op, const Blocks* in = nullptr, const Blocks* out = nullptr);
   // Whether this rank can run `op` (device buffers) on NCCL; the first such
-  // op decides, on every rank, whether NCCL runs this communicator.
+  // op decides, on every rank, whether NCCL runs this communicator. Rooted
+  // ops look at the buffer every rank passes (the root's own may be
+  // anywhere).
   bool usable(const Op& op);
   // The op check over the host backend: the same op on every rank (else
-  // kMismatch), alltoallv's counts, and every rank's `vote`; true when
-  // every rank voted for NCCL.
-  bool checkNccl(const Op& op, const Blocks* in, const Blocks* out, bool vote);
-  // Every rank's `mine` (the same length everywhere), by rank.
-  std::vector<int64_t> gatherCheck(const Op& op, const std::vector<int64_t>& mine);
-  // After alltoallv's count digests differed: raises kMismatch naming a
-  // pair that disagrees (every rank, the same pair).
-  [[noreturn]] void namePairThatDisagrees(const Op& op, const Blocks& in, const Blocks& out);
+  // kMismatch), and alltoallv's counts. Returns true.
+  bool checkNccl(const Op& op, const Blocks* in, const Blocks* out);
   // Whether NCCL carries this point-to-point call (GFLOW_NCCL_P2P, device
   // buffers, NCCL running); throws kInvalidArgument for a call it cannot.
   bool p2pOnNccl(const Op& op);

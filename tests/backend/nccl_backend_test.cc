@@ -747,26 +747,76 @@ TEST_F(NcclBackendTest, ACallWhoseLaunchFailsInsideAnotherOpRaisesItsError) {
   EXPECT_TRUE(errors[0]);
 }
 
-// The root gathers into host memory while the others pass only cuda
-// tensors: the ranks vote and stage the op everywhere, with exact results.
-TEST_F(NcclBackendTest, RootedOpsWithAHostBufferOnTheRootAreStagedEverywhere) {
+// The root gathers into, and scatters from, host memory while every rank
+// passes a cuda tensor as its own buffer: NCCL runs them, through a device
+// copy of the root's buffer. Over the network transport (no shared memory),
+// so the op check's messages and the ops' share one wire.
+TEST_F(NcclBackendTest, RootedOpsWithAHostBufferOnTheRootRunOnNccl) {
   constexpr size_t n = 20;
-  testing::runRanks(3, [&](Communicator& c) {
-    const int r = c.rank();
-    DeviceBuffer in(r, n * 4), dev(r, n * 3 * 4);
-    c.allreduce(in.tensor(4, DataType::kFloat32));  // NCCL starts
-    fillFrom(in, r, n);
-    std::vector<float> out(n * 3, -1.0f);
-    c.gather(in.tensor(n, DataType::kFloat32), r == 0 ? tensor(out.data(), n * 3) : Tensor(), 0);
-    for (int q = 0; q < 3 && r == 0; ++q) {
-      for (size_t i = 0; i < n; ++i) ASSERT_EQ(out[q * n + i], float(1000 + q * 100 + int(i)));
-    }
-    // and scatter from a host buffer on the root into cuda tensors
-    c.scatter(r == 0 ? tensor(out.data(), n * 3) : Tensor(), dev.tensor(n, DataType::kFloat32), 0);
-    EXPECT_TRUE(holdsFrom(dev, r, n)) << r;
-    EXPECT_EQ(c.stats().stagedOps, 2u) << r;
-    EXPECT_EQ(c.stats().ncclOps, 1u) << r;
-  });
+  Options o;
+  o.shm.enabled = false;
+  testing::runRanks(
+      3,
+      [&](Communicator& c) {
+        const int r = c.rank();
+        DeviceBuffer in(r, n * 4), dev(r, n * 3 * 4);
+        c.allreduce(in.tensor(4, DataType::kFloat32));  // NCCL starts
+        fillFrom(in, r, n);
+        std::vector<float> out(n * 3, -1.0f);
+        c.gather(in.tensor(n, DataType::kFloat32), r == 0 ? tensor(out.data(), n * 3) : Tensor(),
+                 0);
+        for (int q = 0; q < 3 && r == 0; ++q) {
+          for (size_t i = 0; i < n; ++i) ASSERT_EQ(out[q * n + i], float(1000 + q * 100 + int(i)));
+        }
+        c.scatter(r == 0 ? tensor(out.data(), n * 3) : Tensor(), dev.tensor(n, DataType::kFloat32),
+                  0);
+        EXPECT_TRUE(holdsFrom(dev, r, n)) << r;
+        std::vector<float> sum(n, -1.0f);
+        c.reduce(in.tensor(n, DataType::kFloat32), r == 2 ? tensor(sum.data(), n) : Tensor(), 2);
+        for (size_t i = 0; i < n && r == 2; ++i) ASSERT_EQ(sum[i], float(3 * 1000 + 300 + 3 * i));
+        EXPECT_EQ(c.stats().stagedOps, 0u) << r;
+        EXPECT_EQ(c.stats().ncclOps, 4u) << r;
+        // cpu rooted ops on the same communicator stay on the host
+        std::vector<float> h(n, float(r)), g(n * 3, -1.0f);
+        c.gather(tensor(h.data(), n), r == 1 ? tensor(g.data(), n * 3) : Tensor(), 1);
+        for (int q = 0; q < 3 && r == 1; ++q) EXPECT_EQ(g[q * n], float(q));
+        c.reduce(tensor(h.data(), n), r == 0 ? tensor(g.data(), n) : Tensor(), 0);
+        if (r == 0) {
+          EXPECT_EQ(g[0], 3.0f);
+        }
+        EXPECT_EQ(c.stats().ncclOps, 4u) << r;
+      },
+      o);
+}
+
+// Over the network, with more ranks, the alltoallv check names the pair on
+// every rank.
+TEST_F(NcclBackendTest, AlltoallvCountsThatDisagreeAreNamedOverTheNetwork) {
+  constexpr int kRanks = 4;
+  Options o = within(20000);
+  o.shm.enabled = false;
+  auto errors = testing::runRanksCollect(
+      kRanks,
+      [&](Communicator& c) {
+        const int r = c.rank();
+        DeviceBuffer in(r, 64 * 4), out(r, 64 * 4);
+        c.allreduce(in.tensor(4, DataType::kFloat32));
+        std::vector<size_t> counts(kRanks, 3), offsets = {0, 3, 6, 9};
+        std::vector<size_t> outCounts = counts, outOffsets = {0, 3, 6, 9};
+        if (r == 2) {
+          outCounts[1] = 4;
+          outOffsets = {0, 3, 7, 10};
+        }
+        c.alltoallv(in.tensor(12, DataType::kFloat32), counts, offsets,
+                    out.tensor(13, DataType::kFloat32), outCounts, outOffsets);
+      },
+      o);
+  for (int r = 0; r < kRanks; ++r) {
+    std::string what;
+    EXPECT_EQ(codeOf(errors[r], &what), ErrorCode::kMismatch) << r << ": " << what;
+    EXPECT_NE(what.find("rank 1 sends 3 elements to rank 2, which expects 4"), std::string::npos)
+        << what;
+  }
 }
 
 TEST_F(NcclBackendTest, APointToPointSendNobodyReceivesEndsInATimeout) {

@@ -561,11 +561,15 @@ void NcclBackend::broadcast(const Op& op, void* buf) {
 
 void NcclBackend::reduce(const Op& op, const void* in, void* out) {
   cuda::DeviceGuard g(*plugin_, device_);
+  const size_t bytes = op.desc.count * dataTypeSize(op.desc.dtype);
+  DeviceCopy copy;
+  void* dst = s_.rank == op.desc.root ? rootBuffer(op, out, bytes, false, &copy) : out;
   begin(op);
   check(op, comm_, "ncclReduce",
-        api_->reduce(in, out, op.desc.count, static_cast<int>(op.desc.dtype),
+        api_->reduce(in, dst, op.desc.count, static_cast<int>(op.desc.dtype),
                      static_cast<int>(op.desc.op), op.desc.root, comm_, stream_));
   finish(op, "ncclReduce");
+  copyBack(op, out, bytes, copy);
 }
 
 void NcclBackend::barrier(const Op& op) {

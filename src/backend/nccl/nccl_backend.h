@@ -165,6 +165,18 @@ class NcclBackend final : public Backend {
   };
   void exchange(const Op& op, std::vector<Transfer> sends, std::vector<Transfer> recvs,
                 const char* what);
+  // A rooted op's root-only buffer `p` (`bytes`) on the root, as NCCL uses
+  // it: `p` itself when every buffer of the op is on this GPU and stream,
+  // else a device copy that `copy` owns (an input copied in on the NCCL
+  // stream, after the work producing it). Call under a DeviceGuard.
+  struct DeviceCopy {
+    const cuda::Plugin* plugin = nullptr;
+    void* mem = nullptr;
+    ~DeviceCopy();
+  };
+  void* rootBuffer(const Op& op, const void* p, size_t bytes, bool input, DeviceCopy* copy);
+  // After the op: an output copy goes back to `p`.
+  void copyBack(const Op& op, void* p, size_t bytes, const DeviceCopy& copy);
   // begin(op), then the group enqueued on the NCCL stream (no wait).
   void enqueueGroup(const Op& op, const std::vector<Transfer>& sends,
                     const std::vector<Transfer>& recvs);

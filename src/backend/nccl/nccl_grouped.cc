@@ -5,6 +5,7 @@
 // transfers together, so no ordering of the pairs can deadlock.
 #include <algorithm>
 
+#include "backend/device_buffers.h"
 #include "backend/nccl/nccl_backend.h"
 #include "cuda/device_guard.h"
 
@@ -64,20 +65,62 @@ void NcclBackend::enqueueGroup(const Op& op, const std::vector<Transfer>& sends,
   check(op, comm_, failed, first);
 }
 
+NcclBackend::DeviceCopy::~DeviceCopy() {
+  if (mem) plugin->deviceFree(mem);
+}
+
+void* NcclBackend::rootBuffer(const Op& op, const void* p, size_t bytes, bool input,
+                              DeviceCopy* copy) {
+  int device = -1;
+  void* ready = nullptr;
+  if (!p || bytes == 0 || op.buffers->single(&device, &ready)) return const_cast<void*>(p);
+  copy->plugin = plugin_;
+  if (int e = plugin_->deviceAlloc(&copy->mem, bytes)) {
+    failCuda(op, e, "allocating a device copy of the root's buffer");
+  }
+  if (!input) return copy->mem;
+  if (void* produced = op.buffers->eventOf(p)) {
+    if (int e = plugin_->streamWaitEvent(stream_, produced)) {
+      failCuda(op, e, "making the NCCL stream wait for the root's buffer");
+    }
+  }
+  if (int e = plugin_->memcpyAsync(copy->mem, p, bytes, stream_)) {
+    failCuda(op, e, "copying the root's buffer to the GPU");
+  }
+  return copy->mem;
+}
+
+void NcclBackend::copyBack(const Op& op, void* p, size_t bytes, const DeviceCopy& copy) {
+  if (!copy.mem) return;
+  if (int e = plugin_->memcpyAsync(p, copy.mem, bytes, stream_)) {
+    failCuda(op, e, "copying the result to the root's buffer");
+  }
+  if (int e = plugin_->streamSynchronize(stream_)) {
+    failCuda(op, e, "copying the result to the root's buffer");
+  }
+}
+
 void NcclBackend::gather(const Op& op, const void* in, void* out) {
   const size_t block = op.desc.count * dataTypeSize(op.desc.dtype);
+  cuda::DeviceGuard g(*plugin_, device_);
+  DeviceCopy copy;
   std::vector<Transfer> recvs;
   if (s_.rank == op.desc.root) {
-    for (int r = 0; r < s_.size; ++r) recvs.push_back({r, at(out, r, block), block});
+    void* dst = rootBuffer(op, out, block * s_.size, false, &copy);
+    for (int r = 0; r < s_.size; ++r) recvs.push_back({r, at(dst, r, block), block});
   }
   exchange(op, {{op.desc.root, in, block}}, std::move(recvs), "gather (grouped ncclSend/ncclRecv)");
+  copyBack(op, out, block * s_.size, copy);
 }
 
 void NcclBackend::scatter(const Op& op, const void* in, void* out) {
   const size_t block = op.desc.count * dataTypeSize(op.desc.dtype);
+  cuda::DeviceGuard g(*plugin_, device_);
+  DeviceCopy copy;
   std::vector<Transfer> sends;
   if (s_.rank == op.desc.root) {
-    for (int r = 0; r < s_.size; ++r) sends.push_back({r, at(in, r, block), block});
+    const void* src = rootBuffer(op, in, block * s_.size, true, &copy);
+    for (int r = 0; r < s_.size; ++r) sends.push_back({r, at(src, r, block), block});
   }
   exchange(op, std::move(sends), {{op.desc.root, out, block}},
            "scatter (grouped ncclSend/ncclRecv)");
@@ -108,22 +151,29 @@ void NcclBackend::alltoallv(const Op& op, const void* in, const Blocks& inBlocks
 
 void NcclBackend::gatherv(const Op& op, const void* in, void* out, const Blocks& blocks) {
   const size_t es = dataTypeSize(op.desc.dtype);
+  cuda::DeviceGuard g(*plugin_, device_);
+  DeviceCopy copy;
   std::vector<Transfer> recvs;
   if (s_.rank == op.desc.root) {
+    void* dst = rootBuffer(op, out, blocks.total() * es, false, &copy);
     for (int r = 0; r < s_.size; ++r) {
-      recvs.push_back({r, at(out, blocks.offsets[r], es), blocks.counts[r] * es});
+      recvs.push_back({r, at(dst, blocks.offsets[r], es), blocks.counts[r] * es});
     }
   }
   exchange(op, {{op.desc.root, in, blocks.counts[s_.rank] * es}}, std::move(recvs),
            "gatherv (grouped ncclSend/ncclRecv)");
+  copyBack(op, out, blocks.total() * es, copy);
 }
 
 void NcclBackend::scatterv(const Op& op, const void* in, const Blocks& blocks, void* out) {
   const size_t es = dataTypeSize(op.desc.dtype);
+  cuda::DeviceGuard g(*plugin_, device_);
+  DeviceCopy copy;
   std::vector<Transfer> sends;
   if (s_.rank == op.desc.root) {
+    const void* src = rootBuffer(op, in, blocks.total() * es, true, &copy);
     for (int r = 0; r < s_.size; ++r) {
-      sends.push_back({r, at(in, blocks.offsets[r], es), blocks.counts[r] * es});
+      sends.push_back({r, at(src, blocks.offsets[r], es), blocks.counts[r] * es});
     }
   }
   exchange(op, std::move(sends), {{op.desc.root, out, blocks.counts[s_.rank] * es}},
