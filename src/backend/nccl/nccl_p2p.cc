@@ -9,15 +9,13 @@
 // communicator's stream, the receives from each peer in the order the peer
 // issued the sends (NCCL matches a pair's sends and receives in issue
 // order). Calls enqueue their groups in the order they were made, and before
-// any later NCCL collective (NcclBackend::begin), so each rank's NCCL stream
-// holds its ops in program order. A receive that would take a peer's
-// messages out of order is refused (kMismatch) rather than handed the wrong
-// payload.
+// any later collective (Router::route calls launchP2P), so a rank's ops
+// start in program order and its NCCL stream holds them in that order. A receive that would take a
+// peer's messages out of order is refused (kMismatch) rather than handed the wrong payload.
 #include <algorithm>
 #include <exception>
 #include <limits>
 #include <string>
-#include <thread>
 
 #include "backend/nccl/nccl_backend.h"
 #include "common/check.h"
