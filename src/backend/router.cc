@@ -182,7 +182,7 @@ void Router::scatterv(const Op& op, const void* in, const Blocks& blocks, void* 
 std::unique_ptr<P2PInFlight> Router::startPointToPoint(const Op& op, std::vector<P2PMessage> msgs) {
   if (p2pOnNccl(op)) {
     count(Path::kNccl);
-    return nccl_->startPointToPoint(op, std::move(msgs), *host_);
+    return nccl_->startNcclPointToPoint(op, std::move(msgs), *host_);
   }
   return route(op).startPointToPoint(op, std::move(msgs));
 }

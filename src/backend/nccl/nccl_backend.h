@@ -97,8 +97,8 @@ class NcclBackend final : public Backend {
   // each message's header goes through `host`'s point-to-point (tags, any
   // source, size checks), its payload through NCCL, the call's transfers in
   // one NCCL group. Calls enqueue their groups in the order they were made.
-  std::unique_ptr<P2PInFlight> startPointToPoint(const Op& op, std::vector<P2PMessage> msgs,
-                                                 Backend& host);
+  std::unique_ptr<P2PInFlight> startNcclPointToPoint(const Op& op, std::vector<P2PMessage> msgs,
+                                                     Backend& host);
   // Enqueues the NCCL groups of the point-to-point calls made before,
   // oldest first, until `until` (nullptr: every one) is enqueued; `block`:
   // waits for their headers, else stops at the first whose headers are not

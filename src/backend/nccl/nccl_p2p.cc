@@ -165,9 +165,9 @@ class NcclP2P final : public P2PInFlight {
   std::chrono::steady_clock::time_point poll_ = std::chrono::steady_clock::now();
 };
 
-std::unique_ptr<P2PInFlight> NcclBackend::startPointToPoint(const Op& op,
-                                                            std::vector<P2PMessage> msgs,
-                                                            Backend& host) {
+std::unique_ptr<P2PInFlight> NcclBackend::startNcclPointToPoint(const Op& op,
+                                                                std::vector<P2PMessage> msgs,
+                                                                Backend& host) {
   GFLOW_ENFORCE(state_ == State::kNccl);
   if (p2pSent_.empty()) {
     p2pSent_.assign(size_t(s_.size), 0);
