@@ -26,9 +26,9 @@
   X(ncclVerify, "GFLOW_NCCL_VERIFY", kInt, "1", kAgree,                                            \
     "1: before each NCCL collective, ranks check over the host transport that they all call "      \
     "the same op (a mismatch is an error instead of a hang or wrong data); 0: skip the check.")    \
-  X(ncclP2P, "GFLOW_NCCL_P2P", kInt, "0", kAgree,                                              \
+  X(ncclP2P, "GFLOW_NCCL_P2P", kInt, "0", kAgree,                                                  \
     "1: point-to-point on cuda tensors runs on NCCL (ncclSend/ncclRecv in one group per call) "    \
-    "once NCCL runs the communicator; device messages between a pair are then received in the "   \
+    "once NCCL runs the communicator; device messages between a pair are then received in the "    \
     "order they were sent. 0: staged through host memory.")                                        \
   X(shm, "GFLOW_SHM", kInt, "1", kAgree,                                                           \
     "1: ranks on the same host exchange data through shared memory; 0: through the "               \
