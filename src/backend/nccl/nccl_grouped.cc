@@ -100,30 +100,13 @@ void NcclBackend::copyBack(const Op& op, void* p, size_t bytes, const DeviceCopy
   }
 }
 
+// Equal blocks: the uneven forms with Blocks::equal, as alltoall below.
 void NcclBackend::gather(const Op& op, const void* in, void* out) {
-  const size_t block = op.desc.count * dataTypeSize(op.desc.dtype);
-  cuda::DeviceGuard g(*plugin_, device_);
-  DeviceCopy copy;
-  std::vector<Transfer> recvs;
-  if (s_.rank == op.desc.root) {
-    void* dst = rootBuffer(op, out, block * s_.size, false, &copy);
-    for (int r = 0; r < s_.size; ++r) recvs.push_back({r, at(dst, r, block), block});
-  }
-  exchange(op, {{op.desc.root, in, block}}, std::move(recvs), "gather (grouped ncclSend/ncclRecv)");
-  copyBack(op, out, block * s_.size, copy);
+  gatherv(op, in, out, Blocks::equal(s_.size, op.desc.count));
 }
 
 void NcclBackend::scatter(const Op& op, const void* in, void* out) {
-  const size_t block = op.desc.count * dataTypeSize(op.desc.dtype);
-  cuda::DeviceGuard g(*plugin_, device_);
-  DeviceCopy copy;
-  std::vector<Transfer> sends;
-  if (s_.rank == op.desc.root) {
-    const void* src = rootBuffer(op, in, block * s_.size, true, &copy);
-    for (int r = 0; r < s_.size; ++r) sends.push_back({r, at(src, r, block), block});
-  }
-  exchange(op, std::move(sends), {{op.desc.root, out, block}},
-           "scatter (grouped ncclSend/ncclRecv)");
+  scatterv(op, in, Blocks::equal(s_.size, op.desc.count), out);
 }
 
 void NcclBackend::alltoall(const Op& op, const void* in, void* out) {
@@ -161,7 +144,8 @@ void NcclBackend::gatherv(const Op& op, const void* in, void* out, const Blocks&
     }
   }
   exchange(op, {{op.desc.root, in, blocks.counts[s_.rank] * es}}, std::move(recvs),
-           "gatherv (grouped ncclSend/ncclRecv)");
+           op.desc.kind == OpKind::kGather ? "gather (grouped ncclSend/ncclRecv)"
+                                           : "gatherv (grouped ncclSend/ncclRecv)");
   copyBack(op, out, blocks.total() * es, copy);
 }
 
@@ -177,7 +161,8 @@ void NcclBackend::scatterv(const Op& op, const void* in, const Blocks& blocks, v
     }
   }
   exchange(op, std::move(sends), {{op.desc.root, out, blocks.counts[s_.rank] * es}},
-           "scatterv (grouped ncclSend/ncclRecv)");
+           op.desc.kind == OpKind::kScatter ? "scatter (grouped ncclSend/ncclRecv)"
+                                            : "scatterv (grouped ncclSend/ncclRecv)");
 }
 
 }  // namespace gflow::backend
