@@ -102,6 +102,9 @@ struct PeerStats {
   uint64_t bytesReceived = 0;
   uint64_t messagesSent = 0;
   uint64_t messagesReceived = 0;
+  // Of bytesSent: what the peer read straight from this rank's buffers
+  // (single copy between the ranks of one host, GFLOW_LOCAL_SINGLE_COPY).
+  uint64_t singleCopyBytesSent = 0;
 };
 
 inline size_t Tensor::nbytes() const {

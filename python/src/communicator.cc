@@ -309,6 +309,9 @@ py::dict statsDict(const Stats& s) {
   d["staged_ops"] = s.stagedOps;
   d["bytes_sent"] = s.bytesSent();
   d["bytes_received"] = s.bytesReceived();
+  uint64_t single = 0;
+  for (const PeerStats& p : s.peers) single += p.singleCopyBytesSent;
+  d["single_copy_bytes_sent"] = single;
   return d;
 }
 

@@ -138,6 +138,7 @@ inline void accumulate(PeerStats& into, const PeerStats& p) {
   into.bytesReceived += p.bytesReceived;
   into.messagesSent += p.messagesSent;
   into.messagesReceived += p.messagesReceived;
+  into.singleCopyBytesSent += p.singleCopyBytesSent;
 }
 
 // A point-to-point op in flight (Backend::startPointToPoint). Used by the

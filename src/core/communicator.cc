@@ -462,6 +462,8 @@ std::shared_ptr<Communicator> Communicator::create(const Options& options) {
   const std::string host =
       !options.hostId.empty() ? options.hostId : bootstrap::hostId(id.launcherHost);
   const uint64_t hostHash = hash::sha256Id(host);
+  co.hostHash = hostHash;
+  co.localSingleCopy = settings.shm;
   auto impl = CommunicatorImpl::connect(id.rank, id.size, co, transportName, settings, hostHash,
                                         id.localRank, id.localSize);
   GFLOW_LOG(INFO) << "rank " << id.rank << "/" << id.size << " ready (host " << impl->hostIndex

@@ -232,12 +232,20 @@ Message* Engine::stage(int peer, Tag tag, const Envelope& env, uint64_t len) {
   return m;
 }
 
+Message* Engine::announce(int peer, Tag tag, const Envelope& env, uint64_t len) {
+  Message* m = add(peer, tag, env, len);
+  m->charged = true;
+  books_[peer]->stagedBytes += kStagedOverhead;
+  return m;
+}
+
 void Engine::complete(int peer, Message* m) {
   PeerBook& b = *books_[peer];
   if (m->staging) {
     if (m->len > 0) std::memcpy(m->user, m->staging.get(), m->len);
     b.stagedBytes -= m->len + kStagedOverhead;
   }
+  if (m->charged) b.stagedBytes -= kStagedOverhead;
   b.bytesReceived.fetch_add(m->len, std::memory_order_relaxed);
   b.messagesReceived.fetch_add(1, std::memory_order_relaxed);
   RequestPtr req = m->req;
@@ -268,6 +276,7 @@ PeerStats Engine::peerStats(int peer) const {
   s.bytesReceived = b.bytesReceived.load(std::memory_order_relaxed);
   s.messagesSent = b.messagesSent.load(std::memory_order_relaxed);
   s.messagesReceived = b.messagesReceived.load(std::memory_order_relaxed);
+  s.singleCopyBytesSent = b.singleCopyBytesSent.load(std::memory_order_relaxed);
   return s;
 }
 

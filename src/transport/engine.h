@@ -54,6 +54,7 @@ struct Message {
   RequestPtr req;                   // null until a receive is posted
   char* user = nullptr;             // the posted buffer
   std::unique_ptr<char[]> staging;  // set while unexpected (arrived first)
+  bool charged = false;             // announced: kStagedOverhead counted (announce)
 };
 
 class Engine : public Context {
@@ -144,6 +145,10 @@ class Engine : public Context {
   bool stagingFits(int peer, uint64_t len) const;
   uint64_t unexpectedLimit() const { return unexpectedLimit_; }
   Message* stage(int peer, Tag tag, const Envelope& env, uint64_t len);
+  // A new entry for a message announced by the wire whose payload stays with
+  // the sender until a receive is posted: kStagedOverhead is charged
+  // against the limit (stagingFits(peer, 0) first), nothing is staged.
+  Message* announce(int peer, Tag tag, const Envelope& env, uint64_t len);
   // Delivers (copies staging into the user buffer), counts, erases and
   // completes the posted receive `m`.
   void complete(int peer, Message* m);
@@ -157,6 +162,9 @@ class Engine : public Context {
   void countSendDone(int peer, uint64_t bytes) {
     books_[peer]->bytesSent.fetch_add(bytes, std::memory_order_relaxed);
   }
+  void countSingleCopy(int peer, uint64_t bytes) {
+    books_[peer]->singleCopyBytesSent.fetch_add(bytes, std::memory_order_relaxed);
+  }
   void countPong(int peer) { ++books_[peer]->pongs; }
   uint64_t pongs(int peer) const { return books_[peer]->pongs; }
 
@@ -165,7 +173,8 @@ class Engine : public Context {
     std::unordered_map<Tag, std::unique_ptr<Message>, TagHash> msgs;
     uint64_t stagedBytes = 0;
     uint64_t pongs = 0;  // PONGs received (liveness probes answered)
-    std::atomic<uint64_t> bytesSent{0}, bytesReceived{0}, messagesSent{0}, messagesReceived{0};
+    std::atomic<uint64_t> bytesSent{0}, bytesReceived{0}, messagesSent{0}, messagesReceived{0},
+        singleCopyBytesSent{0};
   };
 
   std::chrono::milliseconds timeout_;

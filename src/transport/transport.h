@@ -119,6 +119,11 @@ struct ContextOptions {
   // Ranks of the job that share this host's cpus (the waiting policy,
   // transport/wait_policy.h); -1: unknown, taken as `size`.
   int ranksOnHost = -1;
+  // Single copy between the ranks of one host (tcp: GFLOW_LOCAL_SINGLE_COPY,
+  // tcp_context.h): allowed at all (off under GFLOW_SHM=0), and this rank's
+  // host identity, which a peer's must equal.
+  bool localSingleCopy = false;
+  uint64_t hostHash = 0;
   // Fields left unset come from the environment (gflow/options.h).
   TcpOptions tcp;
   VerbsOptions verbs;

@@ -233,6 +233,31 @@ TEST_P(PointToPoint, AsyncReceivesPostedBeforeTheSendsDoNotHoldThemBack) {
   });
 }
 
+// Messages from GFLOW_LOCAL_SINGLE_COPY on (4 KiB in the tests) between
+// ranks of one host are read from the sender's buffer (single copy) where
+// shared memory is on; between hosts, under GFLOW_SHM=0 and on verbs they
+// cross the wire. Smaller ones always do.
+TEST_P(PointToPoint, LargeMessagesWithinAHostGoBySingleCopyOthersCrossTheWire) {
+  const int n = this->n();
+  const WorldPath path = std::get<0>(GetParam());
+  auto w = world();
+  testing::forEachRank(w, [&](Communicator& c) {
+    const int me = c.rank(), next = (me + 1) % n, prev = (me + n - 1) % n;
+    const uint64_t before = c.stats().peers[next].singleCopyBytesSent;
+    for (size_t count : {size_t(500), size_t(25000)}) {  // 2 KB and 100 KB of float32
+      std::vector<char> out = filled(me, next, 1, count, DataType::kFloat32);
+      std::vector<char> in(out.size(), 0x5a);
+      c.sendRecv({P2POp::send(Tensor(out.data(), count, DataType::kFloat32), next),
+                  P2POp::recv(Tensor(in.data(), count, DataType::kFloat32), prev)});
+      expectFrom(in, prev, me, 1, count, DataType::kFloat32);
+    }
+    const bool sameHost = path == WorldPath::kShm || (path == WorldPath::kTwoHosts &&
+                                                      (me < (n + 1) / 2) == (next < (n + 1) / 2));
+    EXPECT_EQ(c.stats().peers[next].singleCopyBytesSent - before, sameHost ? 100000u : 0u)
+        << "rank " << me << " to " << next;
+  });
+}
+
 INSTANTIATE_TEST_SUITE_P(Paths, PointToPoint,
                          ::testing::Values(std::make_tuple(WorldPath::kShm, 2),
                                            std::make_tuple(WorldPath::kShm, 3),

@@ -18,7 +18,13 @@ std::vector<std::exception_ptr> runContexts(const std::string& transport, int n,
     o.prefix = "t/";
     o.timeout = timeout;
     o.progress = progress;
-    std::unique_ptr<transport::Context> ctx = transport::createContext(transport, o);
+    // TCP between ranks of one host with single copy on (its threshold is
+    // GFLOW_LOCAL_SINGLE_COPY: 4 KiB in the tests).
+    const bool single = transport == "tcp_single_copy";
+    o.localSingleCopy = single;
+    o.hostHash = single ? 1 : 0;
+    std::unique_ptr<transport::Context> ctx =
+        transport::createContext(single ? "tcp" : transport, o);
     body(*ctx);
   });
 }

@@ -15,6 +15,9 @@ struct TestEnvironment {
     // directly (where the kernel allows it) at every group size, smaller
     // ones use the slots.
     setenv("GFLOW_SHM_SINGLE_COPY", "16K-", 0);
+    // Network-transport messages of 4 KiB and more between the ranks of one
+    // host (point-to-point under GFLOW_SHM=1) go by single copy.
+    setenv("GFLOW_LOCAL_SINGLE_COPY", "4K", 0);
     // Hierarchical allreduces of more than 8 KiB run as pipelined segments.
     setenv("GFLOW_HIER_SEGMENT", "4K", 0);
     // verbs: ring pieces (1 KiB) go zero-copy (rendezvous), smaller messages

@@ -352,7 +352,8 @@ TEST_P(TransportContract, PollAnswersTheProbeAndSleepingWaitsRunTheHook) {
   EXPECT_GT(hookRuns.load(), 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, TransportContract, ::testing::Values("tcp", "verbs"),
+INSTANTIATE_TEST_SUITE_P(Transports, TransportContract,
+                         ::testing::Values("tcp", "tcp_single_copy", "verbs"),
                          [](const ::testing::TestParamInfo<const char*>& p) {
                            return std::string(p.param);
                          });

@@ -11,10 +11,10 @@
 #include <sstream>
 #include <thread>
 
-#include "backend/shm/peer_memory.h"
 #include "common/check.h"
 #include "common/logging.h"
 #include "common/params.h"
+#include "common/peer_memory.h"
 #include "transport/contract.h"
 
 namespace gflow::backend::shm {

@@ -20,7 +20,7 @@
 // kMismatch at once, and members that rejected it too never look.
 //
 // Single-copy reads: where every member may read every other member's
-// memory (backend/shm/peer_memory.h), an op can publish its user buffers
+// memory (common/peer_memory.h), an op can publish its user buffers
 // (publishBuffers) and members read each other's straight from them
 // (readPeer) instead of through the slots. Whether the group can is agreed
 // at connect, so every member takes the same path.

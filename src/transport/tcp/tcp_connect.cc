@@ -41,6 +41,16 @@ struct Identity {
   int size;
   int socketsPerPeer;
   uint64_t commId;
+  LocalIdentity local;  // TcpContext::offerLocal
+};
+
+// A connection from a higher rank: its Hello, and what the pair agreed on
+// single copy (HelloReply).
+struct Accepted {
+  Hello hello;
+  net::Socket sock;
+  pid_t pid;     // the peer's process, when this rank reads it; else 0
+  bool readsUs;  // the peer reads this rank's memory
 };
 
 // Listens on the chosen interface and publishes "host:port" in the store.
@@ -90,29 +100,38 @@ class Inbound {
     Hello hello{};
     net::recvAll(h.fd(), &hello, sizeof(hello), hd);
     const std::string why = claim(hello);
-    const uint8_t ok = why.empty() ? 1 : 0;
+    HelloReply reply{};
+    reply.ok = why.empty() ? 1 : 0;
+    pid_t pid = 0;
+    if (reply.ok) {
+      pid = readableLocalPeer(me_.local, hello.local, me_.rank, hello.rank);
+      reply.readsYou = pid != 0 ? 1 : 0;
+      reply.local = me_.local;
+    }
+    uint8_t readsUs = 0;
     try {
-      net::sendAll(h.fd(), &ok, 1, hd);
+      net::sendAll(h.fd(), &reply, sizeof(reply), hd);
+      if (reply.ok) net::recvAll(h.fd(), &readsUs, 1, hd);
     } catch (const Error&) {
-      if (ok) release(hello);
+      if (reply.ok) release(hello);
       throw;
     }
-    if (!ok) throw Error(ErrorCode::kMismatch, why);
+    if (!reply.ok) throw Error(ErrorCode::kMismatch, why);
     net::Socket sock = h.take();
     std::lock_guard<std::mutex> lock(mutex_);
     if (!sock.valid()) {  // setup is over
       seen_[hello.rank][hello.socketIndex] = false;
       return;
     }
-    accepted_.emplace_back(hello, std::move(sock));
+    accepted_.push_back(Accepted{hello, std::move(sock), pid, readsUs == 1});
     if (accepted_.size() >= expected_) done_.notify_all();
   }
 
   // Blocks until every higher rank has connected; kTimeout naming the ranks
   // still missing at the deadline. Every kSetupPoll, `check` may raise the
   // setup failure of a missing rank (outside the lock).
-  std::vector<std::pair<Hello, net::Socket>> wait(
-      const ErrorContext& ectx, const std::function<void(const std::vector<int>&)>& check) {
+  std::vector<Accepted> wait(const ErrorContext& ectx,
+                             const std::function<void(const std::vector<int>&)>& check) {
     std::unique_lock<std::mutex> lock(mutex_);
     const auto complete = [&] { return accepted_.size() >= expected_; };
     while (!complete() && !deadline_.expired()) {
@@ -164,14 +183,22 @@ class Inbound {
   std::mutex mutex_;
   std::condition_variable done_;
   std::vector<std::vector<bool>> seen_;  // [rank][socket]: claimed by a Hello
-  std::vector<std::pair<Hello, net::Socket>> accepted_;
+  std::vector<Accepted> accepted_;
+};
+
+// Connection `index` to lower rank `peer`: its socket, and what the pair
+// agreed on single copy (as Accepted).
+struct Dialed {
+  net::Socket sock;
+  pid_t pid;
+  bool readsUs;
 };
 
 // Connection `index` to lower rank `peer` at host:port, authenticated and
 // accepted by the peer's Hello check.
-net::Socket dial(const Identity& me, const std::pair<std::string, uint16_t>& hp, int peer,
-                 int index, const std::string& token, int bufBytes, CongestionChoice& congestion,
-                 Deadline deadline) {
+Dialed dial(const Identity& me, const std::pair<std::string, uint16_t>& hp, int peer, int index,
+            const std::string& token, int bufBytes, CongestionChoice& congestion,
+            Deadline deadline) {
   const ErrorContext pctx = ErrorContext::forOp("init").withRank(me.rank).withPeer(peer);
   net::Socket s =
       net::connectTo(hp.first, hp.second, deadline, "rank " + std::to_string(peer) + "'s data port",
@@ -182,16 +209,20 @@ net::Socket dial(const Identity& me, const std::pair<std::string, uint16_t>& hp,
   } catch (const Error& e) {
     throw Error(e.code(), "connecting to rank " + std::to_string(peer) + ": " + e.detail(), pctx);
   }
-  Hello h{kHelloMagic, kProtocolVersion, me.rank, me.size, index, me.socketsPerPeer, me.commId};
+  Hello h{kHelloMagic, kProtocolVersion,  me.rank,   me.size,
+          index,       me.socketsPerPeer, me.commId, me.local};
   net::sendAll(s.fd(), &h, sizeof(h), deadline);
-  uint8_t ok = 0;
-  net::recvAll(s.fd(), &ok, 1, deadline);
-  if (ok != 1) {
+  HelloReply reply{};
+  net::recvAll(s.fd(), &reply, sizeof(reply), deadline);
+  if (reply.ok != 1) {
     GFLOW_THROW(kMismatch, pctx) << "rank " << peer
                                  << " rejected this rank's connection (different world size, "
                                     "communicator or GFLOW_SOCKETS_PER_PEER; see its log)";
   }
-  return s;
+  const pid_t pid = readableLocalPeer(me.local, reply.local, me.rank, peer);
+  const uint8_t reads = pid != 0 ? 1 : 0;
+  net::sendAll(s.fd(), &reads, 1, deadline);
+  return Dialed{std::move(s), pid, reply.readsYou == 1};
 }
 
 // A rank that fails during setup says so in the store, so the ranks that
@@ -266,7 +297,7 @@ void TcpContext::connectAllOrThrow(const ContextOptions& options) {
   if (size() == 1) return;
   const Deadline deadline = Deadline::after(options.timeout);
   commId_ = hash::sha256Id(options.prefix);
-  const Identity me{rank(), size(), socketsPerPeer_, commId_};
+  const Identity me{rank(), size(), socketsPerPeer_, commId_, offerLocal()};
   const int bufBytes = static_cast<int>(std::min<uint64_t>(
       (options.tcp.socketBufferBytes ? *options.tcp.socketBufferBytes : params::socketBuffer()),
       1u << 30));
@@ -290,7 +321,9 @@ void TcpContext::connectAllOrThrow(const ContextOptions& options) {
     const std::string addr = peerAddress(options, rank(), peer, deadline);
     auto hp = net::parseHostPort(addr, "address of rank " + std::to_string(peer));
     for (int i = 0; i < socketsPerPeer_; ++i) {
-      addConnection(peer, i, dial(me, hp, peer, i, options.token, bufBytes, congestion, deadline));
+      Dialed d = dial(me, hp, peer, i, options.token, bufBytes, congestion, deadline);
+      if (i == 0) agreeLocal(peer, d.pid, d.readsUs);
+      addConnection(peer, i, std::move(d.sock));
     }
   }
   auto accepted = inbound.wait(ErrorContext::forOp("init").withRank(rank()),
@@ -298,10 +331,11 @@ void TcpContext::connectAllOrThrow(const ContextOptions& options) {
                                  raiseSetupFailure(options, rank(), missing, deadline);
                                });
   acceptor.stop();
-  for (auto& [hello, sock] : accepted) {
-    net::setBufferSizes(sock.fd(), bufBytes);
-    congestion.apply(sock.fd(), rank());  // inherited from the listener: a no-op
-    addConnection(hello.rank, hello.socketIndex, std::move(sock));
+  for (Accepted& a : accepted) {
+    net::setBufferSizes(a.sock.fd(), bufBytes);
+    congestion.apply(a.sock.fd(), rank());  // inherited from the listener: a no-op
+    if (a.hello.socketIndex == 0) agreeLocal(a.hello.rank, a.pid, a.readsUs);
+    addConnection(a.hello.rank, a.hello.socketIndex, std::move(a.sock));
   }
   GFLOW_LOG(INFO) << "rank " << rank() << " connected to " << size() - 1 << " peers ("
                   << socketsPerPeer_ << " sockets each)";

@@ -34,6 +34,8 @@ TcpContext::TcpContext(const ContextOptions& options) : Engine(options) {
       (options.tcp.stripeMinBytes ? *options.tcp.stripeMinBytes : params::stripeMin()), 4096);
   waitPolicy_ = WaitPolicy::choose(options);
   stripeChunk_ = stripeChunkBytes(options);
+  singleCopyMin_ = options.localSingleCopy ? params::localSingleCopy() : 0;
+  hostHash_ = options.hostHash;
   socketsPerPeer_ = options.tcp.socketsPerPeer ? *options.tcp.socketsPerPeer
                                                : static_cast<int>(params::socketsPerPeer());
   if (socketsPerPeer_ < 1 || socketsPerPeer_ > 64) {
@@ -98,6 +100,8 @@ void TcpContext::failWire(const Error& first) {
   for (auto& p : peers_) {
     for (auto& u : p->pending) u.msg->req->fail(first);
     p->pending.clear();
+    for (auto& kv : p->unread) kv.second->fail(first);
+    p->unread.clear();
     p->pendingBytes = 0;
     for (auto& c : p->conns) {
       if (!c) continue;
@@ -122,6 +126,10 @@ RequestPtr TcpContext::irecv(int peer, void* data, size_t bytes, Tag tag, const 
   PeerState& p = *peers_[peer];
   if (!find(peer, tag) && p.closed) failLost(peer, "has closed its connections");
   auto* m = static_cast<RecvMsg*>(postRecv(peer, tag, env, data, bytes, req));
+  if (m->remote) {  // announced by single copy: read it now
+    readRendezvous(peer, m);
+    return req;
+  }
   if (!m->staging) {  // nothing arrived yet: fragments land in place
     m->buf = static_cast<char*>(data);
     resumePaused(p);  // a paused connection may hold this message's header
@@ -150,8 +158,9 @@ void TcpContext::resumePaused(PeerState& p) {
 }
 
 bool TcpContext::hasPendingWith(int peer) const {
-  if (hasPostedRecv(peer) || !peers_[peer]->pending.empty()) return true;
-  for (const auto& c : peers_[peer]->conns) {
+  const PeerState& p = *peers_[peer];
+  if (hasPostedRecv(peer) || !p.pending.empty() || !p.unread.empty()) return true;
+  for (const auto& c : p.conns) {
     if (c && !c->sendq.empty()) return true;
   }
   return false;
@@ -283,14 +292,15 @@ bool TcpContext::readPayload(Conn& c) {
 
 // Called with a complete header in c.hdr: validates it and decides where the
 // payload goes. May pause the connection (unexpected-data budget exhausted).
+void TcpContext::protocolError(int peer, const std::string& what) {
+  GFLOW_LOG(WARN) << "rank " << rank() << ": invalid frame from rank " << peer << ": " << what;
+  fail(Error(ErrorCode::kInternal, "invalid frame from rank " + std::to_string(peer) + ": " + what,
+             ErrorContext().withSeq(group()).withRank(rank()).withPeer(peer)));
+}
+
 void TcpContext::startFragment(Conn& c) {
   const FrameHeader& h = c.hdr;
-  const ErrorContext ectx = ErrorContext().withSeq(group()).withRank(rank()).withPeer(c.peer);
-  auto protocolError = [&](const std::string& what) {
-    GFLOW_LOG(WARN) << "rank " << rank() << ": invalid frame from rank " << c.peer << ": " << what;
-    fail(Error(ErrorCode::kInternal,
-               "invalid frame from rank " + std::to_string(c.peer) + ": " + what, ectx));
-  };
+  auto protocolError = [&](const std::string& what) { this->protocolError(c.peer, what); };
   if (h.magic != kFrameMagic) protocolError("bad magic");
   if (h.type == kFrameError || h.type == kFrameReject) {
     if (h.fragLen > kMaxErrorPayload) protocolError("oversized error report");
@@ -304,8 +314,12 @@ void TcpContext::startFragment(Conn& c) {
     c.inPayload = true;
     return;
   }
-  if (h.type == kFramePing || h.type == kFramePong) {
+  if (h.type == kFramePing || h.type == kFramePong || h.type == kFrameRead ||
+      h.type == kFrameRendezvous) {
     if (h.fragLen != 0) protocolError("control frame with a payload");
+    // A message by single copy is matched now (nothing follows its header);
+    // after failing, only reports matter.
+    if (h.type == kFrameRendezvous && !failed() && !startRendezvous(c)) return;
     c.cur = nullptr;
     c.dst = nullptr;
     c.left = 0;
@@ -387,6 +401,8 @@ void TcpContext::finishFragment(Conn& c) {
     countPong(c.peer);
     return;
   }
+  if (c.hdr.type == kFrameRead) return handleRead(c);
+  if (c.hdr.type == kFrameRendezvous) return;  // handled by startFragment
   RecvMsg* m = c.cur;
   c.cur = nullptr;
   m->received += c.hdr.fragLen;
@@ -492,12 +508,7 @@ void TcpContext::waitUntilDone(const RequestPtr& req, Deadline deadline) {
     if (polling) SpinPhase::relax();
     switch (probe.step(deadline, pongs(req->peer()))) {
       case LivenessProbe::Step::kPing:
-        for (auto& c : peers_[req->peer()]->conns) {
-          if (c && !c->closed) {
-            sendControl(*c, kFramePing);
-            break;
-          }
-        }
+        if (Conn* c = controlConn(req->peer())) sendControl(*c, kFramePing);
         break;
       case LivenessProbe::Step::kTimeout: failTimeout(req, probe.peerAlive(), "");
       case LivenessProbe::Step::kWait: break;
@@ -512,20 +523,22 @@ void TcpContext::reject(uint64_t group, const std::string& why) {
       why.begin() + static_cast<std::ptrdiff_t>(std::min<size_t>(why.size(), kMaxErrorPayload)));
   for (int peer = 0; peer < size(); ++peer) {
     if (peer == rank() || peers_[peer]->closed) continue;
-    for (auto& cp : peers_[peer]->conns) {
-      if (!cp || cp->closed) continue;
-      SendItem item;
-      item.hdr = FrameHeader{kFrameMagic, kFrameReject,    0,        group, 0, payload->size(),
-                             0,           payload->size(), {0, 0, 0}};
-      item.owned = payload;
-      item.payload = payload->data();
-      item.payloadLen = payload->size();
-      try {
-        enqueue(*cp, std::move(item));
-      } catch (const Error&) {
-        // The peer is gone: its next op with this rank says so.
-      }
-      break;  // one connection per peer
+    Conn* c = controlConn(peer);
+    if (!c) continue;
+    try {
+      sendFrame(*c,
+                FrameHeader{kFrameMagic,
+                            kFrameReject,
+                            0,
+                            group,
+                            0,
+                            payload->size(),
+                            0,
+                            payload->size(),
+                            {0, 0, 0}},
+                payload);
+    } catch (const Error&) {
+      // The peer is gone: its next op with this rank says so.
     }
   }
 }

@@ -35,6 +35,8 @@
 // queued on the socket, as before.
 #pragma once
 
+#include <sys/types.h>
+
 #include <chrono>
 #include <deque>
 #include <map>
@@ -51,6 +53,11 @@
 #include "transport/wait_policy.h"
 
 namespace gflow::transport::tcp {
+
+// Single copy (tcp_single_copy.cc): the process of a peer of identity
+// `theirs` whose memory this rank (identity `mine`) can read; 0 when it
+// cannot (another host, single copy not offered, the kernel refuses).
+pid_t readableLocalPeer(const LocalIdentity& mine, const LocalIdentity& theirs, int rank, int peer);
 
 class TcpContext final : public Engine {
  public:
@@ -83,6 +90,7 @@ class TcpContext final : public Engine {
     ByteRanges claimed;     // payload ranges announced by fragment headers
     uint64_t received = 0;  // payload bytes read
     char* buf = nullptr;    // where fragments land (user buffer or staging)
+    uint64_t remote = 0;    // RENDEZVOUS: the payload's address in the sender
   };
 
   struct SendMsg {
@@ -152,6 +160,13 @@ class TcpContext final : public Engine {
     bool closed = false;          // every connection of this peer saw EOF
     std::deque<Pending> pending;  // FIFO; empty with one socket or equal split
     uint64_t pendingBytes = 0;    // payload bytes in `pending` not yet taken
+    // Single copy (tcp_single_copy.cc): the peer's process when this rank
+    // can read its memory (0: it cannot), whether the peer can read this
+    // rank's (LOCAL_OK came), and the sends it has yet to read.
+    pid_t pid = 0;
+    bool exited = false;  // a read found its process gone: its EOF decides
+    bool readsUs = false;
+    std::unordered_map<Tag, RequestPtr, TagHash> unread;
   };
 
   // Connection setup (tcp_connect.cc). A failure is reported in the store
@@ -159,6 +174,18 @@ class TcpContext final : public Engine {
   void connectAll(const ContextOptions& options);
   void connectAllOrThrow(const ContextOptions& options);
   void addConnection(int peer, int index, net::Socket sock);
+
+  // Single copy between the ranks of one host (tcp_single_copy.cc).
+  // This rank's identity for its peers (all zero when it offers none), and
+  // what the handshake with `peer` agreed: the peer's process when this rank
+  // reads it (0: it does not), and whether the peer reads this rank.
+  LocalIdentity offerLocal();
+  void agreeLocal(int peer, pid_t pid, bool readsUs);
+  bool sendsByRendezvous(const PeerState& p, const void* data, size_t bytes) const;
+  void sendRendezvous(int peer, const RequestPtr& req, FrameHeader hdr, const void* data);
+  bool startRendezvous(Conn& c);  // false: paused (the unexpected limit)
+  void readRendezvous(int peer, RecvMsg* m);
+  void handleRead(Conn& c);
 
   // Progress.
   void progress(int timeoutMs);
@@ -179,6 +206,9 @@ class TcpContext final : public Engine {
   void handleClosed(Conn& c);
   void tuneLowat(Conn& c);
   void sendControl(Conn& c, uint16_t type);
+  void sendFrame(Conn& c, const FrameHeader& h, std::shared_ptr<const std::vector<char>> payload);
+  Conn* controlConn(int peer);  // a connection to `peer` still open, or null
+  [[noreturn]] void protocolError(int peer, const std::string& what);
   bool hasPendingWith(int peer) const;
   [[noreturn]] void failLost(int peer, const std::string& what);
   void flush(Conn& c, bool writable = false);
@@ -217,6 +247,12 @@ class TcpContext final : public Engine {
   uint64_t stripeChunk_;  // 0: equal split assigned up front
   int socketsPerPeer_ = 1;
   uint64_t commId_ = 0;
+  // Single copy: messages of at least this size to a peer that reads this
+  // rank's memory (0: never); this rank's host identity and the nonce a
+  // peer reads to prove it reads this process (LocalIdentity).
+  uint64_t singleCopyMin_ = 0;
+  uint64_t hostHash_ = 0;
+  uint64_t nonce_ = 0;
 
   net::Socket epoll_;
   net::Socket wakeFd_;  // eventfd: abort() wakes the waiter

@@ -37,12 +37,16 @@ RequestPtr TcpContext::isend(int peer, const void* data, size_t bytes, Tag tag,
   auto req = std::make_shared<Request>(peer, true, bytes);
   PeerState& p = *peers_[peer];
   if (p.closed) failLost(peer, "has closed its connections");
-  auto msg = std::make_shared<SendMsg>();
-  msg->req = req;
   const FrameHeader hdr{kFrameMagic, kFrameData, 0,
                         tag.group,   tag.index,  bytes,
                         0,           bytes,      {env.words[0], env.words[1], env.words[2]}};
   countSendPosted(peer);
+  if (sendsByRendezvous(p, data, bytes)) {
+    sendRendezvous(peer, req, hdr, data);
+    return req;
+  }
+  auto msg = std::make_shared<SendMsg>();
+  msg->req = req;
   if (p.conns.size() > 1 && stripeChunk_ > 0) {
     queueByProgress(p, msg, hdr, static_cast<const char*>(data));
   } else {
@@ -314,10 +318,26 @@ void TcpContext::setSendBufferForTesting(int peer, int index, int bytes) {
 }
 
 void TcpContext::sendControl(Conn& c, uint16_t type) {
+  sendFrame(c, FrameHeader{kFrameMagic, type, 0, group(), 0, 0, 0, 0, {0, 0, 0}}, nullptr);
+}
+
+void TcpContext::sendFrame(Conn& c, const FrameHeader& h,
+                           std::shared_ptr<const std::vector<char>> payload) {
   SendItem item;
-  item.msg = nullptr;
-  item.hdr = FrameHeader{kFrameMagic, type, 0, group(), 0, 0, 0, 0, {0, 0, 0}};
+  item.hdr = h;
+  if (payload) {
+    item.payload = payload->data();
+    item.payloadLen = payload->size();
+    item.owned = std::move(payload);
+  }
   enqueue(c, std::move(item));
+}
+
+TcpContext::Conn* TcpContext::controlConn(int peer) {
+  for (auto& c : peers_[peer]->conns) {
+    if (c && !c->closed) return c.get();
+  }
+  return nullptr;
 }
 
 }  // namespace gflow::transport::tcp

@@ -1,4 +1,4 @@
-#include "backend/shm/peer_memory.h"
+#include "common/peer_memory.h"
 
 #include <sys/uio.h>
 #include <unistd.h>
@@ -6,7 +6,7 @@
 #include <cerrno>
 #include <cstring>
 
-namespace gflow::backend::shm {
+namespace gflow {
 
 int readPeerMemory(pid_t pid, uint64_t remote, void* local, size_t bytes) {
   char* to = static_cast<char*>(local);
@@ -49,4 +49,4 @@ bool probePeerMemory(pid_t pid, uint64_t remote, uint64_t expect, std::string* w
   return true;
 }
 
-}  // namespace gflow::backend::shm
+}  // namespace gflow

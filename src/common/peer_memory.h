@@ -16,7 +16,7 @@
 #include <cstdint>
 #include <string>
 
-namespace gflow::backend::shm {
+namespace gflow {
 
 // Reads `bytes` at address `remote` of process `pid` into `local`, looping
 // over partial reads. Returns 0, or the errno of the failing call (ESRCH:
@@ -35,4 +35,4 @@ bool ownBuffersReadable(const void* a, size_t aBytes, const void* b, size_t bByt
 // (a reused pid cannot pass). Sets *why otherwise.
 bool probePeerMemory(pid_t pid, uint64_t remote, uint64_t expect, std::string* why);
 
-}  // namespace gflow::backend::shm
+}  // namespace gflow
