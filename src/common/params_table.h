@@ -40,11 +40,11 @@
     "64K-) read the other local ranks' buffers directly (process_vm_readv) where the kernel "      \
     "lets every local rank read the others; off: never; auto: a measured range for two local "     \
     "ranks with a core each, off otherwise (docs/algorithms.md).")                                 \
-  X(localSingleCopy, "GFLOW_LOCAL_SINGLE_COPY", kBytes, "64K", kLocal,                            \
-    "Messages of at least this size that the network transport carries between two ranks of "    \
-    "one host (point-to-point; collectives there run in shared memory) are read by the "         \
-    "receiver straight from the sender's buffer (process_vm_readv) where the kernel lets it; "    \
-    "0: never. Off under GFLOW_SHM=0.")                                                          \
+  X(localSingleCopy, "GFLOW_LOCAL_SINGLE_COPY", kBytes, "64K", kLocal,                             \
+    "Messages of at least this size that the network transport carries between two ranks of "      \
+    "one host (point-to-point; collectives there run in shared memory) are read by the "           \
+    "receiver straight from the sender's buffer (process_vm_readv) where the kernel lets it; "     \
+    "0: never. Off under GFLOW_SHM=0.")                                                            \
   X(hierSegment, "GFLOW_HIER_SEGMENT", kBytes, "8M", kLocal,                                       \
     "Hierarchical allreduce pipelines segments of this size: the cross-host phase of one "         \
     "overlaps the local phases of the next.")                                                      \
@@ -69,6 +69,10 @@
   X(tcpCongestion, "GFLOW_TCP_CONGESTION", kString, "auto", kLocal,                                \
     "Congestion control of data sockets: auto (the system's unless it is bbr, whose pacing "       \
     "slows bursty collective traffic: then cubic, else reno), system, or an algorithm name.")      \
+  X(rendezvous, "GFLOW_RENDEZVOUS", kBytes, "1M", kLocal,                                          \
+    "TCP messages of at least this size wait with their sender until the receiver has posted "     \
+    "the receive (a header goes ahead; the data follows the receiver's answer), so early data "    \
+    "is never staged; 0: every message is sent at once.")                                          \
   X(unexpectedLimit, "GFLOW_UNEXPECTED_LIMIT", kBytes, "256M", kLocal,                             \
     "Bytes a peer may send ahead of the matching receive. TCP stops reading the peer "             \
     "(back-pressure); verbs fails the op (its eager ring also carries control messages).")         \
@@ -156,6 +160,7 @@
   R(stripeMin, 0, 1LL << 46, false)               \
   R(stripeChunk, 4096, 1LL << 30, true)           \
   R(socketBuffer, 16384, 1LL << 31, false)        \
+  R(rendezvous, 4096, 1LL << 46, true)            \
   R(unexpectedLimit, 65536, 1LL << 46, false)     \
   R(spinUs, 0, 10000000, false)                   \
   R(ibGidIndex, 0, 255, false)                    \

@@ -23,14 +23,20 @@ constexpr uint16_t kFramePong = 4;
 // A rank will not run op `group` (its call's arguments were rejected); the
 // payload says why. Not a failure of the sender (transport.h, reject).
 constexpr uint16_t kFrameReject = 5;
-// Single copy between the ranks of one host (tcp_single_copy.cc), for a
-// pair that agreed on it while connecting (Hello, HelloReply):
+// Rendezvous (tcp_rendezvous.cc):
 //   RENDEZVOUS: a message (group, index, msgLen, env as DATA) whose payload
-//     stays in the sender's memory at address `offset`; no payload follows.
-//     The receiver reads it (process_vm_readv) once a receive is posted and
-//     answers READ (group, index, msgLen), which completes the send.
+//     stays with the sender for now; no payload follows. With `offset` 0
+//     it crosses the wire once the receiver has answered CLEAR; otherwise
+//     `offset` is its address in the sender's memory (single copy, for a
+//     pair of one host that agreed on it while connecting: Hello,
+//     HelloReply), the receiver reads it (process_vm_readv) once a receive
+//     is posted and answers READ, which completes the send.
+//   CLEAR (group, index, msgLen): a receive of that size is posted; sent on
+//     a RENDEZVOUS for it, or ahead of one when the receive is large.
+//   READ (group, index, msgLen): a single-copy message has been read.
 constexpr uint16_t kFrameRendezvous = 6;
 constexpr uint16_t kFrameRead = 7;
+constexpr uint16_t kFrameClear = 8;
 // A message larger than this is refused outright (64 TiB).
 constexpr uint64_t kMaxMessageBytes = 1ull << 46;
 // ERROR and REJECT frame payload bound.
@@ -49,14 +55,18 @@ struct FrameHeader {
 };
 static_assert(sizeof(FrameHeader) == 72, "frame header layout");
 
-// Where a peer finds this process, for single copy: the peer reads `nonce`
-// at `nonceAddr` in process `pid`, which ties the pid to this rank. All zero
-// when this rank does not offer single copy.
+// Where a peer finds this process, for single copy (all zero when this
+// rank does not offer it). The peer proves that `pid` is this rank's by a
+// challenge (tcp_connect.cc): it sends a random value over the
+// authenticated connection, this rank writes a proof of it (singleCopyProof)
+// at `proofAddr`, and the peer reads that back from process `pid`.
+// `ticketBase`: the array of live-send tickets a reader checks after
+// reading a message (tcp_rendezvous.cc).
 struct LocalIdentity {
   uint64_t hostHash;  // ContextOptions::hostHash: a peer of another host ignores it
   uint64_t pid;
-  uint64_t nonceAddr;
-  uint64_t nonce;
+  uint64_t proofAddr;
+  uint64_t ticketBase;
 };
 static_assert(sizeof(LocalIdentity) == 32, "local identity layout");
 
@@ -73,16 +83,19 @@ struct Hello {
   LocalIdentity local;  // the connecting rank's
 };
 static_assert(sizeof(Hello) == 64, "hello layout");
-// The accepting side's answer: whether it accepts the connection, whether
-// it reads the connecting rank's memory, and its own identity. The
-// connecting rank then sends one byte: whether it reads the acceptor's.
+// The accepting side's answer: whether it accepts the connection, its own
+// identity (zero unless both offer single copy on one host) and a challenge
+// for the connecting rank (0: none). The single-copy agreement follows on
+// socket 0 (tcp_connect.cc, agreeSingleCopy): the connecting rank writes
+// its proof and sends its own challenge (8 bytes), each side then says in
+// one byte whether it could read the other's proof.
 struct HelloReply {
   uint8_t ok;
-  uint8_t readsYou;
-  uint8_t reserved[6];
+  uint8_t reserved[7];
   LocalIdentity local;
+  uint64_t challenge;
 };
-static_assert(sizeof(HelloReply) == 40, "hello reply layout");
+static_assert(sizeof(HelloReply) == 48, "hello reply layout");
 constexpr uint32_t kProtocolVersion = 3;  // 3: single copy between local ranks
 
 }  // namespace gflow::transport::tcp

@@ -6,9 +6,11 @@
 // inbound handshake on its own thread under a deadline).
 #include <algorithm>
 #include <condition_variable>
+#include <cstddef>
 #include <cstring>
 #include <functional>
 #include <mutex>
+#include <random>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -44,14 +46,74 @@ struct Identity {
   LocalIdentity local;  // TcpContext::offerLocal
 };
 
-// A connection from a higher rank: its Hello, and what the pair agreed on
-// single copy (HelloReply).
+// What a pair agreed on single copy (socket 0 only).
+struct SingleCopy {
+  pid_t pid = 0;            // the peer's process, when this rank reads it
+  uint64_t ticketBase = 0;  // the peer's tickets
+  bool readsUs = false;     // the peer reads this rank's memory
+};
+
+// A connection from a higher rank: its Hello and the agreement.
 struct Accepted {
   Hello hello;
   net::Socket sock;
-  pid_t pid;     // the peer's process, when this rank reads it; else 0
-  bool readsUs;  // the peer reads this rank's memory
+  SingleCopy single;
 };
+
+// This rank's identity as `peer` sees it: with its proof slot for that peer.
+LocalIdentity identityFor(const Identity& me, int peer) {
+  LocalIdentity id = me.local;
+  if (id.pid != 0) id.proofAddr += sizeof(uint64_t) * static_cast<uint64_t>(peer);
+  return id;
+}
+
+uint64_t randomChallenge() {
+  std::random_device rd;
+  return (uint64_t(rd()) << 32 | rd()) | 1;
+}
+
+// Answers `peer`'s challenge (0: none) in this rank's proof slot for it.
+void writeProof(const Identity& me, int peer, uint64_t challenge) {
+  if (me.local.pid == 0 || challenge == 0) return;
+  reinterpret_cast<uint64_t*>(static_cast<uintptr_t>(me.local.proofAddr))[peer] =
+      singleCopyProof(challenge, peer, me.rank, me.commId);
+}
+
+// Socket 0's single-copy agreement, after the HelloReply that carried this
+// rank's `challenge` (0: it offers none): the dialer's proof is checked and
+// its challenge answered; each side then says whether it reads the other.
+SingleCopy acceptorAgrees(int fd, const Identity& me, const Hello& hello, uint64_t challenge,
+                          const Deadline& d) {
+  uint64_t theirs = 0;
+  net::recvAll(fd, &theirs, sizeof(theirs), d);
+  SingleCopy sc;
+  sc.pid = verifySingleCopy(me.local, hello.local, challenge, me.rank, hello.rank, me.commId);
+  sc.ticketBase = hello.local.ticketBase;
+  if (challenge != 0) writeProof(me, hello.rank, theirs);
+  const uint8_t reads = sc.pid != 0 ? 1 : 0;
+  net::sendAll(fd, &reads, 1, d);
+  uint8_t readsUs = 0;
+  net::recvAll(fd, &readsUs, 1, d);
+  sc.readsUs = readsUs == 1;
+  return sc;
+}
+
+// The dialer's side of acceptorAgrees.
+SingleCopy dialerAgrees(int fd, const Identity& me, int peer, const HelloReply& reply,
+                        const Deadline& d) {
+  writeProof(me, peer, reply.challenge);
+  const uint64_t challenge = sameHostOffers(me.local, reply.local) ? randomChallenge() : 0;
+  net::sendAll(fd, &challenge, sizeof(challenge), d);
+  uint8_t readsUs = 0;
+  net::recvAll(fd, &readsUs, 1, d);
+  SingleCopy sc;
+  sc.pid = verifySingleCopy(me.local, reply.local, challenge, me.rank, peer, me.commId);
+  sc.ticketBase = reply.local.ticketBase;
+  sc.readsUs = readsUs == 1;
+  const uint8_t reads = sc.pid != 0 ? 1 : 0;
+  net::sendAll(fd, &reads, 1, d);
+  return sc;
+}
 
 // Listens on the chosen interface and publishes "host:port" in the store.
 // The congestion control is set on the listener, before any peer can
@@ -98,20 +160,24 @@ class Inbound {
   void handshake(net::HandshakeAcceptor::Handshake& h) {
     const Deadline hd = deadline_.earlier(h.deadline());
     Hello hello{};
-    net::recvAll(h.fd(), &hello, sizeof(hello), hd);
+    // Magic and version first: another version's hello may be shorter.
+    constexpr size_t kHead = offsetof(Hello, rank);
+    net::recvAll(h.fd(), &hello, kHead, hd);
+    if (hello.magic == kHelloMagic && hello.version == kProtocolVersion) {
+      net::recvAll(h.fd(), reinterpret_cast<char*>(&hello) + kHead, sizeof(hello) - kHead, hd);
+    }
     const std::string why = claim(hello);
     HelloReply reply{};
     reply.ok = why.empty() ? 1 : 0;
-    pid_t pid = 0;
-    if (reply.ok) {
-      pid = readableLocalPeer(me_.local, hello.local, me_.rank, hello.rank);
-      reply.readsYou = pid != 0 ? 1 : 0;
-      reply.local = me_.local;
+    const bool agree = reply.ok && hello.socketIndex == 0;
+    if (agree && sameHostOffers(me_.local, hello.local)) {
+      reply.local = identityFor(me_, hello.rank);
+      reply.challenge = randomChallenge();
     }
-    uint8_t readsUs = 0;
+    SingleCopy single;
     try {
       net::sendAll(h.fd(), &reply, sizeof(reply), hd);
-      if (reply.ok) net::recvAll(h.fd(), &readsUs, 1, hd);
+      if (agree) single = acceptorAgrees(h.fd(), me_, hello, reply.challenge, hd);
     } catch (const Error&) {
       if (reply.ok) release(hello);
       throw;
@@ -123,7 +189,7 @@ class Inbound {
       seen_[hello.rank][hello.socketIndex] = false;
       return;
     }
-    accepted_.push_back(Accepted{hello, std::move(sock), pid, readsUs == 1});
+    accepted_.push_back(Accepted{hello, std::move(sock), single});
     if (accepted_.size() >= expected_) done_.notify_all();
   }
 
@@ -186,12 +252,10 @@ class Inbound {
   std::vector<Accepted> accepted_;
 };
 
-// Connection `index` to lower rank `peer`: its socket, and what the pair
-// agreed on single copy (as Accepted).
+// Connection `index` to lower rank `peer`: its socket, and the agreement.
 struct Dialed {
   net::Socket sock;
-  pid_t pid;
-  bool readsUs;
+  SingleCopy single;
 };
 
 // Connection `index` to lower rank `peer` at host:port, authenticated and
@@ -209,8 +273,10 @@ Dialed dial(const Identity& me, const std::pair<std::string, uint16_t>& hp, int 
   } catch (const Error& e) {
     throw Error(e.code(), "connecting to rank " + std::to_string(peer) + ": " + e.detail(), pctx);
   }
-  Hello h{kHelloMagic, kProtocolVersion,  me.rank,   me.size,
-          index,       me.socketsPerPeer, me.commId, me.local};
+  Hello h{kHelloMagic, kProtocolVersion,
+          me.rank,     me.size,
+          index,       me.socketsPerPeer,
+          me.commId,   index == 0 ? identityFor(me, peer) : LocalIdentity{}};
   net::sendAll(s.fd(), &h, sizeof(h), deadline);
   HelloReply reply{};
   net::recvAll(s.fd(), &reply, sizeof(reply), deadline);
@@ -219,10 +285,9 @@ Dialed dial(const Identity& me, const std::pair<std::string, uint16_t>& hp, int 
                                  << " rejected this rank's connection (different world size, "
                                     "communicator or GFLOW_SOCKETS_PER_PEER; see its log)";
   }
-  const pid_t pid = readableLocalPeer(me.local, reply.local, me.rank, peer);
-  const uint8_t reads = pid != 0 ? 1 : 0;
-  net::sendAll(s.fd(), &reads, 1, deadline);
-  return Dialed{std::move(s), pid, reply.readsYou == 1};
+  const SingleCopy single =
+      index == 0 ? dialerAgrees(s.fd(), me, peer, reply, deadline) : SingleCopy{};
+  return Dialed{std::move(s), single};
 }
 
 // A rank that fails during setup says so in the store, so the ranks that
@@ -322,7 +387,7 @@ void TcpContext::connectAllOrThrow(const ContextOptions& options) {
     auto hp = net::parseHostPort(addr, "address of rank " + std::to_string(peer));
     for (int i = 0; i < socketsPerPeer_; ++i) {
       Dialed d = dial(me, hp, peer, i, options.token, bufBytes, congestion, deadline);
-      if (i == 0) agreeLocal(peer, d.pid, d.readsUs);
+      if (i == 0) agreeLocal(peer, d.single.pid, d.single.ticketBase, d.single.readsUs);
       addConnection(peer, i, std::move(d.sock));
     }
   }
@@ -334,7 +399,9 @@ void TcpContext::connectAllOrThrow(const ContextOptions& options) {
   for (Accepted& a : accepted) {
     net::setBufferSizes(a.sock.fd(), bufBytes);
     congestion.apply(a.sock.fd(), rank());  // inherited from the listener: a no-op
-    if (a.hello.socketIndex == 0) agreeLocal(a.hello.rank, a.pid, a.readsUs);
+    if (a.hello.socketIndex == 0) {
+      agreeLocal(a.hello.rank, a.single.pid, a.single.ticketBase, a.single.readsUs);
+    }
     addConnection(a.hello.rank, a.hello.socketIndex, std::move(a.sock));
   }
   GFLOW_LOG(INFO) << "rank " << rank() << " connected to " << size() - 1 << " peers ("

@@ -35,6 +35,7 @@ TcpContext::TcpContext(const ContextOptions& options) : Engine(options) {
   waitPolicy_ = WaitPolicy::choose(options);
   stripeChunk_ = stripeChunkBytes(options);
   singleCopyMin_ = options.localSingleCopy ? params::localSingleCopy() : 0;
+  rendezvousMin_ = params::rendezvous();
   hostHash_ = options.hostHash;
   socketsPerPeer_ = options.tcp.socketsPerPeer ? *options.tcp.socketsPerPeer
                                                : static_cast<int>(params::socketsPerPeer());
@@ -59,7 +60,9 @@ TcpContext::TcpContext(const ContextOptions& options) : Engine(options) {
   connectAll(options);
 }
 
-TcpContext::~TcpContext() = default;
+TcpContext::~TcpContext() {
+  withdrawTickets();
+}
 
 void TcpContext::addConnection(int peer, int index, net::Socket sock) {
   auto c = std::make_unique<Conn>();
@@ -97,11 +100,13 @@ void TcpContext::wake() {
 
 void TcpContext::failWire(const Error& first) {
   clearMessages();
+  withdrawTickets();  // before the callers get their buffers back
   for (auto& p : peers_) {
     for (auto& u : p->pending) u.msg->req->fail(first);
     p->pending.clear();
-    for (auto& kv : p->unread) kv.second->fail(first);
-    p->unread.clear();
+    for (auto& kv : p->held) kv.second.req->fail(first);
+    p->held.clear();
+    p->clears.clear();
     p->pendingBytes = 0;
     for (auto& c : p->conns) {
       if (!c) continue;
@@ -130,8 +135,9 @@ RequestPtr TcpContext::irecv(int peer, void* data, size_t bytes, Tag tag, const 
     readRendezvous(peer, m);
     return req;
   }
-  if (!m->staging) {  // nothing arrived yet: fragments land in place
+  if (!m->staging) {  // nothing arrived yet, or a RENDEZVOUS: fragments land in place
     m->buf = static_cast<char*>(data);
+    if (m->announced || clearsAhead(peer, bytes)) sendClear(peer, m);
     resumePaused(p);  // a paused connection may hold this message's header
     return req;
   }
@@ -159,7 +165,7 @@ void TcpContext::resumePaused(PeerState& p) {
 
 bool TcpContext::hasPendingWith(int peer) const {
   const PeerState& p = *peers_[peer];
-  if (hasPostedRecv(peer) || !p.pending.empty() || !p.unread.empty()) return true;
+  if (hasPostedRecv(peer) || !p.pending.empty() || !p.held.empty()) return true;
   for (const auto& c : p.conns) {
     if (c && !c->sendq.empty()) return true;
   }
@@ -315,7 +321,7 @@ void TcpContext::startFragment(Conn& c) {
     return;
   }
   if (h.type == kFramePing || h.type == kFramePong || h.type == kFrameRead ||
-      h.type == kFrameRendezvous) {
+      h.type == kFrameClear || h.type == kFrameRendezvous) {
     if (h.fragLen != 0) protocolError("control frame with a payload");
     // A message by single copy is matched now (nothing follows its header);
     // after failing, only reports matter.
@@ -339,27 +345,15 @@ void TcpContext::startFragment(Conn& c) {
     protocolError("fragment [" + std::to_string(h.offset) + ", +" + std::to_string(h.fragLen) +
                   ") outside a message of " + std::to_string(h.msgLen) + " bytes");
   }
-  Envelope env;
-  std::memcpy(env.words, h.env, sizeof(env.words));
-  checkEnvelope(c.peer, h.group, env);
-  const Tag tag{h.group, h.index};
-  auto* m = findAs<RecvMsg>(c.peer, tag);
+  RecvMsg* m = matchHeader(c, h.msgLen);
+  if (c.paused) return;
   if (!m) {
-    checkStale(c.peer, h.group, env);
-    if (!stagingFits(c.peer, h.msgLen)) {
-      // Back-pressure: leave the payload in the socket until a receive is
-      // posted (or staged data drains).
-      GFLOW_LOG(DEBUG) << "rank " << rank() << ": pausing reads from rank " << c.peer << " ("
-                       << stagedBytes(c.peer) << " bytes staged, next message " << h.msgLen
-                       << " bytes, GFLOW_UNEXPECTED_LIMIT " << unexpectedLimit() << ")";
-      c.paused = true;
-      updateInterest(c);
-      return;
-    }
-    m = static_cast<RecvMsg*>(stage(c.peer, tag, env, h.msgLen));
+    Envelope env;
+    std::memcpy(env.words, h.env, sizeof(env.words));
+    m = static_cast<RecvMsg*>(stage(c.peer, Tag{h.group, h.index}, env, h.msgLen));
     m->buf = m->staging.get();
-  } else {
-    checkArrival(c.peer, *m, env, h.msgLen);
+  } else if (m->remote || (m->announced && !m->cleared) || (!m->buf && m->len > 0)) {
+    protocolError("data for a message it holds until this rank clears or reads it");
   }
   const std::string bad = m->claimed.claim(h.offset, h.fragLen, m->len);
   if (!bad.empty()) protocolError(bad);
@@ -367,6 +361,32 @@ void TcpContext::startFragment(Conn& c) {
   c.dst = m->buf + h.offset;
   c.left = h.fragLen;
   c.inPayload = true;
+}
+
+TcpContext::RecvMsg* TcpContext::matchHeader(Conn& c, uint64_t charge) {
+  const FrameHeader& h = c.hdr;
+  Envelope env;
+  std::memcpy(env.words, h.env, sizeof(env.words));
+  checkEnvelope(c.peer, h.group, env);
+  auto* m = findAs<RecvMsg>(c.peer, Tag{h.group, h.index});
+  if (m) {
+    checkArrival(c.peer, *m, env, h.msgLen);
+    return m;
+  }
+  checkStale(c.peer, h.group, env);
+  // While this rank holds sends to the peer, its CLEAR or READ may be
+  // behind this frame: staged past the limit rather than paused, so the
+  // answer is read (the peer's rendezvous bounds what it sends unasked).
+  if (!stagingFits(c.peer, charge) && peers_[c.peer]->held.empty()) {
+    // Back-pressure: leave the payload in the socket until a receive is
+    // posted (or staged data drains).
+    GFLOW_LOG(DEBUG) << "rank " << rank() << ": pausing reads from rank " << c.peer << " ("
+                     << stagedBytes(c.peer) << " bytes staged, next message " << h.msgLen
+                     << " bytes, GFLOW_UNEXPECTED_LIMIT " << unexpectedLimit() << ")";
+    c.paused = true;
+    updateInterest(c);
+  }
+  return nullptr;
 }
 
 void TcpContext::finishFragment(Conn& c) {
@@ -402,6 +422,7 @@ void TcpContext::finishFragment(Conn& c) {
     return;
   }
   if (c.hdr.type == kFrameRead) return handleRead(c);
+  if (c.hdr.type == kFrameClear) return handleClear(c);
   if (c.hdr.type == kFrameRendezvous) return;  // handled by startFragment
   RecvMsg* m = c.cur;
   c.cur = nullptr;

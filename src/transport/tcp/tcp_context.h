@@ -44,6 +44,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "common/socket.h"
@@ -54,10 +55,17 @@
 
 namespace gflow::transport::tcp {
 
-// Single copy (tcp_single_copy.cc): the process of a peer of identity
-// `theirs` whose memory this rank (identity `mine`) can read; 0 when it
-// cannot (another host, single copy not offered, the kernel refuses).
-pid_t readableLocalPeer(const LocalIdentity& mine, const LocalIdentity& theirs, int rank, int peer);
+// Single copy (tcp_rendezvous.cc). What rank `claimant` writes at its
+// proofAddr for rank `verifier`'s `challenge` (a one-way function, so a
+// peer cannot make another process's proof stand for its own).
+uint64_t singleCopyProof(uint64_t challenge, int verifier, int claimant, uint64_t commId);
+// Whether both offer single copy on one host.
+bool sameHostOffers(const LocalIdentity& mine, const LocalIdentity& theirs);
+// The process of peer `peer` (identity `theirs`) when its proof of this
+// rank's `challenge` reads back from it; 0 when it does not (another host,
+// single copy not offered, the kernel refuses, a wrong proof).
+pid_t verifySingleCopy(const LocalIdentity& mine, const LocalIdentity& theirs, uint64_t challenge,
+                       int rank, int peer, uint64_t commId);
 
 class TcpContext final : public Engine {
  public:
@@ -87,10 +95,13 @@ class TcpContext final : public Engine {
   // One message being received: posted by irecv, or announced by the first
   // fragment header to arrive, or both.
   struct RecvMsg : Message {
-    ByteRanges claimed;     // payload ranges announced by fragment headers
-    uint64_t received = 0;  // payload bytes read
-    char* buf = nullptr;    // where fragments land (user buffer or staging)
-    uint64_t remote = 0;    // RENDEZVOUS: the payload's address in the sender
+    ByteRanges claimed;      // payload ranges announced by fragment headers
+    uint64_t received = 0;   // payload bytes read
+    char* buf = nullptr;     // where fragments land (user buffer or staging)
+    uint64_t remote = 0;     // RENDEZVOUS: the payload's address in the sender
+    uint16_t ticket = 0;     // ... and its ticket there
+    bool announced = false;  // RENDEZVOUS over the wire: DATA follows our CLEAR
+    bool cleared = false;    // CLEAR sent
   };
 
   struct SendMsg {
@@ -154,19 +165,32 @@ class TcpContext final : public Engine {
     int notsentLowat = 0;  // TCP_NOTSENT_LOWAT in force (tuneNotsent); 0: none
   };
 
+  // A send held by rendezvous: its DATA header and payload, which go out
+  // on CLEAR, or wait for READ (single copy).
+  struct Held {
+    RequestPtr req;
+    FrameHeader hdr;
+    const char* data = nullptr;
+    bool single = false;
+    uint16_t ticket = 0;  // single: its slot in tickets_
+  };
+
   struct PeerState {
     std::vector<std::unique_ptr<Conn>> conns;
     size_t nextConn = 0;
     bool closed = false;          // every connection of this peer saw EOF
     std::deque<Pending> pending;  // FIFO; empty with one socket or equal split
     uint64_t pendingBytes = 0;    // payload bytes in `pending` not yet taken
-    // Single copy (tcp_single_copy.cc): the peer's process when this rank
-    // can read its memory (0: it cannot), whether the peer can read this
-    // rank's (LOCAL_OK came), and the sends it has yet to read.
+    // Rendezvous (tcp_rendezvous.cc): the peer's process when this rank
+    // can read its memory (0: it cannot), whether the peer reads this
+    // rank's, the sends held until the peer clears or reads them, and the
+    // CLEARs that came before their send.
     pid_t pid = 0;
-    bool exited = false;  // a read found its process gone: its EOF decides
+    uint64_t ticketBase = 0;  // the peer's tickets (LocalIdentity)
+    bool exited = false;      // a read found its process gone: its EOF decides
     bool readsUs = false;
-    std::unordered_map<Tag, RequestPtr, TagHash> unread;
+    std::unordered_map<Tag, Held, TagHash> held;
+    std::unordered_set<Tag, TagHash> clears;
   };
 
   // Connection setup (tcp_connect.cc). A failure is reported in the store
@@ -175,17 +199,29 @@ class TcpContext final : public Engine {
   void connectAllOrThrow(const ContextOptions& options);
   void addConnection(int peer, int index, net::Socket sock);
 
-  // Single copy between the ranks of one host (tcp_single_copy.cc).
-  // This rank's identity for its peers (all zero when it offers none), and
-  // what the handshake with `peer` agreed: the peer's process when this rank
-  // reads it (0: it does not), and whether the peer reads this rank.
+  // Rendezvous (tcp_rendezvous.cc). This rank's identity for its peers
+  // (all zero when it offers none), and what the handshake with `peer`
+  // agreed: the peer's process when this rank reads it (0: it does not),
+  // and whether the peer reads this rank.
   LocalIdentity offerLocal();
-  void agreeLocal(int peer, pid_t pid, bool readsUs);
-  bool sendsByRendezvous(const PeerState& p, const void* data, size_t bytes) const;
-  void sendRendezvous(int peer, const RequestPtr& req, FrameHeader hdr, const void* data);
+  void agreeLocal(int peer, pid_t pid, uint64_t ticketBase, bool readsUs);
+  // Every held single-copy send's ticket goes (a peer that reads one finds
+  // it gone), before the sends fail back to their callers or at teardown.
+  void withdrawTickets();
+  // isend's choice: true when the message is held (RENDEZVOUS sent).
+  bool holdSend(int peer, const RequestPtr& req, const FrameHeader& hdr, const char* data);
   bool startRendezvous(Conn& c);  // false: paused (the unexpected limit)
   void readRendezvous(int peer, RecvMsg* m);
+  void sendClear(int peer, RecvMsg* m);
+  bool clearsAhead(int peer, uint64_t bytes) const;  // irecv: CLEAR before the RENDEZVOUS
   void handleRead(Conn& c);
+  void handleClear(Conn& c);
+  // The entry of a DATA or RENDEZVOUS header (c.hdr) after the envelope
+  // checks: the matching one (checked against the header), or null for an
+  // unexpected one, which may take `charge` more staged bytes; null with
+  // c.paused when it may not.
+  RecvMsg* matchHeader(Conn& c, uint64_t charge);
+  void queueData(PeerState& p, const RequestPtr& req, const FrameHeader& hdr, const char* data);
 
   // Progress.
   void progress(int timeoutMs);
@@ -251,8 +287,16 @@ class TcpContext final : public Engine {
   // rank's memory (0: never); this rank's host identity and the nonce a
   // peer reads to prove it reads this process (LocalIdentity).
   uint64_t singleCopyMin_ = 0;
+  uint64_t rendezvousMin_ = 0;  // GFLOW_RENDEZVOUS: larger messages wait for CLEAR (0: never)
   uint64_t hostHash_ = 0;
-  uint64_t nonce_ = 0;
+  // Single copy: this rank's proofs, one slot per peer (written while
+  // connecting), and the tickets of its held single-copy sends: a reader
+  // checks the ticket after reading, so a send withdrawn meanwhile (this
+  // rank failed and the buffer went back to the caller) is never delivered.
+  static constexpr uint16_t kTickets = 4096;
+  std::unique_ptr<uint64_t[]> proofs_;
+  std::unique_ptr<uint64_t[]> tickets_;
+  std::vector<uint16_t> freeTickets_;
 
   net::Socket epoll_;
   net::Socket wakeFd_;  // eventfd: abort() wakes the waiter

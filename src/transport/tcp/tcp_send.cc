@@ -41,18 +41,22 @@ RequestPtr TcpContext::isend(int peer, const void* data, size_t bytes, Tag tag,
                         tag.group,   tag.index,  bytes,
                         0,           bytes,      {env.words[0], env.words[1], env.words[2]}};
   countSendPosted(peer);
-  if (sendsByRendezvous(p, data, bytes)) {
-    sendRendezvous(peer, req, hdr, data);
-    return req;
+  if (!holdSend(peer, req, hdr, static_cast<const char*>(data))) {
+    queueData(p, req, hdr, static_cast<const char*>(data));
   }
+  return req;
+}
+
+// The message's DATA frames, queued (now, or on its CLEAR).
+void TcpContext::queueData(PeerState& p, const RequestPtr& req, const FrameHeader& hdr,
+                           const char* data) {
   auto msg = std::make_shared<SendMsg>();
   msg->req = req;
   if (p.conns.size() > 1 && stripeChunk_ > 0) {
-    queueByProgress(p, msg, hdr, static_cast<const char*>(data));
+    queueByProgress(p, msg, hdr, data);
   } else {
-    splitEvenly(p, msg, hdr, static_cast<const char*>(data));
+    splitEvenly(p, msg, hdr, data);
   }
-  return req;
 }
 
 // One fragment per socket, queued at once (one socket per peer: the whole
@@ -218,8 +222,11 @@ void TcpContext::flush(Conn& c, bool writable) {
       }
       int err = errno;
       // A peer that failed usually sent an error report before closing:
-      // read it first so the report, not the broken pipe, is what we raise.
-      if (!c.closed && !c.paused) handleReadable(c);
+      // read it first so the report, not the broken pipe, is what we raise
+      // (not while this connection's own header is being handled: a send
+      // from inside startFragment would handle it twice).
+      const bool midHeader = c.hdrGot == sizeof(FrameHeader) && !c.inPayload;
+      if (!c.closed && !c.paused && !midHeader) handleReadable(c);
       failLost(c.peer, std::string("is unreachable while sending: ") + std::strerror(err));
     }
     advance(c, static_cast<size_t>(w));

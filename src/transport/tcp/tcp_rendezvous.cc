@@ -1,0 +1,266 @@
+// Rendezvous on the TCP wire (frames in frame.h): a large message waits
+// with its sender until the receiver has posted its receive.
+//
+// Between hosts (GFLOW_RENDEZVOUS): a message of at least that size goes
+// as a RENDEZVOUS header; the receiver answers CLEAR once its receive is
+// posted and the DATA then lands in place. A receiver that posts a large
+// receive first sends CLEAR at once, and a sender that has its CLEAR sends
+// DATA without a header of its own, so a receiver that is ready costs no
+// round trip. Early data is what this avoids: without it, a sender ahead of
+// its receiver (the next op's blocks of an all-to-all) streams megabytes
+// that the receiver stages and copies again, which with busy cores decides
+// the rate (docs/performance.md). The header still arrives at once, so a
+// receive from any source, the envelope and stale-op checks and the
+// liveness probe see it, and nothing behind it on the connection waits.
+//
+// Between two ranks of one host (GFLOW_LOCAL_SINGLE_COPY), single copy:
+// the RENDEZVOUS carries the payload's address, and the receiver reads it
+// from the sender's buffer with process_vm_readv (common/peer_memory.h)
+// into the posted receive and answers READ. One copy instead of two (three
+// when the data arrives before its receive).
+//
+// Either way the send completes only once the receiver has posted its
+// receive (as verbs' large messages, and Gloo's and MPI's large sends, do);
+// smaller messages go at once.
+//
+// Who may use single copy: while connecting (tcp_connect.cc), each side of
+// a pair sends its LocalIdentity and says whether it can read the other's:
+// a peer with the same host identity that reads the nonce at the given
+// address of the given process (so the pid is this rank's, not a reused or
+// invented one). Each direction is agreed on its own. Anything else
+// (another host, a container or Yama policy that denies the read,
+// GFLOW_SHM=0, a buffer the kernel cannot pin) keeps the other paths, so
+// the choice never changes what a message delivers. A RENDEZVOUS is checked
+// as a DATA header is (envelope, stale op, size against the posted receive).
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+
+#include "common/hash.h"
+#include "common/logging.h"
+#include "common/peer_memory.h"
+#include "transport/tcp/tcp_context.h"
+
+namespace gflow::transport::tcp {
+
+namespace {
+
+// A message's ticket while its sender holds it: nonzero, and another for
+// every tag and communicator.
+uint64_t ticketOf(const Tag& tag, uint64_t commId) {
+  return (tag.group * 0x9E3779B97F4A7C15ull ^ (tag.index + 0x632BE59BD9B4E019ull) ^ commId) | 1;
+}
+
+}  // namespace
+
+LocalIdentity TcpContext::offerLocal() {
+  if (singleCopyMin_ == 0 || hostHash_ == 0) return LocalIdentity{};
+  proofs_.reset(new uint64_t[static_cast<size_t>(size())]());
+  tickets_.reset(new uint64_t[kTickets]());
+  for (uint16_t i = kTickets; i-- > 0;) freeTickets_.push_back(i);
+  return LocalIdentity{hostHash_, static_cast<uint64_t>(::getpid()),
+                       reinterpret_cast<uintptr_t>(proofs_.get()),
+                       reinterpret_cast<uintptr_t>(tickets_.get())};
+}
+
+uint64_t singleCopyProof(uint64_t challenge, int verifier, int claimant, uint64_t commId) {
+  const uint64_t words[4] = {challenge, static_cast<uint64_t>(verifier),
+                             static_cast<uint64_t>(claimant), commId};
+  return hash::sha256Id(words, sizeof(words)) | 1;
+}
+
+bool sameHostOffers(const LocalIdentity& mine, const LocalIdentity& theirs) {
+  return mine.pid != 0 && theirs.pid != 0 && theirs.hostHash == mine.hostHash;
+}
+
+pid_t verifySingleCopy(const LocalIdentity& mine, const LocalIdentity& theirs, uint64_t challenge,
+                       int rank, int peer, uint64_t commId) {
+  if (challenge == 0 || !sameHostOffers(mine, theirs) || theirs.ticketBase == 0) return 0;
+  if (theirs.pid > static_cast<uint64_t>(INT_MAX)) return 0;
+  const pid_t pid = static_cast<pid_t>(theirs.pid);
+  std::string why;
+  if (!probePeerMemory(pid, theirs.proofAddr, singleCopyProof(challenge, rank, peer, commId),
+                       &why)) {
+    GFLOW_LOG(DEBUG) << "rank " << rank << ": no single copy from local rank " << peer << " ("
+                     << why << ")";
+    return 0;
+  }
+  return pid;
+}
+
+void TcpContext::withdrawTickets() {
+  if (tickets_) std::fill(tickets_.get(), tickets_.get() + kTickets, uint64_t{0});
+}
+
+void TcpContext::agreeLocal(int peer, pid_t pid, uint64_t ticketBase, bool readsUs) {
+  PeerState& p = *peers_[peer];
+  p.pid = pid;
+  p.ticketBase = ticketBase;
+  p.readsUs = readsUs && singleCopyMin_ > 0 && tickets_;
+}
+
+bool TcpContext::holdSend(int peer, const RequestPtr& req, const FrameHeader& hdr,
+                          const char* data) {
+  PeerState& p = *peers_[peer];
+  const Tag tag{hdr.group, hdr.index};
+  const bool cleared = p.clears.erase(tag) > 0;
+  const uint64_t bytes = hdr.msgLen;
+  // Single copy while a ticket is free (4096 sends held at once).
+  const bool single = p.readsUs && bytes >= singleCopyMin_ && !freeTickets_.empty() &&
+                      ownBuffersReadable(data, bytes, data, bytes);
+  if (!single && (cleared || rendezvousMin_ == 0 || bytes < rendezvousMin_)) return false;
+  Held h{req, hdr, data, single, 0};
+  if (single) {
+    h.ticket = freeTickets_.back();
+    freeTickets_.pop_back();
+    tickets_[h.ticket] = ticketOf(tag, commId_);
+  }
+  if (!p.held.emplace(tag, h).second) {
+    fail(Error(ErrorCode::kInternal, "two sends posted for one tag",
+               ErrorContext().withSeq(tag.group).withRank(rank()).withPeer(peer)));
+  }
+  FrameHeader r = hdr;
+  r.type = kFrameRendezvous;
+  r.reserved = h.ticket;
+  r.offset = single ? reinterpret_cast<uintptr_t>(data) : 0;
+  r.fragLen = 0;
+  Conn* c = controlConn(peer);
+  if (!c) failLost(peer, "has closed its connections");
+  sendFrame(*c, r, nullptr);
+  return true;
+}
+
+// A RENDEZVOUS header: a single-copy message is read now into the posted
+// receive, one over the wire is cleared, or either waits (announced) for its
+// receive. False when the unexpected limit pauses the connection (the
+// header is handled again once it resumes).
+bool TcpContext::startRendezvous(Conn& c) {
+  const FrameHeader& h = c.hdr;
+  if (h.offset != 0 && peers_[c.peer]->pid == 0) {
+    protocolError(c.peer, "a message by single copy, which this rank never offered");
+  }
+  if (h.msgLen == 0 || h.msgLen > kMaxMessageBytes || h.reserved >= kTickets) {
+    protocolError(c.peer, "a rendezvous for a message of " + std::to_string(h.msgLen) +
+                              " bytes, ticket " + std::to_string(h.reserved));
+  }
+  auto* m = matchHeader(c, 0);
+  if (c.paused) return false;
+  if (!m) {
+    Envelope env;
+    std::memcpy(env.words, h.env, sizeof(env.words));
+    m = static_cast<RecvMsg*>(announce(c.peer, Tag{h.group, h.index}, env, h.msgLen));
+  } else if (!m->req || m->remote || m->announced || m->claimed.claimed() > 0) {
+    protocolError(c.peer, "two messages with one tag");
+  }
+  m->remote = h.offset;
+  m->ticket = h.reserved;
+  m->announced = h.offset == 0;
+  if (!m->req) return true;
+  if (m->remote) {
+    readRendezvous(c.peer, m);
+  } else if (!m->cleared) {
+    sendClear(c.peer, m);
+  }
+  return true;
+}
+
+// CLEAR for `m`, whose receive is posted: the sender may send its DATA.
+void TcpContext::sendClear(int peer, RecvMsg* m) {
+  m->cleared = true;
+  Conn* c = controlConn(peer);
+  if (!c) failLost(peer, "closed its connections before its message arrived");
+  sendFrame(*c,
+            FrameHeader{kFrameMagic, kFrameClear, 0, m->tag.group, m->tag.index, m->len, 0, 0, {}},
+            nullptr);
+}
+
+// A receive posted before anything of its message arrived: large ones are
+// cleared at once (none from a peer that sends them by single copy), so
+// the sender need not wait a round trip.
+bool TcpContext::clearsAhead(int peer, uint64_t bytes) const {
+  if (rendezvousMin_ == 0 || bytes < rendezvousMin_) return false;
+  return peers_[peer]->pid == 0 || singleCopyMin_ == 0 || bytes < singleCopyMin_;
+}
+
+// Reads the announced message `m` into its posted receive, tells the sender
+// (READ) and completes the receive.
+void TcpContext::readRendezvous(int peer, RecvMsg* m) {
+  PeerState& p = *peers_[peer];
+  if (p.exited) return;
+  int err = readPeerMemory(p.pid, m->remote, m->user, m->len);
+  // Then its ticket: a send the sender withdrew meanwhile (it failed, and
+  // the buffer went back to its caller) is not delivered, whatever was read.
+  uint64_t ticket = 0;
+  if (err != ESRCH) {
+    const int terr = readPeerMemory(p.pid, p.ticketBase + 8 * uint64_t(m->ticket), &ticket, 8);
+    if (terr == ESRCH) err = ESRCH;
+  }
+  if (err == ESRCH || ticket != ticketOf(m->tag, commId_)) {
+    // The sender's process is gone, or its op failed. What it sent before,
+    // an error report naming the rank that failed above all, is still in
+    // its sockets, and their EOF follows: they decide, as for a peer that
+    // dies mid-frame (handleClosed fails the receive, which stays posted,
+    // as peer_lost); otherwise the deadline does.
+    if (err == ESRCH) p.exited = true;
+    return;
+  }
+  if (err != 0) {
+    fail(Error(ErrorCode::kInternal,
+               "could not read rank " + std::to_string(peer) + "'s message of " +
+                   std::to_string(m->len) +
+                   " bytes from its memory (process_vm_readv: " + std::strerror(err) + ")",
+               ErrorContext().withSeq(m->tag.group).withRank(rank()).withPeer(peer)));
+  }
+  Conn* c = controlConn(peer);
+  if (!c) failLost(peer, "closed its connections before its message was read");
+  sendFrame(*c,
+            FrameHeader{kFrameMagic, kFrameRead, 0, m->tag.group, m->tag.index, m->len, 0, 0, {}},
+            nullptr);
+  completeRecv(peer, m);
+}
+
+// READ: the peer has read a message this rank sent by single copy.
+void TcpContext::handleRead(Conn& c) {
+  const FrameHeader& h = c.hdr;
+  auto& held = peers_[c.peer]->held;
+  auto it = held.find(Tag{h.group, h.index});
+  if (it == held.end() || !it->second.single || it->second.hdr.msgLen != h.msgLen) {
+    protocolError(c.peer, "a READ of a message this rank did not send by single copy");
+  }
+  const RequestPtr req = std::move(it->second.req);
+  tickets_[it->second.ticket] = 0;
+  freeTickets_.push_back(it->second.ticket);
+  held.erase(it);
+  countSendDone(c.peer, req->bytes());
+  countSingleCopy(c.peer, req->bytes());
+  req->complete();
+}
+
+// CLEAR: the peer posted the receive of a message this rank holds (its
+// DATA goes now), or will send (kept, bounded, for that send).
+void TcpContext::handleClear(Conn& c) {
+  constexpr size_t kMaxClears = 1 << 16;
+  const FrameHeader& h = c.hdr;
+  PeerState& p = *peers_[c.peer];
+  const Tag tag{h.group, h.index};
+  auto it = p.held.find(tag);
+  if (it == p.held.end()) {
+    if (p.clears.size() >= kMaxClears) protocolError(c.peer, "clears for too many messages");
+    p.clears.insert(tag);
+    return;
+  }
+  if (it->second.single) return;  // cleared ahead; the peer reads it
+  const Held hd = std::move(it->second);
+  p.held.erase(it);
+  if (hd.hdr.msgLen != h.msgLen) {
+    Envelope env;
+    std::memcpy(env.words, hd.hdr.env, sizeof(env.words));
+    fail(sizeMismatch(rank(), tag.group, c.peer, hd.hdr.msgLen, h.msgLen, describe(env)));
+  }
+  queueData(p, hd.req, hd.hdr, hd.data);
+}
+
+}  // namespace gflow::transport::tcp
