@@ -30,6 +30,9 @@ struct TcpOptions {
   std::optional<uint64_t> stripeChunkBytes;   // GFLOW_STRIPE_CHUNK (0: equal split)
   std::optional<uint64_t> socketBufferBytes;  // GFLOW_SOCKET_BUFFER
   std::string congestion;                     // GFLOW_TCP_CONGESTION (auto, system, a name)
+  // GFLOW_RENDEZVOUS: messages of at least this size wait for their receive
+  // (0: none do); every rank must use the same value.
+  std::optional<uint64_t> rendezvousBytes;
 };
 
 // The RDMA verbs transport (GFLOW_TRANSPORT=verbs or Options::transport).

@@ -5,6 +5,7 @@ every check passed; an AssertionError exits non-zero with the reason."""
 
 import gc
 import math
+import os
 import sys
 import threading
 import time
@@ -286,6 +287,34 @@ else:
         comm.send(np.array([-1.0]), 0, tag=5)  # its own tag: not taken by the loop above
 assert comm.stats()["point_to_point"] == (
     3 + (R == N - 1) if R != 0 else 2 + N), comm.stats()
+comm.barrier()
+
+# ---- a large send/recv ring: between the ranks of one host the receiver
+# reads it from the sender's buffer (single copy, GFLOW_LOCAL_SINGLE_COPY)
+big = np.arange(100000, dtype=np.float32) + R
+got_big = np.zeros(100000, np.float32)
+sent_before = comm.stats()["single_copy_bytes_sent"]
+w = comm.recv(got_big, prv, tag=9, async_op=True)
+comm.send(big, nxt, tag=9)
+w.wait()
+assert np.array_equal(got_big, np.arange(100000, dtype=np.float32) + prv), "large recv"
+
+
+def kernel_allows_single_copy():
+    # Root may read any process; otherwise Yama must not restrict ptrace.
+    try:
+        with open("/proc/sys/kernel/yama/ptrace_scope") as f:
+            scope = f.read().strip()
+    except OSError:
+        scope = "0"
+    return os.geteuid() == 0 or scope == "0"
+
+
+single = comm.stats()["single_copy_bytes_sent"] - sent_before
+if comm.local_size == N and os.environ.get("GFLOW_SHM", "1") != "0" and kernel_allows_single_copy():
+    assert single == big.nbytes, (single, comm.stats())
+elif comm.local_size == 1:
+    assert single == 0, single
 comm.barrier()
 
 # ---- async: several in flight, waited in reverse, callbacks once each

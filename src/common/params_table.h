@@ -69,7 +69,7 @@
   X(tcpCongestion, "GFLOW_TCP_CONGESTION", kString, "auto", kLocal,                                \
     "Congestion control of data sockets: auto (the system's unless it is bbr, whose pacing "       \
     "slows bursty collective traffic: then cubic, else reno), system, or an algorithm name.")      \
-  X(rendezvous, "GFLOW_RENDEZVOUS", kBytes, "1M", kLocal,                                          \
+  X(rendezvous, "GFLOW_RENDEZVOUS", kBytes, "256K", kAgree,                                        \
     "TCP messages of at least this size wait with their sender until the receiver has posted "     \
     "the receive (a header goes ahead; the data follows the receiver's answer), so early data "    \
     "is never staged; 0: every message is sent at once.")                                          \

@@ -22,10 +22,12 @@
 #include <thread>
 #include <vector>
 
+#include "common/params.h"
 #include "common/socket.h"
 #include "gflow/gflow.h"
 #include "testing/contexts.h"
 #include "testing/ranks.h"
+#include "testing/scoped_env.h"
 #include "transport/contract.h"
 #include "transport/engine.h"
 #include "transport/tcp/tcp_context.h"
@@ -80,6 +82,11 @@ void awaitHeader(Context& c, int peer, const std::atomic<bool>& checked) {
   }
 }
 
+// A frame header of tag {1, 0} with kEnv.
+FrameHeader header(uint16_t type, uint64_t len, uint64_t offset, uint64_t fragLen) {
+  return FrameHeader{transport::tcp::kFrameMagic, type, 0, 1, 0, len, offset, fragLen, {1, 2, 3}};
+}
+
 uint64_t stagedBytes(Context& c, int peer) {
   return dynamic_cast<transport::Engine&>(c).stagedBytes(peer);
 }
@@ -108,6 +115,100 @@ TEST(TcpRendezvous, LargeSendsWaitForTheReceiveAndAreNeverStaged) {
         EXPECT_EQ(stagedBytes(c, peer), 0u);
       },
       std::chrono::seconds(30), "tcp"));
+}
+
+// Four sockets per peer: a message whose CLEAR crossed its RENDEZVOUS is
+// striped over all of them, so its data can arrive before its header; the
+// late header is dropped, never taken for a new message (which would fail
+// the next op as stale, or hold staging forever).
+TEST(TcpRendezvous, DataStripedAheadOfItsHeaderIsReceivedOnce) {
+  testing::ScopedEnv sockets("GFLOW_SOCKETS_PER_PEER", "4");
+  params::resetCacheForTesting();
+  constexpr int kMsgs = 24;
+  expectNoErrors(run(
+      [&](Context& c) {
+        c.beginGroup(1, kEnv);
+        const int peer = 1 - c.rank();
+        // A slow first connection (the one headers take): a header queues
+        // behind data there while the data of its message, released by a
+        // CLEAR, goes on the others.
+        if (c.rank() == 0) {
+          dynamic_cast<transport::tcp::TcpContext&>(c).setSendBufferForTesting(peer, 0, 4096);
+        }
+        std::vector<std::vector<char>> bufs;
+        for (int i = 0; i < kMsgs; ++i) bufs.push_back(pattern(kHuge, c.rank() == 0 ? i : -1));
+        std::vector<RequestPtr> reqs;
+        for (int i = 0; i < kMsgs; ++i) {
+          const Tag tag{1, uint64_t(i)};
+          if (c.rank() == 0) {
+            reqs.push_back(c.isend(peer, bufs[i].data(), kHuge, tag, kEnv));
+          } else {
+            // Some posted before their header arrives (cleared ahead),
+            // most after (held, then released on the CLEAR).
+            if (i % 3 == 0) std::this_thread::sleep_for(milliseconds(1));
+            reqs.push_back(c.irecv(peer, bufs[i].data(), kHuge, tag, kEnv));
+          }
+          c.poll();
+        }
+        for (auto& r : reqs) c.wait(r, longDeadline());
+        char done = 0;
+        c.beginGroup(2, kEnv);
+        if (c.rank() == 0) {
+          c.wait(c.isend(peer, &done, 1, Tag{2, 0}, kEnv), longDeadline());
+          return;
+        }
+        for (int i = 0; i < kMsgs; ++i) ASSERT_EQ(bufs[i], pattern(kHuge, i)) << i;
+        c.wait(c.irecv(peer, &done, 1, Tag{2, 0}, kEnv), longDeadline());
+        const Deadline settle = Deadline::after(milliseconds(50));
+        while (!settle.expired()) c.poll();  // late headers arrive meanwhile
+        EXPECT_EQ(stagedBytes(c, peer), 0u) << "a late header was kept as a message";
+      },
+      std::chrono::seconds(30), "tcp"));
+  params::resetCacheForTesting();
+}
+
+// The same crossing, forced: rank 1 posts a large receive (CLEAR ahead);
+// its data comes on connection 1 marked as released by a CLEAR, and only
+// after rank 1 has received it does the RENDEZVOUS come on connection 0.
+// It is dropped: the next op starts clean and nothing stays staged.
+TEST(TcpRendezvous, ALateHeaderOfAMessageReceivedOnItsClearIsDropped) {
+  testing::ScopedEnv sockets("GFLOW_SOCKETS_PER_PEER", "2");
+  params::resetCacheForTesting();
+  std::atomic<bool> received{false};
+  expectNoErrors(run(
+      [&](Context& c) {
+        c.beginGroup(1, kEnv);
+        const int peer = 1 - c.rank();
+        if (c.rank() == 0) {
+          auto& t = dynamic_cast<transport::tcp::TcpContext&>(c);
+          const std::vector<char> data = pattern(kHuge, 8);
+          FrameHeader h = header(transport::tcp::kFrameData, kHuge, 0, kHuge);
+          h.reserved = transport::tcp::kReleased;
+          net::sendAll(t.socketForTesting(peer, 1), &h, sizeof(h), longDeadline());
+          net::sendAll(t.socketForTesting(peer, 1), data.data(), kHuge, longDeadline());
+          while (!received) std::this_thread::sleep_for(milliseconds(1));
+          h = header(transport::tcp::kFrameRendezvous, kHuge, 0, 0);
+          net::sendAll(t.socketForTesting(peer, 0), &h, sizeof(h), longDeadline());
+          char done = 0;
+          c.beginGroup(2, kEnv);
+          c.wait(c.isend(peer, &done, 1, Tag{2, 0}, kEnv), longDeadline());
+          c.wait(c.irecv(peer, &done, 1, Tag{2, 1}, kEnv), longDeadline());  // rank 1 is done
+          return;
+        }
+        std::vector<char> in(kHuge, 0);
+        c.wait(c.irecv(peer, in.data(), kHuge, Tag{1, 0}, kEnv), longDeadline());
+        EXPECT_EQ(in, pattern(kHuge, 8));
+        received = true;
+        char done = 1;
+        c.beginGroup(2, kEnv);
+        c.wait(c.irecv(peer, &done, 1, Tag{2, 0}, kEnv), longDeadline());
+        const Deadline settle = Deadline::after(milliseconds(50));
+        while (!settle.expired()) c.poll();
+        EXPECT_EQ(stagedBytes(c, peer), 0u) << "the late header was kept as a message";
+        c.wait(c.isend(peer, &done, 1, Tag{2, 1}, kEnv), longDeadline());
+      },
+      std::chrono::seconds(30), "tcp"));
+  params::resetCacheForTesting();
 }
 
 // A receive posted first clears ahead; one posted for another size is a
@@ -177,10 +278,6 @@ Error forged(const std::vector<FrameHeader>& frames, size_t payload, size_t recv
   expectNoErrors(errs);
   EXPECT_EQ(buf, std::vector<char>(recvLen + 1, 0)) << "a forged frame wrote into the receive";
   return errorOf(got);
-}
-
-FrameHeader header(uint16_t type, uint64_t len, uint64_t offset, uint64_t fragLen) {
-  return FrameHeader{transport::tcp::kFrameMagic, type, 0, 1, 0, len, offset, fragLen, {1, 2, 3}};
 }
 
 TEST(TcpRendezvous, ForgedRendezvousFramesAreProtocolErrorsNamingThePeer) {

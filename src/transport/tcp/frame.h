@@ -37,6 +37,9 @@ constexpr uint16_t kFrameReject = 5;
 constexpr uint16_t kFrameRendezvous = 6;
 constexpr uint16_t kFrameRead = 7;
 constexpr uint16_t kFrameClear = 8;
+// FrameHeader::reserved of a DATA frame sent on a CLEAR after its
+// RENDEZVOUS (which may arrive after it, on another connection).
+constexpr uint16_t kReleased = 1;
 // A message larger than this is refused outright (64 TiB).
 constexpr uint64_t kMaxMessageBytes = 1ull << 46;
 // ERROR and REJECT frame payload bound.

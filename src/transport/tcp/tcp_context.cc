@@ -35,7 +35,9 @@ TcpContext::TcpContext(const ContextOptions& options) : Engine(options) {
   waitPolicy_ = WaitPolicy::choose(options);
   stripeChunk_ = stripeChunkBytes(options);
   singleCopyMin_ = options.localSingleCopy ? params::localSingleCopy() : 0;
-  rendezvousMin_ = params::rendezvous();
+  rendezvousMin_ =
+      options.tcp.rendezvousBytes ? *options.tcp.rendezvousBytes : params::rendezvous();
+  if (rendezvousMin_ > 0) rendezvousMin_ = std::max<uint64_t>(rendezvousMin_, 4096);
   hostHash_ = options.hostHash;
   socketsPerPeer_ = options.tcp.socketsPerPeer ? *options.tcp.socketsPerPeer
                                                : static_cast<int>(params::socketsPerPeer());
@@ -107,6 +109,7 @@ void TcpContext::failWire(const Error& first) {
     for (auto& kv : p->held) kv.second.req->fail(first);
     p->held.clear();
     p->clears.clear();
+    p->crossed.clear();
     p->pendingBytes = 0;
     for (auto& c : p->conns) {
       if (!c) continue;
@@ -355,6 +358,10 @@ void TcpContext::startFragment(Conn& c) {
   } else if (m->remote || (m->announced && !m->cleared) || (!m->buf && m->len > 0)) {
     protocolError("data for a message it holds until this rank clears or reads it");
   }
+  if (h.reserved == kReleased) {  // sent on our CLEAR, after its RENDEZVOUS
+    if (!m->cleared) protocolError("data released by a CLEAR this rank never sent");
+    m->released = true;
+  }
   const std::string bad = m->claimed.claim(h.offset, h.fragLen, m->len);
   if (!bad.empty()) protocolError(bad);
   c.cur = m;
@@ -375,9 +382,11 @@ TcpContext::RecvMsg* TcpContext::matchHeader(Conn& c, uint64_t charge) {
   }
   checkStale(c.peer, h.group, env);
   // While this rank holds sends to the peer, its CLEAR or READ may be
-  // behind this frame: staged past the limit rather than paused, so the
-  // answer is read (the peer's rendezvous bounds what it sends unasked).
-  if (!stagingFits(c.peer, charge) && peers_[c.peer]->held.empty()) {
+  // behind this frame: staged up to twice the limit rather than paused, so
+  // the answer is read.
+  const bool holding = !peers_[c.peer]->held.empty();
+  if (!stagingFits(c.peer, charge) &&
+      !(holding && stagedBytes(c.peer) + charge + kStagedOverhead <= 2 * unexpectedLimit())) {
     // Back-pressure: leave the payload in the socket until a receive is
     // posted (or staged data drains).
     GFLOW_LOG(DEBUG) << "rank " << rank() << ": pausing reads from rank " << c.peer << " ("
@@ -428,6 +437,8 @@ void TcpContext::finishFragment(Conn& c) {
   c.cur = nullptr;
   m->received += c.hdr.fragLen;
   if (m->received == m->len && m->claimed.claimed() == m->len && m->req) {
+    // Its RENDEZVOUS, sent before on another connection, is still to come.
+    if (m->released && !m->announced) peers_[c.peer]->crossed.insert(m->tag);
     completeRecv(c.peer, m);
   }
 }

@@ -102,6 +102,7 @@ class TcpContext final : public Engine {
     uint16_t ticket = 0;     // ... and its ticket there
     bool announced = false;  // RENDEZVOUS over the wire: DATA follows our CLEAR
     bool cleared = false;    // CLEAR sent
+    bool released = false;   // its DATA came on our CLEAR (kReleased)
   };
 
   struct SendMsg {
@@ -191,6 +192,9 @@ class TcpContext final : public Engine {
     bool readsUs = false;
     std::unordered_map<Tag, Held, TagHash> held;
     std::unordered_set<Tag, TagHash> clears;
+    // Messages received on a CLEAR before their RENDEZVOUS came (another
+    // connection): the RENDEZVOUS, when it comes, is dropped.
+    std::unordered_set<Tag, TagHash> crossed;
   };
 
   // Connection setup (tcp_connect.cc). A failure is reported in the store

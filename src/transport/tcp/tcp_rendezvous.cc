@@ -122,6 +122,7 @@ bool TcpContext::holdSend(int peer, const RequestPtr& req, const FrameHeader& hd
     fail(Error(ErrorCode::kInternal, "two sends posted for one tag",
                ErrorContext().withSeq(tag.group).withRank(rank()).withPeer(peer)));
   }
+  resumePaused(p);  // its CLEAR or READ may be behind a paused frame
   FrameHeader r = hdr;
   r.type = kFrameRendezvous;
   r.reserved = h.ticket;
@@ -146,8 +147,14 @@ bool TcpContext::startRendezvous(Conn& c) {
     protocolError(c.peer, "a rendezvous for a message of " + std::to_string(h.msgLen) +
                               " bytes, ticket " + std::to_string(h.reserved));
   }
+  PeerState& p = *peers_[c.peer];
+  if (p.crossed.erase(Tag{h.group, h.index}) > 0) return true;  // received already
   auto* m = matchHeader(c, 0);
   if (c.paused) return false;
+  if (m && m->released && !m->announced) {  // its data is arriving already
+    m->announced = true;
+    return true;
+  }
   if (!m) {
     Envelope env;
     std::memcpy(env.words, h.env, sizeof(env.words));
@@ -205,6 +212,7 @@ void TcpContext::readRendezvous(int peer, RecvMsg* m) {
     // dies mid-frame (handleClosed fails the receive, which stays posted,
     // as peer_lost); otherwise the deadline does.
     if (err == ESRCH) p.exited = true;
+    if (p.closed) failLost(peer, "exited before this rank read its message");
     return;
   }
   if (err != 0) {
@@ -253,13 +261,14 @@ void TcpContext::handleClear(Conn& c) {
     return;
   }
   if (it->second.single) return;  // cleared ahead; the peer reads it
-  const Held hd = std::move(it->second);
-  p.held.erase(it);
-  if (hd.hdr.msgLen != h.msgLen) {
+  if (it->second.hdr.msgLen != h.msgLen) {
     Envelope env;
-    std::memcpy(env.words, hd.hdr.env, sizeof(env.words));
-    fail(sizeMismatch(rank(), tag.group, c.peer, hd.hdr.msgLen, h.msgLen, describe(env)));
+    std::memcpy(env.words, it->second.hdr.env, sizeof(env.words));
+    fail(sizeMismatch(rank(), tag.group, c.peer, it->second.hdr.msgLen, h.msgLen, describe(env)));
   }
+  Held hd = std::move(it->second);
+  p.held.erase(it);
+  hd.hdr.reserved = kReleased;
   queueData(p, hd.req, hd.hdr, hd.data);
 }
 
