@@ -140,7 +140,7 @@ RequestPtr TcpContext::irecv(int peer, void* data, size_t bytes, Tag tag, const 
   }
   if (!m->staging) {  // nothing arrived yet, or a RENDEZVOUS: fragments land in place
     m->buf = static_cast<char*>(data);
-    if (m->announced || clearsAhead(peer, bytes)) sendClear(peer, m);
+    if (m->announced || clearsAhead(peer, tag, bytes)) sendClear(peer, m);
     resumePaused(p);  // a paused connection may hold this message's header
     return req;
   }

@@ -191,7 +191,7 @@ class TcpContext final : public Engine {
     bool exited = false;      // a read found its process gone: its EOF decides
     bool readsUs = false;
     std::unordered_map<Tag, Held, TagHash> held;
-    std::unordered_set<Tag, TagHash> clears;
+    std::unordered_map<Tag, uint64_t, TagHash> clears;  // the size each names
     // Messages received on a CLEAR before their RENDEZVOUS came (another
     // connection): the RENDEZVOUS, when it comes, is dropped.
     std::unordered_set<Tag, TagHash> crossed;
@@ -217,7 +217,12 @@ class TcpContext final : public Engine {
   bool startRendezvous(Conn& c);  // false: paused (the unexpected limit)
   void readRendezvous(int peer, RecvMsg* m);
   void sendClear(int peer, RecvMsg* m);
-  bool clearsAhead(int peer, uint64_t bytes) const;  // irecv: CLEAR before the RENDEZVOUS
+  bool clearsAhead(int peer, const Tag& tag, uint64_t bytes) const;  // irecv, before a RENDEZVOUS
+  bool waitsForReceive(const Tag& tag, uint64_t bytes) const;        // by GFLOW_RENDEZVOUS
+  // Whether the peer's CLEAR for `hdr`'s message came (taken); one of
+  // another size is a mismatch.
+  bool takeClear(int peer, const FrameHeader& hdr);
+  void checkCleared(int peer, const FrameHeader& hdr, uint64_t cleared);  // sizes agree
   void handleRead(Conn& c);
   void handleClear(Conn& c);
   // The entry of a DATA or RENDEZVOUS header (c.hdr) after the envelope

@@ -106,12 +106,18 @@ bool TcpContext::holdSend(int peer, const RequestPtr& req, const FrameHeader& hd
                           const char* data) {
   PeerState& p = *peers_[peer];
   const Tag tag{hdr.group, hdr.index};
-  const bool cleared = p.clears.erase(tag) > 0;
+  const bool cleared = takeClear(peer, hdr);
   const uint64_t bytes = hdr.msgLen;
   // Single copy while a ticket is free (4096 sends held at once).
   const bool single = p.readsUs && bytes >= singleCopyMin_ && !freeTickets_.empty() &&
                       ownBuffersReadable(data, bytes, data, bytes);
-  if (!single && (cleared || rendezvousMin_ == 0 || bytes < rendezvousMin_)) return false;
+  if (!single && (cleared || !waitsForReceive(tag, bytes))) return false;
+  if (!single) {
+    // A receiver that posted just before (both sides of an exchange) has
+    // its CLEAR on the way or in the socket already: one look saves the wait.
+    pollOnce();
+    if (takeClear(peer, hdr)) return false;
+  }
   Held h{req, hdr, data, single, 0};
   if (single) {
     h.ticket = freeTickets_.back();
@@ -174,6 +180,23 @@ bool TcpContext::startRendezvous(Conn& c) {
   return true;
 }
 
+bool TcpContext::takeClear(int peer, const FrameHeader& hdr) {
+  auto& clears = peers_[peer]->clears;
+  auto it = clears.find(Tag{hdr.group, hdr.index});
+  if (it == clears.end()) return false;
+  const uint64_t theirs = it->second;
+  clears.erase(it);
+  checkCleared(peer, hdr, theirs);
+  return true;
+}
+
+void TcpContext::checkCleared(int peer, const FrameHeader& hdr, uint64_t cleared) {
+  if (cleared == hdr.msgLen) return;
+  Envelope env;
+  std::memcpy(env.words, hdr.env, sizeof(env.words));
+  fail(sizeMismatch(rank(), hdr.group, peer, hdr.msgLen, cleared, describe(env)));
+}
+
 // CLEAR for `m`, whose receive is posted: the sender may send its DATA.
 void TcpContext::sendClear(int peer, RecvMsg* m) {
   m->cleared = true;
@@ -187,9 +210,20 @@ void TcpContext::sendClear(int peer, RecvMsg* m) {
 // A receive posted before anything of its message arrived: large ones are
 // cleared at once (none from a peer that sends them by single copy), so
 // the sender need not wait a round trip.
-bool TcpContext::clearsAhead(int peer, uint64_t bytes) const {
-  if (rendezvousMin_ == 0 || bytes < rendezvousMin_) return false;
+bool TcpContext::clearsAhead(int peer, const Tag& tag, uint64_t bytes) const {
+  if (!waitsForReceive(tag, bytes)) return false;
   return peers_[peer]->pid == 0 || singleCopyMin_ == 0 || bytes < singleCopyMin_;
+}
+
+// Point-to-point from GFLOW_RENDEZVOUS on; a collective's messages from
+// kCollectiveFactor times that (measured, docs/performance.md: a rooted
+// op's tree gains from its early data up to a few MiB, all-to-all and
+// sendrecv lose to it from a few hundred KiB).
+bool TcpContext::waitsForReceive(const Tag& tag, uint64_t bytes) const {
+  constexpr uint64_t kCollectiveFactor = 16;
+  if (rendezvousMin_ == 0) return false;
+  if (isPointToPoint(tag.group)) return bytes >= rendezvousMin_;
+  return bytes / kCollectiveFactor >= rendezvousMin_;
 }
 
 // Reads the announced message `m` into its posted receive, tells the sender
@@ -257,15 +291,11 @@ void TcpContext::handleClear(Conn& c) {
   auto it = p.held.find(tag);
   if (it == p.held.end()) {
     if (p.clears.size() >= kMaxClears) protocolError(c.peer, "clears for too many messages");
-    p.clears.insert(tag);
+    p.clears.emplace(tag, h.msgLen);
     return;
   }
   if (it->second.single) return;  // cleared ahead; the peer reads it
-  if (it->second.hdr.msgLen != h.msgLen) {
-    Envelope env;
-    std::memcpy(env.words, it->second.hdr.env, sizeof(env.words));
-    fail(sizeMismatch(rank(), tag.group, c.peer, it->second.hdr.msgLen, h.msgLen, describe(env)));
-  }
+  checkCleared(c.peer, it->second.hdr, h.msgLen);
   Held hd = std::move(it->second);
   p.held.erase(it);
   hd.hdr.reserved = kReleased;
