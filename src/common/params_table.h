@@ -70,9 +70,10 @@
     "Congestion control of data sockets: auto (the system's unless it is bbr, whose pacing "       \
     "slows bursty collective traffic: then cubic, else reno), system, or an algorithm name.")      \
   X(rendezvous, "GFLOW_RENDEZVOUS", kBytes, "256K", kAgree,                                        \
-    "TCP messages of at least this size wait with their sender until the receiver has posted "     \
-    "the receive (a header goes ahead; the data follows the receiver's answer), so early data "    \
-    "is never staged; 0: every message is sent at once.")                                          \
+    "TCP point-to-point messages of at least this size, and a collective's of at least 16 "        \
+    "times it, wait with their sender until the receiver has posted the receive (a header goes "   \
+    "ahead; the data follows the receiver's answer), so early data is never staged; 0: every "     \
+    "message is sent at once.")                                                                    \
   X(unexpectedLimit, "GFLOW_UNEXPECTED_LIMIT", kBytes, "256M", kLocal,                             \
     "Bytes a peer may send ahead of the matching receive. TCP stops reading the peer "             \
     "(back-pressure); verbs fails the op (its eager ring also carries control messages).")         \
