@@ -326,7 +326,7 @@ void TcpContext::startFragment(Conn& c) {
   if (h.type == kFramePing || h.type == kFramePong || h.type == kFrameRead ||
       h.type == kFrameClear || h.type == kFrameRendezvous) {
     if (h.fragLen != 0) protocolError("control frame with a payload");
-    // A message by single copy is matched now (nothing follows its header);
+    // A RENDEZVOUS is matched now (nothing follows its header);
     // after failing, only reports matter.
     if (h.type == kFrameRendezvous && !failed() && !startRendezvous(c)) return;
     c.cur = nullptr;

@@ -230,7 +230,10 @@ bool TcpContext::waitsForReceive(const Tag& tag, uint64_t bytes) const {
 // (READ) and completes the receive.
 void TcpContext::readRendezvous(int peer, RecvMsg* m) {
   PeerState& p = *peers_[peer];
-  if (p.exited) return;
+  if (p.exited) {  // as below: its reports and EOF decide
+    if (p.closed) failLost(peer, "exited before this rank read its message");
+    return;
+  }
   int err = readPeerMemory(p.pid, m->remote, m->user, m->len);
   // Then its ticket: a send the sender withdrew meanwhile (it failed, and
   // the buffer went back to its caller) is not delivered, whatever was read.
