@@ -342,6 +342,9 @@ nn_launch_attacked() {
     [ "${#nn_ports[@]}" -ge 1 ] && grep -q "GFLOW_PROGRESS" "$out.out" 2>/dev/null && break
     sleep 0.1
   done
+  # Again, now that the job runs: a snapshot taken before its first op may
+  # list a data port that closes once every rank has connected.
+  "$ports"
   if [ "${#nn_ports[@]}" -eq 0 ]; then
     nn_fail "no listening socket of the job's ranks found on nnhost0 (is the job running?)"
   else
