@@ -45,7 +45,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/shm/segment.h"
+#include "common/shared_segment.h"
 #include "common/deadline.h"
 #include "common/sticky_error.h"
 #include "gflow/error.h"

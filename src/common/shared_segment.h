@@ -1,7 +1,8 @@
-// Shared-memory segments of one host's ranks.
+// Shared-memory segments of one host's ranks (the shm backend's group, the
+// TCP wire's local rings).
 //
-// Each rank creates one anonymous segment (memfd_create) and maps the
-// segments of its local peers by opening /proc/<pid>/fd/<fd> of the creator.
+// A rank creates anonymous segments (memfd_create) and maps those of its
+// local peers by opening /proc/<pid>/fd/<fd> of the creator.
 // Nothing is ever named in /dev/shm, so a rank killed with SIGKILL leaks
 // nothing: the kernel frees a segment when the last mapping goes away.
 //
@@ -16,7 +17,7 @@
 #include <cstdint>
 #include <string>
 
-namespace gflow::backend::shm {
+namespace gflow {
 
 // A mapping of a segment; unmaps on destruction.
 class Mapping {
@@ -35,10 +36,11 @@ class Mapping {
   // stays open (fd()) until closeFd(), so peers can open it. Throws
   // Error(kInternal) naming the failing call.
   static Mapping create(size_t size);
-  // Maps peer `pid`'s segment through /proc/<pid>/fd/<fd>. Returns an empty
-  // mapping and sets *why on failure (permissions, pid namespaces, a segment
-  // smaller than `size`).
-  static Mapping open(pid_t pid, int fd, size_t size, std::string* why);
+  // Maps peer `pid`'s segment through /proc/<pid>/fd/<fd> (`readOnly`: for
+  // reading only, so nothing here can write the peer's memory). Returns an
+  // empty mapping and sets *why on failure (permissions, pid namespaces, a
+  // segment smaller than `size`).
+  static Mapping open(pid_t pid, int fd, size_t size, std::string* why, bool readOnly = false);
 
   int fd() const { return fd_; }
   void closeFd();
@@ -74,4 +76,4 @@ void futexWake(uint32_t* word);
 // Returns when *word != expected, on a wake, or after `timeoutUs`.
 void futexWait(uint32_t* word, uint32_t expected, int64_t timeoutUs);
 
-}  // namespace gflow::backend::shm
+}  // namespace gflow

@@ -1,4 +1,4 @@
-#include "backend/shm/segment.h"
+#include "common/shared_segment.h"
 
 #include <fcntl.h>
 #include <linux/futex.h>
@@ -17,7 +17,7 @@
 
 #include "common/check.h"
 
-namespace gflow::backend::shm {
+namespace gflow {
 
 Mapping::~Mapping() {
   if (data_) ::munmap(data_, size_);
@@ -60,10 +60,12 @@ Mapping Mapping::create(size_t size) {
   return m;
 }
 
-Mapping Mapping::open(pid_t pid, int fd, size_t size, std::string* why) {
+Mapping Mapping::open(pid_t pid, int fd, size_t size, std::string* why, bool readOnly) {
   Mapping m;
   const std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(fd);
-  int f = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  // Non-blocking: an fd that is no memfd (a FIFO) must not block the open;
+  // the seals below refuse it.
+  int f = ::open(path.c_str(), (readOnly ? O_RDONLY : O_RDWR) | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (f < 0) {
     *why = "open(" + path + "): " + std::strerror(errno);
     return m;
@@ -76,7 +78,7 @@ Mapping Mapping::open(pid_t pid, int fd, size_t size, std::string* why) {
     ::close(f);
     return m;
   }
-  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, f, 0);
+  void* p = ::mmap(nullptr, size, readOnly ? PROT_READ : PROT_READ | PROT_WRITE, MAP_SHARED, f, 0);
   ::close(f);
   if (p == MAP_FAILED) {
     *why = "mmap(" + path + "): " + std::strerror(errno);
@@ -136,4 +138,4 @@ void futexWait(uint32_t* word, uint32_t expected, int64_t timeoutUs) {
   ::syscall(SYS_futex, word, FUTEX_WAIT, expected, &ts, nullptr, 0);
 }
 
-}  // namespace gflow::backend::shm
+}  // namespace gflow
