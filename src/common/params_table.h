@@ -40,11 +40,16 @@
     "64K-) read the other local ranks' buffers directly (process_vm_readv) where the kernel "      \
     "lets every local rank read the others; off: never; auto: a measured range for two local "     \
     "ranks with a core each, off otherwise (docs/algorithms.md).")                                 \
-  X(localSingleCopy, "GFLOW_LOCAL_SINGLE_COPY", kBytes, "64K", kLocal,                             \
+  X(localSingleCopy, "GFLOW_LOCAL_SINGLE_COPY", kBytes, "128K", kLocal,                            \
     "Messages of at least this size that the network transport carries between two ranks of "      \
     "one host (point-to-point; collectives there run in shared memory) are read by the "           \
     "receiver straight from the sender's buffer (process_vm_readv) where the kernel lets it; "     \
     "0: never. Off under GFLOW_SHM=0.")                                                            \
+  X(localRing, "GFLOW_LOCAL_RING", kBytes, "256K", kLocal,                                         \
+    "Between two ranks of one host that read each other's memory (see GFLOW_LOCAL_SINGLE_COPY), "  \
+    "the network transport's frames go through a shared-memory ring of this size per direction "   \
+    "(a power of two; shared memory per rank: twice this per local peer) instead of the socket; "  \
+    "0: through the socket. Off under GFLOW_SHM=0.")                                               \
   X(hierSegment, "GFLOW_HIER_SEGMENT", kBytes, "8M", kLocal,                                       \
     "Hierarchical allreduce pipelines segments of this size: the cross-host phase of one "         \
     "overlaps the local phases of the next.")                                                      \
@@ -155,6 +160,7 @@
   R(shm, 0, 1, false)                             \
   R(shmChunk, 4096, 1LL << 30, false)             \
   R(localSingleCopy, 4096, 1LL << 46, true)       \
+  R(localRing, 4096, 1LL << 30, true)             \
   R(hierSegment, 4096, 1LL << 40, false)          \
   R(pin, 0, 1, false)                             \
   R(socketsPerPeer, 1, 64, false)                 \

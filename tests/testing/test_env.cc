@@ -18,6 +18,9 @@ struct TestEnvironment {
     // Network-transport messages of 4 KiB and more between the ranks of one
     // host (point-to-point under GFLOW_SHM=1) go by single copy.
     setenv("GFLOW_LOCAL_SINGLE_COPY", "4K", 0);
+    // ... and every frame between them goes through local rings of 4 KiB,
+    // which wrap and fill all the time.
+    setenv("GFLOW_LOCAL_RING", "4K", 0);
     // TCP messages of 64 KiB and more wait for their receive (rendezvous).
     setenv("GFLOW_RENDEZVOUS", "64K", 0);
     // Hierarchical allreduces of more than 8 KiB run as pipelined segments.

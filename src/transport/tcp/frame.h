@@ -37,6 +37,10 @@ constexpr uint16_t kFrameReject = 5;
 constexpr uint16_t kFrameRendezvous = 6;
 constexpr uint16_t kFrameRead = 7;
 constexpr uint16_t kFrameClear = 8;
+// Over the socket of a pair that talks through its local ring
+// (local_ring.h): the ring has something for a receiver that sleeps in
+// epoll. No payload; nothing else.
+constexpr uint16_t kFrameDoorbell = 9;
 // FrameHeader::reserved of a DATA frame sent on a CLEAR after its
 // RENDEZVOUS (which may arrive after it, on another connection).
 constexpr uint16_t kReleased = 1;
@@ -99,6 +103,16 @@ struct HelloReply {
   uint64_t challenge;
 };
 static_assert(sizeof(HelloReply) == 48, "hello reply layout");
-constexpr uint32_t kProtocolVersion = 3;  // 3: single copy between local ranks
+// After the single-copy agreement, a pair whose ranks read each other's
+// memory offers its local rings (tcp_local.cc): each side's segment (a
+// memfd the peer opens through /proc/<pid>/fd) and its ring's capacity; 0
+// and 0 when it offers none. Then each says in one byte whether it mapped
+// the other's.
+struct RingOffer {
+  uint32_t fd;
+  uint32_t capacity;
+};
+static_assert(sizeof(RingOffer) == 8, "ring offer layout");
+constexpr uint32_t kProtocolVersion = 4;  // 3: single copy between local ranks; 4: local rings
 
 }  // namespace gflow::transport::tcp

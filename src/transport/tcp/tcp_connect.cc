@@ -44,14 +44,35 @@ struct Identity {
   int socketsPerPeer;
   uint64_t commId;
   LocalIdentity local;  // TcpContext::offerLocal
+  size_t ringBytes;     // the local ring this rank offers (0: none)
+  bool singleCopy;      // this rank reads its peers' messages by single copy
 };
 
 // What a pair agreed on single copy (socket 0 only).
 struct SingleCopy {
-  pid_t pid = 0;            // the peer's process, when this rank reads it
-  uint64_t ticketBase = 0;  // the peer's tickets
-  bool readsUs = false;     // the peer reads this rank's memory
+  pid_t pid = 0;                    // the peer's process, when this rank reads it
+  uint64_t ticketBase = 0;          // the peer's tickets
+  bool readsUs = false;             // the peer reads this rank's messages by single copy
+  std::shared_ptr<LocalRing> ring;  // both read each other: the pair's rings
 };
+
+// The byte each side sends: whether it reads the other's memory, and
+// whether it takes the other's messages by single copy.
+constexpr uint8_t kReads = 1, kTakesSingleCopy = 2;
+
+uint8_t readsByte(const Identity& me, pid_t pid) {
+  if (pid == 0) return 0;
+  return kReads | (me.singleCopy ? kTakesSingleCopy : 0);
+}
+
+// The pair's rings once both sides read each other.
+void agreeRingIfBothRead(int fd, const Identity& me, uint8_t theirs, bool dialer, const Deadline& d,
+                         SingleCopy* sc) {
+  sc->readsUs = theirs == (kReads | kTakesSingleCopy);
+  if (sc->pid != 0 && (theirs & kReads) != 0) {
+    sc->ring = agreeLocalRing(fd, sc->pid, me.ringBytes, dialer, d);
+  }
+}
 
 // A connection from a higher rank: its Hello and the agreement.
 struct Accepted {
@@ -90,11 +111,11 @@ SingleCopy acceptorAgrees(int fd, const Identity& me, const Hello& hello, uint64
   sc.pid = verifySingleCopy(me.local, hello.local, challenge, me.rank, hello.rank, me.commId);
   sc.ticketBase = hello.local.ticketBase;
   if (challenge != 0) writeProof(me, hello.rank, theirs);
-  const uint8_t reads = sc.pid != 0 ? 1 : 0;
+  const uint8_t reads = readsByte(me, sc.pid);
   net::sendAll(fd, &reads, 1, d);
   uint8_t readsUs = 0;
   net::recvAll(fd, &readsUs, 1, d);
-  sc.readsUs = readsUs == 1;
+  agreeRingIfBothRead(fd, me, readsUs, /*dialer=*/false, d, &sc);
   return sc;
 }
 
@@ -109,9 +130,9 @@ SingleCopy dialerAgrees(int fd, const Identity& me, int peer, const HelloReply& 
   SingleCopy sc;
   sc.pid = verifySingleCopy(me.local, reply.local, challenge, me.rank, peer, me.commId);
   sc.ticketBase = reply.local.ticketBase;
-  sc.readsUs = readsUs == 1;
-  const uint8_t reads = sc.pid != 0 ? 1 : 0;
+  const uint8_t reads = readsByte(me, sc.pid);
   net::sendAll(fd, &reads, 1, d);
+  agreeRingIfBothRead(fd, me, readsUs, /*dialer=*/true, d, &sc);
   return sc;
 }
 
@@ -362,7 +383,8 @@ void TcpContext::connectAllOrThrow(const ContextOptions& options) {
   if (size() == 1) return;
   const Deadline deadline = Deadline::after(options.timeout);
   commId_ = hash::sha256Id(options.prefix);
-  const Identity me{rank(), size(), socketsPerPeer_, commId_, offerLocal()};
+  const Identity me{rank(),       size(),     socketsPerPeer_,   commId_,
+                    offerLocal(), ringBytes_, singleCopyMin_ > 0};
   const int bufBytes = static_cast<int>(std::min<uint64_t>(
       (options.tcp.socketBufferBytes ? *options.tcp.socketBufferBytes : params::socketBuffer()),
       1u << 30));
@@ -387,7 +409,9 @@ void TcpContext::connectAllOrThrow(const ContextOptions& options) {
     auto hp = net::parseHostPort(addr, "address of rank " + std::to_string(peer));
     for (int i = 0; i < socketsPerPeer_; ++i) {
       Dialed d = dial(me, hp, peer, i, options.token, bufBytes, congestion, deadline);
-      if (i == 0) agreeLocal(peer, d.single.pid, d.single.ticketBase, d.single.readsUs);
+      if (i == 0) {
+        agreeLocal(peer, d.single.pid, d.single.ticketBase, d.single.readsUs, d.single.ring);
+      }
       addConnection(peer, i, std::move(d.sock));
     }
   }
@@ -400,10 +424,11 @@ void TcpContext::connectAllOrThrow(const ContextOptions& options) {
     net::setBufferSizes(a.sock.fd(), bufBytes);
     congestion.apply(a.sock.fd(), rank());  // inherited from the listener: a no-op
     if (a.hello.socketIndex == 0) {
-      agreeLocal(a.hello.rank, a.single.pid, a.single.ticketBase, a.single.readsUs);
+      agreeLocal(a.hello.rank, a.single.pid, a.single.ticketBase, a.single.readsUs, a.single.ring);
     }
     addConnection(a.hello.rank, a.hello.socketIndex, std::move(a.sock));
   }
+  installRings();
   GFLOW_LOG(INFO) << "rank " << rank() << " connected to " << size() - 1 << " peers ("
                   << socketsPerPeer_ << " sockets each)";
 }

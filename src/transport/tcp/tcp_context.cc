@@ -35,6 +35,9 @@ TcpContext::TcpContext(const ContextOptions& options) : Engine(options) {
   waitPolicy_ = WaitPolicy::choose(options);
   stripeChunk_ = stripeChunkBytes(options);
   singleCopyMin_ = options.localSingleCopy ? params::localSingleCopy() : 0;
+  if (options.localSingleCopy && params::localRing() > 0) {  // a power of two, rounded down
+    ringBytes_ = size_t{1} << (63 - __builtin_clzll(params::localRing()));
+  }
   rendezvousMin_ =
       options.tcp.rendezvousBytes ? *options.tcp.rendezvousBytes : params::rendezvous();
   if (rendezvousMin_ > 0) rendezvousMin_ = std::max<uint64_t>(rendezvousMin_, 4096);
@@ -63,6 +66,7 @@ TcpContext::TcpContext(const ContextOptions& options) : Engine(options) {
 }
 
 TcpContext::~TcpContext() {
+  if (!failed()) flushRingsAtExit();
   withdrawTickets();
 }
 
@@ -102,6 +106,7 @@ void TcpContext::wake() {
 
 void TcpContext::failWire(const Error& first) {
   clearMessages();
+  readsDue_.clear();
   withdrawTickets();  // before the callers get their buffers back
   for (auto& p : peers_) {
     for (auto& u : p->pending) u.msg->req->fail(first);
@@ -134,8 +139,10 @@ RequestPtr TcpContext::irecv(int peer, void* data, size_t bytes, Tag tag, const 
   PeerState& p = *peers_[peer];
   if (!find(peer, tag) && p.closed) failLost(peer, "has closed its connections");
   auto* m = static_cast<RecvMsg*>(postRecv(peer, tag, env, data, bytes, req));
-  if (m->remote) {  // announced by single copy: read it now
-    readRendezvous(peer, m);
+  if (m->remote) {  // announced by single copy: read by the next progress,
+    // after the caller's sends of the same op are out (a read of megabytes
+    // here would hold them back, and the peer's read of them behind it).
+    readsDue_.emplace_back(peer, tag);
     return req;
   }
   if (!m->staging) {  // nothing arrived yet, or a RENDEZVOUS: fragments land in place
@@ -184,6 +191,7 @@ void TcpContext::failLost(int peer, const std::string& what) {
 // EOF from a peer is normal when it has finished its last op and shut down;
 // it is an error only while this rank still exchanges data with it.
 void TcpContext::handleClosed(Conn& c) {
+  if (c.doorbellOnly) return dropSocket(c);  // its ring decides
   if (c.inPayload || c.hdrGot > 0) failLost(c.peer, "closed the connection mid-message");
   markGone(c);
   if (peers_[c.peer]->closed && hasPendingWith(c.peer)) failLost(c.peer, "closed the connection");
@@ -191,7 +199,7 @@ void TcpContext::handleClosed(Conn& c) {
 
 // Stops watching a connection that has nothing more to read.
 void TcpContext::markGone(Conn& c) {
-  if (!c.closed) epoll_ctl(epoll_.fd(), EPOLL_CTL_DEL, c.sock.fd(), nullptr);
+  if (!c.closed && !c.ring) epoll_ctl(epoll_.fd(), EPOLL_CTL_DEL, c.sock.fd(), nullptr);
   c.closed = true;
   c.watched = false;
   // With several connections per peer, the others may still carry data the
@@ -204,6 +212,7 @@ void TcpContext::markGone(Conn& c) {
 }
 
 void TcpContext::updateInterest(Conn& c) {
+  if (c.ring) return;  // polled (pollRings)
   epoll_event e{};
   e.events = (c.paused ? 0u : static_cast<uint32_t>(EPOLLIN)) | (c.wantOut ? EPOLLOUT : 0u);
   e.data.ptr = &c;
@@ -222,6 +231,7 @@ void TcpContext::updateInterest(Conn& c) {
 // into a payload keeps reading until the socket would block, as the sender
 // is usually still writing.
 TcpContext::Fill TcpContext::fill(Conn& c, char* dst, size_t cap, size_t* got) {
+  if (c.ring) return fillRing(c, dst, cap, got);
   for (;;) {
     const ssize_t r = ::recv(c.sock.fd(), dst, cap, MSG_DONTWAIT);
     if (r > 0) {
@@ -235,6 +245,7 @@ TcpContext::Fill TcpContext::fill(Conn& c, char* dst, size_t cap, size_t* got) {
       return Fill::kWouldBlock;
     }
     if (errno == EINTR) continue;
+    if (c.doorbellOnly) return Fill::kClosed;  // a reset: its ring decides
     const int err = errno;
     failLost(c.peer, std::string("reset the connection: ") + std::strerror(err));
   }
@@ -256,7 +267,9 @@ bool TcpContext::readHeader(Conn& c) {
     }
     if (c.drained) return false;
     c.aheadPos = c.aheadLen = 0;
-    switch (fill(c, c.ahead.get(), kReadAhead, &c.aheadLen)) {
+    // A ring gives the header alone: its payload is copied once, into place.
+    const size_t want = c.ring ? sizeof(FrameHeader) - c.hdrGot : kReadAhead;
+    switch (fill(c, c.ahead.get(), want, &c.aheadLen)) {
       case Fill::kData: break;
       case Fill::kWouldBlock: return false;
       case Fill::kClosed: handleClosed(c); return false;
@@ -283,7 +296,7 @@ bool TcpContext::readPayload(Conn& c) {
       continue;
     }
     if (c.drained || (c.discard && ++rounds > 64)) return false;
-    const bool direct = room >= kReadAhead;
+    const bool direct = room >= kReadAhead || c.ring;
     size_t got = 0;
     c.aheadPos = c.aheadLen = 0;
     const Fill f = direct ? fill(c, into, room, &got) : fill(c, c.ahead.get(), kReadAhead, &got);
@@ -311,6 +324,10 @@ void TcpContext::startFragment(Conn& c) {
   const FrameHeader& h = c.hdr;
   auto protocolError = [&](const std::string& what) { this->protocolError(c.peer, what); };
   if (h.magic != kFrameMagic) protocolError("bad magic");
+  if (c.doorbellOnly && h.type != kFrameDoorbell && h.type != kFrameError) {
+    protocolError("frame type " + std::to_string(h.type) +
+                  " on a socket of a pair that talks through its local ring");
+  }
   if (h.type == kFrameError || h.type == kFrameReject) {
     if (h.fragLen > kMaxErrorPayload) protocolError("oversized error report");
     if (h.type == kFrameReject && isPointToPoint(h.group)) {
@@ -324,7 +341,7 @@ void TcpContext::startFragment(Conn& c) {
     return;
   }
   if (h.type == kFramePing || h.type == kFramePong || h.type == kFrameRead ||
-      h.type == kFrameClear || h.type == kFrameRendezvous) {
+      h.type == kFrameClear || h.type == kFrameRendezvous || h.type == kFrameDoorbell) {
     if (h.fragLen != 0) protocolError("control frame with a payload");
     // A RENDEZVOUS is matched now (nothing follows its header);
     // after failing, only reports matter.
@@ -433,6 +450,10 @@ void TcpContext::finishFragment(Conn& c) {
   if (c.hdr.type == kFrameRead) return handleRead(c);
   if (c.hdr.type == kFrameClear) return handleClear(c);
   if (c.hdr.type == kFrameRendezvous) return;  // handled by startFragment
+  if (c.hdr.type == kFrameDoorbell) {          // the wake-up was the point
+    ++doorbells_;
+    return;
+  }
   RecvMsg* m = c.cur;
   c.cur = nullptr;
   m->received += c.hdr.fragLen;
@@ -454,6 +475,7 @@ void TcpContext::handleErrorFrame(Conn& c) {
 // waiter costs tens of microseconds, more than copying 64 KiB. Back to 1 byte
 // between frames so a small message is never held back.
 void TcpContext::tuneLowat(Conn& c) {
+  if (c.ring) return;
   constexpr uint64_t kMinLowat = 64 << 10, kMaxLowat = 512 << 10;
   int want = 1;
   if (c.inPayload && c.left >= kMinLowat) want = static_cast<int>(std::min(c.left, kMaxLowat));
@@ -488,8 +510,20 @@ void TcpContext::handleReadable(Conn& c) {
 }
 
 void TcpContext::progress(int timeoutMs) {
+  readDue();
   epoll_event events[64];
-  int n = epoll_wait(epoll_.fd(), events, 64, aheadPending_.empty() ? timeoutMs : 0);
+  int timeout = aheadPending_.empty() ? timeoutMs : 0;
+  const bool armed = timeout != 0 && !rings_.empty() && armRings();
+  if (!armed && !rings_.empty()) timeout = 0;
+  // Every peer on a ring: the sockets carry only doorbells (not needed by
+  // a poller), reports and EOFs, so a poll looks at them one time in 16.
+  const bool onlyRings = rings_.size() + 1 == static_cast<size_t>(size());
+  if (timeout == 0 && onlyRings && aheadPending_.empty() && (++quietPolls_ & 15) != 0) {
+    pollRings();
+    return;
+  }
+  int n = epoll_wait(epoll_.fd(), events, 64, timeout);
+  if (armed) disarmRings();
   if (n < 0) {
     if (errno == EINTR) return;
     GFLOW_SYSCHECK(n, "epoll_wait");
@@ -508,7 +542,10 @@ void TcpContext::progress(int timeoutMs) {
     if (c.closed) continue;
     if (ev & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
       if (!c.paused) handleReadable(c);
-      if ((ev & EPOLLERR) && !c.closed) failLost(c.peer, "reset the connection");
+      if ((ev & EPOLLERR) && !c.closed) {
+        if (!c.doorbellOnly) failLost(c.peer, "reset the connection");
+        dropSocket(c);  // its ring decides
+      }
       if ((ev & EPOLLHUP) && !c.closed && c.paused && c.watched) {
         // The peer hung up but its data is still queued here, behind a
         // paused message: stop watching (a hung-up socket would wake epoll
@@ -519,6 +556,7 @@ void TcpContext::progress(int timeoutMs) {
     }
     if ((ev & EPOLLOUT) && !c.closed) flush(c);
   }
+  pollRings();
   if (aheadPending_.empty()) return;
   aheadWork_.swap(aheadPending_);  // handleReadable may queue again
   for (Conn* c : aheadWork_) {
@@ -585,16 +623,18 @@ std::vector<Error> TcpContext::awaitReports(Deadline until, int exclude) {
   // out), from every connection, starting with what its read-ahead holds.
   aheadPending_.clear();
   for (auto& p : peers_) {
-    for (auto& c : p->conns) {
-      if (!c || c->closed) continue;
-      c->paused = false;  // staging limits no longer matter: data is dropped
-      c->wantOut = false;
-      c->aheadQueued = true;
-      aheadPending_.push_back(c.get());
-      try {
-        updateInterest(*c);
-      } catch (const Error&) {
-        markGone(*c);
+    for (auto* conns : {&p->conns, &p->sockets}) {
+      for (auto& c : *conns) {
+        if (!c || c->closed) continue;
+        c->paused = false;  // staging limits no longer matter: data is dropped
+        c->wantOut = false;
+        c->aheadQueued = true;
+        aheadPending_.push_back(c.get());
+        try {
+          updateInterest(*c);
+        } catch (const Error&) {
+          markGone(*c);
+        }
       }
     }
   }
@@ -613,8 +653,14 @@ std::vector<Error> TcpContext::awaitReports(Deadline until, int exclude) {
 
 void TcpContext::drainOnce(int timeoutMs) {
   epoll_event events[64];
-  const int n = epoll_wait(epoll_.fd(), events, 64, aheadPending_.empty() ? timeoutMs : 0);
   std::vector<Conn*> ready;
+  for (Conn* c : rings_) {  // read to the end, closed once the peer's sockets are
+    if (!c->closed && (c->ring->readable() || socketsClosed(*peers_[c->peer]))) {
+      ready.push_back(c);
+      timeoutMs = 0;
+    }
+  }
+  const int n = epoll_wait(epoll_.fd(), events, 64, aheadPending_.empty() ? timeoutMs : 0);
   for (int i = 0; i < n; ++i) {
     if (events[i].data.ptr == nullptr) {
       uint64_t v;
@@ -643,8 +689,10 @@ void TcpContext::notifyPeers(const Error& error) {
     if (peer == rank()) continue;
     peers_[peer]->pending.clear();  // units no socket took are never sent
     peers_[peer]->pendingBytes = 0;
-    for (auto& cp : peers_[peer]->conns) {
-      if (!cp) continue;
+    // A ring pair's report goes over its socket (tcp_local.cc).
+    PeerState& p = *peers_[peer];
+    for (auto& cp : p.sockets.empty() ? p.conns : p.sockets) {
+      if (!cp || cp->closed) continue;
       Conn& c = *cp;
       try {
         Deadline d = Deadline::after(std::chrono::milliseconds(300));

@@ -51,6 +51,7 @@
 #include "transport/byte_ranges.h"
 #include "transport/engine.h"
 #include "transport/tcp/frame.h"
+#include "transport/tcp/local_ring.h"
 #include "transport/wait_policy.h"
 
 namespace gflow::transport::tcp {
@@ -66,6 +67,11 @@ bool sameHostOffers(const LocalIdentity& mine, const LocalIdentity& theirs);
 // single copy not offered, the kernel refuses, a wrong proof).
 pid_t verifySingleCopy(const LocalIdentity& mine, const LocalIdentity& theirs, uint64_t challenge,
                        int rank, int peer, uint64_t commId);
+// Local rings (tcp_local.cc), on socket `fd` of a pair whose ranks read
+// each other's memory: offers this rank's ring of `capacity` bytes (0: none)
+// and maps the peer's (process `pid`). Null unless both sides mapped.
+std::shared_ptr<LocalRing> agreeLocalRing(int fd, pid_t pid, size_t capacity, bool dialer,
+                                          const Deadline& deadline);
 
 class TcpContext final : public Engine {
  public:
@@ -90,6 +96,10 @@ class TcpContext final : public Engine {
   ConnCounters connCounters(int peer, int index) const;
   void setSendBufferForTesting(int peer, int index, int bytes);
   int socketForTesting(int peer, int index) const;  // the connection's fd
+  // Tests: whether frames to `peer` go through a local ring, and the
+  // DOORBELL frames this rank has received.
+  bool talksThroughRing(int peer) const { return !peers_.at(peer)->sockets.empty(); }
+  uint64_t doorbellsReceived() const { return doorbells_; }
 
  private:
   // One message being received: posted by irecv, or announced by the first
@@ -132,8 +142,15 @@ class TcpContext final : public Engine {
     uint64_t share = 0;  // an even share of the peer's sockets: the most one takes
   };
 
+  enum class Fill { kData, kWouldBlock, kClosed };
+
   struct Conn {
     net::Socket sock;
+    // A local peer's frames go through its ring instead (tcp_local.cc):
+    // not in epoll, polled by progress(); its sockets (PeerState::sockets)
+    // carry only DOORBELL frames, failure reports and the EOF.
+    std::shared_ptr<LocalRing> ring;
+    bool doorbellOnly = false;  // a socket of a pair with a ring (PeerState::sockets)
     int peer = -1;
     int index = 0;
     std::deque<SendItem> sendq;
@@ -195,6 +212,10 @@ class TcpContext final : public Engine {
     // Messages received on a CLEAR before their RENDEZVOUS came (another
     // connection): the RENDEZVOUS, when it comes, is dropped.
     std::unordered_set<Tag, TagHash> crossed;
+    // Local ring (tcp_local.cc): agreed while connecting, then the one
+    // connection in `conns`; the TCP connections move to `sockets`.
+    std::shared_ptr<LocalRing> ring;
+    std::vector<std::unique_ptr<Conn>> sockets;
   };
 
   // Connection setup (tcp_connect.cc). A failure is reported in the store
@@ -208,7 +229,8 @@ class TcpContext final : public Engine {
   // agreed: the peer's process when this rank reads it (0: it does not),
   // and whether the peer reads this rank.
   LocalIdentity offerLocal();
-  void agreeLocal(int peer, pid_t pid, uint64_t ticketBase, bool readsUs);
+  void agreeLocal(int peer, pid_t pid, uint64_t ticketBase, bool readsUs,
+                  std::shared_ptr<LocalRing> ring);
   // Every held single-copy send's ticket goes (a peer that reads one finds
   // it gone), before the sends fail back to their callers or at teardown.
   void withdrawTickets();
@@ -216,6 +238,7 @@ class TcpContext final : public Engine {
   bool holdSend(int peer, const RequestPtr& req, const FrameHeader& hdr, const char* data);
   bool startRendezvous(Conn& c);  // false: paused (the unexpected limit)
   void readRendezvous(int peer, RecvMsg* m);
+  void readDue();  // the single-copy reads irecv left to progress
   void sendClear(int peer, RecvMsg* m);
   bool clearsAhead(int peer, const Tag& tag, uint64_t bytes) const;  // irecv, before a RENDEZVOUS
   bool waitsForReceive(const Tag& tag, uint64_t bytes) const;        // by GFLOW_RENDEZVOUS
@@ -232,12 +255,31 @@ class TcpContext final : public Engine {
   RecvMsg* matchHeader(Conn& c, uint64_t charge);
   void queueData(PeerState& p, const RequestPtr& req, const FrameHeader& hdr, const char* data);
 
+  // Local rings (tcp_local.cc). installRings: once every socket is
+  // connected, a peer with an agreed ring talks through it. pollRings:
+  // reads the rings with data and writes to those with room again.
+  // armRings: about to sleep in epoll (false: something to do, do not
+  // sleep). A ring connection's reads and writes (fill and flush go there).
+  void installRings();
+  void pollRings();
+  bool armRings();
+  void disarmRings();
+  Fill fillRing(Conn& c, char* dst, size_t cap, size_t* got);
+  size_t writeRing(Conn& c, const iovec* iov, int count);
+  void wakePeer(Conn& c, bool forRoom);
+  bool socketsClosed(const PeerState& p) const;
+  // A socket of a ring pair failed or closed: it only goes (its EOF or its
+  // reset is the ring's EOF, read to the end first).
+  void dropSocket(Conn& c);
+  // At teardown: frames still queued for a ring (a READ a peer waits for)
+  // get a bounded time to go.
+  void flushRingsAtExit();
+
   // Progress.
   void progress(int timeoutMs);
   void handleReadable(Conn& c);
   bool readHeader(Conn& c);   // false: would block
   bool readPayload(Conn& c);  // false: would block
-  enum class Fill { kData, kWouldBlock, kClosed };
   Fill fill(Conn& c, char* dst, size_t cap, size_t* got);
   size_t takeAhead(Conn& c, char* dst, size_t n);
   void startFragment(Conn& c);
@@ -298,6 +340,12 @@ class TcpContext final : public Engine {
   uint64_t singleCopyMin_ = 0;
   uint64_t rendezvousMin_ = 0;  // GFLOW_RENDEZVOUS: larger messages wait for CLEAR (0: never)
   uint64_t hostHash_ = 0;
+  size_t ringBytes_ = 0;                      // GFLOW_LOCAL_RING offered to local peers (0: none)
+  std::vector<Conn*> rings_;                  // the ring connections, for pollRings
+  uint64_t sleepGen_ = 0;                     // armRings' generation
+  uint32_t quietPolls_ = 0;                   // progress(0) calls that skipped epoll
+  uint64_t doorbells_ = 0;                    // DOORBELL frames received
+  std::deque<std::pair<int, Tag>> readsDue_;  // irecv's single-copy reads, for progress
   // Single copy: this rank's proofs, one slot per peer (written while
   // connecting), and the tickets of its held single-copy sends: a reader
   // checks the ticket after reading, so a send withdrawn meanwhile (this

@@ -57,7 +57,7 @@ uint64_t ticketOf(const Tag& tag, uint64_t commId) {
 }  // namespace
 
 LocalIdentity TcpContext::offerLocal() {
-  if (singleCopyMin_ == 0 || hostHash_ == 0) return LocalIdentity{};
+  if ((singleCopyMin_ == 0 && ringBytes_ == 0) || hostHash_ == 0) return LocalIdentity{};
   proofs_.reset(new uint64_t[static_cast<size_t>(size())]());
   tickets_.reset(new uint64_t[kTickets]());
   for (uint16_t i = kTickets; i-- > 0;) freeTickets_.push_back(i);
@@ -95,11 +95,13 @@ void TcpContext::withdrawTickets() {
   if (tickets_) std::fill(tickets_.get(), tickets_.get() + kTickets, uint64_t{0});
 }
 
-void TcpContext::agreeLocal(int peer, pid_t pid, uint64_t ticketBase, bool readsUs) {
+void TcpContext::agreeLocal(int peer, pid_t pid, uint64_t ticketBase, bool readsUs,
+                            std::shared_ptr<LocalRing> ring) {
   PeerState& p = *peers_[peer];
   p.pid = pid;
   p.ticketBase = ticketBase;
   p.readsUs = readsUs && singleCopyMin_ > 0 && tickets_;
+  p.ring = std::move(ring);
 }
 
 bool TcpContext::holdSend(int peer, const RequestPtr& req, const FrameHeader& hdr,
@@ -146,7 +148,7 @@ bool TcpContext::holdSend(int peer, const RequestPtr& req, const FrameHeader& hd
 // header is handled again once it resumes).
 bool TcpContext::startRendezvous(Conn& c) {
   const FrameHeader& h = c.hdr;
-  if (h.offset != 0 && peers_[c.peer]->pid == 0) {
+  if (h.offset != 0 && (peers_[c.peer]->pid == 0 || singleCopyMin_ == 0)) {
     protocolError(c.peer, "a message by single copy, which this rank never offered");
   }
   if (h.msgLen == 0 || h.msgLen > kMaxMessageBytes || h.reserved >= kTickets) {
@@ -265,6 +267,15 @@ void TcpContext::readRendezvous(int peer, RecvMsg* m) {
             FrameHeader{kFrameMagic, kFrameRead, 0, m->tag.group, m->tag.index, m->len, 0, 0, {}},
             nullptr);
   completeRecv(peer, m);
+}
+
+void TcpContext::readDue() {
+  while (!readsDue_.empty()) {
+    const auto [peer, tag] = readsDue_.front();
+    readsDue_.pop_front();
+    auto* m = findAs<RecvMsg>(peer, tag);
+    if (m && m->req && m->remote) readRendezvous(peer, m);
+  }
 }
 
 // READ: the peer has read a message this rank sent by single copy.

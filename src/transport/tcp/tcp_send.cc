@@ -213,13 +213,19 @@ void TcpContext::flush(Conn& c, bool writable) {
     msghdr mh{};
     mh.msg_iov = iov;
     mh.msg_iovlen = n;
-    ssize_t w = ::sendmsg(c.sock.fd(), &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+    const ssize_t w = c.ring ? static_cast<ssize_t>(writeRing(c, iov, n))
+                             : ::sendmsg(c.sock.fd(), &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w == 0 && c.ring) {  // full: pollRings flushes again once there is room
+      blocked = true;
+      break;
+    }
     if (w < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) {
         blocked = true;
         break;
       }
+      if (c.doorbellOnly) return dropSocket(c);  // its ring decides
       int err = errno;
       // A peer that failed usually sent an error report before closing:
       // read it first so the report, not the broken pipe, is what we raise
