@@ -151,6 +151,14 @@ class Context {
   // of that group from any peer must carry `env`. Messages of an earlier
   // group that no receive matched are a mismatch too.
   virtual void beginGroup(uint64_t group, const Envelope& env) = 0;
+  // The op begun last posts every receive before its first send (every
+  // rank of it says so alike). A wire may then hold its large messages
+  // until their receive is posted from the size it uses for point-to-point
+  // (TCP: GFLOW_RENDEZVOUS rather than 16 times that): the receiver's
+  // CLEAR is on its way before the sender gets there, so holding costs no
+  // round trip, and a sender ahead of its receiver no longer streams data
+  // that is staged and copied again.
+  virtual void receivesPostedFirst() {}
 
   // Whether a message of `tag` from `peer` has arrived (or been announced)
   // with no receive posted for it yet. Owning thread.

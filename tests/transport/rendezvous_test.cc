@@ -1,7 +1,8 @@
 // Rendezvous on the TCP wire (tcp_rendezvous.cc), ranks as threads:
 //   - between hosts: messages from GFLOW_RENDEZVOUS bytes on (64 KiB in the
 //     tests) wait with their sender until the receive is posted, and are
-//     never staged; a receive of another size is a mismatch on both sides;
+//     never staged, and so do a collective's in an op that posts its
+//     receives first; a receive of another size is a mismatch on both sides;
 //   - single copy (one process reads itself as a peer process would):
 //     messages from GFLOW_LOCAL_SINGLE_COPY bytes on (4 KiB in the tests)
 //     are read from the sender's buffer once the receive is posted, and the
@@ -115,6 +116,48 @@ TEST(TcpRendezvous, LargeSendsWaitForTheReceiveAndAreNeverStaged) {
         EXPECT_EQ(stagedBytes(c, peer), 0u);
       },
       std::chrono::seconds(30), "tcp"));
+}
+
+// A collective's message of 100 KB is below the collective threshold (16
+// times 64 KiB in the tests) and goes at once, staged by a receiver that
+// has not reached the op; in an op that posts its receives first
+// (receivesPostedFirst: all-to-all) it waits from the point-to-point size,
+// and a receiver that posts late gets it in place.
+TEST(TcpRendezvous, AnOpThatPostsItsReceivesFirstHoldsItsMessagesFromThePointToPointSize) {
+  for (bool receivesFirst : {false, true}) {
+    std::atomic<bool> sent{false};
+    std::atomic<uint64_t> staged{0};
+    expectNoErrors(run(
+        [&](Context& c) {
+          const int peer = 1 - c.rank();
+          const std::vector<char> out = pattern(kBig, 6 + c.rank());
+          std::vector<char> in(kBig + 1, 0);
+          if (c.rank() == 1) {  // behind: its peer's message arrives first
+            const Deadline d = longDeadline();
+            while (!sent || !c.arrived(peer, Tag{1, 0})) {
+              ASSERT_FALSE(d.expired());
+              c.poll();
+              std::this_thread::sleep_for(milliseconds(1));
+            }
+            staged = stagedBytes(c, peer);
+          }
+          c.beginGroup(1, kEnv);
+          if (receivesFirst) c.receivesPostedFirst();
+          RequestPtr r = c.irecv(peer, in.data(), kBig, Tag{1, 0}, kEnv);
+          RequestPtr s = c.isend(peer, out.data(), kBig, Tag{1, 0}, kEnv);
+          if (c.rank() == 0) sent = true;
+          c.wait(r, longDeadline());
+          c.wait(s, longDeadline());
+          EXPECT_EQ(0, std::memcmp(in.data(), pattern(kBig, 6 + peer).data(), kBig));
+          EXPECT_EQ(in[kBig], 0) << "wrote past the receive";
+        },
+        std::chrono::seconds(30), "tcp"));
+    if (receivesFirst) {
+      EXPECT_LE(staged, transport::kStagedOverhead) << "the payload came early";
+    } else {
+      EXPECT_GE(staged, kBig) << "without the hint the message goes at once";
+    }
+  }
 }
 
 // Four sockets per peer: a message whose CLEAR crossed its RENDEZVOUS is

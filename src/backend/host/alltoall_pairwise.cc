@@ -25,6 +25,7 @@ void alltoallvPairwise(Exchange& ex, const void* inp, const Blocks& inBlocks, vo
   const char* in = static_cast<const char*>(inp);
   char* out = static_cast<char*>(outp);
   std::vector<transport::RequestPtr> reqs;
+  ex.receivesPostedFirst();
   for (int s = 1; s < n; ++s) {
     const int from = (r - s + n) % n;
     reqs.push_back(

@@ -40,6 +40,9 @@ class Exchange {
     return ctx_.irecv(peer, data, bytes, transport::Tag{op_.seq, index}, env_);
   }
   void wait(const transport::RequestPtr& r) { ctx_.wait(r, op_.deadline); }
+  // The algorithm posts every receive before its first send
+  // (transport::Context::receivesPostedFirst).
+  void receivesPostedFirst() { ctx_.receivesPostedFirst(); }
 
   // Waits for every send posted so far (the caller's buffers may be reused
   // once this returns).

@@ -85,6 +85,7 @@ class TcpContext final : public Engine {
   // `exclude` has sent its report or closed (docs/errors.md, "One verdict").
   std::vector<Error> awaitReports(Deadline until, int exclude) override;
   void reject(uint64_t group, const std::string& why) override;
+  void receivesPostedFirst() override { receivesFirstGroup_ = group(); }
 
   // Tests: payload bytes and DATA frames written to connection `index` of
   // `peer` so far, a send buffer size for one connection (to make it
@@ -339,6 +340,7 @@ class TcpContext final : public Engine {
   // peer reads to prove it reads this process (LocalIdentity).
   uint64_t singleCopyMin_ = 0;
   uint64_t rendezvousMin_ = 0;  // GFLOW_RENDEZVOUS: larger messages wait for CLEAR (0: never)
+  uint64_t receivesFirstGroup_ = ~uint64_t{0};  // receivesPostedFirst: that op's group
   uint64_t hostHash_ = 0;
   size_t ringBytes_ = 0;                      // GFLOW_LOCAL_RING offered to local peers (0: none)
   std::vector<Conn*> rings_;                  // the ring connections, for pollRings

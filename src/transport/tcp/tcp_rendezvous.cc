@@ -217,14 +217,17 @@ bool TcpContext::clearsAhead(int peer, const Tag& tag, uint64_t bytes) const {
   return peers_[peer]->pid == 0 || singleCopyMin_ == 0 || bytes < singleCopyMin_;
 }
 
-// Point-to-point from GFLOW_RENDEZVOUS on; a collective's messages from
-// kCollectiveFactor times that (measured, docs/performance.md: a rooted
-// op's tree gains from its early data up to a few MiB, all-to-all and
-// sendrecv lose to it from a few hundred KiB).
+// Point-to-point from GFLOW_RENDEZVOUS on, and so the messages of an op
+// that posts its receives first (receivesPostedFirst: all-to-all); other
+// collectives' messages from kCollectiveFactor times that (measured,
+// docs/performance.md: a rooted op's tree gains from its early data up to
+// a few MiB, all-to-all and sendrecv lose to it from a few hundred KiB).
 bool TcpContext::waitsForReceive(const Tag& tag, uint64_t bytes) const {
   constexpr uint64_t kCollectiveFactor = 16;
   if (rendezvousMin_ == 0) return false;
-  if (isPointToPoint(tag.group)) return bytes >= rendezvousMin_;
+  if (isPointToPoint(tag.group) || tag.group == receivesFirstGroup_) {
+    return bytes >= rendezvousMin_;
+  }
   return bytes / kCollectiveFactor >= rendezvousMin_;
 }
 
