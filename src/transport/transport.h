@@ -151,8 +151,10 @@ class Context {
   // of that group from any peer must carry `env`. Messages of an earlier
   // group that no receive matched are a mismatch too.
   virtual void beginGroup(uint64_t group, const Envelope& env) = 0;
-  // The op begun last posts every receive before its first send (every
-  // rank of it says so alike). A wire may then hold its large messages
+  // The op begun last posts every receive before its first send. Every
+  // rank of the op says so alike, after beginGroup and before posting any
+  // of the op's messages (the sender's choice to hold and the receiver's
+  // CLEAR sent ahead must agree). A wire may then hold its large messages
   // until their receive is posted from the size it uses for point-to-point
   // (TCP: GFLOW_RENDEZVOUS rather than 16 times that): the receiver's
   // CLEAR is on its way before the sender gets there, so holding costs no

@@ -509,10 +509,12 @@ void TcpContext::handleReadable(Conn& c) {
   }
 }
 
-void TcpContext::progress(int timeoutMs) {
-  readDue();
+void TcpContext::progress(int timeoutMs, bool reads) {
+  // A read completes a receive: no sleeping after it.
+  const bool read = reads && !readsDue_.empty();
+  if (read) readDue();
   epoll_event events[64];
-  int timeout = aheadPending_.empty() ? timeoutMs : 0;
+  int timeout = aheadPending_.empty() && !read ? timeoutMs : 0;
   const bool armed = timeout != 0 && !rings_.empty() && armRings();
   if (!armed && !rings_.empty()) timeout = 0;
   // Every peer on a ring: the sockets carry only doorbells (not needed by

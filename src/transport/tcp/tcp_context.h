@@ -277,7 +277,8 @@ class TcpContext final : public Engine {
   void flushRingsAtExit();
 
   // Progress.
-  void progress(int timeoutMs);
+  // `reads`: also the single-copy reads irecv left (not from inside isend).
+  void progress(int timeoutMs, bool reads = true);
   void handleReadable(Conn& c);
   bool readHeader(Conn& c);   // false: would block
   bool readPayload(Conn& c);  // false: would block

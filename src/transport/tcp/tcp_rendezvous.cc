@@ -116,8 +116,9 @@ bool TcpContext::holdSend(int peer, const RequestPtr& req, const FrameHeader& hd
   if (!single && (cleared || !waitsForReceive(tag, bytes))) return false;
   if (!single) {
     // A receiver that posted just before (both sides of an exchange) has
-    // its CLEAR on the way or in the socket already: one look saves the wait.
-    pollOnce();
+    // its CLEAR on the way or in the socket already: one look saves the wait
+    // (not the single-copy reads irecv left: they wait until the sends are out).
+    progress(0, /*reads=*/false);
     if (takeClear(peer, hdr)) return false;
   }
   Held h{req, hdr, data, single, 0};
