@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -208,7 +209,8 @@ TEST(TcpLocalRing, MessagesOfEverySizeCrossBothWaysAtOnceIntact) {
       for (auto& r : reqs) c.wait(r, longDeadline());
       for (size_t k = 0; k < in.size(); ++k) {
         const size_t n = sizes[k % sizes.size()];
-        EXPECT_EQ(0, std::memcmp(in[k].data(), pattern(n, int(100 * peer + k)).data(), n)) << k;
+        const std::vector<char> want = pattern(n, int(100 * peer + k));
+        EXPECT_TRUE(std::equal(want.begin(), want.end(), in[k].begin())) << k;
         EXPECT_EQ(in[k][n], 0) << "wrote past the receive " << k;
       }
     }));
