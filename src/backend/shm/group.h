@@ -45,8 +45,8 @@
 #include <string>
 #include <vector>
 
-#include "common/shared_segment.h"
 #include "common/deadline.h"
+#include "common/shared_segment.h"
 #include "common/sticky_error.h"
 #include "gflow/error.h"
 #include "gflow/store.h"
