@@ -18,7 +18,6 @@
 
 namespace gflow::transport::tcp {
 namespace {
-constexpr size_t kReadAhead = 16 << 10;
 
 // The unit a striped message is cut into (Options::tcp.stripeChunkBytes,
 // else GFLOW_STRIPE_CHUNK); 0 keeps the equal split assigned up front.

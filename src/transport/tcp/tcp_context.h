@@ -323,6 +323,9 @@ class TcpContext final : public Engine {
   void pollOnce() override { progress(0); }
   void waitUntilDone(const RequestPtr& req, Deadline deadline) override;
 
+  // A connection's read-ahead buffer (socket and ring connections alike).
+  static constexpr size_t kReadAhead = 16 << 10;
+
   uint64_t stripeMin_;
   // Unsent bytes a socket of a peer with several may hold in the kernel
   // (TCP_NOTSENT_LOWAT; epoll reports it writable below half of this), at

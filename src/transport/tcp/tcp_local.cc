@@ -87,7 +87,7 @@ void TcpContext::installRings() {
     for (auto& s : p.sockets) s->doorbellOnly = true;
     auto c = std::make_unique<Conn>();
     c->peer = peer;
-    c->ahead.reset(new char[16 << 10]);
+    c->ahead.reset(new char[kReadAhead]);
     c->ring = std::move(p.ring);
     c->watched = false;
     rings_.push_back(c.get());
