@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -77,6 +78,10 @@ struct AllreduceOptions {
   // the result by `postscale` after it is widened.
   float prescale = 1.0f;
   float postscale = 1.0f;
+  // Reproducible mode for this op (Options::reproducible); unset: the
+  // communicator's. Every rank must pass the same (kMismatch otherwise; on
+  // several hosts, kTimeout at the op's deadline: docs/errors.md).
+  std::optional<bool> reproducible;
 };
 
 struct AllreduceResult {

@@ -52,6 +52,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -99,6 +100,12 @@ struct ReducerOptions {
   float prescale = 1.0f;
   float postscale = 1.0f;
   SparseOptions sparse;
+  // Reproducible mode for the reducer's allreduces (Options::reproducible):
+  // the averaged gradients' bits do not depend on fusionThreshold, the
+  // cycle time or anything else that cuts them into buckets (with CSC,
+  // which chunks travel is still picked per bucket). Unset: the
+  // communicator's. Every rank must pass the same (kMismatch otherwise).
+  std::optional<bool> reproducible;
 };
 
 struct ReducerStats {

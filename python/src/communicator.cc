@@ -29,7 +29,8 @@ py::object finish(const CommPtr& comm, Work work, std::vector<HeldTensor> keep, 
 }
 
 py::object allreduce(const CommPtr& comm, py::handle x, py::handle op, py::handle out,
-                     py::handle wire, float prescale, float postscale, bool asyncOp) {
+                     py::handle wire, float prescale, float postscale, py::handle reproducible,
+                     bool asyncOp) {
   Communicator& c = *comm;
   std::vector<HeldTensor> keep;
   AllreduceOptions o;
@@ -37,16 +38,18 @@ py::object allreduce(const CommPtr& comm, py::handle x, py::handle op, py::handl
     keep.push_back(viewTensor(x, "allreduce: tensor", out.is_none()));
     o.op = toReduceOp(op);
     if (!out.is_none()) {
-      if (!wire.is_none() || prescale != 1.0f || postscale != 1.0f) {
+      if (!wire.is_none() || prescale != 1.0f || postscale != 1.0f || !reproducible.is_none()) {
         throw Error(ErrorCode::kInvalidArgument,
-                    "allreduce: wire, prescale and postscale apply to in-place allreduce only "
-                    "(drop out=)");
+                    "allreduce: wire, prescale, postscale and reproducible apply to in-place "
+                    "allreduce only (drop out=; a communicator created with reproducible=True "
+                    "is reproducible out of place too)");
       }
       keep.push_back(viewTensor(out, "allreduce: out", true));
     } else {
       o.wire = wire.is_none() ? keep[0].tensor.dtype : toDataType(wire);
       o.prescale = prescale;
       o.postscale = postscale;
+      if (!reproducible.is_none()) o.reproducible = reproducible.cast<bool>();
     }
   });
   Work w;
@@ -248,7 +251,8 @@ void applyConfig(const py::kwargs& kw, Options* o) {
                                       "verify_device_ops",
                                       "unexpected_limit_bytes",
                                       "spin_us",
-                                      "pin_threads"};
+                                      "pin_threads",
+                                      "reproducible"};
   for (auto item : kw) {
     const std::string key = item.first.cast<std::string>();
     if (std::find(std::begin(kKeys), std::end(kKeys), key) == std::end(kKeys)) {
@@ -272,6 +276,7 @@ void applyConfig(const py::kwargs& kw, Options* o) {
   setIf(kw, "unexpected_limit_bytes", &o->progress.unexpectedLimitBytes);
   setIf(kw, "spin_us", &o->progress.spinUs);
   setIf(kw, "pin_threads", &o->progress.pinThreads);
+  setIf(kw, "reproducible", &o->reproducible);
 }
 
 Options makeOptions(py::handle rank, py::handle size, py::handle root, py::handle timeout,
@@ -371,7 +376,8 @@ void bindCommunicator(py::module_& m) {
       .def_property_readonly("num_hosts", &Communicator::numHosts)
       .def("allreduce", &allreduce, py::arg("tensor"), py::arg("op") = "sum", py::kw_only(),
            py::arg("out") = py::none(), py::arg("wire") = py::none(), py::arg("prescale") = 1.0f,
-           py::arg("postscale") = 1.0f, py::arg("async_op") = false)
+           py::arg("postscale") = 1.0f, py::arg("reproducible") = py::none(),
+           py::arg("async_op") = false)
       .def(
           "reduce_scatter",
           [](const CommPtr& c, py::handle in, py::handle out, py::handle op, bool asyncOp) {

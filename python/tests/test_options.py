@@ -112,3 +112,74 @@ def test_set_cuda_component_before_the_load():
     p = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True,
                        timeout=60)
     assert p.returncode == 0 and "set" in p.stdout, p.stdout + p.stderr
+
+
+def _fixed_order_sum(xs):
+    acc = xs[0].copy()
+    for x in xs[1:]:
+        acc += x  # float32, in rank order: the bits of reproducible mode
+    return acc
+
+
+def _run_each(comms, fn):
+    threads = [threading.Thread(target=fn, args=(c,)) for c in comms]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+
+
+def test_reproducible_keyword_and_per_op_argument_give_the_fixed_order_bits():
+    import gflow
+    rng = np.random.default_rng(3)
+    n = 3
+    xs = [(rng.standard_normal(30011) * 2.0 ** rng.integers(-12, 12, 30011)).astype(np.float32)
+          for _ in range(n)]
+    want = _fixed_order_sum(xs)
+    for shm in (True, False):
+        # The communicator's keyword; then per op on a default communicator.
+        for per_op in (False, True):
+            comms, errors = world(n, lambda r: {"shm": shm, "reproducible": not per_op})
+            assert errors == [None] * n, errors
+            got = [None] * n
+
+            def run(c):
+                x = xs[c.rank].copy()
+                c.allreduce(x, "sum", reproducible=True if per_op else None)
+                got[c.rank] = x
+
+            _run_each(comms, run)
+            for r in range(n):
+                assert got[r].tobytes() == want.tobytes(), (shm, per_op, r)
+    comms, _ = world(n, lambda r: {})
+    with pytest.raises(gflow.InvalidArgumentError, match="reproducible"):
+        comms[0].allreduce(np.zeros(4, np.float32), out=np.zeros(4, np.float32),
+                           reproducible=True)
+
+
+def test_reproducible_reducer_bits_do_not_depend_on_the_fusion_threshold():
+    import gflow
+    rng = np.random.default_rng(4)
+    n, sizes = 3, [700, 3000, 50, 9000, 1]
+    vals = [[rng.standard_normal(s).astype(np.float32) * 100 for s in sizes] for _ in range(n)]
+    results = {}
+    for threshold in (1024, 1 << 20):
+        comms, errors = world(n, lambda r: {})
+        assert errors == [None] * n, errors
+        got = [None] * n
+
+        def run(c):
+            grads = [v.copy() for v in vals[c.rank]]
+            red = gflow.GradientReducer(c, grads, op="sum", fusion_threshold=threshold,
+                                        reproducible=True)
+            for i in range(len(grads)):
+                red.ready(i)
+            red.wait(timeout=60)
+            got[c.rank] = np.concatenate(grads)
+
+        _run_each(comms, run)
+        results[threshold] = got
+    want = _fixed_order_sum([np.concatenate(v) for v in vals])
+    for threshold, got in results.items():
+        for r in range(n):
+            assert got[r].tobytes() == want.tobytes(), (threshold, r)

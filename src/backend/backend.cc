@@ -42,6 +42,8 @@ const char* toString(Algorithm algo) {
     case Algorithm::kPairwise: return "pairwise";
     case Algorithm::kDirect: return "direct";
     case Algorithm::kNccl: return "nccl";
+    case Algorithm::kFixedOrder: return "fixed-order";
+    case Algorithm::kShmFixedOrder: return "shm-fixed-order";
   }
   return "unknown-algorithm";
 }

@@ -85,9 +85,10 @@ class ByAlgorithm final : public Backend {
 
  private:
   Backend& pick(const Op& op) {
-    Backend* b = op.desc.algo == Algorithm::kShm            ? shm_.get()
-                 : op.desc.algo == Algorithm::kHierarchical ? hier_.get()
-                                                            : flat_.get();
+    const Algorithm a = op.desc.algo;
+    Backend* b = a == Algorithm::kShm || a == Algorithm::kShmFixedOrder ? shm_.get()
+                 : a == Algorithm::kHierarchical                        ? hier_.get()
+                                                                        : flat_.get();
     GFLOW_ENFORCE(b != nullptr);
     return *b;
   }
@@ -107,9 +108,9 @@ class ByAlgorithm final : public Backend {
 namespace {
 
 Path hostPath(Algorithm a) {
-  return a == Algorithm::kShm            ? Path::kShm
-         : a == Algorithm::kHierarchical ? Path::kHierarchical
-                                         : Path::kNetwork;
+  return a == Algorithm::kShm || a == Algorithm::kShmFixedOrder ? Path::kShm
+         : a == Algorithm::kHierarchical                        ? Path::kHierarchical
+                                                                : Path::kNetwork;
 }
 
 // 64 bits of everything in an op's description that must agree.
@@ -252,6 +253,10 @@ Backend& Router::route(const Op& op, const Blocks* in, const Blocks* out) {
 }
 
 bool Router::usable(const Op& op) {
+  // NCCL cannot be made to reduce in rank order (its order follows its
+  // channels and algorithm): reproducible ops stage through the host's
+  // fixed-order algorithm, so device and host buffers get the same bits.
+  if (isFixedOrder(op.desc.algo)) return false;
   int device = -1;
   void* ready = nullptr;
   const bool on = rooted(op.desc.kind) ? op.buffers->leading(&device, &ready)

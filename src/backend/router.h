@@ -4,8 +4,9 @@
 //   - host buffers: `shm` for kShm, `hierarchical` for kHierarchical, `flat`
 //     (gflow's algorithms over the network transport) for the rest;
 //   - device buffers (Op::buffers): NCCL when it runs this communicator and
-//     the op's buffers are on one GPU and stream; otherwise the staged
-//     backend over the host choice above.
+//     the op's buffers are on one GPU and stream, and the op is not
+//     reproducible (isFixedOrder); otherwise the staged backend over the host
+//     choice above.
 // The first op on device buffers makes NCCL decide, on every rank at once,
 // whether it runs this communicator (backend/nccl/nccl_backend.h). With
 // `verifyNccl` (Options::device.verifyOps, GFLOW_NCCL_VERIFY), each NCCL op is preceded by an

@@ -30,6 +30,10 @@
     "1: point-to-point on cuda tensors runs on NCCL (ncclSend/ncclRecv in one group per call) "    \
     "once NCCL runs the communicator; device messages between a pair are then received in the "    \
     "order they were sent. 0: staged through host memory.")                                        \
+  X(reproducible, "GFLOW_REPRODUCIBLE", kInt, "0", kAgree,                                         \
+    "1: allreduce and reduce-scatter reduce every element in rank order in one accumulation "      \
+    "type, so results do not depend on buckets, algorithm, chunking or hosts "                     \
+    "(docs/algorithms.md, Reproducible mode); 0: the fastest algorithm.")                          \
   X(shm, "GFLOW_SHM", kInt, "1", kAgree,                                                           \
     "1: ranks on the same host exchange data through shared memory; 0: through the "               \
     "network transport.")                                                                          \
@@ -158,6 +162,7 @@
   R(ncclVerify, 0, 1, false)                      \
   R(ncclP2P, 0, 1, false)                         \
   R(shm, 0, 1, false)                             \
+  R(reproducible, 0, 1, false)                    \
   R(shmChunk, 4096, 1LL << 30, false)             \
   R(localSingleCopy, 4096, 1LL << 46, true)       \
   R(localRing, 4096, 1LL << 30, true)             \

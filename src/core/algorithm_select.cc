@@ -97,7 +97,11 @@ AlgorithmSelector::ByteRange AlgorithmSelector::shmSingleCopyRange(const std::st
   return r;
 }
 
-Algorithm AlgorithmSelector::select(OpKind kind, uint64_t bytes, int worldSize) const {
+Algorithm AlgorithmSelector::select(OpKind kind, uint64_t bytes, int worldSize,
+                                    bool reproducible) const {
+  if (reproducible && (kind == OpKind::kAllreduce || kind == OpKind::kReduceScatter)) {
+    return caps_.shm ? Algorithm::kShmFixedOrder : Algorithm::kFixedOrder;
+  }
   switch (kind) {
     case OpKind::kReduceScatter:
     case OpKind::kAllgather:

@@ -43,8 +43,12 @@ class AlgorithmSelector {
   // hosts, else recursive doubling up to Thresholds::rdMax, halving-doubling
   // up to Thresholds::hdMax and ring above. A
   // rule naming shm or hier where that is not available is skipped (logged
-  // once).
-  backend::Algorithm select(backend::OpKind kind, uint64_t bytes, int worldSize) const;
+  // once). `reproducible` (allreduce and reduce-scatter; no rule applies):
+  // the shared-memory backend's fixed order on one host, else the host
+  // backend's over the network transport, across hosts too (the
+  // hierarchical composition's order depends on the hosts).
+  backend::Algorithm select(backend::OpKind kind, uint64_t bytes, int worldSize,
+                            bool reproducible = false) const;
   // The flat choice only (ring/rd rules and the threshold; chain and
   // dissemination for broadcast and barrier): the cross-host phase of a
   // hierarchical op, among `groupSize` ranks, moving `bytes`.

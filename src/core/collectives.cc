@@ -25,9 +25,11 @@ using opcheck::overlap;
 
 // `before`/`after` (optional) run on the executing thread around the
 // collective: the fused ops of the gradient layer pack and unpack there.
+// `reproducible`: AllreduceOptions::reproducible (unset: the communicator's).
 std::shared_ptr<WorkState> doAllreduce(CommunicatorImpl& I, Tensor in, Tensor out, ReduceOp op,
                                        bool blocking, std::function<void()> before = {},
-                                       std::function<void()> after = {}) {
+                                       std::function<void()> after = {},
+                                       std::optional<bool> reproducible = std::nullopt) {
   const char* name = "allreduce";
   I.checkUsable(name);
   I.validateTensor(name, "in", in);
@@ -41,7 +43,7 @@ std::shared_ptr<WorkState> doAllreduce(CommunicatorImpl& I, Tensor in, Tensor ou
   if (in.data != out.data && overlap(in.data, in.nbytes(), out.data, out.nbytes())) {
     I.invalid(name, "in and out overlap without being the same buffer");
   }
-  OpDesc d{OpKind::kAllreduce, in.dtype, op, Algorithm::kAuto, 0, in.count};
+  OpDesc d{OpKind::kAllreduce, in.dtype, op, I.reductionAlgo(in.dtype, reproducible), 0, in.count};
   CommunicatorImpl* self = &I;
   auto buffers = in.data == out.data ? Buffers::bind(name, I.commRank(), {{in, Buffers::kInOut}})
                                      : Buffers::bind(name, I.commRank(),
@@ -146,7 +148,8 @@ std::shared_ptr<WorkState> doAllreduceWith(CommunicatorImpl& I, Tensor inout,
     run();
     k->synchronize();
   };
-  auto w = doAllreduce(I, s.buffer, s.buffer, s.op, blocking, std::move(s.before), after);
+  auto w = doAllreduce(I, s.buffer, s.buffer, s.op, blocking, std::move(s.before), after,
+                       o.reproducible);
   w->setNonFiniteFlag(flag);
   return w;
 }
@@ -160,7 +163,7 @@ std::shared_ptr<WorkState> doReduceScatter(CommunicatorImpl& I, Tensor in, Tenso
   if (overlap(in.data, in.nbytes(), out.data, out.nbytes())) {
     I.invalid(name, "in and out must not overlap");
   }
-  OpDesc d{OpKind::kReduceScatter, in.dtype, op, Algorithm::kAuto, 0, out.count};
+  OpDesc d{OpKind::kReduceScatter, in.dtype, op, I.reductionAlgo(in.dtype), 0, out.count};
   CommunicatorImpl* self = &I;
   auto buffers = Buffers::bind(name, I.commRank(), {{in, Buffers::kIn}, {out, Buffers::kOut}});
   return I.submit(
@@ -264,6 +267,13 @@ Work Communicator::barrierAsync() {
 std::shared_ptr<kernels::GradientKernels> internal::CommunicatorAccess::kernelsFor(
     Communicator& comm, Device where, void* stream) {
   return impl(comm).kernelsFor(where, stream);
+}
+
+bool internal::CommunicatorAccess::reproducible(const Communicator& comm) {
+  return impl(comm).settings.reproducible;
+}
+void internal::CommunicatorAccess::setReproducible(Communicator& comm, bool on) {
+  impl(comm).settings.reproducible = on;
 }
 
 std::shared_ptr<WorkState> internal::CommunicatorAccess::fusedAllreduce(

@@ -215,7 +215,7 @@ std::shared_ptr<WorkState> CommunicatorImpl::submit(OpDesc desc, bool blocking,
                                   desc.kind == OpKind::kAlltoall
                               ? static_cast<uint64_t>(size)
                               : 1);
-  desc.algo = selector->select(desc.kind, bytes, size);
+  desc.algo = selector->select(desc.kind, bytes, size, desc.algo == Algorithm::kFixedOrder);
   opCount[opIndex(desc.kind)].fetch_add(1, std::memory_order_relaxed);
   auto task = [this, desc, name, body = std::move(body), buffers = std::move(buffers)] {
     // Point-to-point stands outside the collectives' order (only two ranks

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,7 +45,22 @@ class CommunicatorImpl final : public Communicator {
     return kernelsPool.get(where, stream);
   }
 
+  // The algorithm an allreduce or reduce-scatter of `dtype` is submitted
+  // with: kFixedOrder in reproducible mode (`asked`, else the communicator's
+  // setting), which the selection refines (AlgorithmSelector::select), else
+  // kAuto. Integer and bool reductions give the same bits in any order, so
+  // only the floating-point and complex types need the fixed order.
+  backend::Algorithm reductionAlgo(DataType dtype, std::optional<bool> asked = std::nullopt) const {
+    const bool exact = dtype != DataType::kFloat32 && dtype != DataType::kFloat16 &&
+                       dtype != DataType::kBFloat16 && dtype != DataType::kFloat64 &&
+                       dtype != DataType::kFloat8E4M3 && dtype != DataType::kFloat8E5M2 &&
+                       dtype != DataType::kComplex64 && dtype != DataType::kComplex128;
+    return asked.value_or(settings.reproducible) && !exact ? backend::Algorithm::kFixedOrder
+                                                           : backend::Algorithm::kAuto;
+  }
+
   // Runs one collective (blocking or async) with the common bookkeeping.
+  // desc.algo: kAuto, or reductionAlgo()'s request.
   // `buffers`: Op::buffers of every run (backend::DeviceBuffers::bind);
   // `opName`: the op's name in errors (default: desc.kind's).
   std::shared_ptr<WorkState> submit(backend::OpDesc desc, bool blocking,

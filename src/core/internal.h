@@ -28,6 +28,11 @@ struct CommunicatorAccess {
   static std::shared_ptr<WorkState> fusedAllreduce(Communicator& comm, Tensor buffer, ReduceOp op,
                                                    std::function<void()> before,
                                                    std::function<void()> after);
+  // Whether `comm` runs its allreduces and reduce-scatters in reproducible
+  // mode, and setting it (the gradient layer's own communicator, before its
+  // first op: ReducerOptions::reproducible).
+  static bool reproducible(const Communicator& comm);
+  static void setReproducible(Communicator& comm, bool on);
   // Fails `comm` with kInvalidArgument for `op` (the peers get the same
   // error instead of waiting for this rank) and throws it.
   [[noreturn]] static void failInvalid(Communicator& comm, const char* op, const std::string& what);

@@ -62,6 +62,7 @@ Settings resolveSettings(const Options& o) {
   s.deviceBackend = !o.device.backend.empty() ? o.device.backend : params::deviceBackend();
   s.verifyDeviceOps = o.device.verifyOps ? *o.device.verifyOps : params::ncclVerify() != 0;
   s.ncclP2P = o.device.p2p ? *o.device.p2p : params::ncclP2P() != 0;
+  s.reproducible = o.reproducible ? *o.reproducible : params::reproducible() != 0;
   s.tuning = o.tuning;
   s.progress = o.progress;
   return s;
@@ -74,6 +75,7 @@ std::vector<Settings::Agreed> Settings::agreed() const {
       {&params::spec::deviceBackend, "Options::device.backend", deviceBackend},
       {&params::spec::ncclVerify, "Options::device.verifyOps", flag(verifyDeviceOps)},
       {&params::spec::ncclP2P, "Options::device.p2p", flag(ncclP2P)},
+      {&params::spec::reproducible, "Options::reproducible", flag(reproducible)},
       {&params::spec::shm, "Options::shm.enabled", flag(shm)},
       {&params::spec::shmChunk, "Options::shm.chunkBytes", std::to_string(shmChunkBytes)},
       {&params::spec::shmSingleCopy, "Options::shm.singleCopy", shmSingleCopy},

@@ -33,6 +33,7 @@ struct Settings {
   std::string deviceBackend;           // Options::device.backend, else GFLOW_DEVICE_BACKEND
   bool verifyDeviceOps = true;         // Options::device.verifyOps, else GFLOW_NCCL_VERIFY
   bool ncclP2P = false;                // Options::device.p2p, else GFLOW_NCCL_P2P
+  bool reproducible = false;           // Options::reproducible, else GFLOW_REPRODUCIBLE
   TuningOptions tuning;                // pieceBytes, ringWindow, hierSegmentBytes as given
   ProgressOptions progress;            // as given
 

@@ -175,7 +175,8 @@ class GradientReducer::Impl {
   void setUp(const ReducerOptions& options);
   void setUpKernels();
   void allocatePool();
-  // Wire and CSC settings as one number, for the registration check.
+  // Wire, CSC and reproducible-mode settings as one number, for the
+  // registration check.
   int64_t compressionDigest() const {
     uint64_t h = static_cast<uint64_t>(wire.wire);
     auto mix = [&h](double v) {
@@ -184,7 +185,8 @@ class GradientReducer::Impl {
       h = hash::mix(h, bits);
     };
     for (double v : {double(wire.prescale), double(wire.postscale), sparse.density,
-                     double(sparse.chunk), double(sparse.momentum), double(sparse.warmupSteps)}) {
+                     double(sparse.chunk), double(sparse.momentum), double(sparse.warmupSteps),
+                     double(CommunicatorAccess::reproducible(*comm))}) {
       mix(v);
     }
     return static_cast<int64_t>(h >> 1);
@@ -251,6 +253,8 @@ GradientReducer::Impl::Impl(std::shared_ptr<Communicator> parent, std::vector<Te
   // on one rank only: from here on such failures fail `comm`, which the
   // peers (in the registration check or a step) see at once.
   comm = parent->split(0, parent->rank());
+  CommunicatorAccess::setReproducible(
+      *comm, options.reproducible.value_or(CommunicatorAccess::reproducible(*parent)));
   try {
     setUp(options);
   } catch (const Error& e) {

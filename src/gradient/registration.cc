@@ -68,7 +68,8 @@ void checkRegistration(Communicator& comm, const std::vector<Tensor>& tensors,
   for (int r = 1; r < size; ++r) {
     if (at(r, 5) != at(0, 5)) {
       GFLOW_THROW(kMismatch, ctx) << "GradientReducer wire/CSC settings (wire type, prescale, "
-                                     "postscale, density, chunk, momentum, warm-up) differ "
+                                     "postscale, density, chunk, momentum, warm-up, "
+                                     "reproducible) differ "
                                      "between rank 0 and rank "
                                   << r;
     }

@@ -14,7 +14,7 @@ struct RegistrationOptions {
   ReduceOp op = ReduceOp::kAvg;
   uint64_t threshold = 0;
   int64_t cycleMs = 0;
-  int64_t compression = 0;  // digest of the wire and CSC settings
+  int64_t compression = 0;  // digest of the wire, CSC and reproducible settings
 };
 
 // Collective over `comm` (one allgather; a second one on a mismatch to find

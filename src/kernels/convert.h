@@ -11,7 +11,9 @@
 namespace gflow::kernels {
 
 // dst[i] = round(src[i] * scale) to `wire` (kFloat16 or kBFloat16; round to
-// nearest even; values beyond the wire type's range become inf).
+// nearest even; values beyond the wire type's range become inf). The float8
+// types are also accepted (scalar code; reduce.h says how they round), for
+// the reproducible allreduce's float32 accumulator.
 void narrow(void* dst, const float* src, size_t count, DataType wire, float scale = 1.0f);
 // dst[i] = float(src[i]) * scale (the widening itself is exact).
 void widen(float* dst, const void* src, size_t count, DataType wire, float scale = 1.0f);

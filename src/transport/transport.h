@@ -151,7 +151,9 @@ class Context {
   // of that group from any peer must carry `env`. Messages of an earlier
   // group that no receive matched are a mismatch too.
   virtual void beginGroup(uint64_t group, const Envelope& env) = 0;
-  // The op begun last posts every receive before its first send. Every
+  // The op begun last posts its receives ahead of the sends they match
+  // (the all-to-all: every receive before its first send; reproducible
+  // mode's fixed order: each round's receives before its sends). Every
   // rank of the op says so alike, after beginGroup and before posting any
   // of the op's messages (the sender's choice to hold and the receiver's
   // CLEAR sent ahead must agree). A wire may then hold its large messages
@@ -159,7 +161,8 @@ class Context {
   // (TCP: GFLOW_RENDEZVOUS rather than 16 times that): the receiver's
   // CLEAR is on its way before the sender gets there, so holding costs no
   // round trip, and a sender ahead of its receiver no longer streams data
-  // that is staged and copied again.
+  // that is staged and copied again. A receive posted after its sender got
+  // there still matches: the held message waits for it.
   virtual void receivesPostedFirst() {}
 
   // Whether a message of `tag` from `peer` has arrived (or been announced)

@@ -27,7 +27,7 @@ using backend::OpKind;
 using testing::BackendWorld;
 
 constexpr Algorithm kAllreduceAlgorithms[] = {Algorithm::kRing, Algorithm::kRecursiveDoubling,
-                                              Algorithm::kHalvingDoubling};
+                                              Algorithm::kHalvingDoubling, Algorithm::kFixedOrder};
 using testing::opDesc;
 using testing::RankBuffers;
 
@@ -73,6 +73,10 @@ TEST_P(HostBackendTest, RecursiveDoublingAllreduceIsExactForEveryDtypeOpAndCount
 
 TEST_P(HostBackendTest, HalvingDoublingAllreduceIsExactForEveryDtypeOpAndCount) {
   checkEveryAllreduce(Algorithm::kHalvingDoubling);
+}
+
+TEST_P(HostBackendTest, FixedOrderAllreduceIsExactForEveryDtypeOpAndCount) {
+  checkEveryAllreduce(Algorithm::kFixedOrder);
 }
 
 TEST_P(HostBackendTest, AllreduceInPlace) {
@@ -130,9 +134,11 @@ TEST_P(HostBackendTest, ReduceScatterIsExactForEveryDtypeAndOp) {
     for (ReduceOp rop : testing::allReduceOps()) {
       if (!supportsReduceOp(t, rop)) continue;
       for (size_t block : {size_t(0), size_t(1), size_t(3), size_t(1001)}) {
-        testing::checkExactReduceScatter(
-            *world_, opDesc(OpKind::kReduceScatter, t, rop, Algorithm::kRing, block));
-        if (HasFailure()) return;
+        for (Algorithm algo : {Algorithm::kRing, Algorithm::kFixedOrder}) {
+          testing::checkExactReduceScatter(*world_,
+                                           opDesc(OpKind::kReduceScatter, t, rop, algo, block));
+          if (HasFailure()) return;
+        }
       }
     }
   }

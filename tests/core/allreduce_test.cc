@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 
 #include "common/params.h"
 #include "core/algorithm_select.h"
@@ -21,10 +22,23 @@ using testing::allReduceOps;
 
 class AllreduceWorld : public ::testing::TestWithParam<std::tuple<int, const char*>> {};
 
+// "ring", "rd", "hd": that algorithm over the network transport;
+// "fixed_shm" / "fixed_net": reproducible mode on shared memory / over the
+// network transport.
+Options worldOptions(const std::string& algo) {
+  Options o;
+  if (algo.rfind("fixed", 0) == 0) {
+    o.reproducible = true;
+    o.shm.enabled = algo == "fixed_shm";
+  } else {
+    o.algorithm = algo;
+  }
+  return o;
+}
+
 TEST_P(AllreduceWorld, ExactEveryDtypeOpCount) {
   const int n = std::get<0>(GetParam());
-  Options o;
-  o.algorithm = std::get<1>(GetParam());
+  Options o = worldOptions(std::get<1>(GetParam()));
   o.timeout = std::chrono::seconds(60);
   auto world = testing::makeWorld(n, o);
   const std::vector<size_t> counts = {0, 1, 2, static_cast<size_t>(n) + 1, 7, 1000, 4099};
@@ -69,9 +83,7 @@ TEST_P(AllreduceWorld, ExactEveryDtypeOpCount) {
 
 TEST_P(AllreduceWorld, RandomFloatsMatchFloat64AndAgreeBitwise) {
   const int n = std::get<0>(GetParam());
-  Options o;
-  o.algorithm = std::get<1>(GetParam());
-  auto world = testing::makeWorld(n, o);
+  auto world = testing::makeWorld(n, worldOptions(std::get<1>(GetParam())));
   const size_t count = 30011;
   std::vector<std::vector<float>> inputs(n), outputs(n);
   for (int r = 0; r < n; ++r) {
@@ -103,7 +115,8 @@ TEST_P(AllreduceWorld, RandomFloatsMatchFloat64AndAgreeBitwise) {
 
 INSTANTIATE_TEST_SUITE_P(Worlds, AllreduceWorld,
                          ::testing::Combine(::testing::Values(1, 2, 3, 4, 5, 8),
-                                            ::testing::Values("ring", "rd", "hd")),
+                                            ::testing::Values("ring", "rd", "hd", "fixed_shm",
+                                                              "fixed_net")),
                          [](const ::testing::TestParamInfo<std::tuple<int, const char*>>& p) {
                            return "n" + std::to_string(std::get<0>(p.param)) + "_" +
                                   std::get<1>(p.param);

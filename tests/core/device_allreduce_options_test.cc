@@ -53,7 +53,12 @@ std::vector<float> inputOf(int rank, float magnitude, bool integers) {
 
 AllreduceOptions options(ReduceOp op, DataType wire, float prescale = 1.0f,
                          float postscale = 1.0f) {
-  return AllreduceOptions{op, wire, prescale, postscale};
+  AllreduceOptions o;
+  o.op = op;
+  o.wire = wire;
+  o.prescale = prescale;
+  o.postscale = postscale;
+  return o;
 }
 
 struct Outcome {
@@ -228,6 +233,32 @@ TEST_F(DeviceAllreduceOptions, AnInfOnOneRankIsReportedOnEveryRank) {
   std::vector<std::vector<float>> big(kRanks, std::vector<float>(kCount, 30000.0f));
   const Outcome over = run(Where::kStaged, options(ReduceOp::kSum, DataType::kFloat16), big);
   for (int r = 0; r < kRanks; ++r) EXPECT_TRUE(over.nonFinite[r]) << "rank " << r;
+}
+
+// Reproducible mode on cuda tensors: NCCL cannot reduce in rank order, so
+// even where it would run (one soft GPU per rank) the op is staged through
+// the host's fixed order; cpu, staged and the "nccl" placement give the
+// fixed-order reference's bits, compressed or not, and NCCL never starts.
+TEST_F(DeviceAllreduceOptions, ReproducibleGivesTheFixedOrderBitsOnEveryPlacement) {
+  const auto in = inputs(3.0f);
+  for (DataType wire : {DataType::kFloat32, DataType::kFloat16}) {
+    AllreduceOptions o = options(ReduceOp::kSum, wire);
+    o.reproducible = true;
+    const Outcome cpu = run(Where::kCpu, o, in);
+    if (wire == DataType::kFloat32) {
+      for (size_t i = 0; i < kCount; ++i) {
+        float want = in[0][i];
+        for (int r = 1; r < kRanks; ++r) want += in[r][i];
+        ASSERT_EQ(std::memcmp(&cpu.values[0][i], &want, sizeof want), 0) << "element " << i;
+      }
+    }
+    const int inits = softnccl::inits();
+    for (Where w : {Where::kStaged, Where::kNccl}) {
+      expectSameBits(run(w, o, in), cpu,
+                     std::string("reproducible ") + toString(w) + " " + gflow::toString(wire));
+    }
+    EXPECT_EQ(softnccl::inits(), inits) << "a reproducible op started NCCL";
+  }
 }
 
 TEST_F(DeviceAllreduceOptions, WorksOnTheCallersOwnStream) {

@@ -206,6 +206,8 @@ TEST(Settings, AgreementComparesTheValuesInForce) {
                        "GFLOW_NCCL_VERIFY (Options::device.verifyOps) differs");
   expectEveryRankNames(createErrors(3, onRankZero([](Options& o) { o.shm.singleCopy = "off"; })),
                        "GFLOW_SHM_SINGLE_COPY (Options::shm.singleCopy) differs");
+  expectEveryRankNames(createErrors(3, onRankZero([](Options& o) { o.reproducible = true; })),
+                       "GFLOW_REPRODUCIBLE (Options::reproducible) differs");
   // The same values, one way or the other, agree.
   expectNoneFailed(createErrors(3, onRankZero([](Options& o) {
                                   o.shm.chunkBytes = 4096;

@@ -27,11 +27,16 @@
 //                                   buckets; CYCLE_MS > 0: negotiated rounds),
 //                                   ready() in reverse order on odd ranks;
 //                                   float32 sum, verified
+//     reproduce COUNT CUT           one allreduce (sum) of COUNT float32
+//                                   values (reproducible_values.h), as
+//                                   ops of at most CUT elements (0: one);
+//                                   prints the result's digest
 //
 // Output (stdout, one line each, flushed):
 //   GFLOW_READY rank=R size=N
 //   GFLOW_PROGRESS rank=R iter=I          after each completed op (1-based)
 //   GFLOW_DONE rank=R iters=N
+//   GFLOW_DIGEST rank=R digest=D          (reproduce: the result's FNV-1a, decimal)
 //   GFLOW_ERROR code=<toString(ErrorCode)> rank=R peer=P op=O seq=S what=<what()>
 //
 // Exit status: 0 success; 10 + ErrorCode for a gflow::Error (10 invalid_argument,
@@ -39,6 +44,7 @@
 // 16 internal); 3 wrong allreduce result; 4 another exception; 2 bad usage.
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -48,6 +54,7 @@
 #include <thread>
 #include <vector>
 
+#include "faults/reproducible_values.h"
 #include "gflow/gflow.h"
 
 namespace {
@@ -202,6 +209,20 @@ int runLoop(gflow::Communicator& comm, const std::vector<std::string>& args,
   return 0;
 }
 
+int runReproduce(gflow::Communicator& comm, const std::vector<std::string>& args) {
+  const auto count = static_cast<size_t>(argNum(args, 1, "COUNT"));
+  const auto cut = static_cast<size_t>(argNum(args, 2, "CUT"));
+  std::vector<float> v = gflow::faulttest::reproducibleInput(comm.rank(), count);
+  const size_t step = cut == 0 ? std::max<size_t>(count, 1) : cut;
+  for (size_t at = 0; at < count; at += step) {
+    comm.allreduce(gflow::tensor(v.data() + at, std::min(step, count - at)));
+  }
+  say("GFLOW_DIGEST rank=" + std::to_string(comm.rank()) +
+      " digest=" + std::to_string(gflow::faulttest::digestOf(v)));
+  say("GFLOW_DONE rank=" + std::to_string(comm.rank()) + " iters=1");
+  return 0;
+}
+
 int runMismatch(gflow::Communicator& comm, const std::vector<std::string>& args) {
   if (args.size() < 2 || (args[1] != "op" && args[1] != "count")) usage("mismatch op|count BYTES");
   const long bytes = argNum(args, 2, "BYTES");
@@ -285,8 +306,9 @@ int run(std::vector<std::string> args) {
     }
     args.erase(args.begin(), args.begin() + 2);
   }
-  if (args.empty()) usage("no mode (loop | mismatch | reducer)");
-  if (args[0] != "loop" && args[0] != "mismatch" && args[0] != "reducer") {
+  if (args.empty()) usage("no mode (loop | mismatch | reducer | reproduce)");
+  if (args[0] != "loop" && args[0] != "mismatch" && args[0] != "reducer" &&
+      args[0] != "reproduce") {
     usage("unknown mode '" + args[0] + "'");
   }
 
@@ -296,9 +318,10 @@ int run(std::vector<std::string> args) {
     std::shared_ptr<gflow::Communicator> comm = gflow::Communicator::create();
     say("GFLOW_READY rank=" + std::to_string(comm->rank()) +
         " size=" + std::to_string(comm->size()));
-    int rc = args[0] == "loop"      ? runLoop(*comm, args, op)
-             : args[0] == "reducer" ? runReducer(comm, args)
-                                    : runMismatch(*comm, args);
+    int rc = args[0] == "loop"        ? runLoop(*comm, args, op)
+             : args[0] == "reducer"   ? runReducer(comm, args)
+             : args[0] == "reproduce" ? runReproduce(*comm, args)
+                                      : runMismatch(*comm, args);
     if (rc != 0) return rc;
     if (lingerMs > 0) {
       std::this_thread::sleep_for(std::chrono::milliseconds(lingerMs));

@@ -132,6 +132,8 @@ void allreduceRing(Exchange& ex, Scratch& scratch, const void* in, void* out);
 void allreduceRecursiveDoubling(Exchange& ex, Scratch& scratch, const void* in, void* out);
 void allreduceHalvingDoubling(Exchange& ex, Scratch& scratch, const void* in, void* out);
 void reduceScatterRing(Exchange& ex, Scratch& scratch, const void* in, void* out);
+void allreduceFixedOrder(Exchange& ex, Scratch& scratch, const void* in, void* out);
+void reduceScatterFixedOrder(Exchange& ex, Scratch& scratch, const void* in, void* out);
 void allgatherRing(Exchange& ex, const void* in, void* out);
 void broadcastChain(Exchange& ex, void* buf);
 void barrierDissemination(Exchange& ex);

@@ -27,7 +27,9 @@ class HostBackend final : public Backend {
 
   void allreduce(const Op& op, const void* in, void* out) override {
     Exchange ex(*ctx_, op, tuning_);
-    if (op.desc.algo == Algorithm::kRecursiveDoubling) {
+    if (op.desc.algo == Algorithm::kFixedOrder) {
+      allreduceFixedOrder(ex, scratch_, in, out);
+    } else if (op.desc.algo == Algorithm::kRecursiveDoubling) {
       allreduceRecursiveDoubling(ex, scratch_, in, out);
     } else if (op.desc.algo == Algorithm::kHalvingDoubling) {
       allreduceHalvingDoubling(ex, scratch_, in, out);
@@ -37,6 +39,8 @@ class HostBackend final : public Backend {
   }
   void reduceScatter(const Op& op, const void* in, void* out) override {
     Exchange ex(*ctx_, op, tuning_);
+    if (op.desc.algo == Algorithm::kFixedOrder)
+      return reduceScatterFixedOrder(ex, scratch_, in, out);
     reduceScatterRing(ex, scratch_, in, out);
   }
   void allgather(const Op& op, const void* in, void* out) override {

@@ -11,6 +11,10 @@
 //     then everyone copies every slice out. Each slice is reduced once.
 //   reduce-scatter: one sync; rank r reduces block r's part from all slots.
 //   allgather / broadcast: one sync; everyone copies the slots out.
+// Reproducible mode (Algorithm::kShmFixedOrder) takes the same paths, and
+// every reduction there reduces the members' data in rank order through
+// kernels::OrderedReduction (the same bits as the host backend's fixed
+// order).
 // The user's buffers are read once and written once per rank; the slots stay
 // in the cache (2 x chunk per rank), which is what the bandwidth bound in
 // docs/performance.md assumes.
@@ -22,9 +26,11 @@
 // from their owners' outputs straight into its own (allreduceSingleCopy).
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "backend/backend.h"
 #include "backend/shm/shm_backend.h"
+#include "kernels/ordered_reduce.h"
 #include "kernels/reduce.h"
 
 namespace gflow::backend {
@@ -229,12 +235,16 @@ class ShmBackend final : public Backend {
       } else {
         const size_t b = cnt * r / n, e = cnt * (r + 1) / n;
         char* mine = g_->slot(r) + b * es;
-        for (int m = 0; m < n; ++m) {
-          if (m == r || e == b) continue;
-          fn(mine, mine, g_->slot(m) + b * es, e - b);
-          g_->countRead(m, (e - b) * es);
+        if (fixedOrder(d)) {
+          reduceSlots(s, d, fn, mine, b * es, e - b);
+        } else {
+          for (int m = 0; m < n; ++m) {
+            if (m == r || e == b) continue;
+            fn(mine, mine, g_->slot(m) + b * es, e - b);
+            g_->countRead(m, (e - b) * es);
+          }
+          if (d.op == ReduceOp::kAvg && e > b) kernels::divide(mine, e - b, d.dtype, n);
         }
-        if (d.op == ReduceOp::kAvg && e > b) kernels::divide(mine, e - b, d.dtype, n);
         g_->sync();
         for (int m = 0; m < n && reader; ++m) {
           const size_t mb = cnt * m / n, me = cnt * (m + 1) / n;
@@ -246,17 +256,25 @@ class ShmBackend final : public Backend {
     }
   }
 
+  // Reproducible mode: reductions go through kernels::OrderedReduction.
+  static bool fixedOrder(const OpDesc& d) { return d.algo == Algorithm::kShmFixedOrder; }
+
   // dst = the `cnt` elements at byte `at` of every slot, reduced in rank
-  // order (divided for kAvg).
+  // order (divided for kAvg). In reproducible mode dst may be this member's
+  // own slot at `at`.
   void reduceSlots(const OpScope& s, const OpDesc& d, kernels::ReduceFn fn, char* dst, size_t at,
                    size_t cnt) {
-    if (s.n == 1) {
+    if (fixedOrder(d)) {
+      prepareOrdered(d, cnt);
+      kernels::OrderedReduction red(d.dtype, d.op, s.n, cnt, dst, acc_.data(), tmp_.data());
+      for (int m = 0; m < s.n; ++m) red.add(g_->slot(m) + at);
+    } else if (s.n == 1) {
       std::memcpy(dst, g_->slot(0) + at, cnt * s.es);
     } else {
       fn(dst, g_->slot(0) + at, g_->slot(1) + at, cnt);
       for (int m = 2; m < s.n; ++m) fn(dst, dst, g_->slot(m) + at, cnt);
     }
-    if (d.op == ReduceOp::kAvg) kernels::divide(dst, cnt, d.dtype, s.n);
+    if (d.op == ReduceOp::kAvg && !fixedOrder(d)) kernels::divide(dst, cnt, d.dtype, s.n);
     for (int m = 0; m < s.n; ++m) {
       if (m != s.r) g_->countRead(m, cnt * s.es);
     }
@@ -319,6 +337,10 @@ class ShmBackend final : public Backend {
     for (size_t lo = b; lo < e; lo += step) {
       const size_t cnt = std::min(step, e - lo);
       char* dst = out + lo * es;
+      if (fixedOrder(d)) {
+        reducePeersInOrder(s, d, in + lo * es, lo * es, dst, cnt);
+        continue;
+      }
       const char* acc = in + lo * es;
       for (int m = 0; m < s.n; ++m) {
         if (m == s.r) continue;
@@ -336,7 +358,38 @@ class ShmBackend final : public Backend {
     g_->sync();
   }
 
+  // Reproducible mode on the single-copy path: dst = the `cnt` elements at
+  // byte `at` of every member's input (this member's is `mine`), in rank
+  // order. A peer's part is read into one of two buffers in turn: an
+  // OrderedReduction keeps only its first operand past the next add().
+  void reducePeersInOrder(const OpScope& s, const OpDesc& d, const char* mine, size_t at, char* dst,
+                          size_t cnt) {
+    prepareOrdered(d, cnt);
+    if (second_.size() < cnt * s.es) second_.resize(cnt * s.es);
+    char* bufs[2] = {g_->slot(s.r), second_.data()};
+    kernels::OrderedReduction red(d.dtype, d.op, s.n, cnt, dst, acc_.data(), tmp_.data());
+    for (int m = 0; m < s.n; ++m) {
+      if (m == s.r) {
+        red.add(mine);
+        continue;
+      }
+      g_->readPeer(m, Group::Buffer::kIn, at, bufs[m % 2], cnt * s.es);
+      red.add(bufs[m % 2]);
+    }
+  }
+  // acc_ and tmp_ for an OrderedReduction of `cnt` elements.
+  void prepareOrdered(const OpDesc& d, size_t cnt) {
+    const size_t accBytes = cnt * kernels::OrderedReduction::accumulatorBytes(d.dtype);
+    if (acc_.size() < accBytes) acc_.resize(accBytes);
+    if (kernels::OrderedReduction::widens(d.dtype) && tmp_.size() < cnt) tmp_.resize(cnt);
+  }
+
   std::unique_ptr<Group> g_;
+  // Reproducible mode's accumulator, float32 operand (OrderedReduction) and
+  // second peer buffer (reducePeersInOrder).
+  std::vector<char> acc_;
+  std::vector<float> tmp_;
+  std::vector<char> second_;
   // Allreduces of [singleLo_, singleHi_) bytes read peers' buffers directly.
   const uint64_t singleLo_;
   const uint64_t singleHi_;

@@ -235,9 +235,16 @@ void narrow(void* dst, const float* src, size_t count, DataType wire, float scal
   } else if (wire == DataType::kBFloat16) {
     scale == 1.0f ? t->floatToBfloat16(dst, src, count)
                   : t->floatToBfloat16Scaled(dst, src, count, scale);
+  } else if (wire == DataType::kFloat8E4M3 || wire == DataType::kFloat8E5M2) {
+    auto* d = static_cast<uint8_t*>(dst);
+    const bool e4 = wire == DataType::kFloat8E4M3;
+    for (size_t i = 0; i < count; ++i) {
+      const float v = src[i] * scale;
+      d[i] = e4 ? floatToFloat8e4m3(v) : floatToFloat8e5m2(v);
+    }
   } else {
     GFLOW_THROW(kInvalidArgument, ErrorContext{})
-        << "narrow: wire type " << toString(wire) << " is not float16 or bfloat16";
+        << "narrow: type " << toString(wire) << " is not float16, bfloat16 or float8";
   }
 }
 
@@ -248,9 +255,15 @@ void widen(float* dst, const void* src, size_t count, DataType wire, float scale
   } else if (wire == DataType::kBFloat16) {
     scale == 1.0f ? t->bfloat16ToFloat(dst, src, count)
                   : t->bfloat16ToFloatScaled(dst, src, count, scale);
+  } else if (wire == DataType::kFloat8E4M3 || wire == DataType::kFloat8E5M2) {
+    const auto* s = static_cast<const uint8_t*>(src);
+    const bool e4 = wire == DataType::kFloat8E4M3;
+    for (size_t i = 0; i < count; ++i) {
+      dst[i] = (e4 ? float8e4m3ToFloat(s[i]) : float8e5m2ToFloat(s[i])) * scale;
+    }
   } else {
     GFLOW_THROW(kInvalidArgument, ErrorContext{})
-        << "widen: wire type " << toString(wire) << " is not float16 or bfloat16";
+        << "widen: type " << toString(wire) << " is not float16, bfloat16 or float8";
   }
 }
 
