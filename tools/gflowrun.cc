@@ -522,6 +522,11 @@ class Job {
     for (const auto& [k, v] : cfg_.env) {
       if (k != "GFLOW_ROOT" && k != "GFLOW_JOB_TOKEN") baseEnv_.push_back(k + "=" + v);
     }
+    // Rank 0 prints the run's stragglers when its communicator ends,
+    // unless the user chose otherwise.
+    bool atExitSet = std::getenv("GFLOW_STRAGGLER_AT_EXIT") != nullptr;
+    for (const auto& kv : cfg_.env) atExitSet = atExitSet || kv.first == "GFLOW_STRAGGLER_AT_EXIT";
+    if (!atExitSet) baseEnv_.push_back("GFLOW_STRAGGLER_AT_EXIT=1");
     baseEnv_.push_back("GFLOW_ROOT=" + root);
     baseEnv_.push_back("GFLOW_JOB_TOKEN=" + token);
     baseEnv_.push_back("GFLOW_WORLD_SIZE=" + std::to_string(cfg_.np));

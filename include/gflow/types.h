@@ -105,6 +105,12 @@ struct PeerStats {
   // Of bytesSent: what the peer read straight from this rank's buffers
   // (single copy between the ranks of one host, GFLOW_LOCAL_SINGLE_COPY).
   uint64_t singleCopyBytesSent = 0;
+  // Stragglers (docs/errors.md): of the collectives this rank has a verdict
+  // on, how many this rank (the index of Stats::peers; this rank's own
+  // entry too) reached last, and the sum over those of how long after the
+  // earliest rank it arrived, in ns.
+  uint64_t timesLast = 0;
+  uint64_t lateNs = 0;
 };
 
 inline size_t Tensor::nbytes() const {

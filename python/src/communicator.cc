@@ -317,6 +317,16 @@ py::dict statsDict(const Stats& s) {
   uint64_t single = 0;
   for (const PeerStats& p : s.peers) single += p.singleCopyBytesSent;
   d["single_copy_bytes_sent"] = single;
+  // Stragglers, per rank (this one's too): ops it reached last, and the sum
+  // of how long after the earliest rank, in ns.
+  py::list timesLast, lateNs;
+  for (const PeerStats& p : s.peers) {
+    timesLast.append(p.timesLast);
+    lateNs.append(p.lateNs);
+  }
+  d["arrival_ops"] = s.arrivalOps;
+  d["times_last"] = timesLast;
+  d["late_ns"] = lateNs;
   return d;
 }
 
@@ -572,7 +582,12 @@ void bindCommunicator(py::module_& m) {
             gflow::frontend::rejectInvalidArgument(c, op, what);
           },
           py::arg("op"), py::arg("what"))
-      .def("stats", [](const Communicator& c) { return statsDict(c.stats()); })
+      .def("stats",
+           [](const Communicator& c) {
+             py::dict d = statsDict(c.stats());
+             d["straggler_summary"] = c.stragglerSummary();
+             return d;
+           })
       .def("__repr__", [](const Communicator& c) {
         return "<gflow.Communicator rank " + std::to_string(c.rank()) + " of " +
                std::to_string(c.size()) + ">";

@@ -183,3 +183,28 @@ def test_reproducible_reducer_bits_do_not_depend_on_the_fusion_threshold():
     for threshold, got in results.items():
         for r in range(n):
             assert got[r].tobytes() == want.tobytes(), (threshold, r)
+
+
+def test_stats_name_the_straggler():
+    # Rank 1 calls each allreduce 20 ms after rank 0: both name it.
+    import time
+    comms, errors = world(2, lambda r: {})
+    assert errors == [None, None], errors
+
+    def run(c):
+        for _ in range(8):
+            if c.rank == 1:
+                time.sleep(0.02)
+            c.allreduce(np.ones(64, np.float32))
+
+    threads = [threading.Thread(target=run, args=(c,)) for c in comms]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for c in comms:
+        s = c.stats()
+        assert s["times_last"][1] >= 7, s
+        assert s["late_ns"][1] / s["times_last"][1] > 10e6, s
+        assert len(s["times_last"]) == 2 and s["arrival_ops"] >= 8, s
+        assert "rank 1 was last in" in s["straggler_summary"], s

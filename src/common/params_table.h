@@ -136,6 +136,15 @@
   X(timeline, "GFLOW_TIMELINE", kString, "", kLocal,                                               \
     "Chrome trace file of GradientReducer steps; %r in the name becomes the rank (without "        \
     "it only rank 0 writes).")                                                                     \
+  X(straggler, "GFLOW_STRAGGLER", kInt, "1", kLocal,                                               \
+    "1: messages of collectives carry arrival stamps and every rank records which rank reached "   \
+    "each op last and by how much (Stats, docs/errors.md, Stragglers); 0: no bookkeeping.")        \
+  X(stragglerReport, "GFLOW_STRAGGLER_REPORT", kDurationMs, "0", kLocal,                           \
+    "Rank 0 prints a straggler summary this often ('rank 3 was last in 96% of 1200 ops, median "   \
+    "skew 14.00 ms') and the whole run's when the communicator ends; 0: never.")                   \
+  X(stragglerAtExit, "GFLOW_STRAGGLER_AT_EXIT", kInt, "0", kLocal,                                 \
+    "1: rank 0 prints the whole run's straggler summary when the communicator ends (gflowrun "     \
+    "sets it).")                                                                                   \
   X(rank, "GFLOW_RANK", kInt, "", kLocal, "This process's rank.")                                  \
   X(worldSize, "GFLOW_WORLD_SIZE", kInt, "", kLocal, "Number of ranks.")                           \
   X(localRank, "GFLOW_LOCAL_RANK", kInt, "", kLocal, "Rank among the ranks of this host.")         \
@@ -163,6 +172,9 @@
   R(ncclP2P, 0, 1, false)                         \
   R(shm, 0, 1, false)                             \
   R(reproducible, 0, 1, false)                    \
+  R(straggler, 0, 1, false)                       \
+  R(stragglerReport, 1, 30LL * 86400000, true)    \
+  R(stragglerAtExit, 0, 1, false)                 \
   R(shmChunk, 4096, 1LL << 30, false)             \
   R(localSingleCopy, 4096, 1LL << 46, true)       \
   R(localRing, 4096, 1LL << 30, true)             \

@@ -269,6 +269,15 @@ std::shared_ptr<kernels::GradientKernels> internal::CommunicatorAccess::kernelsF
   return impl(comm).kernelsFor(where, stream);
 }
 
+std::vector<ArrivalVerdict> internal::CommunicatorAccess::arrivalVerdicts(
+    const Communicator& comm) {
+  return impl(comm).arrivals->recent();
+}
+
+ArrivalVerdict internal::CommunicatorAccess::currentArrival(const Communicator& comm) {
+  return impl(comm).arrivals->current();
+}
+
 bool internal::CommunicatorAccess::reproducible(const Communicator& comm) {
   return impl(comm).settings.reproducible;
 }

@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <mutex>
 #include <tuple>
 
@@ -234,6 +235,14 @@ std::shared_ptr<WorkState> CommunicatorImpl::submit(OpDesc desc, bool blocking,
                       << " ranks): algorithm " << backend::toString(desc.algo);
     }
     const backend::Op op{mySeq, desc, Deadline::after(timeout), buffers};
+    // Point-to-point ops are not the collectives' arrivals.
+    struct Arrival {
+      Arrivals* a;
+      ~Arrival() {
+        if (a) a->abandon();  // the op failed (a no-op once ended)
+      }
+    } arrival{desc.kind == OpKind::kPointToPoint ? nullptr : arrivals.get()};
+    if (arrival.a) arrival.a->begin();
     try {
       body(op);
     } catch (const Error& e) {
@@ -253,6 +262,10 @@ std::shared_ptr<WorkState> CommunicatorImpl::submit(OpDesc desc, bool blocking,
                  ErrorContext::forOp(name).withSeq(mySeq).withRank(rank));
       fail(full);
       throw full;
+    }
+    if (arrival.a) {
+      arrival.a->end();
+      reportStragglers();
     }
     // abort() may have arrived after the op's last transport call.
     if (auto e = error()) notifyOnce(e);
@@ -304,6 +317,12 @@ std::unique_ptr<CommunicatorImpl> CommunicatorImpl::connect(
   impl->size = size;
   impl->timeout = ctxOpts.timeout;
   impl->transportName = transportName;
+  impl->arrivals = std::make_shared<Arrivals>(rank, size, params::straggler() != 0);
+  impl->reportEveryNs = params::stragglerReport() * 1000000;
+  impl->lastReportNs = Arrivals::nowNs();
+  impl->summaryAtExit = params::stragglerAtExit() != 0 || impl->reportEveryNs > 0;
+  ctxOpts.arrivals = impl->arrivals;  // not a parent's (split)
+  ctxOpts.arrivalRanks.clear();
   impl->contextOptions = ctxOpts;
   impl->settings = settings;
   impl->executor.setPinNear(topology::dataInterfaceName(ctxOpts.tcp.socketIfname),
@@ -395,7 +414,24 @@ void CommunicatorImpl::buildHierarchy(const transport::ContextOptions& ctxOpts,
 
 Communicator::~Communicator() = default;
 
+void CommunicatorImpl::reportStragglers() {
+  if (rank != 0 || reportEveryNs <= 0) return;
+  const int64_t now = Arrivals::nowNs();
+  if (now - lastReportNs < reportEveryNs) return;
+  const std::string s = arrivals->summary(true);
+  if (!s.empty()) {
+    std::fprintf(stderr, "gflow straggler report (%d ranks, last %.1f s): %s\n", size,
+                 static_cast<double>(now - lastReportNs) / 1e9, s.c_str());
+  }
+  lastReportNs = now;
+}
+
 CommunicatorImpl::~CommunicatorImpl() {
+  if (summaryAtExit && rank == 0 && arrivals) {
+    const std::string s = arrivals->summary(false);
+    if (!s.empty())
+      std::fprintf(stderr, "gflow straggler summary (%d ranks): %s\n", size, s.c_str());
+  }
   if (!backend) return;
   Error e(ErrorCode::kAborted, "the communicator was destroyed", ErrorContext().withRank(rank));
   // Wake a running op (if any) and drop queued ones before joining the
@@ -629,7 +665,17 @@ Stats Communicator::stats() const {
   s.networkOps = path(backend::Path::kNetwork);
   s.ncclOps = path(backend::Path::kNccl);
   s.stagedOps = path(backend::Path::kStaged);
+  const Arrivals::Totals t = impl(*this).arrivals->totals();
+  for (size_t p = 0; p < t.timesLast.size(); ++p) {
+    s.peers[p].timesLast = t.timesLast[p];
+    s.peers[p].lateNs = t.lateNs[p];
+  }
+  s.arrivalOps = t.ops;
   return s;
+}
+
+std::string Communicator::stragglerSummary() const {
+  return impl(*this).arrivals->summary(false);
 }
 
 std::shared_ptr<const Error> Communicator::error() const {

@@ -160,6 +160,15 @@ class CommunicatorImpl final : public Communicator {
 
   std::array<std::atomic<uint64_t>, backend::kNumOpKinds> opCount{};  // Stats
 
+  // Who reached each collective last (common/arrivals.h), shared with the
+  // backends' transports and groups; GFLOW_STRAGGLER_REPORT's timing.
+  std::shared_ptr<Arrivals> arrivals;
+  int64_t reportEveryNs = 0;
+  int64_t lastReportNs = 0;
+  bool summaryAtExit = false;
+  // Executing thread, after each collective: rank 0's periodic summary.
+  void reportStragglers();
+
   // Records the first error (returns it); fail() also aborts the backend and
   // tells the peers, once.
   std::shared_ptr<const Error> setFailed(const Error& e);

@@ -27,6 +27,8 @@ struct Builder {
     go.slotBytes = settings.shmChunkBytes;
     go.describe = backend::describe;
     go.probeSingleCopy = settings.shmSingleCopy != "off";
+    go.arrivals = ctx.arrivals;
+    go.arrivalRanks = members;
     std::string why;
     auto g = backend::shm::Group::connect(go, &why);
     if (!g) {
@@ -45,6 +47,7 @@ struct Builder {
     co.rank = me;
     co.size = static_cast<int>(members.size());
     co.prefix = prefix;
+    co.arrivalRanks = members;
     return backend::createHostBackend(transport::createContext(transportName, co), settings.tuning);
   }
 };

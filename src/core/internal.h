@@ -9,7 +9,9 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "common/arrivals.h"
 #include "core/compressed_allreduce.h"  // re-exported: the one compressed allreduce
 #include "core/executor.h"              // re-exported: WorkState, what the ops hand back
 #include "gflow/communicator.h"
@@ -46,6 +48,12 @@ struct CommunicatorAccess {
   // ops run. Thread-safe.
   static std::shared_ptr<kernels::GradientKernels> kernelsFor(Communicator& comm, Device where,
                                                               void* stream);
+  // The straggler verdicts of the last Arrivals::kRecent collectives
+  // (oldest first; common/arrivals.h). Thread-safe.
+  static std::vector<ArrivalVerdict> arrivalVerdicts(const Communicator& comm);
+  // The running op's straggler so far (Arrivals::current); the executing
+  // thread, e.g. in fusedAllreduce's `after`.
+  static ArrivalVerdict currentArrival(const Communicator& comm);
 };
 
 }  // namespace gflow::internal

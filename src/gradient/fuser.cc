@@ -90,10 +90,19 @@ Fired Fuser::fire(const Bucket& b, char* region, uint64_t step, ReducerStats* st
     if (pack) spans->span("pack", "pack", Timeline::kComm, start, spans->now());
     (*times)[1] = spans->now();
   };
-  auto after = [owner, spans, times, pack, run = steps.after, k = c_.kernels] {
+  auto after = [owner, spans, times, pack, run = steps.after, k = c_.kernels, comm = c_.comm] {
     (void)owner;
     const int64_t reduced = spans->now();
-    spans->span("allreduce", "allreduce", Timeline::kComm, (*times)[1], reduced);
+    // The rank that reached this allreduce last, as this rank saw it.
+    const ArrivalVerdict v =
+        spans->on() ? CommunicatorAccess::currentArrival(*comm) : ArrivalVerdict{};
+    if (v.last >= 0) {
+      spans->span("allreduce", "allreduce", Timeline::kComm, (*times)[1], reduced,
+                  {{"last_rank", static_cast<uint64_t>(v.last)},
+                   {"skew_us", static_cast<uint64_t>(v.skewNs / 1000)}});
+    } else {
+      spans->span("allreduce", "allreduce", Timeline::kComm, (*times)[1], reduced);
+    }
     if (run) run();
     // The op (and the step) completes with the results in the tensors.
     k->synchronize();

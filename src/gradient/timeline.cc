@@ -118,9 +118,15 @@ int64_t OpSpans::now() const {
 
 void OpSpans::span(const char* phase, const char* category, int tid, int64_t beginUs,
                    int64_t endUs) const {
-  if (timeline_) {
-    timeline_->span(std::string(phase) + ": " + label_, category, tid, beginUs, endUs, args_);
-  }
+  span(phase, category, tid, beginUs, endUs, {});
+}
+
+void OpSpans::span(const char* phase, const char* category, int tid, int64_t beginUs, int64_t endUs,
+                   SpanArgs more) const {
+  if (!timeline_) return;
+  std::string args = args_;
+  if (more.size() > 0) args += (args.empty() ? "" : ", ") + jsonArgs(more);
+  timeline_->span(std::string(phase) + ": " + label_, category, tid, beginUs, endUs, args);
 }
 
 }  // namespace gflow::gradient

@@ -61,6 +61,10 @@ class OpSpans {
   // Timeline::nowUs(), or 0 without a timeline.
   int64_t now() const;
   void span(const char* phase, const char* category, int tid, int64_t beginUs, int64_t endUs) const;
+  // With more named integer fields after the op's own.
+  void span(const char* phase, const char* category, int tid, int64_t beginUs, int64_t endUs,
+            SpanArgs more) const;
+  bool on() const { return timeline_ != nullptr; }
 
  private:
   Timeline* timeline_;

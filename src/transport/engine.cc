@@ -20,9 +20,15 @@ Engine::Engine(const ContextOptions& options)
       unexpectedLimit_(options.progress.unexpectedLimitBytes
                            ? *options.progress.unexpectedLimitBytes
                            : params::unexpectedLimit()),
+      arrivals_(options.arrivals && options.arrivals->enabled() ? options.arrivals : nullptr),
       error_([this] { wake(); }) {
   books_.resize(options.size);
   for (auto& b : books_) b = std::make_unique<PeerBook>();
+  arrivalRanks_ = options.arrivalRanks;
+  if (arrivalRanks_.size() != static_cast<size_t>(options.size)) {
+    arrivalRanks_.resize(static_cast<size_t>(options.size));
+    for (int p = 0; p < options.size; ++p) arrivalRanks_[static_cast<size_t>(p)] = p;
+  }
 }
 
 std::unique_ptr<MemoryRegion> Engine::registerMemory(void* data, size_t size) {
@@ -146,6 +152,39 @@ void Engine::startGroup(uint64_t group, const Envelope& env) {
   }
   auto it = rejected_.find(group);
   if (it != rejected_.end()) fail(it->second);
+  passInGroup_ = false;
+  groupOp_ = arrivals_ ? arrivals_->opNumber() : 0;
+  if (early_.empty()) return;
+  // Stamps of this op that came before this rank began it.
+  size_t keep = 0;
+  for (const Early& e : early_) {
+    if (e.group == group) {
+      arrivals_->observe(arrivalRanks_[static_cast<size_t>(e.peer)], e.atNs, e.stamp);
+    } else if (!isPast(e.group, group)) {
+      early_[keep++] = e;
+    }
+  }
+  early_.resize(keep);
+}
+
+void Engine::arrival(int peer, uint64_t group, const uint64_t (&stamp)[3]) {
+  if (!arrivals_ || isPointToPoint(group)) return;
+  ArrivalStamp s;
+  std::memcpy(s.words, stamp, sizeof(s.words));
+  const int64_t now = Arrivals::nowNs();
+  if (inArrivalOp(group)) {
+    arrivals_->observe(arrivalRanks_[static_cast<size_t>(peer)], now, s);
+  } else if (early_.size() < kMaxEarly && (!groupActive_ || isPast(group_, group))) {
+    early_.push_back(Early{group, peer, now, s});
+  }
+}
+
+void Engine::pass(bool readNothing) {
+  if (!arrivals_ || !groupActive_) return;
+  // Nothing read since a pass of this op began: what queued before it is in.
+  if (readNothing && passInGroup_ && passGroup_ == group_) arrivals_->settle();
+  passGroup_ = group_;
+  passInGroup_ = true;
 }
 
 // Data that arrived before this rank reached the op is checked now.

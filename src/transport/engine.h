@@ -32,12 +32,14 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <optional>
 #include <unordered_map>
 #include <vector>
 
+#include "common/arrivals.h"
 #include "common/sticky_error.h"
 #include "transport/contract.h"
 #include "transport/transport.h"
@@ -113,6 +115,11 @@ class Engine : public Context {
   // never starts an op (its communicator's ops all run elsewhere).
   void selfRejected(uint64_t group);
 
+  // Whether `group` is the op this rank runs and the Arrivals' running op.
+  bool inArrivalOp(uint64_t group) const {
+    return arrivals_ && groupActive_ && group == group_ && !isPointToPoint(group) &&
+           arrivals_->active() && arrivals_->opNumber() == groupOp_;
+  }
   // The op this rank runs (beginGroup).
   uint64_t group() const { return group_; }
   bool groupActive() const { return groupActive_; }
@@ -155,6 +162,20 @@ class Engine : public Context {
   bool hasPostedRecv(int peer) const;
   void clearMessages();  // at teardown or after a failure: the entries go
 
+  // Arrival stamps (ContextOptions::arrivals): what a message of `tag`
+  // carries; a message header of `group` from `peer` read now; the start of
+  // a progress pass, after `readNothing` since the one before.
+  // A stamp only for the op this rank runs now: a frame of an op it has
+  // left keeps the one it had.
+  ArrivalStamp stampOf(Tag tag) const {
+    return inArrivalOp(tag.group) ? arrivals_->stamp() : ArrivalStamp{};
+  }
+  void restamp(uint64_t group, uint64_t (&stamp)[3]) const {
+    if (inArrivalOp(group)) std::memcpy(stamp, arrivals_->stamp().words, sizeof(stamp));
+  }
+  void arrival(int peer, uint64_t group, const uint64_t (&stamp)[3]);
+  void pass(bool readNothing);
+
   // Counters.
   void countSendPosted(int peer) {
     books_[peer]->messagesSent.fetch_add(1, std::memory_order_relaxed);
@@ -179,6 +200,19 @@ class Engine : public Context {
 
   std::chrono::milliseconds timeout_;
   uint64_t unexpectedLimit_;
+  std::shared_ptr<Arrivals> arrivals_;
+  std::vector<int> arrivalRanks_;  // peer -> the Arrivals' rank
+  struct Early {                   // a stamped header of an op this rank had not begun
+    uint64_t group;
+    int peer;
+    int64_t atNs;
+    ArrivalStamp stamp;
+  };
+  std::vector<Early> early_;
+  static constexpr size_t kMaxEarly = 4096;
+  uint64_t groupOp_ = 0;    // the Arrivals' op when group_ began
+  uint64_t passGroup_ = 0;  // group_ when the last pass started
+  bool passInGroup_ = false;
   std::vector<std::unique_ptr<PeerBook>> books_;
   StickyError error_;
 

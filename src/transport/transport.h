@@ -35,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "common/arrivals.h"
 #include "common/deadline.h"
 #include "gflow/error.h"
 #include "gflow/options.h"
@@ -124,6 +125,10 @@ struct ContextOptions {
   // host identity, which a peer's must equal.
   bool localSingleCopy = false;
   uint64_t hostHash = 0;
+  // Who reached each collective last (common/arrivals.h): the stamps of
+  // sent messages and the arrivals of received ones; null: none.
+  std::shared_ptr<Arrivals> arrivals;
+  std::vector<int> arrivalRanks;  // peer -> the Arrivals' rank; empty: the same
   // Fields left unset come from the environment (gflow/options.h).
   TcpOptions tcp;
   VerbsOptions verbs;

@@ -31,12 +31,22 @@
 //                                   values (reproducible_values.h), as
 //                                   ops of at most CUT elements (0: one);
 //                                   prints the result's digest
+//     straggle ITERS BYTES SLOW     ITERS allreduces of BYTES (float32 sum,
+//                                   verified), rank SLOW sleeping a random
+//                                   5-50 ms (the same draws on every rank)
+//                                   before each, then one without; prints
+//                                   when each op was called and the
+//                                   straggler counts of Stats over them
 //
 // Output (stdout, one line each, flushed):
 //   GFLOW_READY rank=R size=N
 //   GFLOW_PROGRESS rank=R iter=I          after each completed op (1-based)
 //   GFLOW_DONE rank=R iters=N
 //   GFLOW_DIGEST rank=R digest=D          (reproduce: the result's FNV-1a, decimal)
+//   GFLOW_CALLED rank=R iter=I ns=T       (straggle: steady clock before the call)
+//   GFLOW_STRAGGLERS rank=R ops=N last=C0,C1,... late=NS0,NS1,...
+//                                         (straggle: Stats deltas over its ops)
+//   GFLOW_SUMMARY rank=R <stragglerSummary()>
 //   GFLOW_ERROR code=<toString(ErrorCode)> rank=R peer=P op=O seq=S what=<what()>
 //
 // Exit status: 0 success; 10 + ErrorCode for a gflow::Error (10 invalid_argument,
@@ -50,6 +60,7 @@
 #include <cstdlib>
 #include <exception>
 #include <memory>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -279,6 +290,37 @@ int runReducer(const std::shared_ptr<gflow::Communicator>& comm,
   return 0;
 }
 
+int runStraggle(gflow::Communicator& comm, const std::vector<std::string>& args) {
+  const long iters = argNum(args, 1, "ITERS");
+  const long bytes = argNum(args, 2, "BYTES");
+  const long slow = argNum(args, 3, "SLOW");
+  const int rank = comm.rank();
+  std::vector<float> buf(static_cast<size_t>(bytes) / sizeof(float));
+  std::mt19937 rng(1234);
+  std::uniform_int_distribution<int> sleepMs(5, 50);
+  const gflow::Stats before = comm.stats();
+  for (long it = 0; it <= iters; ++it) {
+    const int ms = sleepMs(rng);
+    if (rank == slow && it < iters) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    const auto now = std::chrono::steady_clock::now().time_since_epoch();
+    say("GFLOW_CALLED rank=" + std::to_string(rank) + " iter=" + std::to_string(it) +
+        " ns=" + std::to_string(std::chrono::duration_cast<std::chrono::nanoseconds>(now).count()));
+    fill(buf, rank, it);
+    comm.allreduce(gflow::tensor(buf.data(), buf.size()));
+    if (verify(buf, comm.size(), it) >= 0) return kExitWrongResult;
+  }
+  const gflow::Stats after = comm.stats();
+  std::string last, late;
+  for (size_t p = 0; p < after.peers.size(); ++p) {
+    last += (p ? "," : "") + std::to_string(after.peers[p].timesLast - before.peers[p].timesLast);
+    late += (p ? "," : "") + std::to_string(after.peers[p].lateNs - before.peers[p].lateNs);
+  }
+  say("GFLOW_STRAGGLERS rank=" + std::to_string(rank) + " ops=" +
+      std::to_string(after.arrivalOps - before.arrivalOps) + " last=" + last + " late=" + late);
+  say("GFLOW_SUMMARY rank=" + std::to_string(rank) + " " + comm.stragglerSummary());
+  return 0;
+}
+
 int reportError(const gflow::Error& e, int rank) {
   say(std::string("GFLOW_ERROR code=") + gflow::toString(e.code()) +
       " rank=" + std::to_string(rank) + " peer=" + std::to_string(e.peer()) +
@@ -306,9 +348,9 @@ int run(std::vector<std::string> args) {
     }
     args.erase(args.begin(), args.begin() + 2);
   }
-  if (args.empty()) usage("no mode (loop | mismatch | reducer | reproduce)");
+  if (args.empty()) usage("no mode (loop | mismatch | reducer | reproduce | straggle)");
   if (args[0] != "loop" && args[0] != "mismatch" && args[0] != "reducer" &&
-      args[0] != "reproduce") {
+      args[0] != "reproduce" && args[0] != "straggle") {
     usage("unknown mode '" + args[0] + "'");
   }
 
@@ -321,6 +363,7 @@ int run(std::vector<std::string> args) {
     int rc = args[0] == "loop"        ? runLoop(*comm, args, op)
              : args[0] == "reducer"   ? runReducer(comm, args)
              : args[0] == "reproduce" ? runReproduce(*comm, args)
+             : args[0] == "straggle"  ? runStraggle(*comm, args)
                                       : runMismatch(*comm, args);
     if (rc != 0) return rc;
     if (lingerMs > 0) {

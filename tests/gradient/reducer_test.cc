@@ -570,9 +570,10 @@ TEST(Timeline, WritesAChromeTraceOfEveryPhase) {
     const std::string text = ss.str();
     EXPECT_EQ(text.rfind("[", 0), 0u);
     EXPECT_NE(text.find("]\n", text.size() - 3), std::string::npos) << "not closed";
-    for (const char* want : {"\"ready: conv1.w\"", "\"ready: fc \\\"b\\\"\"", "\"pack: bucket of",
-                             "\"allreduce: bucket of", "\"unpack: bucket of",
-                             "\"queued: ", "\"name\": \"wait\"", "\"pid\": "}) {
+    for (const char* want :
+         {"\"ready: conv1.w\"", "\"ready: fc \\\"b\\\"\"", "\"pack: bucket of",
+          "\"allreduce: bucket of", "\"unpack: bucket of", "\"queued: ", "\"name\": \"wait\"",
+          "\"pid\": ", "\"last_rank\": ", "\"skew_us\": "}) {
       EXPECT_NE(text.find(want), std::string::npos) << want;
     }
     EXPECT_EQ(std::count(text.begin(), text.end(), '{'), std::count(text.begin(), text.end(), '}'));

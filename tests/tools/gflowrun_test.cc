@@ -168,6 +168,22 @@ TEST(Gflowrun, EnvOptionReachesRanks) {
   EXPECT_EQ(sorted(lines(run.out())), (std::vector<std::string>{"[0] 42 INFO", "[1] 42 INFO"}));
 }
 
+// gflowrun sets GFLOW_STRAGGLER_AT_EXIT=1 (unless the user set it): rank 0
+// prints the run's straggler summary when its communicator ends.
+TEST(Gflowrun, RankZeroPrintsTheStragglerSummaryAtExit) {
+  const std::string worker = std::string(GFLOW_TEST_BINARY_DIR) + "/tests/faults/fault_worker";
+  Launch run({"-n", "2", worker, "straggle", "5", "4096", "1"});
+  ASSERT_EQ(run.wait(), 0) << run.err();
+  EXPECT_NE(run.err().find("[0] gflow straggler summary (2 ranks): rank 1 was last in"),
+            std::string::npos)
+      << run.err();
+  EXPECT_EQ(run.err().find("[1] gflow straggler summary"), std::string::npos) << run.err();
+  Launch off(
+      {"-n", "2", "--env", "GFLOW_STRAGGLER_AT_EXIT=0", worker, "straggle", "2", "4096", "1"});
+  ASSERT_EQ(off.wait(), 0) << off.err();
+  EXPECT_EQ(off.err().find("straggler summary"), std::string::npos) << off.err();
+}
+
 TEST(Gflowrun, FailingRankSetsExitCodeAndStopsOthersQuickly) {
   // Rank 1 fails at once; its siblings would sleep for a minute.
   Launch run({"-n", "3", "sh", "-c", "if [ $GFLOW_RANK = 1 ]; then exit 3; fi; sleep 60"});

@@ -70,7 +70,8 @@ void writeFragments(int fd, const std::vector<Fragment>& frags, const std::vecto
                   f.msgLen,
                   f.offset,
                   f.fragLen,
-                  {0, 0, 0}};
+                  {0, 0, 0},
+                  {}};
     net::sendAll(fd, &h, sizeof(h), Deadline::after(milliseconds(5000)));
     net::sendAll(fd, data.data() + f.offset, f.fragLen, Deadline::after(milliseconds(5000)));
   }

@@ -85,7 +85,8 @@ void awaitHeader(Context& c, int peer, const std::atomic<bool>& checked) {
 
 // A frame header of tag {1, 0} with kEnv.
 FrameHeader header(uint16_t type, uint64_t len, uint64_t offset, uint64_t fragLen) {
-  return FrameHeader{transport::tcp::kFrameMagic, type, 0, 1, 0, len, offset, fragLen, {1, 2, 3}};
+  return FrameHeader{
+      transport::tcp::kFrameMagic, type, 0, 1, 0, len, offset, fragLen, {1, 2, 3}, {}};
 }
 
 uint64_t stagedBytes(Context& c, int peer) {

@@ -60,6 +60,11 @@ struct OpRecord {
   uint64_t env[3];
   uint64_t in, out;   // the op's buffers in the owner's address space
   uint32_t readable;  // the owner could read both by single copy itself
+  // The owner's arrival view (Arrivals::View) of this op: valid while
+  // `viewOf` equals `number` before and after reading it.
+  std::atomic<uint64_t> viewOf;
+  std::atomic<int64_t> entryNs, latestNs, firstNs, previousSkewNs;
+  std::atomic<int32_t> latest, previousLast, previousInformed;
 };
 
 // The control block at the start of every segment. Only its owner writes it,
@@ -206,6 +211,8 @@ std::unique_ptr<Group> Group::connect(const GroupOptions& o, std::string* why) {
   if (g->commRanks_.empty()) {
     for (int i = 0; i < o.size; ++i) g->commRanks_.push_back(i);
   }
+  if (o.arrivals && o.arrivals->enabled()) g->arrivals_ = o.arrivals;
+  g->arrivalRanks_ = o.arrivalRanks.empty() ? g->commRanks_ : o.arrivalRanks;
   size_t slot = o.slotBytes ? o.slotBytes : params::shmChunk();
   // Reduce-scatter puts one element of every block in a slot at least.
   slot = std::max<size_t>({slot, 4096, static_cast<size_t>(o.size) * 64});
@@ -288,6 +295,53 @@ void Group::beginOp(uint64_t seq, const Envelope& env, Deadline deadline) {
   r.number.store(ops_, std::memory_order_release);
   opChecked_ = false;
   inOp_ = true;
+  publishArrival();
+}
+
+void Group::endOp() {
+  if (inOp_) mergeArrivals();
+  inOp_ = false;
+}
+
+void Group::publishArrival() {
+  if (!arrivals_ || !arrivals_->active()) return;
+  const Arrivals::View v = arrivals_->view();
+  OpRecord& r = ctl_[rank_]->ops[ops_ & 1];
+  // A seqlock without fences: each field's release store orders the 0 before
+  // it, each acquire load orders the second look at viewOf after it.
+  constexpr auto rel = std::memory_order_release;
+  r.viewOf.store(0, std::memory_order_relaxed);
+  r.entryNs.store(v.entryNs, rel);
+  r.latest.store(v.latest, rel);
+  r.latestNs.store(v.latestNs, rel);
+  r.firstNs.store(v.firstNs, rel);
+  r.previousLast.store(v.previous.last, rel);
+  r.previousSkewNs.store(v.previous.skewNs, rel);
+  r.previousInformed.store(v.previous.informed ? 1 : 0, rel);
+  r.viewOf.store(ops_, rel);
+}
+
+// After the op's last sync every member has published its view of it; one
+// that has already begun its next op (its record of this one stays until
+// the op after) or is rewriting it is skipped.
+void Group::mergeArrivals() {
+  if (!arrivals_ || !arrivals_->active()) return;
+  constexpr auto acq = std::memory_order_acquire;
+  for (int m = 0; m < size_; ++m) {
+    if (m == rank_) continue;
+    OpRecord& r = ctl_[m]->ops[ops_ & 1];
+    if (r.viewOf.load(acq) != ops_) continue;
+    Arrivals::View v;
+    v.entryNs = r.entryNs.load(acq);
+    v.latest = r.latest.load(acq);
+    v.latestNs = r.latestNs.load(acq);
+    v.firstNs = r.firstNs.load(acq);
+    v.previous.last = r.previousLast.load(acq);
+    v.previous.skewNs = r.previousSkewNs.load(acq);
+    v.previous.informed = r.previousInformed.load(acq) != 0;
+    if (r.viewOf.load(std::memory_order_relaxed) != ops_) continue;
+    arrivals_->merge(arrivalRanks_[m], v);
+  }
 }
 
 void Group::publishBuffers(const void* in, size_t inBytes, const void* out, size_t outBytes) {

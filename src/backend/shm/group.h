@@ -19,6 +19,10 @@
 // its number instead of running it; a member waiting in that op fails with
 // kMismatch at once, and members that rejected it too never look.
 //
+// Each op's record also carries the member's arrival view (when it began,
+// and what it knew of the others: common/arrivals.h) behind a sequence
+// word, so a member reads it whole or not at all.
+//
 // Single-copy reads: where every member may read every other member's
 // memory (common/peer_memory.h), an op can publish its user buffers
 // (publishBuffers) and members read each other's straight from them
@@ -45,6 +49,7 @@
 #include <string>
 #include <vector>
 
+#include "common/arrivals.h"
 #include "common/deadline.h"
 #include "common/shared_segment.h"
 #include "common/sticky_error.h"
@@ -68,6 +73,11 @@ struct GroupOptions {
   size_t slotBytes = 0;         // 0: GFLOW_SHM_CHUNK
   EnvelopeFormatter describe;   // names ops in mismatch errors
   bool probeSingleCopy = true;  // false: skip the probe, singleCopy() is false
+  // Who reached each op last (common/arrivals.h): each member publishes its
+  // view at beginOp and merges the others' at endOp (one host: one clock).
+  // `arrivalRanks`: member -> the Arrivals' rank (empty: commRanks).
+  std::shared_ptr<Arrivals> arrivals;
+  std::vector<int> arrivalRanks;
 };
 
 struct Control;
@@ -113,7 +123,7 @@ class Group {
   void sync();
   // Marks the end of the current op (failures reported after it concern the
   // next one).
-  void endOp() { inOp_ = false; }
+  void endOp();
 
   // Any thread: records `error` unless one is held (the first wins). A wait
   // of the running op raises it (noticed within one futex sleep slice), and
@@ -160,6 +170,8 @@ class Group {
   bool skippedThisOp(int member, uint64_t tick) const;
 
   void checkOp(int member);
+  void publishArrival();
+  void mergeArrivals();
   void publish(uint64_t tick);
   ErrorContext context(int member) const;
 
@@ -180,6 +192,8 @@ class Group {
   std::vector<std::atomic<uint64_t>*> readFrom_;  // per member: our counters of reads from it
   bool oversubscribed_ = false;
   EnvelopeFormatter describe_;
+  std::shared_ptr<Arrivals> arrivals_;  // null: none
+  std::vector<int> arrivalRanks_;
 
   uint64_t tick_ = 0;
   uint64_t iter_ = 0;

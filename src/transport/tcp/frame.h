@@ -1,4 +1,4 @@
-// Wire format of the TCP transport. Every frame starts with a fixed 72-byte
+// Wire format of the TCP transport. Every frame starts with a fixed 96-byte
 // header; DATA frames carry one fragment of a message, ERROR frames tell a peer
 // that this rank failed. Everything received is validated before it is used:
 // a peer can make an op fail, never make a rank crash or allocate unbounded
@@ -59,8 +59,9 @@ struct FrameHeader {
   uint64_t offset;   // this fragment's offset in the message
   uint64_t fragLen;  // this fragment's payload bytes
   uint64_t env[3];
+  uint64_t stamp[3];  // DATA and RENDEZVOUS: the sender's ArrivalStamp (common/arrivals.h)
 };
-static_assert(sizeof(FrameHeader) == 72, "frame header layout");
+static_assert(sizeof(FrameHeader) == 96, "frame header layout");
 
 // Where a peer finds this process, for single copy (all zero when this
 // rank does not offer it). The peer proves that `pid` is this rank's by a
@@ -113,6 +114,7 @@ struct RingOffer {
   uint32_t capacity;
 };
 static_assert(sizeof(RingOffer) == 8, "ring offer layout");
-constexpr uint32_t kProtocolVersion = 4;  // 3: single copy between local ranks; 4: local rings
+// 3: single copy between local ranks; 4: local rings; 5: arrival stamps
+constexpr uint32_t kProtocolVersion = 5;
 
 }  // namespace gflow::transport::tcp

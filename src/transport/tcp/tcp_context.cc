@@ -230,11 +230,16 @@ void TcpContext::updateInterest(Conn& c) {
 // into a payload keeps reading until the socket would block, as the sender
 // is usually still writing.
 TcpContext::Fill TcpContext::fill(Conn& c, char* dst, size_t cap, size_t* got) {
-  if (c.ring) return fillRing(c, dst, cap, got);
+  if (c.ring) {
+    const Fill f = fillRing(c, dst, cap, got);
+    if (f == Fill::kData) readBytes_ += *got;
+    return f;
+  }
   for (;;) {
     const ssize_t r = ::recv(c.sock.fd(), dst, cap, MSG_DONTWAIT);
     if (r > 0) {
       *got = static_cast<size_t>(r);
+      readBytes_ += *got;
       if (dst == c.ahead.get()) c.drained = *got < cap;
       return Fill::kData;
     }
@@ -391,6 +396,7 @@ TcpContext::RecvMsg* TcpContext::matchHeader(Conn& c, uint64_t charge) {
   Envelope env;
   std::memcpy(env.words, h.env, sizeof(env.words));
   checkEnvelope(c.peer, h.group, env);
+  arrival(c.peer, h.group, h.stamp);
   auto* m = findAs<RecvMsg>(c.peer, Tag{h.group, h.index});
   if (m) {
     checkArrival(c.peer, *m, env, h.msgLen);
@@ -446,8 +452,10 @@ void TcpContext::finishFragment(Conn& c) {
     countPong(c.peer);
     return;
   }
-  if (c.hdr.type == kFrameRead) return handleRead(c);
-  if (c.hdr.type == kFrameClear) return handleClear(c);
+  if (c.hdr.type == kFrameRead || c.hdr.type == kFrameClear) {
+    arrival(c.peer, c.hdr.group, c.hdr.stamp);
+    return c.hdr.type == kFrameRead ? handleRead(c) : handleClear(c);
+  }
   if (c.hdr.type == kFrameRendezvous) return;  // handled by startFragment
   if (c.hdr.type == kFrameDoorbell) {          // the wake-up was the point
     ++doorbells_;
@@ -509,6 +517,8 @@ void TcpContext::handleReadable(Conn& c) {
 }
 
 void TcpContext::progress(int timeoutMs, bool reads) {
+  pass(readBytes_ == readBytesAtPass_);
+  readBytesAtPass_ = readBytes_;
   // A read completes a receive: no sleeping after it.
   const bool read = reads && !readsDue_.empty();
   if (read) readDue();
@@ -606,7 +616,8 @@ void TcpContext::reject(uint64_t group, const std::string& why) {
                             payload->size(),
                             0,
                             payload->size(),
-                            {0, 0, 0}},
+                            {0, 0, 0},
+                            {}},
                 payload);
     } catch (const Error&) {
       // The peer is gone: its next op with this rank says so.
@@ -712,8 +723,8 @@ void TcpContext::notifyPeers(const Error& error) {
           }
           c.sendq.clear();
         }
-        FrameHeader h{kFrameMagic, kFrameError,    0,        group(), 0, payload.size(),
-                      0,           payload.size(), {0, 0, 0}};
+        FrameHeader h{kFrameMagic, kFrameError,    0,         group(), 0, payload.size(),
+                      0,           payload.size(), {0, 0, 0}, {}};
         net::sendAll(c.sock.fd(), &h, sizeof(h), d);
         net::sendAll(c.sock.fd(), payload.data(), payload.size(), d);
         break;  // one connection per peer is enough

@@ -283,6 +283,11 @@ class TcpContext final : public Engine {
   bool readHeader(Conn& c);   // false: would block
   bool readPayload(Conn& c);  // false: would block
   Fill fill(Conn& c, char* dst, size_t cap, size_t* got);
+  // `h` with this rank's arrival stamp for its op (Engine::stampOf).
+  FrameHeader stamped(FrameHeader h) const {
+    std::memcpy(h.stamp, stampOf(Tag{h.group, h.index}).words, sizeof(h.stamp));
+    return h;
+  }
   size_t takeAhead(Conn& c, char* dst, size_t n);
   void startFragment(Conn& c);
   void finishFragment(Conn& c);
@@ -349,6 +354,8 @@ class TcpContext final : public Engine {
   size_t ringBytes_ = 0;                      // GFLOW_LOCAL_RING offered to local peers (0: none)
   std::vector<Conn*> rings_;                  // the ring connections, for pollRings
   uint64_t sleepGen_ = 0;                     // armRings' generation
+  uint64_t readBytes_ = 0;                    // read from sockets and rings (fill)
+  uint64_t readBytesAtPass_ = 0;              // readBytes_ when progress() last began
   uint32_t quietPolls_ = 0;                   // progress(0) calls that skipped epoll
   uint64_t doorbells_ = 0;                    // DOORBELL frames received
   std::deque<std::pair<int, Tag>> readsDue_;  // irecv's single-copy reads, for progress

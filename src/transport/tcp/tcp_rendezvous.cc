@@ -206,7 +206,8 @@ void TcpContext::sendClear(int peer, RecvMsg* m) {
   Conn* c = controlConn(peer);
   if (!c) failLost(peer, "closed its connections before its message arrived");
   sendFrame(*c,
-            FrameHeader{kFrameMagic, kFrameClear, 0, m->tag.group, m->tag.index, m->len, 0, 0, {}},
+            stamped(FrameHeader{
+                kFrameMagic, kFrameClear, 0, m->tag.group, m->tag.index, m->len, 0, 0, {}, {}}),
             nullptr);
 }
 
@@ -268,7 +269,8 @@ void TcpContext::readRendezvous(int peer, RecvMsg* m) {
   Conn* c = controlConn(peer);
   if (!c) failLost(peer, "closed its connections before its message was read");
   sendFrame(*c,
-            FrameHeader{kFrameMagic, kFrameRead, 0, m->tag.group, m->tag.index, m->len, 0, 0, {}},
+            stamped(FrameHeader{
+                kFrameMagic, kFrameRead, 0, m->tag.group, m->tag.index, m->len, 0, 0, {}, {}}),
             nullptr);
   completeRecv(peer, m);
 }

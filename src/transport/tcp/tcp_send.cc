@@ -37,9 +37,16 @@ RequestPtr TcpContext::isend(int peer, const void* data, size_t bytes, Tag tag,
   auto req = std::make_shared<Request>(peer, true, bytes);
   PeerState& p = *peers_[peer];
   if (p.closed) failLost(peer, "has closed its connections");
-  const FrameHeader hdr{kFrameMagic, kFrameData, 0,
-                        tag.group,   tag.index,  bytes,
-                        0,           bytes,      {env.words[0], env.words[1], env.words[2]}};
+  const FrameHeader hdr = stamped(FrameHeader{kFrameMagic,
+                                              kFrameData,
+                                              0,
+                                              tag.group,
+                                              tag.index,
+                                              bytes,
+                                              0,
+                                              bytes,
+                                              {env.words[0], env.words[1], env.words[2]},
+                                              {}});
   countSendPosted(peer);
   if (!holdSend(peer, req, hdr, static_cast<const char*>(data))) {
     queueData(p, req, hdr, static_cast<const char*>(data));
@@ -201,6 +208,8 @@ void TcpContext::flush(Conn& c, bool writable) {
     size_t want = 0;
     for (size_t i = 0; i < c.sendq.size() && i < kGather; ++i) {
       SendItem& it = c.sendq[i];
+      // Stamped as it leaves (a held message may have waited since its post).
+      if (it.written == 0 && it.hdr.stamp[0] != 0) restamp(it.hdr.group, it.hdr.stamp);
       if (it.written < hdrLen) {
         iov[n++] = {reinterpret_cast<char*>(&it.hdr) + it.written, hdrLen - it.written};
         if (it.payloadLen > 0) iov[n++] = {const_cast<char*>(it.payload), it.payloadLen};
@@ -331,7 +340,7 @@ void TcpContext::setSendBufferForTesting(int peer, int index, int bytes) {
 }
 
 void TcpContext::sendControl(Conn& c, uint16_t type) {
-  sendFrame(c, FrameHeader{kFrameMagic, type, 0, group(), 0, 0, 0, 0, {0, 0, 0}}, nullptr);
+  sendFrame(c, FrameHeader{kFrameMagic, type, 0, group(), 0, 0, 0, 0, {0, 0, 0}, {}}, nullptr);
 }
 
 void TcpContext::sendFrame(Conn& c, const FrameHeader& h,

@@ -18,7 +18,7 @@ namespace gflow::transport::verbs {
 namespace {
 
 constexpr uint32_t kInfoMagic = 0x67664942;  // "gfIB"
-constexpr uint32_t kInfoVersion = 2;         // 2: error reports name the culprit
+constexpr uint32_t kInfoVersion = 3;         // 2: error reports name the culprit; 3: arrival stamps
 constexpr int kMaxQps = 16;
 constexpr size_t kCreditBytes = 64;  // one cache line per credit word
 

@@ -133,6 +133,7 @@ void VerbsContext::pumpEager(int peer) {
     if (inUse >= static_cast<uint64_t>(slots_) || p.outBusy[slot]) return;
     OutMsg& m = p.eagerQueue.front();
     m.hdr.seq = static_cast<uint32_t>(p.sent);
+    if (m.hdr.stamp[0] != 0) restamp(m.hdr.group, m.hdr.stamp);  // as it leaves
     char* dst = p.outRing + static_cast<size_t>(slot) * slotBytes_;
     std::memcpy(dst, &m.hdr, sizeof(m.hdr));
     const char* src = m.owned.empty() ? m.payload : m.owned.data();
@@ -193,6 +194,9 @@ void VerbsContext::sendControl(int peer, uint16_t type, Tag tag, const Envelope&
                                const void* payload, size_t n) {
   OutMsg m;
   m.hdr = slotHeader(type, tag, env, len, n);
+  if (type == kSlotRts || type == kSlotCts) {
+    std::memcpy(m.hdr.stamp, stampOf(tag).words, sizeof(m.hdr.stamp));
+  }
   if (n > 0)
     m.owned.assign(static_cast<const char*>(payload), static_cast<const char*>(payload) + n);
   queueEager(peer, std::move(m));
@@ -211,6 +215,7 @@ RequestPtr VerbsContext::isend(int peer, const void* data, size_t bytes, Tag tag
   if (bytes <= eagerMax_) {
     OutMsg m;
     m.hdr = slotHeader(kSlotData, tag, env, bytes, bytes);
+    std::memcpy(m.hdr.stamp, stampOf(tag).words, sizeof(m.hdr.stamp));
     m.payload = static_cast<const char*>(data);
     m.req = req;
     queueEager(peer, std::move(m));
@@ -381,6 +386,7 @@ void VerbsContext::handleData(int peer, const SlotHeader& h, const char* payload
   if (h.len != h.payload) protocolError(peer, "eager message length differs from its payload");
   checkEnvelope(peer, h.group, env);
   checkStale(peer, h.group, env);
+  arrival(peer, h.group, h.stamp);
   const Tag tag{h.group, h.index};
   auto* m = findAs<RecvMsg>(peer, tag);
   if (!m) {
@@ -406,6 +412,7 @@ void VerbsContext::handleAnnounce(int peer, const SlotHeader& h) {
   const Envelope env = envOf(h);
   checkEnvelope(peer, h.group, env);
   checkStale(peer, h.group, env);
+  arrival(peer, h.group, h.stamp);
   const Tag tag{h.group, h.index};
   const ErrorContext ectx = ErrorContext().withSeq(group()).withRank(rank()).withPeer(peer);
   if (h.len <= eagerMax_) protocolError(peer, "RTS for an eager-sized message");
@@ -433,6 +440,7 @@ void VerbsContext::handleCts(int peer, const SlotHeader& h, const char* payload)
   info.len = h.len;
   checkEnvelope(peer, h.group, info.env);
   checkStale(peer, h.group, info.env);
+  arrival(peer, h.group, h.stamp);
   const Tag tag{h.group, h.index};
   auto it = p.awaitingCts.find(tag);
   if (it == p.awaitingCts.end()) {

@@ -39,7 +39,7 @@
 
 namespace gflow::transport::verbs {
 
-// The slot header that precedes every eager message (64 bytes).
+// The slot header that precedes every eager message (96 bytes).
 struct SlotHeader {
   uint32_t magic;
   uint16_t type;
@@ -49,9 +49,11 @@ struct SlotHeader {
   uint64_t group;
   uint64_t index;
   uint64_t env[3];
-  uint64_t len;  // message bytes (data, RTS, CTS) or error text bytes
+  uint64_t len;       // message bytes (data, RTS, CTS) or error text bytes
+  uint64_t stamp[3];  // data and RTS: the sender's ArrivalStamp (common/arrivals.h)
+  uint64_t reserved2;
 };
-static_assert(sizeof(SlotHeader) == 64, "slot header layout");
+static_assert(sizeof(SlotHeader) == 96, "slot header layout");
 
 enum SlotType : uint16_t {
   kSlotData = 1,

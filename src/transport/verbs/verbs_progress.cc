@@ -34,6 +34,7 @@ const char* wrWhat(WrKind k) {
 int VerbsContext::progress() {
   ibv_wc wc[kPollBatch];
   const int n = device_->api().pollCq(device_->cq(), kPollBatch, wc);
+  pass(n == 0);
   if (n < 0) {
     fail(Error(ErrorCode::kInternal,
                "ibv_poll_cq on " + device_->name() + " failed (CQ overrun or device error)",

@@ -1,0 +1,252 @@
+#include "common/arrivals.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <limits>
+
+namespace gflow {
+
+namespace {
+
+// The stamp's words:
+//   0: elapsed us (bits 0-31, saturating), the latest rank known (bits
+//      32-62), 1 (bit 63: a stamp at all);
+//   1: the latest rank's start and the earliest start, each in us after the
+//      sender's start (int32, saturating), in bits 0-31 and 32-63;
+//   2: the sender's verdict on its previous op: last rank + 1 (bits 0-30,
+//      0: none), whether it was measured (bit 31) and its skew in us (bits
+//      32-63, saturating).
+constexpr uint64_t kValid = uint64_t(1) << 63;
+
+uint32_t usU32(int64_t ns) {
+  const int64_t us = ns / 1000;
+  return static_cast<uint32_t>(std::clamp<int64_t>(us, 0, std::numeric_limits<uint32_t>::max()));
+}
+
+uint32_t usI32(int64_t ns) {
+  const int64_t us = std::clamp<int64_t>(ns / 1000, std::numeric_limits<int32_t>::min(),
+                                         std::numeric_limits<int32_t>::max());
+  return static_cast<uint32_t>(static_cast<int32_t>(us));
+}
+
+int64_t nsOfI32(uint64_t bits) {
+  return static_cast<int64_t>(static_cast<int32_t>(static_cast<uint32_t>(bits))) * 1000;
+}
+
+}  // namespace
+
+Arrivals::Arrivals(int rank, int size, bool enabled)
+    : rank_(rank), size_(size), enabled_(enabled && size > 1) {
+  if (!enabled_) return;
+  est_.assign(static_cast<size_t>(size), 0);
+  estOp_.assign(static_cast<size_t>(size), 0);
+  totals_.timesLast.assign(static_cast<size_t>(size), 0);
+  totals_.lateNs.assign(static_cast<size_t>(size), 0);
+  summarizedTotals_ = totals_;
+  recent_.resize(kRecent);
+}
+
+void Arrivals::begin() {
+  if (!enabled_) return;
+  active_ = true;
+  settled_ = false;
+  heard_ = false;
+  sameClock_ = false;
+  ++op_;
+  entry_ = first_ = latestNs_ = nowNs();
+  latest_ = rank_;
+  touched_.clear();
+  note(rank_, entry_);
+}
+
+void Arrivals::note(int rank, int64_t tNs) {
+  const auto r = static_cast<size_t>(rank);
+  if (estOp_[r] != op_) {
+    estOp_[r] = op_;
+    est_[r] = tNs;
+    touched_.push_back(rank);
+  } else if (tNs < est_[r]) {
+    est_[r] = tNs;
+  } else {
+    return;
+  }
+  first_ = std::min(first_, tNs);
+  if (rank == latest_ && est_[r] < latestNs_) {
+    rescanLatest();
+  } else if (est_[r] > latestNs_) {  // ties: the rank noted first stays
+    latest_ = rank;
+    latestNs_ = est_[r];
+  }
+}
+
+void Arrivals::rescanLatest() {
+  latest_ = rank_;
+  latestNs_ = entry_;
+  for (int r : touched_) {
+    if (est_[static_cast<size_t>(r)] > latestNs_) {
+      latest_ = r;
+      latestNs_ = est_[static_cast<size_t>(r)];
+    }
+  }
+}
+
+ArrivalVerdict Arrivals::current() const {
+  if (!active_ || !heard_) return {};
+  return {latest_, latestNs_ - first_, latest_ != rank_ || sameClock_};
+}
+
+ArrivalStamp Arrivals::stamp() const {
+  ArrivalStamp s;
+  if (!active_) return s;
+  s.words[0] = usU32(nowNs() - entry_) | static_cast<uint64_t>(latest_) << 32 | kValid;
+  s.words[1] = usI32(latestNs_ - entry_) | static_cast<uint64_t>(usI32(first_ - entry_)) << 32;
+  if (previous_.last >= 0) {
+    s.words[2] = static_cast<uint64_t>(previous_.last + 1) |
+                 static_cast<uint64_t>(previous_.informed) << 31 |
+                 static_cast<uint64_t>(usU32(previous_.skewNs)) << 32;
+  }
+  return s;
+}
+
+void Arrivals::observe(int peer, int64_t atNs, const ArrivalStamp& s) {
+  if (!active_ || !(s.words[0] & kValid) || peer < 0 || peer >= size_ || peer == rank_) return;
+  const int64_t start = atNs - static_cast<int64_t>(static_cast<uint32_t>(s.words[0])) * 1000;
+  int64_t latestNs = start + nsOfI32(s.words[1]);
+  int64_t firstNs = start + nsOfI32(s.words[1] >> 32);
+  // Read while catching up, it may have waited for this rank to look: what
+  // it says happened before it was sent, so no later than this rank began.
+  const int64_t bound = settled_ ? std::numeric_limits<int64_t>::max() : entry_;
+  heard_ = true;
+  note(peer, std::min(start, bound));
+  const auto latest = static_cast<int>((s.words[0] >> 32) & 0x7fffffff);
+  if (latest < size_ && latest != rank_) note(latest, std::min(latestNs, bound));
+  first_ = std::min(first_, std::min(firstNs, bound));
+  const auto prevLast = static_cast<int64_t>(s.words[2] & 0x7fffffff) - 1;
+  if (prevLast >= 0 && prevLast < size_) {
+    amendPrevious({static_cast<int>(prevLast),
+                   static_cast<int64_t>(static_cast<uint32_t>(s.words[2] >> 32)) * 1000,
+                   ((s.words[2] >> 31) & 1) != 0});
+  }
+}
+
+Arrivals::View Arrivals::view() const {
+  View v;
+  if (!active_) return v;
+  v.entryNs = entry_;
+  v.latest = latest_;
+  v.latestNs = latestNs_;
+  v.firstNs = first_;
+  v.previous = previous_;
+  return v;
+}
+
+void Arrivals::merge(int rank, const View& v) {
+  if (!active_ || rank < 0 || rank >= size_ || rank == rank_) return;
+  heard_ = true;
+  sameClock_ = true;
+  note(rank, v.entryNs);
+  if (v.latest >= 0 && v.latest < size_ && v.latest != rank_) note(v.latest, v.latestNs);
+  first_ = std::min(first_, v.firstNs);
+  if (v.previous.last >= 0 && v.previous.last < size_) amendPrevious(v.previous);
+}
+
+void Arrivals::count(const ArrivalVerdict& v, int sign) {
+  if (v.last < 0) return;
+  const auto r = static_cast<size_t>(v.last);
+  totals_.timesLast[r] += static_cast<uint64_t>(sign);
+  totals_.lateNs[r] += static_cast<uint64_t>(sign * v.skewNs);
+  totals_.ops += static_cast<uint64_t>(sign);
+}
+
+bool Arrivals::better(const ArrivalVerdict& a, const ArrivalVerdict& b) {
+  if (b.last < 0 || a.informed != b.informed) return a.informed || b.last < 0;
+  return a.last == b.last ? a.skewNs < b.skewNs : a.skewNs > b.skewNs;
+}
+
+void Arrivals::amendPrevious(const ArrivalVerdict& theirs) {
+  if (previousOp_ == 0 || previousOp_ + 1 != op_ || !better(theirs, previous_)) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  count(previous_, -1);
+  count(theirs, +1);
+  previous_ = theirs;
+  recent_[(previousOp_ - 1) % kRecent] = theirs;
+}
+
+void Arrivals::end() {
+  if (!active_) return;
+  const ArrivalVerdict v = current();  // measured: a later rank, or one host's clock
+  active_ = false;
+  std::lock_guard<std::mutex> lock(mutex_);
+  count(v, +1);
+  recent_[(op_ - 1) % kRecent] = v;
+  recorded_ = op_;
+  previous_ = v;
+  previousOp_ = op_;
+}
+
+void Arrivals::abandon() {
+  if (!active_) return;
+  active_ = false;
+  std::lock_guard<std::mutex> lock(mutex_);
+  recent_[(op_ - 1) % kRecent] = {};
+  recorded_ = op_;
+  previous_ = {};
+  previousOp_ = 0;
+}
+
+Arrivals::Totals Arrivals::totals() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return totals_;
+}
+
+std::vector<ArrivalVerdict> Arrivals::recent() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<ArrivalVerdict> out;
+  const uint64_t n = std::min<uint64_t>(recorded_, kRecent);
+  for (uint64_t op = recorded_ - n + 1; op <= recorded_; ++op) {
+    out.push_back(recent_[(op - 1) % kRecent]);
+  }
+  return out;
+}
+
+std::string Arrivals::summary(bool sinceLast) {
+  if (!enabled_) return "";
+  std::lock_guard<std::mutex> lock(mutex_);
+  const Totals& base = summarizedTotals_;
+  const uint64_t from = sinceLast ? summarized_ : 0;
+  const uint64_t ops = totals_.ops - (sinceLast ? base.ops : 0);
+  size_t top = 0;
+  uint64_t topCount = 0;
+  for (size_t r = 0; r < totals_.timesLast.size(); ++r) {
+    const uint64_t c = totals_.timesLast[r] - (sinceLast ? base.timesLast[r] : 0);
+    if (c > topCount) top = r, topCount = c;
+  }
+  if (sinceLast) summarized_ = recorded_, summarizedTotals_ = totals_;
+  if (ops == 0) return "";
+  std::vector<int64_t> skews;  // the top rank's, over the ops still in the ring
+  for (uint64_t op = std::max(from, recorded_ - std::min<uint64_t>(recorded_, kRecent)) + 1;
+       op <= recorded_; ++op) {
+    const ArrivalVerdict& v = recent_[(op - 1) % kRecent];
+    if (v.last == static_cast<int>(top)) skews.push_back(v.skewNs);
+  }
+  double median = 0;
+  if (!skews.empty()) {
+    std::nth_element(skews.begin(), skews.begin() + static_cast<std::ptrdiff_t>(skews.size() / 2),
+                     skews.end());
+    median = static_cast<double>(skews[skews.size() / 2]) / 1e6;
+  }
+  const double pct = 100.0 * static_cast<double>(topCount) / static_cast<double>(ops);
+  char buf[200];
+  if (2 * topCount > ops) {
+    std::snprintf(buf, sizeof(buf), "rank %zu was last in %.0f%% of %llu ops, median skew %.2f ms",
+                  top, pct, static_cast<unsigned long long>(ops), median);
+  } else {
+    std::snprintf(buf, sizeof(buf),
+                  "no rank was last in most of %llu ops (most often rank %zu, %.0f%%, median "
+                  "skew %.2f ms)",
+                  static_cast<unsigned long long>(ops), top, pct, median);
+  }
+  return buf;
+}
+
+}  // namespace gflow
