@@ -39,6 +39,7 @@ Arrivals::Arrivals(int rank, int size, bool enabled)
     : rank_(rank), size_(size), enabled_(enabled && size > 1) {
   if (!enabled_) return;
   est_.assign(static_cast<size_t>(size), 0);
+  touched_.reserve(static_cast<size_t>(size));  // note() never allocates
   estOp_.assign(static_cast<size_t>(size), 0);
   totals_.timesLast.assign(static_cast<size_t>(size), 0);
   totals_.lateNs.assign(static_cast<size_t>(size), 0);
@@ -48,21 +49,23 @@ Arrivals::Arrivals(int rank, int size, bool enabled)
 
 void Arrivals::begin() {
   if (!enabled_) return;
-  active_ = true;
-  settled_ = false;
+  const OpLock lock(*this);
+  settled_.store(false, std::memory_order_relaxed);
   heard_ = false;
   sameClock_ = false;
-  ++op_;
+  op_.fetch_add(1, std::memory_order_release);
   entry_ = first_ = latestNs_ = nowNs();
   latest_ = rank_;
   touched_.clear();
   note(rank_, entry_);
+  active_.store(true, std::memory_order_release);
 }
 
 void Arrivals::note(int rank, int64_t tNs) {
   const auto r = static_cast<size_t>(rank);
-  if (estOp_[r] != op_) {
-    estOp_[r] = op_;
+  const uint64_t op = op_.load(std::memory_order_relaxed);
+  if (estOp_[r] != op) {
+    estOp_[r] = op;
     est_[r] = tNs;
     touched_.push_back(rank);
   } else if (tNs < est_[r]) {
@@ -91,13 +94,19 @@ void Arrivals::rescanLatest() {
 }
 
 ArrivalVerdict Arrivals::current() const {
-  if (!active_ || !heard_) return {};
+  const OpLock lock(*this);
+  return currentLocked();
+}
+
+ArrivalVerdict Arrivals::currentLocked() const {
+  if (!active() || !heard_) return {};
   return {latest_, latestNs_ - first_, latest_ != rank_ || sameClock_};
 }
 
 ArrivalStamp Arrivals::stamp() const {
   ArrivalStamp s;
-  if (!active_) return s;
+  if (!active()) return s;
+  const OpLock lock(*this);
   s.words[0] = usU32(nowNs() - entry_) | static_cast<uint64_t>(latest_) << 32 | kValid;
   s.words[1] = usI32(latestNs_ - entry_) | static_cast<uint64_t>(usI32(first_ - entry_)) << 32;
   if (previous_.last >= 0) {
@@ -109,13 +118,16 @@ ArrivalStamp Arrivals::stamp() const {
 }
 
 void Arrivals::observe(int peer, int64_t atNs, const ArrivalStamp& s) {
-  if (!active_ || !(s.words[0] & kValid) || peer < 0 || peer >= size_ || peer == rank_) return;
+  if (!active() || !(s.words[0] & kValid) || peer < 0 || peer >= size_ || peer == rank_) return;
+  const OpLock lock(*this);
+  if (!active()) return;
   const int64_t start = atNs - static_cast<int64_t>(static_cast<uint32_t>(s.words[0])) * 1000;
   int64_t latestNs = start + nsOfI32(s.words[1]);
   int64_t firstNs = start + nsOfI32(s.words[1] >> 32);
   // Read while catching up, it may have waited for this rank to look: what
   // it says happened before it was sent, so no later than this rank began.
-  const int64_t bound = settled_ ? std::numeric_limits<int64_t>::max() : entry_;
+  const int64_t bound =
+      settled_.load(std::memory_order_relaxed) ? std::numeric_limits<int64_t>::max() : entry_;
   heard_ = true;
   note(peer, std::min(start, bound));
   const auto latest = static_cast<int>((s.words[0] >> 32) & 0x7fffffff);
@@ -131,23 +143,27 @@ void Arrivals::observe(int peer, int64_t atNs, const ArrivalStamp& s) {
 
 Arrivals::View Arrivals::view() const {
   View v;
-  if (!active_) return v;
+  const OpLock lock(*this);
+  if (!active()) return v;
   v.entryNs = entry_;
   v.latest = latest_;
   v.latestNs = latestNs_;
   v.firstNs = first_;
-  v.previous = previous_;
   return v;
 }
 
 void Arrivals::merge(int rank, const View& v) {
-  if (!active_ || rank < 0 || rank >= size_ || rank == rank_) return;
+  if (rank < 0 || rank >= size_ || rank == rank_) return;
+  const OpLock lock(*this);
+  if (!active()) return;
   heard_ = true;
   sameClock_ = true;
-  note(rank, v.entryNs);
-  if (v.latest >= 0 && v.latest < size_ && v.latest != rank_) note(v.latest, v.latestNs);
-  first_ = std::min(first_, v.firstNs);
-  if (v.previous.last >= 0 && v.previous.last < size_) amendPrevious(v.previous);
+  // Another process's memory: times within an hour of this rank's start.
+  constexpr int64_t kHour = 3600LL * 1000 * 1000 * 1000;
+  auto near = [&](int64_t t) { return std::clamp(t, entry_ - kHour, entry_ + kHour); };
+  note(rank, near(v.entryNs));
+  if (v.latest >= 0 && v.latest < size_ && v.latest != rank_) note(v.latest, near(v.latestNs));
+  first_ = std::min(first_, near(v.firstNs));
 }
 
 void Arrivals::count(const ArrivalVerdict& v, int sign) {
@@ -159,13 +175,17 @@ void Arrivals::count(const ArrivalVerdict& v, int sign) {
 }
 
 bool Arrivals::better(const ArrivalVerdict& a, const ArrivalVerdict& b) {
-  if (b.last < 0 || a.informed != b.informed) return a.informed || b.last < 0;
-  return a.last == b.last ? a.skewNs < b.skewNs : a.skewNs > b.skewNs;
+  if (a.last < 0 || b.last < 0) return b.last < 0 && a.last >= 0;
+  if (a.informed != b.informed) return a.informed;
+  return a.skewNs > b.skewNs;
 }
 
 void Arrivals::amendPrevious(const ArrivalVerdict& theirs) {
-  if (previousOp_ == 0 || previousOp_ + 1 != op_ || !better(theirs, previous_)) return;
-  std::lock_guard<std::mutex> lock(mutex_);
+  if (previousOp_ == 0 || previousOp_ + 1 != op_.load(std::memory_order_relaxed) ||
+      !better(theirs, previous_)) {
+    return;
+  }
+  std::lock_guard<SpinLock> lock(recordMu_);
   count(previous_, -1);
   count(theirs, +1);
   previous_ = theirs;
@@ -173,34 +193,52 @@ void Arrivals::amendPrevious(const ArrivalVerdict& theirs) {
 }
 
 void Arrivals::end() {
-  if (!active_) return;
-  const ArrivalVerdict v = current();  // measured: a later rank, or one host's clock
-  active_ = false;
-  std::lock_guard<std::mutex> lock(mutex_);
+  const OpLock opLock(*this);
+  if (!active()) return;
+  const ArrivalVerdict v = currentLocked();  // measured: a later rank, or one host's clock
+  active_.store(false, std::memory_order_release);
+  const uint64_t op = op_.load(std::memory_order_relaxed);
+  std::lock_guard<SpinLock> lock(recordMu_);
   count(v, +1);
-  recent_[(op_ - 1) % kRecent] = v;
-  recorded_ = op_;
+  recent_[(op - 1) % kRecent] = v;
+  recorded_ = op;
   previous_ = v;
-  previousOp_ = op_;
+  previousOp_ = op;
 }
 
 void Arrivals::abandon() {
-  if (!active_) return;
-  active_ = false;
-  std::lock_guard<std::mutex> lock(mutex_);
-  recent_[(op_ - 1) % kRecent] = {};
-  recorded_ = op_;
+  const OpLock opLock(*this);
+  if (!active()) return;
+  active_.store(false, std::memory_order_release);
+  const uint64_t op = op_.load(std::memory_order_relaxed);
+  std::lock_guard<SpinLock> lock(recordMu_);
+  recent_[(op - 1) % kRecent] = {};
+  recorded_ = op;
+  previous_ = {};
+  previousOp_ = 0;
+}
+
+void Arrivals::clearRecord() {
+  if (!enabled_) return;
+  const OpLock opLock(*this);
+  std::lock_guard<SpinLock> lock(recordMu_);
+  std::fill(totals_.timesLast.begin(), totals_.timesLast.end(), 0);
+  std::fill(totals_.lateNs.begin(), totals_.lateNs.end(), 0);
+  totals_.ops = 0;
+  summarizedTotals_ = totals_;
+  std::fill(recent_.begin(), recent_.end(), ArrivalVerdict{});
+  recorded_ = summarized_ = 0;
   previous_ = {};
   previousOp_ = 0;
 }
 
 Arrivals::Totals Arrivals::totals() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<SpinLock> lock(recordMu_);
   return totals_;
 }
 
 std::vector<ArrivalVerdict> Arrivals::recent() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<SpinLock> lock(recordMu_);
   std::vector<ArrivalVerdict> out;
   const uint64_t n = std::min<uint64_t>(recorded_, kRecent);
   for (uint64_t op = recorded_ - n + 1; op <= recorded_; ++op) {
@@ -211,18 +249,21 @@ std::vector<ArrivalVerdict> Arrivals::recent() const {
 
 std::string Arrivals::summary(bool sinceLast) {
   if (!enabled_) return "";
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<SpinLock> lock(recordMu_);
   const Totals& base = summarizedTotals_;
   const uint64_t from = sinceLast ? summarized_ : 0;
-  const uint64_t ops = totals_.ops - (sinceLast ? base.ops : 0);
+  const uint64_t ops =
+      std::max<int64_t>(0, static_cast<int64_t>(totals_.ops - (sinceLast ? base.ops : 0)));
+  // A verdict amended after the last summary may move a count below it.
   size_t top = 0;
   uint64_t topCount = 0;
   for (size_t r = 0; r < totals_.timesLast.size(); ++r) {
-    const uint64_t c = totals_.timesLast[r] - (sinceLast ? base.timesLast[r] : 0);
-    if (c > topCount) top = r, topCount = c;
+    const auto c = static_cast<int64_t>(totals_.timesLast[r] - (sinceLast ? base.timesLast[r] : 0));
+    if (c > static_cast<int64_t>(topCount)) top = r, topCount = static_cast<uint64_t>(c);
   }
   if (sinceLast) summarized_ = recorded_, summarizedTotals_ = totals_;
-  if (ops == 0) return "";
+  if (ops == 0 || topCount == 0) return "";
+  topCount = std::min(topCount, ops);
   std::vector<int64_t> skews;  // the top rank's, over the ops still in the ring
   for (uint64_t op = std::max(from, recorded_ - std::min<uint64_t>(recorded_, kRecent)) + 1;
        op <= recorded_; ++op) {

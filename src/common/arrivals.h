@@ -20,19 +20,25 @@
 //   - A rank that started last and heard only from ranks that did not wait
 //     for it knows that it was last, not by how much. Every stamp therefore
 //     also carries the sender's verdict on its previous op, which replaces
-//     this rank's for that op when it is better: measured beats not
-//     measured; of two measured, one that names another rank with a larger
-//     skew (it saw a later start), or the same rank with a smaller one
-//     (every estimate errs late). The best verdict spreads with the next op.
+//     this rank's for that op when it is better (better(): measured beats
+//     not measured, then the larger skew: it saw a later start). The best
+//     verdict a rank hears of spreads with the next op.
 //
-// Thread safety: begin/end/abandon/stamp/observe/settle/view/merge on the
-// executing thread; totals(), recent() and summary() from any thread.
+// Thread safety: the running op's methods (begin to end, stamp, observe,
+// view, merge, current) come from the executing thread, or, after
+// setConcurrent(), from two threads at once (the hierarchical backend runs
+// one phase of an op on a helper thread while the executing thread runs the
+// other), which a lock then serialises. totals(), recent() and summary()
+// may come from any thread (the record has its own lock, taken after the
+// op's).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace gflow {
@@ -64,9 +70,9 @@ class Arrivals {
   Arrivals(int rank, int size, bool enabled);
 
   bool enabled() const { return enabled_; }
-  bool active() const { return active_; }
+  bool active() const { return active_.load(std::memory_order_acquire); }
   // Ops begun so far (the running one's number while active()).
-  uint64_t opNumber() const { return op_; }
+  uint64_t opNumber() const { return op_.load(std::memory_order_acquire); }
 
   // A collective starts on this rank now.
   void begin();
@@ -84,15 +90,14 @@ class Arrivals {
   // A message with `s` from `peer` arrived at `atNs` (nowNs's clock).
   void observe(int peer, int64_t atNs, const ArrivalStamp& s);
   // The wire read nothing in a pass: later arrivals are timed.
-  void settle() { settled_ = true; }
+  void settle() { settled_.store(true, std::memory_order_relaxed); }
 
   // What this rank knows, on its host's clock (shared memory).
   struct View {
     int64_t entryNs = 0;
-    int32_t latest = -1;
+    int32_t latest = -1;  // -1: none
     int64_t latestNs = 0;
     int64_t firstNs = 0;
-    ArrivalVerdict previous;
   };
   View view() const;
   // `rank`'s view, on this rank's clock.
@@ -114,36 +119,75 @@ class Arrivals {
   // recorded since the previous call with `sinceLast` (else the whole run);
   // "" when there are none.
   std::string summary(bool sinceLast);
+  // Forgets the ops recorded so far (the communicator's own set-up ops).
+  void clearRecord();
+  // Two threads may run parts of one op (the hierarchical backend's phases
+  // overlap): the running op's state is locked from now on. Before the
+  // first op.
+  void setConcurrent() { concurrent_ = true; }
 
  private:
+  // Held for a few stores and almost never contended: cheaper than a mutex
+  // on every op.
+  class SpinLock {
+   public:
+    void lock() {
+      while (flag_.test_and_set(std::memory_order_acquire)) std::this_thread::yield();
+    }
+    void unlock() { flag_.clear(std::memory_order_release); }
+
+   private:
+    std::atomic_flag flag_ = ATOMIC_FLAG_INIT;
+  };
+  // Under opMu_.
+  ArrivalVerdict currentLocked() const;
   void note(int rank, int64_t tNs);
   void rescanLatest();
   void amendPrevious(const ArrivalVerdict& theirs);
   // Whether verdict `a` on an op should replace `b` (see the header comment).
   static bool better(const ArrivalVerdict& a, const ArrivalVerdict& b);
-  void count(const ArrivalVerdict& v, int sign);  // under mutex_
+  void count(const ArrivalVerdict& v, int sign);  // under recordMu_
 
   const int rank_;
   const int size_;
   const bool enabled_;
 
-  // The running op (executing thread).
-  bool active_ = false;
-  bool settled_ = false;
+  // The running op.
+  std::atomic<bool> active_{false};
+  std::atomic<uint64_t> op_{0};  // ops begun
+  std::atomic<bool> settled_{false};
+  // What follows (the hierarchical backend's two threads; held for a few
+  // stores).
+  mutable SpinLock opMu_;
+  bool concurrent_ = false;  // opMu_ is taken only then
+  // Holds opMu_ when concurrent_.
+  class OpLock {
+   public:
+    explicit OpLock(const Arrivals& a) : mu_(a.concurrent_ ? &a.opMu_ : nullptr) {
+      if (mu_) mu_->lock();
+    }
+    ~OpLock() {
+      if (mu_) mu_->unlock();
+    }
+    OpLock(const OpLock&) = delete;
+    OpLock& operator=(const OpLock&) = delete;
+
+   private:
+    SpinLock* mu_;
+  };
   int64_t entry_ = 0;
   int64_t first_ = 0;
   int latest_ = 0;
   int64_t latestNs_ = 0;
   bool heard_ = false;
   bool sameClock_ = false;       // merged a view of this host (exact)
-  uint64_t op_ = 0;              // ops begun
   std::vector<int64_t> est_;     // per rank: earliest start estimate
   std::vector<uint64_t> estOp_;  // per rank: the op est_ is for
   std::vector<int> touched_;     // ranks with an estimate this op
   ArrivalVerdict previous_;      // this rank's verdict on the op before
   uint64_t previousOp_ = 0;      // its number (0: none)
 
-  mutable std::mutex mutex_;  // the record
+  mutable SpinLock recordMu_;  // the record
   Totals totals_;
   std::vector<ArrivalVerdict> recent_;  // ring of kRecent, op n at (n - 1) % kRecent
   uint64_t recorded_ = 0;               // ops ended or abandoned (the newest number)

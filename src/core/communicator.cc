@@ -345,6 +345,7 @@ std::unique_ptr<CommunicatorImpl> CommunicatorImpl::connect(
   impl->agreeOnHostsAndSettings(hostHash);
   impl->buildHierarchy(ctxOpts, localRank, localSize);
   impl->opCount[opIndex(OpKind::kAllgather)] = 0;  // internal op, not the user's
+  impl->arrivals->clearRecord();
   impl->backend->resetPaths();
   return impl;
 }
@@ -428,9 +429,14 @@ void CommunicatorImpl::reportStragglers() {
 
 CommunicatorImpl::~CommunicatorImpl() {
   if (summaryAtExit && rank == 0 && arrivals) {
-    const std::string s = arrivals->summary(false);
-    if (!s.empty())
-      std::fprintf(stderr, "gflow straggler summary (%d ranks): %s\n", size, s.c_str());
+    try {
+      const std::string s = arrivals->summary(false);
+      if (!s.empty()) {
+        std::fprintf(stderr, "gflow straggler summary (%d ranks): %s\n", size, s.c_str());
+      }
+    } catch (const std::exception&) {
+      // Out of memory at teardown: no summary.
+    }
   }
   if (!backend) return;
   Error e(ErrorCode::kAborted, "the communicator was destroyed", ErrorContext().withRank(rank));

@@ -95,6 +95,7 @@ HostBackends connectHostBackends(const backend::Hierarchy& h, const transport::C
     out.shm = b.shm(all, h.rank, ctx.prefix + "shm/", true);
     out.caps.shm = out.shm != nullptr;
   } else if (h.numHosts > 1 && h.numHosts < h.size) {
+    if (ctx.arrivals) ctx.arrivals->setConcurrent();  // its phases overlap
     out.hierarchical = hierarchical(b, h, selector);
     out.caps.hierarchical = true;
     out.caps.uniform = h.uniform;

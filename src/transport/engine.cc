@@ -180,7 +180,12 @@ void Engine::arrival(int peer, uint64_t group, const uint64_t (&stamp)[3]) {
 }
 
 void Engine::pass(bool readNothing) {
-  if (!arrivals_ || !groupActive_) return;
+  // Only a pass of the op the Arrivals run: another part's waits poll this
+  // context too (the hierarchical backend's probes), before its op began here.
+  if (!inArrivalOp(group_)) {
+    passInGroup_ = false;
+    return;
+  }
   // Nothing read since a pass of this op began: what queued before it is in.
   if (readNothing && passInGroup_ && passGroup_ == group_) arrivals_->settle();
   passGroup_ = group_;

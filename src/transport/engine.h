@@ -170,8 +170,12 @@ class Engine : public Context {
   ArrivalStamp stampOf(Tag tag) const {
     return inArrivalOp(tag.group) ? arrivals_->stamp() : ArrivalStamp{};
   }
-  void restamp(uint64_t group, uint64_t (&stamp)[3]) const {
-    if (inArrivalOp(group)) std::memcpy(stamp, arrivals_->stamp().words, sizeof(stamp));
+  // `now`: the stamp of this moment if already made (words[0] != 0), else
+  // made here, so frames leaving together share one.
+  void restamp(uint64_t group, uint64_t (&stamp)[3], ArrivalStamp& now) const {
+    if (!inArrivalOp(group)) return;
+    if (now.words[0] == 0) now = arrivals_->stamp();
+    std::memcpy(stamp, now.words, sizeof(stamp));
   }
   void arrival(int peer, uint64_t group, const uint64_t (&stamp)[3]);
   void pass(bool readNothing);

@@ -104,13 +104,13 @@ TEST(Arrivals, ABetterVerdictOnThePreviousOpReplacesThisRanks) {
   const int64_t t = Arrivals::nowNs();
   a.observe(0, t, stampOf(0, 0, 0, 0, ArrivalVerdict{3, 17 * kMs, true}));
   a.observe(1, t, stampOf(0, 1, 0, 0, ArrivalVerdict{2, 5 * kMs, true}));    // smaller: ignored
-  a.observe(2, t, stampOf(0, 2, 0, 0, ArrivalVerdict{3, 19 * kMs, true}));   // larger: ignored
+  a.observe(2, t, stampOf(0, 2, 0, 0, ArrivalVerdict{3, 19 * kMs, true}));   // larger: taken
   a.observe(0, t, stampOf(0, 0, 0, 0, ArrivalVerdict{1, 90 * kMs, false}));  // not measured
   a.end();
   const auto v = a.recent();
   ASSERT_EQ(v.size(), 2u);
   EXPECT_EQ(v[0].last, 3);
-  EXPECT_EQ(v[0].skewNs, 17 * kMs);
+  EXPECT_EQ(v[0].skewNs, 19 * kMs);
   const Arrivals::Totals tot = a.totals();
   EXPECT_EQ(tot.timesLast[3], 1u + (v[1].last == 3 ? 1u : 0u));
   EXPECT_EQ(tot.ops, 2u);
@@ -156,6 +156,7 @@ std::vector<Path> paths() {
       {"tcp_rd", opts("rd", false)},
       {"tcp_fixed_order_1MiB", opts("", false, true), 1, false, 262144},
       {"two_hosts", opts("", true), 2},
+      {"two_hosts_1MiB_segments", opts("", true), 2, false, 262144},  // phases overlap
       {"verbs", opts("", false), 1, true},
   };
 }

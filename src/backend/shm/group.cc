@@ -21,7 +21,7 @@ namespace gflow::backend::shm {
 
 namespace {
 
-constexpr uint64_t kMagic = 0x676677736d310004ull;  // "gflwsm1" + layout version
+constexpr uint64_t kMagic = 0x676677736d310005ull;  // "gflwsm1" + layout version
 constexpr size_t kPage = 4096;
 // How long a waiter polls (spinning, or yielding when oversubscribed) before
 // it sleeps on the futex. Collective phases are short, so most waits end here.
@@ -58,13 +58,21 @@ struct OpRecord {
   std::atomic<uint64_t> number;  // ops this member has started on the group
   uint64_t seq;                  // the op's sequence number (for messages)
   uint64_t env[3];
-  uint64_t in, out;   // the op's buffers in the owner's address space
+  // The owner's arrival view of the op (Arrivals::View, on this host's
+  // clock), written with the rest before `number`: in the line its peers
+  // read anyway. Overwritten only two ops later, after a sync of the next
+  // op that every member must pass, so it is read at endOp without a check.
+  int64_t entryNs;
+  int32_t latestUs, firstUs;  // the latest and earliest starts, after entryNs
+  int32_t latest;             // that rank (the Arrivals' numbering)
+  int32_t spare;
+};
+static_assert(sizeof(OpRecord) == 64, "an op record is one cache line");
+
+// The op's buffers in the owner's address space, for single-copy reads.
+struct BufferRecord {
+  uint64_t in, out;
   uint32_t readable;  // the owner could read both by single copy itself
-  // The owner's arrival view (Arrivals::View) of this op: valid while
-  // `viewOf` equals `number` before and after reading it.
-  std::atomic<uint64_t> viewOf;
-  std::atomic<int64_t> entryNs, latestNs, firstNs, previousSkewNs;
-  std::atomic<int32_t> latest, previousLast, previousInformed;
 };
 
 // The control block at the start of every segment. Only its owner writes it,
@@ -80,7 +88,8 @@ struct Control {
   alignas(64) std::atomic<uint64_t> tick;  // last sync point reached
   alignas(64) std::atomic<uint32_t> wakeSeq;
   std::atomic<uint32_t> waiters;
-  alignas(64) OpRecord ops[2];  // by op number parity
+  alignas(64) OpRecord ops[2];          // by op number parity
+  alignas(64) BufferRecord buffers[2];  // likewise
   alignas(64) std::atomic<uint32_t> failed;
   std::atomic<uint32_t> left;               // the owner destroyed its group (process may live on)
   alignas(64) std::atomic<uint64_t> pings;  // probes raised by waiters
@@ -292,10 +301,10 @@ void Group::beginOp(uint64_t seq, const Envelope& env, Deadline deadline) {
   OpRecord& r = ctl_[rank_]->ops[ops_ & 1];
   r.seq = seq;
   std::memcpy(r.env, env.words, sizeof(r.env));
+  publishArrival(r);
   r.number.store(ops_, std::memory_order_release);
   opChecked_ = false;
   inOp_ = true;
-  publishArrival();
 }
 
 void Group::endOp() {
@@ -303,49 +312,35 @@ void Group::endOp() {
   inOp_ = false;
 }
 
-void Group::publishArrival() {
-  if (!arrivals_ || !arrivals_->active()) return;
-  const Arrivals::View v = arrivals_->view();
-  OpRecord& r = ctl_[rank_]->ops[ops_ & 1];
-  // A seqlock without fences: each field's release store orders the 0 before
-  // it, each acquire load orders the second look at viewOf after it.
-  constexpr auto rel = std::memory_order_release;
-  r.viewOf.store(0, std::memory_order_relaxed);
-  r.entryNs.store(v.entryNs, rel);
-  r.latest.store(v.latest, rel);
-  r.latestNs.store(v.latestNs, rel);
-  r.firstNs.store(v.firstNs, rel);
-  r.previousLast.store(v.previous.last, rel);
-  r.previousSkewNs.store(v.previous.skewNs, rel);
-  r.previousInformed.store(v.previous.informed ? 1 : 0, rel);
-  r.viewOf.store(ops_, rel);
+void Group::publishArrival(OpRecord& r) const {
+  const Arrivals::View v = arrivals_ ? arrivals_->view() : Arrivals::View{};
+  auto us = [&](int64_t ns) {
+    return static_cast<int32_t>(std::clamp<int64_t>((ns - v.entryNs) / 1000, INT32_MIN, INT32_MAX));
+  };
+  r.entryNs = v.entryNs;
+  r.latestUs = us(v.latestNs);
+  r.firstUs = us(v.firstNs);
+  r.latest = v.latest;  // -1: no view (no op running, or off)
 }
 
-// After the op's last sync every member has published its view of it; one
-// that has already begun its next op (its record of this one stays until
-// the op after) or is rewriting it is skipped.
+// After the op's last sync every member has published its view of it.
 void Group::mergeArrivals() {
   if (!arrivals_ || !arrivals_->active()) return;
-  constexpr auto acq = std::memory_order_acquire;
   for (int m = 0; m < size_; ++m) {
     if (m == rank_) continue;
-    OpRecord& r = ctl_[m]->ops[ops_ & 1];
-    if (r.viewOf.load(acq) != ops_) continue;
+    const OpRecord& r = ctl_[m]->ops[ops_ & 1];
+    if (r.number.load(std::memory_order_acquire) != ops_ || r.latest < 0) continue;
     Arrivals::View v;
-    v.entryNs = r.entryNs.load(acq);
-    v.latest = r.latest.load(acq);
-    v.latestNs = r.latestNs.load(acq);
-    v.firstNs = r.firstNs.load(acq);
-    v.previous.last = r.previousLast.load(acq);
-    v.previous.skewNs = r.previousSkewNs.load(acq);
-    v.previous.informed = r.previousInformed.load(acq) != 0;
-    if (r.viewOf.load(std::memory_order_relaxed) != ops_) continue;
+    v.entryNs = r.entryNs;
+    v.latest = r.latest;
+    v.latestNs = r.entryNs + int64_t{r.latestUs} * 1000;
+    v.firstNs = r.entryNs + int64_t{r.firstUs} * 1000;
     arrivals_->merge(arrivalRanks_[m], v);
   }
 }
 
 void Group::publishBuffers(const void* in, size_t inBytes, const void* out, size_t outBytes) {
-  OpRecord& r = ctl_[rank_]->ops[ops_ & 1];
+  BufferRecord& r = ctl_[rank_]->buffers[ops_ & 1];
   r.in = reinterpret_cast<uintptr_t>(in);
   r.out = reinterpret_cast<uintptr_t>(out);
   r.readable = ownBuffersReadable(in, inBytes, out, outBytes) ? 1 : 0;
@@ -360,7 +355,7 @@ void Group::publishBuffers(const void* in, size_t inBytes, const void* out, size
 
 bool Group::publishedReadable() const {
   for (int m = 0; m < size_; ++m) {
-    if (!ctl_[m]->ops[ops_ & 1].readable) return false;
+    if (!ctl_[m]->buffers[ops_ & 1].readable) return false;
   }
   return true;
 }
@@ -371,7 +366,7 @@ ErrorContext Group::context(int member) const {
 
 void Group::readPeer(int member, Buffer which, size_t offset, void* dst, size_t bytes) {
   if (bytes == 0) return;
-  const OpRecord& r = ctl_[member]->ops[ops_ & 1];
+  const BufferRecord& r = ctl_[member]->buffers[ops_ & 1];
   const uint64_t base = which == Buffer::kIn ? r.in : r.out;
   const int err = readPeerMemory(pids_[member], base + offset, dst, bytes);
   if (err == 0) {

@@ -20,8 +20,8 @@
 // kMismatch at once, and members that rejected it too never look.
 //
 // Each op's record also carries the member's arrival view (when it began,
-// and what it knew of the others: common/arrivals.h) behind a sequence
-// word, so a member reads it whole or not at all.
+// and what it knew of the others: common/arrivals.h), which the others
+// merge when the op ends.
 //
 // Single-copy reads: where every member may read every other member's
 // memory (common/peer_memory.h), an op can publish its user buffers
@@ -81,6 +81,7 @@ struct GroupOptions {
 };
 
 struct Control;
+struct OpRecord;
 
 class Group {
  public:
@@ -170,7 +171,7 @@ class Group {
   bool skippedThisOp(int member, uint64_t tick) const;
 
   void checkOp(int member);
-  void publishArrival();
+  void publishArrival(OpRecord& r) const;
   void mergeArrivals();
   void publish(uint64_t tick);
   ErrorContext context(int member) const;

@@ -59,7 +59,7 @@ struct FrameHeader {
   uint64_t offset;   // this fragment's offset in the message
   uint64_t fragLen;  // this fragment's payload bytes
   uint64_t env[3];
-  uint64_t stamp[3];  // DATA and RENDEZVOUS: the sender's ArrivalStamp (common/arrivals.h)
+  uint64_t stamp[3];  // DATA, RENDEZVOUS, CLEAR, READ: the sender's ArrivalStamp (arrivals.h)
 };
 static_assert(sizeof(FrameHeader) == 96, "frame header layout");
 

@@ -200,6 +200,7 @@ void TcpContext::flush(Conn& c, bool writable) {
   if (writable) c.ready = true;
   size_t burst = 0;
   bool blocked = false;
+  ArrivalStamp now;  // one stamp per call, made on first use (Engine::restamp)
   for (;;) {
     if (c.sendq.empty() && c.ready && !p.pending.empty() && worthTaking(c)) refill(c);
     if (c.sendq.empty()) break;
@@ -209,7 +210,7 @@ void TcpContext::flush(Conn& c, bool writable) {
     for (size_t i = 0; i < c.sendq.size() && i < kGather; ++i) {
       SendItem& it = c.sendq[i];
       // Stamped as it leaves (a held message may have waited since its post).
-      if (it.written == 0 && it.hdr.stamp[0] != 0) restamp(it.hdr.group, it.hdr.stamp);
+      if (it.written == 0 && it.hdr.stamp[0] != 0) restamp(it.hdr.group, it.hdr.stamp, now);
       if (it.written < hdrLen) {
         iov[n++] = {reinterpret_cast<char*>(&it.hdr) + it.written, hdrLen - it.written};
         if (it.payloadLen > 0) iov[n++] = {const_cast<char*>(it.payload), it.payloadLen};

@@ -127,13 +127,14 @@ void VerbsContext::queueEager(int peer, OutMsg msg) {
 
 void VerbsContext::pumpEager(int peer) {
   Peer& p = *peers_[peer];
+  ArrivalStamp now;  // one stamp per call
   while (!p.eagerQueue.empty()) {
     const uint64_t inUse = p.sent - creditsConsumed(peer);
     const int slot = static_cast<int>(p.sent % static_cast<uint64_t>(slots_));
     if (inUse >= static_cast<uint64_t>(slots_) || p.outBusy[slot]) return;
     OutMsg& m = p.eagerQueue.front();
     m.hdr.seq = static_cast<uint32_t>(p.sent);
-    if (m.hdr.stamp[0] != 0) restamp(m.hdr.group, m.hdr.stamp);  // as it leaves
+    if (m.hdr.stamp[0] != 0) restamp(m.hdr.group, m.hdr.stamp, now);  // as it leaves
     char* dst = p.outRing + static_cast<size_t>(slot) * slotBytes_;
     std::memcpy(dst, &m.hdr, sizeof(m.hdr));
     const char* src = m.owned.empty() ? m.payload : m.owned.data();

@@ -50,7 +50,7 @@ struct SlotHeader {
   uint64_t index;
   uint64_t env[3];
   uint64_t len;       // message bytes (data, RTS, CTS) or error text bytes
-  uint64_t stamp[3];  // data and RTS: the sender's ArrivalStamp (common/arrivals.h)
+  uint64_t stamp[3];  // data, RTS, CTS: the sender's ArrivalStamp (common/arrivals.h)
   uint64_t reserved2;
 };
 static_assert(sizeof(SlotHeader) == 96, "slot header layout");
