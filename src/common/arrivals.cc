@@ -50,7 +50,6 @@ Arrivals::Arrivals(int rank, int size, bool enabled)
 void Arrivals::begin() {
   if (!enabled_) return;
   const OpLock lock(*this);
-  settled_.store(false, std::memory_order_relaxed);
   heard_ = false;
   sameClock_ = false;
   op_.fetch_add(1, std::memory_order_release);
@@ -117,7 +116,7 @@ ArrivalStamp Arrivals::stamp() const {
   return s;
 }
 
-void Arrivals::observe(int peer, int64_t atNs, const ArrivalStamp& s) {
+void Arrivals::observe(int peer, int64_t atNs, const ArrivalStamp& s, bool timed) {
   if (!active() || !(s.words[0] & kValid) || peer < 0 || peer >= size_ || peer == rank_) return;
   const OpLock lock(*this);
   if (!active()) return;
@@ -126,8 +125,7 @@ void Arrivals::observe(int peer, int64_t atNs, const ArrivalStamp& s) {
   int64_t firstNs = start + nsOfI32(s.words[1] >> 32);
   // Read while catching up, it may have waited for this rank to look: what
   // it says happened before it was sent, so no later than this rank began.
-  const int64_t bound =
-      settled_.load(std::memory_order_relaxed) ? std::numeric_limits<int64_t>::max() : entry_;
+  const int64_t bound = timed ? std::numeric_limits<int64_t>::max() : entry_;
   heard_ = true;
   note(peer, std::min(start, bound));
   const auto latest = static_cast<int>((s.words[0] >> 32) & 0x7fffffff);

@@ -12,9 +12,10 @@
 // the rank that started last, and its start minus the earliest start (the
 // skew: how long the earliest rank waited for it).
 //
-//   - A message read while this rank catches up on what queued before it
-//     started (until the wire reports a pass that read nothing: settle())
-//     says only that its sender started no later than this rank.
+//   - A message read while this rank's transport catches up on what queued
+//     before it started (`timed` false: until that transport has made a
+//     pass of the op that read nothing) says only that its sender started
+//     no later than this rank.
 //   - Ranks of one host share a clock: the shared-memory group publishes
 //     each member's view (view()) and merges the others' (merge()) exactly.
 //   - A rank that started last and heard only from ranks that did not wait
@@ -87,10 +88,9 @@ class Arrivals {
   ArrivalVerdict current() const;
   // For a message of the running op (zero outside one).
   ArrivalStamp stamp() const;
-  // A message with `s` from `peer` arrived at `atNs` (nowNs's clock).
-  void observe(int peer, int64_t atNs, const ArrivalStamp& s);
-  // The wire read nothing in a pass: later arrivals are timed.
-  void settle() { settled_.store(true, std::memory_order_relaxed); }
+  // A message with `s` from `peer` arrived at `atNs` (nowNs's clock);
+  // `timed`: read after its transport caught up (above).
+  void observe(int peer, int64_t atNs, const ArrivalStamp& s, bool timed);
 
   // What this rank knows, on its host's clock (shared memory).
   struct View {
@@ -155,7 +155,6 @@ class Arrivals {
   // The running op.
   std::atomic<bool> active_{false};
   std::atomic<uint64_t> op_{0};  // ops begun
-  std::atomic<bool> settled_{false};
   // What follows (the hierarchical backend's two threads; held for a few
   // stores).
   mutable SpinLock opMu_;

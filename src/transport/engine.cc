@@ -153,13 +153,14 @@ void Engine::startGroup(uint64_t group, const Envelope& env) {
   auto it = rejected_.find(group);
   if (it != rejected_.end()) fail(it->second);
   passInGroup_ = false;
+  settled_ = false;
   groupOp_ = arrivals_ ? arrivals_->opNumber() : 0;
   if (early_.empty()) return;
   // Stamps of this op that came before this rank began it.
   size_t keep = 0;
   for (const Early& e : early_) {
     if (e.group == group) {
-      arrivals_->observe(arrivalRanks_[static_cast<size_t>(e.peer)], e.atNs, e.stamp);
+      arrivals_->observe(arrivalRanks_[static_cast<size_t>(e.peer)], e.atNs, e.stamp, false);
     } else if (!isPast(e.group, group)) {
       early_[keep++] = e;
     }
@@ -173,7 +174,7 @@ void Engine::arrival(int peer, uint64_t group, const uint64_t (&stamp)[3]) {
   std::memcpy(s.words, stamp, sizeof(s.words));
   const int64_t now = Arrivals::nowNs();
   if (inArrivalOp(group)) {
-    arrivals_->observe(arrivalRanks_[static_cast<size_t>(peer)], now, s);
+    arrivals_->observe(arrivalRanks_[static_cast<size_t>(peer)], now, s, settled_);
   } else if (early_.size() < kMaxEarly && (!groupActive_ || isPast(group_, group))) {
     early_.push_back(Early{group, peer, now, s});
   }
@@ -187,7 +188,7 @@ void Engine::pass(bool readNothing) {
     return;
   }
   // Nothing read since a pass of this op began: what queued before it is in.
-  if (readNothing && passInGroup_ && passGroup_ == group_) arrivals_->settle();
+  if (readNothing && passInGroup_ && passGroup_ == group_) settled_ = true;
   passGroup_ = group_;
   passInGroup_ = true;
 }

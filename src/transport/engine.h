@@ -216,6 +216,7 @@ class Engine : public Context {
   static constexpr size_t kMaxEarly = 4096;
   uint64_t groupOp_ = 0;    // the Arrivals' op when group_ began
   uint64_t passGroup_ = 0;  // group_ when the last pass started
+  bool settled_ = false;    // this op's backlog is read: arrivals are timed
   bool passInGroup_ = false;
   std::vector<std::unique_ptr<PeerBook>> books_;
   StickyError error_;

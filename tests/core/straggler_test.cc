@@ -53,11 +53,10 @@ ArrivalStamp stampOf(int64_t elapsedNs, int latest, int64_t latestOffNs, int64_t
 TEST(Arrivals, APeerHeardLateIsNamedWithItsDelay) {
   Arrivals a(0, 4, true);
   a.begin();
-  a.settle();  // waiting: arrivals are timed
   const int64_t t = Arrivals::nowNs();
-  a.observe(1, t, stampOf(0, 1, 0, 0));                   // rank 1 started just now
-  a.observe(2, t + 30 * kMs, stampOf(0, 2, 0, 0));        // rank 2, 30 ms later
-  a.observe(3, t + 30 * kMs, stampOf(1 * kMs, 3, 0, 0));  // rank 3, 1 ms before rank 2
+  a.observe(1, t, stampOf(0, 1, 0, 0), true);                   // rank 1 started just now
+  a.observe(2, t + 30 * kMs, stampOf(0, 2, 0, 0), true);        // rank 2, 30 ms later
+  a.observe(3, t + 30 * kMs, stampOf(1 * kMs, 3, 0, 0), true);  // rank 3, 1 ms before rank 2
   a.end();
   const auto v = a.recent();
   ASSERT_EQ(v.size(), 1u);
@@ -73,7 +72,7 @@ TEST(Arrivals, BacklogReadBeforeSettlingSaysOnlyNoLaterThanThisRank) {
   a.begin();
   // Stamped at their senders' starts, read only now: they may have waited.
   const int64_t later = Arrivals::nowNs() + 5 * kMs;
-  for (int p = 0; p < 3; ++p) a.observe(p, later, stampOf(0, p, 0, 0));
+  for (int p = 0; p < 3; ++p) a.observe(p, later, stampOf(0, p, 0, 0), false);
   a.end();
   const auto v = a.recent();
   ASSERT_EQ(v.size(), 1u);
@@ -84,11 +83,10 @@ TEST(Arrivals, BacklogReadBeforeSettlingSaysOnlyNoLaterThanThisRank) {
 TEST(Arrivals, RelayedKnowledgeNamesARankNeverHeardDirectly) {
   Arrivals a(0, 4, true);
   a.begin();
-  a.settle();
   const int64_t t = Arrivals::nowNs();
   // Rank 1 started with this rank; 20 ms in it says rank 3 started 20 ms
   // after it and the earliest rank 1 ms before it.
-  a.observe(1, t + 20 * kMs, stampOf(20 * kMs, 3, 20 * kMs, -1 * kMs));
+  a.observe(1, t + 20 * kMs, stampOf(20 * kMs, 3, 20 * kMs, -1 * kMs), true);
   a.end();
   const auto v = a.recent();
   EXPECT_EQ(v[0].last, 3);
@@ -100,12 +98,11 @@ TEST(Arrivals, ABetterVerdictOnThePreviousOpReplacesThisRanks) {
   a.begin();
   a.end();  // heard nobody: no verdict
   a.begin();
-  a.settle();
   const int64_t t = Arrivals::nowNs();
-  a.observe(0, t, stampOf(0, 0, 0, 0, ArrivalVerdict{3, 17 * kMs, true}));
-  a.observe(1, t, stampOf(0, 1, 0, 0, ArrivalVerdict{2, 5 * kMs, true}));    // smaller: ignored
-  a.observe(2, t, stampOf(0, 2, 0, 0, ArrivalVerdict{3, 19 * kMs, true}));   // larger: taken
-  a.observe(0, t, stampOf(0, 0, 0, 0, ArrivalVerdict{1, 90 * kMs, false}));  // not measured
+  a.observe(0, t, stampOf(0, 0, 0, 0, ArrivalVerdict{3, 17 * kMs, true}), true);
+  a.observe(1, t, stampOf(0, 1, 0, 0, ArrivalVerdict{2, 5 * kMs, true}), true);  // smaller: ignored
+  a.observe(2, t, stampOf(0, 2, 0, 0, ArrivalVerdict{3, 19 * kMs, true}), true);   // larger: taken
+  a.observe(0, t, stampOf(0, 0, 0, 0, ArrivalVerdict{1, 90 * kMs, false}), true);  // not measured
   a.end();
   const auto v = a.recent();
   ASSERT_EQ(v.size(), 2u);
@@ -121,7 +118,7 @@ TEST(Arrivals, OffRecordsNothing) {
   Arrivals a(0, 4, false);
   a.begin();
   EXPECT_EQ(a.stamp().words[0], 0u);
-  a.observe(1, Arrivals::nowNs(), stampOf(0, 1, 0, 0));
+  a.observe(1, Arrivals::nowNs(), stampOf(0, 1, 0, 0), true);
   a.end();
   EXPECT_TRUE(a.recent().empty());
   EXPECT_EQ(a.summary(false), "");
