@@ -708,10 +708,11 @@ void injectAsyncEvent(ibv_context* ctx, ibv_event_type type, int port) {
   queueAsyncEvent(f, ctxOf(ctx), ev);
 }
 
-void injectRemoteAccessErrorOnNextWrite() {
+void injectRemoteAccessErrorOnNextWrite(std::thread::id from) {
   Fabric& f = fabric();
   Lock lock(f.mu);
   f.injectRemoteAccessError = true;
+  f.injectFrom = from;
 }
 
 size_t liveObjects() {

@@ -87,8 +87,9 @@ std::vector<ibv_context*> contextsOpenedBy(std::thread::id thread);
 // Queues an async event on `ctx` (element.port_num = port); async_fd becomes
 // readable.
 void injectAsyncEvent(ibv_context* ctx, ibv_event_type type, int port = 1);
-// The next RDMA write executed behaves as if its rkey were wrong.
-void injectRemoteAccessErrorOnNextWrite();
+// The next RDMA write executed (from a context `from` opened; default: any)
+// behaves as if its rkey were wrong.
+void injectRemoteAccessErrorOnNextWrite(std::thread::id from = {});
 
 // Contexts + PDs + MRs + CQs + QPs + completion channels not yet destroyed.
 size_t liveObjects();

@@ -151,6 +151,7 @@ struct Fabric {
   uint32_t nextQpn = 0;
   uint32_t nextKey = 0;
   bool injectRemoteAccessError = false;
+  std::thread::id injectFrom;  // only writes from contexts it opened; {}: any
 };
 
 Fabric& fabric();

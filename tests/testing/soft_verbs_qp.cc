@@ -174,8 +174,9 @@ bool step(Fabric& f, Qp* q, Clock::time_point now, bool immediate, Clock::time_p
   bool write = w.opcode == IBV_WR_RDMA_WRITE || w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
   bool imm = w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM || w.opcode == IBV_WR_SEND_WITH_IMM;
   if (write) {
-    bool inject = f.injectRemoteAccessError;
-    f.injectRemoteAccessError = false;
+    const bool inject = f.injectRemoteAccessError &&
+                        (f.injectFrom == std::thread::id() || q->ctx->opener == f.injectFrom);
+    if (inject) f.injectRemoteAccessError = false;
     bool ok = len == 0 ||  // zero-length: no R_Key check (IB spec)
               ((d->accessFlags & IBV_ACCESS_REMOTE_WRITE) != 0 && [&] {
                 Mr* m = mrFor(f.byRkey, w.rkey, d->pd, w.remoteAddr, len);

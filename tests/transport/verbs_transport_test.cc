@@ -555,7 +555,11 @@ std::vector<std::string> allreduceAfter(const std::function<void()>& inject, int
         std::vector<float> v(20000, 1.0f);
         c.allreduce(tensor(v.data(), v.size()));
         c.barrier();
-        if (c.rank() == 1) inject();
+        if (c.rank() == 1) {
+          inject();
+          // Longer than a busy rank goes without reading device events.
+          std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        }
         ++arrived;
         while (arrived < 3) std::this_thread::yield();
         try {
@@ -614,6 +618,46 @@ TEST(VerbsFaults, RemoteAccessErrorFailsEveryRankNamingTheStatus) {
     all += w + "\n";
   }
   EXPECT_NE(all.find("remote access error"), std::string::npos) << all;
+}
+
+// Rank 2's eager write to rank 0 fails with an access error; its send is
+// done once copied, so nothing waits on rank 0 and the error is kept. Rank 0
+// sees only the flush, fails and reports it; rank 1 relays that to rank 2
+// while rank 2 waits on rank 1. Rank 2 names what it saw itself, not the
+// relay.
+TEST(VerbsFaults, TheRankThatSawTheAccessErrorNamesItWhenARelayArrivesFirst) {
+  sv::Installed dev;
+  std::vector<std::string> what(3);
+  testing::runRanksCollect(
+      3,
+      [&](Communicator& c) {
+        std::vector<float> v(16, 1.0f);
+        c.barrier();
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        try {
+          if (c.rank() == 2) {
+            sv::injectRemoteAccessErrorOnNextWrite(std::this_thread::get_id());
+            c.send(tensor(v.data(), v.size()), 0, 7);
+            c.recv(tensor(v.data(), v.size()), 1, 8);
+          } else {
+            c.recv(tensor(v.data(), v.size()), c.rank() == 0 ? 2 : 0, 7);
+          }
+        } catch (const Error& e) {
+          what[c.rank()] = e.what();
+        }
+      },
+      [] {
+        Options o = verbsOptions();
+        o.timeout = std::chrono::seconds(30);
+        return o;
+      }());
+  for (const std::string& w : what) EXPECT_FALSE(w.empty());
+  EXPECT_NE(what[2].find("remote access error"), std::string::npos) << what[2];
+  EXPECT_EQ(what[2].find("rank 1 failed"), std::string::npos) << what[2];
+  // Rank 1 hears a failed rank's report (it reaches rank 1 before that rank
+  // stops its connections), not a dead-peer retry error a second later.
+  EXPECT_NE(what[1].find(" failed: gflow"), std::string::npos) << what[1];
+  EXPECT_EQ(what[1].find("retry counter exceeded"), std::string::npos) << what[1];
 }
 
 // ---- device selection --------------------------------------------------------

@@ -465,6 +465,11 @@ void VerbsContext::handleCts(int peer, const SlotHeader& h, const char* payload)
 }
 
 void VerbsContext::handleError(int peer, const SlotHeader& h, const char* payload) {
+  // A peer's report of a failure this rank caused, or saw first hand (its
+  // completion came before the report), names the cause less well.
+  for (int q = 0; q < size(); ++q) {
+    if (q != rank() && peers_[q]->lostIsCause) fail(*peers_[q]->lost);
+  }
   peerReported(h.group,
                peerReport(rank(), group(), peer, payload,
                           std::min<size_t>(h.payload, kMaxErrorText + kReportHeaderBytes)));
@@ -567,37 +572,40 @@ void VerbsContext::notifyPeers(const Error& error) {
   if (!device_ || qpsErrored_) return;
   const std::vector<char> payload =
       errorReportPayload(error, std::min(kMaxErrorText, eagerMax_ - kReportHeaderBytes));
-  try {
-    for (int peer = 0; peer < size(); ++peer) {
-      if (peer == rank()) continue;
-      Peer& p = *peers_[peer];
-      // Best effort: the report goes first if a slot is free now.
-      OutMsg m;
-      m.hdr = slotHeader(kSlotError, Tag{group(), 0}, Envelope{}, payload.size(), payload.size());
-      m.owned = payload;
-      for (OutMsg& q : p.eagerQueue) {
-        if (q.req) q.req->fail(error);
-      }
-      p.eagerQueue.clear();
-      p.eagerQueue.push_back(std::move(m));
+  for (int peer = 0; peer < size(); ++peer) {
+    if (peer == rank()) continue;
+    Peer& p = *peers_[peer];
+    // Best effort: the report goes first if a slot is free now. A peer whose
+    // connection is broken (posting fails) does not keep it from the others.
+    OutMsg m;
+    m.hdr = slotHeader(kSlotError, Tag{group(), 0}, Envelope{}, payload.size(), payload.size());
+    m.owned = payload;
+    for (OutMsg& q : p.eagerQueue) {
+      if (q.req) q.req->fail(error);
+    }
+    p.eagerQueue.clear();
+    p.eagerQueue.push_back(std::move(m));
+    try {
       pumpEager(peer);
+    } catch (const Error&) {
+      p.eagerQueue.clear();
+      if (!p.lost) p.lost.emplace(error);
     }
-    // Let the writes go out (bounded), then stop all traffic.
-    Deadline d = Deadline::after(std::chrono::milliseconds(300));
-    while (!d.expired()) {
-      bool busy = false;
-      for (auto& pp : peers_) {
-        if (!pp->lost) busy = busy || pp->dataOutstanding > 0 || !pp->eagerQueue.empty();
-      }
-      if (!busy) break;
-      try {
-        if (progress() == 0) sleepForEvents(1);
-      } catch (const Error&) {
-        break;
-      }
+  }
+  // Let the writes go out (bounded), then stop all traffic.
+  Deadline d = Deadline::after(std::chrono::milliseconds(300));
+  while (!d.expired()) {
+    bool busy = false;
+    for (auto& pp : peers_) {
+      if (!pp->lost) busy = busy || pp->dataOutstanding > 0 || !pp->eagerQueue.empty();
     }
-  } catch (const Error&) {
-    // Best effort.
+    if (!busy) break;
+    try {
+      if (progress() == 0) sleepForEvents(1);
+    } catch (const Error&) {
+      // The context has failed, so whatever notices a failure (an async
+      // event, a lost peer) throws the first error again: keep draining.
+    }
   }
   errorQueuePairs();
 }

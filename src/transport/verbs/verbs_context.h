@@ -191,6 +191,10 @@ class VerbsContext final : public Engine {
     // a credit return after the peer finished and left): raised when this
     // rank next needs the peer.
     std::optional<Error> lost;
+    // `lost` names a fault of the transfer itself (an access or protection
+    // error), not a flush or a peer that stopped answering: it is the cause
+    // to name even when another rank's report of the failure arrives first.
+    bool lostIsCause = false;
     // Liveness: a zero-byte write proves the peer's QP exists (a dead
     // process's does not); a PING slot answered with PONG (counted by the
     // Engine) proves its software is inside gflow.
@@ -276,6 +280,8 @@ class VerbsContext final : public Engine {
 
   Counters counters_;
   int wakeFd_ = -1;
+  // When a wait's start last read the device's async events.
+  std::chrono::steady_clock::time_point asyncEventsRead_{};
   mutable std::mutex countersMutex_;
 };
 

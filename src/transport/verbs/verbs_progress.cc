@@ -17,6 +17,9 @@ namespace {
 
 constexpr int kPollBatch = 32;
 constexpr auto kProbeAfter = std::chrono::seconds(1);
+// A rank busy with back-to-back ops neither sleeps (which reads device
+// events) nor spins long: it reads them at the start of a wait this often.
+constexpr auto kAsyncEventsEvery = std::chrono::milliseconds(1);
 
 const char* wrWhat(WrKind k) {
   switch (k) {
@@ -125,8 +128,14 @@ void VerbsContext::recordFailedCompletion(int peer, WrKind kind, const ibv_wc& w
   // broke may still be queued behind this one (a peer that finished and
   // left sent everything first). The error is raised once the queue is
   // drained if anything waits on the peer, or when it is next used.
+  // A flush or a retry that ran out is a consequence; another status (an
+  // access, protection or length error) is a cause and replaces one.
+  const bool cause = wc.status != IBV_WC_WR_FLUSH_ERR && wc.status != IBV_WC_RETRY_EXC_ERR;
   Peer& p = *peers_[peer];
-  if (!p.lost) p.lost.emplace(e);
+  if (!p.lost || (cause && !p.lostIsCause)) {
+    p.lost.emplace(e);
+    p.lostIsCause = cause;
+  }
 }
 
 void VerbsContext::handleInbound(int peer, int q, const ibv_wc& wc) {
@@ -290,6 +299,10 @@ bool VerbsContext::drained() const {
 
 void VerbsContext::waitUntilDone(const RequestPtr& req, Deadline deadline) {
   const auto start = std::chrono::steady_clock::now();
+  if (start - asyncEventsRead_ >= kAsyncEventsEvery) {
+    asyncEventsRead_ = start;
+    handleAsyncEvents();
+  }
   const SpinPhase spin(waitPolicy_);
   LivenessProbe liveness(timeout());
   unsigned iter = 0;
