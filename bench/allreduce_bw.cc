@@ -145,7 +145,8 @@ class GflowBackend : public Backend {
                                       " (GFLOW_DEVICE_BACKEND)"
                                 : "") +
                        ", hosts " + std::to_string(comm_->numHosts()) + ", local size " +
-                       std::to_string(comm_->localSize())};
+                       std::to_string(comm_->localSize()),
+                   true};
   }
   bool supports(DataType dtype, ReduceOp op) const override { return supportsReduceOp(dtype, op); }
 
@@ -215,6 +216,20 @@ class GflowBackend : public Backend {
   int64_t sumOverRanks(int64_t v) override {
     comm_->allreduce(Tensor(&v, 1, DataType::kInt64), ReduceOp::kSum);
     return v;
+  }
+  void sumOverRanks(std::vector<int64_t>& v) override {
+    comm_->allreduce(Tensor(v.data(), v.size(), DataType::kInt64), ReduceOp::kSum);
+  }
+  // Payload bytes received from each rank (Stats; NCCL's traffic is not
+  // counted, so a sweep it runs shows no link columns).
+  std::vector<PeerLink> links() const override {
+    const Stats s = comm_->stats();
+    std::vector<PeerLink> out(s.peers.size());
+    for (size_t p = 0; p < out.size(); ++p) {
+      out[p].received = s.peers[p].bytesReceived;
+      out[p].sameHost = s.peers[p].sameHost;
+    }
+    return out;
   }
 
  private:

@@ -37,7 +37,10 @@ void printHelp(const DriverInfo& info) {
       "               reducescatter, gather, scatter, alltoall (rooted ops: root 0),\n"
       "               sendrecv (to the next rank, from the previous)\n"
       "  --csv        print CSV instead of the table\n"
-      "  --json [F]   also write JSON to file F (with no F: JSON alone on stdout)\n",
+      "  --json [F]   also write JSON to file F (with no F: JSON alone on stdout)\n"
+      "  --links      after each row, the bytes every rank pair carried per op (where\n"
+      "               the library counts them; the columns net, local and busiest and\n"
+      "               the flag '!' come without it)\n",
       info.program.c_str(), info.description.c_str(), info.algorithmHelp.c_str());
   for (const ExtraFlag& f : info.extraFlags) {
     std::string lhs = f.name + " " + f.metavar;
@@ -128,6 +131,10 @@ int parseSweepArgs(int argc, char** argv, DriverInfo& info, SweepConfig* cfg) {
     }
     if (flag == "--csv") {
       cfg->csv = true;
+      continue;
+    }
+    if (flag == "--links") {
+      cfg->linksTable = true;
       continue;
     }
     if (flag == "--json") {

@@ -29,6 +29,7 @@ struct SweepConfig {
   bool csv = false;                                  // --csv
   bool json = false;                                 // --json
   std::string jsonFile;                              // --json FILE; empty: stdout
+  bool linksTable = false;                           // --links
 };
 
 // A driver-specific flag that takes a value ("--store DIR").

@@ -16,14 +16,65 @@ std::string wrongText(int64_t wrong) {
   return wrong < 0 ? "N/A" : std::to_string(wrong);
 }
 
+void jsonList(FILE* f, const char* name, const std::vector<double>& v) {
+  std::fprintf(f, "\"%s\": [", name);
+  for (size_t i = 0; i < v.size(); ++i) std::fprintf(f, "%s%.1f", i ? ", " : "", v[i]);
+  std::fprintf(f, "]");
+}
+
+// Bytes per op: the pairs row by row (from rank), then each rank's sums.
+void jsonLinks(FILE* f, const LinkBytes& l, bool above) {
+  std::fprintf(f, ", \"links\": {\"busiest\": %.1f, \"busiest_rank\": %d, \"busiest_medium\": %s, ",
+               l.busiest, l.busiestRank, l.busiestIsNetwork ? "\"network\"" : "\"local\"");
+  std::fprintf(f, "\"busbw_above_busiest\": %s, ", above ? "true" : "false");
+  jsonList(f, "network_sent", l.networkSent);
+  std::fprintf(f, ", ");
+  jsonList(f, "local_sent", l.localSent);
+  std::fprintf(f, ", \"pairs\": [");
+  const size_t n = static_cast<size_t>(l.ranks);
+  for (size_t r = 0; r < n; ++r) {
+    std::fprintf(f, "%s[", r ? ", " : "");
+    for (size_t c = 0; c < n; ++c) std::fprintf(f, "%s%.1f", c ? ", " : "", l.pair[r * n + c]);
+    std::fprintf(f, "]");
+  }
+  std::fprintf(f, "], \"same_host\": [");
+  for (size_t r = 0; r < n; ++r) {
+    std::fprintf(f, "%s[", r ? ", " : "");
+    for (size_t c = 0; c < n; ++c) std::fprintf(f, "%s%d", c ? ", " : "", l.sameHost[r * n + c]);
+    std::fprintf(f, "]");
+  }
+  std::fprintf(f, "]}");
+}
+
 void jsonMeasurement(FILE* f, const char* name, const Measurement& m) {
   std::fprintf(f, "\"%s\": {\"time_us\": %.3f, \"algbw\": %.6f, \"busbw\": %.6f, \"wrong\": ", name,
                m.timeUs, m.algbw, m.busbw);
   if (m.wrong < 0) {
-    std::fprintf(f, "null}");
+    std::fprintf(f, "null");
   } else {
-    std::fprintf(f, "%lld}", static_cast<long long>(m.wrong));
+    std::fprintf(f, "%lld", static_cast<long long>(m.wrong));
   }
+  if (m.links) jsonLinks(f, *m.links, m.busbwAboveBusiest());
+  std::fprintf(f, "}");
+}
+
+// The per-link cells of a row: the out-of-place run's bytes per op, and the
+// flag for either run.
+std::string linkCells(const Row& row, bool csv) {
+  const Measurement& m = row.outOfPlace;
+  const bool above = m.busbwAboveBusiest() || (row.hasInPlace && row.inPlace.busbwAboveBusiest());
+  char buf[128];
+  if (!m.links) {
+    if (csv) return ",,,";
+    std::snprintf(buf, sizeof(buf), "  %10s  %10s", "-", "-");
+  } else if (csv) {
+    std::snprintf(buf, sizeof(buf), ",%.0f,%.0f,%d", m.links->maxNetworkSent(),
+                  m.links->maxLocalSent(), above ? 1 : 0);
+  } else {
+    std::snprintf(buf, sizeof(buf), "  %10.0f  %10.0f%s", m.links->maxNetworkSent(),
+                  m.links->maxLocalSent(), above ? "  !" : "");
+  }
+  return buf;
 }
 
 // Names and values in the header and JSON are ours (library and algorithm
@@ -63,20 +114,24 @@ void Report::header() {
                formatSize(cfg_.minBytes).c_str(), formatSize(cfg_.maxBytes).c_str(), step.c_str(),
                cfg_.iters, cfg_.warmup, cfg_.check ? 1 : 0, cfg_.inPlace ? 1 : 0);
   if (text_ == nullptr) return;
+  const bool links = info_.countsLinks;
   if (cfg_.csv) {
     std::fprintf(
         text_,
         "library,algorithm,world_size,size,count,type,redop,"
-        "oop_time_us,oop_algbw,oop_busbw,oop_wrong,ip_time_us,ip_algbw,ip_busbw,ip_wrong\n");
+        "oop_time_us,oop_algbw,oop_busbw,oop_wrong,ip_time_us,ip_algbw,ip_busbw,ip_wrong%s\n",
+        links ? ",oop_net_bytes,oop_local_bytes,busbw_above_busiest" : "");
   } else {
     std::fprintf(text_,
                  "#\n"
                  "#                                              out-of-place"
-                 "                            in-place\n"
+                 "                            in-place%s\n"
                  "#       size         count      type  redop       time   algbw   busbw  #wrong"
-                 "       time   algbw   busbw  #wrong\n"
+                 "       time   algbw   busbw  #wrong%s\n"
                  "#        (B)    (elements)                        (us)  (GB/s)  (GB/s)        "
-                 "       (us)  (GB/s)  (GB/s)\n");
+                 "       (us)  (GB/s)  (GB/s)        %s\n",
+                 links ? "     sent per op (out-of-place)" : "",
+                 links ? "         net       local" : "", links ? "   (B, most)   (B, most)" : "");
   }
   std::fflush(text_);
 }
@@ -88,6 +143,8 @@ void Report::note(const std::string& text) {
 
 void Report::add(const Row& row) {
   rows_.push_back(row);
+  flagged_ += row.outOfPlace.busbwAboveBusiest() ? 1 : 0;
+  flagged_ += row.hasInPlace && row.inPlace.busbwAboveBusiest() ? 1 : 0;
   wrong_ += std::max<int64_t>(row.outOfPlace.wrong, 0);
   if (row.hasInPlace) wrong_ += std::max<int64_t>(row.inPlace.wrong, 0);
   if (text_ == nullptr) return;
@@ -106,18 +163,42 @@ void Report::add(const Row& row) {
     }
     return std::string(buf);
   };
+  const std::string links = info_.countsLinks ? linkCells(row, cfg_.csv) : "";
   if (cfg_.csv) {
     std::string ip = row.hasInPlace ? cells(row.inPlace, true) : ",,,";
-    std::fprintf(text_, "%s,%s,%d,%llu,%zu,%s,%s,%s,%s\n", info_.library.c_str(),
+    std::fprintf(text_, "%s,%s,%d,%llu,%zu,%s,%s,%s,%s%s\n", info_.library.c_str(),
                  info_.algorithm.c_str(), info_.worldSize,
                  static_cast<unsigned long long>(row.bytes), row.count, toString(row.dtype),
-                 toString(row.op), cells(row.outOfPlace, true).c_str(), ip.c_str());
+                 toString(row.op), cells(row.outOfPlace, true).c_str(), ip.c_str(), links.c_str());
   } else {
-    std::fprintf(text_, "%12llu  %12zu  %8s  %5s%s%s\n", static_cast<unsigned long long>(row.bytes),
-                 row.count, toString(row.dtype), toString(row.op),
-                 cells(row.outOfPlace, true).c_str(), cells(row.inPlace, row.hasInPlace).c_str());
+    std::fprintf(text_, "%12llu  %12zu  %8s  %5s%s%s%s\n",
+                 static_cast<unsigned long long>(row.bytes), row.count, toString(row.dtype),
+                 toString(row.op), cells(row.outOfPlace, true).c_str(),
+                 cells(row.inPlace, row.hasInPlace).c_str(), links.c_str());
+    if (cfg_.linksTable) pairTable(row);
   }
   std::fflush(text_);
+}
+
+void Report::pairTable(const Row& row) const {
+  if (!row.outOfPlace.links) return;
+  const LinkBytes& l = *row.outOfPlace.links;
+  const size_t n = static_cast<size_t>(l.ranks);
+  std::fprintf(text_, "#   bytes per op from rank (row) to rank (column), * same host:\n#   %6s",
+               "");
+  for (size_t c = 0; c < n; ++c) std::fprintf(text_, "  %11zu", c);
+  std::fprintf(text_, "\n");
+  for (size_t r = 0; r < n; ++r) {
+    std::fprintf(text_, "#   %6zu", r);
+    for (size_t c = 0; c < n; ++c) {
+      if (r == c) {
+        std::fprintf(text_, "  %11s", "-");
+      } else {
+        std::fprintf(text_, "  %10.0f%s", l.pair[r * n + c], l.sameHost[r * n + c] ? "*" : " ");
+      }
+    }
+    std::fprintf(text_, "\n");
+  }
 }
 
 // Like nccl-tests: the mean over every measurement, out-of-place and in-place.
@@ -139,6 +220,12 @@ bool Report::finish() {
   std::fprintf(meta_, "# Out of bounds values : %lld %s%s\n", static_cast<long long>(wrong_),
                wrong_ == 0 ? "OK" : "FAILED", cfg_.check ? "" : " (check disabled)");
   std::fprintf(meta_, "# Avg bus bandwidth    : %g\n", avgBusbw());
+  if (info_.countsLinks && flagged_ > 0) {
+    std::fprintf(meta_,
+                 "# busbw above the busiest link's rate in %d measurement(s), marked '!': the\n"
+                 "# algorithm moved less over its busiest link than busbw's 2(n-1)/n assumes\n",
+                 flagged_);
+  }
   std::fflush(meta_);
 
   if (!cfg_.json) return true;

@@ -3,14 +3,20 @@
 //
 // Bandwidths follow nccl-tests: algbw = bytes / time, and
 // busbw = algbw * 2(n-1)/n, the per-link traffic of a bandwidth-optimal
-// allreduce, comparable across world sizes and with the link speed.
+// allreduce, comparable across world sizes and with the link speed. Where
+// the library counts its traffic per peer, the table adds what the links
+// really carried per op (common/links.h): the most a rank sent to other
+// hosts (net) and to its own host (local), and '!' when busbw is above the
+// busiest of those links' rate; --links prints every rank pair.
 #pragma once
 
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "common/links.h"
 #include "common/options.h"
 #include "gflow/types.h"
 
@@ -21,6 +27,10 @@ struct Measurement {
   double algbw = 0;    // GB/s
   double busbw = 0;    // GB/s
   int64_t wrong = -1;  // wrong elements summed over ranks; -1: not checked
+  // What each link carried per op, where the library counts it (none: NCCL,
+  // the peers' harnesses).
+  std::optional<LinkBytes> links;
+  bool busbwAboveBusiest() const { return links && links->busbwAboveBusiest(busbw, timeUs); }
 };
 
 // busFactor: algorithm to bus bandwidth (common/collective.h).
@@ -40,7 +50,8 @@ struct RunInfo {
   std::string library;    // "gflow", "gloo", "mpi"
   std::string algorithm;  // "auto", "ring", ...
   int worldSize = 0;
-  std::string extra;  // free-form line for the header (transport, version, ...)
+  std::string extra;         // free-form line for the header (transport, version, ...)
+  bool countsLinks = false;  // the table gets the per-link columns
 };
 
 class Report {
@@ -63,6 +74,9 @@ class Report {
  private:
   double avgBusbw() const;
   void writeJson(FILE* f) const;
+  void pairTable(const Row& row) const;  // --links
+
+  int flagged_ = 0;  // measurements whose busbw is above the busiest link's rate
 
   SweepConfig cfg_;
   RunInfo info_;

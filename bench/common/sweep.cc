@@ -5,6 +5,7 @@
 #include <cstring>
 #include <memory>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "common/pattern.h"
@@ -42,12 +43,22 @@ Measurement measure(Backend& be, const SweepConfig& cfg, const CollectiveCheck& 
 
   for (int i = 0; i < cfg.warmup; ++i) run();
   be.barrier();
+  // Receive counters: a rank's own op is done with what it receives when it
+  // returns, so nothing of the timed runs is missed or left over.
+  const std::vector<PeerLink> before = be.links();
   auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < cfg.iters; ++i) run();
   auto t1 = std::chrono::steady_clock::now();
+  const std::vector<PeerLink> after = be.links();
   double us = std::chrono::duration<double, std::micro>(t1 - t0).count() / cfg.iters;
 
   Measurement m = makeMeasurement(bytes, be.maxOverRanks(us), busFactor(c, be.size()));
+  if (!before.empty()) {
+    // Nothing counted on any link (one rank, or a path that does not count
+    // its traffic): no link columns rather than a busiest link of 0 bytes.
+    LinkBytes l = gatherLinks(be, before, after, cfg.iters);
+    if (l.busiest > 0) m.links = std::move(l);
+  }
   if (cfg.check) {
     // Zero never is a correct result (every checked value is >= 1), so an
     // output the library leaves untouched counts as wrong.

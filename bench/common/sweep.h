@@ -7,7 +7,9 @@
 //      for prod), so repeated in-place runs neither overflow integers nor
 //      drift into inf/denormal floats;
 //   2. warm up, barrier, time `iters` back-to-back runs; the reported time is
-//      the max over ranks of each rank's mean (a MAX allreduce);
+//      the max over ranks of each rank's mean (a MAX allreduce); where the
+//      library counts its traffic per peer, the bytes each link carried per
+//      op come from the counters read around those runs (common/links.h);
 //   3. with -c 1, fill the check pattern (common/pattern.h), run once more
 //      and count wrong elements, summed over ranks.
 #pragma once
@@ -16,8 +18,10 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "common/collective.h"
+#include "common/links.h"
 #include "common/options.h"
 #include "common/report.h"
 #include "gflow/types.h"
@@ -53,6 +57,13 @@ class Backend {
   virtual void barrier() = 0;
   virtual double maxOverRanks(double v) = 0;
   virtual int64_t sumOverRanks(int64_t v) = 0;
+  // Element-wise; one collective where the library has a vector form.
+  virtual void sumOverRanks(std::vector<int64_t>& v) {
+    for (int64_t& x : v) x = sumOverRanks(x);
+  }
+  // This rank's traffic counters per rank (common/links.h), read around the
+  // timed runs; empty when the library does not count per peer.
+  virtual std::vector<PeerLink> links() const { return {}; }
 };
 
 // Runs the sweep and prints the report on rank 0. Returns the process exit

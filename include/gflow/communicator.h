@@ -117,6 +117,8 @@ struct GFLOW_EXPORT Stats {
   uint64_t arrivalOps = 0;
   uint64_t bytesSent() const;
   uint64_t bytesReceived() const;
+  // Of bytesSent(): to peers on other hosts (PeerStats::sameHost false).
+  uint64_t networkBytesSent() const;
 };
 
 // Memory pinned for zero-copy transfers (Communicator::registerMemory). The

@@ -111,6 +111,9 @@ struct PeerStats {
   // earliest rank it arrived, in ns.
   uint64_t timesLast = 0;
   uint64_t lateNs = 0;
+  // The peer runs on this rank's host: the bytes above moved through shared
+  // memory (or loopback TCP with GFLOW_SHM=0), never over the network.
+  bool sameHost = false;
 };
 
 inline size_t Tensor::nbytes() const {

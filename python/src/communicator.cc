@@ -314,6 +314,10 @@ py::dict statsDict(const Stats& s) {
   d["staged_ops"] = s.stagedOps;
   d["bytes_sent"] = s.bytesSent();
   d["bytes_received"] = s.bytesReceived();
+  d["network_bytes_sent"] = s.networkBytesSent();
+  py::list sameHost;
+  for (const PeerStats& p : s.peers) sameHost.append(p.sameHost);
+  d["same_host"] = sameHost;
   uint64_t single = 0;
   for (const PeerStats& p : s.peers) single += p.singleCopyBytesSent;
   d["single_copy_bytes_sent"] = single;

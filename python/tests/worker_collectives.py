@@ -438,5 +438,7 @@ assert st["sparse_chunks_sent"] * 2 == st["sparse_chunks"], st
 # ---- stats
 s = comm.stats()
 assert s["allreduce"] > 0 and s["bytes_sent"] > 0
+# One host: every rank shares it, nothing went over the network.
+assert s["same_host"] == [True] * N and s["network_bytes_sent"] == 0, s
 print("rank %d ok" % R)
 gflow.finalize()

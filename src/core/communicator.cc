@@ -650,6 +650,9 @@ Stats Communicator::stats() const {
   s.peers.resize(impl(*this).size);
   for (int p = 0; p < impl(*this).size; ++p) {
     if (p != impl(*this).rank) s.peers[p] = impl(*this).backend->peerStats(p);
+    const std::vector<uint64_t>& host = impl(*this).hostOf;
+    s.peers[p].sameHost = host.size() > static_cast<size_t>(p) &&
+                          host[p] == host[static_cast<size_t>(impl(*this).rank)];
   }
   s.allreduce = impl(*this).opCount[opIndex(OpKind::kAllreduce)];
   s.reduceScatter = impl(*this).opCount[opIndex(OpKind::kReduceScatter)];
@@ -691,6 +694,12 @@ std::shared_ptr<const Error> Communicator::error() const {
 uint64_t Stats::bytesSent() const {
   uint64_t t = 0;
   for (const auto& p : peers) t += p.bytesSent;
+  return t;
+}
+
+uint64_t Stats::networkBytesSent() const {
+  uint64_t t = 0;
+  for (const auto& p : peers) t += p.sameHost ? 0 : p.bytesSent;
   return t;
 }
 
