@@ -220,10 +220,12 @@ class GflowBackend : public Backend {
   void sumOverRanks(std::vector<int64_t>& v) override {
     comm_->allreduce(Tensor(v.data(), v.size(), DataType::kInt64), ReduceOp::kSum);
   }
-  // Payload bytes received from each rank (Stats; NCCL's traffic is not
-  // counted, so a sweep it runs shows no link columns).
+  // Payload bytes received from each rank (Stats). NCCL's traffic is not
+  // counted: once NCCL has run an op, the sweep shows no link columns
+  // rather than partial ones.
   std::vector<PeerLink> links() const override {
     const Stats s = comm_->stats();
+    if (s.ncclOps > 0) return {};
     std::vector<PeerLink> out(s.peers.size());
     for (size_t p = 0; p < out.size(); ++p) {
       out[p].received = s.peers[p].bytesReceived;

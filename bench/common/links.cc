@@ -29,7 +29,8 @@ LinkBytes gatherLinks(Backend& be, const std::vector<PeerLink>& before,
   std::vector<int64_t> v(2 * cells, 0);
   for (int from = 0; from < n && static_cast<size_t>(from) < after.size(); ++from) {
     const size_t at = static_cast<size_t>(from) * static_cast<size_t>(n) + static_cast<size_t>(me);
-    v[at] = static_cast<int64_t>(after[from].received - before[from].received);
+    const uint64_t a = after[from].received, b = before[from].received;
+    v[at] = a > b ? static_cast<int64_t>(a - b) : 0;
     v[cells + at] = after[from].sameHost ? 1 : 0;
   }
   be.sumOverRanks(v);
@@ -37,8 +38,9 @@ LinkBytes gatherLinks(Backend& be, const std::vector<PeerLink>& before,
   l.ranks = n;
   l.pair.resize(cells);
   l.sameHost.resize(cells);
-  l.networkSent.assign(static_cast<size_t>(n), 0);
-  l.localSent.assign(static_cast<size_t>(n), 0);
+  for (auto* sums : {&l.networkSent, &l.localSent, &l.networkReceived, &l.localReceived}) {
+    sums->assign(static_cast<size_t>(n), 0);
+  }
   for (size_t i = 0; i < cells; ++i) {
     const int from = static_cast<int>(i / static_cast<size_t>(n));
     const int to = static_cast<int>(i % static_cast<size_t>(n));
@@ -46,15 +48,19 @@ LinkBytes gatherLinks(Backend& be, const std::vector<PeerLink>& before,
     l.sameHost[i] = static_cast<uint8_t>(v[cells + i] != 0);
     if (from != to) {
       (l.sameHost[i] ? l.localSent : l.networkSent)[static_cast<size_t>(from)] += l.pair[i];
+      (l.sameHost[i] ? l.localReceived : l.networkReceived)[static_cast<size_t>(to)] += l.pair[i];
     }
   }
   for (size_t r = 0; r < static_cast<size_t>(n); ++r) {
-    for (bool network : {true, false}) {
-      const double sent = network ? l.networkSent[r] : l.localSent[r];
-      if (sent <= l.busiest) continue;
-      l.busiest = sent;
+    for (int k = 0; k < 4; ++k) {
+      const bool network = k < 2, send = k % 2 == 0;
+      const double moved = (network ? (send ? l.networkSent : l.networkReceived)
+                                    : (send ? l.localSent : l.localReceived))[r];
+      if (moved <= l.busiest) continue;
+      l.busiest = moved;
       l.busiestRank = static_cast<int>(r);
       l.busiestIsNetwork = network;
+      l.busiestIsSend = send;
     }
   }
   return l;

@@ -5,8 +5,9 @@
 // A library that counts its traffic per peer gives each rank's received
 // bytes before and after the timed runs; every rank's counts are summed
 // into the whole matrix, so the report can say what each rank pair carried
-// per op, what each rank sent over the network and over shared memory (its
-// two links), and flag a busbw above the busiest link's measured rate.
+// per op, what each rank sent and received over the network and over shared
+// memory (its two links, each way), and flag a busbw above the busiest
+// link's measured rate.
 #pragma once
 
 #include <cstdint>
@@ -25,14 +26,18 @@ struct PeerLink {
 
 struct LinkBytes {
   int ranks = 0;
-  std::vector<double> pair;         // ranks x ranks: bytes per op from row to column
-  std::vector<uint8_t> sameHost;    // ranks x ranks
-  std::vector<double> networkSent;  // per rank: bytes per op to other hosts
-  std::vector<double> localSent;    // per rank: bytes per op to its own host
-  // The busiest link: the most one rank sent over one medium per op.
+  std::vector<double> pair;             // ranks x ranks: bytes per op from row to column
+  std::vector<uint8_t> sameHost;        // ranks x ranks
+  std::vector<double> networkSent;      // per rank: bytes per op to other hosts
+  std::vector<double> localSent;        // per rank: bytes per op to its own host
+  std::vector<double> networkReceived;  // per rank: bytes per op from other hosts
+  std::vector<double> localReceived;    // per rank: bytes per op from its own host
+  // The busiest link: the most one rank moved over one medium in one
+  // direction per op (a gather's root receives what busbw counts).
   double busiest = 0;
   int busiestRank = -1;
   bool busiestIsNetwork = false;
+  bool busiestIsSend = true;
 
   double maxNetworkSent() const;
   double maxLocalSent() const;

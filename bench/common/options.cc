@@ -39,8 +39,8 @@ void printHelp(const DriverInfo& info) {
       "  --csv        print CSV instead of the table\n"
       "  --json [F]   also write JSON to file F (with no F: JSON alone on stdout)\n"
       "  --links      after each row, the bytes every rank pair carried per op (where\n"
-      "               the library counts them; the columns net, local and busiest and\n"
-      "               the flag '!' come without it)\n",
+      "               the library counts them; the columns net and local and the flag\n"
+      "               '!' come without it)\n",
       info.program.c_str(), info.description.c_str(), info.algorithmHelp.c_str());
   for (const ExtraFlag& f : info.extraFlags) {
     std::string lhs = f.name + " " + f.metavar;

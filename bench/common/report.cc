@@ -24,12 +24,19 @@ void jsonList(FILE* f, const char* name, const std::vector<double>& v) {
 
 // Bytes per op: the pairs row by row (from rank), then each rank's sums.
 void jsonLinks(FILE* f, const LinkBytes& l, bool above) {
-  std::fprintf(f, ", \"links\": {\"busiest\": %.1f, \"busiest_rank\": %d, \"busiest_medium\": %s, ",
-               l.busiest, l.busiestRank, l.busiestIsNetwork ? "\"network\"" : "\"local\"");
+  std::fprintf(f,
+               ", \"links\": {\"busiest\": %.1f, \"busiest_rank\": %d, \"busiest_medium\": %s, "
+               "\"busiest_direction\": %s, ",
+               l.busiest, l.busiestRank, l.busiestIsNetwork ? "\"network\"" : "\"local\"",
+               l.busiestIsSend ? "\"send\"" : "\"receive\"");
   std::fprintf(f, "\"busbw_above_busiest\": %s, ", above ? "true" : "false");
   jsonList(f, "network_sent", l.networkSent);
   std::fprintf(f, ", ");
   jsonList(f, "local_sent", l.localSent);
+  std::fprintf(f, ", ");
+  jsonList(f, "network_received", l.networkReceived);
+  std::fprintf(f, ", ");
+  jsonList(f, "local_received", l.localReceived);
   std::fprintf(f, ", \"pairs\": [");
   const size_t n = static_cast<size_t>(l.ranks);
   for (size_t r = 0; r < n; ++r) {
@@ -186,13 +193,13 @@ void Report::pairTable(const Row& row) const {
   const size_t n = static_cast<size_t>(l.ranks);
   std::fprintf(text_, "#   bytes per op from rank (row) to rank (column), * same host:\n#   %6s",
                "");
-  for (size_t c = 0; c < n; ++c) std::fprintf(text_, "  %11zu", c);
+  for (size_t c = 0; c < n; ++c) std::fprintf(text_, "  %10zu ", c);
   std::fprintf(text_, "\n");
   for (size_t r = 0; r < n; ++r) {
     std::fprintf(text_, "#   %6zu", r);
     for (size_t c = 0; c < n; ++c) {
       if (r == c) {
-        std::fprintf(text_, "  %11s", "-");
+        std::fprintf(text_, "  %10s ", "-");
       } else {
         std::fprintf(text_, "  %10.0f%s", l.pair[r * n + c], l.sameHost[r * n + c] ? "*" : " ");
       }
@@ -223,7 +230,7 @@ bool Report::finish() {
   if (info_.countsLinks && flagged_ > 0) {
     std::fprintf(meta_,
                  "# busbw above the busiest link's rate in %d measurement(s), marked '!': the\n"
-                 "# algorithm moved less over its busiest link than busbw's 2(n-1)/n assumes\n",
+                 "# algorithm moved less over its busiest link than busbw assumes\n",
                  flagged_);
   }
   std::fflush(meta_);

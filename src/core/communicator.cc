@@ -651,8 +651,9 @@ Stats Communicator::stats() const {
   for (int p = 0; p < impl(*this).size; ++p) {
     if (p != impl(*this).rank) s.peers[p] = impl(*this).backend->peerStats(p);
     const std::vector<uint64_t>& host = impl(*this).hostOf;
-    s.peers[p].sameHost = host.size() > static_cast<size_t>(p) &&
-                          host[p] == host[static_cast<size_t>(impl(*this).rank)];
+    s.peers[p].sameHost =
+        host.size() > static_cast<size_t>(p) &&
+        host[static_cast<size_t>(p)] == host[static_cast<size_t>(impl(*this).rank)];
   }
   s.allreduce = impl(*this).opCount[opIndex(OpKind::kAllreduce)];
   s.reduceScatter = impl(*this).opCount[opIndex(OpKind::kReduceScatter)];

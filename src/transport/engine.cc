@@ -68,7 +68,7 @@ std::vector<Error> Engine::awaitReports(Deadline, int) {
   return all;
 }
 
-void Engine::peerReported(uint64_t theirGroup, const Error& e) {
+void Engine::peerReported(uint64_t theirGroup, const Error& e, const Error* ownCause) {
   reports_.emplace(e.peer(), e);  // one per peer: bounded
   if (failed()) return;
   // The sender's op number came with the report: a report about an op this
@@ -81,7 +81,7 @@ void Engine::peerReported(uint64_t theirGroup, const Error& e) {
     }
     return;
   }
-  fail(e);
+  fail(ownCause ? *ownCause : e);
 }
 
 void Engine::peerRejected(uint64_t theirGroup, const Error& e) {

@@ -104,8 +104,10 @@ class Engine : public Context {
   [[noreturn]] void failTimeout(const RequestPtr& req, bool peerAlive, const char* via);
   // A peer's error report about its op `theirGroup`: kept for the verdict
   // (awaitReports; the first of each peer), and failed now, or deferred
-  // until this rank reaches that op. Once failed, only kept.
-  void peerReported(uint64_t theirGroup, const Error& e);
+  // until this rank reaches that op. Once failed, only kept. `ownCause`: a
+  // failure this rank saw itself in its current op, raised in the report's
+  // place (it names the cause; the report may relay its consequence).
+  void peerReported(uint64_t theirGroup, const Error& e, const Error* ownCause = nullptr);
   bool reported(int peer) const { return reports_.count(peer) != 0; }
   // A peer's notice that it will not run op `theirGroup` (Context::reject),
   // as rejectionReport() words it.

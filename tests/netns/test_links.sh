@@ -69,11 +69,14 @@ for row in doc["results"]:
                 print(f"  {algo} {s} B: rank {r} -> {p} same_host {l['same_host'][r][p]}")
                 bad += 1
     for r in range(4):
-        if algo == "ring":
+        if algo == "ring":  # 1 and 3 send across, 0 and 2 receive from across
             net, loc = (1.5 * s, 0.0) if r in (1, 3) else (0.0, 1.5 * s)
+            rnet, rloc = loc, net
         else:
             net, loc = 0.5 * s, 1.0 * s
-        for name, want in (("network_sent", net), ("local_sent", loc)):
+            rnet, rloc = net, loc
+        for name, want in (("network_sent", net), ("local_sent", loc),
+                           ("network_received", rnet), ("local_received", rloc)):
             got = l[name][r]
             if abs(got - want) > 0.01 * want + 1:
                 print(f"  {algo} {s} B: rank {r} {name} {got:.0f} B/op, analytic {want:.0f}")

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <thread>
 
 #include "common/check.h"
 #include "common/logging.h"
@@ -465,14 +466,17 @@ void VerbsContext::handleCts(int peer, const SlotHeader& h, const char* payload)
 }
 
 void VerbsContext::handleError(int peer, const SlotHeader& h, const char* payload) {
-  // A peer's report of a failure this rank caused, or saw first hand (its
-  // completion came before the report), names the cause less well.
-  for (int q = 0; q < size(); ++q) {
-    if (q != rank() && peers_[q]->lostIsCause) fail(*peers_[q]->lost);
+  // A peer's report of a failure this rank saw first hand in this op (its
+  // completion came before the report) names the cause less well.
+  const Error* cause = nullptr;
+  for (int q = 0; q < size() && !cause; ++q) {
+    const Peer& p = *peers_[q];
+    if (q != rank() && p.lostIsCause && p.causeGroup == group()) cause = &*p.lost;
   }
   peerReported(h.group,
                peerReport(rank(), group(), peer, payload,
-                          std::min<size_t>(h.payload, kMaxErrorText + kReportHeaderBytes)));
+                          std::min<size_t>(h.payload, kMaxErrorText + kReportHeaderBytes)),
+               cause);
 }
 
 void VerbsContext::handleRendezvousData(int peer, uint32_t rid, uint32_t bytes) {
@@ -604,7 +608,9 @@ void VerbsContext::notifyPeers(const Error& error) {
       if (progress() == 0) sleepForEvents(1);
     } catch (const Error&) {
       // The context has failed, so whatever notices a failure (an async
-      // event, a lost peer) throws the first error again: keep draining.
+      // event, a lost peer, a broken device) throws the first error again:
+      // keep draining, without spinning.
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
   }
   errorQueuePairs();

@@ -191,10 +191,12 @@ class VerbsContext final : public Engine {
     // a credit return after the peer finished and left): raised when this
     // rank next needs the peer.
     std::optional<Error> lost;
-    // `lost` names a fault of the transfer itself (an access or protection
-    // error), not a flush or a peer that stopped answering: it is the cause
-    // to name even when another rank's report of the failure arrives first.
+    // `lost` names a fault of the transfer itself (an access, protection or
+    // length error), not a flush or a peer that stopped answering, in op
+    // `causeGroup`: the cause to name when another rank's report of that
+    // op's failure arrives first.
     bool lostIsCause = false;
+    uint64_t causeGroup = 0;
     // Liveness: a zero-byte write proves the peer's QP exists (a dead
     // process's does not); a PING slot answered with PONG (counted by the
     // Engine) proves its software is inside gflow.
@@ -210,7 +212,8 @@ class VerbsContext final : public Engine {
 
   // Data path (verbs_context.cc).
   uint64_t creditsConsumed(int peer) const;  // the peer's consumed count
-  void creditReturned(int peer, uint32_t low28);
+  // A credit return's immediate on QP `q`; false when it is not a valid one.
+  bool creditReturned(int peer, int q, uint32_t low28);
   void queueEager(int peer, OutMsg msg);
   void pumpEager(int peer);
   void postWr(int peer, int q, PendingWr w);

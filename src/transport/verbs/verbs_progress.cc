@@ -78,9 +78,19 @@ void VerbsContext::handleCompletion(const ibv_wc& wc) {
   if (kind == kWrSlot || kind == kWrData) --p.dataOutstanding;
   if (qpsErrored_ || failed()) {
     // Failed: only the send accounting goes on (notifyPeers and teardown
-    // wait for it); nothing more lands in user buffers.
+    // wait for it); nothing more lands in user buffers. A credit return
+    // still frees ring slots: the failure report may wait for one.
     if (kind == kWrSlot && wrValue(wc.wr_id) < p.outBusy.size())
       p.outBusy[wrValue(wc.wr_id)] = false;
+    const uint32_t imm = ntohl(wc.imm_data);
+    if (kind == kWrRecv && !qpsErrored_ && wc.status == IBV_WC_SUCCESS &&
+        (wc.wc_flags & IBV_WC_WITH_IMM) && imm >> 28 == kImmCredit) {
+      try {
+        creditReturned(peer, q, imm & 0x0fffffffu);
+      } catch (const Error&) {
+        // Posting failed: the report does not reach this peer.
+      }
+    }
     return;
   }
   if (wc.status != IBV_WC_SUCCESS) {
@@ -128,14 +138,27 @@ void VerbsContext::recordFailedCompletion(int peer, WrKind kind, const ibv_wc& w
   // broke may still be queued behind this one (a peer that finished and
   // left sent everything first). The error is raised once the queue is
   // drained if anything waits on the peer, or when it is next used.
-  // A flush or a retry that ran out is a consequence; another status (an
-  // access, protection or length error) is a cause and replaces one.
-  const bool cause = wc.status != IBV_WC_WR_FLUSH_ERR && wc.status != IBV_WC_RETRY_EXC_ERR;
+  // An access, protection or length error is a cause and replaces a kept
+  // consequence (a flush, a retry that ran out, ...).
+  const bool cause = wc.status == IBV_WC_REM_ACCESS_ERR || wc.status == IBV_WC_LOC_PROT_ERR ||
+                     wc.status == IBV_WC_LOC_LEN_ERR || wc.status == IBV_WC_REM_INV_REQ_ERR ||
+                     wc.status == IBV_WC_LOC_QP_OP_ERR;
   Peer& p = *peers_[peer];
   if (!p.lost || (cause && !p.lostIsCause)) {
     p.lost.emplace(e);
     p.lostIsCause = cause;
+    p.causeGroup = group();
   }
+}
+
+bool VerbsContext::creditReturned(int peer, int q, uint32_t low28) {
+  Peer& p = *peers_[peer];
+  // Credit returns come in order on QP 0; extend the low 28 bits.
+  const uint64_t delta = (low28 - static_cast<uint32_t>(p.creditSeen)) & 0x0fffffffu;
+  if (q != 0 || p.creditSeen + delta > p.sent) return false;
+  p.creditSeen += delta;
+  pumpEager(peer);
+  return true;
 }
 
 void VerbsContext::handleInbound(int peer, int q, const ibv_wc& wc) {
@@ -161,16 +184,11 @@ void VerbsContext::handleInbound(int peer, int q, const ibv_wc& wc) {
       break;
     }
     case kImmData: handleRendezvousData(peer, v, wc.byte_len); break;
-    case kImmCredit: {
-      // Credit returns come in order on QP 0; extend the low 28 bits.
-      const uint64_t delta = (v - static_cast<uint32_t>(p.creditSeen)) & 0x0fffffffu;
-      if (q != 0 || p.creditSeen + delta > p.sent) {
+    case kImmCredit:
+      if (!creditReturned(peer, q, v)) {
         protocolError(peer, "credit return for eager messages never sent");
       }
-      p.creditSeen += delta;
-      pumpEager(peer);
       break;
-    }
     default: protocolError(peer, "unknown immediate " + std::to_string(imm));
   }
 }
