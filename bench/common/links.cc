@@ -6,12 +6,20 @@
 
 namespace gflow::bench {
 
+namespace {
+
+double maxOf(const std::vector<double>& v) {
+  return v.empty() ? 0 : *std::max_element(v.begin(), v.end());
+}
+
+}  // namespace
+
 double LinkBytes::maxNetworkSent() const {
-  return networkSent.empty() ? 0 : *std::max_element(networkSent.begin(), networkSent.end());
+  return maxOf(networkSent);
 }
 
 double LinkBytes::maxLocalSent() const {
-  return localSent.empty() ? 0 : *std::max_element(localSent.begin(), localSent.end());
+  return maxOf(localSent);
 }
 
 bool LinkBytes::busbwAboveBusiest(double busbw, double timeUs) const {
@@ -51,16 +59,20 @@ LinkBytes gatherLinks(Backend& be, const std::vector<PeerLink>& before,
       (l.sameHost[i] ? l.localReceived : l.networkReceived)[static_cast<size_t>(to)] += l.pair[i];
     }
   }
+  const struct {
+    const std::vector<double>* moved;
+    bool network, send;
+  } links[] = {{&l.networkSent, true, true},
+               {&l.networkReceived, true, false},
+               {&l.localSent, false, true},
+               {&l.localReceived, false, false}};
   for (size_t r = 0; r < static_cast<size_t>(n); ++r) {
-    for (int k = 0; k < 4; ++k) {
-      const bool network = k < 2, send = k % 2 == 0;
-      const double moved = (network ? (send ? l.networkSent : l.networkReceived)
-                                    : (send ? l.localSent : l.localReceived))[r];
-      if (moved <= l.busiest) continue;
-      l.busiest = moved;
+    for (const auto& link : links) {
+      if ((*link.moved)[r] <= l.busiest) continue;
+      l.busiest = (*link.moved)[r];
       l.busiestRank = static_cast<int>(r);
-      l.busiestIsNetwork = network;
-      l.busiestIsSend = send;
+      l.busiestIsNetwork = link.network;
+      l.busiestIsSend = link.send;
     }
   }
   return l;

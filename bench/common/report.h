@@ -44,6 +44,10 @@ struct Row {
   Measurement outOfPlace;
   bool hasInPlace = false;
   Measurement inPlace;
+  // The flag of the row: either run's busbw above its busiest link's rate.
+  bool busbwAboveBusiest() const {
+    return outOfPlace.busbwAboveBusiest() || (hasInPlace && inPlace.busbwAboveBusiest());
+  }
 };
 
 struct RunInfo {
