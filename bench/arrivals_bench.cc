@@ -6,8 +6,11 @@
 // BM_op/<peers>: one op as the shared-memory path runs it: begin, this
 //   rank's view, the views of `peers` members, end.
 // BM_stampAndObserve: one message each way: a stamp made, one observed.
-// BM_clock: the clock read every op starts with.
+// BM_clock: the clock read every op starts with (TickClock);
+//   BM_steadyClock: steady_clock, which it replaced.
 #include <benchmark/benchmark.h>
+
+#include <chrono>
 
 #include "common/arrivals.h"
 
@@ -19,7 +22,7 @@ void BM_op(benchmark::State& state) {
   const int peers = static_cast<int>(state.range(0));
   Arrivals a(0, peers + 1, true);
   Arrivals::View v;
-  v.entryNs = v.latestNs = v.firstNs = Arrivals::nowNs();
+  v.entry = v.latestAt = v.firstAt = Arrivals::now();
   for (auto _ : state) {
     a.begin();
     benchmark::DoNotOptimize(a.view());
@@ -37,7 +40,7 @@ void BM_stampAndObserve(benchmark::State& state) {
   a.begin();
   for (auto _ : state) {
     const gflow::ArrivalStamp s = a.stamp();
-    a.observe(1, Arrivals::nowNs(), s, true);
+    a.observe(1, Arrivals::now(), s, true);
     benchmark::DoNotOptimize(s);
   }
   a.end();
@@ -45,8 +48,13 @@ void BM_stampAndObserve(benchmark::State& state) {
 BENCHMARK(BM_stampAndObserve);
 
 void BM_clock(benchmark::State& state) {
-  for (auto _ : state) benchmark::DoNotOptimize(Arrivals::nowNs());
+  for (auto _ : state) benchmark::DoNotOptimize(Arrivals::now());
 }
 BENCHMARK(BM_clock);
+
+void BM_steadyClock(benchmark::State& state) {
+  for (auto _ : state) benchmark::DoNotOptimize(std::chrono::steady_clock::now());
+}
+BENCHMARK(BM_steadyClock);
 
 }  // namespace

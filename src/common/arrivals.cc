@@ -33,18 +33,30 @@ int64_t nsOfI32(uint64_t bits) {
   return static_cast<int64_t>(static_cast<int32_t>(static_cast<uint32_t>(bits))) * 1000;
 }
 
+// The record's words, written by one thread: no read-modify-write.
+void add(std::atomic<uint64_t>& w, uint64_t d) {
+  w.store(w.load(std::memory_order_relaxed) + d, std::memory_order_relaxed);
+}
+
+// A packed verdict: last + 1 (bits 0-23, 0: none), informed (bit 24), the
+// skew in ns (bits 25-63, saturating at about 9 minutes).
+constexpr int kLastBits = 24;
+constexpr uint64_t kSkewMax = (uint64_t(1) << 39) - 1;
+
 }  // namespace
 
 Arrivals::Arrivals(int rank, int size, bool enabled)
     : rank_(rank), size_(size), enabled_(enabled && size > 1) {
   if (!enabled_) return;
-  est_.assign(static_cast<size_t>(size), 0);
-  touched_.reserve(static_cast<size_t>(size));  // note() never allocates
-  estOp_.assign(static_cast<size_t>(size), 0);
-  totals_.timesLast.assign(static_cast<size_t>(size), 0);
-  totals_.lateNs.assign(static_cast<size_t>(size), 0);
-  summarizedTotals_ = totals_;
-  recent_.resize(kRecent);
+  const auto n = static_cast<size_t>(size);
+  est_.assign(n, 0);
+  touched_.reserve(n);  // note() never allocates
+  estOp_.assign(n, 0);
+  hour_ = TickClock::fromNs(3600LL * 1000 * 1000 * 1000);
+  timesLast_ = std::make_unique<Word[]>(n);
+  lateNs_ = std::make_unique<Word[]>(n);
+  recent_ = std::make_unique<Word[]>(kRecent);
+  summarizedTotals_ = readTotals();
 }
 
 void Arrivals::begin() {
@@ -52,42 +64,47 @@ void Arrivals::begin() {
   const OpLock lock(*this);
   heard_ = false;
   sameClock_ = false;
-  op_.fetch_add(1, std::memory_order_release);
-  entry_ = first_ = latestNs_ = nowNs();
+  // Written by this thread alone (under the op lock when concurrent).
+  op_.store(op_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+  entry_ = first_ = latestAt_ = now();
   latest_ = rank_;
+  // note(rank_, entry_), which has nothing else to do yet.
+  const auto me = static_cast<size_t>(rank_);
+  estOp_[me] = op_.load(std::memory_order_relaxed);
+  est_[me] = entry_;
   touched_.clear();
-  note(rank_, entry_);
+  touched_.push_back(rank_);
   active_.store(true, std::memory_order_release);
 }
 
-void Arrivals::note(int rank, int64_t tNs) {
+void Arrivals::note(int rank, int64_t t) {
   const auto r = static_cast<size_t>(rank);
   const uint64_t op = op_.load(std::memory_order_relaxed);
   if (estOp_[r] != op) {
     estOp_[r] = op;
-    est_[r] = tNs;
+    est_[r] = t;
     touched_.push_back(rank);
-  } else if (tNs < est_[r]) {
-    est_[r] = tNs;
+  } else if (t < est_[r]) {
+    est_[r] = t;
   } else {
     return;
   }
-  first_ = std::min(first_, tNs);
-  if (rank == latest_ && est_[r] < latestNs_) {
+  first_ = std::min(first_, t);
+  if (rank == latest_ && est_[r] < latestAt_) {
     rescanLatest();
-  } else if (est_[r] > latestNs_) {  // ties: the rank noted first stays
+  } else if (est_[r] > latestAt_) {  // ties: the rank noted first stays
     latest_ = rank;
-    latestNs_ = est_[r];
+    latestAt_ = est_[r];
   }
 }
 
 void Arrivals::rescanLatest() {
   latest_ = rank_;
-  latestNs_ = entry_;
+  latestAt_ = entry_;
   for (int r : touched_) {
-    if (est_[static_cast<size_t>(r)] > latestNs_) {
+    if (est_[static_cast<size_t>(r)] > latestAt_) {
       latest_ = r;
-      latestNs_ = est_[static_cast<size_t>(r)];
+      latestAt_ = est_[static_cast<size_t>(r)];
     }
   }
 }
@@ -99,15 +116,17 @@ ArrivalVerdict Arrivals::current() const {
 
 ArrivalVerdict Arrivals::currentLocked() const {
   if (!active() || !heard_) return {};
-  return {latest_, latestNs_ - first_, latest_ != rank_ || sameClock_};
+  return {latest_, TickClock::toNs(latestAt_ - first_), latest_ != rank_ || sameClock_};
 }
 
 ArrivalStamp Arrivals::stamp() const {
   ArrivalStamp s;
   if (!active()) return s;
   const OpLock lock(*this);
-  s.words[0] = usU32(nowNs() - entry_) | static_cast<uint64_t>(latest_) << 32 | kValid;
-  s.words[1] = usI32(latestNs_ - entry_) | static_cast<uint64_t>(usI32(first_ - entry_)) << 32;
+  s.words[0] =
+      usU32(TickClock::toNs(now() - entry_)) | static_cast<uint64_t>(latest_) << 32 | kValid;
+  s.words[1] = usI32(TickClock::toNs(latestAt_ - entry_)) |
+               static_cast<uint64_t>(usI32(TickClock::toNs(first_ - entry_))) << 32;
   if (previous_.last >= 0) {
     s.words[2] = static_cast<uint64_t>(previous_.last + 1) |
                  static_cast<uint64_t>(previous_.informed) << 31 |
@@ -116,21 +135,22 @@ ArrivalStamp Arrivals::stamp() const {
   return s;
 }
 
-void Arrivals::observe(int peer, int64_t atNs, const ArrivalStamp& s, bool timed) {
+void Arrivals::observe(int peer, int64_t at, const ArrivalStamp& s, bool timed) {
   if (!active() || !(s.words[0] & kValid) || peer < 0 || peer >= size_ || peer == rank_) return;
   const OpLock lock(*this);
   if (!active()) return;
-  const int64_t start = atNs - static_cast<int64_t>(static_cast<uint32_t>(s.words[0])) * 1000;
-  int64_t latestNs = start + nsOfI32(s.words[1]);
-  int64_t firstNs = start + nsOfI32(s.words[1] >> 32);
+  const int64_t start =
+      at - TickClock::fromNs(static_cast<int64_t>(static_cast<uint32_t>(s.words[0])) * 1000);
+  const int64_t latestAt = start + TickClock::fromNs(nsOfI32(s.words[1]));
+  const int64_t firstAt = start + TickClock::fromNs(nsOfI32(s.words[1] >> 32));
   // Read while catching up, it may have waited for this rank to look: what
   // it says happened before it was sent, so no later than this rank began.
   const int64_t bound = timed ? std::numeric_limits<int64_t>::max() : entry_;
   heard_ = true;
   note(peer, std::min(start, bound));
   const auto latest = static_cast<int>((s.words[0] >> 32) & 0x7fffffff);
-  if (latest < size_ && latest != rank_) note(latest, std::min(latestNs, bound));
-  first_ = std::min(first_, std::min(firstNs, bound));
+  if (latest < size_ && latest != rank_) note(latest, std::min(latestAt, bound));
+  first_ = std::min(first_, std::min(firstAt, bound));
   const auto prevLast = static_cast<int64_t>(s.words[2] & 0x7fffffff) - 1;
   if (prevLast >= 0 && prevLast < size_) {
     amendPrevious({static_cast<int>(prevLast),
@@ -143,10 +163,10 @@ Arrivals::View Arrivals::view() const {
   View v;
   const OpLock lock(*this);
   if (!active()) return v;
-  v.entryNs = entry_;
+  v.entry = entry_;
   v.latest = latest_;
-  v.latestNs = latestNs_;
-  v.firstNs = first_;
+  v.latestAt = latestAt_;
+  v.firstAt = first_;
   return v;
 }
 
@@ -157,19 +177,36 @@ void Arrivals::merge(int rank, const View& v) {
   heard_ = true;
   sameClock_ = true;
   // Another process's memory: times within an hour of this rank's start.
-  constexpr int64_t kHour = 3600LL * 1000 * 1000 * 1000;
-  auto near = [&](int64_t t) { return std::clamp(t, entry_ - kHour, entry_ + kHour); };
-  note(rank, near(v.entryNs));
-  if (v.latest >= 0 && v.latest < size_ && v.latest != rank_) note(v.latest, near(v.latestNs));
-  first_ = std::min(first_, near(v.firstNs));
+  auto near = [&](int64_t t) { return std::clamp(t, entry_ - hour_, entry_ + hour_); };
+  note(rank, near(v.entry));
+  if (v.latest >= 0 && v.latest < size_ && v.latest != rank_) note(v.latest, near(v.latestAt));
+  first_ = std::min(first_, near(v.firstAt));
 }
 
 void Arrivals::count(const ArrivalVerdict& v, int sign) {
   if (v.last < 0) return;
   const auto r = static_cast<size_t>(v.last);
-  totals_.timesLast[r] += static_cast<uint64_t>(sign);
-  totals_.lateNs[r] += static_cast<uint64_t>(sign * v.skewNs);
-  totals_.ops += static_cast<uint64_t>(sign);
+  add(timesLast_[r], static_cast<uint64_t>(sign));
+  add(lateNs_[r], static_cast<uint64_t>(sign * v.skewNs));
+  add(countedOps_, static_cast<uint64_t>(sign));
+}
+
+uint64_t Arrivals::pack(const ArrivalVerdict& v) {
+  if (v.last < 0) return 0;
+  const uint64_t skew =
+      std::min<uint64_t>(static_cast<uint64_t>(std::max<int64_t>(v.skewNs, 0)), kSkewMax);
+  return static_cast<uint64_t>(v.last + 1) | static_cast<uint64_t>(v.informed) << kLastBits |
+         skew << (kLastBits + 1);
+}
+
+ArrivalVerdict Arrivals::unpack(uint64_t w) {
+  const auto last = static_cast<int>(w & ((uint64_t(1) << kLastBits) - 1)) - 1;
+  if (last < 0) return {};
+  return {last, static_cast<int64_t>(w >> (kLastBits + 1)), ((w >> kLastBits) & 1) != 0};
+}
+
+void Arrivals::put(uint64_t op, const ArrivalVerdict& v) {
+  recent_[(op - 1) % kRecent].store(pack(v), std::memory_order_relaxed);
 }
 
 bool Arrivals::better(const ArrivalVerdict& a, const ArrivalVerdict& b) {
@@ -183,11 +220,10 @@ void Arrivals::amendPrevious(const ArrivalVerdict& theirs) {
       !better(theirs, previous_)) {
     return;
   }
-  std::lock_guard<SpinLock> lock(recordMu_);
   count(previous_, -1);
   count(theirs, +1);
   previous_ = theirs;
-  recent_[(previousOp_ - 1) % kRecent] = theirs;
+  put(previousOp_, theirs);
 }
 
 void Arrivals::end() {
@@ -196,10 +232,9 @@ void Arrivals::end() {
   const ArrivalVerdict v = currentLocked();  // measured: a later rank, or one host's clock
   active_.store(false, std::memory_order_release);
   const uint64_t op = op_.load(std::memory_order_relaxed);
-  std::lock_guard<SpinLock> lock(recordMu_);
   count(v, +1);
-  recent_[(op - 1) % kRecent] = v;
-  recorded_ = op;
+  put(op, v);
+  recorded_.store(op, std::memory_order_release);
   previous_ = v;
   previousOp_ = op;
 }
@@ -209,9 +244,8 @@ void Arrivals::abandon() {
   if (!active()) return;
   active_.store(false, std::memory_order_release);
   const uint64_t op = op_.load(std::memory_order_relaxed);
-  std::lock_guard<SpinLock> lock(recordMu_);
-  recent_[(op - 1) % kRecent] = {};
-  recorded_ = op;
+  put(op, {});
+  recorded_.store(op, std::memory_order_release);
   previous_ = {};
   previousOp_ = 0;
 }
@@ -219,53 +253,69 @@ void Arrivals::abandon() {
 void Arrivals::clearRecord() {
   if (!enabled_) return;
   const OpLock opLock(*this);
-  std::lock_guard<SpinLock> lock(recordMu_);
-  std::fill(totals_.timesLast.begin(), totals_.timesLast.end(), 0);
-  std::fill(totals_.lateNs.begin(), totals_.lateNs.end(), 0);
-  totals_.ops = 0;
-  summarizedTotals_ = totals_;
-  std::fill(recent_.begin(), recent_.end(), ArrivalVerdict{});
-  recorded_ = summarized_ = 0;
+  for (int r = 0; r < size_; ++r) {
+    timesLast_[static_cast<size_t>(r)].store(0, std::memory_order_relaxed);
+    lateNs_[static_cast<size_t>(r)].store(0, std::memory_order_relaxed);
+  }
+  countedOps_.store(0, std::memory_order_relaxed);
+  for (size_t i = 0; i < kRecent; ++i) recent_[i].store(0, std::memory_order_relaxed);
+  recorded_.store(0, std::memory_order_release);
   previous_ = {};
   previousOp_ = 0;
+  const std::lock_guard<std::mutex> lock(summaryMu_);
+  summarized_ = 0;
+  summarizedTotals_ = readTotals();
+}
+
+Arrivals::Totals Arrivals::readTotals() const {
+  Totals t;
+  if (!enabled_) return t;
+  for (int r = 0; r < size_; ++r) {
+    t.timesLast.push_back(timesLast_[static_cast<size_t>(r)].load(std::memory_order_relaxed));
+    t.lateNs.push_back(lateNs_[static_cast<size_t>(r)].load(std::memory_order_relaxed));
+  }
+  t.ops = countedOps_.load(std::memory_order_relaxed);
+  return t;
 }
 
 Arrivals::Totals Arrivals::totals() const {
-  std::lock_guard<SpinLock> lock(recordMu_);
-  return totals_;
+  return readTotals();
 }
 
 std::vector<ArrivalVerdict> Arrivals::recent() const {
-  std::lock_guard<SpinLock> lock(recordMu_);
   std::vector<ArrivalVerdict> out;
-  const uint64_t n = std::min<uint64_t>(recorded_, kRecent);
-  for (uint64_t op = recorded_ - n + 1; op <= recorded_; ++op) {
-    out.push_back(recent_[(op - 1) % kRecent]);
+  if (!enabled_) return out;
+  const uint64_t recorded = recorded_.load(std::memory_order_acquire);
+  const uint64_t n = std::min<uint64_t>(recorded, kRecent);
+  for (uint64_t op = recorded - n + 1; op <= recorded; ++op) {
+    out.push_back(unpack(recent_[(op - 1) % kRecent].load(std::memory_order_relaxed)));
   }
   return out;
 }
 
 std::string Arrivals::summary(bool sinceLast) {
   if (!enabled_) return "";
-  std::lock_guard<SpinLock> lock(recordMu_);
+  const std::lock_guard<std::mutex> lock(summaryMu_);
+  const uint64_t recorded = recorded_.load(std::memory_order_acquire);
+  const Totals now = readTotals();
   const Totals& base = summarizedTotals_;
   const uint64_t from = sinceLast ? summarized_ : 0;
   const uint64_t ops =
-      std::max<int64_t>(0, static_cast<int64_t>(totals_.ops - (sinceLast ? base.ops : 0)));
+      std::max<int64_t>(0, static_cast<int64_t>(now.ops - (sinceLast ? base.ops : 0)));
   // A verdict amended after the last summary may move a count below it.
   size_t top = 0;
   uint64_t topCount = 0;
-  for (size_t r = 0; r < totals_.timesLast.size(); ++r) {
-    const auto c = static_cast<int64_t>(totals_.timesLast[r] - (sinceLast ? base.timesLast[r] : 0));
+  for (size_t r = 0; r < now.timesLast.size(); ++r) {
+    const auto c = static_cast<int64_t>(now.timesLast[r] - (sinceLast ? base.timesLast[r] : 0));
     if (c > static_cast<int64_t>(topCount)) top = r, topCount = static_cast<uint64_t>(c);
   }
-  if (sinceLast) summarized_ = recorded_, summarizedTotals_ = totals_;
+  if (sinceLast) summarized_ = recorded, summarizedTotals_ = now;
   if (ops == 0 || topCount == 0) return "";
   topCount = std::min(topCount, ops);
   std::vector<int64_t> skews;  // the top rank's, over the ops still in the ring
-  for (uint64_t op = std::max(from, recorded_ - std::min<uint64_t>(recorded_, kRecent)) + 1;
-       op <= recorded_; ++op) {
-    const ArrivalVerdict& v = recent_[(op - 1) % kRecent];
+  for (uint64_t op = std::max(from, recorded - std::min<uint64_t>(recorded, kRecent)) + 1;
+       op <= recorded; ++op) {
+    const ArrivalVerdict v = unpack(recent_[(op - 1) % kRecent].load(std::memory_order_relaxed));
     if (v.last == static_cast<int>(top)) skews.push_back(v.skewNs);
   }
   double median = 0;

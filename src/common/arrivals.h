@@ -25,22 +25,30 @@
 //     not measured, then the larger skew: it saw a later start). The best
 //     verdict a rank hears of spreads with the next op.
 //
+// Times are TickClock ticks (common/tick_clock.h: the TSC where it is
+// invariant), which agree between the processes of a host; only their
+// differences become ns (skews, the stamps' offsets).
+//
 // Thread safety: the running op's methods (begin to end, stamp, observe,
 // view, merge, current) come from the executing thread, or, after
 // setConcurrent(), from two threads at once (the hierarchical backend runs
 // one phase of an op on a helper thread while the executing thread runs the
 // other), which a lock then serialises. totals(), recent() and summary()
-// may come from any thread (the record has its own lock, taken after the
-// op's).
+// may come from any thread: the record is written by the op's thread alone
+// (no lock, no atomic read-modify-write on an op's path) in atomic words,
+// so a reader sees each count and verdict whole, though it may see one op's
+// counts before its verdict or the other way round.
 #pragma once
 
 #include <atomic>
-#include <chrono>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "common/tick_clock.h"
 
 namespace gflow {
 
@@ -61,11 +69,8 @@ struct ArrivalVerdict {
 
 class Arrivals {
  public:
-  static int64_t nowNs() {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(
-               std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-  }
+  // The clock of observe()'s `at` and of View (TickClock ticks).
+  static int64_t now() { return TickClock::now(); }
 
   // `enabled` false: every call is a no-op (GFLOW_STRAGGLER=0).
   Arrivals(int rank, int size, bool enabled);
@@ -88,16 +93,16 @@ class Arrivals {
   ArrivalVerdict current() const;
   // For a message of the running op (zero outside one).
   ArrivalStamp stamp() const;
-  // A message with `s` from `peer` arrived at `atNs` (nowNs's clock);
+  // A message with `s` from `peer` arrived at `at` (now()'s clock);
   // `timed`: read after its transport caught up (above).
-  void observe(int peer, int64_t atNs, const ArrivalStamp& s, bool timed);
+  void observe(int peer, int64_t at, const ArrivalStamp& s, bool timed);
 
-  // What this rank knows, on its host's clock (shared memory).
+  // What this rank knows, in its host's ticks (shared memory).
   struct View {
-    int64_t entryNs = 0;
+    int64_t entry = 0;
     int32_t latest = -1;  // -1: none
-    int64_t latestNs = 0;
-    int64_t firstNs = 0;
+    int64_t latestAt = 0;
+    int64_t firstAt = 0;
   };
   View view() const;
   // `rank`'s view, on this rank's clock.
@@ -146,7 +151,12 @@ class Arrivals {
   void amendPrevious(const ArrivalVerdict& theirs);
   // Whether verdict `a` on an op should replace `b` (see the header comment).
   static bool better(const ArrivalVerdict& a, const ArrivalVerdict& b);
-  void count(const ArrivalVerdict& v, int sign);  // under recordMu_
+  // The record (op's thread only).
+  void count(const ArrivalVerdict& v, int sign);
+  void put(uint64_t op, const ArrivalVerdict& v);  // op's slot in the ring
+  static uint64_t pack(const ArrivalVerdict& v);
+  static ArrivalVerdict unpack(uint64_t w);
+  Totals readTotals() const;
 
   const int rank_;
   const int size_;
@@ -174,23 +184,31 @@ class Arrivals {
    private:
     SpinLock* mu_;
   };
+  // Ticks: this rank's start, the earliest and the latest start known.
   int64_t entry_ = 0;
   int64_t first_ = 0;
   int latest_ = 0;
-  int64_t latestNs_ = 0;
+  int64_t latestAt_ = 0;
+  int64_t hour_ = 0;  // an hour of ticks
   bool heard_ = false;
   bool sameClock_ = false;       // merged a view of this host (exact)
-  std::vector<int64_t> est_;     // per rank: earliest start estimate
+  std::vector<int64_t> est_;     // per rank: earliest start estimate (ticks)
   std::vector<uint64_t> estOp_;  // per rank: the op est_ is for
   std::vector<int> touched_;     // ranks with an estimate this op
   ArrivalVerdict previous_;      // this rank's verdict on the op before
   uint64_t previousOp_ = 0;      // its number (0: none)
 
-  mutable SpinLock recordMu_;  // the record
-  Totals totals_;
-  std::vector<ArrivalVerdict> recent_;  // ring of kRecent, op n at (n - 1) % kRecent
-  uint64_t recorded_ = 0;               // ops ended or abandoned (the newest number)
-  uint64_t summarized_ = 0;             // recorded_ at the last summary(true)
+  // The record: per rank, times last and the sum of those skews (ns); ops
+  // with a verdict; the verdicts (pack()ed) of the last kRecent ops, op n at
+  // (n - 1) % kRecent; ops ended or abandoned (the newest number).
+  using Word = std::atomic<uint64_t>;
+  std::unique_ptr<Word[]> timesLast_, lateNs_;
+  Word countedOps_{0};
+  std::unique_ptr<Word[]> recent_;
+  Word recorded_{0};
+  // summary(true)'s mark: recorded_ and the totals then.
+  std::mutex summaryMu_;
+  uint64_t summarized_ = 0;
   Totals summarizedTotals_;
 };
 

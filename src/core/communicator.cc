@@ -13,6 +13,7 @@
 #include "common/logging.h"
 #include "common/params.h"
 #include "common/socket.h"
+#include "common/tick_clock.h"
 #include "core/communicator_impl.h"
 #include "core/frontend.h"
 #include "core/host_backends.h"
@@ -318,9 +319,9 @@ std::unique_ptr<CommunicatorImpl> CommunicatorImpl::connect(
   impl->timeout = ctxOpts.timeout;
   impl->transportName = transportName;
   impl->arrivals = std::make_shared<Arrivals>(rank, size, params::straggler() != 0);
-  impl->reportEveryNs = params::stragglerReport() * 1000000;
-  impl->lastReportNs = Arrivals::nowNs();
-  impl->summaryAtExit = params::stragglerAtExit() != 0 || impl->reportEveryNs > 0;
+  impl->reportEvery = TickClock::fromNs(params::stragglerReport() * 1000000);
+  impl->lastReport = Arrivals::now();
+  impl->summaryAtExit = params::stragglerAtExit() != 0 || impl->reportEvery > 0;
   ctxOpts.arrivals = impl->arrivals;  // not a parent's (split)
   ctxOpts.arrivalRanks.clear();
   impl->contextOptions = ctxOpts;
@@ -416,15 +417,15 @@ void CommunicatorImpl::buildHierarchy(const transport::ContextOptions& ctxOpts,
 Communicator::~Communicator() = default;
 
 void CommunicatorImpl::reportStragglers() {
-  if (rank != 0 || reportEveryNs <= 0) return;
-  const int64_t now = Arrivals::nowNs();
-  if (now - lastReportNs < reportEveryNs) return;
+  if (rank != 0 || reportEvery <= 0) return;
+  const int64_t now = Arrivals::now();
+  if (now - lastReport < reportEvery) return;
   const std::string s = arrivals->summary(true);
   if (!s.empty()) {
     std::fprintf(stderr, "gflow straggler report (%d ranks, last %.1f s): %s\n", size,
-                 static_cast<double>(now - lastReportNs) / 1e9, s.c_str());
+                 static_cast<double>(TickClock::toNs(now - lastReport)) / 1e9, s.c_str());
   }
-  lastReportNs = now;
+  lastReport = now;
 }
 
 CommunicatorImpl::~CommunicatorImpl() {

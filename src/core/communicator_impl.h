@@ -163,8 +163,8 @@ class CommunicatorImpl final : public Communicator {
   // Who reached each collective last (common/arrivals.h), shared with the
   // backends' transports and groups; GFLOW_STRAGGLER_REPORT's timing.
   std::shared_ptr<Arrivals> arrivals;
-  int64_t reportEveryNs = 0;
-  int64_t lastReportNs = 0;
+  int64_t reportEvery = 0;  // Arrivals::now() ticks
+  int64_t lastReport = 0;
   bool summaryAtExit = false;
   // Executing thread, after each collective: rank 0's periodic summary.
   void reportStragglers();

@@ -160,7 +160,7 @@ void Engine::startGroup(uint64_t group, const Envelope& env) {
   size_t keep = 0;
   for (const Early& e : early_) {
     if (e.group == group) {
-      arrivals_->observe(arrivalRanks_[static_cast<size_t>(e.peer)], e.atNs, e.stamp, false);
+      arrivals_->observe(arrivalRanks_[static_cast<size_t>(e.peer)], e.at, e.stamp, false);
     } else if (!isPast(e.group, group)) {
       early_[keep++] = e;
     }
@@ -172,7 +172,7 @@ void Engine::arrival(int peer, uint64_t group, const uint64_t (&stamp)[3]) {
   if (!arrivals_ || isPointToPoint(group)) return;
   ArrivalStamp s;
   std::memcpy(s.words, stamp, sizeof(s.words));
-  const int64_t now = Arrivals::nowNs();
+  const int64_t now = Arrivals::now();
   if (inArrivalOp(group)) {
     arrivals_->observe(arrivalRanks_[static_cast<size_t>(peer)], now, s, settled_);
   } else if (early_.size() < kMaxEarly && (!groupActive_ || isPast(group_, group))) {

@@ -211,7 +211,7 @@ class Engine : public Context {
   struct Early {                   // a stamped header of an op this rank had not begun
     uint64_t group;
     int peer;
-    int64_t atNs;
+    int64_t at;  // Arrivals::now()
     ArrivalStamp stamp;
   };
   std::vector<Early> early_;

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "common/arrivals.h"
+#include "common/tick_clock.h"
 #include "core/internal.h"
 #include "gflow/gflow.h"
 #include "testing/ranks.h"
@@ -32,6 +33,18 @@ namespace gflow {
 namespace {
 
 constexpr int64_t kMs = 1000000;
+
+// ns as Arrivals' clock counts them (TickClock ticks).
+int64_t ticks(int64_t ns) {
+  return TickClock::fromNs(ns);
+}
+
+// The test's own clock, independent of the library's.
+int64_t steadyNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 // A stamp as `sender` would send it `elapsedNs` into an op in which it knows
 // `latest` started `latestOffNs` after it and the earliest rank
@@ -53,10 +66,10 @@ ArrivalStamp stampOf(int64_t elapsedNs, int latest, int64_t latestOffNs, int64_t
 TEST(Arrivals, APeerHeardLateIsNamedWithItsDelay) {
   Arrivals a(0, 4, true);
   a.begin();
-  const int64_t t = Arrivals::nowNs();
-  a.observe(1, t, stampOf(0, 1, 0, 0), true);                   // rank 1 started just now
-  a.observe(2, t + 30 * kMs, stampOf(0, 2, 0, 0), true);        // rank 2, 30 ms later
-  a.observe(3, t + 30 * kMs, stampOf(1 * kMs, 3, 0, 0), true);  // rank 3, 1 ms before rank 2
+  const int64_t t = Arrivals::now();
+  a.observe(1, t, stampOf(0, 1, 0, 0), true);                          // rank 1 started just now
+  a.observe(2, t + ticks(30 * kMs), stampOf(0, 2, 0, 0), true);        // rank 2, 30 ms later
+  a.observe(3, t + ticks(30 * kMs), stampOf(1 * kMs, 3, 0, 0), true);  // rank 3, 1 ms before rank 2
   a.end();
   const auto v = a.recent();
   ASSERT_EQ(v.size(), 1u);
@@ -71,7 +84,7 @@ TEST(Arrivals, BacklogReadBeforeSettlingSaysOnlyNoLaterThanThisRank) {
   Arrivals a(3, 4, true);
   a.begin();
   // Stamped at their senders' starts, read only now: they may have waited.
-  const int64_t later = Arrivals::nowNs() + 5 * kMs;
+  const int64_t later = Arrivals::now() + ticks(5 * kMs);
   for (int p = 0; p < 3; ++p) a.observe(p, later, stampOf(0, p, 0, 0), false);
   a.end();
   const auto v = a.recent();
@@ -83,10 +96,10 @@ TEST(Arrivals, BacklogReadBeforeSettlingSaysOnlyNoLaterThanThisRank) {
 TEST(Arrivals, RelayedKnowledgeNamesARankNeverHeardDirectly) {
   Arrivals a(0, 4, true);
   a.begin();
-  const int64_t t = Arrivals::nowNs();
+  const int64_t t = Arrivals::now();
   // Rank 1 started with this rank; 20 ms in it says rank 3 started 20 ms
   // after it and the earliest rank 1 ms before it.
-  a.observe(1, t + 20 * kMs, stampOf(20 * kMs, 3, 20 * kMs, -1 * kMs), true);
+  a.observe(1, t + ticks(20 * kMs), stampOf(20 * kMs, 3, 20 * kMs, -1 * kMs), true);
   a.end();
   const auto v = a.recent();
   EXPECT_EQ(v[0].last, 3);
@@ -98,7 +111,7 @@ TEST(Arrivals, ABetterVerdictOnThePreviousOpReplacesThisRanks) {
   a.begin();
   a.end();  // heard nobody: no verdict
   a.begin();
-  const int64_t t = Arrivals::nowNs();
+  const int64_t t = Arrivals::now();
   a.observe(0, t, stampOf(0, 0, 0, 0, ArrivalVerdict{3, 17 * kMs, true}), true);
   a.observe(1, t, stampOf(0, 1, 0, 0, ArrivalVerdict{2, 5 * kMs, true}), true);  // smaller: ignored
   a.observe(2, t, stampOf(0, 2, 0, 0, ArrivalVerdict{3, 19 * kMs, true}), true);   // larger: taken
@@ -118,7 +131,7 @@ TEST(Arrivals, OffRecordsNothing) {
   Arrivals a(0, 4, false);
   a.begin();
   EXPECT_EQ(a.stamp().words[0], 0u);
-  a.observe(1, Arrivals::nowNs(), stampOf(0, 1, 0, 0), true);
+  a.observe(1, Arrivals::now(), stampOf(0, 1, 0, 0), true);
   a.end();
   EXPECT_TRUE(a.recent().empty());
   EXPECT_EQ(a.summary(false), "");
@@ -186,7 +199,7 @@ Timings runPath(const Path& p, int slow) {
     for (int i = 0; i < kOps; ++i) {
       const int ms = sleepMs(rng);  // drawn on every rank alike
       if (c.rank() == slow) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
-      run.called[c.rank()][i] = Arrivals::nowNs();
+      run.called[c.rank()][i] = steadyNs();
       c.allreduce(tensor(v.data(), v.size()));
     }
     c.allreduce(tensor(v.data(), v.size()));

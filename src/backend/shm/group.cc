@@ -15,6 +15,7 @@
 #include "common/logging.h"
 #include "common/params.h"
 #include "common/peer_memory.h"
+#include "common/tick_clock.h"
 #include "transport/contract.h"
 
 namespace gflow::backend::shm {
@@ -52,19 +53,24 @@ std::string printable(const char* p, size_t cap) {
   return s;
 }
 
+// OpRecord's offsets: ticks per unit.
+constexpr int64_t kOffTicks = 256;
+
 }  // namespace
 
 struct OpRecord {
   std::atomic<uint64_t> number;  // ops this member has started on the group
   uint64_t seq;                  // the op's sequence number (for messages)
   uint64_t env[3];
-  // The owner's arrival view of the op (Arrivals::View, on this host's
-  // clock), written with the rest before `number`: in the line its peers
+  // The owner's arrival view of the op (Arrivals::View, in this host's
+  // ticks), written with the rest before `number`: in the line its peers
   // read anyway. Overwritten only two ops later, after a sync of the next
   // op that every member must pass, so it is read at endOp without a check.
-  int64_t entryNs;
-  int32_t latestUs, firstUs;  // the latest and earliest starts, after entryNs
-  int32_t latest;             // that rank (the Arrivals' numbering)
+  int64_t entry;
+  // The latest and earliest starts after `entry`, in units of kOffTicks ticks
+  // (about 0.1 us for a 2-3 GHz TSC; saturating at 2^31 of them).
+  int32_t latestOff, firstOff;
+  int32_t latest;  // that rank (the Arrivals' numbering)
   int32_t spare;
 };
 static_assert(sizeof(OpRecord) == 64, "an op record is one cache line");
@@ -314,12 +320,13 @@ void Group::endOp() {
 
 void Group::publishArrival(OpRecord& r) const {
   const Arrivals::View v = arrivals_ ? arrivals_->view() : Arrivals::View{};
-  auto us = [&](int64_t ns) {
-    return static_cast<int32_t>(std::clamp<int64_t>((ns - v.entryNs) / 1000, INT32_MIN, INT32_MAX));
+  auto off = [&](int64_t at) {
+    return static_cast<int32_t>(
+        std::clamp<int64_t>((at - v.entry) / kOffTicks, INT32_MIN, INT32_MAX));
   };
-  r.entryNs = v.entryNs;
-  r.latestUs = us(v.latestNs);
-  r.firstUs = us(v.firstNs);
+  r.entry = v.entry;
+  r.latestOff = off(v.latestAt);
+  r.firstOff = off(v.firstAt);
   r.latest = v.latest;  // -1: no view (no op running, or off)
 }
 
@@ -331,10 +338,10 @@ void Group::mergeArrivals() {
     const OpRecord& r = ctl_[m]->ops[ops_ & 1];
     if (r.number.load(std::memory_order_acquire) != ops_ || r.latest < 0) continue;
     Arrivals::View v;
-    v.entryNs = r.entryNs;
+    v.entry = r.entry;
     v.latest = r.latest;
-    v.latestNs = r.entryNs + int64_t{r.latestUs} * 1000;
-    v.firstNs = r.entryNs + int64_t{r.firstUs} * 1000;
+    v.latestAt = r.entry + int64_t{r.latestOff} * kOffTicks;
+    v.firstAt = r.entry + int64_t{r.firstOff} * kOffTicks;
     arrivals_->merge(arrivalRanks_[m], v);
   }
 }
