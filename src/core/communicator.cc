@@ -319,7 +319,8 @@ std::unique_ptr<CommunicatorImpl> CommunicatorImpl::connect(
   impl->timeout = ctxOpts.timeout;
   impl->transportName = transportName;
   impl->arrivals = std::make_shared<Arrivals>(rank, size, params::straggler() != 0);
-  impl->reportEvery = TickClock::fromNs(params::stragglerReport() * 1000000);
+  const int64_t reportMs = params::stragglerReport();
+  impl->reportEvery = reportMs > 0 ? TickClock::fromNs(reportMs * 1000000) : 0;
   impl->lastReport = Arrivals::now();
   impl->summaryAtExit = params::stragglerAtExit() != 0 || impl->reportEvery > 0;
   ctxOpts.arrivals = impl->arrivals;  // not a parent's (split)
