@@ -21,6 +21,7 @@ Engine::Engine(const ContextOptions& options)
                            ? *options.progress.unexpectedLimitBytes
                            : params::unexpectedLimit()),
       arrivals_(options.arrivals && options.arrivals->enabled() ? options.arrivals : nullptr),
+      pool_(std::min(unexpectedLimit_, kStagingKeep)),
       error_([this] { wake(); }) {
   books_.resize(options.size);
   for (auto& b : books_) b = std::make_unique<PeerBook>();
@@ -272,7 +273,9 @@ bool Engine::stagingFits(int peer, uint64_t len) const {
 
 Message* Engine::stage(int peer, Tag tag, const Envelope& env, uint64_t len) {
   Message* m = add(peer, tag, env, len);
-  m->staging.reset(new char[len > 0 ? len : 1]);
+  StagingPool::Buffer b = pool_.take(len);
+  m->staging = std::move(b.data);
+  m->stagingCapacity = b.capacity;
   books_[peer]->stagedBytes += len + kStagedOverhead;
   return m;
 }
@@ -289,6 +292,7 @@ void Engine::complete(int peer, Message* m) {
   if (m->staging) {
     if (m->len > 0) std::memcpy(m->user, m->staging.get(), m->len);
     b.stagedBytes -= m->len + kStagedOverhead;
+    pool_.give({std::move(m->staging), m->stagingCapacity});
   }
   if (m->charged) b.stagedBytes -= kStagedOverhead;
   b.bytesReceived.fetch_add(m->len, std::memory_order_relaxed);

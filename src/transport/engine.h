@@ -15,6 +15,8 @@
 //   - Staged-bytes accounting against the unexpected limit (Options::progress,
 //     else GFLOW_UNEXPECTED_LIMIT; what the wire
 //     does when it is reached is its own: TCP stops reading, verbs fails).
+//     Staging buffers come from a pool that keeps freed ones for the next
+//     (transport/staging_pool.h).
 //   - Deferred peer reports: a peer's error about an op this rank has not
 //     reached yet is raised when it gets there.
 //   - Rejected ops (Context::reject): a peer's notice that it will not run
@@ -42,6 +44,7 @@
 #include "common/arrivals.h"
 #include "common/sticky_error.h"
 #include "transport/contract.h"
+#include "transport/staging_pool.h"
 #include "transport/transport.h"
 
 namespace gflow::transport {
@@ -56,6 +59,7 @@ struct Message {
   RequestPtr req;                   // null until a receive is posted
   char* user = nullptr;             // the posted buffer
   std::unique_ptr<char[]> staging;  // set while unexpected (arrived first)
+  size_t stagingCapacity = 0;       // its size (from the Engine's StagingPool)
   bool charged = false;             // announced: kStagedOverhead counted (announce)
 };
 
@@ -221,6 +225,9 @@ class Engine : public Context {
   bool settled_ = false;    // this op's backlog is read: arrivals are timed
   bool passInGroup_ = false;
   std::vector<std::unique_ptr<PeerBook>> books_;
+  // Staged messages' buffers, reused (transport/staging_pool.h).
+  static constexpr uint64_t kStagingKeep = uint64_t(64) << 20;
+  StagingPool pool_;
   StickyError error_;
 
   uint64_t group_ = 0;

@@ -1,0 +1,48 @@
+// StagingPool: the buffers of messages that arrive before their receive
+// (Engine::stage), kept for the next ones.
+//
+// A collective whose messages run ahead of their receives (the fixed order's
+// rounds, the ring's pieces) stages some of them on every op. Allocating one
+// buffer per staged message and freeing it when its receive copied it out
+// made glibc grow its heap with brk and trim it again on every op: every
+// staged message landed on fresh pages (a page fault per 4 KiB) and every
+// trim cost a TLB shootdown to every core. With four ranks on two cores the
+// fixed order ran 5-8x slower with 64 KiB pieces, most of it in the kernel
+// (docs/performance.md, "Staging buffers").
+//
+// Buffers come in power-of-two sizes from 4 KiB; a freed one is kept while
+// the pool holds at most `keepBytes`, else freed. Owning thread only (as
+// the Engine).
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <vector>
+
+namespace gflow::transport {
+
+class StagingPool {
+ public:
+  struct Buffer {
+    std::unique_ptr<char[]> data;
+    size_t capacity = 0;
+  };
+
+  explicit StagingPool(size_t keepBytes) : keep_(keepBytes) {}
+
+  // A buffer of at least `len` bytes (a kept one when there is one).
+  Buffer take(size_t len);
+  // `b` is free again.
+  void give(Buffer b);
+  // Bytes held for reuse.
+  size_t keptBytes() const { return kept_; }
+
+ private:
+  static size_t sizeClass(size_t len);  // log2 of the capacity
+
+  const size_t keep_;
+  size_t kept_ = 0;
+  std::vector<std::vector<std::unique_ptr<char[]>>> free_;  // by size class
+};
+
+}  // namespace gflow::transport
