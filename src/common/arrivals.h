@@ -34,10 +34,12 @@
 // setConcurrent(), from two threads at once (the hierarchical backend runs
 // one phase of an op on a helper thread while the executing thread runs the
 // other), which a lock then serialises. totals(), recent() and summary()
-// may come from any thread: the record is written by the op's thread alone
-// (no lock, no atomic read-modify-write on an op's path) in atomic words,
-// so a reader sees each count and verdict whole, though it may see one op's
-// counts before its verdict or the other way round.
+// may come from any thread. The record is written by one writer at a time:
+// the executing thread, or under the op lock (setConcurrent) the thread
+// that holds it; so it needs no lock of its own and no atomic
+// read-modify-write on an op's path. Its words are atomics, so a reader
+// sees each count and verdict whole, though it may see one op's counts
+// before its verdict or the other way round.
 #pragma once
 
 #include <atomic>

@@ -2,19 +2,26 @@
 
 namespace gflow::transport {
 
-size_t StagingPool::sizeClass(size_t len) {
-  size_t c = 12;  // 4 KiB
-  while ((size_t(1) << c) < len) ++c;
-  return c;
+size_t StagingPool::capacityFor(size_t len) {
+  if (len <= kSmall) return 0;
+  size_t top = kSmall;  // the power of two below len
+  while (top * 2 < len) top *= 2;
+  const size_t step = top / kSteps;
+  return (len + step - 1) / step * step;
 }
 
 StagingPool::Buffer StagingPool::take(size_t len) {
-  const size_t c = sizeClass(len);
   Buffer b;
-  b.capacity = size_t(1) << c;
-  if (c < free_.size() && !free_[c].empty()) {
-    b.data = std::move(free_[c].back());
-    free_[c].pop_back();
+  b.capacity = capacityFor(len);
+  if (b.capacity == 0 || b.capacity > keep_) {  // not pooled: exactly its size
+    b.capacity = 0;
+    b.data.reset(new char[len > 0 ? len : 1]);
+    return b;
+  }
+  auto it = free_.find(b.capacity);
+  if (it != free_.end() && !it->second.empty()) {
+    b.data = std::move(it->second.back());
+    it->second.pop_back();
     kept_ -= b.capacity;
   } else {
     b.data.reset(new char[b.capacity]);
@@ -24,9 +31,7 @@ StagingPool::Buffer StagingPool::take(size_t len) {
 
 void StagingPool::give(Buffer b) {
   if (!b.data || b.capacity == 0 || kept_ + b.capacity > keep_) return;  // freed here
-  const size_t c = sizeClass(b.capacity);
-  if (c >= free_.size()) free_.resize(c + 1);
-  free_[c].push_back(std::move(b.data));
+  free_[b.capacity].push_back(std::move(b.data));
   kept_ += b.capacity;
 }
 

@@ -10,12 +10,17 @@
 // fixed order ran 5-8x slower with 64 KiB pieces, most of it in the kernel
 // (docs/performance.md, "Staging buffers").
 //
-// Buffers come in power-of-two sizes from 4 KiB; a freed one is kept while
-// the pool holds at most `keepBytes`, else freed. Owning thread only (as
-// the Engine).
+// Messages above 4 KiB get a buffer rounded up to an eighth of the power of
+// two below their size (at most 12.5% more than they need, so the memory
+// behind the staged bytes that GFLOW_UNEXPECTED_LIMIT counts stays within
+// 1.125x); a freed one is kept while the pool holds at most `keepBytes`,
+// else freed. Smaller messages, and larger ones than the pool may keep,
+// get exactly their size and are not kept. What the pool keeps stays
+// allocated for the context's life. Owning thread only (as the Engine).
 #pragma once
 
 #include <cstddef>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -25,7 +30,7 @@ class StagingPool {
  public:
   struct Buffer {
     std::unique_ptr<char[]> data;
-    size_t capacity = 0;
+    size_t capacity = 0;  // 0: exactly the message's size, not kept
   };
 
   explicit StagingPool(size_t keepBytes) : keep_(keepBytes) {}
@@ -38,11 +43,14 @@ class StagingPool {
   size_t keptBytes() const { return kept_; }
 
  private:
-  static size_t sizeClass(size_t len);  // log2 of the capacity
+  static constexpr size_t kSmall = 4096;
+  static constexpr size_t kSteps = 8;  // size classes per power of two
+  // The pooled size for `len` (0: not pooled).
+  static size_t capacityFor(size_t len);
 
   const size_t keep_;
   size_t kept_ = 0;
-  std::vector<std::vector<std::unique_ptr<char[]>>> free_;  // by size class
+  std::map<size_t, std::vector<std::unique_ptr<char[]>>> free_;  // by capacity
 };
 
 }  // namespace gflow::transport

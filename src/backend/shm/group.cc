@@ -54,7 +54,7 @@ std::string printable(const char* p, size_t cap) {
 }
 
 // OpRecord's offsets: ticks per unit.
-constexpr int64_t kOffTicks = 256;
+constexpr int64_t kOffTicks = 1024;
 
 }  // namespace
 
@@ -68,7 +68,8 @@ struct OpRecord {
   // op that every member must pass, so it is read at endOp without a check.
   int64_t entry;
   // The latest and earliest starts after `entry`, in units of kOffTicks ticks
-  // (about 0.1 us for a 2-3 GHz TSC; saturating at 2^31 of them).
+  // (about 0.4 us for a 2-3 GHz TSC; saturating at 2^31 of them, 12-18
+  // minutes).
   int32_t latestOff, firstOff;
   int32_t latest;  // that rank (the Arrivals' numbering)
   int32_t spare;
