@@ -20,110 +20,27 @@
 #include <string>
 #include <vector>
 
-#if GFLOW_BENCH_CUDA
-#include <cuda_runtime.h>
-#endif
-
+#include "common/device_buffers.h"
 #include "common/options.h"
+#include "common/over_gflow.h"
 #include "common/sweep.h"
 #include "gflow/gflow.h"
 
 namespace gflow::bench {
 namespace {
 
-// --device cuda: the sweep's buffers live on this rank's GPU (local rank
-// modulo the GPUs it sees); the host buffers are copied there after each fill
-// and back for the check, outside the timed loop.
-class DeviceBuffers {
- public:
-#if GFLOW_BENCH_CUDA
-  explicit DeviceBuffers(int localRank) {
-    int n = 0;
-    if (cudaError_t e = cudaGetDeviceCount(&n); e != cudaSuccess || n == 0) {
-      throw std::runtime_error(std::string("--device cuda: no usable GPU (") +
-                               (e != cudaSuccess ? cudaGetErrorString(e) : "none found") + ")");
-    }
-    device_ = localRank % n;
-    check(cudaSetDevice(device_), "cudaSetDevice");
-    check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
-  }
-  ~DeviceBuffers() {
-    release();
-    cudaStreamDestroy(stream_);
-  }
-  void bind(size_t bytes, bool inPlace) {
-    release();
-    check(cudaMalloc(&in_, bytes ? bytes : 1), "cudaMalloc");
-    out_ = in_;
-    if (!inPlace) check(cudaMalloc(&out_, bytes ? bytes : 1), "cudaMalloc");
-  }
-  void upload(const void* in, const void* out, size_t bytes) {
-    check(cudaMemcpy(in_, in, bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
-    if (out_ != in_) check(cudaMemcpy(out_, out, bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
-  }
-  void download(void* out, size_t bytes) {
-    check(cudaMemcpy(out, out_, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
-  }
-  void* in() const {
-    return in_;
-  }
-  void* out() const {
-    return out_;
-  }
-  void* stream() const {
-    return stream_;
-  }
-  int device() const {
-    return device_;
-  }
+std::shared_ptr<Communicator> create(const std::string& algorithm, const std::string& transport) {
+  Options options;
+  options.algorithm = algorithm;
+  options.transport = transport;
+  return Communicator::create(options);
+}
 
- private:
-  static void check(cudaError_t e, const char* what) {
-    if (e != cudaSuccess) {
-      throw std::runtime_error(std::string(what) + " failed: " + cudaGetErrorString(e));
-    }
-  }
-  void release() {
-    if (out_ && out_ != in_) cudaFree(out_);
-    if (in_) cudaFree(in_);
-    in_ = out_ = nullptr;
-  }
-  void* in_ = nullptr;
-  void* out_ = nullptr;
-  cudaStream_t stream_ = nullptr;
-  int device_ = 0;
-#else
-  explicit DeviceBuffers(int) {
-    throw std::runtime_error(
-        "--device cuda: this allreduce_bw was built without CUDA (GFLOW_WITH_CUDA)");
-  }
-  void bind(size_t, bool) {}
-  void upload(const void*, const void*, size_t) {}
-  void download(void*, size_t) {}
-  void* in() const {
-    return nullptr;
-  }
-  void* out() const {
-    return nullptr;
-  }
-  void* stream() const {
-    return nullptr;
-  }
-  int device() const {
-    return 0;
-  }
-#endif
-};
-
-class GflowBackend : public Backend {
+class GflowBackend : public OverGflow {
  public:
   GflowBackend(const std::string& algorithm, const std::string& transport, bool registerBuffers,
                bool onDevice)
-      : transport_(transport), register_(registerBuffers) {
-    Options options;
-    options.algorithm = algorithm;
-    options.transport = transport;
-    comm_ = Communicator::create(options);
+      : OverGflow(create(algorithm, transport)), transport_(transport), register_(registerBuffers) {
     if (onDevice) device_ = std::make_unique<DeviceBuffers>(comm_->localRank());
     if (!algorithm.empty()) {
       algorithm_ = algorithm;
@@ -132,8 +49,6 @@ class GflowBackend : public Backend {
     }
   }
 
-  int rank() const override { return comm_->rank(); }
-  int size() const override { return comm_->size(); }
   RunInfo info() const override {
     const char* env = std::getenv("GFLOW_TRANSPORT");
     const std::string transport =
@@ -208,18 +123,6 @@ class GflowBackend : public Backend {
     if (device_) device_->download(out, bytes);
   }
 
-  void barrier() override { comm_->barrier(); }
-  double maxOverRanks(double v) override {
-    comm_->allreduce(Tensor(&v, 1, DataType::kFloat64), ReduceOp::kMax);
-    return v;
-  }
-  int64_t sumOverRanks(int64_t v) override {
-    comm_->allreduce(Tensor(&v, 1, DataType::kInt64), ReduceOp::kSum);
-    return v;
-  }
-  void sumOverRanks(std::vector<int64_t>& v) override {
-    comm_->allreduce(Tensor(v.data(), v.size(), DataType::kInt64), ReduceOp::kSum);
-  }
   // Payload bytes received from each rank (Stats). NCCL's traffic is not
   // counted: once NCCL has run an op, the sweep shows no link columns
   // rather than partial ones.
@@ -235,7 +138,6 @@ class GflowBackend : public Backend {
   }
 
  private:
-  std::shared_ptr<Communicator> comm_;
   std::string algorithm_ = "auto";
   std::string transport_;
   bool register_ = false;
