@@ -68,6 +68,9 @@ int streamWaitEvent(void* s, void* ev) {
 int eventQuery(void* ev) {
   return static_cast<int>(cudaEventQuery(static_cast<cudaEvent_t>(ev)));
 }
+int eventSynchronize(void* ev) {
+  return static_cast<int>(cudaEventSynchronize(static_cast<cudaEvent_t>(ev)));
+}
 int memcpyAsync(void* dst, const void* src, size_t bytes, void* s) {
   return static_cast<int>(
       cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(s)));
@@ -102,6 +105,7 @@ Runtime makeTable() {
   t.eventRecord = eventRecord;
   t.streamWaitEvent = streamWaitEvent;
   t.eventQuery = eventQuery;
+  t.eventSynchronize = eventSynchronize;
   t.memcpyAsync = memcpyAsync;
   t.deviceAlloc = deviceAlloc;
   t.deviceFree = deviceFree;

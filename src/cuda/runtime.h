@@ -20,7 +20,7 @@ namespace gflow::cuda {
 
 // The version of the component's tables (this one and the kernel entries of
 // kernels/cuda/plugin.h); the loader refuses a component of another version.
-constexpr uint32_t kComponentAbi = 4;
+constexpr uint32_t kComponentAbi = 5;
 // eventQuery's answer while the work before the event is still running
 // (cudaErrorNotReady).
 constexpr int kNotReady = 600;
@@ -45,6 +45,9 @@ struct Runtime {
   int (*streamWaitEvent)(void* stream, void* event) = nullptr;
   // 0: the work before the event has finished; kNotReady: not yet.
   int (*eventQuery)(void* event) = nullptr;
+  // Blocks until the work before the event has finished (no stream named:
+  // the stream it was recorded on may be gone by then).
+  int (*eventSynchronize)(void* event) = nullptr;
   int (*memcpyAsync)(void* dst, const void* src, size_t bytes, void* stream) = nullptr;
   int (*deviceAlloc)(void** p, size_t bytes) = nullptr;  // on the current device
   int (*deviceFree)(void* p) = nullptr;

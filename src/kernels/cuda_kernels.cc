@@ -18,15 +18,26 @@ CudaKernels::CudaKernels(const gflow::cuda::Plugin& plugin, int device, void* st
   void* h = nullptr;
   check(p_.hostAlloc(&h, sizeof(int)), "allocating the pinned inf/NaN flag");
   flagHost_ = static_cast<int*>(h);
+  check(p_.eventCreate(&done_), "creating an event");
 }
 
+// Waits for our last work through the event, not the stream: a caller may
+// destroy its stream once its ops are done, long before the communicator
+// (the work it held still runs to completion, and the event with it).
 CudaKernels::~CudaKernels() {
   gflow::cuda::DeviceGuard c(p_, device_);
-  p_.streamSynchronize(stream_);
+  if (done_) {
+    p_.eventSynchronize(done_);
+    p_.eventDestroy(done_);
+  }
   for (void* q : owned_) p_.deviceFree(q);
   for (const Block& b : blocks_) p_.deviceFree(b.p);
   if (segmentsHost_) p_.hostFree(segmentsHost_);
   if (flagHost_) p_.hostFree(flagHost_);
+}
+
+void CudaKernels::launched() {
+  check(p_.eventRecord(done_, stream_), "recording an event after a kernel");
 }
 
 void CudaKernels::check(int err, const char* what) const {
@@ -94,21 +105,25 @@ void CudaKernels::copy(const std::vector<Copy>& copies) {
     seg[i] = cuda::CopySegment{copies[i].src, copies[i].dst, copies[i].bytes};
   }
   check(p_.batchedCopy(seg, copies.size(), segmentsDevice_, stream_), "launching a fusion copy");
+  launched();
 }
 
 void CudaKernels::narrow(void* dst, const float* src, size_t count, DataType wire, float scale) {
   gflow::cuda::DeviceGuard c(p_, device_);
   check(p_.narrow(dst, src, count, wire, scale, stream_), "launching the narrowing kernel");
+  launched();
 }
 
 void CudaKernels::widen(float* dst, const void* src, size_t count, DataType wire, float scale) {
   gflow::cuda::DeviceGuard c(p_, device_);
   check(p_.widen(dst, src, count, wire, scale, stream_), "launching the widening kernel");
+  launched();
 }
 
 void CudaKernels::scale(float* data, size_t count, float k) {
   gflow::cuda::DeviceGuard c(p_, device_);
   check(p_.scale(data, count, k, stream_), "launching the scaling kernel");
+  launched();
 }
 
 bool CudaKernels::nonFinite(const void* data, size_t count, DataType dtype) {
@@ -152,6 +167,7 @@ void CudaKernels::accumulateChunkNorms(SparseBucket& b, float m, float* norms) {
   check(
       p_.accumulateChunkNorms(b.staged.v, b.staged.u, b.staged.g, m, b.n, b.chunk, norms, stream_),
       "launching the CSC residual update");
+  launched();
 }
 
 size_t CudaKernels::topChunksTempBytes(size_t count) const {
@@ -163,6 +179,7 @@ void CudaKernels::topChunks(const float* norms, size_t count, size_t k, uint32_t
   gflow::cuda::DeviceGuard c(p_, device_);
   check(p_.topChunks(norms, count, k, idx, temp, tempBytes, stream_),
         "launching the CSC chunk selection");
+  launched();
 }
 
 void CudaKernels::gatherChunks(float* packed, const SparseBucket& b, const uint32_t* idx,
@@ -170,6 +187,7 @@ void CudaKernels::gatherChunks(float* packed, const SparseBucket& b, const uint3
   gflow::cuda::DeviceGuard c(p_, device_);
   check(p_.gatherChunks(packed, b.staged.v, idx, k, b.chunk, b.n, stream_),
         "launching the CSC gather");
+  launched();
 }
 
 void CudaKernels::scatterChunks(SparseBucket& b, const float* packed, const uint32_t* idx, size_t k,
@@ -179,6 +197,7 @@ void CudaKernels::scatterChunks(SparseBucket& b, const float* packed, const uint
     float* u = maskVelocity ? b.staged.u : nullptr;
     check(p_.scatterChunks(b.staged.g, b.staged.v, u, packed, idx, k, b.chunk, b.n, stream_),
           "launching the CSC scatter");
+    launched();
   }
   copy(stagingCopies(b, false));
 }

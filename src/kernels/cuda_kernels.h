@@ -62,10 +62,13 @@ class CudaKernels final : public GradientKernels {
 
  private:
   void check(int err, const char* what) const;
+  // After each launch: `done_` follows the stream's last work of ours.
+  void launched();
 
   const gflow::cuda::Plugin& p_;
   int device_;
-  void* stream_;
+  void* stream_;          // the caller's: it may be destroyed before we are
+  void* done_ = nullptr;  // event after our last work on stream_
   size_t maxSegments_;
   void* segmentsHost_ = nullptr;    // pinned table of the last copy
   void* segmentsDevice_ = nullptr;  // its device copy

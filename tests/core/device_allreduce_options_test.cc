@@ -292,6 +292,35 @@ TEST_F(DeviceAllreduceOptions, WorksOnTheCallersOwnStream) {
   }
 }
 
+TEST_F(DeviceAllreduceOptions, AStreamDestroyedBeforeTheCommunicatorIsNeverUsedAgain) {
+  // A caller may destroy its stream once its ops are done: the kernels
+  // gflow keeps for that stream until the communicator goes must not name
+  // it again (real CUDA crashed in cudaStreamSynchronize of the dead
+  // stream when the communicator was destroyed). Staged and on NCCL.
+  const auto in = inputs(2.0f);
+  const AllreduceOptions o = options(ReduceOp::kSum, DataType::kFloat16, 0.5f);
+  for (bool shared : {true, false}) {
+    testing::runRanks(kRanks, [&](Communicator& comm) {
+      const int r = comm.rank(), gpu = shared ? 0 : r;
+      const cuda::Plugin& p = *softcuda::plugin();
+      ASSERT_EQ(p.setDevice(gpu), 0);
+      void* stream = nullptr;
+      ASSERT_EQ(p.streamCreate(&stream), 0);
+      void* mem = softcuda::alloc(gpu, kCount * sizeof(float));
+      std::memcpy(mem, in[r].data(), kCount * sizeof(float));
+      Tensor t(mem, kCount, DataType::kFloat32, Device{DeviceType::kCUDA, gpu}, stream);
+      comm.allreduceAsync(t, o).wait();
+      ASSERT_EQ(p.streamDestroy(stream), 0);  // the op is done with it
+      const auto* v = static_cast<const float*>(mem);
+      for (size_t i = 0; i < kCount; ++i) {
+        ASSERT_LE(std::fabs(v[i] - reference(in, i, o)), bound(in, i, o)) << r << "/" << i;
+      }
+      softcuda::free(mem);
+    });  // the communicators go here, with their kernels of the dead streams
+    EXPECT_EQ(softcuda::staleHandleUses(), 0u) << (shared ? "staged" : "nccl");
+  }
+}
+
 // What one rank's call raised.
 struct Raised {
   bool failed = false;

@@ -21,6 +21,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -122,6 +123,8 @@ struct State {
   std::vector<std::shared_ptr<Stream>> defaults;  // per device, made on first use
   std::vector<std::shared_ptr<Stream>> retired;   // destroyed, worker not joined yet
   std::map<void*, std::unique_ptr<Event>> events;
+  std::set<void*> dead;  // destroyed stream and event handles (until reused)
+  std::atomic<uint64_t> staleUses{0};
   std::map<std::string, std::deque<int>> failures;
   std::atomic<uint64_t> generation{0};
   std::atomic<uint64_t> kernelLaunches{0}, memcpys{0}, hostAllocs{0}, bytesCopied{0},
@@ -166,7 +169,17 @@ const Alloc* findLocked(const void* p, size_t bytes) {
   return &it->second;
 }
 
-// nullptr: default stream of `device`. Null for an unknown stream. Under s.mu.
+// What an entry answers for a handle it does not know: kInvalidHandle,
+// counting it in staleHandleUses() when the handle was destroyed (real CUDA
+// may crash on those). Under s.mu.
+int unknownHandleLocked(void* h) {
+  State& s = st();
+  if (s.dead.count(h)) s.staleUses.fetch_add(1);
+  return kInvalidHandle;
+}
+
+// nullptr: default stream of `device`. Null for an unknown stream (a
+// destroyed one counted, unknownHandleLocked). Under s.mu.
 std::shared_ptr<Stream> resolveLocked(void* stream, int device) {
   State& s = st();
   if (stream == nullptr) {
@@ -176,7 +189,9 @@ std::shared_ptr<Stream> resolveLocked(void* stream, int device) {
     return s.defaults[device];
   }
   auto it = s.streams.find(stream);
-  return it == s.streams.end() ? nullptr : it->second;
+  if (it != s.streams.end()) return it->second;
+  unknownHandleLocked(stream);
+  return nullptr;
 }
 
 std::shared_ptr<Stream> resolve(void* stream) {
@@ -293,6 +308,7 @@ int streamCreate(void** stream) {
   if (dev >= s.devices) return kInvalidDevice;
   auto str = std::make_shared<Stream>(dev);
   *stream = str.get();
+  s.dead.erase(*stream);
   s.streams.emplace(str.get(), std::move(str));
   return 0;
 }
@@ -302,8 +318,9 @@ int streamDestroy(void* stream) {
   State& s = st();
   std::lock_guard<std::mutex> l(s.mu);
   auto it = s.streams.find(stream);
-  if (it == s.streams.end()) return kInvalidHandle;
+  if (it == s.streams.end()) return unknownHandleLocked(stream);
   it->second->stop();
+  s.dead.insert(stream);
   s.retired.push_back(std::move(it->second));
   s.streams.erase(it);
   reapLocked();
@@ -326,6 +343,7 @@ int eventCreate(void** event) {
   auto ev = std::make_unique<Event>();
   ev->device = curDevice();
   *event = ev.get();
+  s.dead.erase(*event);
   s.events.emplace(ev.get(), std::move(ev));
   return 0;
 }
@@ -334,7 +352,9 @@ int eventDestroy(void* event) {
   if (int e = injected("eventDestroy")) return e;
   State& s = st();
   std::lock_guard<std::mutex> l(s.mu);
-  return s.events.erase(event) ? 0 : kInvalidHandle;
+  if (!s.events.erase(event)) return unknownHandleLocked(event);
+  s.dead.insert(event);
+  return 0;
 }
 
 int eventRecord(void* event, void* stream) {
@@ -342,7 +362,7 @@ int eventRecord(void* event, void* stream) {
   State& s = st();
   std::lock_guard<std::mutex> l(s.mu);
   auto it = s.events.find(event);
-  if (it == s.events.end()) return kInvalidHandle;
+  if (it == s.events.end()) return unknownHandleLocked(event);
   std::shared_ptr<Stream> str = resolveLocked(stream, curDevice());
   if (!str || str->device != it->second->device) return kInvalidHandle;
   it->second->target = str->mark();
@@ -358,7 +378,7 @@ int streamWaitEvent(void* stream, void* event) {
   {
     std::lock_guard<std::mutex> l(s.mu);
     auto it = s.events.find(event);
-    if (it == s.events.end()) return kInvalidHandle;
+    if (it == s.events.end()) return unknownHandleLocked(event);
     str = resolveLocked(stream, curDevice());
     if (!str) return kInvalidHandle;
     waited = it->second->stream;
@@ -370,19 +390,34 @@ int streamWaitEvent(void* stream, void* event) {
   return 0;
 }
 
+// The stream and mark an event captured (a null stream: never recorded);
+// kInvalidHandle for an unknown event.
+int captured(void* event, std::shared_ptr<Stream>* str, uint64_t* target) {
+  State& s = st();
+  std::lock_guard<std::mutex> l(s.mu);
+  auto it = s.events.find(event);
+  if (it == s.events.end()) return unknownHandleLocked(event);
+  *str = it->second->stream;
+  *target = it->second->target;
+  return 0;
+}
+
 int eventQuery(void* event) {
   if (int e = injected("eventQuery")) return e;
-  State& s = st();
   std::shared_ptr<Stream> str;
   uint64_t target = 0;
-  {
-    std::lock_guard<std::mutex> l(s.mu);
-    auto it = s.events.find(event);
-    if (it == s.events.end()) return kInvalidHandle;
-    str = it->second->stream;
-    target = it->second->target;
-  }
+  if (int e = captured(event, &str, &target)) return e;
   return str ? str->query(target) : 0;
+}
+
+int eventSynchronize(void* event) {
+  if (int e = injected("eventSynchronize")) return e;
+  std::shared_ptr<Stream> str;
+  uint64_t target = 0;
+  if (int e = captured(event, &str, &target)) return e;
+  if (!str) return 0;
+  str->waitFor(target);
+  return str->query(target);
 }
 
 int memcpyAsync(void* dst, const void* src, size_t bytes, void* stream) {
@@ -608,6 +643,7 @@ gflow::cuda::Plugin makeTable() {
   t.eventRecord = eventRecord;
   t.streamWaitEvent = streamWaitEvent;
   t.eventQuery = eventQuery;
+  t.eventSynchronize = eventSynchronize;
   t.memcpyAsync = memcpyAsync;
   t.deviceAlloc = deviceAlloc;
   t.deviceFree = deviceFree;
@@ -648,6 +684,8 @@ void install(int devices) {
     s.generation.fetch_add(1);
     s.allocs.clear();
     s.events.clear();
+    s.dead.clear();
+    s.staleUses = 0;
     s.failures.clear();
     s.kernelLaunches = 0;
     s.memcpys = 0;
@@ -755,6 +793,9 @@ uint64_t bytesCopied() {
 }
 uint64_t asyncErrors() {
   return st().asyncErrors.load();
+}
+uint64_t staleHandleUses() {
+  return st().staleUses.load();
 }
 
 int hostAllocsAlive() {

@@ -98,6 +98,10 @@ int hostAllocsAlive();
 uint64_t bytesCopied();
 // Asynchronous faults recorded by running work (see batchedCopy above).
 uint64_t asyncErrors();
+// Calls that named a stream or event after it was destroyed (and before
+// the handle was handed out again): kInvalidHandle here, undefined and
+// often a crash in real CUDA.
+uint64_t staleHandleUses();
 // alloc() ranges not yet freed.
 int allocationsAlive();
 

@@ -172,6 +172,48 @@ TEST_F(SoftCuda, EventsCaptureEarlierWorkAndStreamsWaitForThem) {
   for (void* x : {s, s2, s1}) EXPECT_EQ(p->streamDestroy(x), 0);
 }
 
+TEST_F(SoftCuda, EventSynchronizeWaitsAndStaleHandlesAreCounted) {
+  void *s = nullptr, *ev = nullptr;
+  ASSERT_EQ(p->streamCreate(&s), 0);
+  ASSERT_EQ(p->eventCreate(&ev), 0);
+  EXPECT_EQ(p->eventSynchronize(ev), 0);  // never recorded: done
+  auto g = gate(0, s);
+  int value = 0;
+  ASSERT_EQ(sc::enqueue(0, s, [&value] { value = 7; }), 0);
+  ASSERT_EQ(p->eventRecord(ev, s), 0);
+  std::thread opener([g] {
+    std::this_thread::sleep_for(20ms);
+    g->release();
+  });
+  EXPECT_EQ(p->eventSynchronize(ev), 0);  // returns once the gate opened
+  EXPECT_EQ(value, 7);
+  opener.join();
+
+  // The stream dies before its event: the event still answers.
+  auto g2 = gate(0, s);
+  ASSERT_EQ(p->eventRecord(ev, s), 0);
+  EXPECT_EQ(p->streamDestroy(s), 0);
+  EXPECT_EQ(p->eventQuery(ev), gflow::cuda::kNotReady);
+  g2->release();
+  EXPECT_EQ(p->eventSynchronize(ev), 0);
+  EXPECT_EQ(sc::staleHandleUses(), 0u);
+
+  // Naming the dead stream, or the event once destroyed, counts; a handle
+  // that never existed does not.
+  EXPECT_EQ(p->streamSynchronize(s), sc::kInvalidHandle);
+  EXPECT_EQ(sc::staleHandleUses(), 1u);
+  EXPECT_EQ(p->eventDestroy(ev), 0);
+  EXPECT_EQ(p->eventSynchronize(ev), sc::kInvalidHandle);
+  EXPECT_EQ(p->eventRecord(ev, nullptr), sc::kInvalidHandle);
+  EXPECT_EQ(sc::staleHandleUses(), 3u);
+  int never = 0;
+  EXPECT_EQ(p->streamSynchronize(&never), sc::kInvalidHandle);
+  EXPECT_EQ(sc::staleHandleUses(), 3u);
+  // install() starts the count afresh.
+  sc::install(2);
+  EXPECT_EQ(sc::staleHandleUses(), 0u);
+}
+
 TEST_F(SoftCuda, PointerDeviceAndCurrentDevice) {
   int n = 0;
   ASSERT_EQ(p->deviceCount(&n), 0);

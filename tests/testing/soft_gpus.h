@@ -1,7 +1,8 @@
 // A fixture base for tests on the software CUDA and NCCL (soft_cuda.h,
 // soft_nccl.h): each test gets `kDevices` fresh soft GPUs with the software
 // NCCL enabled, and ends by checking that gflow freed every device and
-// pinned allocation it made (the test frees its own first).
+// pinned allocation it made (the test frees its own first) and never named
+// a stream or event after it was destroyed.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -22,6 +23,7 @@ class OnSoftGpus : public Base {
     // Communicators (and reducers) gone: gflow freed its device memory.
     EXPECT_EQ(softcuda::allocationsAlive(), 0);
     EXPECT_EQ(softcuda::hostAllocsAlive(), 0);
+    EXPECT_EQ(softcuda::staleHandleUses(), 0u);
     softcuda::uninstall();
   }
 };
