@@ -209,10 +209,11 @@ Timings runPath(const Path& p, int slow) {
   return run;
 }
 
-// The sleeper is named in 95% of the ops, and the skew it is named with is
-// the measured delay: within 2 ms in the median op. Not every op: a thread
-// preempted between its own clock read and gflow's stamp (a loaded 2-core
-// machine does that for milliseconds) adds the preemption to one op's skew.
+// The sleeper is named in 95% of the ops, with the measured delay within
+// 2 ms in 90% of them. Not 95%: a thread preempted between the test's clock
+// read and gflow's stamp (a loaded 2-core machine does that for
+// milliseconds) adds the preemption to that op's skew, and under a
+// concurrent build 3 of 40 ops missed by 2.1-2.3 ms.
 TEST(StragglerTiming, TheSleepingRankIsNamedWithItsDelayOnEveryPath) {
   int slow = 0;
   for (const Path& p : paths()) {
@@ -239,10 +240,11 @@ TEST(StragglerTiming, TheSleepingRankIsNamedWithItsDelayOnEveryPath) {
       }
       EXPECT_GE(named * 100, 95 * kOps) << p.name << ": rank " << r << " named rank " << slow
                                         << " in " << named << " of " << kOps << " ops;" << misses;
-      if (errors.empty()) continue;
-      std::nth_element(errors.begin(), errors.begin() + errors.size() / 2, errors.end());
-      EXPECT_LE(errors[errors.size() / 2], 2 * kMs)
-          << p.name << ": rank " << r << ", median error of the skew;" << misses;
+      const auto close =
+          std::count_if(errors.begin(), errors.end(), [](int64_t e) { return e <= 2 * kMs; });
+      EXPECT_GE(close * 100, 90 * kOps)
+          << p.name << ": rank " << r << " named rank " << slow << " within 2 ms in " << close
+          << " of " << kOps << " ops;" << misses;
     }
   }
 }
