@@ -24,6 +24,8 @@ packages=(
   # pytest, and pip packaging with Debian's setuptools (docs/python.md)
   python3-dev pybind11-dev python3-numpy python3-pytest python3-setuptools python3-pip
   python3-wheel python3-torch libtorch-dev
+  # bench/train: the synthetic DDP benchmark's models and its plots
+  python3-torchvision python3-matplotlib
 )
 
 missing=()

@@ -1,0 +1,145 @@
+"""One rank of the synthetic DDP training benchmark (bench/train/netns_ddp.sh
+runs it on network-namespace hosts): a torchvision model on random data, the
+way Horovod's pytorch_synthetic_benchmark.py measures, with the gradient
+exchange of --mode.
+
+    python3 bench/train/ddp_synthetic.py --model resnet50 --mode gflow-fp16
+
+Modes:
+    none           no exchange: each rank trains alone (the compute bound)
+    gloo           DDP on torch's gloo backend
+    gloo-fp16      DDP on gloo with torch's fp16_compress_hook
+    gflow          DDP on gflow's torch.distributed backend
+    gflow-dense, gflow-fp16, gflow-bf16, gflow-csc
+                   DDP (process group: gloo) with gflow's communication hook:
+                   allreduce_hook, fp16_compress_hook, bf16_compress_hook or
+                   csc_hook (density --density, chunk 1024, error feedback)
+
+Rank and world come from gflowrun's variables (GFLOW_RANK, GFLOW_WORLD_SIZE,
+GFLOW_ROOT); torch's own rendezvous uses GFLOW_ROOT's host and its port + 7.
+Prints one JSON line on rank 0: images/s over the timed steps (all ranks),
+seconds per step, the bytes the hooks' gflow communicator sent per step on
+rank 0 (hook modes), and whether the parameters are bitwise identical on every rank
+at the end (a SHA-256 of them, allgathered).
+"""
+
+import argparse
+import datetime
+import hashlib
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torchvision
+from torch.nn.parallel import DistributedDataParallel
+
+MODES = ["none", "gloo", "gloo-fp16", "gflow", "gflow-dense", "gflow-fp16", "gflow-bf16",
+         "gflow-csc"]
+
+
+def init(mode, rank, size):
+    host, port = os.environ["GFLOW_ROOT"].rsplit(":", 1)
+    os.environ.update(MASTER_ADDR=host, MASTER_PORT=str(int(port) + 7))
+    comm = None
+    if mode.startswith("gflow"):
+        import gflow
+        import gflow.torch  # noqa: F401 (registers the "gflow" backend)
+        if mode != "gflow":  # the hooks' communicator (the backend has its own)
+            comm = gflow.init()
+    backend = "gflow" if mode == "gflow" else "gloo"
+    # A peer that fails ends the run within minutes, not torch's 30.
+    dist.init_process_group(backend, rank=rank, world_size=size,
+                            timeout=datetime.timedelta(seconds=120))
+    return comm
+
+
+def wrap(model, mode, comm, density):
+    if mode == "none":
+        return model
+    ddp = DistributedDataParallel(model)
+    if mode == "gloo-fp16":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif mode.startswith("gflow-"):
+        import gflow.torch as gt
+        hooks = {"gflow-dense": gt.allreduce_hook, "gflow-fp16": gt.fp16_compress_hook,
+                 "gflow-bf16": gt.bf16_compress_hook, "gflow-csc": gt.csc_hook}
+        state = gt.CSCState(comm, density=density, chunk=1024) if mode == "gflow-csc" else comm
+        ddp.register_comm_hook(state, hooks[mode])
+    return ddp
+
+
+def digest(model):
+    h = hashlib.sha256()
+    for t in model.state_dict().values():
+        h.update(t.detach().contiguous().numpy().tobytes())
+    return h.digest()
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="resnet50", help="a torchvision.models name")
+    p.add_argument("--mode", choices=MODES, default="gloo")
+    p.add_argument("--batch", type=int, default=16, help="per rank")
+    p.add_argument("--image", type=int, default=32, help="side of the square images")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps")
+    p.add_argument("--steps", type=int, default=10, help="timed steps")
+    p.add_argument("--density", type=float, default=0.1, help="gflow-csc: chunks sent")
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
+    args = p.parse_args()
+
+    torch.set_num_threads(args.threads)
+    rank, size = int(os.environ["GFLOW_RANK"]), int(os.environ["GFLOW_WORLD_SIZE"])
+    comm = init(args.mode, rank, size)
+    torch.manual_seed(0)  # the same initial weights on every rank
+    model = getattr(torchvision.models, args.model)(num_classes=1000)
+    net = wrap(model, args.mode, comm, args.density)
+    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+    gen = torch.Generator().manual_seed(1 + rank)
+    data = torch.randn(args.batch, 3, args.image, args.image, generator=gen)
+    target = torch.randint(0, 1000, (args.batch,), generator=gen)
+
+    def step():
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(net(data), target).backward()
+        opt.step()
+
+    for _ in range(args.warmup):
+        step()
+    sent0 = comm.stats()["bytes_sent"] if comm else 0
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(args.steps):
+        step()
+    dist.barrier()
+    seconds = time.perf_counter() - t0
+    sent = (comm.stats()["bytes_sent"] - sent0) if comm else 0
+
+    # Parameters identical on every rank? (no exchange: they must differ.)
+    mine = torch.frombuffer(bytearray(digest(model)), dtype=torch.uint8)
+    every = [torch.empty_like(mine) for _ in range(size)]
+    dist.all_gather(every, mine)
+    identical = all(torch.equal(e, every[0]) for e in every)
+    if rank == 0:
+        print(json.dumps({
+            "model": args.model, "mode": args.mode, "ranks": size, "batch": args.batch,
+            "image": args.image, "steps": args.steps,
+            "images_per_s": args.batch * size * args.steps / seconds,
+            "s_per_step": seconds / args.steps,
+            "gflow_bytes_sent_per_step": sent / args.steps,
+            "params": sum(t.numel() for t in model.parameters()),
+            "params_identical": identical,
+        }), flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+    if args.mode != "none" and not identical:
+        print("rank %d: parameters differ across ranks" % rank, file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# shellcheck source-path=SCRIPTDIR
+# Synthetic DDP training on H network-namespace hosts (one rank each) with
+# every host link shaped to a rate: images/s of each gradient-exchange mode
+# against the compute bound (no exchange), in interleaved rounds, as a
+# markdown table and a PNG plot (bench/train/report.py).
+#
+#   bench/train/netns_ddp.sh [options]
+#
+#   -H N        hosts, one rank each (default 4)
+#   -r "RATES"  link rates, tc syntax; "none" for unshaped (default "1gbit")
+#   -m "MODELS" torchvision models (default resnet50)
+#   -M "MODES"  modes of bench/train/ddp_synthetic.py (default: none gloo
+#               gloo-fp16 gflow gflow-dense gflow-fp16 gflow-bf16 gflow-csc)
+#   -R N        rounds; within a round every mode runs once, in order (default 2)
+#   -s N        timed steps per run (default 10)
+#   -w N        untimed warm-up steps (default 3)
+#   -b N        batch per rank (default 16)
+#   -P 0|1      pin each host to its own cpus (default 1, as real hosts have)
+#   -o DIR      results (results.jsonl, table.md, plot.png, rank outputs;
+#               default a new directory under /tmp)
+#   -t SECONDS  limit per run (default 900)
+#   -p DIR      the gflow Python package's directory (default build/python)
+#
+# Needs root (namespaces), the gflow Python package (-p) and Debian's
+# python3-torchvision and python3-matplotlib (scripts/install-deps.sh).
+# Exit: 0 when every run finished with parameters identical on every rank
+# (except mode none, where they must differ), 1 otherwise, 77 when
+# namespaces cannot be made.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+# shellcheck source=../../tests/netns/lib.sh
+source "$root/tests/netns/lib.sh"
+
+usage() {
+  sed -n '3,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+  exit "${1:-2}"
+}
+
+H=4 rates="1gbit" models="resnet50" rounds=2 steps=10 warm=3 batch=16 pinhosts=1 out="" tmo=900
+pkg="$root/build/python"
+modes="none gloo gloo-fp16 gflow gflow-dense gflow-fp16 gflow-bf16 gflow-csc"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -H) H=$2; shift 2 ;;
+    -r) rates=$2; shift 2 ;;
+    -m) models=$2; shift 2 ;;
+    -M) modes=$2; shift 2 ;;
+    -R) rounds=$2; shift 2 ;;
+    -s) steps=$2; shift 2 ;;
+    -w) warm=$2; shift 2 ;;
+    -b) batch=$2; shift 2 ;;
+    -P) pinhosts=$2; shift 2 ;;
+    -o) out=$2; shift 2 ;;
+    -t) tmo=$2; shift 2 ;;
+    -p) pkg=$2; shift 2 ;;
+    -h | --help) usage 0 ;;
+    *) echo "netns_ddp.sh: unknown option $1" >&2; usage 2 ;;
+  esac
+done
+py=/usr/bin/python3
+[ -d "$pkg/gflow" ] || { echo "netns_ddp.sh: $pkg/gflow not found (build first)" >&2; exit 1; }
+"$py" -c "import torchvision, matplotlib" 2>/dev/null ||
+  { echo "netns_ddp.sh: needs python3-torchvision and python3-matplotlib" >&2; exit 1; }
+for r in $rates; do case "$r" in none) ;; *) NN_RATE_NEEDED=1 ;; esac; done
+nn_require
+out=${out:-$(mktemp -d "${TMPDIR:-/tmp}/gflow-ddp.XXXXXX")}
+mkdir -p "$out" && out=$(cd "$out" && pwd)
+trap 'nn_teardown' EXIT
+trap 'exit 1' INT TERM HUP
+NN_PIN_HOSTS=$pinhosts
+# torch's gloo finds its address from the hostname (127.0.0.1 in a namespace).
+NN_ENV=("PYTHONPATH=$pkg" "PYTHONUNBUFFERED=1" "GLOO_SOCKET_IFNAME=$NN_IFNAME")
+map=$(seq -s, 0 $((H - 1)))
+results="$out/results.jsonl"
+: >"$results"
+echo "# netns_ddp: $H hosts x 1 rank, rates '$rates', models '$models', $rounds rounds," \
+  "$steps steps (+$warm warm-up), batch $batch, $(nproc) cpus, pinned $pinhosts" | tee "$out/header"
+failed=0
+for rate in $rates; do
+  shape=$rate
+  [ "$rate" = none ] && shape=""
+  nn_setup "$H" "$shape" || { echo "namespace setup failed" >&2; exit 1; }
+  for model in $models; do
+    for ((round = 1; round <= rounds; round++)); do
+      for mode in $modes; do
+        dir="$out/$rate-$model-$mode-$round"
+        if ! nn_run_ranks "$dir" "$tmo" "$map" -- "$py" "$root/bench/train/ddp_synthetic.py" \
+          --model "$model" --mode "$mode" --batch "$batch" --steps "$steps" --warmup "$warm"; then
+          failed=1
+          echo "# $rate $model $mode round $round: failed (outputs in $dir)" >&2
+          continue
+        fi
+        line=$(grep '^{' "$dir/rank0.out" | tail -n 1)
+        echo "${line%\}}, \"rate\": \"$rate\", \"round\": $round}" >>"$results"
+        echo "# $rate $model $mode round $round: $(echo "$line" |
+          "$py" -c 'import json,sys; d=json.load(sys.stdin); print("%.1f img/s" % d["images_per_s"])')"
+      done
+    done
+  done
+  nn_teardown
+done
+"$py" "$here/report.py" "$results" --plot "$out/plot.png" | tee "$out/table.md"
+echo "# results in $out"
+exit $failed

@@ -1,0 +1,108 @@
+"""Tables and a plot from bench/train/netns_ddp.sh's results.jsonl: per link
+rate and model, each mode's images/s (median over rounds, with the range),
+its efficiency against the no-exchange run, its speed against DDP on gloo,
+the bytes rank 0's gflow hooks sent per step, and whether the parameters
+ended identical on every rank. --plot writes efficiency per mode and rate.
+
+    python3 bench/train/report.py results.jsonl [--plot plot.png]
+"""
+
+import argparse
+import json
+import statistics
+import sys
+from collections import OrderedDict
+
+
+def load(path):
+    runs = OrderedDict()  # (rate, model) -> mode -> [run]
+    with open(path) as f:
+        for line in f:
+            if line.strip():
+                d = json.loads(line)
+                runs.setdefault((d["rate"], d["model"]), OrderedDict()).setdefault(
+                    d["mode"], []).append(d)
+    return runs
+
+
+def summarize(modes):
+    base = modes.get("none")
+    gloo = modes.get("gloo")
+    none_ips = statistics.median(r["images_per_s"] for r in base) if base else None
+    gloo_ips = statistics.median(r["images_per_s"] for r in gloo) if gloo else None
+    rows = []
+    for mode, rs in modes.items():
+        ips = [r["images_per_s"] for r in rs]
+        med = statistics.median(ips)
+        sent = statistics.median(r["gflow_bytes_sent_per_step"] for r in rs)
+        rows.append({
+            "mode": mode, "ips": med, "lo": min(ips), "hi": max(ips), "runs": len(rs),
+            "eff": med / none_ips if none_ips else None,
+            "vs_gloo": med / gloo_ips if gloo_ips else None,
+            "mb_per_step": sent / 1e6 if sent else None,
+            # Without an exchange the ranks must drift apart; with one, never.
+            "ok": all(r["params_identical"] == (mode != "none") for r in rs),
+        })
+    return rows
+
+
+def table(key, rows):
+    rate, model = key
+    out = ["", "%s, links %s" % (model, rate), "",
+           "| mode | img/s (median, range) | efficiency | vs gloo | MB sent per step (rank 0, hooks) "
+           "| parameters |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append("| %s | %.1f (%.1f-%.1f, %d runs) | %s | %s | %s | %s |" % (
+            r["mode"], r["ips"], r["lo"], r["hi"], r["runs"],
+            "%.0f%%" % (100 * r["eff"]) if r["eff"] else "",
+            "%.2f" % r["vs_gloo"] if r["vs_gloo"] else "",
+            "%.1f" % r["mb_per_step"] if r["mb_per_step"] else "",
+            ("identical" if r["mode"] != "none" else "differ (no exchange)") if r["ok"]
+            else "WRONG"))
+    return "\n".join(out)
+
+
+def plot(runs, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    models = list(OrderedDict((m, None) for _, m in runs))
+    fig, axes = plt.subplots(len(models), 1, figsize=(9, 3.6 * len(models)), squeeze=False)
+    for ax, model in zip(axes[:, 0], models):
+        keys = [k for k in runs if k[1] == model]
+        modes = list(OrderedDict((mo, None) for k in keys for mo in runs[k] if mo != "none"))
+        width = 0.8 / max(1, len(keys))
+        for i, key in enumerate(keys):
+            rows = {r["mode"]: r for r in summarize(runs[key])}
+            eff = [100 * rows[m]["eff"] if m in rows and rows[m]["eff"] else 0 for m in modes]
+            ax.bar([x + i * width for x in range(len(modes))], eff, width, label="links " + key[0])
+        ax.set_xticks([x + width * (len(keys) - 1) / 2 for x in range(len(modes))])
+        ax.set_xticklabels(modes, rotation=20)
+        ax.set_ylabel("efficiency vs no exchange (%)")
+        ax.set_ylim(0, 105)
+        ax.set_title("%s, synthetic DDP, images/s against the compute bound" % model)
+        ax.axhline(100, color="gray", linewidth=0.8)
+        ax.legend(loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("results")
+    p.add_argument("--plot", help="write a PNG of efficiency per mode and link rate")
+    args = p.parse_args()
+    runs = load(args.results)
+    ok = True
+    for key, modes in runs.items():
+        rows = summarize(modes)
+        ok = ok and all(r["ok"] for r in rows)
+        print(table(key, rows))
+    if args.plot and runs:
+        plot(runs, args.plot)
+        print("\nplot: %s" % args.plot)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# shellcheck source-path=SCRIPTDIR
+# The synthetic DDP training benchmark (bench/train/netns_ddp.sh) end to end,
+# small: 2 namespace hosts on 200 Mbit/s links, squeezenet1_1 on 4 images a
+# rank, one round of no exchange, gloo, the gflow backend and the gflow
+# float16 and CSC hooks. Every run finishes, the parameters end identical on
+# every rank (and differ without an exchange), the table has a row per mode
+# and the plot is a PNG.
+#
+#   tests/netns/test_ddp_bench.sh [build/python]
+# Exit: 0 pass, 1 fail, 77 skip (no namespaces, or no torchvision/matplotlib).
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+# shellcheck source=lib.sh
+source "$here/lib.sh"
+nn_require
+/usr/bin/python3 -c "import torchvision, matplotlib" 2>/dev/null ||
+  nn_skip "python3-torchvision or python3-matplotlib missing"
+pkg=$(cd "${1:-$root/build/python}" 2>/dev/null && pwd) || pkg=""
+if [ -z "$pkg" ] || [ ! -d "$pkg/gflow" ]; then nn_skip "the Python package is not built"; fi
+out=$(mktemp -d "${TMPDIR:-/tmp}/gflow-ddp-test.XXXXXX")
+modes="none gloo gflow gflow-fp16 gflow-csc"
+if ! bash "$root/bench/train/netns_ddp.sh" -p "$pkg" -H 2 -r 200mbit -m squeezenet1_1 -M "$modes" -R 1 \
+  -s 2 -w 1 -b 4 -t 200 -o "$out" >"$out/log" 2>&1; then
+  echo "FAIL: netns_ddp.sh failed; its output:"
+  tail -n 30 "$out/log"
+  exit 1
+fi
+fails=0
+for mode in $modes; do
+  grep -q "^| $mode | " "$out/table.md" || { echo "FAIL: no row for $mode"; fails=1; }
+done
+grep -q "WRONG" "$out/table.md" && { echo "FAIL: parameters:"; cat "$out/table.md"; fails=1; }
+head -c 8 "$out/plot.png" | od -An -c | grep -q "P   N   G" || { echo "FAIL: no PNG"; fails=1; }
+[ "$fails" = 0 ] && { echo "PASS: $(grep -cE '^\| (none|gloo|gflow)' "$out/table.md") modes"; rm -rf "$out"; }
+exit $fails
