@@ -1,7 +1,7 @@
 """Tables and a plot from bench/train/netns_ddp.sh's results.jsonl: per link
 rate and model, each mode's images/s (median over rounds, with the range),
 its efficiency against the no-exchange run, its speed against DDP on gloo,
-the bytes rank 0's gflow hooks sent per step, and whether the parameters
+the bytes host 0's link sent per step, and whether the parameters
 ended identical on every rank. --plot writes efficiency per mode and rate.
 
     python3 bench/train/report.py results.jsonl [--plot plot.png]
@@ -34,14 +34,15 @@ def summarize(modes):
     for mode, rs in modes.items():
         ips = [r["images_per_s"] for r in rs]
         med = statistics.median(ips)
-        sent = statistics.median(r["gflow_bytes_sent_per_step"] for r in rs)
+        sent = [r.get("host_tx_bytes_per_step") for r in rs]
+        sent = statistics.median(sent) if None not in sent else None
         rows.append({
             "mode": mode, "ips": med, "lo": min(ips), "hi": max(ips), "runs": len(rs),
             "eff": med / none_ips if none_ips else None,
             "vs_gloo": med / gloo_ips if gloo_ips else None,
             "mb_per_step": sent / 1e6 if sent else None,
             # Without an exchange the ranks must drift apart; with one, never.
-            "ok": all(r["params_identical"] == (mode != "none") for r in rs),
+            "ok": all(r["params_identical"] == (mode not in ("none", "ddp-noop")) for r in rs),
         })
     return rows
 
@@ -49,7 +50,7 @@ def summarize(modes):
 def table(key, rows):
     rate, model = key
     out = ["", "%s, links %s" % (model, rate), "",
-           "| mode | img/s (median, range) | efficiency | vs gloo | MB sent per step (rank 0, hooks) "
+           "| mode | img/s (median, range) | efficiency | vs gloo | MB host 0 sent per step "
            "| parameters |", "|---|---|---|---|---|---|"]
     for r in rows:
         out.append("| %s | %.1f (%.1f-%.1f, %d runs) | %s | %s | %s | %s |" % (
@@ -57,7 +58,8 @@ def table(key, rows):
             "%.0f%%" % (100 * r["eff"]) if r["eff"] else "",
             "%.2f" % r["vs_gloo"] if r["vs_gloo"] else "",
             "%.1f" % r["mb_per_step"] if r["mb_per_step"] else "",
-            ("identical" if r["mode"] != "none" else "differ (no exchange)") if r["ok"]
+            ("identical" if r["mode"] not in ("none", "ddp-noop") else "differ (no exchange)")
+            if r["ok"]
             else "WRONG"))
     return "\n".join(out)
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # shellcheck source-path=SCRIPTDIR
 # The synthetic DDP training benchmark (bench/train/netns_ddp.sh) end to end,
-# small: 2 namespace hosts on 200 Mbit/s links, squeezenet1_1 on 4 images a
+# small: 2 namespace hosts on 200 Mbit/s links, mobilenet_v3_small on 4 images a
 # rank, one round of no exchange, gloo, the gflow backend and the gflow
 # float16 and CSC hooks. Every run finishes, the parameters end identical on
 # every rank (and differ without an exchange), the table has a row per mode
@@ -21,7 +21,7 @@ pkg=$(cd "${1:-$root/build/python}" 2>/dev/null && pwd) || pkg=""
 if [ -z "$pkg" ] || [ ! -d "$pkg/gflow" ]; then nn_skip "the Python package is not built"; fi
 out=$(mktemp -d "${TMPDIR:-/tmp}/gflow-ddp-test.XXXXXX")
 modes="none gloo gflow gflow-fp16 gflow-csc"
-if ! bash "$root/bench/train/netns_ddp.sh" -p "$pkg" -H 2 -r 200mbit -m squeezenet1_1 -M "$modes" -R 1 \
+if ! bash "$root/bench/train/netns_ddp.sh" -p "$pkg" -H 2 -r 200mbit -m mobilenet_v3_small -M "$modes" -R 1 \
   -s 2 -w 1 -b 4 -t 200 -o "$out" >"$out/log" 2>&1; then
   echo "FAIL: netns_ddp.sh failed; its output:"
   tail -n 30 "$out/log"
