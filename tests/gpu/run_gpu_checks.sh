@@ -30,7 +30,7 @@
 #     Python API, the torch backend (batch_isend_irecv included) and DDP
 #     (tests/gpu/torch_cuda_check.py).
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 prebuilt=0
 if [ "${1:-}" = --prebuilt ]; then
   prebuilt=1
@@ -64,7 +64,7 @@ else
     -DGFLOW_WITH_NCCL=ON -DGFLOW_BUILD_BENCH=ON -DGFLOW_BUILD_TOOLS=ON >/dev/null || exit 1
   cmake --build "$build" -j "$(nproc)" --target gflow_gpu_tests allreduce_bw nccl_allreduce_bw \
     gflowrun || exit 1
-  build=$PWD/$build
+  build=$(cd "$build" && pwd)
 fi
 export GFLOW_CUDA_PLUGIN="$build/libgflow_cuda.so.0"
 echo "== gflow_gpu_tests (kernels, staged collectives, NCCL, device reducer)"
@@ -100,8 +100,8 @@ else
   # The _gflow extension against this python's pybind11 and prebuilt libgflow.
   pkg=$(mktemp -d)/gflow && mkdir -p "$pkg" && ln -s "$PWD"/python/gflow/*.py "$pkg/"
   ext=$("$py" -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
-  flags=(-O2 -std=c++17 -fPIC -fvisibility=hidden $("$py" -m pybind11 --includes) -Iinclude
-         -I"$build/include" -Isrc)
+  read -r -a pyinc <<<"$("$py" -m pybind11 --includes)"
+  flags=(-O2 -std=c++17 -fPIC -fvisibility=hidden "${pyinc[@]}" -Iinclude -I"$build/include" -Isrc)
   for f in python/src/*.cc; do c++ "${flags[@]}" -c "$f" -o "$pkg/$(basename "$f").o" & done
   wait
   if c++ -shared -o "$pkg/_gflow$ext" "$pkg"/*.o "$build/libgflow.so.0" -Wl,-rpath,"$build"; then
