@@ -117,6 +117,8 @@ class NcclBackend : public OverGflow {
     const auto t = static_cast<ncclDataType_t>(ncclType(dtype));
     const auto o = static_cast<ncclRedOp_t>(ncclOp(op));
     const size_t block = count / static_cast<size_t>(comm_->size());
+    // Broadcast and allgather move bytes: every type, as gflow's NCCL path.
+    const size_t es = dataTypeSize(dtype);
     auto s = static_cast<cudaStream_t>(buffers_->stream());
     ncclComm_t c = nccl_;
     DeviceBuffers* b = buffers_.get();
@@ -129,10 +131,10 @@ class NcclBackend : public OverGflow {
         call = [=] { return ncclReduce(in, out, count, t, o, kSweepRoot, c, s); };
         break;
       case Collective::kBroadcast:
-        call = [=] { return ncclBroadcast(out, out, count, t, kSweepRoot, c, s); };
+        call = [=] { return ncclBroadcast(out, out, count * es, ncclUint8, kSweepRoot, c, s); };
         break;
       case Collective::kAllgather:
-        call = [=] { return ncclAllGather(in, out, block, t, c, s); };
+        call = [=] { return ncclAllGather(in, out, block * es, ncclUint8, c, s); };
         break;
       case Collective::kReduceScatter:
         call = [=] { return ncclReduceScatter(in, out, block, t, o, c, s); };
