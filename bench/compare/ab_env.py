@@ -43,6 +43,7 @@ def parse_args():
     p.add_argument("--mpi", action="store_true")
     p.add_argument("--gloo", action="store_true")
     p.add_argument("--op", default="allreduce", help="the collective (allreduce_bw --op)")
+    p.add_argument("-d", default="float32", help="the element type (allreduce_bw -d)")
     p.add_argument("variants", nargs="+", help="NAME:VAR=VALUE,... (NAME: for the defaults)")
     return p.parse_args()
 
@@ -82,7 +83,7 @@ def one_round(a, vs, sweep, res):
 
 def main():
     a = parse_args()
-    sweep = ["-b", a.b, "-e", a.e, "-f", a.f, "-n", a.n, "-w", a.w, "-d", "float32", "-o",
+    sweep = ["-b", a.b, "-e", a.e, "-f", a.f, "-n", a.n, "-w", a.w, "-d", a.d, "-o",
              "sum", "-c", "0", "--csv", "--op", a.op]
     vs = variants(a)
     res = {}
