@@ -137,11 +137,11 @@ struct Options {
   DeviceOptions device;
 
   // Reproducible mode (GFLOW_REPRODUCIBLE; docs/algorithms.md): allreduce and
-  // reduce-scatter reduce every element in rank order (rank 0, 1, ...), in
-  // float32 for float16, bfloat16 and float8 and in the element type
-  // otherwise, so the result's bits do not depend on how the work is cut
-  // (buckets, fusion, algorithm, chunk sizes, sockets, which ranks share a
-  // host) nor on host or device buffers. Every rank must use the same value.
+  // reduce-scatter reduce every element by one fixed tree over the ranks
+  // (for four: (x0 + x1) + (x2 + x3)), in float32 for float16, bfloat16 and float8 and in the
+  // element type otherwise, so the result's bits do not depend on how the work is cut (buckets,
+  // fusion, algorithm, chunk sizes, sockets, which ranks share a host) nor on host or device
+  // buffers. Every rank must use the same value.
   std::optional<bool> reproducible;
 };
 

@@ -115,10 +115,19 @@ def test_set_cuda_component_before_the_load():
 
 
 def _fixed_order_sum(xs):
-    acc = xs[0].copy()
-    for x in xs[1:]:
-        acc += x  # float32, in rank order: the bits of reproducible mode
-    return acc
+    """float32 sums by reproducible mode's fixed tree (docs/algorithms.md): with
+    p the largest power of two <= N, the first 2(N - p) ranks pair up as
+    leaves, the others are leaves alone, and the p leaves are summed
+    neighbours first, the lower half on the left."""
+    n = len(xs)
+    p = 1
+    while p * 2 <= n:
+        p *= 2
+    rem = n - p
+    level = [xs[2 * v] + xs[2 * v + 1] if v < rem else xs[v + rem] for v in range(p)]
+    while len(level) > 1:
+        level = [level[i] + level[i + 1] for i in range(0, len(level), 2)]
+    return level[0]
 
 
 def _run_each(comms, fn):
@@ -132,7 +141,7 @@ def _run_each(comms, fn):
 def test_reproducible_keyword_and_per_op_argument_give_the_fixed_order_bits():
     import gflow
     rng = np.random.default_rng(3)
-    n = 3
+    n = 4
     xs = [(rng.standard_normal(30011) * 2.0 ** rng.integers(-12, 12, 30011)).astype(np.float32)
           for _ in range(n)]
     want = _fixed_order_sum(xs)

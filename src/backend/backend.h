@@ -65,11 +65,12 @@ enum class Algorithm : uint8_t {
   kPairwise = 10,          // every pair exchanges directly, staggered by rank (all-to-all)
   kDirect = 11,            // point-to-point: one message straight to its peer
   kNccl = 12,              // point-to-point: the payload travels through NCCL (P2PMessage::viaNccl)
-  // Reproducible mode (allreduce, reduce-scatter): each element reduced in
-  // rank order by its owner, over the network transport (host/fixed_order.cc).
+  // Reproducible mode (allreduce, reduce-scatter): each element reduced by
+  // one fixed tree over the ranks, over the network transport
+  // (host/fixed_order.cc).
   kFixedOrder = 13,
-  // Reproducible mode on one host: the shared-memory backend's slot path,
-  // each element reduced in rank order (kernels/ordered_reduce.h).
+  // Reproducible mode on one host: the shared-memory backend's paths, each
+  // element reduced by the same tree (kernels/ordered_reduce.h).
   kShmFixedOrder = 14,
 };
 inline bool isFixedOrder(Algorithm a) {

@@ -31,8 +31,8 @@
     "once NCCL runs the communicator; device messages between a pair are then received in the "    \
     "order they were sent. 0: staged through host memory.")                                        \
   X(reproducible, "GFLOW_REPRODUCIBLE", kInt, "0", kAgree,                                         \
-    "1: allreduce and reduce-scatter reduce every element in rank order in one accumulation "      \
-    "type, so results do not depend on buckets, algorithm, chunking or hosts "                     \
+    "1: allreduce and reduce-scatter reduce every element by one fixed tree over the ranks in "    \
+    "one accumulation type, so results do not depend on buckets, algorithm, chunking or hosts "    \
     "(docs/algorithms.md, Reproducible mode); 0: the fastest algorithm.")                          \
   X(shm, "GFLOW_SHM", kInt, "1", kAgree,                                                           \
     "1: ranks on the same host exchange data through shared memory; 0: through the "               \

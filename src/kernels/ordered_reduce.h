@@ -1,15 +1,24 @@
 // The reduction of reproducible mode: N operands x_0 .. x_{N-1}, handed over
-// one at a time in rank order, reduced element by element as
-//   ((x_0 op x_1) op x_2) ... op x_{N-1}
-// in one accumulation type (float32 for float16, bfloat16 and float8, which
-// are rounded once at the end; the element type otherwise), then divided
-// once by N for avg (one operand, N == 1, is copied as it is). Every
-// algorithm of reproducible mode (the host backend's fixed order, the
-// shared-memory backend's paths) reduces through this one piece, so they
-// give the same bits.
+// one at a time in rank order, reduced element by element by one fixed
+// pairwise tree over the ranks, in one accumulation type (float32 for
+// float16, bfloat16 and float8, which are rounded once at the end; the
+// element type otherwise), then divided once by N for avg (one operand,
+// N == 1, is copied as it is).
+//
+// The tree is halving-doubling's (backend/host/halving_doubling.cc, fold.h):
+// with p the largest power of two <= N and rem = N - p, the first 2 rem
+// ranks pair up as leaves (x_0 op x_1), (x_2 op x_3), ..., the other ranks
+// are leaves by themselves, and the p leaves are combined in a perfect
+// binary tree, neighbours first, the left (lower ranks') operand first at
+// every node. For N = 4: (x_0 op x_1) op (x_2 op x_3). So the network's
+// halving-doubling, whose every level is a pairwise swap, computes exactly
+// these bits for the types that do not widen, and every other path of
+// reproducible mode (the host backend's owner-computes exchange, the
+// shared-memory backend's paths) reduces through this one piece.
 #pragma once
 
 #include <cstddef>
+#include <vector>
 
 #include "gflow/types.h"
 #include "kernels/reduce.h"
@@ -18,26 +27,33 @@ namespace gflow::kernels {
 
 class OrderedReduction {
  public:
-  // Bytes of accumulator scratch per element (widening types: a float32).
-  static size_t accumulatorBytes(DataType dtype);
+  // Bytes of scratch per element for `n` operands: one accumulator (a
+  // float32 for the widening types) per level of the tree, plus one.
+  static size_t accumulatorBytes(DataType dtype, int n);
   // Whether `dtype` accumulates in float32.
   static bool widens(DataType dtype);
 
   // `count` elements into `dst` from `n` operands. `acc`: count *
-  // accumulatorBytes(dtype) bytes of scratch; `tmp`: count floats when
-  // widens(dtype), else unused (may be null). Throws what reduceFn throws
-  // for an op that does not apply to the type.
-  OrderedReduction(DataType dtype, ReduceOp op, int n, size_t count, void* dst, void* acc,
-                   float* tmp);
+  // accumulatorBytes(dtype, n) bytes of scratch. Throws what reduceFn
+  // throws for an op that does not apply to the type.
+  OrderedReduction(DataType dtype, ReduceOp op, int n, size_t count, void* dst, void* acc);
 
   // Operand `next()` (0, 1, ... in order). An operand must stay readable
-  // until the next add(). `dst` may be one of the operands: it is written
-  // only by the last add() (which may read it in the same call), and
-  // operands before the last are consumed by then.
+  // until the next add() returns. `dst` may be one of the operands: it is
+  // written only by the last add(), after every other operand has been
+  // read (the last one may be read in the same pass).
   void add(const void* x);
   int next() const { return next_; }
 
  private:
+  // A node of the tree waiting for its right neighbour: at stack position
+  // i its data is slot(i), or (`raw`, types that do not widen) an operand.
+  struct Node {
+    int level;
+    const char* data;
+  };
+  char* slot(size_t i) const { return acc_ + i * count_ * accEs_; }
+  void push(const char* leaf);
   void finish();
 
   const DataType dtype_;
@@ -45,12 +61,16 @@ class OrderedReduction {
   const int n_;
   const size_t count_;
   const bool wide_;
+  const size_t accEs_;
   const ReduceFn fn_;
+  const int pairs_;   // rem: the first 2 rem operands pair up as leaves
+  const int leaves_;  // p
   char* dst_;
   char* acc_;
-  float* tmp_;
-  const char* prev_ = nullptr;  // the running result (not widening)
+  std::vector<Node> stack_;
+  const char* pending_ = nullptr;  // the left operand of a leaf pair
   int next_ = 0;
+  int pushed_ = 0;  // leaves so far
 };
 
 }  // namespace gflow::kernels

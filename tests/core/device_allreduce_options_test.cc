@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "gflow/gflow.h"
+#include "testing/fixed_tree.h"
 #include "testing/ranks.h"
 #include "testing/soft_cuda.h"
 #include "testing/soft_gpus.h"
@@ -235,7 +236,7 @@ TEST_F(DeviceAllreduceOptions, AnInfOnOneRankIsReportedOnEveryRank) {
   for (int r = 0; r < kRanks; ++r) EXPECT_TRUE(over.nonFinite[r]) << "rank " << r;
 }
 
-// Reproducible mode on cuda tensors: NCCL cannot reduce in rank order, so
+// Reproducible mode on cuda tensors: NCCL cannot reduce in the fixed order, so
 // even where it would run (one soft GPU per rank) the op is staged through
 // the host's fixed order; cpu, staged and the "nccl" placement give the
 // fixed-order reference's bits, compressed or not, and NCCL never starts.
@@ -246,9 +247,10 @@ TEST_F(DeviceAllreduceOptions, ReproducibleGivesTheFixedOrderBitsOnEveryPlacemen
     o.reproducible = true;
     const Outcome cpu = run(Where::kCpu, o, in);
     if (wire == DataType::kFloat32) {
+      std::vector<float> x(kRanks);
       for (size_t i = 0; i < kCount; ++i) {
-        float want = in[0][i];
-        for (int r = 1; r < kRanks; ++r) want += in[r][i];
+        for (int r = 0; r < kRanks; ++r) x[r] = in[r][i];
+        const float want = testing::fixedTreeSum(x);
         ASSERT_EQ(std::memcmp(&cpu.values[0][i], &want, sizeof want), 0) << "element " << i;
       }
     }

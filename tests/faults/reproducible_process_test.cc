@@ -14,6 +14,7 @@
 
 #include "faults/job.h"
 #include "faults/reproducible_values.h"
+#include "testing/fixed_tree.h"
 
 namespace {
 
@@ -27,10 +28,10 @@ uint64_t referenceDigest() {
   std::vector<std::vector<float>> in;
   for (int r = 0; r < kRanks; ++r) in.push_back(reproducibleInput(r, kCount));
   std::vector<float> sum(kCount);
+  std::vector<float> x(kRanks);
   for (size_t i = 0; i < kCount; ++i) {
-    float acc = in[0][i];
-    for (int r = 1; r < kRanks; ++r) acc += in[r][i];
-    sum[i] = acc;
+    for (int r = 0; r < kRanks; ++r) x[r] = in[r][i];
+    sum[i] = gflow::testing::fixedTreeSum(x);
   }
   return digestOf(sum);
 }

@@ -1,23 +1,35 @@
 // Reproducible mode's allreduce and reduce-scatter over the network
-// transport (Algorithm::kFixedOrder): every element is reduced by one rank,
-// its owner, in rank order (kernels/ordered_reduce.h). Which rank owns an
-// element depends on how the buffer is cut; the arithmetic on it does not.
-// So the bits of the result depend only on the inputs, the op, the dtype
-// and N: not on the buckets or fusion that cut a gradient into ops, the
-// algorithm the default mode would have chosen, the piece and segment
-// sizes, the sockets per peer, or which ranks share a host
+// transport (Algorithm::kFixedOrder): every element is reduced by one fixed
+// tree over the ranks (kernels/ordered_reduce.h), whichever rank computes
+// it. Which rank that is depends on how the buffer is cut; the arithmetic
+// does not. So the bits of the result depend only on the inputs, the op,
+// the dtype and N: not on the buckets or fusion that cut a gradient into
+// ops, the algorithm the default mode would have chosen, the piece and
+// segment sizes, the sockets per peer, or which ranks share a host
 // (docs/algorithms.md, "Reproducible mode").
 //
-// It is an owner-computes reduce-scatter, then (allreduce) an allgather of
-// the reduced blocks: block j of the buffer belongs to rank j, every rank
-// sends its block j to rank j, which reduces them in rank order, and sends
-// the result to every rank. Each rank sends and receives (N-1)/N of the
-// buffer per phase, as the ring does, in two steps of N-1 concurrent
-// messages (staggered by rank, as the pairwise all-to-all) instead of
-// 2(N-1) steps. Large buffers go in rounds of at most `segCap` elements per
-// block, so staging stays bounded (two rounds of N slots); the next
-// round's messages are posted before this round is reduced. Empty parts
-// travel as empty messages, so every pair compares the op's description.
+// Two algorithms give those bits:
+// - Halving-doubling (halving_doubling.cc), whose tree is the fixed tree:
+//   the allreduce of a power-of-two world of a type that does not widen
+//   (float32, float64, complex). log2(N) pairwise swaps each way, the
+//   default mode's choice at medium sizes.
+// - Otherwise an owner-computes reduce-scatter, then (allreduce) an
+//   allgather of the reduced blocks: block j of the buffer belongs to rank
+//   j, every rank sends its block j to rank j, which hands the N parts to
+//   OrderedReduction in rank order, and sends the result to every rank.
+//   Halving-doubling cannot serve the widening types (float16, bfloat16,
+//   float8: its partial sums are rounded to the element type at every
+//   level, where the fixed order accumulates in float32; sending them as
+//   float32 instead measured slower than this exchange), nor the
+//   reduce-scatter, whose blocks are owned in rank order; and on other
+//   world sizes its fold sends whole buffers.
+// The owner-computes exchange sends and receives (N-1)/N of the buffer per
+// phase, as the ring does, in two steps of N-1 concurrent messages
+// (staggered by rank, as the pairwise all-to-all) instead of 2(N-1) steps.
+// Large buffers go in rounds of at most `segCap` elements per block, so
+// staging stays bounded (two rounds of N slots); the next round's messages
+// are posted before this round is reduced. Empty parts travel as empty
+// messages, so every pair compares the op's description.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -76,12 +88,11 @@ class FixedOrder {
         in_(static_cast<const char*>(in)),
         result_(result),
         out_(out) {
-    // Two rounds of n slots (this rank's own unused), the accumulator and,
-    // widening, a float32 operand; each 64-byte aligned.
-    const bool wide = kernels::OrderedReduction::widens(dtype_);
+    // Two rounds of n slots (this rank's own unused) and the accumulators;
+    // each 64-byte aligned.
     const size_t stage = align(n_ * c_.segCap * es_),
-                 acc = align(c_.segCap * kernels::OrderedReduction::accumulatorBytes(dtype_));
-    char* s = scratch.get(2 * stage + acc + (wide ? acc : 0) + 64);
+                 acc = align(c_.segCap * kernels::OrderedReduction::accumulatorBytes(dtype_, n_));
+    char* s = scratch.get(2 * stage + acc + 64);
     s += (64 - reinterpret_cast<uintptr_t>(s) % 64) % 64;
     for (int b = 0; b < 2; ++b) {
       stage_[b] = s + b * stage;
@@ -89,7 +100,6 @@ class FixedOrder {
       rsSend_[b].resize(n_);
     }
     acc_ = s + 2 * stage;
-    tmp_ = reinterpret_cast<float*>(acc_ + acc);
   }
 
   void run() {
@@ -124,11 +134,11 @@ class FixedOrder {
     }
   }
 
-  // This rank's block of round k, reduced in rank order into result_
+  // This rank's block of round k, reduced in the fixed order into result_
   // (which may be this rank's own input: in place).
   void reduce(size_t k) {
     const size_t len = c_.segLen(me_, k);
-    kernels::OrderedReduction red(dtype_, op_, n_, len, result_ + k * c_.segCap * es_, acc_, tmp_);
+    kernels::OrderedReduction red(dtype_, op_, n_, len, result_ + k * c_.segCap * es_, acc_);
     for (int r = 0; r < n_; ++r) {
       if (r == me_) {
         red.add(in_ + c_.segAt(me_, k) * es_);
@@ -165,7 +175,6 @@ class FixedOrder {
   char* out_;
   char* stage_[2];
   char* acc_;
-  float* tmp_;
   std::vector<transport::RequestPtr> rsRecv_[2], rsSend_[2], agRecv_;
 };
 
@@ -173,6 +182,10 @@ class FixedOrder {
 
 void allreduceFixedOrder(Exchange& ex, Scratch& scratch, const void* in, void* out) {
   const int n = ex.size();
+  if ((n & (n - 1)) == 0 && !kernels::OrderedReduction::widens(ex.desc().dtype)) {
+    allreduceHalvingDoubling(ex, scratch, in, out);
+    return;
+  }
   const size_t count = ex.desc().count, es = dataTypeSize(ex.desc().dtype);
   std::vector<size_t> lo(n), len(n);
   for (int j = 0; j < n; ++j) {

@@ -12,9 +12,9 @@
 //   reduce-scatter: one sync; rank r reduces block r's part from all slots.
 //   allgather / broadcast: one sync; everyone copies the slots out.
 // Reproducible mode (Algorithm::kShmFixedOrder) takes the same paths, and
-// every reduction there reduces the members' data in rank order through
-// kernels::OrderedReduction (the same bits as the host backend's fixed
-// order).
+// every reduction there hands the members' data in rank order to
+// kernels::OrderedReduction, which reduces it by its fixed tree (the same
+// bits as the host backend's fixed order).
 // The user's buffers are read once and written once per rank; the slots stay
 // in the cache (2 x chunk per rank), which is what the bandwidth bound in
 // docs/performance.md assumes.
@@ -265,8 +265,8 @@ class ShmBackend final : public Backend {
   void reduceSlots(const OpScope& s, const OpDesc& d, kernels::ReduceFn fn, char* dst, size_t at,
                    size_t cnt) {
     if (fixedOrder(d)) {
-      prepareOrdered(d, cnt);
-      kernels::OrderedReduction red(d.dtype, d.op, s.n, cnt, dst, acc_.data(), tmp_.data());
+      prepareOrdered(d, s.n, cnt);
+      kernels::OrderedReduction red(d.dtype, d.op, s.n, cnt, dst, acc_.data());
       for (int m = 0; m < s.n; ++m) red.add(g_->slot(m) + at);
     } else if (s.n == 1) {
       std::memcpy(dst, g_->slot(0) + at, cnt * s.es);
@@ -361,13 +361,13 @@ class ShmBackend final : public Backend {
   // Reproducible mode on the single-copy path: dst = the `cnt` elements at
   // byte `at` of every member's input (this member's is `mine`), in rank
   // order. A peer's part is read into one of two buffers in turn: an
-  // OrderedReduction keeps only its first operand past the next add().
+  // OrderedReduction reads an operand no later than the next add().
   void reducePeersInOrder(const OpScope& s, const OpDesc& d, const char* mine, size_t at, char* dst,
                           size_t cnt) {
-    prepareOrdered(d, cnt);
+    prepareOrdered(d, s.n, cnt);
     if (second_.size() < cnt * s.es) second_.resize(cnt * s.es);
     char* bufs[2] = {g_->slot(s.r), second_.data()};
-    kernels::OrderedReduction red(d.dtype, d.op, s.n, cnt, dst, acc_.data(), tmp_.data());
+    kernels::OrderedReduction red(d.dtype, d.op, s.n, cnt, dst, acc_.data());
     for (int m = 0; m < s.n; ++m) {
       if (m == s.r) {
         red.add(mine);
@@ -377,18 +377,16 @@ class ShmBackend final : public Backend {
       red.add(bufs[m % 2]);
     }
   }
-  // acc_ and tmp_ for an OrderedReduction of `cnt` elements.
-  void prepareOrdered(const OpDesc& d, size_t cnt) {
-    const size_t accBytes = cnt * kernels::OrderedReduction::accumulatorBytes(d.dtype);
+  // acc_ for an OrderedReduction of `cnt` elements of `n` members.
+  void prepareOrdered(const OpDesc& d, int n, size_t cnt) {
+    const size_t accBytes = cnt * kernels::OrderedReduction::accumulatorBytes(d.dtype, n);
     if (acc_.size() < accBytes) acc_.resize(accBytes);
-    if (kernels::OrderedReduction::widens(d.dtype) && tmp_.size() < cnt) tmp_.resize(cnt);
   }
 
   std::unique_ptr<Group> g_;
-  // Reproducible mode's accumulator, float32 operand (OrderedReduction) and
-  // second peer buffer (reducePeersInOrder).
+  // Reproducible mode's accumulators (OrderedReduction) and second peer
+  // buffer (reducePeersInOrder).
   std::vector<char> acc_;
-  std::vector<float> tmp_;
   std::vector<char> second_;
   // Allreduces of [singleLo_, singleHi_) bytes read peers' buffers directly.
   const uint64_t singleLo_;
