@@ -46,7 +46,20 @@ OrderedReduction::OrderedReduction(DataType dtype, ReduceOp op, int n, size_t co
       dst_(static_cast<char*>(dst)),
       acc_(static_cast<char*>(acc)) {
   GFLOW_ENFORCE(n >= 1);
-  stack_.reserve(static_cast<size_t>(levelsOf(n)) + 1);
+}
+
+size_t OrderedReduction::blockScratchBytes(DataType dtype, int n, size_t count) {
+  return accumulatorBytes(dtype, n) * (count < kBlock ? count : kBlock);
+}
+
+void OrderedReduction::reduceAll(DataType dtype, ReduceOp op, int n, size_t count, void* dst,
+                                 const void* const* operands, void* acc) {
+  const size_t es = dataTypeSize(dtype);
+  for (size_t i = 0; i < count; i += kBlock) {
+    const size_t m = count - i < kBlock ? count - i : kBlock;
+    OrderedReduction red(dtype, op, n, m, static_cast<char*>(dst) + i * es, acc);
+    for (int r = 0; r < n; ++r) red.add(static_cast<const char*>(operands[r]) + i * es);
+  }
 }
 
 void OrderedReduction::add(const void* xp) {
@@ -59,7 +72,7 @@ void OrderedReduction::add(const void* xp) {
     return;
   }
   // Where this leaf will sit: stack position `at`, its data slot(at).
-  const size_t at = stack_.size();
+  const size_t at = depth_;
   auto wideAt = [&](size_t i) { return reinterpret_cast<float*>(slot(i)); };
   if (r < 2 * pairs_ && r % 2 == 0) {  // the left half of a leaf pair
     if (wide_) widen(wideAt(at), x, count_, dtype_);
@@ -90,15 +103,14 @@ void OrderedReduction::add(const void* xp) {
 void OrderedReduction::push(const char* leaf) {
   Node node{0, leaf};
   const bool lastLeaf = ++pushed_ == leaves_;
-  while (!stack_.empty() && stack_.back().level == node.level) {
-    const Node left = stack_.back();
-    stack_.pop_back();
-    const bool root = lastLeaf && stack_.empty();
-    char* into = root && !wide_ ? dst_ : slot(stack_.size());
+  while (depth_ > 0 && stack_[depth_ - 1].level == node.level) {
+    const Node left = stack_[--depth_];
+    const bool root = lastLeaf && depth_ == 0;
+    char* into = root && !wide_ ? dst_ : slot(depth_);
     fn_(into, left.data, node.data, count_);
     node = Node{left.level + 1, into};
   }
-  stack_.push_back(node);
+  stack_[depth_++] = node;
   if (lastLeaf) finish();
 }
 

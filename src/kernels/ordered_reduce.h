@@ -17,8 +17,8 @@
 // shared-memory backend's paths) reduces through this one piece.
 #pragma once
 
+#include <array>
 #include <cstddef>
-#include <vector>
 
 #include "gflow/types.h"
 #include "kernels/reduce.h"
@@ -45,9 +45,18 @@ class OrderedReduction {
   void add(const void* x);
   int next() const { return next_; }
 
+  // All `n` operands at once (each readable throughout; `dst` may be one of
+  // them), the same bits as add() in rank order, a block of kBlock elements
+  // at a time so that the partial sums stay in the cache. `acc`:
+  // blockScratchBytes(dtype, n, count) bytes.
+  static constexpr size_t kBlock = 2048;
+  static size_t blockScratchBytes(DataType dtype, int n, size_t count);
+  static void reduceAll(DataType dtype, ReduceOp op, int n, size_t count, void* dst,
+                        const void* const* operands, void* acc);
+
  private:
   // A node of the tree waiting for its right neighbour: at stack position
-  // i its data is slot(i), or (`raw`, types that do not widen) an operand.
+  // i its data is slot(i) or, for the types that do not widen, an operand.
   struct Node {
     int level;
     const char* data;
@@ -67,7 +76,8 @@ class OrderedReduction {
   const int leaves_;  // p
   char* dst_;
   char* acc_;
-  std::vector<Node> stack_;
+  std::array<Node, 32> stack_;  // levels of an int world size, plus one
+  size_t depth_ = 0;
   const char* pending_ = nullptr;  // the left operand of a leaf pair
   int next_ = 0;
   int pushed_ = 0;  // leaves so far

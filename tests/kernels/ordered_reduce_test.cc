@@ -3,7 +3,8 @@
 // 17, the float types and the ops that round, the bits of the result are
 // the tree's in the accumulation type (float32 for float16 and bfloat16),
 // divided once for avg and rounded once to the element type; operands may
-// be overwritten once the next add() returns, and dst may be any operand.
+// be overwritten once the next add() returns, and dst may be any operand;
+// reduceAll gives add()'s bits a block at a time.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -12,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/convert.h"
 #include "kernels/ordered_reduce.h"
 #include "kernels/reduce.h"
 #include "testing/fixed_tree.h"
@@ -164,6 +166,50 @@ TEST(OrderedReduction, TheTreeIsNotRankOrder) {
       std::memcpy(sequential.data() + i * 4, &acc, 4);
     }
     EXPECT_NE(firstDifference(tree, sequential, 4), -1) << "N = " << n;
+  }
+}
+
+// reduceAll: the bits of add() in rank order, over several blocks and a
+// tail, into a separate buffer and over an operand.
+TEST(OrderedReduction, ReduceAllGivesTheBitsOfAddBlockByBlock) {
+  const size_t count = 2 * OrderedReduction::kBlock + 37;
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> mant(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> expo(-12, 12);
+  for (DataType t : kTypes) {
+    const size_t es = dataTypeSize(t);
+    for (int n : {1, 3, 4, 5, 8}) {
+      std::vector<std::vector<char>> in(n, std::vector<char>(count * es));
+      for (auto& v : in) {
+        std::vector<float> f(count);
+        for (float& x : f) x = std::ldexp(mant(rng), expo(rng));
+        if (t == DataType::kFloat64) {
+          for (size_t i = 0; i < count; ++i) {
+            const double d = f[i];
+            std::memcpy(v.data() + i * 8, &d, 8);
+          }
+        } else if (t == DataType::kFloat32) {
+          std::memcpy(v.data(), f.data(), count * 4);
+        } else {
+          narrow(v.data(), f.data(), count, t);
+        }
+      }
+      std::vector<char> want(count * es), acc(count * OrderedReduction::accumulatorBytes(t, n));
+      OrderedReduction red(t, ReduceOp::kAvg, n, count, want.data(), acc.data());
+      for (int r = 0; r < n; ++r) red.add(in[r].data());
+
+      std::vector<const void*> ptrs;
+      for (auto& v : in) ptrs.push_back(v.data());
+      std::vector<char> got(count * es), block(OrderedReduction::blockScratchBytes(t, n, count));
+      OrderedReduction::reduceAll(t, ReduceOp::kAvg, n, count, got.data(), ptrs.data(),
+                                  block.data());
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size()), 0)
+          << toString(t) << " N = " << n;
+      OrderedReduction::reduceAll(t, ReduceOp::kAvg, n, count, in[n / 2].data(), ptrs.data(),
+                                  block.data());
+      EXPECT_EQ(std::memcmp(in[n / 2].data(), want.data(), want.size()), 0)
+          << toString(t) << " N = " << n << " in place";
+    }
   }
 }
 

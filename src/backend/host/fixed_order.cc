@@ -15,8 +15,9 @@
 //   default mode's choice at medium sizes.
 // - Otherwise an owner-computes reduce-scatter, then (allreduce) an
 //   allgather of the reduced blocks: block j of the buffer belongs to rank
-//   j, every rank sends its block j to rank j, which hands the N parts to
-//   OrderedReduction in rank order, and sends the result to every rank.
+//   j, every rank sends its block j to rank j, which once all N parts are
+//   in reduces them (OrderedReduction::reduceAll, a cache-sized block at a
+//   time), and sends the result to every rank.
 //   Halving-doubling cannot serve the widening types (float16, bfloat16,
 //   float8: its partial sums are rounded to the element type at every
 //   level, where the fixed order accumulates in float32; sending them as
@@ -91,7 +92,7 @@ class FixedOrder {
     // Two rounds of n slots (this rank's own unused) and the accumulators;
     // each 64-byte aligned.
     const size_t stage = align(n_ * c_.segCap * es_),
-                 acc = align(c_.segCap * kernels::OrderedReduction::accumulatorBytes(dtype_, n_));
+                 acc = align(kernels::OrderedReduction::blockScratchBytes(dtype_, n_, c_.segCap));
     char* s = scratch.get(2 * stage + acc + 64);
     s += (64 - reinterpret_cast<uintptr_t>(s) % 64) % 64;
     for (int b = 0; b < 2; ++b) {
@@ -99,6 +100,7 @@ class FixedOrder {
       rsRecv_[b].resize(n_);
       rsSend_[b].resize(n_);
     }
+    operands_.resize(n_);
     acc_ = s + 2 * stage;
   }
 
@@ -134,19 +136,16 @@ class FixedOrder {
     }
   }
 
-  // This rank's block of round k, reduced in the fixed order into result_
-  // (which may be this rank's own input: in place).
+  // This rank's block of round k, once all its parts are in, reduced in
+  // the fixed order into result_ (which may be this rank's own input: in
+  // place).
   void reduce(size_t k) {
-    const size_t len = c_.segLen(me_, k);
-    kernels::OrderedReduction red(dtype_, op_, n_, len, result_ + k * c_.segCap * es_, acc_);
     for (int r = 0; r < n_; ++r) {
-      if (r == me_) {
-        red.add(in_ + c_.segAt(me_, k) * es_);
-      } else {
-        ex_.wait(rsRecv_[k % 2][r]);
-        red.add(slot(k, r));
-      }
+      operands_[r] = r == me_ ? in_ + c_.segAt(me_, k) * es_ : slot(k, r);
+      if (r != me_) ex_.wait(rsRecv_[k % 2][r]);
     }
+    kernels::OrderedReduction::reduceAll(dtype_, op_, n_, c_.segLen(me_, k),
+                                         result_ + k * c_.segCap * es_, operands_.data(), acc_);
   }
 
   // Round k's allgather: every other block's part straight into out_, once
@@ -176,6 +175,7 @@ class FixedOrder {
   char* stage_[2];
   char* acc_;
   std::vector<transport::RequestPtr> rsRecv_[2], rsSend_[2], agRecv_;
+  std::vector<const void*> operands_;  // a round's parts, in rank order
 };
 
 }  // namespace

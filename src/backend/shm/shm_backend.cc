@@ -265,9 +265,12 @@ class ShmBackend final : public Backend {
   void reduceSlots(const OpScope& s, const OpDesc& d, kernels::ReduceFn fn, char* dst, size_t at,
                    size_t cnt) {
     if (fixedOrder(d)) {
-      prepareOrdered(d, s.n, cnt);
-      kernels::OrderedReduction red(d.dtype, d.op, s.n, cnt, dst, acc_.data());
-      for (int m = 0; m < s.n; ++m) red.add(g_->slot(m) + at);
+      const size_t accBytes = kernels::OrderedReduction::blockScratchBytes(d.dtype, s.n, cnt);
+      if (acc_.size() < accBytes) acc_.resize(accBytes);
+      operands_.resize(s.n);
+      for (int m = 0; m < s.n; ++m) operands_[m] = g_->slot(m) + at;
+      kernels::OrderedReduction::reduceAll(d.dtype, d.op, s.n, cnt, dst, operands_.data(),
+                                           acc_.data());
     } else if (s.n == 1) {
       std::memcpy(dst, g_->slot(0) + at, cnt * s.es);
     } else {
@@ -384,9 +387,10 @@ class ShmBackend final : public Backend {
   }
 
   std::unique_ptr<Group> g_;
-  // Reproducible mode's accumulators (OrderedReduction) and second peer
-  // buffer (reducePeersInOrder).
+  // Reproducible mode's accumulators (OrderedReduction), the slots of a
+  // reduceSlots and second peer buffer (reducePeersInOrder).
   std::vector<char> acc_;
+  std::vector<const void*> operands_;
   std::vector<char> second_;
   // Allreduces of [singleLo_, singleHi_) bytes read peers' buffers directly.
   const uint64_t singleLo_;
