@@ -13,7 +13,6 @@
 #include <string>
 #include <vector>
 
-#include "kernels/convert.h"
 #include "kernels/ordered_reduce.h"
 #include "kernels/reduce.h"
 #include "testing/fixed_tree.h"
@@ -25,14 +24,14 @@ constexpr size_t kCount = 37;  // odd: every vector tail
 
 // Random values of `t` spread over 2^-12 .. 2^12 (2^-3 .. 2^3 for prod),
 // so that the order of a sum or product changes its rounding.
-std::vector<char> operand(DataType t, ReduceOp op, int rank) {
+std::vector<char> operand(DataType t, ReduceOp op, int rank, size_t count = kCount) {
   std::mt19937 rng(static_cast<uint32_t>(11 + 97 * rank + 7 * static_cast<int>(t)));
   std::uniform_real_distribution<double> mant(-1.0, 1.0);
   const int e = op == ReduceOp::kProd ? 3 : 12;
   std::uniform_int_distribution<int> expo(-e, e);
   const size_t es = dataTypeSize(t);
-  std::vector<char> v(kCount * es);
-  for (size_t i = 0; i < kCount; ++i) {
+  std::vector<char> v(count * es);
+  for (size_t i = 0; i < count; ++i) {
     const double x = std::ldexp(mant(rng), expo(rng));
     char* p = v.data() + i * es;
     if (t == DataType::kFloat64) {
@@ -173,27 +172,11 @@ TEST(OrderedReduction, TheTreeIsNotRankOrder) {
 // tail, into a separate buffer and over an operand.
 TEST(OrderedReduction, ReduceAllGivesTheBitsOfAddBlockByBlock) {
   const size_t count = 2 * OrderedReduction::kBlock + 37;
-  std::mt19937 rng(5);
-  std::uniform_real_distribution<float> mant(-1.0f, 1.0f);
-  std::uniform_int_distribution<int> expo(-12, 12);
   for (DataType t : kTypes) {
     const size_t es = dataTypeSize(t);
     for (int n : {1, 3, 4, 5, 8}) {
-      std::vector<std::vector<char>> in(n, std::vector<char>(count * es));
-      for (auto& v : in) {
-        std::vector<float> f(count);
-        for (float& x : f) x = std::ldexp(mant(rng), expo(rng));
-        if (t == DataType::kFloat64) {
-          for (size_t i = 0; i < count; ++i) {
-            const double d = f[i];
-            std::memcpy(v.data() + i * 8, &d, 8);
-          }
-        } else if (t == DataType::kFloat32) {
-          std::memcpy(v.data(), f.data(), count * 4);
-        } else {
-          narrow(v.data(), f.data(), count, t);
-        }
-      }
+      std::vector<std::vector<char>> in;
+      for (int r = 0; r < n; ++r) in.push_back(operand(t, ReduceOp::kAvg, r, count));
       std::vector<char> want(count * es), acc(count * OrderedReduction::accumulatorBytes(t, n));
       OrderedReduction red(t, ReduceOp::kAvg, n, count, want.data(), acc.data());
       for (int r = 0; r < n; ++r) red.add(in[r].data());
