@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/convert.h"
 #include "kernels/cpu/kernel_table.h"
 #include "kernels/reduce.h"
 
@@ -27,6 +28,14 @@ using gflow::kernels::Isa;
 void fill(DataType dtype, std::vector<uint8_t>& buf, double value, bool vary) {
   const size_t size = gflow::dataTypeSize(dtype);
   const size_t count = buf.size() / size;
+  if (gflow::isQuantized(dtype)) {  // blocks of those values
+    std::vector<float> f(count * gflow::kQuantBlock);
+    for (size_t i = 0; i < f.size(); ++i) {
+      f[i] = static_cast<float>(value + (vary ? static_cast<double>(i % 64) : 0.0));
+    }
+    gflow::kernels::narrow(buf.data(), f.data(), f.size(), dtype);
+    return;
+  }
   for (size_t i = 0; i < count; ++i) {
     const double v = value + (vary ? static_cast<double>(i % 64) : 0.0);
     uint8_t* p = buf.data() + i * size;
@@ -81,6 +90,8 @@ void fill(DataType dtype, std::vector<uint8_t>& buf, double value, bool vary) {
         std::memcpy(p, d, 16);
         break;
       }
+      case DataType::kQInt8:
+      case DataType::kQInt4: break;  // above
     }
   }
 }
@@ -112,6 +123,34 @@ void reduceBench(benchmark::State& state, Isa isa, DataType dtype, ReduceOp op) 
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) *
                           static_cast<int64_t>(3 * bytes));
+  gflow::kernels::setIsa(saved);
+}
+
+// Block quantization of `bytes` of float32 values (bytes_per_second counts
+// those float32 bytes): "quantize" (with error feedback: "feedback"), or
+// "dequantize".
+void quantBench(benchmark::State& state, Isa isa, DataType wire, int mode) {
+  const auto bytes = static_cast<size_t>(state.range(0));
+  const size_t count = bytes / sizeof(float);
+  const Isa saved = gflow::kernels::activeIsa();
+  if (!gflow::kernels::setIsa(isa)) {
+    state.SkipWithError("ISA not supported by this CPU");
+    return;
+  }
+  std::vector<float> x(count), residual(count, 0.0f);
+  for (size_t i = 0; i < count; ++i) x[i] = static_cast<float>(i % 1000) * 0.001f - 0.5f;
+  std::vector<uint8_t> blocks(gflow::wireElements(wire, count) * gflow::dataTypeSize(wire));
+  gflow::kernels::narrow(blocks.data(), x.data(), count, wire);
+  for (auto _ : state) {
+    if (mode == 2) {
+      gflow::kernels::widen(x.data(), blocks.data(), count, wire);
+    } else {
+      gflow::kernels::narrow(blocks.data(), x.data(), count, wire, 1.0f,
+                             mode == 1 ? residual.data() : nullptr);
+    }
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(bytes));
   gflow::kernels::setIsa(saved);
 }
 
@@ -148,6 +187,16 @@ int registerAll() {
         benchmark::RegisterBenchmark(name.c_str(), reduceBench, isa, dtype, op)
             ->RangeMultiplier(4)
             ->Range(4 << 10, 64 << 20);
+      }
+    }
+    for (DataType wire : {DataType::kQInt8, DataType::kQInt4}) {
+      const char* modes[] = {"quantize", "feedback", "dequantize"};
+      for (int m = 0; m < 3; ++m) {
+        const std::string name = std::string(modes[m]) + "/" + gflow::kernels::toString(isa) + "/" +
+                                 gflow::toString(wire);
+        benchmark::RegisterBenchmark(name.c_str(), quantBench, isa, wire, m)
+            ->RangeMultiplier(16)
+            ->Range(64 << 10, 16 << 20);
       }
     }
   }

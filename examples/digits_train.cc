@@ -2,7 +2,8 @@
 // MLP (64 -> 64 ReLU -> 10 softmax) on the handwritten-digits data that
 // Debian's python3-sklearn ships (1797 8x8 images, 10 classes).
 //
-//   gflowrun -n 4 -- digits_train [--mode dense|fp16|bf16|csc|csc16] [--epochs N]
+//   gflowrun -n 4 -- digits_train [--mode dense|fp16|bf16|int8|int4|csc|csc16]
+//                                 [--epochs N]
 //                                 [--data PATH] [--density D] [--chunk C]
 //                                 [--warmup-epochs E] [--momentum-correction]
 //
@@ -13,7 +14,9 @@
 // image) is printed by rank 0 as `accuracy=0.9xxx`; `params_hash=` is the same
 // on every rank.
 //
-// Modes: dense float32; fp16 / bf16 on the wire; csc = coarse-grained sparse
+// Modes: dense float32; fp16 / bf16 on the wire; int8 / int4 = blocks of
+// 128 quantized values with a float32 scale on the wire, with error feedback
+// (the reducer's residuals); csc = coarse-grained sparse
 // communication at --density (default 0.1) of --chunk-element chunks
 // (default 32) with error feedback and a dense warm-up of --warmup-epochs
 // (default 1); --momentum-correction moves the momentum (0.9) from the
@@ -172,6 +175,10 @@ int main(int argc, char** argv) {
     const size_t stepsPerEpoch = (shard + 15) / 16;
     if (args.mode == "fp16" || args.mode == "csc16") o.wire = gflow::DataType::kFloat16;
     if (args.mode == "bf16") o.wire = gflow::DataType::kBFloat16;
+    if (args.mode == "int8") o.wire = gflow::DataType::kQInt8;
+    if (args.mode == "int4") o.wire = gflow::DataType::kQInt4;
+    const bool wireOnly = args.mode == "dense" || args.mode == "fp16" || args.mode == "bf16" ||
+                          args.mode == "int8" || args.mode == "int4";
     if (args.mode == "csc" || args.mode == "csc16") {
       o.sparse.density = args.density;
       o.sparse.chunk = args.chunk;
@@ -180,7 +187,7 @@ int main(int argc, char** argv) {
         o.sparse.momentum = momentum;
         momentum = 0.0f;
       }
-    } else if (args.mode != "dense" && args.mode != "fp16" && args.mode != "bf16") {
+    } else if (!wireOnly) {
       std::fprintf(stderr, "digits_train: unknown mode %s\n", args.mode.c_str());
       return 2;
     }

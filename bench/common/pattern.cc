@@ -109,7 +109,9 @@ void encodeValue(DataType dtype, double value, void* dst) {
     case DataType::kFloat8E4M3:
     case DataType::kFloat8E5M2:
     case DataType::kComplex64:
-    case DataType::kComplex128: break;  // not swept (sweepable() is false)
+    case DataType::kComplex128:
+    case DataType::kQInt8:
+    case DataType::kQInt4: break;  // not swept (sweepable() is false)
   }
 }
 
@@ -119,7 +121,9 @@ bool sweepable(DataType dtype) {
     case DataType::kFloat8E4M3:
     case DataType::kFloat8E5M2:
     case DataType::kComplex64:
-    case DataType::kComplex128: return false;
+    case DataType::kComplex128:
+    case DataType::kQInt8:
+    case DataType::kQInt4: return false;
     default: return true;
   }
 }

@@ -57,6 +57,8 @@ MPI_Datatype mpiType(DataType t) {
     case DataType::kFloat8E4M3:
     case DataType::kFloat8E5M2:
     case DataType::kBool: break;  // not in MPI 3.1 (C bool is, with other op names)
+    case DataType::kQInt8:
+    case DataType::kQInt4: break;  // gflow's own
   }
   return MPI_DATATYPE_NULL;
 }

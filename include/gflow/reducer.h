@@ -93,12 +93,18 @@ struct ReducerOptions {
   std::string timeline;
   // Names for errors and the timeline, one per tensor (optional).
   std::vector<std::string> names;
-  // Mixed precision: float32 gradients travel as `wire` (kFloat16 or
-  // kBFloat16); every hop adds in float32 (AllreduceOptions). prescale and
-  // postscale apply with a compressed wire (e.g. prescale 1/N with kSum).
+  // Mixed precision: float32 gradients travel as `wire` (kFloat16,
+  // kBFloat16, or block-quantized kQInt8 / kQInt4); every hop adds in
+  // float32 (AllreduceOptions). prescale and postscale apply with a
+  // compressed wire (e.g. prescale 1/N with kSum).
   DataType wire = DataType::kFloat32;
   float prescale = 1.0f;
   float postscale = 1.0f;
+  // With a quantized wire (and no CSC, whose unsent chunks are their own
+  // feedback): the reducer keeps each float32 gradient's quantization
+  // error and adds it to the next step's gradient (docs/compression.md).
+  // Every rank must pass the same.
+  bool errorFeedback = true;
   SparseOptions sparse;
   // Reproducible mode for the reducer's allreduces (Options::reproducible):
   // the averaged gradients' bits do not depend on fusionThreshold, the

@@ -27,13 +27,24 @@ enum class DataType : uint8_t {
   kFloat8E5M2 = 11,  // OCP float8 E5M2 (IEEE-like, with inf); reductions in float32
   kComplex64 = 12,   // two float32 (real, imaginary); sum and avg only
   kComplex128 = 13,  // two float64; sum and avg only
+  // Block-quantized float32 (docs/compression.md), wire types of
+  // AllreduceOptions and ReducerOptions: one element is a block of
+  // kQuantBlock values, a float32 scale followed by kQuantBlock int8 values
+  // (132 bytes) or kQuantBlock int4 values packed two per byte (68 bytes).
+  // A reduction dequantizes both operands, applies the op in float32 and
+  // quantizes the result again. Sum, avg, min and max.
+  kQInt8 = 14,
+  kQInt4 = 15,
 };
-constexpr int kNumDataTypes = 14;
+constexpr int kNumDataTypes = 16;
+// float32 values per kQInt8 / kQInt4 element (block).
+constexpr size_t kQuantBlock = 128;
 
 // Which op applies to which type (supportsReduceOp): every op to the integer
 // types; sum, avg, min, max and prod to the floating-point types; sum and avg
-// (part by part) to the complex types; to bool every op but avg. Integers
-// wrap; avg on integers truncates toward zero.
+// (part by part) to the complex types; sum, avg, min and max to the
+// quantized types; to bool every op but avg. Integers wrap; avg on integers
+// truncates toward zero.
 enum class ReduceOp : uint8_t {
   kSum = 0,
   kAvg = 1,  // sum, then one division by the world size (integers truncate)
@@ -86,6 +97,11 @@ GFLOW_EXPORT Tensor tensor(bool* data, size_t count);
 
 // Bytes per element; 0 for a value outside the enum.
 GFLOW_EXPORT size_t dataTypeSize(DataType dtype);
+// Whether `dtype` is a block-quantized type (kQInt8, kQInt4).
+GFLOW_EXPORT bool isQuantized(DataType dtype);
+// Elements of `wire` that carry `count` float32 values: ceil(count /
+// kQuantBlock) blocks for the quantized types, `count` otherwise.
+GFLOW_EXPORT size_t wireElements(DataType wire, size_t count);
 GFLOW_EXPORT const char* toString(DataType dtype);
 GFLOW_EXPORT const char* toString(ReduceOp op);
 GFLOW_EXPORT const char* toString(DeviceType type);

@@ -62,6 +62,29 @@ std::shared_ptr<WorkState> doAllreduce(CommunicatorImpl& I, Tensor in, Tensor ou
       std::move(buffers));
 }
 
+// AllreduceOptions::residual: a float32 twin of `inout` (same count and
+// device, not overlapping it) for a quantized wire.
+void checkResidual(CommunicatorImpl& I, const char* name, const Tensor& inout,
+                   const AllreduceOptions& o) {
+  const Tensor& r = o.residual;
+  if (!isQuantized(o.wire) || inout.dtype != DataType::kFloat32) {
+    I.invalid(name, std::string("a residual (error feedback) needs float32 data on a qint8 or "
+                                "qint4 wire, not wire ") +
+                        toString(o.wire));
+  }
+  I.validateTensor(name, "residual", r);
+  if (r.dtype != DataType::kFloat32 || r.count != inout.count) {
+    I.invalid(name, "residual must be float32 with inout's count (" + std::to_string(inout.count) +
+                        "), not " + toString(r.dtype) + " x " + std::to_string(r.count));
+  }
+  if (r.device.type != inout.device.type || r.device.index != inout.device.index) {
+    I.invalid(name, "residual must be on inout's device");
+  }
+  if (overlap(r.data, r.nbytes(), inout.data, inout.nbytes())) {
+    I.invalid(name, "residual and inout must not overlap");
+  }
+}
+
 // The argument checks of doAllreduceWith; returns whether `inout`
 // travels compressed.
 bool checkAllreduceOptions(CommunicatorImpl& I, const char* name, const Tensor& inout,
@@ -70,11 +93,15 @@ bool checkAllreduceOptions(CommunicatorImpl& I, const char* name, const Tensor& 
   I.validateTensor(name, "inout", inout);
   I.validateOp(name, o.op, inout.dtype);
   const bool compress = o.wire != DataType::kFloat32 && o.wire != inout.dtype;
-  if (compress && (inout.dtype != DataType::kFloat32 ||
-                   (o.wire != DataType::kFloat16 && o.wire != DataType::kBFloat16))) {
+  if (compress &&
+      (inout.dtype != DataType::kFloat32 ||
+       (o.wire != DataType::kFloat16 && o.wire != DataType::kBFloat16 && !isQuantized(o.wire)))) {
     I.invalid(name, std::string("wire type ") + toString(o.wire) + " for " + toString(inout.dtype) +
-                        " data: compression takes float32 data to float16 or bfloat16");
+                        " data: compression takes float32 data to float16, bfloat16, qint8 or "
+                        "qint4");
   }
+  if (compress && isQuantized(o.wire)) I.validateOp(name, o.op, o.wire);
+  if (o.residual.data != nullptr) checkResidual(I, name, inout, o);
   const bool scaled = o.prescale != 1.0f || o.postscale != 1.0f;
   if (scaled && inout.dtype != DataType::kFloat32) {
     I.invalid(name, std::string("prescale/postscale apply to float32 data, not ") +
@@ -107,7 +134,7 @@ std::shared_ptr<WorkState> doAllreduceWith(CommunicatorImpl& I, Tensor inout,
   try {
     k = I.kernelsFor(inout.device, inout.stream);
     // Scratch of the tensor's device; narrow() writes every element first.
-    if (compress) wire = k->acquire(inout.count * dataTypeSize(o.wire));
+    if (compress) wire = k->acquire(internal::WireFormat{o.wire}.wireBytes(inout.count));
   } catch (const Error& e) {
     const Error full(e.code(), e.detail(), ErrorContext::forOp(name).withRank(I.commRank()));
     internal::CommunicatorAccess::abortWith(I, full);
@@ -137,7 +164,7 @@ std::shared_ptr<WorkState> doAllreduceWith(CommunicatorImpl& I, Tensor inout,
     c.worldSize = I.commSize();
     c.wire = wire;
     c.count = n;
-    c.spans = {internal::WireSpan{data, n, 0}};
+    c.spans = {internal::WireSpan{data, n, 0, static_cast<float*>(o.residual.data)}};
     c.nonFinite = flag;
     c.owner = std::shared_ptr<void>(wire, [k](void* p) { k->release(p); });  // after the op
     s = internal::compressedSteps(std::move(c));

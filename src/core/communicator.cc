@@ -200,7 +200,8 @@ void CommunicatorImpl::validateOp(const char* op, ReduceOp rop, DataType dtype) 
   const char* which = dtype == DataType::kBool ? "bool takes every op but avg"
                       : dtype == DataType::kComplex64 || dtype == DataType::kComplex128
                           ? "complex types take sum and avg"
-                          : "bitwise ops take integer types and bool";
+                      : isQuantized(dtype) ? "quantized types take sum, avg, min and max"
+                                           : "bitwise ops take integer types and bool";
   invalid(op, std::string("reduce op ") + toString(rop) + " does not apply to " + toString(dtype) +
                   " data (" + which + ")");
 }

@@ -54,7 +54,8 @@ class CommunicatorImpl final : public Communicator {
     const bool exact = dtype != DataType::kFloat32 && dtype != DataType::kFloat16 &&
                        dtype != DataType::kBFloat16 && dtype != DataType::kFloat64 &&
                        dtype != DataType::kFloat8E4M3 && dtype != DataType::kFloat8E5M2 &&
-                       dtype != DataType::kComplex64 && dtype != DataType::kComplex128;
+                       dtype != DataType::kComplex64 && dtype != DataType::kComplex128 &&
+                       !isQuantized(dtype);
     return asked.value_or(settings.reproducible) && !exact ? backend::Algorithm::kFixedOrder
                                                            : backend::Algorithm::kAuto;
   }

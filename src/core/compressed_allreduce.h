@@ -1,7 +1,7 @@
 // The one compressed allreduce: float32 data narrowed to a float16/bfloat16
-// wire buffer (with the prescale) just before the collective, the
-// collective on the wire type, the reduced wire values scanned for inf/NaN
-// and widened back (with the postscale) just after it. Used by
+// or quantized (qint8/qint4) wire buffer (with the prescale) just before the
+// collective, the collective on the wire type, the reduced wire values
+// scanned for inf/NaN and widened back (with the postscale) just after it. Used by
 // allreduce(AllreduceOptions) and by the gradient layer's fusion and CSC;
 // the element work goes through kernels::GradientKernels, so host and
 // device data share it.
@@ -31,18 +31,24 @@ inline WireOp wireOp(ReduceOp op, float prescale, int size) {
 
 // How float32 data travels.
 struct WireFormat {
-  DataType wire = DataType::kFloat32;  // kFloat16 / kBFloat16: compressed
+  DataType wire = DataType::kFloat32;  // kFloat16 / kBFloat16 / kQInt8 / kQInt4: compressed
   float prescale = 1.0f;
   float postscale = 1.0f;
   bool compressed() const { return wire != DataType::kFloat32; }
+  // Bytes of the wire buffer for `count` float32 values.
+  size_t wireBytes(size_t count) const { return wireElements(wire, count) * dataTypeSize(wire); }
 };
 
 // `count` float32 elements at `data` that travel at element `at` of the
 // wire buffer.
+// Error feedback (quantized wires): `residual`, `count` floats, is added to
+// the prescaled data before quantizing and set to what that lost
+// (kernels::narrow); null: none.
 struct WireSpan {
   float* data;
   size_t count;
   size_t at;
+  float* residual = nullptr;
 };
 
 // One compressed allreduce, described by name.
@@ -52,8 +58,8 @@ struct CompressedAllreduce {
   WireFormat format;  // format.compressed()
   ReduceOp op = ReduceOp::kSum;
   int worldSize = 1;
-  void* wire = nullptr;  // `count` elements of format.wire
-  size_t count = 0;
+  void* wire = nullptr;                          // format.wireBytes(count) bytes
+  size_t count = 0;                              // float32 values
   std::vector<WireSpan> spans;                   // the float32 data, inside [0, count)
   std::shared_ptr<std::atomic<bool>> nonFinite;  // set on inf/NaN (may be null)
   std::shared_ptr<const void> owner;             // kept alive by the steps
@@ -69,7 +75,10 @@ struct FusedSteps {
   std::function<void()> after;
 };
 // The steps of `c`: the buffer is the wire, before() narrows, after() scans
-// and widens. They share c's kernels, spans and owner.
+// and widens. They share c's kernels, spans and owner. A quantized wire's
+// blocks may straddle spans: unless one span covers the whole range, the
+// data (and the residuals) pass through float32 scratch of `count` values
+// (the kernels' acquire(), held from before() to after()).
 FusedSteps compressedSteps(CompressedAllreduce c);
 
 }  // namespace gflow::internal

@@ -49,8 +49,18 @@ size_t dataTypeSize(DataType dtype) {
     case DataType::kFloat8E5M2: return 1;
     case DataType::kComplex64: return 8;
     case DataType::kComplex128: return 16;
+    case DataType::kQInt8: return sizeof(float) + kQuantBlock;
+    case DataType::kQInt4: return sizeof(float) + kQuantBlock / 2;
   }
   return 0;
+}
+
+bool isQuantized(DataType dtype) {
+  return dtype == DataType::kQInt8 || dtype == DataType::kQInt4;
+}
+
+size_t wireElements(DataType wire, size_t count) {
+  return isQuantized(wire) ? (count + kQuantBlock - 1) / kQuantBlock : count;
 }
 
 const char* toString(DataType dtype) {
@@ -69,6 +79,8 @@ const char* toString(DataType dtype) {
     case DataType::kFloat8E5M2: return "float8_e5m2";
     case DataType::kComplex64: return "complex64";
     case DataType::kComplex128: return "complex128";
+    case DataType::kQInt8: return "qint8";
+    case DataType::kQInt4: return "qint4";
   }
   return "invalid";
 }
@@ -121,10 +133,12 @@ DataType parseDataType(const std::string& name) {
   if (n == "float8_e5m2" || n == "e5m2" || n == "fp8_e5m2") return DataType::kFloat8E5M2;
   if (n == "complex64" || n == "cfloat") return DataType::kComplex64;
   if (n == "complex128" || n == "cdouble") return DataType::kComplex128;
+  if (n == "qint8") return DataType::kQInt8;
+  if (n == "qint4") return DataType::kQInt4;
   GFLOW_THROW(kInvalidArgument, ErrorContext{})
       << "unknown data type '" << name
       << "' (expected float32, float16, bfloat16, float64, int32, int64, uint8, int8, int16, "
-         "bool, float8_e4m3, float8_e5m2, complex64 or complex128)";
+         "bool, float8_e4m3, float8_e5m2, complex64, complex128, qint8 or qint4)";
 }
 
 ReduceOp parseReduceOp(const std::string& name) {
@@ -156,6 +170,8 @@ bool supportsReduceOp(DataType dtype, ReduceOp op) {
     case DataType::kBool: return op != ReduceOp::kAvg;
     case DataType::kComplex64:
     case DataType::kComplex128: return op == ReduceOp::kSum || op == ReduceOp::kAvg;
+    case DataType::kQInt8:
+    case DataType::kQInt4: return !bitwise && op != ReduceOp::kProd;
     default: return !bitwise;  // the floating-point types
   }
 }

@@ -59,7 +59,9 @@ bool toNccl(int dtype, ncclDataType_t* out) {
     case DataType::kInt16:
     case DataType::kBool:
     case DataType::kComplex64:
-    case DataType::kComplex128: break;  // no NCCL type: the NCCL backend stages them
+    case DataType::kComplex128:
+    case DataType::kQInt8:
+    case DataType::kQInt4: break;  // no NCCL type: the NCCL backend stages them
   }
   return false;
 }

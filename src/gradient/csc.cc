@@ -89,7 +89,7 @@ std::shared_ptr<Csc::Job> Csc::makeJob(const Bucket& b, const internal::WireForm
   job->norms = static_cast<float*>(job->take(job->chunks * sizeof(float)));
   job->idx = static_cast<uint32_t*>(job->take(job->k * sizeof(uint32_t)));
   job->values = static_cast<float*>(job->take(job->k * sp.chunk * sizeof(float)));
-  if (wire.compressed()) job->onWire = job->take(job->k * sp.chunk * sizeof(uint16_t));
+  if (wire.compressed()) job->onWire = job->take(wire.wireBytes(job->k * sp.chunk));
   job->tempBytes = kernels_->topChunksTempBytes(job->chunks);
   job->temp = job->take(job->tempBytes);
   return job;

@@ -1,5 +1,6 @@
 #include "gradient/fuser.h"
 
+#include <algorithm>
 #include <array>
 
 #include "gradient/csc.h"
@@ -27,6 +28,15 @@ bool Fuser::packs(const Bucket& b) const {
   return !b.inPlace || (isFloat32(b) && c_.wire.compressed());
 }
 
+uint64_t Fuser::slack() const {
+  return isQuantized(c_.wire.wire) ? dataTypeSize(c_.wire.wire) : 0;
+}
+
+uint64_t Fuser::regionBytes(const Bucket& b) const {
+  if (!isFloat32(b) || !c_.wire.compressed()) return b.bytes;
+  return std::max<uint64_t>(b.bytes, c_.wire.wireBytes(b.bytes / sizeof(float)));
+}
+
 internal::FusedSteps Fuser::compressedSteps(const Bucket& b, char* region,
                                             std::shared_ptr<std::atomic<bool>> nonFinite) const {
   internal::CompressedAllreduce c;
@@ -38,7 +48,9 @@ internal::FusedSteps Fuser::compressedSteps(const Bucket& b, char* region,
   c.count = b.bytes / sizeof(float);
   for (size_t k = 0; k < b.tensors.size(); ++k) {
     const Tensor& t = (*c_.tensors)[b.tensors[k]];
-    c.spans.push_back({static_cast<float*>(t.data), t.count, b.offsets[k] / sizeof(float)});
+    float* residual = c_.residuals ? (*c_.residuals)[b.tensors[k]] : nullptr;
+    c.spans.push_back(
+        {static_cast<float*>(t.data), t.count, b.offsets[k] / sizeof(float), residual});
   }
   c.nonFinite = std::move(nonFinite);
   return internal::compressedSteps(std::move(c));

@@ -37,7 +37,9 @@ struct FuserConfig {
   ReduceOp op = ReduceOp::kSum;
   Timeline* timeline = nullptr;  // may be null
   internal::WireFormat wire;     // how float32 buckets travel
-  Csc* csc = nullptr;            // not null: float32 buckets are sparse
+  // Error feedback on a quantized wire: one residual per tensor (null: none).
+  const std::vector<float*>* residuals = nullptr;
+  Csc* csc = nullptr;  // not null: float32 buckets are sparse
   // Where the tensors live (null: host memory); regions are its memory too.
   std::shared_ptr<kernels::GradientKernels> kernels;
 };
@@ -46,9 +48,14 @@ class Fuser {
  public:
   explicit Fuser(FuserConfig config);
 
-  // Whether bucket b is packed into a region of b.bytes (not reduced in place).
+  // Whether bucket b is packed into a region of regionBytes(b) (not reduced
+  // in place).
   bool packs(const Bucket& b) const;
-  // Fires bucket b. `region` holds b.bytes when packs(b). `owner` is kept
+  // b.bytes, or a quantized wire's bytes where those are more (tiny buckets:
+  // a block holds 128 values); at most b.bytes + slack().
+  uint64_t regionBytes(const Bucket& b) const;
+  uint64_t slack() const;
+  // Fires bucket b. `region` holds regionBytes(b) when packs(b). `owner` is kept
   // alive until the ops have run. `nonFinite` (may be null) is set when a
   // compressed or sparse result holds an inf or NaN. `step` counts the
   // caller's steps (timeline; CSC warm-up).

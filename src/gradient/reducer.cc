@@ -149,6 +149,7 @@ class GradientReducer::Impl {
   BucketPlan plan;           // fixed buckets
   uint64_t bucketBytes = 0;  // float32 planning threshold (threshold / density with CSC)
   internal::WireFormat wire;
+  bool errorFeedback = false;  // residuals_ (a quantized wire)
   gradient::CscConfig sparse;  // density 0: dense
   mutable std::mutex mutex;
   ReducerStats stats;
@@ -174,6 +175,7 @@ class GradientReducer::Impl {
   // Creation after the split: everything that can fail on one rank only.
   void setUp(const ReducerOptions& options);
   void setUpKernels();
+  void allocateResiduals();
   void allocatePool();
   // Wire, CSC and reproducible-mode settings as one number, for the
   // registration check.
@@ -184,9 +186,9 @@ class GradientReducer::Impl {
       std::memcpy(&bits, &v, sizeof bits);
       h = hash::mix(h, bits);
     };
-    for (double v : {double(wire.prescale), double(wire.postscale), sparse.density,
-                     double(sparse.chunk), double(sparse.momentum), double(sparse.warmupSteps),
-                     double(CommunicatorAccess::reproducible(*comm))}) {
+    for (double v : {double(wire.prescale), double(wire.postscale), double(errorFeedback),
+                     sparse.density, double(sparse.chunk), double(sparse.momentum),
+                     double(sparse.warmupSteps), double(CommunicatorAccess::reproducible(*comm))}) {
       mix(v);
     }
     return static_cast<int64_t>(h >> 1);
@@ -205,6 +207,8 @@ class GradientReducer::Impl {
   // for cpu gradients, whose steps run on the host kernels.
   std::shared_ptr<kernels::CudaKernels> cudaKernels_;
   std::unique_ptr<Csc> csc_;
+  std::vector<float*> residuals_;                  // error feedback, per tensor
+  std::vector<std::vector<float>> hostResiduals_;  // their memory (host gradients)
   std::unique_ptr<Fuser> fuser_;
   // This step's inf/NaN flag (a fresh one per step, so ops of an abandoned
   // step cannot touch the next), and the last completed step's.
@@ -304,11 +308,19 @@ void GradientReducer::Impl::setUp(const ReducerOptions& options) {
   }
   wire = internal::WireFormat{options.wire, options.prescale, options.postscale};
   if (wire.wire != DataType::kFloat32 && wire.wire != DataType::kFloat16 &&
-      wire.wire != DataType::kBFloat16) {
-    CommunicatorAccess::failInvalid(*comm, kCreate,
-                                    std::string("wire type ") + toString(wire.wire) +
-                                        ": gradients travel as float32, float16 or bfloat16");
+      wire.wire != DataType::kBFloat16 && !isQuantized(wire.wire)) {
+    CommunicatorAccess::failInvalid(
+        *comm, kCreate,
+        std::string("wire type ") + toString(wire.wire) +
+            ": gradients travel as float32, float16, bfloat16, qint8 or qint4");
   }
+  if (isQuantized(wire.wire) && !supportsReduceOp(wire.wire, op)) {
+    CommunicatorAccess::failInvalid(*comm, kCreate,
+                                    std::string("reduce op ") + toString(op) +
+                                        " does not apply to a " + toString(wire.wire) +
+                                        " wire (sum, avg, min and max do)");
+  }
+  errorFeedback = isQuantized(wire.wire) && options.errorFeedback;
   if (!std::isfinite(wire.prescale) || !std::isfinite(wire.postscale)) {
     CommunicatorAccess::failInvalid(*comm, kCreate, "prescale and postscale must be finite");
   }
@@ -347,6 +359,7 @@ void GradientReducer::Impl::setUpKernels() {
                                                           tensors[0].stream, 3 * tensors.size());
   }
   if (sparse.density > 0) csc_ = std::make_unique<Csc>(tensors, sparse, cudaKernels_);
+  if (errorFeedback && !csc_) allocateResiduals();
   gradient::FuserConfig fc;
   fc.comm = comm.get();
   fc.tensors = &tensors;
@@ -354,9 +367,26 @@ void GradientReducer::Impl::setUpKernels() {
   fc.op = op;
   fc.timeline = timeline_.get();
   fc.wire = wire;
+  fc.residuals = residuals_.empty() ? nullptr : &residuals_;
   fc.csc = csc_.get();
   fc.kernels = cudaKernels_;
   fuser_ = std::make_unique<Fuser>(std::move(fc));
+}
+
+// Error feedback: a zeroed float32 residual per float32 gradient, in the
+// gradients' memory (device memory lives as long as cudaKernels_).
+void GradientReducer::Impl::allocateResiduals() {
+  residuals_.assign(tensors.size(), nullptr);
+  hostResiduals_.resize(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (tensors[i].dtype != DataType::kFloat32) continue;
+    if (cudaKernels_) {
+      residuals_[i] = static_cast<float*>(cudaKernels_->allocate(tensors[i].nbytes()));
+    } else {
+      hostResiduals_[i].assign(tensors[i].count, 0.0f);
+      residuals_[i] = hostResiduals_[i].data();
+    }
+  }
 }
 
 // Fusion-buffer slots and the pool per dtype (device memory for cuda
@@ -378,7 +408,9 @@ void GradientReducer::Impl::allocatePool() {
     if (!packs) continue;
     uint64_t& used = poolBytes[static_cast<int>(tensors[i].dtype)];
     poolOffset_[i] = used;
-    used += tensors[i].nbytes();
+    // A quantized wire may take more than a tiny bucket's bytes
+    // (Fuser::regionBytes): every float32 slot leaves the room.
+    used += tensors[i].nbytes() + (tensors[i].dtype == DataType::kFloat32 ? fuser_->slack() : 0);
   }
   for (uint64_t bytes : poolBytes) {
     pool_.emplace_back(cudaKernels_ ? 0 : bytes);

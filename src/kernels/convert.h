@@ -14,8 +14,15 @@ namespace gflow::kernels {
 // nearest even; values beyond the wire type's range become inf). The float8
 // types are also accepted (scalar code; reduce.h says how they round), for
 // the reproducible allreduce's float32 accumulator.
-void narrow(void* dst, const float* src, size_t count, DataType wire, float scale = 1.0f);
-// dst[i] = float(src[i]) * scale (the widening itself is exact).
+// The quantized types (kQInt8, kQInt4) take `count` float32 values into
+// wireElements(wire, count) blocks (the last one padded with zeros;
+// cpu/block_quant.h says how), and only they take a `residual` (error
+// feedback: `count` floats added to src * scale before quantizing, then
+// set to what quantizing lost).
+void narrow(void* dst, const float* src, size_t count, DataType wire, float scale = 1.0f,
+            float* residual = nullptr);
+// dst[i] = float(src[i]) * scale (the widening itself is exact; for the
+// quantized types, `count` values of the blocks at src).
 void widen(float* dst, const void* src, size_t count, DataType wire, float scale = 1.0f);
 // True if any element is inf or NaN. Floating dtypes only (false otherwise).
 bool anyNonFinite(const void* data, size_t count, DataType dtype);

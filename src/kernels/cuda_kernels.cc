@@ -108,9 +108,11 @@ void CudaKernels::copy(const std::vector<Copy>& copies) {
   launched();
 }
 
-void CudaKernels::narrow(void* dst, const float* src, size_t count, DataType wire, float scale) {
+void CudaKernels::narrow(void* dst, const float* src, size_t count, DataType wire, float scale,
+                         float* residual) {
   gflow::cuda::DeviceGuard c(p_, device_);
-  check(p_.narrow(dst, src, count, wire, scale, stream_), "launching the narrowing kernel");
+  check(p_.narrow(dst, src, count, wire, scale, residual, stream_),
+        "launching the narrowing kernel");
   launched();
 }
 

@@ -48,9 +48,12 @@ class GradientKernels {
   };
   virtual void copy(const std::vector<Copy>& copies) = 0;
 
-  // float32 <-> wire type (kFloat16, kBFloat16) with a scale: convert.h's
-  // contract, bit for bit.
-  virtual void narrow(void* dst, const float* src, size_t count, DataType wire, float scale) = 0;
+  // float32 <-> wire type (kFloat16, kBFloat16, kQInt8, kQInt4) with a
+  // scale: convert.h's contract, bit for bit (a quantized wire's `count` is
+  // float32 values; `residual`, error feedback, quantized wires only, may be
+  // null).
+  virtual void narrow(void* dst, const float* src, size_t count, DataType wire, float scale,
+                      float* residual) = 0;
   virtual void widen(float* dst, const void* src, size_t count, DataType wire, float scale) = 0;
   // data[i] *= k (float32, rounded to nearest even like the CPU's multiply):
   // allreduce's prescale/postscale on uncompressed data.

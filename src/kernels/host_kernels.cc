@@ -43,8 +43,9 @@ void HostKernels::copy(const std::vector<Copy>& copies) {
   }
 }
 
-void HostKernels::narrow(void* dst, const float* src, size_t count, DataType wire, float scale) {
-  kernels::narrow(dst, src, count, wire, scale);
+void HostKernels::narrow(void* dst, const float* src, size_t count, DataType wire, float scale,
+                         float* residual) {
+  kernels::narrow(dst, src, count, wire, scale, residual);
 }
 
 void HostKernels::widen(float* dst, const void* src, size_t count, DataType wire, float scale) {

@@ -29,7 +29,8 @@ class HostKernels final : public GradientKernels {
   void* acquire(size_t bytes) override;
   void release(void* block) override;
   void copy(const std::vector<Copy>& copies) override;
-  void narrow(void* dst, const float* src, size_t count, DataType wire, float scale) override;
+  void narrow(void* dst, const float* src, size_t count, DataType wire, float scale,
+              float* residual) override;
   void widen(float* dst, const void* src, size_t count, DataType wire, float scale) override;
   void scale(float* data, size_t count, float k) override;
   bool nonFinite(const void* data, size_t count, DataType dtype) override;

@@ -263,6 +263,54 @@ TEST_F(DeviceAllreduceOptions, ReproducibleGivesTheFixedOrderBitsOnEveryPlacemen
   }
 }
 
+// A quantized wire with error feedback on cuda tensors: the quantize and
+// dequantize kernels (the CPU twin in the software CUDA) on the tensor's
+// stream, the residual in device memory. Staged, the cpu path's bits for
+// the result and the residual; "nccl" (one GPU per rank: NCCL has no
+// quantized type, so the op is staged through the host) as well.
+TEST_F(DeviceAllreduceOptions, QuantizedWireWithFeedbackIsTheCpuPathsBits) {
+  const auto in = inputs(2.0f);
+  for (DataType wire : {DataType::kQInt8, DataType::kQInt4}) {
+    std::vector<std::vector<std::vector<float>>> got(3);  // [where][rank]: values then residual
+    for (Where w : {Where::kCpu, Where::kStaged, Where::kNccl}) {
+      auto& out = got[static_cast<int>(w)];
+      out.resize(kRanks);
+      testing::runRanks(kRanks, [&](Communicator& comm) {
+        const int r = comm.rank();
+        std::vector<float> host = in[r], residual(kCount, 0.01f * float(r));
+        Tensor t = tensor(host.data(), kCount), res = tensor(residual.data(), kCount);
+        std::vector<void*> mem;
+        if (w != Where::kCpu) {
+          const int gpu = w == Where::kStaged ? 0 : r;
+          for (Tensor* x : {&t, &res}) {
+            mem.push_back(softcuda::alloc(gpu, kCount * sizeof(float)));
+            std::memcpy(mem.back(), x->data, kCount * sizeof(float));
+            *x = Tensor(mem.back(), kCount, DataType::kFloat32, Device{DeviceType::kCUDA, gpu});
+          }
+        }
+        AllreduceOptions o = options(ReduceOp::kAvg, wire);
+        o.residual = res;
+        EXPECT_FALSE(comm.allreduce(t, o).nonFinite);
+        const auto* v = static_cast<const float*>(t.data);
+        const auto* q = static_cast<const float*>(res.data);
+        out[r].assign(v, v + kCount);
+        out[r].insert(out[r].end(), q, q + kCount);
+        for (void* m : mem) softcuda::free(m);
+      });
+    }
+    for (int r = 0; r < kRanks; ++r) {
+      const auto& cpu = got[0][r];
+      for (int w = 1; w < 3; ++w) {
+        ASSERT_EQ(std::memcmp(got[w][r].data(), cpu.data(), cpu.size() * sizeof(float)), 0)
+            << gflow::toString(wire) << " " << toString(static_cast<Where>(w)) << " rank " << r;
+      }
+      for (size_t i = 0; i < kCount; ++i) {  // the residual holds what this rank's block lost
+        ASSERT_LE(std::fabs(cpu[kCount + i]), 2.0 * 8 / (wire == DataType::kQInt8 ? 127 : 7)) << i;
+      }
+    }
+  }
+}
+
 TEST_F(DeviceAllreduceOptions, WorksOnTheCallersOwnStream) {
   // Each rank on its own GPU and a stream it made: the kernels run there.
   const auto in = inputs(2.0f);

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Convergence on real data (issue: dense float32, float16 wire and CSC at 10%
-# density each reach a held-out accuracy within 1 point of dense): runs
+# Convergence on real data (issues: dense float32, float16 wire, int8 and
+# int4 blocks with error feedback and CSC at 10% density each reach a
+# held-out accuracy within 1 point of dense): runs
 # examples/digits_train on 4 ranks under gflowrun in each mode and compares
 # the accuracy rank 0 prints. digits_train itself fails if the parameters
 # differ across ranks. Exit 77 (skipped) without the digits data.
@@ -14,13 +15,13 @@ if [ ! -r "$data" ]; then
   exit 77
 fi
 declare -A acc
-for mode in dense fp16 bf16 csc csc16; do
+for mode in dense fp16 bf16 int8 int4 csc csc16; do
   line=$("$gflowrun" -n 4 --no-prefix -- "$train" --mode "$mode" | grep '^mode=')
   echo "$line"
   acc[$mode]=$(sed -n 's/.* accuracy=\([0-9.]*\).*/\1/p' <<<"$line")
 done
 status=0
-for mode in fp16 bf16 csc csc16; do
+for mode in fp16 bf16 int8 int4 csc csc16; do
   if ! awk -v a="${acc[$mode]}" -v d="${acc[dense]}" 'BEGIN { exit !(a >= d - 0.01) }'; then
     echo "FAIL: $mode accuracy ${acc[$mode]} is more than 1 point below dense ${acc[dense]}"
     status=1

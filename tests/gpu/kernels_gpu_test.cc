@@ -106,7 +106,7 @@ TEST(GpuKernels, NarrowAndWidenMatchTheCpuTwinBitForBit) {
       DeviceBuffer<uint16_t> dnarrow(n);
       DeviceBuffer<float> dwide(n);
       dsrc.upload(src);
-      CUDA_OK(kc::narrow(dnarrow.p, dsrc.p, n, wire, scale, nullptr));
+      CUDA_OK(kc::narrow(dnarrow.p, dsrc.p, n, wire, scale, nullptr, nullptr));
       CUDA_OK(cudaDeviceSynchronize());
       const std::vector<uint16_t> gpu = dnarrow.download();
       for (size_t i = 0; i < n; ++i) {
@@ -119,6 +119,47 @@ TEST(GpuKernels, NarrowAndWidenMatchTheCpuTwinBitForBit) {
       CUDA_OK(cudaDeviceSynchronize());
       const std::vector<float> gpuWide = dwide.download();
       ASSERT_EQ(0, std::memcmp(gpuWide.data(), cpuWide.data(), n * sizeof(float)));
+    }
+  }
+}
+
+// Quantizing (with and without error feedback), the inf/NaN flag and
+// dequantizing give the CPU twin's bits: blocks with inf, NaN, zeros and
+// tiny values, and a short last block.
+TEST(GpuKernels, QuantizeAndDequantizeMatchTheCpuTwinBitForBit) {
+  REQUIRE_GPU();
+  const size_t n = 100003;
+  std::vector<float> src = interesting(n, 3);
+  for (size_t i = 128; i < 256; ++i) src[i] = 0.0f;    // a zero block
+  for (size_t i = 256; i < 384; ++i) src[i] = 1e-38f;  // below 2^-120
+  src[400] = std::numeric_limits<float>::quiet_NaN();
+  for (DataType wire : {DataType::kQInt8, DataType::kQInt4}) {
+    const size_t bytes = wireElements(wire, n) * dataTypeSize(wire);
+    for (bool feedback : {false, true}) {
+      std::vector<float> cpuRes(n), start(n);
+      for (size_t i = 0; i < n; ++i) start[i] = feedback ? 0.01f * float(i % 7) - 0.03f : 0.0f;
+      cpuRes = start;
+      std::vector<uint8_t> cpu(bytes);
+      kernels::narrow(cpu.data(), src.data(), n, wire, 0.5f, feedback ? cpuRes.data() : nullptr);
+      DeviceBuffer<float> dsrc(n), dres(n), dwide(n);
+      DeviceBuffer<uint8_t> dq(bytes);
+      DeviceBuffer<int> flag(1);
+      dsrc.upload(src);
+      dres.upload(start);
+      CUDA_OK(kc::narrow(dq.p, dsrc.p, n, wire, 0.5f, feedback ? dres.p : nullptr, nullptr));
+      CUDA_OK(cudaMemset(flag.p, 0, sizeof(int)));
+      CUDA_OK(kc::flagNonFinite(dq.p, wireElements(wire, n), wire, flag.p, nullptr));
+      CUDA_OK(cudaDeviceSynchronize());
+      ASSERT_EQ(dq.download(), cpu) << toString(wire) << " feedback " << feedback;
+      if (feedback) {
+        ASSERT_EQ(0, std::memcmp(dres.download().data(), cpuRes.data(), n * 4));
+      }
+      ASSERT_EQ(flag.download()[0], 1);  // the NaN block
+      std::vector<float> cpuWide(n);
+      kernels::widen(cpuWide.data(), cpu.data(), n, wire, 3.0f);
+      CUDA_OK(kc::widen(dwide.p, dq.p, n, wire, 3.0f, nullptr));
+      CUDA_OK(cudaDeviceSynchronize());
+      ASSERT_EQ(0, std::memcmp(dwide.download().data(), cpuWide.data(), n * sizeof(float)));
     }
   }
 }

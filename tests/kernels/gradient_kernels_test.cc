@@ -42,7 +42,7 @@ std::vector<float> integerFloats(size_t n, uint32_t seed) {
 
 uint16_t bitsOf(float f, DataType wire) {
   uint16_t out = 0;
-  kernels::hostKernels()->narrow(&out, &f, 1, wire, 1.0f);
+  kernels::hostKernels()->narrow(&out, &f, 1, wire, 1.0f, nullptr);
   return out;
 }
 
@@ -82,7 +82,7 @@ TEST(HostKernels, NarrowRoundsToNearestEvenAndWidenIsExact) {
   const std::vector<float> x = {0.5f, -1.25f, 3.0f};
   std::vector<uint16_t> w(3);
   std::vector<float> back(3);
-  kernels::hostKernels()->narrow(w.data(), x.data(), 3, DataType::kFloat16, 4.0f);
+  kernels::hostKernels()->narrow(w.data(), x.data(), 3, DataType::kFloat16, 4.0f, nullptr);
   kernels::hostKernels()->widen(back.data(), w.data(), 3, DataType::kFloat16, 0.5f);
   for (size_t i = 0; i < 3; ++i) EXPECT_EQ(back[i], x[i] * 2.0f);
 }
@@ -247,8 +247,8 @@ TEST_F(HostAndCudaKernels, NarrowWidenAndNonFiniteAgreeBitForBit) {
   for (DataType wire : {DataType::kFloat16, DataType::kBFloat16}) {
     std::vector<uint16_t> hw(x.size());
     uint16_t* dw = onDevice(hw);
-    host().narrow(hw.data(), x.data(), x.size(), wire, 0.37f);
-    cuda_->narrow(dw, onDevice(x), x.size(), wire, 0.37f);
+    host().narrow(hw.data(), x.data(), x.size(), wire, 0.37f, nullptr);
+    cuda_->narrow(dw, onDevice(x), x.size(), wire, 0.37f, nullptr);
     expectSameBits(hw, dw, "narrow");
     std::vector<float> hb(x.size());
     float* db = onDevice(hb);

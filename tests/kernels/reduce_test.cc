@@ -224,6 +224,61 @@ T refIntOp(ReduceOp op, T x, T y) {
   return static_cast<T>(static_cast<U>(static_cast<unsigned __int128>(r)));
 }
 
+// ---- quantized blocks, from the contract in cpu/block_quant.h -----------------
+
+float quantMax(DataType t) {
+  return t == DataType::kQInt8 ? 127.0f : 7.0f;
+}
+
+// The block's kQuantBlock values: q * scale, q int8 or a sign-extended nibble.
+std::vector<float> refDequant(DataType t, const uint8_t* p) {
+  const float s = load<float>(p);
+  std::vector<float> y(kQuantBlock);
+  for (size_t i = 0; i < kQuantBlock; ++i) {
+    int q;
+    if (t == DataType::kQInt8) {
+      q = static_cast<int8_t>(p[4 + i]);
+    } else {
+      const int nib = i % 2 == 0 ? p[4 + i / 2] & 0xF : p[4 + i / 2] >> 4;
+      q = nib >= 8 ? nib - 16 : nib;
+    }
+    y[i] = static_cast<float>(q) * s;
+  }
+  return y;
+}
+
+// The block of y: NaN block for any inf/NaN, zero block below 2^-120, else
+// scale = m / Q and q = nearbyint(y * (Q / m)) clamped.
+void refQuant(DataType t, const std::vector<float>& y, uint8_t* out) {
+  const float qmax = quantMax(t);
+  bool bad = false;
+  float m = 0.0f;
+  for (float v : y) {
+    bad |= !std::isfinite(v);
+    m = std::max(m, std::fabs(v));
+  }
+  float s = 0.0f;
+  std::vector<int> q(kQuantBlock, 0);
+  if (bad) {
+    s = std::numeric_limits<float>::quiet_NaN();
+  } else if (m >= std::ldexp(1.0f, -120)) {
+    s = m / qmax;
+    const float inv = qmax / m;
+    for (size_t i = 0; i < kQuantBlock; ++i) {
+      const float r = std::nearbyint(y[i] * inv);
+      q[i] = static_cast<int>(std::clamp(r, -qmax, qmax));
+    }
+  }
+  put<uint32_t>(out, bad ? 0x7FC00000u : bits(s));
+  for (size_t i = 0; i < kQuantBlock; ++i) {
+    if (t == DataType::kQInt8) {
+      out[4 + i] = static_cast<uint8_t>(q[i]);
+    } else if (i % 2 == 0) {
+      out[4 + i / 2] = static_cast<uint8_t>((q[i] & 0xF) | ((q[i + 1] & 0xF) << 4));
+    }
+  }
+}
+
 // out = a op b for one element of dtype.
 void refElement(DataType dtype, ReduceOp op, const uint8_t* a, const uint8_t* b, uint8_t* out) {
   switch (dtype) {
@@ -268,6 +323,18 @@ void refElement(DataType dtype, ReduceOp op, const uint8_t* a, const uint8_t* b,
       const size_t half = dataTypeSize(part);
       refElement(part, op, a, b, out);
       refElement(part, op, a + half, b + half, out + half);
+      return;
+    }
+    case DataType::kQInt8:
+    case DataType::kQInt4: {  // in float32 (double rounded once gives float's sum)
+      std::vector<float> x = refDequant(dtype, a);
+      const std::vector<float> y = refDequant(dtype, b);
+      for (size_t i = 0; i < kQuantBlock; ++i) {
+        // An inf or NaN operand value makes the result the NaN block.
+        const bool finite = std::isfinite(x[i]) && std::isfinite(y[i]);
+        x[i] = finite ? static_cast<float>(refFloatOp(op, x[i], y[i])) : NAN;
+      }
+      refQuant(dtype, x, out);
       return;
     }
   }
@@ -357,6 +424,19 @@ void fillRandom(DataType dtype, uint8_t* p, size_t n, std::mt19937_64& rng) {
       }
       case DataType::kComplex64: fillRandom(DataType::kFloat32, p, 2, rng); break;
       case DataType::kComplex128: fillRandom(DataType::kFloat64, p, 2, rng); break;
+      case DataType::kQInt8:
+      case DataType::kQInt4: {  // mostly quantized gradients (1 in 10 holding inf/NaN), or any
+                                // bytes
+        if (k < 7) {
+          std::vector<float> y(kQuantBlock);
+          for (float& v : y) v = static_cast<float>(std::ldexp(unit(rng), scale(rng) % 8));
+          if (k == 0) y[raw % kQuantBlock] = (raw & 1) ? INFINITY : NAN;
+          refQuant(dtype, y, p);
+        } else {
+          for (size_t j = 0; j < size; ++j) p[j] = static_cast<uint8_t>(rng());
+        }
+        break;
+      }
     }
   }
 }
@@ -390,6 +470,8 @@ TEST_P(ReduceTest, MatchesReference) {
                            33, 63, 64, 65, 127, 129, 255, 1023, 1025, 100003};
   enum Alias { kNone, kDstIsA, kDstIsB };
   for (size_t count : counts) {
+    // A quantized element is a block of 128 values: 1025 of them are enough.
+    if (isQuantized(dtype) && count > 1025) continue;
     for (Alias alias : {kNone, kDstIsA, kDstIsB}) {
       for (size_t offset : {size_t{0}, size_t{1}}) {  // 1: not even element-aligned
         SCOPED_TRACE("count " + std::to_string(count) + " alias " + std::to_string(alias) +
@@ -751,6 +833,13 @@ void refDivide(DataType dtype, const uint8_t* in, uint8_t* out, int64_t d) {
       refDivide(part, in + half, out + half, d);
       return;
     }
+    case DataType::kQInt8:
+    case DataType::kQInt4: {  // each value in float32, quantized again
+      std::vector<float> y = refDequant(dtype, in);
+      for (float& v : y) v = v / static_cast<float>(d);
+      refQuant(dtype, y, out);
+      return;
+    }
     case DataType::kBool: return;  // divide refuses bool (Divide.RejectsBadArguments)
   }
 }
@@ -856,8 +945,9 @@ TEST(Dispatch, OpsThatDoNotApplyToTheTypeThrow) {
     }
   }
   // The floats refuse the 3 bitwise ops (6 types), complex all but sum and
-  // avg (2 x 6), bool avg.
-  EXPECT_EQ(refused, 6 * 3 + 2 * 6 + 1);
+  // avg (2 x 6), the quantized types prod and the bitwise ops (2 x 4), bool
+  // avg.
+  EXPECT_EQ(refused, 6 * 3 + 2 * 6 + 2 * 4 + 1);
 }
 
 TEST(Dispatch, IsaSelection) {

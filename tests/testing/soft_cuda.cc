@@ -507,22 +507,29 @@ int batchedCopy(const CopySegment* segments, size_t n, void* scratch, void* stre
 }
 
 bool isWire(DataType t) {
-  return t == DataType::kFloat16 || t == DataType::kBFloat16;
+  return t == DataType::kFloat16 || t == DataType::kBFloat16 || isQuantized(t);
 }
 
-int narrow(void* dst, const float* src, size_t count, DataType wire, float scale, void* stream) {
+// Bytes of `wire` for `count` float32 values.
+size_t wireBytes(DataType wire, size_t count) {
+  return wireElements(wire, count) * dataTypeSize(wire);
+}
+
+int narrow(void* dst, const float* src, size_t count, DataType wire, float scale, float* residual,
+           void* stream) {
   Launch l("narrow");
   if (l.error() || count == 0) return l.error();
-  if (!isWire(wire)) return kInvalidValue;
-  l.on(stream).dev(dst, count * 2).dev(src, count * sizeof(float));
-  return l.submit([=] { kernels::narrow(dst, src, count, wire, scale); });
+  if (!isWire(wire) || (residual && !isQuantized(wire))) return kInvalidValue;
+  l.on(stream).dev(dst, wireBytes(wire, count)).dev(src, count * sizeof(float));
+  if (residual) l.dev(residual, count * sizeof(float));
+  return l.submit([=] { kernels::narrow(dst, src, count, wire, scale, residual); });
 }
 
 int widen(float* dst, const void* src, size_t count, DataType wire, float scale, void* stream) {
   Launch l("widen");
   if (l.error() || count == 0) return l.error();
   if (!isWire(wire)) return kInvalidValue;
-  l.on(stream).dev(dst, count * sizeof(float)).dev(src, count * 2);
+  l.on(stream).dev(dst, count * sizeof(float)).dev(src, wireBytes(wire, count));
   return l.submit([=] { kernels::widen(dst, src, count, wire, scale); });
 }
 

@@ -263,21 +263,23 @@ TEST_F(SoftCuda, KernelsRejectHostPointersAndMatchTheCpuTwins) {
   void* pinned = nullptr;
   ASSERT_EQ(p->hostAlloc(&pinned, n * 4), 0);
   const DataType bf = DataType::kBFloat16;
-  EXPECT_EQ(p->narrow(half, host.data(), n, bf, 1.0f, nullptr), sc::kInvalidValue);
-  EXPECT_EQ(p->narrow(half, static_cast<float*>(pinned), n, bf, 1.0f, nullptr), sc::kInvalidValue);
-  EXPECT_EQ(p->narrow(other, src, n, bf, 1.0f, nullptr), sc::kInvalidValue);     // device 1
-  EXPECT_EQ(p->narrow(half, src, n + 1, bf, 1.0f, nullptr), sc::kInvalidValue);  // too short
-  EXPECT_EQ(p->narrow(half, src, n, DataType::kFloat32, 1.0f, nullptr), sc::kInvalidValue);
+  EXPECT_EQ(p->narrow(half, host.data(), n, bf, 1.0f, nullptr, nullptr), sc::kInvalidValue);
+  EXPECT_EQ(p->narrow(half, static_cast<float*>(pinned), n, bf, 1.0f, nullptr, nullptr),
+            sc::kInvalidValue);
+  EXPECT_EQ(p->narrow(other, src, n, bf, 1.0f, nullptr, nullptr), sc::kInvalidValue);  // device 1
+  EXPECT_EQ(p->narrow(half, src, n + 1, bf, 1.0f, nullptr, nullptr),
+            sc::kInvalidValue);  // too short
+  EXPECT_EQ(p->narrow(half, src, n, DataType::kFloat32, 1.0f, nullptr, nullptr), sc::kInvalidValue);
   EXPECT_EQ(sc::kernelLaunches(), 0u);
   void* s0 = nullptr;
   ASSERT_EQ(p->streamCreate(&s0), 0);
   ASSERT_EQ(p->setDevice(1), 0);  // a kernel on a stream of another device fails
-  EXPECT_EQ(p->narrow(half, src, n, bf, 1.0f, s0), sc::kInvalidHandle);
+  EXPECT_EQ(p->narrow(half, src, n, bf, 1.0f, nullptr, s0), sc::kInvalidHandle);
   ASSERT_EQ(p->setDevice(0), 0);
 
   for (DataType wire : {DataType::kFloat16, bf}) {
     ASSERT_EQ(p->memcpyAsync(src, host.data(), n * 4, s0), 0);
-    ASSERT_EQ(p->narrow(half, src, n, wire, 0.5f, s0), 0);
+    ASSERT_EQ(p->narrow(half, src, n, wire, 0.5f, nullptr, s0), 0);
     ASSERT_EQ(p->widen(back, half, n, wire, 2.0f, s0), 0);
     ASSERT_EQ(p->streamSynchronize(s0), 0);
     std::vector<uint16_t> h(n);

@@ -295,13 +295,16 @@ void reduceFloat8(void* out, const std::vector<const void*>& ins, size_t off, si
       combineFloat<float>);
 }
 
-// The data types NCCL has (ncclDataType_t): not int16, bool or complex.
+// The data types NCCL has (ncclDataType_t): not int16, bool, complex or
+// gflow's quantized blocks.
 bool ncclHas(int dtype) {
   switch (static_cast<DataType>(dtype)) {
     case DataType::kInt16:
     case DataType::kBool:
     case DataType::kComplex64:
-    case DataType::kComplex128: return false;
+    case DataType::kComplex128:
+    case DataType::kQInt8:
+    case DataType::kQInt4: return false;
     default: return dtype >= 0 && dtype < kNumDataTypes;
   }
 }
@@ -329,7 +332,9 @@ void reduce(void* out, const std::vector<const void*>& ins, size_t off, size_t c
     case DataType::kInt16:
     case DataType::kBool:
     case DataType::kComplex64:
-    case DataType::kComplex128: break;  // not NCCL types: collective() refuses them
+    case DataType::kComplex128:
+    case DataType::kQInt8:
+    case DataType::kQInt4: break;  // not NCCL types: collective() refuses them
   }
 }
 

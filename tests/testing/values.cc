@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "kernels/convert.h"
 #include "kernels/reduce.h"
 
 namespace gflow::testing {
@@ -66,6 +67,12 @@ double getValue(const void* buf, size_t i, DataType t) {
     case DataType::kFloat8E5M2: return kernels::float8e5m2ToFloat(at<uint8_t>(buf, i));
     case DataType::kComplex64: return complexValue<float>(buf, i);
     case DataType::kComplex128: return complexValue<double>(buf, i);
+    case DataType::kQInt8:
+    case DataType::kQInt4: {  // the block's first value
+      float f[kQuantBlock];
+      kernels::widen(f, static_cast<const char*>(buf) + i * dataTypeSize(t), kQuantBlock, t);
+      return f[0];
+    }
   }
   return 0;
 }
@@ -87,6 +94,12 @@ void setValue(void* buf, size_t i, DataType t, double v) {
     case DataType::kFloat8E5M2: return put<uint8_t>(buf, i, kernels::floatToFloat8e5m2(f));
     case DataType::kComplex64: put<float>(buf, 2 * i, f); return put<float>(buf, 2 * i + 1, -f);
     case DataType::kComplex128: put<double>(buf, 2 * i, v); return put<double>(buf, 2 * i + 1, -v);
+    case DataType::kQInt8:
+    case DataType::kQInt4: {  // a block of kQuantBlock values v
+      float x[kQuantBlock];
+      std::fill(x, x + kQuantBlock, f);
+      return kernels::narrow(static_cast<char*>(buf) + i * dataTypeSize(t), x, kQuantBlock, t);
+    }
   }
 }
 
@@ -159,7 +172,9 @@ double exactExpected(int n, size_t i, ReduceOp op, DataType t) {
 const std::vector<DataType>& allDataTypes() {
   static const std::vector<DataType> v = [] {
     std::vector<DataType> all;
-    for (int t = 0; t < kNumDataTypes; ++t) all.push_back(static_cast<DataType>(t));
+    for (int t = 0; t < kNumDataTypes; ++t) {
+      if (!isQuantized(static_cast<DataType>(t))) all.push_back(static_cast<DataType>(t));
+    }
     return all;
   }();
   return v;

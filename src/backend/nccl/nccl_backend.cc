@@ -111,7 +111,9 @@ bool ncclHas(const OpDesc& d) {
     case DataType::kInt16:
     case DataType::kBool:
     case DataType::kComplex64:
-    case DataType::kComplex128: return false;
+    case DataType::kComplex128:
+    case DataType::kQInt8:
+    case DataType::kQInt4: return false;
     default: break;
   }
   return d.op != ReduceOp::kBand && d.op != ReduceOp::kBor && d.op != ReduceOp::kBxor;

@@ -20,6 +20,13 @@ using NarrowFn = void (*)(void* dst, const float* src, size_t count);
 using WidenScaledFn = void (*)(float* dst, const void* src, size_t count, float scale);
 using NarrowScaledFn = void (*)(void* dst, const float* src, size_t count, float scale);
 
+// Block quantization (block_quant.h): blocks = Q(src * scale + residual)
+// (residual may be null; if not, it becomes what quantizing lost), and
+// dst = D(blocks) * scale, for `count` float32 values.
+using QuantizeFn = void (*)(void* blocks, const float* src, size_t count, float scale,
+                            float* residual);
+using DequantizeFn = void (*)(float* dst, const void* blocks, size_t count, float scale);
+
 struct KernelTable {
   Isa isa;
   // [dtype][KernelOp]: sum, min, max, prod, band, bor, bxor (see scalar.h);
@@ -33,6 +40,9 @@ struct KernelTable {
   NarrowScaledFn floatToHalfScaled;
   WidenScaledFn bfloat16ToFloatScaled;
   NarrowScaledFn floatToBfloat16Scaled;
+  // [0]: kQInt8, [1]: kQInt4.
+  QuantizeFn quantize[2];
+  DequantizeFn dequantize[2];
 };
 
 // The tables themselves. Calling into one whose ISA the CPU lacks raises

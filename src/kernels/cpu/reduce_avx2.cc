@@ -2,7 +2,8 @@
 // reached through tableFor(Isa::kAvx2), which checks the CPU and the OS first.
 //
 // Every op is a single elementwise IEEE operation, so results equal the scalar
-// kernels bit for bit (no a*b+c pattern exists for the compiler to contract).
+// kernels bit for bit. -ffp-contract=off keeps the compiler from fusing a
+// multiply and an add of the shared loops (block_quant.h) into an FMA.
 #include <immintrin.h>
 
 #include "kernels/cpu/simd_driver.h"

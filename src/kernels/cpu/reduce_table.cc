@@ -125,6 +125,28 @@ void divideFloat8(void* data, size_t count, int64_t divisor) {
   });
 }
 
+// Quantized types: each block in float32, divided, quantized again.
+void divideBlocks(void* data, size_t count, DataType dtype, int64_t divisor) {
+  const KernelTable* t = activeTable().load(std::memory_order_acquire);
+  const int slot = dtype == DataType::kQInt8 ? 0 : 1;
+  const size_t es = dataTypeSize(dtype);
+  const auto d = static_cast<float>(divisor);
+  float buf[kQuantBlock];
+  auto* p = static_cast<unsigned char*>(data);
+  for (size_t k = 0; k < count; ++k, p += es) {
+    t->dequantize[slot](buf, p, kQuantBlock, 1.0f);
+    for (float& v : buf) v /= d;
+    t->quantize[slot](p, buf, kQuantBlock, 1.0f, nullptr);
+  }
+}
+
+// The quantized types' slot in the table; -1 for the others.
+int quantSlot(DataType wire) {
+  if (wire == DataType::kQInt8) return 0;
+  if (wire == DataType::kQInt4) return 1;
+  return -1;
+}
+
 }  // namespace
 
 namespace cpu {
@@ -194,6 +216,8 @@ void divide(void* data, size_t count, DataType dtype, int64_t divisor) {
     // Complex: both parts.
     case DataType::kComplex64: return divide(data, 2 * count, DataType::kFloat32, divisor);
     case DataType::kComplex128: return divide(data, 2 * count, DataType::kFloat64, divisor);
+    case DataType::kQInt8:
+    case DataType::kQInt4: return divideBlocks(data, count, dtype, divisor);
     case DataType::kBool: break;  // avg does not apply
   }
   GFLOW_THROW(kInvalidArgument, ErrorContext{})
@@ -228,8 +252,15 @@ bool setIsa(Isa isa) {
   return true;
 }
 
-void narrow(void* dst, const float* src, size_t count, DataType wire, float scale) {
+void narrow(void* dst, const float* src, size_t count, DataType wire, float scale,
+            float* residual) {
   const KernelTable* t = activeTable().load(std::memory_order_acquire);
+  if (const int q = quantSlot(wire); q >= 0)
+    return t->quantize[q](dst, src, count, scale, residual);
+  if (residual != nullptr) {
+    GFLOW_THROW(kInvalidArgument, ErrorContext{})
+        << "narrow: error feedback needs a quantized wire (qint8, qint4), not " << toString(wire);
+  }
   if (wire == DataType::kFloat16) {
     scale == 1.0f ? t->floatToHalf(dst, src, count) : t->floatToHalfScaled(dst, src, count, scale);
   } else if (wire == DataType::kBFloat16) {
@@ -244,12 +275,13 @@ void narrow(void* dst, const float* src, size_t count, DataType wire, float scal
     }
   } else {
     GFLOW_THROW(kInvalidArgument, ErrorContext{})
-        << "narrow: type " << toString(wire) << " is not float16, bfloat16 or float8";
+        << "narrow: type " << toString(wire) << " is not float16, bfloat16, float8, qint8 or qint4";
   }
 }
 
 void widen(float* dst, const void* src, size_t count, DataType wire, float scale) {
   const KernelTable* t = activeTable().load(std::memory_order_acquire);
+  if (const int q = quantSlot(wire); q >= 0) return t->dequantize[q](dst, src, count, scale);
   if (wire == DataType::kFloat16) {
     scale == 1.0f ? t->halfToFloat(dst, src, count) : t->halfToFloatScaled(dst, src, count, scale);
   } else if (wire == DataType::kBFloat16) {
@@ -263,7 +295,7 @@ void widen(float* dst, const void* src, size_t count, DataType wire, float scale
     }
   } else {
     GFLOW_THROW(kInvalidArgument, ErrorContext{})
-        << "widen: type " << toString(wire) << " is not float16, bfloat16 or float8";
+        << "widen: type " << toString(wire) << " is not float16, bfloat16, float8, qint8 or qint4";
   }
 }
 
@@ -298,6 +330,14 @@ bool anyNonFinite(const void* data, size_t count, DataType dtype) {
       return anyExponentAllOnes<uint8_t>(data, count, static_cast<uint8_t>(0x7f));
     case DataType::kComplex64: return anyNonFinite(data, 2 * count, DataType::kFloat32);
     case DataType::kComplex128: return anyNonFinite(data, 2 * count, DataType::kFloat64);
+    case DataType::kQInt8:
+    case DataType::kQInt4: {  // a block's scale
+      const size_t es = dataTypeSize(dtype);
+      const auto* p = static_cast<const unsigned char*>(data);
+      bool any = false;
+      for (size_t k = 0; k < count; ++k) any |= anyNonFinite(p + k * es, 1, DataType::kFloat32);
+      return any;
+    }
     default: return false;
   }
 }

@@ -21,6 +21,7 @@
 #include <cstddef>
 #include <cstring>
 
+#include "kernels/cpu/block_quant.h"
 #include "kernels/cpu/kernel_table.h"
 #include "kernels/cpu/scalar.h"
 
@@ -278,6 +279,18 @@ constexpr void setIntegerRow(KernelTable& table, DataType dtype) {
   row[kOpBxor] = &bitwiseLoop<kOpBxor, sizeof(typename L::T)>;
 }
 
+// A block-quantized type: its reduce ops and conversions (block_quant.h),
+// vectorised by the ISA file's compiler flags.
+template <class Fmt>
+constexpr void setBlockRow(KernelTable& table, DataType dtype, int slot) {
+  ReduceFn* row = table.reduce[static_cast<int>(dtype)];
+  row[kOpSum] = &blockReduceLoop<Fmt, kOpSum>;
+  row[kOpMin] = &blockReduceLoop<Fmt, kOpMin>;
+  row[kOpMax] = &blockReduceLoop<Fmt, kOpMax>;
+  table.quantize[slot] = &quantizeLoop<Fmt>;
+  table.dequantize[slot] = &dequantizeLoop<Fmt>;
+}
+
 // The rows every ISA builds from the shared lanes (complex from its own
 // float32 and float64 lanes).
 template <class F32, class F64>
@@ -291,6 +304,8 @@ constexpr void setSharedRows(KernelTable& t) {
   b[kOpBxor] = &boolXorLoop;
   t.reduce[static_cast<int>(DataType::kComplex64)][kOpSum] = &complexSumLoop<F32>;
   t.reduce[static_cast<int>(DataType::kComplex128)][kOpSum] = &complexSumLoop<F64>;
+  setBlockRow<QInt8Format>(t, DataType::kQInt8, 0);
+  setBlockRow<QInt4Format>(t, DataType::kQInt4, 1);
 }
 
 // The whole table from one lane per data type. constexpr so each ISA's table

@@ -72,6 +72,106 @@ __global__ void widenBf16(float* dst, const __nv_bfloat16* src, size_t n, float 
   }
 }
 
+// ---- block quantization (the CPU twin: kernels/cpu/block_quant.h) ----------
+// One thread per value, one thread block per quantization block. Every step
+// is the twin's IEEE operation, rounded the same way (__fmul_rn etc. keep
+// nvcc from contracting them into FMAs; rintf rounds to nearest even).
+
+constexpr float kQuantTiny = 7.52316384526264e-37f;  // 2^-120, as the twin
+
+__device__ size_t blockOffset(size_t blk, bool int4) {
+  return blk * (4 + (int4 ? kQuantBlock / 2 : kQuantBlock));
+}
+
+__device__ void storeScale(unsigned char* p, float s) {
+  const uint32_t u = __float_as_uint(s);
+  for (int k = 0; k < 4; ++k) p[k] = static_cast<unsigned char>(u >> (8 * k));
+}
+
+__device__ float loadScale(const unsigned char* p) {
+  uint32_t u = 0;
+  for (int k = 0; k < 4; ++k) u |= static_cast<uint32_t>(p[k]) << (8 * k);
+  return __uint_as_float(u);
+}
+
+// The largest of the block's magnitude bit patterns (inf/NaN sort on top).
+__device__ uint32_t blockTop(uint32_t bits) {
+  __shared__ uint32_t warpTop[kQuantBlock / 32];
+  const uint32_t t = __reduce_max_sync(0xffffffffu, bits);
+  if ((threadIdx.x & 31) == 0) warpTop[threadIdx.x >> 5] = t;
+  __syncthreads();
+  uint32_t top = 0;
+  for (int w = 0; w < static_cast<int>(kQuantBlock / 32); ++w) top = max(top, warpTop[w]);
+  __syncthreads();  // warpTop is reused by the next block of the loop
+  return top;
+}
+
+__global__ void quantizeBlocks(unsigned char* out, const float* src, size_t count, float scale,
+                               float* residual, float qmax, bool int4) {
+  const size_t blocks = (count + kQuantBlock - 1) / kQuantBlock;
+  for (size_t blk = blockIdx.x; blk < blocks; blk += gridDim.x) {
+    const size_t at = blk * kQuantBlock + threadIdx.x;
+    const bool in = at < count;
+    float y = in ? __fmul_rn(src[at], scale) : 0.0f;
+    if (residual && in) y = __fadd_rn(y, residual[at]);
+    const uint32_t top = blockTop(__float_as_uint(y) & 0x7FFFFFFFu);
+    const float m = __uint_as_float(top);
+    const bool bad = top >= 0x7F800000u;
+    float s = 0.0f, q = 0.0f;
+    if (bad) {
+      s = __uint_as_float(0x7FC00000u);
+    } else if (m >= kQuantTiny) {
+      s = __fdiv_rn(m, qmax);
+      q = rintf(__fmul_rn(y, __fdiv_rn(qmax, m)));
+      q = q > qmax ? qmax : (q < -qmax ? -qmax : q);
+    }
+    unsigned char* p = out + blockOffset(blk, int4);
+    if (threadIdx.x == 0) storeScale(p, s);
+    const int qi = static_cast<int>(q);
+    if (int4) {
+      const int next = __shfl_down_sync(0xffffffffu, qi, 1);
+      if ((threadIdx.x & 1) == 0) {
+        p[4 + threadIdx.x / 2] = static_cast<unsigned char>((qi & 0xF) | ((next & 0xF) << 4));
+      }
+    } else {
+      p[4 + threadIdx.x] = static_cast<unsigned char>(static_cast<int8_t>(qi));
+    }
+    if (residual && in) residual[at] = bad ? 0.0f : __fsub_rn(y, __fmul_rn(q, s));
+  }
+}
+
+__global__ void dequantizeBlocks(float* dst, const unsigned char* in, size_t count, float scale,
+                                 bool int4) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < count;
+       i += size_t(blockDim.x) * gridDim.x) {
+    const size_t blk = i / kQuantBlock, j = i % kQuantBlock;
+    const unsigned char* p = in + blockOffset(blk, int4);
+    int q;
+    if (int4) {
+      const int nib = (j & 1) ? p[4 + j / 2] >> 4 : p[4 + j / 2] & 0xF;
+      q = nib >= 8 ? nib - 16 : nib;
+    } else {
+      q = static_cast<int8_t>(p[4 + j]);
+    }
+    dst[i] = __fmul_rn(__fmul_rn(static_cast<float>(q), loadScale(p)), scale);
+  }
+}
+
+// A block is inf/NaN when its scale is.
+__global__ void nonFiniteBlocks(const unsigned char* data, size_t blocks, bool int4, int* flag) {
+  bool bad = false;
+  for (size_t b = blockIdx.x * size_t(blockDim.x) + threadIdx.x; b < blocks;
+       b += size_t(blockDim.x) * gridDim.x) {
+    bad = bad || !isfinite(loadScale(data + blockOffset(b, int4)));
+  }
+  if (__syncthreads_or(bad) && threadIdx.x == 0) atomicExch(flag, 1);
+}
+
+unsigned quantGrid(size_t count) {
+  const size_t blocks = (count + kQuantBlock - 1) / kQuantBlock;
+  return static_cast<unsigned>(blocks < (1u << 30) ? blocks : (1u << 30));
+}
+
 __global__ void scaleFloat(float* data, size_t n, float k) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
        i += size_t(blockDim.x) * gridDim.x) {
@@ -204,9 +304,17 @@ int batchedCopy(const CopySegment* segments, size_t n, void* scratch, void* stre
   return lastError();
 }
 
-int narrow(void* dst, const float* src, size_t count, DataType wire, float scale, void* stream) {
+int narrow(void* dst, const float* src, size_t count, DataType wire, float scale, float* residual,
+           void* stream) {
   if (count == 0) return 0;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (wire == DataType::kQInt8 || wire == DataType::kQInt4) {
+    const bool int4 = wire == DataType::kQInt4;
+    quantizeBlocks<<<quantGrid(count), kQuantBlock, 0, s>>>(
+        static_cast<unsigned char*>(dst), src, count, scale, residual, int4 ? 7.0f : 127.0f, int4);
+    return lastError();
+  }
+  if (residual) return static_cast<int>(cudaErrorInvalidValue);
   if (wire == DataType::kFloat16) {
     narrowHalf<<<blocksFor(count), kThreads, 0, s>>>(static_cast<__half*>(dst), src, count, scale);
   } else if (wire == DataType::kBFloat16) {
@@ -221,6 +329,11 @@ int narrow(void* dst, const float* src, size_t count, DataType wire, float scale
 int widen(float* dst, const void* src, size_t count, DataType wire, float scale, void* stream) {
   if (count == 0) return 0;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (wire == DataType::kQInt8 || wire == DataType::kQInt4) {
+    dequantizeBlocks<<<blocksFor(count), kThreads, 0, s>>>(
+        dst, static_cast<const unsigned char*>(src), count, scale, wire == DataType::kQInt4);
+    return lastError();
+  }
   if (wire == DataType::kFloat16) {
     widenHalf<<<blocksFor(count), kThreads, 0, s>>>(dst, static_cast<const __half*>(src), count,
                                                     scale);
@@ -266,6 +379,11 @@ int flagNonFinite(const void* data, size_t count, DataType dtype, int* flag, voi
       return flagNonFinite(data, 2 * count, DataType::kFloat32, flag, stream);
     case DataType::kComplex128:
       return flagNonFinite(data, 2 * count, DataType::kFloat64, flag, stream);
+    case DataType::kQInt8:
+    case DataType::kQInt4:
+      nonFiniteBlocks<<<b, kThreads, 0, s>>>(static_cast<const unsigned char*>(data), count,
+                                             dtype == DataType::kQInt4, flag);
+      break;
     default: return 0;  // integers and bool are always finite
   }
   return lastError();

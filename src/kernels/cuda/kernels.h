@@ -35,9 +35,13 @@ struct CopySegment {
 int batchedCopy(const CopySegment* segments, size_t n, void* scratch, void* stream);
 
 // dst[i] = round_to_nearest_even(src[i] * scale) in `wire` (kFloat16 or
-// kBFloat16); beyond the wire range -> inf, as the CPU twin.
-int narrow(void* dst, const float* src, size_t count, DataType wire, float scale, void* stream);
-// dst[i] = float(src[i]) * scale.
+// kBFloat16); beyond the wire range -> inf, as the CPU twin. kQInt8 and
+// kQInt4: `count` float32 values into blocks, with error feedback through
+// `residual` (may be null; quantized wires only), the bits of the CPU twin
+// (kernels/convert.h, cpu/block_quant.h).
+int narrow(void* dst, const float* src, size_t count, DataType wire, float scale, float* residual,
+           void* stream);
+// dst[i] = float(src[i]) * scale (quantized wires: `count` values of blocks).
 int widen(float* dst, const void* src, size_t count, DataType wire, float scale, void* stream);
 // data[i] = data[i] * k (float32, round to nearest even: the CPU's multiply).
 int scale(float* data, size_t count, float k, void* stream);
