@@ -12,10 +12,12 @@ Modes:
     gloo           DDP on torch's gloo backend
     gloo-fp16      DDP on gloo with torch's fp16_compress_hook
     gflow          DDP on gflow's torch.distributed backend
-    gflow-dense, gflow-fp16, gflow-bf16, gflow-csc
+    gflow-dense, gflow-fp16, gflow-bf16, gflow-int8, gflow-int4, gflow-csc
                    DDP (process group: gloo) with gflow's communication hook:
-                   allreduce_hook, fp16_compress_hook, bf16_compress_hook or
-                   csc_hook (density --density, chunk 1024, error feedback)
+                   allreduce_hook, fp16_compress_hook, bf16_compress_hook,
+                   int8_compress_hook / int4_compress_hook (QuantizedState:
+                   error feedback) or csc_hook (density --density, chunk 1024,
+                   error feedback)
 
 Rank and world come from gflowrun's variables (GFLOW_RANK, GFLOW_WORLD_SIZE,
 GFLOW_ROOT); torch's own rendezvous uses GFLOW_ROOT's host and its port + 7.
@@ -40,7 +42,7 @@ import torchvision
 from torch.nn.parallel import DistributedDataParallel
 
 MODES = ["none", "ddp-noop", "gloo", "gloo-fp16", "gflow", "gflow-dense", "gflow-fp16", "gflow-bf16",
-         "gflow-csc"]
+         "gflow-int8", "gflow-int4", "gflow-csc"]
 
 
 def init(mode, rank, size):
@@ -75,8 +77,13 @@ def wrap(model, mode, comm, density):
     elif mode.startswith("gflow-"):
         import gflow.torch as gt
         hooks = {"gflow-dense": gt.allreduce_hook, "gflow-fp16": gt.fp16_compress_hook,
-                 "gflow-bf16": gt.bf16_compress_hook, "gflow-csc": gt.csc_hook}
-        state = gt.CSCState(comm, density=density, chunk=1024) if mode == "gflow-csc" else comm
+                 "gflow-bf16": gt.bf16_compress_hook, "gflow-int8": gt.int8_compress_hook,
+                 "gflow-int4": gt.int4_compress_hook, "gflow-csc": gt.csc_hook}
+        state = comm
+        if mode == "gflow-csc":
+            state = gt.CSCState(comm, density=density, chunk=1024)
+        elif mode in ("gflow-int8", "gflow-int4"):
+            state = gt.QuantizedState(comm)
         ddp.register_comm_hook(state, hooks[mode])
     return ddp
 

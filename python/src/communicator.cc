@@ -30,7 +30,7 @@ py::object finish(const CommPtr& comm, Work work, std::vector<HeldTensor> keep, 
 
 py::object allreduce(const CommPtr& comm, py::handle x, py::handle op, py::handle out,
                      py::handle wire, float prescale, float postscale, py::handle reproducible,
-                     bool asyncOp) {
+                     py::handle residual, bool asyncOp) {
   Communicator& c = *comm;
   std::vector<HeldTensor> keep;
   AllreduceOptions o;
@@ -38,11 +38,12 @@ py::object allreduce(const CommPtr& comm, py::handle x, py::handle op, py::handl
     keep.push_back(viewTensor(x, "allreduce: tensor", out.is_none()));
     o.op = toReduceOp(op);
     if (!out.is_none()) {
-      if (!wire.is_none() || prescale != 1.0f || postscale != 1.0f || !reproducible.is_none()) {
+      if (!wire.is_none() || prescale != 1.0f || postscale != 1.0f || !reproducible.is_none() ||
+          !residual.is_none()) {
         throw Error(ErrorCode::kInvalidArgument,
-                    "allreduce: wire, prescale, postscale and reproducible apply to in-place "
-                    "allreduce only (drop out=; a communicator created with reproducible=True "
-                    "is reproducible out of place too)");
+                    "allreduce: wire, prescale, postscale, reproducible and residual apply to "
+                    "in-place allreduce only (drop out=; a communicator created with "
+                    "reproducible=True is reproducible out of place too)");
       }
       keep.push_back(viewTensor(out, "allreduce: out", true));
     } else {
@@ -50,13 +51,17 @@ py::object allreduce(const CommPtr& comm, py::handle x, py::handle op, py::handl
       o.prescale = prescale;
       o.postscale = postscale;
       if (!reproducible.is_none()) o.reproducible = reproducible.cast<bool>();
+      if (!residual.is_none()) {
+        keep.push_back(viewTensor(residual, "allreduce: residual", true));
+        o.residual = keep.back().tensor;
+      }
     }
   });
   Work w;
   {
     py::gil_scoped_release nogil;
-    w = keep.size() == 2 ? c.allreduceAsync(keep[0].tensor, keep[1].tensor, o.op)
-                         : c.allreduceAsync(keep[0].tensor, o);
+    w = !out.is_none() ? c.allreduceAsync(keep[0].tensor, keep[1].tensor, o.op)
+                       : c.allreduceAsync(keep[0].tensor, o);
   }
   return finish(comm, std::move(w), std::move(keep), asyncOp);
 }
@@ -360,7 +365,9 @@ void bindCommunicator(py::module_& m) {
       .value("FLOAT8_E4M3", DataType::kFloat8E4M3)
       .value("FLOAT8_E5M2", DataType::kFloat8E5M2)
       .value("COMPLEX64", DataType::kComplex64)
-      .value("COMPLEX128", DataType::kComplex128);
+      .value("COMPLEX128", DataType::kComplex128)
+      .value("QINT8", DataType::kQInt8)
+      .value("QINT4", DataType::kQInt4);
 
   py::class_<PyWork, std::shared_ptr<PyWork>>(m, "Work")
       .def(
@@ -391,7 +398,7 @@ void bindCommunicator(py::module_& m) {
       .def("allreduce", &allreduce, py::arg("tensor"), py::arg("op") = "sum", py::kw_only(),
            py::arg("out") = py::none(), py::arg("wire") = py::none(), py::arg("prescale") = 1.0f,
            py::arg("postscale") = 1.0f, py::arg("reproducible") = py::none(),
-           py::arg("async_op") = false)
+           py::arg("residual") = py::none(), py::arg("async_op") = false)
       .def(
           "reduce_scatter",
           [](const CommPtr& c, py::handle in, py::handle out, py::handle op, bool asyncOp) {

@@ -19,7 +19,7 @@ std::shared_ptr<PyReducer> make(std::shared_ptr<Communicator> comm, py::list ten
                                 float prescale, float postscale, double density, size_t chunk,
                                 float momentum, uint64_t warmupSteps,
                                 std::vector<std::string> names, std::string timeline,
-                                py::handle reproducible) {
+                                py::handle reproducible, bool errorFeedback) {
   if (!comm) throw Error(ErrorCode::kInvalidArgument, "GradientReducer: comm is None");
   auto r = std::make_shared<PyReducer>();
   std::vector<Tensor> grads;
@@ -46,6 +46,7 @@ std::shared_ptr<PyReducer> make(std::shared_ptr<Communicator> comm, py::list ten
     o.names = std::move(names);
     o.timeline = std::move(timeline);
     if (!reproducible.is_none()) o.reproducible = reproducible.cast<bool>();
+    o.errorFeedback = errorFeedback;
   });
   py::gil_scoped_release nogil;
   r->reducer = std::make_shared<GradientReducer>(std::move(comm), std::move(grads), o);
@@ -74,7 +75,7 @@ void bindReducer(py::module_& m) {
            py::arg("prescale") = 1.0f, py::arg("postscale") = 1.0f, py::arg("density") = -1.0,
            py::arg("chunk") = 0, py::arg("momentum") = 0.0f, py::arg("warmup_steps") = 0,
            py::arg("names") = std::vector<std::string>{}, py::arg("timeline") = "",
-           py::arg("reproducible") = py::none())
+           py::arg("reproducible") = py::none(), py::arg("error_feedback") = true)
       .def(
           "ready", [](PyReducer& r, size_t i) { r.reducer->ready(i); }, py::arg("index"))
       .def(

@@ -52,6 +52,45 @@ def test_compressed_hook_rejects_other_dtypes(single):
         gt.fp16_compress_hook(single, Bucket(torch.ones(4, dtype=torch.float64)))
 
 
+@pytest.mark.parametrize("hook,qmax", [(gt.int8_compress_hook, 127), (gt.int4_compress_hook, 7)])
+def test_quantized_hooks_feed_the_error_back(single, hook, qmax):
+    # One rank: the result is this rank's bucket quantized; what that lost
+    # is in the state's residual and goes out with the next step, so the
+    # sum over steps stays within one quantization step of the exact sum.
+    x = torch.full((300,), 0.3)
+    x[::128] = 1.0  # each block's largest magnitude
+    state = gt.QuantizedState(single)
+    total = torch.zeros(300, dtype=torch.float64)
+    buf = torch.empty(300)  # DDP keeps a bucket's buffer from step to step
+    for _ in range(40):
+        buf.copy_(x)
+        got = wait_future(hook(state, Bucket(buf, 0)))
+        assert got.data_ptr() == buf.data_ptr()
+        total += got.double()
+    assert float((total - 40 * x.double()).abs().max()) <= 1.0 / qmax
+    residual = state.residual_for(buf, 0)
+    assert residual.abs().max() > 0 and residual.abs().max() <= 0.5 / qmax + 1e-6
+    # Without feedback the same error piles up with every step.
+    plain = gt.QuantizedState(single, error_feedback=False)
+    total.zero_()
+    for _ in range(40):
+        buf.copy_(x)
+        total += wait_future(hook(plain, Bucket(buf, 0))).double()
+    assert float((total - 40 * x.double()).abs().max()) > 2.0 / qmax
+    # A rebuilt bucket (another buffer) starts from a zero residual.
+    assert torch.equal(state.residual_for(torch.ones(64), 0), torch.zeros(64))
+
+
+def test_quantized_hooks_need_their_state(single):
+    with pytest.raises(gflow.InvalidArgumentError, match="QuantizedState"):
+        gt.int8_compress_hook(single, Bucket(torch.ones(4)))
+    with pytest.raises(gflow.InvalidArgumentError, match="float32"):
+        gt.int4_compress_hook(gt.QuantizedState(single),
+                              Bucket(torch.ones(4, dtype=torch.float64)))
+    buf = torch.ones(10)  # the communicator stays usable
+    assert torch.equal(wait_future(gt.allreduce_hook(single, Bucket(buf))), buf)
+
+
 def test_csc_hook_reducer_per_bucket(single):
     state = gt.CSCState(single, density=0.5, chunk=4)
     a, b = torch.ones(16), torch.ones(32)

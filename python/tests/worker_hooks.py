@@ -50,6 +50,24 @@ for seed, (hook, u, eta) in enumerate(((gt.allreduce_hook, 2.0**-24, 0.0),
     bound = ((N + 1) * u * S + N * eta) / N + 2.0**-24 * np.abs(want)
     err = np.abs(got.numpy().astype(np.float64) - want)
     assert np.all(err <= bound), "%s: max excess %g" % (hook.__name__, np.max(err - bound))
+# int8/int4 blocks (docs/compression.md): every value of a block within
+# N h A / (1 - (N-1) h) of the exact average, A the sum over ranks of the
+# block's largest |x| / N, h = 1/(2Q) + 2^-20; every rank the same bits.
+for seed, (hook, qmax) in enumerate(((gt.int8_compress_hook, 127), (gt.int4_compress_hook, 7))):
+    xs = inputs(seed + 5, 1000)
+    buf = torch.from_numpy(xs[R].copy())
+    got = wait_future(hook(gt.QuantizedState(comm), Bucket(buf)), timeout=60).numpy()
+    want = np.stack([x.astype(np.float64) for x in xs]).sum(0) / N
+    h = 1.0 / (2 * qmax) + 2.0**-20
+    pad = [np.pad(np.abs(x.astype(np.float64)) / N, (0, 24)).reshape(-1, 128) for x in xs]
+    a = np.repeat(sum(p.max(1) for p in pad), 128)[:1000]
+    bound = N * h * a / (1 - (N - 1) * h) + 2.0**-24 * np.abs(want)
+    err = np.abs(got.astype(np.float64) - want)
+    assert np.all(err <= bound), "%s: max excess %g" % (hook.__name__, np.max(err - bound))
+    mine = torch.from_numpy(got.copy())
+    flat = torch.cat([mine] * N)
+    comm.allgather(mine, flat)
+    assert all(torch.equal(flat[r * 1000:(r + 1) * 1000], mine) for r in range(N)), hook.__name__
 # CSC at density 1 is the dense average.
 xs = inputs(9, 4096)
 buf = torch.from_numpy(xs[R].copy())

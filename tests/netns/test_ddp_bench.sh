@@ -3,7 +3,7 @@
 # The synthetic DDP training benchmark (bench/train/netns_ddp.sh) end to end,
 # small: 2 namespace hosts on 200 Mbit/s links, mobilenet_v3_small on 4 images a
 # rank, one round of no exchange, gloo, the gflow backend and the gflow
-# float16 and CSC hooks. Every run finishes, the parameters end identical on
+# float16, int8 and CSC hooks. Every run finishes, the parameters end identical on
 # every rank (and differ without an exchange), the table has a row per mode
 # and the plot is a PNG.
 #
@@ -20,7 +20,7 @@ nn_require
 pkg=$(cd "${1:-$root/build/python}" 2>/dev/null && pwd) || pkg=""
 if [ -z "$pkg" ] || [ ! -d "$pkg/gflow" ]; then nn_skip "the Python package is not built"; fi
 out=$(mktemp -d "${TMPDIR:-/tmp}/gflow-ddp-test.XXXXXX")
-modes="none gloo gflow gflow-fp16 gflow-csc"
+modes="none gloo gflow gflow-fp16 gflow-int8 gflow-csc"
 if ! bash "$root/bench/train/netns_ddp.sh" -p "$pkg" -H 2 -r 200mbit -m mobilenet_v3_small -M "$modes" -R 1 \
   -s 2 -w 1 -b 4 -t 200 -o "$out" >"$out/log" 2>&1; then
   echo "FAIL: netns_ddp.sh failed; its output:"
