@@ -11,7 +11,8 @@ docs/performance.md (congestion control, halving-doubling, polling budget).
   bench/compare/ab_env.py --np 4 --rounds 5 -b 1M -e 16M --mpi \\
       auto: hd:GFLOW_ALGO=hd s2m:GFLOW_SPIN_US=2000
 
-A variant is NAME:VAR=VALUE,VAR=VALUE (NAME: alone runs the defaults);
+--plot FILE.png also draws busbw against size, one line per variant and
+peer. A variant is NAME:VAR=VALUE,VAR=VALUE (NAME: alone runs the defaults);
 BUILD=DIR in a variant takes gflow from another build tree. --path tcp (the
 default) runs gflow with GFLOW_SHM=0 GFLOW_SOCKET_IFNAME=lo and Open MPI's
 btl tcp on lo; --path shm uses shared memory and vader.
@@ -44,6 +45,7 @@ def parse_args():
     p.add_argument("--gloo", action="store_true")
     p.add_argument("--op", default="allreduce", help="the collective (allreduce_bw --op)")
     p.add_argument("-d", default="float32", help="the element type (allreduce_bw -d)")
+    p.add_argument("--plot", help="also write a PNG of busbw against size per variant and peer")
     p.add_argument("variants", nargs="+", help="NAME:VAR=VALUE,... (NAME: for the defaults)")
     return p.parse_args()
 
@@ -105,6 +107,11 @@ def main():
             cells.append("%6.3f(%5.2f)" % (statistics.median(bw) if bw else 0,
                                            statistics.median(rat) if rat else 0))
         print("%4s " % C.human(s) + " ".join("%15s" % c for c in cells))
+    if a.plot:
+        series = {n: {s: C.med([rr[s][0] for rr in res[n] if rr and s in rr]) for s in sizes}
+                  for n in names}
+        C.plot_busbw(series, a.plot, "%s, %s, %d ranks, %s path, %d rounds"
+                     % (a.op, a.d, a.np, a.path, a.rounds))
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ runs of the same round are compared with each other.
 
   bench/compare/compare.py [--path tcp|shm] [--np 2 4] [--rounds 5]
                            [-b 4K] [-e 64M] [-f 4] [-n 30] [-w 5] [-o out.md]
+                           [--plot busbw.png]
 
 --path tcp: gflow over its TCP transport on loopback (GFLOW_SHM=0,
 GFLOW_SOCKET_IFNAME=lo) against Open MPI's btl tcp on lo; --path shm:
@@ -52,6 +53,8 @@ def parse_args():
     p.add_argument("--gflow-env", action="append", default=[], metavar="VAR=VALUE")
     p.add_argument("--timeout", type=int, default=900, help="seconds one run may take")
     p.add_argument("-o", "--out", help="markdown file written besides stdout")
+    p.add_argument("--plot", help="PNG of busbw against size per library (FILE.png; with "
+                   "several --np, FILE-<np>.png)")
     return p.parse_args()
 
 
@@ -142,6 +145,29 @@ def fmt(x, spec):
     return "-" if x is None else spec % x
 
 
+def plot_busbw(series, path, title):
+    """Writes a PNG of busbw against size, one line per series
+    (name -> {size: GB/s}), sizes on a log scale (matplotlib from Debian)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for name, points in series.items():
+        sizes = sorted(s for s in points if points[s] is not None)
+        ax.plot(sizes, [points[s] for s in sizes], marker="o", label=name)
+    ax.set_xscale("log", base=2)
+    sizes = sorted({s for p in series.values() for s in p})
+    ax.set_xticks(sizes)
+    ax.set_xticklabels([human(s) for s in sizes], rotation=45)
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("busbw (GB/s, median over rounds)")
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def table(rounds, np_):
     peers = [p for p in ("mpi", "gloo") if any(r.get(p) for r in rounds)]
     sizes = sorted({s for r in rounds if r.get("gflow") for s in r["gflow"]})
@@ -207,6 +233,14 @@ def main():
     if a.out:
         with open(a.out, "w") as f:
             f.write(text)
+    for n in a.np if a.plot else []:
+        libs = sorted({lib for r in per_np[n] for lib in r if r[lib]}, key=lambda x: x != "gflow")
+        sizes = sorted({s for r in per_np[n] for lib in libs if r.get(lib) for s in r[lib]})
+        series = {lib: {s: med([r[lib][s][0] for r in per_np[n] if r.get(lib) and s in r[lib]])
+                        for s in sizes} for lib in libs}
+        path = a.plot if len(a.np) == 1 else a.plot.replace(".png", "") + "-%d.png" % n
+        plot_busbw(series, path, "allreduce float32 sum, %d ranks, %s path, %d rounds"
+                   % (n, a.path, a.rounds))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,5 @@
 #include "gradient/fuser.h"
 
-#include <algorithm>
 #include <array>
 
 #include "gradient/csc.h"
@@ -30,11 +29,6 @@ bool Fuser::packs(const Bucket& b) const {
 
 uint64_t Fuser::slack() const {
   return isQuantized(c_.wire.wire) ? dataTypeSize(c_.wire.wire) : 0;
-}
-
-uint64_t Fuser::regionBytes(const Bucket& b) const {
-  if (!isFloat32(b) || !c_.wire.compressed()) return b.bytes;
-  return std::max<uint64_t>(b.bytes, c_.wire.wireBytes(b.bytes / sizeof(float)));
 }
 
 internal::FusedSteps Fuser::compressedSteps(const Bucket& b, char* region,

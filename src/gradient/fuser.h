@@ -48,14 +48,13 @@ class Fuser {
  public:
   explicit Fuser(FuserConfig config);
 
-  // Whether bucket b is packed into a region of regionBytes(b) (not reduced
-  // in place).
+  // Whether bucket b is packed into a region (not reduced in place).
   bool packs(const Bucket& b) const;
-  // b.bytes, or a quantized wire's bytes where those are more (tiny buckets:
-  // a block holds 128 values); at most b.bytes + slack().
-  uint64_t regionBytes(const Bucket& b) const;
+  // What a region needs beyond b.bytes: a quantized wire's blocks of a tiny
+  // bucket take more than its float32 bytes (one block holds 128 values),
+  // never more than b.bytes plus one block.
   uint64_t slack() const;
-  // Fires bucket b. `region` holds regionBytes(b) when packs(b). `owner` is kept
+  // Fires bucket b. `region` holds b.bytes + slack() when packs(b). `owner` is kept
   // alive until the ops have run. `nonFinite` (may be null) is set when a
   // compressed or sparse result holds an inf or NaN. `step` counts the
   // caller's steps (timeline; CSC warm-up).

@@ -409,7 +409,7 @@ void GradientReducer::Impl::allocatePool() {
     uint64_t& used = poolBytes[static_cast<int>(tensors[i].dtype)];
     poolOffset_[i] = used;
     // A quantized wire may take more than a tiny bucket's bytes
-    // (Fuser::regionBytes): every float32 slot leaves the room.
+    // (Fuser::slack): every float32 slot leaves the room.
     used += tensors[i].nbytes() + (tensors[i].dtype == DataType::kFloat32 ? fuser_->slack() : 0);
   }
   for (uint64_t bytes : poolBytes) {
