@@ -49,6 +49,57 @@ struct Case {
   DataType wire;
 };
 
+// Every rank's result within the bound of the float64 reference (sum, avg
+// or max of `in` with the prescale, undone by postscale = 1/prescale), and
+// every rank the same bits.
+void expectWithinTheBound(const std::vector<std::vector<float>>& in,
+                          const std::vector<std::vector<float>>& results, DataType wire,
+                          ReduceOp op, float prescale) {
+  const int N = static_cast<int>(in.size());
+  const size_t n = in[0].size();
+  // avg runs as a sum with 1/N folded into the prescale.
+  const double p = op == ReduceOp::kAvg ? double(prescale) / N : double(prescale);
+  for (int r = 0; r < N; ++r) ASSERT_EQ(results[r].size(), n) << "rank " << r;
+  for (size_t b = 0; b * kQuantBlock < n; ++b) {
+    const size_t lo = b * kQuantBlock, hi = std::min(n, lo + kQuantBlock);
+    double a = 0;
+    for (int r = 0; r < N; ++r) {
+      double m = 0;
+      for (size_t i = lo; i < hi; ++i) m = std::max(m, std::fabs(in[r][i] * p));
+      a += m;
+    }
+    const double bound = blockBound(wire, N, a) / prescale;
+    for (size_t i = lo; i < hi; ++i) {
+      double exact = op == ReduceOp::kMax ? -INFINITY : 0.0;
+      for (int r = 0; r < N; ++r) {
+        const double x = in[r][i];
+        exact = op == ReduceOp::kMax ? std::max(exact, x) : exact + x;
+      }
+      if (op == ReduceOp::kAvg) exact /= N;
+      ASSERT_LE(std::fabs(results[0][i] - exact), bound + 1e-6 * std::fabs(exact))
+          << "element " << i << " op " << toString(op) << " prescale " << prescale;
+      for (int r = 1; r < N; ++r) {
+        ASSERT_EQ(std::memcmp(&results[r][i], &results[0][i], 4), 0) << "rank " << r;
+      }
+    }
+  }
+}
+
+// Runs allreduce(in[rank], o) on every rank of `base`'s world.
+std::vector<std::vector<float>> runQuantized(const std::vector<std::vector<float>>& in,
+                                             const AllreduceOptions& o, const Options& base) {
+  std::vector<std::vector<float>> results(in.size());
+  testing::runRanks(
+      static_cast<int>(in.size()),
+      [&](Communicator& comm) {
+        std::vector<float> v = in[comm.rank()];
+        EXPECT_FALSE(comm.allreduce(tensor(v.data(), v.size()), o).nonFinite);
+        results[comm.rank()] = v;
+      },
+      base);
+  return results;
+}
+
 class QuantizedAllreduce : public ::testing::TestWithParam<Case> {};
 
 TEST_P(QuantizedAllreduce, WithinTheBoundAndBitwiseIdenticalOnEveryRank) {
@@ -56,49 +107,38 @@ TEST_P(QuantizedAllreduce, WithinTheBoundAndBitwiseIdenticalOnEveryRank) {
   const size_t n = 40 * kQuantBlock + 37;  // a short last block
   Options base;
   base.algorithm = c.algo;
-  const int N = c.ranks;
   std::vector<std::vector<float>> in;
-  for (int r = 0; r < N; ++r) in.push_back(inputs(r, n));
+  for (int r = 0; r < c.ranks; ++r) in.push_back(inputs(r, n));
   for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {
     for (float prescale : {1.0f, 0.25f}) {
-      std::vector<std::vector<float>> results(N);
-      testing::runRanks(
-          N,
-          [&](Communicator& comm) {
-            std::vector<float> v = in[comm.rank()];
-            AllreduceOptions o;
-            o.op = op;
-            o.wire = c.wire;
-            o.prescale = prescale;
-            o.postscale = 1.0f / prescale;
-            EXPECT_FALSE(comm.allreduce(tensor(v.data(), v.size()), o).nonFinite);
-            results[comm.rank()] = v;
-          },
-          base);
-      // avg runs as a sum with 1/N folded into the prescale.
-      const double p = op == ReduceOp::kAvg ? double(prescale) / N : double(prescale);
-      for (size_t b = 0; b * kQuantBlock < n; ++b) {
-        const size_t lo = b * kQuantBlock, hi = std::min(n, lo + kQuantBlock);
-        double a = 0;
-        for (int r = 0; r < N; ++r) {
-          double m = 0;
-          for (size_t i = lo; i < hi; ++i) m = std::max(m, std::fabs(in[r][i] * p));
-          a += m;
-        }
-        const double bound = blockBound(c.wire, N, a) / prescale;
-        for (size_t i = lo; i < hi; ++i) {
-          double exact = op == ReduceOp::kMax ? -INFINITY : 0.0;
-          for (int r = 0; r < N; ++r) {
-            const double x = in[r][i];
-            exact = op == ReduceOp::kMax ? std::max(exact, x) : exact + x;
-          }
-          if (op == ReduceOp::kAvg) exact /= N;
-          ASSERT_LE(std::fabs(results[0][i] - exact), bound + 1e-6 * std::fabs(exact))
-              << "element " << i << " op " << toString(op) << " prescale " << prescale;
-          for (int r = 1; r < N; ++r) {
-            ASSERT_EQ(std::memcmp(&results[r][i], &results[0][i], 4), 0) << "rank " << r;
-          }
-        }
+      AllreduceOptions o;
+      o.op = op;
+      o.wire = c.wire;
+      o.prescale = prescale;
+      o.postscale = 1.0f / prescale;
+      expectWithinTheBound(in, runQuantized(in, o, base), c.wire, op, prescale);
+    }
+  }
+}
+
+// Buffers of 0.07 and 1.1 MB of blocks: the shared-memory backend's slot
+// path and its single-copy path (forced on for every size and rank count:
+// "shm1"), and the ring's pipelined chunks, cut blocks too.
+TEST(Quantized, LargeBuffersOnSharedMemoryAndTheRing) {
+  for (const char* algo : {"", "shm1", "ring"}) {
+    for (int ranks : {2, 4}) {
+      for (size_t n : {size_t{65536} + 77, size_t{1} << 20}) {
+        std::vector<std::vector<float>> in;
+        for (int r = 0; r < ranks; ++r) in.push_back(inputs(r, n));
+        Options base;
+        base.algorithm = std::string(algo) == "ring" ? "ring" : "";
+        base.shm.singleCopy = std::string(algo) == "shm1" ? "1K-1G" : "off";
+        AllreduceOptions o;
+        o.op = ReduceOp::kAvg;
+        o.wire = DataType::kQInt8;
+        SCOPED_TRACE(std::string(algo) + " " + std::to_string(ranks) + " ranks, " +
+                     std::to_string(n) + " values");
+        expectWithinTheBound(in, runQuantized(in, o, base), o.wire, o.op, 1.0f);
       }
     }
   }
@@ -133,21 +173,7 @@ TEST(Quantized, HierarchicalPathWithinTheBound) {
     EXPECT_GT(c.stats().hierarchicalOps, 0u);
     results[c.rank()] = v;
   });
-  for (size_t b = 0; b * kQuantBlock < n; ++b) {
-    const size_t lo = b * kQuantBlock, hi = std::min(n, lo + kQuantBlock);
-    double a = 0;
-    for (int r = 0; r < N; ++r) {
-      double m = 0;
-      for (size_t i = lo; i < hi; ++i) m = std::max(m, std::fabs(double(in[r][i])));
-      a += m;
-    }
-    for (size_t i = lo; i < hi; ++i) {
-      double exact = 0;
-      for (int r = 0; r < N; ++r) exact += in[r][i];
-      ASSERT_LE(std::fabs(results[0][i] - exact), blockBound(DataType::kQInt4, N, a)) << i;
-      for (int r = 1; r < N; ++r) ASSERT_EQ(results[r][i], results[0][i]) << "rank " << r;
-    }
-  }
+  expectWithinTheBound(in, results, DataType::kQInt4, ReduceOp::kSum, 1.0f);
 }
 
 // Reproducible mode gives the same bits whatever cuts the data (the bound
