@@ -38,6 +38,8 @@ void printHelp(const DriverInfo& info) {
       "               sendrecv (to the next rank, from the previous)\n"
       "  --csv        print CSV instead of the table\n"
       "  --json [F]   also write JSON to file F (with no F: JSON alone on stdout)\n"
+      "  --plot F     also draw busbw against size into the PNG F (bench/plot_busbw.py,\n"
+      "               matplotlib)\n"
       "  --links      after each row, the bytes every rank pair carried per op (where\n"
       "               the library counts them; the columns net and local and the flag\n"
       "               '!' come without it)\n",
@@ -145,6 +147,10 @@ int parseSweepArgs(int argc, char** argv, DriverInfo& info, SweepConfig* cfg) {
     }
     if (i + 1 >= argc) return usage(info, flag + " needs a value");
     std::string v = argv[++i];
+    if (flag == "--plot") {
+      cfg->plotFile = v;
+      continue;
+    }
     long n = 0;
     if (flag == "-b" || flag == "-e" || flag == "-i") {
       uint64_t bytes = 0;

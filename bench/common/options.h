@@ -29,6 +29,7 @@ struct SweepConfig {
   bool csv = false;                                  // --csv
   bool json = false;                                 // --json
   std::string jsonFile;                              // --json FILE; empty: stdout
+  std::string plotFile;                              // --plot FILE.png (bench/plot_busbw.py)
   bool linksTable = false;                           // --links
 };
 

@@ -1,5 +1,9 @@
 #include "common/report.h"
 
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstring>
 
@@ -240,11 +244,12 @@ bool Report::finish() {
   }
   std::fflush(meta_);
 
-  if (!cfg_.json) return true;
+  const bool plotted = cfg_.plotFile.empty() || plot();
+  if (!cfg_.json) return plotted;
   if (cfg_.jsonFile.empty()) {
     writeJson(stdout);
     std::fflush(stdout);
-    return true;
+    return plotted;
   }
   FILE* f = std::fopen(cfg_.jsonFile.c_str(), "w");
   if (f == nullptr) {
@@ -252,7 +257,39 @@ bool Report::finish() {
     return false;
   }
   writeJson(f);
-  return std::fclose(f) == 0;
+  return std::fclose(f) == 0 && plotted;
+}
+
+// --plot: the JSON report into a temporary file, drawn by
+// bench/plot_busbw.py under Debian's python3 (which has matplotlib).
+bool Report::plot() const {
+  char json[] = "/tmp/gflow_bw_XXXXXX";
+  const int fd = mkstemp(json);
+  FILE* f = fd >= 0 ? fdopen(fd, "w") : nullptr;
+  if (f == nullptr) {
+    std::fprintf(stderr, "--plot: cannot write a temporary file: %s\n", std::strerror(errno));
+    return false;
+  }
+  writeJson(f);
+  std::fclose(f);
+  const std::string script = GFLOW_BENCH_PLOT_SCRIPT;
+  std::vector<std::string> args = {"/usr/bin/python3", script, json, "--plot", cfg_.plotFile};
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  int status = 0;
+  const int err = posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ);
+  const bool ok =
+      err == 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  unlink(json);
+  if (!ok) {
+    std::fprintf(stderr, "--plot: %s %s failed (%s; it needs python3-matplotlib)\n", argv[0],
+                 script.c_str(), err ? std::strerror(err) : "its error is above");
+    return false;
+  }
+  std::fprintf(meta_, "# plot: %s\n", cfg_.plotFile.c_str());
+  return true;
 }
 
 void Report::writeJson(FILE* f) const {

@@ -69,8 +69,8 @@ class Report {
   // Prints the row at once (so long sweeps show progress) and keeps it for
   // the summary and JSON.
   void add(const Row& row);
-  // Summary lines, then the JSON document if asked for. Returns false when
-  // the JSON file cannot be written.
+  // Summary lines, then the JSON document and the plot if asked for.
+  // Returns false when the JSON file or the plot cannot be written.
   bool finish();
 
   int64_t wrong() const { return wrong_; }
@@ -78,6 +78,7 @@ class Report {
  private:
   double avgBusbw() const;
   void writeJson(FILE* f) const;
+  bool plot() const;  // --plot
   void pairTable(const Row& row) const;  // --links
 
   int flagged_ = 0;  // measurements whose busbw is above the busiest link's rate

@@ -147,25 +147,11 @@ def fmt(x, spec):
 
 def plot_busbw(series, path, title):
     """Writes a PNG of busbw against size, one line per series
-    (name -> {size: GB/s}), sizes on a log scale (matplotlib from Debian)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for name, points in series.items():
-        sizes = sorted(s for s in points if points[s] is not None)
-        ax.plot(sizes, [points[s] for s in sizes], marker="o", label=name)
-    ax.set_xscale("log", base=2)
-    sizes = sorted({s for p in series.values() for s in p})
-    ax.set_xticks(sizes)
-    ax.set_xticklabels([human(s) for s in sizes], rotation=45)
-    ax.set_xlabel("message size (bytes)")
-    ax.set_ylabel("busbw (GB/s, median over rounds)")
-    ax.set_title(title)
-    ax.grid(True, alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    (name -> {size: GB/s}; bench/plot_busbw.py draws it)."""
+    sys.path.insert(0, os.path.dirname(HERE))
+    import plot_busbw
+    plot_busbw.plot({k: {s: v for s, v in p.items() if v is not None} for k, p in series.items()},
+                    path, title)
 
 
 def table(rounds, np_):
