@@ -78,7 +78,7 @@ class Report {
  private:
   double avgBusbw() const;
   void writeJson(FILE* f) const;
-  bool plot() const;  // --plot
+  bool plot() const;                     // --plot
   void pairTable(const Row& row) const;  // --links
 
   int flagged_ = 0;  // measurements whose busbw is above the busiest link's rate

@@ -125,10 +125,17 @@ void divideFloat8(void* data, size_t count, int64_t divisor) {
   });
 }
 
+// The quantized types' slot in the table; -1 for the others.
+int quantSlot(DataType wire) {
+  if (wire == DataType::kQInt8) return 0;
+  if (wire == DataType::kQInt4) return 1;
+  return -1;
+}
+
 // Quantized types: each block in float32, divided, quantized again.
 void divideBlocks(void* data, size_t count, DataType dtype, int64_t divisor) {
   const KernelTable* t = activeTable().load(std::memory_order_acquire);
-  const int slot = dtype == DataType::kQInt8 ? 0 : 1;
+  const int slot = quantSlot(dtype);
   const size_t es = dataTypeSize(dtype);
   const auto d = static_cast<float>(divisor);
   float buf[kQuantBlock];
@@ -138,13 +145,6 @@ void divideBlocks(void* data, size_t count, DataType dtype, int64_t divisor) {
     for (float& v : buf) v /= d;
     t->quantize[slot](p, buf, kQuantBlock, 1.0f, nullptr);
   }
-}
-
-// The quantized types' slot in the table; -1 for the others.
-int quantSlot(DataType wire) {
-  if (wire == DataType::kQInt8) return 0;
-  if (wire == DataType::kQInt4) return 1;
-  return -1;
 }
 
 }  // namespace
