@@ -51,6 +51,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -81,6 +82,38 @@ struct SparseOptions {
   uint64_t warmupSteps = 0;
 };
 
+// The reducer's automatic wire (wire "auto", GFLOW_WIRE=auto;
+// docs/compression.md, Automatic wire): it picks each float32 bucket's wire
+// among `candidates` from what it measures. Steps 0 .. warmupSteps run
+// dense; then every candidate runs on every bucket for a few steps (a
+// probe) while each bucket's time on the wire and each step's time are
+// measured. The ranks agree on the measurements (one small allreduce in
+// wait(), at the same step on every rank) and every rank picks the same
+// wires: the fastest uniform wire as measured, or a per-bucket pick that
+// keeps early buckets (which backward hides) wider, kept only if a trial
+// of probeSteps steps confirms its step time within `slack`. Every `reprobe` periods
+// the probe repeats. A guard widens a bucket at once when a step's result
+// holds an inf or NaN, and at a period's end when its error-feedback
+// residual exceeds `residualLimit` times its gradient (L1); such a bucket
+// narrows again only after some periods without trouble. Every change is
+// logged (INFO, rank 0) and is an instant in the timeline. Needs fixed
+// buckets (no cycle time) and no CSC.
+struct AutoWireOptions {
+  // Unset: on when GFLOW_WIRE is "auto" and `wire` is unset.
+  std::optional<bool> enabled;
+  // Wires to pick from (float32, float16, bfloat16, qint8, qint4), widest
+  // first; the first is the warm-up's. Empty: GFLOW_WIRE_AUTO_CANDIDATES.
+  std::vector<DataType> candidates;
+  // Negative: GFLOW_WIRE_AUTO_WARMUP, GFLOW_WIRE_AUTO_PERIOD,
+  // GFLOW_WIRE_AUTO_REPROBE (periods between probes; 0: probe once).
+  int64_t warmupSteps = -1;
+  int64_t period = -1;
+  int64_t reprobe = -1;
+  int64_t probeSteps = 2;      // steps per candidate in a probe (>= 1)
+  double slack = 0.02;         // accepted slowdown for wider wires (a fraction)
+  double residualLimit = 1.0;  // residual / gradient (L1) that widens a bucket
+};
+
 struct ReducerOptions {
   ReduceOp op = ReduceOp::kAvg;
   // Bucket size in bytes; 0 takes GFLOW_FUSION_THRESHOLD.
@@ -96,8 +129,10 @@ struct ReducerOptions {
   // Mixed precision: float32 gradients travel as `wire` (kFloat16,
   // kBFloat16, or block-quantized kQInt8 / kQInt4); every hop adds in
   // float32 (AllreduceOptions). prescale and postscale apply with a
-  // compressed wire (e.g. prescale 1/N with kSum).
-  DataType wire = DataType::kFloat32;
+  // compressed wire (e.g. prescale 1/N with kSum). Unset: GFLOW_WIRE
+  // (float32 unless set; "auto" is autoWire).
+  std::optional<DataType> wire;
+  AutoWireOptions autoWire;
   float prescale = 1.0f;
   float postscale = 1.0f;
   // With a quantized wire (and no CSC, whose unsent chunks are their own
@@ -123,6 +158,7 @@ struct ReducerStats {
   uint64_t controlOps = 0;        // negotiation allreduces (cycle-time mode)
   uint64_t sparseChunks = 0;      // CSC: chunks considered
   uint64_t sparseChunksSent = 0;  // CSC: chunks sent
+  uint64_t wireChanges = 0;       // automatic wire: buckets whose wire changed
 };
 
 class GFLOW_EXPORT GradientReducer {
@@ -153,8 +189,51 @@ class GFLOW_EXPORT GradientReducer {
   // (checked with a compressed wire or CSC; every rank agrees). A loss
   // scaler skips the step and lowers its scale.
   bool nonFinite() const;
+  // The wire each fixed bucket's float32 data takes in the next step (the
+  // buckets() order; a bucket of another dtype travels as itself). Every
+  // rank has the same.
+  std::vector<DataType> wires() const;
   // The reducer's own communicator (for its Stats: bytes on the wire).
   const Communicator& communicator() const;
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// The automatic wire for callers that issue each bucket's allreduce
+// themselves (gflow.torch.auto_compress_hook): the measurements, agreement,
+// decisions and guard of GradientReducer's (AutoWireOptions;
+// docs/compression.md) over `buckets` float32 buckets. Per step, in bucket
+// order: ready(b) as bucket b's allreduce is issued on wire(b) (with the
+// caller's error-feedback residual on a quantized wire), done(b) when it
+// has completed; then finishStep(). Calls must not race.
+class GFLOW_EXPORT WireChooser {
+ public:
+  // Not collective; every rank must pass the same. `names` (optional)
+  // label the buckets in the log and the timeline (`timeline`: a Chrome
+  // trace file as ReducerOptions::timeline, "" none). Bad options:
+  // kInvalidArgument.
+  WireChooser(std::shared_ptr<Communicator> comm, size_t buckets, AutoWireOptions options = {},
+              std::vector<std::string> names = {}, std::string timeline = "");
+  ~WireChooser();
+  WireChooser(const WireChooser&) = delete;
+  WireChooser& operator=(const WireChooser&) = delete;
+
+  DataType wire(size_t bucket) const;
+  std::vector<DataType> wires() const;
+  void ready(size_t bucket);
+  void done(size_t bucket);
+  // Once every bucket's allreduce of the step has completed, before the
+  // next step's: collective on `comm` when an agreement is due (every rank
+  // calls it at the same point among its ops on `comm`). `nonFinite`:
+  // whether a result of the step held an inf or NaN (Work::nonFinite; the
+  // same on every rank). `residualRatios`, called only when the guard needs
+  // it: per bucket the L1 norm of its residual over its gradient's (0
+  // where none). Returns the number of buckets whose wire changed.
+  uint64_t finishStep(bool nonFinite,
+                      const std::function<std::vector<double>()>& residualRatios = nullptr);
+  uint64_t steps() const;
 
  private:
   class Impl;

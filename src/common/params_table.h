@@ -133,6 +133,18 @@
   X(cscDensity, "GFLOW_CSC_DENSITY", kString, "0", kLocal,                                         \
     "GradientReducer CSC: fraction of chunks sent per step, (0, 1]; 0 = dense.")                   \
   X(cscChunk, "GFLOW_CSC_CHUNK", kInt, "1024", kLocal, "GradientReducer CSC: elements per chunk.") \
+  X(wire, "GFLOW_WIRE", kString, "float32", kLocal,                                                 \
+    "GradientReducer: how float32 gradients travel when the options do not say: float32, "         \
+    "float16, bfloat16, qint8, qint4, or auto (a wire per bucket from measured link and "          \
+    "overlap, docs/compression.md).")                                                              \
+  X(wireAutoCandidates, "GFLOW_WIRE_AUTO_CANDIDATES", kString, "float32,bfloat16,qint8,qint4",     \
+    kLocal, "Automatic wire: the wires it picks from, widest first (the first is the warm-up's).") \
+  X(wireAutoWarmup, "GFLOW_WIRE_AUTO_WARMUP", kInt, "20", kLocal,                                  \
+    "Automatic wire: steps that run on the widest candidate before the first probe.")              \
+  X(wireAutoPeriod, "GFLOW_WIRE_AUTO_PERIOD", kInt, "50", kLocal,                                  \
+    "Automatic wire: steps between agreements (a small allreduce) and re-decisions.")              \
+  X(wireAutoReprobe, "GFLOW_WIRE_AUTO_REPROBE", kInt, "20", kLocal,                                \
+    "Automatic wire: periods between probes of every candidate; 0: probe once.")                   \
   X(timeline, "GFLOW_TIMELINE", kString, "", kLocal,                                               \
     "Chrome trace file of GradientReducer steps; %r in the name becomes the rank (without "        \
     "it only rank 0 writes).")                                                                     \
@@ -202,6 +214,9 @@
   R(fusionThreshold, 1, 1LL << 40, false)         \
   R(cycleTimeMs, 0, 3600000, false)               \
   R(cscChunk, 1, 1LL << 24, false)                \
+  R(wireAutoWarmup, 0, 1LL << 40, false)          \
+  R(wireAutoPeriod, 1, 1LL << 40, false)          \
+  R(wireAutoReprobe, 0, 1LL << 40, false)         \
   R(rank, 0, (1LL << 24) - 1, false)              \
   R(worldSize, 1, 1LL << 24, false)               \
   R(localRank, 0, (1LL << 24) - 1, false)         \

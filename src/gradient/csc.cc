@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdlib>
 
+#include "common/params.h"
 #include "kernels/host_kernels.h"
 #include "kernels/sparse.h"
 
@@ -190,6 +192,37 @@ void Csc::submitValues(Communicator& comm, const Tensor& values, ReduceOp op,
     }
     throw;
   }
+}
+
+gradient::CscConfig cscConfig(Communicator& comm, const SparseOptions& o) {
+  const char* kCreate = "reducer.create";
+  gradient::CscConfig c;
+  c.density = o.density;
+  if (o.density < 0) {
+    const std::string text = params::cscDensity();
+    char* end = nullptr;
+    c.density = std::strtod(text.c_str(), &end);
+    if (text.empty() || *end != '\0') {
+      CommunicatorAccess::failInvalid(comm, kCreate,
+                                      "GFLOW_CSC_DENSITY='" + text + "' is not a number");
+    }
+  }
+  c.chunk = o.chunk > 0 ? o.chunk : params::cscChunk();
+  c.momentum = o.momentum;
+  c.warmupSteps = o.warmupSteps;
+  if (!(c.density >= 0 && c.density <= 1)) {
+    CommunicatorAccess::failInvalid(
+        comm, kCreate,
+        "CSC density " + std::to_string(c.density) + " is outside [0, 1] (GFLOW_CSC_DENSITY)");
+  }
+  if (c.chunk == 0 || c.chunk > (size_t(1) << 24)) {
+    CommunicatorAccess::failInvalid(comm, kCreate,
+                                    "CSC chunk must be 1..2^24 elements (GFLOW_CSC_CHUNK)");
+  }
+  if (!(c.momentum >= 0 && c.momentum < 1)) {
+    CommunicatorAccess::failInvalid(comm, kCreate, "CSC momentum must be in [0, 1)");
+  }
+  return c;
 }
 
 }  // namespace gflow::gradient

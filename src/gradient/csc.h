@@ -35,6 +35,10 @@ struct CscConfig {
   uint64_t warmupSteps = 0;  // the first steps send every chunk
 };
 
+// SparseOptions with the GFLOW_CSC_* defaults filled in and checked (bad
+// values fail `comm`, as registration.h's checks do).
+CscConfig cscConfig(Communicator& comm, const SparseOptions& options);
+
 class Csc {
  public:
   // Residual (and velocity) storage for every float32 tensor of `tensors`,

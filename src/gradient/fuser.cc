@@ -1,7 +1,9 @@
 #include "gradient/fuser.h"
 
+#include <algorithm>
 #include <array>
 
+#include "common/tick_clock.h"
 #include "gradient/csc.h"
 #include "gradient/fusion.h"
 #include "kernels/host_kernels.h"
@@ -20,29 +22,39 @@ std::string bucketLabel(const Bucket& b, const std::vector<std::string>& names) 
 
 Fuser::Fuser(FuserConfig config) : c_(std::move(config)) {
   if (!c_.kernels) c_.kernels = kernels::hostKernels();
+  if (c_.wires.empty()) c_.wires = {c_.wire.wire};
+}
+
+bool Fuser::packsOn(const Bucket& b, DataType wire) const {
+  if (isFloat32(b) && c_.csc != nullptr) return false;  // CSC works in the residual
+  return !b.inPlace || (isFloat32(b) && wire != DataType::kFloat32);
 }
 
 bool Fuser::packs(const Bucket& b) const {
-  if (isFloat32(b) && c_.csc != nullptr) return false;  // CSC works in the residual
-  return !b.inPlace || (isFloat32(b) && c_.wire.compressed());
+  return std::any_of(c_.wires.begin(), c_.wires.end(), [&](DataType w) { return packsOn(b, w); });
 }
 
 uint64_t Fuser::slack() const {
-  return isQuantized(c_.wire.wire) ? dataTypeSize(c_.wire.wire) : 0;
+  uint64_t most = 0;
+  for (DataType w : c_.wires) {
+    if (isQuantized(w)) most = std::max<uint64_t>(most, dataTypeSize(w));
+  }
+  return most;
 }
 
-internal::FusedSteps Fuser::compressedSteps(const Bucket& b, char* region,
+internal::FusedSteps Fuser::compressedSteps(const Bucket& b, char* region, DataType wire,
                                             std::shared_ptr<std::atomic<bool>> nonFinite) const {
   internal::CompressedAllreduce c;
   c.kernels = c_.kernels;
   c.format = c_.wire;
+  c.format.wire = wire;
   c.op = c_.op;
   c.worldSize = c_.comm->size();
   c.wire = region;
   c.count = b.bytes / sizeof(float);
   for (size_t k = 0; k < b.tensors.size(); ++k) {
     const Tensor& t = (*c_.tensors)[b.tensors[k]];
-    float* residual = c_.residuals ? (*c_.residuals)[b.tensors[k]] : nullptr;
+    float* residual = c_.residuals && isQuantized(wire) ? (*c_.residuals)[b.tensors[k]] : nullptr;
     c.spans.push_back(
         {static_cast<float*>(t.data), t.count, b.offsets[k] / sizeof(float), residual});
   }
@@ -52,7 +64,7 @@ internal::FusedSteps Fuser::compressedSteps(const Bucket& b, char* region,
 
 internal::FusedSteps Fuser::denseSteps(const Bucket& b, char* region) const {
   internal::FusedSteps s;
-  const bool pack = packs(b);
+  const bool pack = packsOn(b, DataType::kFloat32);
   s.buffer = Tensor(pack ? static_cast<void*>(region) : b.start, b.bytes / dataTypeSize(b.dtype),
                     b.dtype, c_.kernels->where(), c_.kernels->stream());
   s.op = c_.op;
@@ -63,40 +75,45 @@ internal::FusedSteps Fuser::denseSteps(const Bucket& b, char* region) const {
   return s;
 }
 
-Fired Fuser::fire(const Bucket& b, char* region, uint64_t step, ReducerStats* stats,
-                  std::shared_ptr<const void> owner, std::shared_ptr<std::atomic<bool>> nonFinite) {
+Fired Fuser::fire(const Bucket& b, char* region, FireOptions o) {
   Fired fired;
   const std::string label = c_.timeline ? bucketLabel(b, *c_.names) : std::string();
   if (c_.csc && isFloat32(b)) {
-    fired.works = c_.csc->fire(*c_.comm, b, c_.op, c_.wire, step, stats, c_.timeline, label,
-                               std::move(owner), std::move(nonFinite));
+    fired.works = c_.csc->fire(*c_.comm, b, c_.op, c_.wire, o.step, o.stats, c_.timeline, label,
+                               std::move(o.owner), std::move(o.nonFinite));
     return fired;
   }
-  const bool pack = packs(b);
-  if (stats) {
-    ++stats->fusedOps;
-    (pack ? stats->packedBytes : stats->inPlaceBytes) += b.bytes;
+  const DataType wire = isFloat32(b) ? o.wire.value_or(c_.wire.wire) : b.dtype;
+  const bool pack = packsOn(b, wire);
+  if (o.stats) {
+    ++o.stats->fusedOps;
+    (pack ? o.stats->packedBytes : o.stats->inPlaceBytes) += b.bytes;
   }
-  const internal::FusedSteps steps = isFloat32(b) && c_.wire.compressed()
-                                         ? compressedSteps(b, region, std::move(nonFinite))
+  const internal::FusedSteps steps = isFloat32(b) && wire != DataType::kFloat32
+                                         ? compressedSteps(b, region, wire, std::move(o.nonFinite))
                                          : denseSteps(b, region);
+  const uint64_t step = o.step;
   auto spans = std::make_shared<const OpSpans>(c_.timeline, label,
                                                SpanArgs{{"step", step},
                                                         {"bytes", b.bytes},
                                                         {"tensors", b.tensors.size()},
                                                         {"first", b.tensors[0]}});
-  // Phase boundaries for the timeline: queued, packed.
-  auto times = std::make_shared<std::array<int64_t, 2>>();
+  // Phase boundaries for the timeline: queued, packed; and the op's start
+  // for `timed`.
+  auto times = std::make_shared<std::array<int64_t, 3>>();
   (*times)[0] = spans->now();
+  auto owner = std::move(o.owner);
   auto before = [owner, spans, times, pack, run = steps.before] {
     (void)owner;
+    (*times)[2] = TickClock::now();
     const int64_t start = spans->now();
     spans->span("queued", "queue", Timeline::kQueue, (*times)[0], start);
     if (run) run();
     if (pack) spans->span("pack", "pack", Timeline::kComm, start, spans->now());
     (*times)[1] = spans->now();
   };
-  auto after = [owner, spans, times, pack, run = steps.after, k = c_.kernels, comm = c_.comm] {
+  auto after = [owner, spans, times, pack, run = steps.after, k = c_.kernels, comm = c_.comm,
+                timed = std::move(o.timed)] {
     (void)owner;
     const int64_t reduced = spans->now();
     // The rank that reached this allreduce last, as this rank saw it.
@@ -113,6 +130,7 @@ Fired Fuser::fire(const Bucket& b, char* region, uint64_t step, ReducerStats* st
     // The op (and the step) completes with the results in the tensors.
     k->synchronize();
     if (pack) spans->span("unpack", "unpack", Timeline::kComm, reduced, spans->now());
+    if (timed) timed((*times)[2], TickClock::now());
   };
   fired.works.push_back(
       CommunicatorAccess::fusedAllreduce(*c_.comm, steps.buffer, steps.op, before, after));

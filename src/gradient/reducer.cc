@@ -17,6 +17,7 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <mutex>
 #include <thread>
@@ -25,6 +26,7 @@
 #include "common/hash.h"
 #include "common/params.h"
 #include "core/internal.h"
+#include "gradient/auto_wire.h"
 #include "gradient/bucket_plan.h"
 #include "gradient/csc.h"
 #include "gradient/fuser.h"
@@ -44,92 +46,6 @@ using gradient::Fuser;
 using gradient::Timeline;
 using internal::CommunicatorAccess;
 
-namespace {
-
-// Bad input on one rank fails the communicator, so the peers (already in,
-// or about to enter, the op's collectives) get the error instead of waiting.
-uint64_t thresholdOr(Communicator& comm, const char* op, uint64_t given) {
-  const uint64_t t = given > 0 ? given : params::fusionThreshold();
-  if (t == 0) CommunicatorAccess::failInvalid(comm, op, "GFLOW_FUSION_THRESHOLD must be > 0");
-  return t;
-}
-
-void validateTensors(Communicator& comm, const char* op, const std::vector<Tensor>& tensors,
-                     const std::vector<std::string>& names) {
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const Tensor& x = tensors[i];
-    const char* why = static_cast<int>(x.dtype) >= kNumDataTypes ? "has an invalid dtype"
-                      : x.device.type != DeviceType::kCPU && x.device.type != DeviceType::kCUDA
-                          ? "has an invalid device type"
-                      : x.count > 0 && !x.data ? "has null data"
-                                               : nullptr;
-    if (why) {
-      CommunicatorAccess::failInvalid(comm, op,
-                                      gradient::describeTensor(i, tensors, names) + " " + why);
-    }
-  }
-  // Cuda gradients: the CUDA component, one GPU and stream, their memory.
-  if (std::any_of(tensors.begin(), tensors.end(),
-                  [](const Tensor& t) { return t.device.type == DeviceType::kCUDA; })) {
-    std::string why;
-    const cuda::Plugin* plugin = cuda::load(&why);
-    if (!plugin)
-      CommunicatorAccess::failInvalid(comm, op, "the gradients are cuda tensors, but " + why);
-    if (gradient::commonDevice(plugin, tensors, names, &why) == -2) {
-      CommunicatorAccess::failInvalid(comm, op, why);
-    }
-  }
-  // Overlapping tensors would be reduced twice (or packed over each other).
-  std::vector<std::pair<const char*, size_t>> spans;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    if (tensors[i].count > 0) spans.emplace_back(static_cast<const char*>(tensors[i].data), i);
-  }
-  std::sort(spans.begin(), spans.end());
-  for (size_t k = 1; k < spans.size(); ++k) {
-    const size_t prev = spans[k - 1].second;
-    if (spans[k - 1].first + tensors[prev].nbytes() > spans[k].first) {
-      CommunicatorAccess::failInvalid(
-          comm, op,
-          gradient::describeTensor(prev, tensors, names) + " and " +
-              gradient::describeTensor(spans[k].second, tensors, names) + " overlap in memory");
-    }
-  }
-}
-
-// SparseOptions with the GFLOW_CSC_* defaults filled in and checked.
-gradient::CscConfig cscConfig(Communicator& comm, const SparseOptions& o) {
-  const char* kCreate = "reducer.create";
-  gradient::CscConfig c;
-  c.density = o.density;
-  if (o.density < 0) {
-    const std::string text = params::cscDensity();
-    char* end = nullptr;
-    c.density = std::strtod(text.c_str(), &end);
-    if (text.empty() || *end != '\0') {
-      CommunicatorAccess::failInvalid(comm, kCreate,
-                                      "GFLOW_CSC_DENSITY='" + text + "' is not a number");
-    }
-  }
-  c.chunk = o.chunk > 0 ? o.chunk : params::cscChunk();
-  c.momentum = o.momentum;
-  c.warmupSteps = o.warmupSteps;
-  if (!(c.density >= 0 && c.density <= 1)) {
-    CommunicatorAccess::failInvalid(
-        comm, kCreate,
-        "CSC density " + std::to_string(c.density) + " is outside [0, 1] (GFLOW_CSC_DENSITY)");
-  }
-  if (c.chunk == 0 || c.chunk > (size_t(1) << 24)) {
-    CommunicatorAccess::failInvalid(comm, kCreate,
-                                    "CSC chunk must be 1..2^24 elements (GFLOW_CSC_CHUNK)");
-  }
-  if (!(c.momentum >= 0 && c.momentum < 1)) {
-    CommunicatorAccess::failInvalid(comm, kCreate, "CSC momentum must be in [0, 1)");
-  }
-  return c;
-}
-
-}  // namespace
-
 class GradientReducer::Impl {
  public:
   Impl(std::shared_ptr<Communicator> comm, std::vector<Tensor> tensors, ReducerOptions options);
@@ -146,11 +62,13 @@ class GradientReducer::Impl {
   ReduceOp op;
   uint64_t threshold = 0;
   std::chrono::milliseconds cycle{0};
-  BucketPlan plan;           // fixed buckets
-  uint64_t bucketBytes = 0;  // float32 planning threshold (threshold / density with CSC)
-  internal::WireFormat wire;
-  bool errorFeedback = false;  // residuals_ (a quantized wire)
-  gradient::CscConfig sparse;  // density 0: dense
+  BucketPlan plan;              // fixed buckets
+  uint64_t bucketBytes = 0;     // float32 planning threshold (threshold / density with CSC)
+  internal::WireFormat wire;    // automatic: wire.wire is the widest candidate
+  std::vector<DataType> wires;  // every wire a float32 bucket may take
+  std::optional<gradient::WirePolicyConfig> autoConfig;  // the automatic wire's
+  bool errorFeedback = false;                            // residuals_ (a quantized wire)
+  gradient::CscConfig sparse;                            // density 0: dense
   mutable std::mutex mutex;
   ReducerStats stats;
 
@@ -163,10 +81,19 @@ class GradientReducer::Impl {
     return fuser_->packs(b) ? poolData_[static_cast<int>(b.dtype)] + poolOffset_[b.tensors[0]]
                             : nullptr;
   }
-  // Queues bucket b. A failure (the communicator failed) is kept for wait().
-  void fireLocked(const Bucket& b) {
+  // Queues bucket b (`fixed`: its index in plan, for the automatic wire). A
+  // failure (the communicator failed) is kept for wait().
+  void fireLocked(const Bucket& b, std::optional<size_t> fixed = std::nullopt) {
     try {
-      gradient::Fired fired = fuser_->fire(b, regionOf(b), step_, &stats, nullptr, nonFinite_);
+      gradient::FireOptions o;
+      o.step = step_;
+      o.stats = &stats;
+      o.nonFinite = nonFinite_;
+      if (autoWire_ && fixed) {
+        o.wire = autoWire_->wire(*fixed);
+        o.timed = autoWire_->timer(*fixed);
+      }
+      gradient::Fired fired = fuser_->fire(b, regionOf(b), std::move(o));
       works_.insert(works_.end(), fired.works.begin(), fired.works.end());
     } catch (const Error& e) {
       if (!stepError_) stepError_ = std::make_shared<const Error>(e);
@@ -174,6 +101,7 @@ class GradientReducer::Impl {
   }
   // Creation after the split: everything that can fail on one rank only.
   void setUp(const ReducerOptions& options);
+  void setUpWire(const ReducerOptions& options);
   void setUpKernels();
   void allocateResiduals();
   void allocatePool();
@@ -186,6 +114,14 @@ class GradientReducer::Impl {
       std::memcpy(&bits, &v, sizeof bits);
       h = hash::mix(h, bits);
     };
+    for (DataType w : wires) mix(double(w));
+    if (autoConfig) {
+      const gradient::WirePolicyConfig& a = *autoConfig;
+      for (double v : {double(a.warmupSteps), double(a.probeSteps), double(a.period),
+                       double(a.reprobe), a.slack, a.residualLimit}) {
+        mix(v);
+      }
+    }
     for (double v : {double(wire.prescale), double(wire.postscale), double(errorFeedback),
                      sparse.density, double(sparse.chunk), double(sparse.momentum),
                      double(sparse.warmupSteps), double(CommunicatorAccess::reproducible(*comm))}) {
@@ -210,6 +146,7 @@ class GradientReducer::Impl {
   std::vector<float*> residuals_;                  // error feedback, per tensor
   std::vector<std::vector<float>> hostResiduals_;  // their memory (host gradients)
   std::unique_ptr<Fuser> fuser_;
+  std::unique_ptr<gradient::AutoWire> autoWire_;  // automatic wire (fixed buckets)
   // This step's inf/NaN flag (a fresh one per step, so ops of an abandoned
   // step cannot touch the next), and the last completed step's.
   std::shared_ptr<std::atomic<bool>> nonFinite_;
@@ -217,6 +154,14 @@ class GradientReducer::Impl {
 
  public:
   bool lastNonFinite() const { return lastNonFinite_; }
+  std::vector<DataType> currentWires() const {
+    std::vector<DataType> out;
+    for (size_t k = 0; k < plan.buckets.size(); ++k) {
+      const bool f32 = plan.buckets[k].dtype == DataType::kFloat32 && !csc_;
+      out.push_back(!f32 ? plan.buckets[k].dtype : autoWire_ ? autoWire_->wire(k) : wire.wire);
+    }
+    return out;
+  }
 
  private:
   std::vector<std::vector<char>> pool_;  // per dtype (cpu gradients)
@@ -283,7 +228,7 @@ GradientReducer::Impl::Impl(std::shared_ptr<Communicator> parent, std::vector<Te
 
 void GradientReducer::Impl::setUp(const ReducerOptions& options) {
   const char* kCreate = "reducer.create";
-  threshold = thresholdOr(*comm, kCreate, options.fusionThreshold);
+  threshold = gradient::thresholdOr(*comm, kCreate, options.fusionThreshold);
   cycle = options.cycleTime.count() >= 0 ? options.cycleTime
                                          : std::chrono::milliseconds(params::cycleTimeMs());
   if (cycle.count() < 0) {
@@ -298,7 +243,7 @@ void GradientReducer::Impl::setUp(const ReducerOptions& options) {
         *comm, kCreate,
         std::to_string(names.size()) + " names for " + std::to_string(tensors.size()) + " tensors");
   }
-  validateTensors(*comm, kCreate, tensors, names);
+  gradient::validateTensors(*comm, kCreate, tensors, names);
   for (size_t i = 0; i < tensors.size(); ++i) {
     if (supportsReduceOp(tensors[i].dtype, op)) continue;
     CommunicatorAccess::failInvalid(*comm, kCreate,
@@ -306,25 +251,14 @@ void GradientReducer::Impl::setUp(const ReducerOptions& options) {
                                         toString(op) + " does not apply to its dtype " +
                                         toString(tensors[i].dtype));
   }
-  wire = internal::WireFormat{options.wire, options.prescale, options.postscale};
-  if (wire.wire != DataType::kFloat32 && wire.wire != DataType::kFloat16 &&
-      wire.wire != DataType::kBFloat16 && !isQuantized(wire.wire)) {
-    CommunicatorAccess::failInvalid(
-        *comm, kCreate,
-        std::string("wire type ") + toString(wire.wire) +
-            ": gradients travel as float32, float16, bfloat16, qint8 or qint4");
-  }
-  if (isQuantized(wire.wire) && !supportsReduceOp(wire.wire, op)) {
+  setUpWire(options);
+  sparse = gradient::cscConfig(*comm, options.sparse);
+  if (autoConfig && (sparse.density > 0 || cycle.count() > 0)) {
     CommunicatorAccess::failInvalid(*comm, kCreate,
-                                    std::string("reduce op ") + toString(op) +
-                                        " does not apply to a " + toString(wire.wire) +
-                                        " wire (sum, avg, min and max do)");
+                                    std::string("the automatic wire needs fixed buckets and no "
+                                                "CSC, but ") +
+                                        (sparse.density > 0 ? "CSC is on" : "a cycle time is set"));
   }
-  errorFeedback = isQuantized(wire.wire) && options.errorFeedback;
-  if (!std::isfinite(wire.prescale) || !std::isfinite(wire.postscale)) {
-    CommunicatorAccess::failInvalid(*comm, kCreate, "prescale and postscale must be finite");
-  }
-  sparse = cscConfig(*comm, options.sparse);
   // The timeline file and the pool before the registration check: a rank
   // that cannot create them fails the peers there.
   const std::string spec = options.timeline.empty() ? params::timeline() : options.timeline;
@@ -340,11 +274,56 @@ void GradientReducer::Impl::setUp(const ReducerOptions& options) {
   }
   plan = gradient::planBuckets(tensors, threshold, csc_ ? bucketBytes : 0);
   allocatePool();
+  if (autoConfig) {
+    std::vector<bool> choosable;
+    std::vector<std::string> labels;
+    for (const Bucket& b : plan.buckets) {
+      choosable.push_back(b.dtype == DataType::kFloat32);
+      labels.push_back(gradient::bucketLabel(b, names));
+    }
+    autoWire_ = std::make_unique<gradient::AutoWire>(*comm, *autoConfig, std::move(choosable),
+                                                     std::move(labels), timeline_.get());
+  }
   // Device memory travels through staging buffers or NCCL, not verbs.
   if (!cudaKernels_) registerBuffers(tensors);
   ready_.assign(tensors.size(), 0);
   sent_.assign(tensors.size(), 0);
   resetStepLocked();
+}
+
+// The wire (fixed, GFLOW_WIRE or automatic) and what it implies.
+void GradientReducer::Impl::setUpWire(const ReducerOptions& options) {
+  const char* kCreate = "reducer.create";
+  autoConfig = gradient::autoWireConfig(options);
+  DataType fixed = DataType::kFloat32;
+  if (!autoConfig) {
+    try {
+      fixed = options.wire ? *options.wire : parseDataType(params::wire());
+    } catch (const Error& e) {
+      CommunicatorAccess::failInvalid(*comm, kCreate, "GFLOW_WIRE: " + e.detail());
+    }
+  }
+  wires = autoConfig ? autoConfig->candidates : std::vector<DataType>{fixed};
+  wire = internal::WireFormat{wires[0], options.prescale, options.postscale};
+  for (DataType w : wires) {
+    if (w != DataType::kFloat32 && w != DataType::kFloat16 && w != DataType::kBFloat16 &&
+        !isQuantized(w)) {
+      CommunicatorAccess::failInvalid(
+          *comm, kCreate,
+          std::string("wire type ") + toString(w) +
+              ": gradients travel as float32, float16, bfloat16, qint8 or qint4");
+    }
+    if (isQuantized(w) && !supportsReduceOp(w, op)) {
+      CommunicatorAccess::failInvalid(*comm, kCreate,
+                                      std::string("reduce op ") + toString(op) +
+                                          " does not apply to a " + toString(w) +
+                                          " wire (sum, avg, min and max do)");
+    }
+    errorFeedback = errorFeedback || (isQuantized(w) && options.errorFeedback);
+  }
+  if (!std::isfinite(wire.prescale) || !std::isfinite(wire.postscale)) {
+    CommunicatorAccess::failInvalid(*comm, kCreate, "prescale and postscale must be finite");
+  }
 }
 
 // The kernels the steps run on (chosen here, once, from the gradients'
@@ -367,6 +346,7 @@ void GradientReducer::Impl::setUpKernels() {
   fc.op = op;
   fc.timeline = timeline_.get();
   fc.wire = wire;
+  fc.wires = wires;
   fc.residuals = residuals_.empty() ? nullptr : &residuals_;
   fc.csc = csc_.get();
   fc.kernels = cudaKernels_;
@@ -398,7 +378,9 @@ void GradientReducer::Impl::allocatePool() {
   // mode: all but direct ones, and those too when float32 is compressed or
   // sparse), or the tensors of the fixed buckets that are packed.
   // (CSC buckets work in their residual and need no slot.)
-  const bool convertsFloat32 = wire.compressed() && csc_ == nullptr;
+  const bool convertsFloat32 =
+      std::any_of(wires.begin(), wires.end(), [](DataType w) { return w != DataType::kFloat32; }) &&
+      csc_ == nullptr;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const bool packs = cycle.count() > 0
                            ? (tensors[i].nbytes() < threshold &&
@@ -471,6 +453,7 @@ void GradientReducer::Impl::resetStepLocked() {
   waiting_ = false;
   roundsDone_ = tensors.empty();
   stepError_.reset();
+  if (autoWire_) autoWire_->resetStep();
 }
 
 void GradientReducer::Impl::abandonStepLocked() {
@@ -496,6 +479,7 @@ void GradientReducer::Impl::ready(size_t index) {
   }
   ready_[index] = 1;
   ++readyCount_;
+  if (autoWire_) autoWire_->tensorReady();
   if (timeline_) {
     timeline_->instant(
         "ready: " + (index < names.size() ? names[index] : "tensor " + std::to_string(index)),
@@ -506,11 +490,14 @@ void GradientReducer::Impl::ready(size_t index) {
     cv_.notify_all();
     return;
   }
-  --missing_[plan.bucketOf[index]];
+  if (--missing_[plan.bucketOf[index]] == 0 && autoWire_) {
+    autoWire_->bucketReady(plan.bucketOf[index]);
+  }
   // Buckets fire in plan order on every rank: a complete bucket waits for
   // the ones before it.
   while (nextBucket_ < plan.buckets.size() && missing_[nextBucket_] == 0) {
-    fireLocked(plan.buckets[nextBucket_++]);
+    fireLocked(plan.buckets[nextBucket_], nextBucket_);
+    ++nextBucket_;
   }
 }
 
@@ -561,6 +548,7 @@ void GradientReducer::Impl::wait(std::chrono::milliseconds timeout) {
                  context("wait"));
   };
   std::unique_lock<std::mutex> lock(mutex);
+  if (autoWire_) autoWire_->waitCalled();
   if (cycle.count() == 0 && readyCount_ < tensors.size()) missingTensors(lock);
   if (cycle.count() > 0) {
     waiting_ = true;
@@ -599,6 +587,23 @@ void GradientReducer::Impl::wait(std::chrono::milliseconds timeout) {
   // The caller skips such a step; CSC must not carry its inf/NaN (or the
   // loss scale it was computed at) into later steps. Every rank agrees.
   if (lastNonFinite_ && csc_) csc_->reset();
+  if (autoWire_) {
+    // Every rank agrees at the same step (a small allreduce when due); its
+    // failure is this wait()'s error, after the step is done.
+    try {
+      // The residual guard reads host residuals (not device ones).
+      std::function<std::vector<double>()> ratios;
+      if (!residuals_.empty() && !cudaKernels_) {
+        ratios = [this] {
+          return gradient::residualRatios(plan, tensors, residuals_, currentWires());
+        };
+      }
+      stats.wireChanges += autoWire_->stepDone(step_ - 1, lastNonFinite_, ratios);
+    } catch (const Error&) {
+      resetStepLocked();
+      throw;
+    }
+  }
   resetStepLocked();
 }
 
@@ -731,60 +736,14 @@ bool GradientReducer::nonFinite() const {
   return impl_->lastNonFinite();
 }
 
+std::vector<DataType> GradientReducer::wires() const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  return impl_->currentWires();
+}
+
 ReducerStats GradientReducer::stats() const {
   std::lock_guard<std::mutex> lock(impl_->mutex);
   return impl_->stats;
-}
-
-Work allreduceCoalesced(Communicator& comm, const std::vector<Tensor>& tensors, ReduceOp op,
-                        uint64_t fusionThreshold) {
-  const char* kOp = "allreduce_coalesced";
-  validateTensors(comm, kOp, tensors, {});
-  // What the ops read, owned by them until the last one has run.
-  struct Batch {
-    std::vector<Tensor> tensors;
-    std::vector<std::string> names;
-    // Cuda tensors: the communicator's kernels for this GPU and stream
-    // (kept with the communicator, so no op frees device memory) and the
-    // fusion regions taken from them, handed back with the batch.
-    std::shared_ptr<kernels::GradientKernels> device;
-    std::vector<std::vector<char>> buffers;
-    std::vector<char*> regions;
-    ~Batch() {
-      if (!device) return;
-      for (char* r : regions) device->release(r);
-    }
-  };
-  auto batch = std::make_shared<Batch>();
-  batch->tensors = tensors;
-  std::string why;
-  const int device = gradient::commonDevice(nullptr, tensors, {}, &why);
-  if (device >= 0) {
-    batch->device =
-        CommunicatorAccess::kernelsFor(comm, Device{DeviceType::kCUDA, device}, tensors[0].stream);
-  }
-  const BucketPlan plan = gradient::planBuckets(tensors, thresholdOr(comm, kOp, fusionThreshold));
-  batch->buffers.reserve(plan.buckets.size());
-  for (const Bucket& b : plan.buckets) {
-    const size_t bytes = b.inPlace ? 0 : b.bytes;
-    batch->buffers.emplace_back(batch->device ? 0 : bytes);
-    batch->regions.push_back(batch->device ? static_cast<char*>(batch->device->acquire(bytes))
-                                           : batch->buffers.back().data());
-  }
-  gradient::FuserConfig fc;
-  fc.comm = &comm;
-  fc.tensors = &batch->tensors;
-  fc.names = &batch->names;
-  fc.op = op;
-  fc.kernels = batch->device;
-  Fuser fuser(std::move(fc));
-  std::shared_ptr<WorkState> last;
-  for (size_t k = 0; k < plan.buckets.size(); ++k) {
-    last = fuser.fire(plan.buckets[k], batch->regions[k], 0, nullptr, batch, nullptr).works.back();
-  }
-  // Ops run in issue order and the first failure fails every later one, so
-  // the last op's completion is the batch's.
-  return last ? Work(last) : Work();
 }
 
 }  // namespace gflow

@@ -3,8 +3,15 @@
 #include <algorithm>
 
 #include "common/check.h"
+#include "common/params.h"
+#include "core/internal.h"
+#include "gradient/tensor_device.h"
+#include "kernels/cuda/plugin.h"
 
 namespace gflow::gradient {
+
+using internal::CommunicatorAccess;
+
 namespace {
 
 constexpr const char* kOp = "reducer.create";
@@ -109,6 +116,53 @@ void checkRegistration(Communicator& comm, const std::vector<Tensor>& tensors,
   }
   GFLOW_THROW(kMismatch, ctx) << "GradientReducer registrations differ across ranks (rank " << bad
                               << " vs rank 0)";
+}
+
+uint64_t thresholdOr(Communicator& comm, const char* op, uint64_t given) {
+  const uint64_t t = given > 0 ? given : params::fusionThreshold();
+  if (t == 0) CommunicatorAccess::failInvalid(comm, op, "GFLOW_FUSION_THRESHOLD must be > 0");
+  return t;
+}
+
+void validateTensors(Communicator& comm, const char* op, const std::vector<Tensor>& tensors,
+                     const std::vector<std::string>& names) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const Tensor& x = tensors[i];
+    const char* why = static_cast<int>(x.dtype) >= kNumDataTypes ? "has an invalid dtype"
+                      : x.device.type != DeviceType::kCPU && x.device.type != DeviceType::kCUDA
+                          ? "has an invalid device type"
+                      : x.count > 0 && !x.data ? "has null data"
+                                               : nullptr;
+    if (why) {
+      CommunicatorAccess::failInvalid(comm, op, describeTensor(i, tensors, names) + " " + why);
+    }
+  }
+  // Cuda gradients: the CUDA component, one GPU and stream, their memory.
+  if (std::any_of(tensors.begin(), tensors.end(),
+                  [](const Tensor& t) { return t.device.type == DeviceType::kCUDA; })) {
+    std::string why;
+    const cuda::Plugin* plugin = cuda::load(&why);
+    if (!plugin)
+      CommunicatorAccess::failInvalid(comm, op, "the gradients are cuda tensors, but " + why);
+    if (gradient::commonDevice(plugin, tensors, names, &why) == -2) {
+      CommunicatorAccess::failInvalid(comm, op, why);
+    }
+  }
+  // Overlapping tensors would be reduced twice (or packed over each other).
+  std::vector<std::pair<const char*, size_t>> spans;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (tensors[i].count > 0) spans.emplace_back(static_cast<const char*>(tensors[i].data), i);
+  }
+  std::sort(spans.begin(), spans.end());
+  for (size_t k = 1; k < spans.size(); ++k) {
+    const size_t prev = spans[k - 1].second;
+    if (spans[k - 1].first + tensors[prev].nbytes() > spans[k].first) {
+      CommunicatorAccess::failInvalid(comm, op,
+                                      describeTensor(prev, tensors, names) + " and " +
+                                          describeTensor(spans[k].second, tensors, names) +
+                                          " overlap in memory");
+    }
+  }
 }
 
 }  // namespace gflow::gradient

@@ -1,0 +1,227 @@
+#include "gradient/auto_wire.h"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "common/check.h"
+#include "common/logging.h"
+#include "common/params.h"
+#include "common/tick_clock.h"
+
+namespace gflow::gradient {
+
+namespace {
+
+const char* kCreate = "reducer.create";
+
+bool isWire(DataType t) {
+  return t == DataType::kFloat32 || t == DataType::kFloat16 || t == DataType::kBFloat16 ||
+         isQuantized(t);
+}
+
+// Bytes one float32 value takes on `t` (quantized: with the block's scale).
+double widthOf(DataType t) {
+  return static_cast<double>(wireElements(t, kQuantBlock) * dataTypeSize(t)) / kQuantBlock;
+}
+
+std::vector<DataType> parseCandidates(const std::string& text) {
+  std::vector<DataType> out;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) {
+    if (!item.empty()) out.push_back(parseDataType(item));
+  }
+  return out;
+}
+
+void checkCandidates(const std::vector<DataType>& c) {
+  if (c.empty())
+    GFLOW_THROW(kInvalidArgument, ErrorContext{kCreate}) << "no automatic wire candidates";
+  for (size_t i = 0; i < c.size(); ++i) {
+    if (!isWire(c[i])) {
+      GFLOW_THROW(kInvalidArgument, ErrorContext{kCreate})
+          << "automatic wire candidate " << toString(c[i])
+          << ": gradients travel as float32, float16, bfloat16, qint8 or qint4";
+    }
+    if (std::find(c.begin(), c.begin() + i, c[i]) != c.begin() + i) {
+      GFLOW_THROW(kInvalidArgument, ErrorContext{kCreate})
+          << "automatic wire candidate " << toString(c[i]) << " is listed twice";
+    }
+    if (i > 0 && widthOf(c[i]) > widthOf(c[i - 1])) {
+      GFLOW_THROW(kInvalidArgument, ErrorContext{kCreate})
+          << "automatic wire candidates must be listed widest first: " << toString(c[i])
+          << " is wider than " << toString(c[i - 1]);
+    }
+  }
+}
+
+uint64_t countOr(int64_t given, int64_t fromEnv, const char* what, int64_t least) {
+  const int64_t v = given >= 0 ? given : fromEnv;
+  if (v < least) {
+    GFLOW_THROW(kInvalidArgument, ErrorContext{kCreate})
+        << "automatic wire: " << what << " must be >= " << least << ", got " << v;
+  }
+  return static_cast<uint64_t>(v);
+}
+
+}  // namespace
+
+std::optional<WirePolicyConfig> autoWireConfig(const ReducerOptions& o) {
+  const AutoWireOptions& a = o.autoWire;
+  const bool on = a.enabled.value_or(!o.wire && params::wire() == "auto");
+  if (!on) return std::nullopt;
+  if (o.wire) {
+    GFLOW_THROW(kInvalidArgument, ErrorContext{kCreate})
+        << "wire " << toString(*o.wire) << " and the automatic wire are both set";
+  }
+  return policyConfig(a);
+}
+
+WirePolicyConfig policyConfig(const AutoWireOptions& a) {
+  WirePolicyConfig c;
+  c.candidates =
+      a.candidates.empty() ? parseCandidates(params::wireAutoCandidates()) : a.candidates;
+  checkCandidates(c.candidates);
+  c.warmupSteps = countOr(a.warmupSteps, params::wireAutoWarmup(), "warmupSteps", 0);
+  c.period = countOr(a.period, params::wireAutoPeriod(), "period", 1);
+  c.reprobe = countOr(a.reprobe, params::wireAutoReprobe(), "reprobe", 0);
+  c.probeSteps = countOr(a.probeSteps, a.probeSteps, "probeSteps", 1);
+  if (!(a.slack >= 0 && a.slack <= 10) || !(a.residualLimit > 0)) {
+    GFLOW_THROW(kInvalidArgument, ErrorContext{kCreate})
+        << "automatic wire: slack must be in [0, 10] and residualLimit > 0";
+  }
+  c.slack = a.slack;
+  c.residualLimit = a.residualLimit;
+  return c;
+}
+
+// Times of one step, in TickClock ticks.
+struct AutoWire::StepTimes {
+  explicit StepTimes(size_t buckets) : ready(buckets, -1), begin(buckets), end(buckets) {
+    for (auto& b : begin) b.store(-1);
+    for (auto& e : end) e.store(-1);
+  }
+  int64_t start = -1;
+  int64_t wait = -1;
+  std::vector<int64_t> ready;
+  std::vector<std::atomic<int64_t>> begin, end;  // written by the ops
+};
+
+AutoWire::AutoWire(Communicator& comm, WirePolicyConfig config, std::vector<bool> choosable,
+                   std::vector<std::string> labels, Timeline* timeline)
+    : comm_(comm),
+      policy_(std::move(config), std::move(choosable)),
+      labels_(std::move(labels)),
+      timeline_(timeline) {
+  resetStep();
+}
+
+void AutoWire::resetStep() {
+  times_ = std::make_shared<StepTimes>(numBuckets());
+}
+
+void AutoWire::tensorReady() {
+  if (times_->start < 0) times_->start = TickClock::now();
+}
+
+void AutoWire::bucketReady(size_t bucket) {
+  tensorReady();
+  times_->ready[bucket] = TickClock::now();
+}
+
+std::function<void(int64_t, int64_t)> AutoWire::timer(size_t bucket) {
+  return [t = times_, bucket](int64_t begin, int64_t end) {
+    t->begin[bucket].store(begin);
+    t->end[bucket].store(end);
+  };
+}
+
+void AutoWire::bucketDone(size_t bucket) {
+  times_->end[bucket].store(TickClock::now());
+}
+
+void AutoWire::waitCalled() {
+  times_->wait = TickClock::now();
+}
+
+StepSample AutoWire::sample() const {
+  const StepTimes& t = *times_;
+  auto seconds = [](int64_t ticks) { return TickClock::toNs(ticks) * 1e-9; };
+  auto since = [&](int64_t at) { return at < 0 ? 0.0 : seconds(at - t.start); };
+  StepSample s;
+  int64_t lastReady = -1, previousEnd = -1;
+  for (size_t b = 0; b < numBuckets(); ++b) {
+    s.ready.push_back(since(t.ready[b]));
+    lastReady = std::max(lastReady, t.ready[b]);
+    int64_t begin = t.begin[b].load();
+    const int64_t end = t.end[b].load();
+    if (begin < 0) begin = std::max(t.ready[b], previousEnd);  // untimed: from when it could run
+    s.cost.push_back(begin < 0 || end < begin ? -1.0 : seconds(end - begin));
+    previousEnd = std::max(previousEnd, end);
+  }
+  s.wait = since(t.wait >= 0 ? t.wait : lastReady);
+  return s;
+}
+
+uint64_t AutoWire::stepDone(uint64_t step, bool nonFinite,
+                            const std::function<std::vector<double>()>& residualRatios) {
+  StepSample s = sample();
+  const int64_t now = TickClock::now();
+  if (lastDone_ >= 0) s.step = TickClock::toNs(now - lastDone_) * 1e-9;
+  lastDone_ = now;
+  resetStep();
+  std::vector<WireChange> changes = policy_.record(s, nonFinite);
+  report(step, changes);
+  uint64_t changed = changes.size();
+  if (policy_.agreementDue()) {
+    std::vector<double> v =
+        policy_.window(residualRatios ? residualRatios() : std::vector<double>{});
+    comm_.allreduce(Tensor(v.data(), v.size(), DataType::kFloat64), ReduceOp::kMax);
+    changes = policy_.decide(v);
+    report(step, changes);
+    changed += changes.size();
+  }
+  return changed;
+}
+
+std::vector<double> residualRatios(const BucketPlan& plan, const std::vector<Tensor>& tensors,
+                                   const std::vector<float*>& residuals,
+                                   const std::vector<DataType>& wires) {
+  constexpr size_t kSample = 65536;
+  std::vector<double> out(plan.buckets.size(), 0.0);
+  for (size_t b = 0; b < plan.buckets.size(); ++b) {
+    if (plan.buckets[b].dtype != DataType::kFloat32 || !isQuantized(wires[b])) continue;
+    double r = 0, g = 0;
+    for (size_t i : plan.buckets[b].tensors) {
+      const float* res = residuals[i];
+      const float* grad = static_cast<const float*>(tensors[i].data);
+      const size_t stride = std::max<size_t>(1, tensors[i].count / kSample);
+      for (size_t e = 0; res && e < tensors[i].count; e += stride) {
+        r += std::fabs(res[e]);
+        g += std::fabs(grad[e]);
+      }
+    }
+    out[b] = g > 0 && std::isfinite(r / g) ? r / g : (r > 0 ? 1e300 : 0.0);
+  }
+  return out;
+}
+
+void AutoWire::report(uint64_t step, const std::vector<WireChange>& changes) const {
+  for (const WireChange& c : changes) {
+    const std::string& label = labels_[c.bucket];
+    const bool probe = c.reason == "probe";
+    if (comm_.rank() == 0 && (!probe || log::enabled(log::Level::DEBUG))) {
+      GFLOW_LOG(INFO) << "automatic wire, step " << step << ": bucket " << c.bucket << " (" << label
+                      << ") " << toString(c.from) << " -> " << toString(c.to) << ": " << c.reason;
+    }
+    if (timeline_) {
+      timeline_->instant(
+          "wire " + std::string(toString(c.to)) + ": " + label, "wire", Timeline::kComm,
+          jsonArgs({{"step", step}, {"bucket", c.bucket}}) +
+              ", \"from\": " + jsonString(toString(c.from)) +
+              ", \"to\": " + jsonString(toString(c.to)) + ", \"reason\": " + jsonString(c.reason));
+    }
+  }
+}
+
+}  // namespace gflow::gradient
