@@ -12,12 +12,14 @@ Modes:
     gloo           DDP on torch's gloo backend
     gloo-fp16      DDP on gloo with torch's fp16_compress_hook
     gflow          DDP on gflow's torch.distributed backend
-    gflow-dense, gflow-fp16, gflow-bf16, gflow-int8, gflow-int4, gflow-csc
+    gflow-dense, gflow-fp16, gflow-bf16, gflow-int8, gflow-int4, gflow-csc, gflow-auto
                    DDP (process group: gloo) with gflow's communication hook:
                    allreduce_hook, fp16_compress_hook, bf16_compress_hook,
                    int8_compress_hook / int4_compress_hook (QuantizedState:
-                   error feedback) or csc_hook (density --density, chunk 1024,
-                   error feedback)
+                   error feedback), csc_hook (density --density, chunk 1024,
+                   error feedback) or auto_compress_hook (AutoState, settings
+                   from GFLOW_WIRE_AUTO_*; the JSON line gets the wires it
+                   ended on)
 
 Rank and world come from gflowrun's variables (GFLOW_RANK, GFLOW_WORLD_SIZE,
 GFLOW_ROOT); torch's own rendezvous uses GFLOW_ROOT's host and its port + 7.
@@ -42,7 +44,7 @@ import torchvision
 from torch.nn.parallel import DistributedDataParallel
 
 MODES = ["none", "ddp-noop", "gloo", "gloo-fp16", "gflow", "gflow-dense", "gflow-fp16", "gflow-bf16",
-         "gflow-int8", "gflow-int4", "gflow-csc"]
+         "gflow-int8", "gflow-int4", "gflow-csc", "gflow-auto"]
 
 
 def init(mode, rank, size):
@@ -78,13 +80,17 @@ def wrap(model, mode, comm, density):
         import gflow.torch as gt
         hooks = {"gflow-dense": gt.allreduce_hook, "gflow-fp16": gt.fp16_compress_hook,
                  "gflow-bf16": gt.bf16_compress_hook, "gflow-int8": gt.int8_compress_hook,
-                 "gflow-int4": gt.int4_compress_hook, "gflow-csc": gt.csc_hook}
+                 "gflow-int4": gt.int4_compress_hook, "gflow-csc": gt.csc_hook,
+                 "gflow-auto": gt.auto_compress_hook}
         state = comm
         if mode == "gflow-csc":
             state = gt.CSCState(comm, density=density, chunk=1024)
         elif mode in ("gflow-int8", "gflow-int4"):
             state = gt.QuantizedState(comm)
+        elif mode == "gflow-auto":
+            state = gt.AutoState(comm)
         ddp.register_comm_hook(state, hooks[mode])
+        ddp.gflow_state = state  # gflow-auto: its wires go into the report
     return ddp
 
 
@@ -161,6 +167,7 @@ def main():
             "host_tx_bytes_per_step": (tx1 - tx0) / args.steps if tx0 is not None else None,
             "params": sum(t.numel() for t in model.parameters()),
             "params_identical": identical,
+            "wires": getattr(getattr(net, "gflow_state", None), "wires", None),
         }), flush=True)
     dist.barrier()
     if args.mode not in ("none", "ddp-noop") and not identical:

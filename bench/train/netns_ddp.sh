@@ -12,7 +12,7 @@
 #   -m "MODELS" torchvision models (default resnet50)
 #   -M "MODES"  modes of bench/train/ddp_synthetic.py (default: none ddp-noop
 #               gloo gloo-fp16 gflow gflow-dense gflow-fp16 gflow-bf16
-#               gflow-int8 gflow-int4 gflow-csc)
+#               gflow-int8 gflow-int4 gflow-csc gflow-auto)
 #   -R N        rounds; within a round every mode runs once, in order (default 2)
 #   -s N        timed steps per run (default 10)
 #   -w N        untimed warm-up steps (default 3)
@@ -47,7 +47,7 @@ usage() {
 
 H=4 rates="1gbit" models="resnet50" rounds=2 steps=10 warm=3 batch=16 pinhosts=1 out="" tmo=900
 pkg="$root/build/python"
-modes="none ddp-noop gloo gloo-fp16 gflow gflow-dense gflow-fp16 gflow-bf16 gflow-int8 gflow-int4 gflow-csc"
+modes="none ddp-noop gloo gloo-fp16 gflow gflow-dense gflow-fp16 gflow-bf16 gflow-int8 gflow-int4 gflow-csc gflow-auto"
 while [ $# -gt 0 ]; do
   case "$1" in
     -H) H=$2; shift 2 ;;

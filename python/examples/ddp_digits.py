@@ -7,7 +7,7 @@ torch DistributedDataParallel, communicating through gflow.
 
 --backend picks the torch.distributed process group ("gflow": gflow's
 ProcessGroup; "gloo": torch's); --hook replaces DDP's gradient allreduce by a
-gflow communication hook (allreduce, fp16, bf16, int8, int4 or csc). Data:
+gflow communication hook (allreduce, fp16, bf16, int8, int4, csc or auto). Data:
 scikit-learn's digits (1797 8x8 images), every fifth image held out. Every
 rank starts from the same weights, trains on its own shard, and prints
 "rank=R accuracy=A params_sha256=H": H is the same on every rank.
@@ -40,7 +40,8 @@ def data():
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--backend", choices=["gloo", "gflow"], default="gflow")
-    p.add_argument("--hook", choices=["none", "allreduce", "fp16", "bf16", "int8", "int4", "csc"],
+    p.add_argument("--hook", choices=["none", "allreduce", "fp16", "bf16", "int8", "int4", "csc",
+                                          "auto"],
                    default="none")
     p.add_argument("--epochs", type=int, default=6)
     p.add_argument("--batch", type=int, default=16, help="per rank")
@@ -69,12 +70,15 @@ def main():
                  "bf16": gflow.torch.bf16_compress_hook,
                  "int8": gflow.torch.int8_compress_hook,
                  "int4": gflow.torch.int4_compress_hook,
-                 "csc": gflow.torch.csc_hook}
+                 "csc": gflow.torch.csc_hook,
+                 "auto": gflow.torch.auto_compress_hook}
         state = comm
         if args.hook == "csc":
             state = gflow.torch.CSCState(comm, density=args.density, chunk=32, warmup_steps=20)
         elif args.hook in ("int8", "int4"):
             state = gflow.torch.QuantizedState(comm)  # error feedback
+        elif args.hook == "auto":  # short periods: every wire within the run
+            state = gflow.torch.AutoState(comm, warmup_steps=5, period=10, reprobe=5)
         ddp.register_comm_hook(state, hooks[args.hook])
 
     xtr, ytr, xte, yte = data()

@@ -17,6 +17,7 @@ from ._gflow import (  # noqa: F401 (re-exported)
     DataType,
     GradientReducer,
     ReduceOp,
+    WireChooser,
     Work,
     create,
     default_communicator,
@@ -41,7 +42,7 @@ from .errors import (  # noqa: F401 (re-exported)
 __all__ = [
     "AbortedError", "Communicator", "DataType", "Error", "ErrorCode", "GradientReducer",
     "InternalError", "InvalidArgumentError", "MismatchError", "PeerLostError", "ReduceOp",
-    "TimeoutError", "UnauthorizedError", "Work", "allreduce", "barrier", "broadcast", "create",
+    "TimeoutError", "UnauthorizedError", "WireChooser", "Work", "allreduce", "barrier", "broadcast", "create",
     "default_communicator", "errors", "finalize", "init", "set_cuda_component", "set_log_level",
 ]
 

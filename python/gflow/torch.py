@@ -8,6 +8,7 @@ DDP communication hooks that run the bucket's allreduce on gflow::
     model.register_comm_hook(comm, gflow.torch.fp16_compress_hook)    # or bf16_
     model.register_comm_hook(gflow.torch.CSCState(comm, density=0.1), gflow.torch.csc_hook)
     model.register_comm_hook(gflow.torch.QuantizedState(comm), gflow.torch.int8_compress_hook)
+    model.register_comm_hook(gflow.torch.AutoState(comm), gflow.torch.auto_compress_hook)
 
 and the "gflow" torch.distributed backend, registered when this module is
 imported::
@@ -32,9 +33,9 @@ import torch.distributed as dist
 import gflow
 
 __all__ = [
-    "CSCState", "HookState", "QuantizedState", "allreduce_hook", "bf16_compress_hook", "csc_hook",
-    "fp16_compress_hook", "gflow_bf16_compress_hook", "int4_compress_hook", "int8_compress_hook",
-    "register_backend",
+    "AutoState", "CSCState", "HookState", "QuantizedState", "allreduce_hook", "auto_compress_hook",
+    "bf16_compress_hook", "csc_hook", "fp16_compress_hook", "gflow_bf16_compress_hook",
+    "int4_compress_hook", "int8_compress_hook", "register_backend",
 ]
 
 
@@ -197,6 +198,115 @@ def int8_compress_hook(state, bucket):
 def int4_compress_hook(state, bucket):
     """Averages the float32 bucket as int4 blocks (state: QuantizedState)."""
     return _quantized(state, bucket, "qint4")
+
+
+class AutoState(HookState):
+    """State for auto_compress_hook: gflow picks each DDP bucket's wire.
+
+    DDP's buckets are averaged dense until their memory has stayed put for
+    two iterations (DDP rebuilds them after the first); then a
+    gflow.WireChooser over the buckets picks each one's wire per step
+    (docs/compression.md, Automatic wire), and the bucket's allreduce runs on
+    it, as the other hooks' do, with a float32 error-feedback residual per
+    bucket on the quantized wires. ``auto_wire`` holds the chooser's settings
+    (candidates, warmup_steps, period, reprobe, probe_steps, slack,
+    residual_limit; unset ones come from GFLOW_WIRE_AUTO_*). A step is
+    finished (and, when due, agreed across ranks: a small allreduce) at the
+    next iteration's first bucket. If DDP moves its buckets again, the
+    chooser and the residuals start over.
+    """
+
+    def __init__(self, comm=None, error_feedback=True, timeline="", **auto_wire):
+        super().__init__(comm)
+        self.error_feedback, self.timeline, self.auto_wire = error_feedback, timeline, auto_wire
+        self.chooser = None
+        self._layouts = []     # bucket layouts of the last two iterations
+        self._layout = []      # this iteration's: (data_ptr, numel) per bucket
+        self._buffers = []     # this iteration's bucket buffers
+        self._works = []       # this iteration's allreduces (with a chooser)
+        self._residuals = {}   # bucket index -> error-feedback residual
+
+    @property
+    def wires(self):
+        """Each DDP bucket's wire for the next iteration ([] while dense)."""
+        return self.chooser.wires if self.chooser is not None else []
+
+    def _bucket(self, buffer, index, is_last):
+        """The future of one bucket; runs the iteration's bookkeeping."""
+        if index == 0:
+            self._finish_step()
+            self._layout, self._buffers = [], []
+        if index != len(self._layout):
+            _fail(self, "allreduce", "gflow.torch.auto_compress_hook: DDP bucket %d came "
+                  "before bucket %d" % (index, len(self._layout)))
+        self._layout.append(_key(buffer))
+        self._buffers.append(buffer)
+        if self.chooser is not None and self._chooser_layout[index:index + 1] != [_key(buffer)]:
+            self.chooser, self._residuals, self._layouts = None, {}, []  # DDP moved its buckets
+        if self.chooser is None:
+            future = _future_of(self.comm.allreduce(buffer, "avg", async_op=True), buffer)
+            if is_last:
+                self._layouts = (self._layouts + [self._layout])[-2:]
+                if len(self._layouts) == 2 and self._layouts[0] == self._layouts[1]:
+                    self._chooser_layout = self._layout
+                    self.chooser = gflow.WireChooser(
+                        self.comm, len(self._layout), timeline=self.timeline,
+                        names=["ddp_bucket_%d" % i for i in range(len(self._layout))],
+                        auto_wire=self.auto_wire)
+            return future
+        wire = self.chooser.wire(index)
+        residual = None
+        if wire.startswith("qint") and self.error_feedback:
+            residual = self._residuals.get(index)
+            if residual is None:
+                residual = self._residuals[index] = torch.zeros_like(buffer)
+        self.chooser.ready(index)
+        work = self.comm.allreduce(buffer, "avg", wire=None if wire == "float32" else wire,
+                                   residual=residual, async_op=True)
+        work.add_done_callback(functools.partial(_chooser_done, self.chooser, index))
+        self._works.append(work)
+        return _future_of(work, buffer)
+
+    def _finish_step(self):
+        # The last iteration's allreduces have completed (DDP waited for them).
+        works, self._works = self._works, []
+        if self.chooser is not None and works:
+            ratios = functools.partial(self._ratios, self.chooser.wires)
+            self.chooser.finish_step(any(w.nonfinite for w in works), ratios)
+
+    def _ratios(self, wires):
+        """Per bucket: L1 of its residual over its buffer's, from a strided
+        sample (called back from within finish_step: no chooser calls)."""
+        out = []
+        for i, buffer in enumerate(self._buffers):
+            r = self._residuals.get(i)
+            if r is None or not wires[i].startswith("qint"):
+                out.append(0.0)
+                continue
+            stride = max(1, r.numel() // 65536)
+            rs, gs = float(r[::stride].abs().sum()), float(buffer[::stride].abs().sum())
+            out.append(rs / gs if gs > 0 else (1e300 if rs > 0 else 0.0))
+        return out
+
+
+def _key(buffer):
+    return (buffer.data_ptr(), buffer.numel())
+
+
+def _chooser_done(chooser, index, work):  # noqa: ARG001 (a done callback)
+    chooser.done(index)
+
+
+def auto_compress_hook(state, bucket):
+    """Averages the float32 bucket on the wire gflow picks for it (state: AutoState)."""
+    if not isinstance(state, AutoState):
+        _fail(state, "allreduce", "gflow.torch.auto_compress_hook needs a gflow.torch.AutoState, "
+              "got " + type(state).__name__)
+    buffer = bucket.buffer()
+    if buffer.dtype != torch.float32:
+        _fail(state, "allreduce", "gflow.torch: automatic compression takes float32 gradients, "
+              "the bucket holds %s" % buffer.dtype)
+    return state._bucket(buffer, bucket.index(), bool(bucket.is_last()))
 
 
 # DDP refuses hooks *named* bf16_compress_hook without CUDA 11 + NCCL 2.10

@@ -14,12 +14,40 @@ struct PyReducer {
   std::shared_ptr<GradientReducer> reducer;
 };
 
+// auto_wire={...}: AutoWireOptions by their Python names.
+void setAutoWire(const py::dict& d, AutoWireOptions* a) {
+  for (auto item : d) {
+    const std::string key = item.first.cast<std::string>();
+    py::handle v = item.second;
+    if (key == "candidates") {
+      for (py::handle w : v) a->candidates.push_back(toDataType(w));
+    } else if (key == "warmup_steps") {
+      a->warmupSteps = v.cast<int64_t>();
+    } else if (key == "period") {
+      a->period = v.cast<int64_t>();
+    } else if (key == "reprobe") {
+      a->reprobe = v.cast<int64_t>();
+    } else if (key == "probe_steps") {
+      a->probeSteps = v.cast<int64_t>();
+    } else if (key == "slack") {
+      a->slack = v.cast<double>();
+    } else if (key == "residual_limit") {
+      a->residualLimit = v.cast<double>();
+    } else {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "GradientReducer: auto_wire has no setting '" + key +
+                      "' (candidates, warmup_steps, period, reprobe, probe_steps, slack, "
+                      "residual_limit)");
+    }
+  }
+}
+
 std::shared_ptr<PyReducer> make(std::shared_ptr<Communicator> comm, py::list tensors, py::handle op,
                                 uint64_t fusionThreshold, py::handle cycleTimeMs, py::handle wire,
                                 float prescale, float postscale, double density, size_t chunk,
                                 float momentum, uint64_t warmupSteps,
                                 std::vector<std::string> names, std::string timeline,
-                                py::handle reproducible, bool errorFeedback) {
+                                py::handle reproducible, bool errorFeedback, py::dict autoWire) {
   if (!comm) throw Error(ErrorCode::kInvalidArgument, "GradientReducer: comm is None");
   auto r = std::make_shared<PyReducer>();
   std::vector<Tensor> grads;
@@ -36,7 +64,12 @@ std::shared_ptr<PyReducer> make(std::shared_ptr<Communicator> comm, py::list ten
     if (!cycleTimeMs.is_none()) {
       o.cycleTime = std::chrono::milliseconds(cycleTimeMs.cast<int64_t>());
     }
-    if (!wire.is_none()) o.wire = toDataType(wire);
+    if (py::isinstance<py::str>(wire) && wire.cast<std::string>() == "auto") {
+      o.autoWire.enabled = true;
+    } else if (!wire.is_none()) {
+      o.wire = toDataType(wire);
+    }
+    setAutoWire(autoWire, &o.autoWire);
     o.prescale = prescale;
     o.postscale = postscale;
     o.sparse.density = density;
@@ -62,12 +95,64 @@ py::dict statsDict(const ReducerStats& s) {
   d["control_ops"] = s.controlOps;
   d["sparse_chunks"] = s.sparseChunks;
   d["sparse_chunks_sent"] = s.sparseChunksSent;
+  d["wire_changes"] = s.wireChanges;
   return d;
 }
 
 }  // namespace
 
+namespace {
+
+std::shared_ptr<WireChooser> makeChooser(std::shared_ptr<Communicator> comm, size_t buckets,
+                                         std::vector<std::string> names, std::string timeline,
+                                         py::dict autoWire) {
+  if (!comm) throw Error(ErrorCode::kInvalidArgument, "WireChooser: comm is None");
+  AutoWireOptions o;
+  setAutoWire(autoWire, &o);
+  return std::make_shared<WireChooser>(std::move(comm), buckets, o, std::move(names), timeline);
+}
+
+void bindChooser(py::module_& m) {
+  py::class_<WireChooser, std::shared_ptr<WireChooser>>(m, "WireChooser")
+      .def(py::init(&makeChooser), py::arg("comm"), py::arg("buckets"), py::kw_only(),
+           py::arg("names") = std::vector<std::string>{}, py::arg("timeline") = "",
+           py::arg("auto_wire") = py::dict())
+      .def(
+          "wire", [](const WireChooser& c, size_t b) { return toString(c.wire(b)); },
+          py::arg("bucket"))
+      .def_property_readonly("wires",
+                             [](const WireChooser& c) {
+                               std::vector<std::string> out;
+                               for (DataType w : c.wires()) out.push_back(toString(w));
+                               return out;
+                             })
+      .def("ready", &WireChooser::ready, py::arg("bucket"))
+      .def("done", &WireChooser::done, py::arg("bucket"))
+      .def(
+          "finish_step",
+          [](WireChooser& c, bool nonFinite, py::object ratios) {
+            std::function<std::vector<double>()> fn;
+            if (!ratios.is_none()) {
+              fn = [ratios] {
+                py::gil_scoped_acquire gil;
+                return ratios().cast<std::vector<double>>();
+              };
+            }
+            uint64_t changed = 0;
+            {  // fn (and its Python callable) goes with the GIL held
+              py::gil_scoped_release nogil;
+              changed = c.finishStep(nonFinite, fn);
+            }
+            return changed;
+          },
+          py::arg("nonfinite"), py::arg("residual_ratios") = py::none())
+      .def_property_readonly("steps", &WireChooser::steps);
+}
+
+}  // namespace
+
 void bindReducer(py::module_& m) {
+  bindChooser(m);
   py::class_<PyReducer, std::shared_ptr<PyReducer>>(m, "GradientReducer")
       .def(py::init(&make), py::arg("comm"), py::arg("tensors"), py::kw_only(),
            py::arg("op") = "avg", py::arg("fusion_threshold") = 0,
@@ -75,7 +160,8 @@ void bindReducer(py::module_& m) {
            py::arg("prescale") = 1.0f, py::arg("postscale") = 1.0f, py::arg("density") = -1.0,
            py::arg("chunk") = 0, py::arg("momentum") = 0.0f, py::arg("warmup_steps") = 0,
            py::arg("names") = std::vector<std::string>{}, py::arg("timeline") = "",
-           py::arg("reproducible") = py::none(), py::arg("error_feedback") = true)
+           py::arg("reproducible") = py::none(), py::arg("error_feedback") = true,
+           py::arg("auto_wire") = py::dict())
       .def(
           "ready", [](PyReducer& r, size_t i) { r.reducer->ready(i); }, py::arg("index"))
       .def(
@@ -102,6 +188,12 @@ void bindReducer(py::module_& m) {
       .def_property_readonly("fusion_threshold",
                              [](const PyReducer& r) { return r.reducer->fusionThreshold(); })
       .def_property_readonly("nonfinite", [](const PyReducer& r) { return r.reducer->nonFinite(); })
+      .def_property_readonly("wires",
+                             [](const PyReducer& r) {
+                               std::vector<std::string> out;
+                               for (DataType w : r.reducer->wires()) out.push_back(toString(w));
+                               return out;
+                             })
       .def("stats", [](const PyReducer& r) { return statsDict(r.reducer->stats()); })
       .def("communicator_stats", [](const PyReducer& r) {
         const Stats s = r.reducer->communicator().stats();

@@ -42,6 +42,7 @@ def gloo():
     (("--backend", "gloo", "--hook", "csc"), 0.02, "torchrun"),
     (("--backend", "gloo", "--hook", "int8"), 0.01, "torchrun"),
     (("--backend", "gloo", "--hook", "int4"), 0.01, "torchrun"),
+    (("--backend", "gloo", "--hook", "auto"), 0.01, "torchrun"),
 ])
 def test_ddp_matches_gloo(gloo, args, tolerance, style):
     accuracy, _ = train(*args, style=style)

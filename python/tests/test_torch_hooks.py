@@ -116,6 +116,43 @@ def test_csc_hook_reducer_per_bucket(single):
     single.barrier()
 
 
+def test_auto_hook_is_dense_until_ddps_buckets_settle_then_a_chooser_picks(single):
+    state = gt.AutoState(single, warmup_steps=2, probe_steps=1, period=2, reprobe=0)
+    first = [torch.full((300,), 0.5), torch.full((200,), 0.25)]
+    final = [torch.full((300,), 0.5), torch.full((200,), 0.25)]
+
+    def iteration(bufs):
+        futures = [gt.auto_compress_hook(state, Bucket(b, i, i == len(bufs) - 1))
+                   for i, b in enumerate(bufs)]
+        return [wait_future(f) for f in futures]
+
+    iteration(first)  # DDP's first layout: dense
+    assert state.chooser is None
+    for _ in range(2):  # the rebuilt layout, twice: the chooser starts
+        got = iteration(final)
+        assert all(g.data_ptr() == b.data_ptr() for g, b in zip(got, final))
+    assert state.chooser is not None and state.wires == ["float32", "float32"]
+    seen = []
+    for _ in range(6):
+        seen.append(state.wires[0])
+        got = iteration(final)
+        assert torch.allclose(got[0], torch.full((300,), 0.5), atol=0.5 / 14)
+        assert torch.allclose(got[1], torch.full((200,), 0.25), atol=0.25 / 14)
+    # A step is finished at the next iteration's first bucket, so each
+    # choice shows one iteration later: warm-up and the probe's float32
+    # stage, then one step on each other wire.
+    assert seen == ["float32", "float32", "float32", "bfloat16", "qint8", "qint4"], seen
+    assert state.chooser.steps == 5
+    assert set(state._residuals) == {0, 1}  # error feedback on the quantized steps
+    iteration(first)  # DDP moved its buckets: the chooser goes, dense again
+    assert state.chooser is None
+
+
+def test_auto_hook_needs_its_state(single):
+    with pytest.raises(gflow.InvalidArgumentError, match="AutoState"):
+        gt.auto_compress_hook(gt.QuantizedState(single), Bucket(torch.ones(4), 0, True))
+
+
 def test_backend_registered():
     import torch.distributed as dist
     assert dist.Backend.GFLOW == "GFLOW"
