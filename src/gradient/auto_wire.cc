@@ -15,21 +15,25 @@ namespace {
 
 const char* kCreate = "reducer.create";
 
-bool isWire(DataType t) {
-  return t == DataType::kFloat32 || t == DataType::kFloat16 || t == DataType::kBFloat16 ||
-         isQuantized(t);
-}
-
 // Bytes one float32 value takes on `t` (quantized: with the block's scale).
 double widthOf(DataType t) {
   return static_cast<double>(wireElements(t, kQuantBlock) * dataTypeSize(t)) / kQuantBlock;
 }
 
+// GFLOW_WIRE_AUTO_CANDIDATES: names separated by commas (spaces allowed).
 std::vector<DataType> parseCandidates(const std::string& text) {
   std::vector<DataType> out;
   std::stringstream in(text);
   for (std::string item; std::getline(in, item, ',');) {
-    if (!item.empty()) out.push_back(parseDataType(item));
+    item.erase(0, item.find_first_not_of(" \t"));
+    item.erase(item.find_last_not_of(" \t") + 1);
+    if (item.empty()) continue;
+    try {
+      out.push_back(parseDataType(item));
+    } catch (const Error& e) {
+      GFLOW_THROW(kInvalidArgument, ErrorContext{kCreate})
+          << "GFLOW_WIRE_AUTO_CANDIDATES='" << text << "': " << e.detail();
+    }
   }
   return out;
 }
@@ -38,7 +42,7 @@ void checkCandidates(const std::vector<DataType>& c) {
   if (c.empty())
     GFLOW_THROW(kInvalidArgument, ErrorContext{kCreate}) << "no automatic wire candidates";
   for (size_t i = 0; i < c.size(); ++i) {
-    if (!isWire(c[i])) {
+    if (!isGradientWire(c[i])) {
       GFLOW_THROW(kInvalidArgument, ErrorContext{kCreate})
           << "automatic wire candidate " << toString(c[i])
           << ": gradients travel as float32, float16, bfloat16, qint8 or qint4";
@@ -65,6 +69,11 @@ uint64_t countOr(int64_t given, int64_t fromEnv, const char* what, int64_t least
 }
 
 }  // namespace
+
+bool isGradientWire(DataType t) {
+  return t == DataType::kFloat32 || t == DataType::kFloat16 || t == DataType::kBFloat16 ||
+         isQuantized(t);
+}
 
 std::optional<WirePolicyConfig> autoWireConfig(const ReducerOptions& o) {
   const AutoWireOptions& a = o.autoWire;

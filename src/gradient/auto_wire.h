@@ -28,6 +28,10 @@
 
 namespace gflow::gradient {
 
+// Whether float32 gradients may travel as `t` (float32, float16, bfloat16,
+// qint8, qint4).
+bool isGradientWire(DataType t);
+
 // The automatic wire's settings from `o` and the GFLOW_WIRE_AUTO_*
 // parameters, or nullopt when it is off. Throws gflow::Error
 // (kInvalidArgument) naming what is wrong.

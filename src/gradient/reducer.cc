@@ -306,8 +306,7 @@ void GradientReducer::Impl::setUpWire(const ReducerOptions& options) {
   wires = autoConfig ? autoConfig->candidates : std::vector<DataType>{fixed};
   wire = internal::WireFormat{wires[0], options.prescale, options.postscale};
   for (DataType w : wires) {
-    if (w != DataType::kFloat32 && w != DataType::kFloat16 && w != DataType::kBFloat16 &&
-        !isQuantized(w)) {
+    if (!gradient::isGradientWire(w)) {
       CommunicatorAccess::failInvalid(
           *comm, kCreate,
           std::string("wire type ") + toString(w) +

@@ -182,6 +182,36 @@ TEST(AutoWireReducer, GFLOW_WIRE_AutoTurnsItOnAndAnExplicitWireWins) {
   });
 }
 
+TEST(AutoWireReducer, GFLOW_WIRE_AUTO_CANDIDATESIsAListOfWireNames) {
+  ReducerOptions o;
+  o.autoWire.enabled = true;
+  o.autoWire.warmupSteps = 0;
+  o.autoWire.probeSteps = 1;
+  {  // the environment is the process's: set outside the rank threads
+    testing::ScopedEnv env("GFLOW_WIRE_AUTO_CANDIDATES", " float32 , qint8");
+    testing::runRanks(2, [&](Communicator& c) {
+      std::vector<float> a(300);
+      GradientReducer red(borrow(c), {tensor(a.data(), a.size())}, o);
+      red.ready(0);
+      red.wait();
+      EXPECT_EQ(red.wires(), std::vector<DataType>{DataType::kQInt8});  // the probe's 2nd stage
+    });
+  }
+  testing::ScopedEnv env("GFLOW_WIRE_AUTO_CANDIDATES", "float32,qint3");
+  testing::runRanks(2, [&](Communicator& c) {
+    std::vector<float> a(300);
+    try {
+      GradientReducer red(borrow(c), {tensor(a.data(), a.size())}, o);
+      ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find("GFLOW_WIRE_AUTO_CANDIDATES='float32,qint3'"),
+                std::string::npos)
+          << e.what();
+    }
+  });
+}
+
 TEST(AutoWireReducer, SettingsItCannotHonourAreRefusedOnEveryRank) {
   struct Case {
     const char* what;
