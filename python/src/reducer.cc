@@ -118,16 +118,33 @@ void bindChooser(py::module_& m) {
            py::arg("names") = std::vector<std::string>{}, py::arg("timeline") = "",
            py::arg("auto_wire") = py::dict())
       .def(
-          "wire", [](const WireChooser& c, size_t b) { return toString(c.wire(b)); },
+          "wire",
+          [](const WireChooser& c, size_t b) {
+            DataType w;
+            {
+              py::gil_scoped_release nogil;
+              w = c.wire(b);
+            }
+            return toString(w);
+          },
           py::arg("bucket"))
       .def_property_readonly("wires",
                              [](const WireChooser& c) {
+                               std::vector<DataType> wires;
+                               {
+                                 py::gil_scoped_release nogil;
+                                 wires = c.wires();
+                               }
                                std::vector<std::string> out;
-                               for (DataType w : c.wires()) out.push_back(toString(w));
+                               for (DataType w : wires) out.push_back(toString(w));
                                return out;
                              })
-      .def("ready", &WireChooser::ready, py::arg("bucket"))
-      .def("done", &WireChooser::done, py::arg("bucket"))
+      // Without the GIL: done() comes from completion threads, and the
+      // chooser's lock may be held by a finish_step() waiting for the GIL
+      // (its residual_ratios callback).
+      .def("ready", &WireChooser::ready, py::arg("bucket"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("done", &WireChooser::done, py::arg("bucket"), py::call_guard<py::gil_scoped_release>())
       .def(
           "finish_step",
           [](WireChooser& c, bool nonFinite, py::object ratios) {

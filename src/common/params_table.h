@@ -133,7 +133,7 @@
   X(cscDensity, "GFLOW_CSC_DENSITY", kString, "0", kLocal,                                         \
     "GradientReducer CSC: fraction of chunks sent per step, (0, 1]; 0 = dense.")                   \
   X(cscChunk, "GFLOW_CSC_CHUNK", kInt, "1024", kLocal, "GradientReducer CSC: elements per chunk.") \
-  X(wire, "GFLOW_WIRE", kString, "float32", kLocal,                                                 \
+  X(wire, "GFLOW_WIRE", kString, "float32", kLocal,                                                \
     "GradientReducer: how float32 gradients travel when the options do not say: float32, "         \
     "float16, bfloat16, qint8, qint4, or auto (a wire per bucket from measured link and "          \
     "overlap, docs/compression.md).")                                                              \

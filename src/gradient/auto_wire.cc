@@ -94,7 +94,7 @@ WirePolicyConfig policyConfig(const AutoWireOptions& a) {
   c.warmupSteps = countOr(a.warmupSteps, params::wireAutoWarmup(), "warmupSteps", 0);
   c.period = countOr(a.period, params::wireAutoPeriod(), "period", 1);
   c.reprobe = countOr(a.reprobe, params::wireAutoReprobe(), "reprobe", 0);
-  c.probeSteps = countOr(a.probeSteps, a.probeSteps, "probeSteps", 1);
+  c.probeSteps = countOr(a.probeSteps, -1, "probeSteps", 1);  // no parameter: < 1 is an error
   if (!(a.slack >= 0 && a.slack <= 10) || !(a.residualLimit > 0)) {
     GFLOW_THROW(kInvalidArgument, ErrorContext{kCreate})
         << "automatic wire: slack must be in [0, 10] and residualLimit > 0";
