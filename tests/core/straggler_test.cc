@@ -17,6 +17,7 @@
 #include <cmath>
 #include <optional>
 #include <random>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -209,43 +210,62 @@ Timings runPath(const Path& p, int slow) {
   return run;
 }
 
-// The sleeper is named in 95% of the ops, with the measured delay within
-// 2 ms in 90% of them. Not 95%: a thread preempted between the test's clock
-// read and gflow's stamp (a loaded 2-core machine does that for
-// milliseconds) adds the preemption to that op's skew, and under a
-// concurrent build 3 of 40 ops missed by 2.1-2.3 ms.
+// What is wrong with one run of `p` with `slow` sleeping, "" if nothing: the
+// sleeper is named in 95% of the ops, with the measured delay within 2 ms in
+// 90% of them. Not 95%: a thread preempted between the test's clock read and
+// gflow's stamp (a loaded 2-core machine does that for milliseconds) adds the
+// preemption to that op's skew, and under a concurrent build 3 of 40 ops
+// missed by 2.1-2.3 ms.
+std::string pathFailures(const Path& p, int slow) {
+  const Timings run = runPath(p, slow);
+  std::ostringstream out;
+  for (int r = 0; r < kRanks; ++r) {
+    int named = 0;
+    std::vector<int64_t> errors;
+    std::string misses;
+    for (int i = 0; i < kOps; ++i) {
+      int64_t earliest = run.called[0][i];
+      for (int q = 1; q < kRanks; ++q) earliest = std::min(earliest, run.called[q][i]);
+      const int64_t skew = run.called[slow][i] - earliest;
+      const ArrivalVerdict& v = run.verdicts[r][i];
+      if (v.last == slow) {
+        ++named;
+        errors.push_back(std::llabs(v.skewNs - skew));
+      }
+      if ((v.last != slow || errors.back() > 2 * kMs) && misses.size() < 600) {
+        misses += " op " + std::to_string(i) + ": named " + std::to_string(v.last) + " by " +
+                  std::to_string(v.skewNs / 1000) + " us (measured " + std::to_string(skew / 1000) +
+                  " us);";
+      }
+    }
+    const auto close =
+        std::count_if(errors.begin(), errors.end(), [](int64_t e) { return e <= 2 * kMs; });
+    if (named * 100 < 95 * kOps || close * 100 < 90 * kOps) {
+      out << p.name << ": rank " << r << " named rank " << slow << " in " << named << " of " << kOps
+          << " ops, within 2 ms in " << close << ";" << misses << "\n";
+    }
+  }
+  return out.str();
+}
+
+// A path passes if one of three runs does. A slow phase of this VM (seconds
+// long, with a concurrent test on both cores) once preempted the sleeper for
+// a 3-4 ms time slice between the test's clock read and gflow's stamp in 16
+// consecutive ops; a wrong stamp or verdict fails every run alike.
 TEST(StragglerTiming, TheSleepingRankIsNamedWithItsDelayOnEveryPath) {
   int slow = 0;
   for (const Path& p : paths()) {
     slow = (slow + 1) % kRanks;  // 1, 2, 3, 0, ...
-    const Timings run = runPath(p, slow);
-    for (int r = 0; r < kRanks; ++r) {
-      int named = 0;
-      std::vector<int64_t> errors;
-      std::string misses;
-      for (int i = 0; i < kOps; ++i) {
-        int64_t earliest = run.called[0][i];
-        for (int q = 1; q < kRanks; ++q) earliest = std::min(earliest, run.called[q][i]);
-        const int64_t skew = run.called[slow][i] - earliest;
-        const ArrivalVerdict& v = run.verdicts[r][i];
-        if (v.last == slow) {
-          ++named;
-          errors.push_back(std::llabs(v.skewNs - skew));
-        }
-        if ((v.last != slow || errors.back() > 2 * kMs) && misses.size() < 600) {
-          misses += " op " + std::to_string(i) + ": named " + std::to_string(v.last) + " by " +
-                    std::to_string(v.skewNs / 1000) + " us (measured " +
-                    std::to_string(skew / 1000) + " us);";
-        }
+    std::string failures;
+    for (int attempt = 1; attempt <= 3; ++attempt) {
+      const std::string f = pathFailures(p, slow);
+      if (f.empty()) {
+        failures.clear();
+        break;
       }
-      EXPECT_GE(named * 100, 95 * kOps) << p.name << ": rank " << r << " named rank " << slow
-                                        << " in " << named << " of " << kOps << " ops;" << misses;
-      const auto close =
-          std::count_if(errors.begin(), errors.end(), [](int64_t e) { return e <= 2 * kMs; });
-      EXPECT_GE(close * 100, 90 * kOps)
-          << p.name << ": rank " << r << " named rank " << slow << " within 2 ms in " << close
-          << " of " << kOps << " ops;" << misses;
+      failures += "run " + std::to_string(attempt) + ":\n" + f;
     }
+    EXPECT_EQ(failures, "") << p.name;
   }
 }
 
