@@ -8,6 +8,7 @@
 #include "common/logging.h"
 #include "common/params.h"
 #include "common/tick_clock.h"
+#include "kernels/host_kernels.h"
 
 namespace gflow::gradient {
 
@@ -193,22 +194,48 @@ uint64_t AutoWire::stepDone(uint64_t step, bool nonFinite,
   return changed;
 }
 
+namespace {
+constexpr size_t kSampleBlock = 1024, kSampleBlocks = 64;
+
+// p[0, count) into `out` through `memory`: all of it up to kSampleBlocks *
+// kSampleBlock values, else kSampleBlocks blocks of kSampleBlock spread
+// evenly from the first value to the last.
+void readSample(kernels::GradientKernels& memory, const float* p, size_t count,
+                std::vector<float>& out) {
+  const size_t blocks = count <= kSampleBlocks * kSampleBlock ? 1 : kSampleBlocks;
+  const size_t len = blocks == 1 ? count : kSampleBlock;
+  out.resize(blocks * len);
+  std::vector<kernels::GradientKernels::Copy> copies;
+  for (size_t j = 0; j < blocks; ++j) {
+    const size_t at = blocks == 1 ? 0 : j * (count - len) / (blocks - 1);
+    copies.push_back({p + at, out.data() + j * len, len * sizeof(float)});
+  }
+  memory.toHost(copies);
+}
+
+double l1(const std::vector<float>& v) {
+  double s = 0;
+  for (float x : v) s += std::fabs(x);
+  return s;
+}
+}  // namespace
+
 std::vector<double> residualRatios(const BucketPlan& plan, const std::vector<Tensor>& tensors,
                                    const std::vector<float*>& residuals,
-                                   const std::vector<DataType>& wires) {
-  constexpr size_t kSample = 65536;
+                                   const std::vector<DataType>& wires,
+                                   kernels::GradientKernels* device) {
+  kernels::GradientKernels& memory = device ? *device : *kernels::hostKernels();
   std::vector<double> out(plan.buckets.size(), 0.0);
+  std::vector<float> sample;
   for (size_t b = 0; b < plan.buckets.size(); ++b) {
     if (plan.buckets[b].dtype != DataType::kFloat32 || !isQuantized(wires[b])) continue;
     double r = 0, g = 0;
     for (size_t i : plan.buckets[b].tensors) {
-      const float* res = residuals[i];
-      const float* grad = static_cast<const float*>(tensors[i].data);
-      const size_t stride = std::max<size_t>(1, tensors[i].count / kSample);
-      for (size_t e = 0; res && e < tensors[i].count; e += stride) {
-        r += std::fabs(res[e]);
-        g += std::fabs(grad[e]);
-      }
+      if (!residuals[i]) continue;
+      readSample(memory, residuals[i], tensors[i].count, sample);
+      r += l1(sample);
+      readSample(memory, static_cast<const float*>(tensors[i].data), tensors[i].count, sample);
+      g += l1(sample);
     }
     out[b] = g > 0 && std::isfinite(r / g) ? r / g : (r > 0 ? 1e300 : 0.0);
   }

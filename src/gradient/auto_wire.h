@@ -25,6 +25,7 @@
 #include "gradient/bucket_plan.h"
 #include "gradient/timeline.h"
 #include "gradient/wire_policy.h"
+#include "kernels/gradient_kernels.h"
 
 namespace gflow::gradient {
 
@@ -40,12 +41,15 @@ std::optional<WirePolicyConfig> autoWireConfig(const ReducerOptions& o);
 WirePolicyConfig policyConfig(const AutoWireOptions& a);
 
 // The L1 ratio residual / gradient of each bucket of `plan` whose wire is
-// quantized (0 for the others), on host memory, from a strided sample of at
-// most about 64 Ki values per tensor (the guard needs a magnitude, not
-// digits). A residual beside a zero gradient counts as 1e300.
+// quantized (0 for the others). Each tensor is read whole up to 64 Ki
+// values, else as 64 blocks of 1024 spread evenly over it (the guard needs
+// a magnitude, not digits), through `device`'s toHost (its gradients and
+// residuals are that device's memory; null: host memory). A residual beside
+// a zero gradient counts as 1e300.
 std::vector<double> residualRatios(const BucketPlan& plan, const std::vector<Tensor>& tensors,
                                    const std::vector<float*>& residuals,
-                                   const std::vector<DataType>& wires);
+                                   const std::vector<DataType>& wires,
+                                   kernels::GradientKernels* device);
 
 class AutoWire {
  public:

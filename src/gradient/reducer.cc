@@ -590,11 +590,11 @@ void GradientReducer::Impl::wait(std::chrono::milliseconds timeout) {
     // Every rank agrees at the same step (a small allreduce when due); its
     // failure is this wait()'s error, after the step is done.
     try {
-      // The residual guard reads host residuals (not device ones).
       std::function<std::vector<double>()> ratios;
-      if (!residuals_.empty() && !cudaKernels_) {
+      if (!residuals_.empty()) {
         ratios = [this] {
-          return gradient::residualRatios(plan, tensors, residuals_, currentWires());
+          return gradient::residualRatios(plan, tensors, residuals_, currentWires(),
+                                          cudaKernels_.get());
         };
       }
       stats.wireChanges += autoWire_->stepDone(step_ - 1, lastNonFinite_, ratios);

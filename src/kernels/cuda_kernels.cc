@@ -204,6 +204,15 @@ void CudaKernels::scatterChunks(SparseBucket& b, const float* packed, const uint
   copy(stagingCopies(b, false));
 }
 
+void CudaKernels::toHost(const std::vector<Copy>& copies) {
+  gflow::cuda::DeviceGuard c(p_, device_);
+  for (const Copy& k : copies) {
+    if (k.bytes == 0) continue;
+    check(p_.memcpyAsync(k.dst, k.src, k.bytes, stream_), "copying gradient memory to the host");
+  }
+  check(p_.streamSynchronize(stream_), "copying gradient memory to the host");
+}
+
 void CudaKernels::synchronize() {
   gflow::cuda::DeviceGuard c(p_, device_);
   check(p_.streamSynchronize(stream_), "waiting for the gradients' stream");

@@ -44,7 +44,8 @@ class CudaKernels final : public GradientKernels {
   void zero(void* p, size_t bytes) override;  // waits for the stream
   void* acquire(size_t bytes) override;       // reused blocks
   void release(void* block) override;
-  void copy(const std::vector<Copy>& copies) override;  // one kernel
+  void copy(const std::vector<Copy>& copies) override;    // one kernel
+  void toHost(const std::vector<Copy>& copies) override;  // memcpyAsync each, then waits
   void narrow(void* dst, const float* src, size_t count, DataType wire, float scale,
               float* residual) override;
   void widen(float* dst, const void* src, size_t count, DataType wire, float scale) override;

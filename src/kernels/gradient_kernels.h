@@ -47,6 +47,9 @@ class GradientKernels {
     size_t bytes;
   };
   virtual void copy(const std::vector<Copy>& copies) = 0;
+  // The same into host memory (every dst), waiting until it has arrived:
+  // what the host reads of this memory (the residual guard's sample).
+  virtual void toHost(const std::vector<Copy>& copies) = 0;
 
   // float32 <-> wire type (kFloat16, kBFloat16, kQInt8, kQInt4) with a
   // scale: convert.h's contract, bit for bit (a quantized wire's `count` is

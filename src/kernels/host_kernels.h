@@ -29,6 +29,7 @@ class HostKernels final : public GradientKernels {
   void* acquire(size_t bytes) override;
   void release(void* block) override;
   void copy(const std::vector<Copy>& copies) override;
+  void toHost(const std::vector<Copy>& copies) override { copy(copies); }
   void narrow(void* dst, const float* src, size_t count, DataType wire, float scale,
               float* residual) override;
   void widen(float* dst, const void* src, size_t count, DataType wire, float scale) override;

@@ -176,6 +176,8 @@ INSTANTIATE_TEST_SUITE_P(Kernels, GpuReducer,
                          ::testing::Values(Case{"dense", DataType::kFloat32, 0, 0},
                                            Case{"float16", DataType::kFloat16, 0, 0},
                                            Case{"bfloat16", DataType::kBFloat16, 0, 0},
+                                           Case{"qint8", DataType::kQInt8, 0, 0},
+                                           Case{"qint4", DataType::kQInt4, 0, 0},
                                            Case{"csc", DataType::kFloat32, 0.25, 0},
                                            Case{"csc_momentum", DataType::kFloat32, 0.5, 0.5f}),
                          [](const ::testing::TestParamInfo<Case>& i) {

@@ -134,9 +134,58 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"dense_flat", DataType::kFloat32, 0, 0, true},
                       Case{"float16", DataType::kFloat16, 0, 0, false},
                       Case{"bfloat16_flat", DataType::kBFloat16, 0, 0, true},
+                      Case{"qint8", DataType::kQInt8, 0, 0, false},
+                      Case{"qint4_flat", DataType::kQInt4, 0, 0, true},
                       Case{"csc", DataType::kFloat32, 0.5, 0, false},
                       Case{"csc_momentum_bf16", DataType::kBFloat16, 0.25, 0.5f, false}),
     [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
+
+// The automatic wire's residual guard reads device residuals. Candidates
+// float32 and qint4, one step per probe stage, a decision every step and a
+// new probe after each: steps 0-1 probe, 2 is settled, 3-4 probe again.
+// With a limit every qint4 residual passes, the decision after step 1 caps
+// every bucket at float32, so step 4 (the new probe's qint4 stage) stays
+// float32; without the guard it is qint4, whatever the timing.
+class DeviceAutoWire : public testing::OnSoftGpus<kRanks> {};
+
+TEST_F(DeviceAutoWire, TheResidualGuardReadsDeviceResiduals) {
+  std::vector<std::vector<DataType>> wires(kRanks);
+  testing::runRanks(kRanks, [&](Communicator& comm) {
+    const int r = comm.rank();
+    std::vector<void*> mem;
+    std::vector<Tensor> grads;
+    for (size_t n : kSizes) {
+      mem.push_back(softcuda::alloc(r, n * sizeof(float)));
+      grads.emplace_back(mem.back(), n, DataType::kFloat32, Device{DeviceType::kCUDA, r});
+    }
+    ReducerOptions o;
+    o.fusionThreshold = 1024;
+    o.autoWire.enabled = true;
+    o.autoWire.candidates = {DataType::kFloat32, DataType::kQInt4};
+    o.autoWire.warmupSteps = o.autoWire.period = o.autoWire.reprobe = 1;
+    o.autoWire.probeSteps = 1;
+    o.autoWire.residualLimit = 1e-9;
+    {
+      GradientReducer reducer(comm.split(0, r), grads, o);
+      for (int s = 0; s < 4; ++s) {
+        for (size_t t = 0; t < kSizes.size(); ++t) {
+          auto* p = static_cast<float*>(grads[t].data);  // soft device memory is host memory
+          for (size_t i = 0; i < kSizes[t]; ++i) p[i] = gradAt(r, t, i, s);
+        }
+        for (size_t t = kSizes.size(); t-- > 0;) reducer.ready(t);
+        reducer.wait();
+      }
+      wires[r] = reducer.wires();  // step 4's
+    }
+    for (void* m : mem) softcuda::free(m);
+  });
+  for (int r = 0; r < kRanks; ++r) {
+    ASSERT_FALSE(wires[r].empty());
+    for (size_t b = 0; b < wires[r].size(); ++b) {
+      EXPECT_EQ(wires[r][b], DataType::kFloat32) << "rank " << r << " bucket " << b;
+    }
+  }
+}
 
 TEST(DeviceReducerErrors, GradientsOnSeveralGpusOrMixedWithCpuAreRejected) {
   softcuda::install(2);
