@@ -24,18 +24,14 @@
 
 #include "common/check.h"
 #include "common/logging.h"
+#include "common/text.h"
 
 namespace gflow::net {
 namespace {
 
 const ErrorContext kNetCtx = ErrorContext::forOp("socket");
 
-std::string trim(const std::string& s) {
-  size_t b = s.find_first_not_of(" \t\r\n");
-  if (b == std::string::npos) return "";
-  size_t e = s.find_last_not_of(" \t\r\n");
-  return s.substr(b, e - b + 1);
-}
+using text::trim;
 
 // Parses a decimal port in [minPort, 65535]; false on anything else.
 bool parsePort(const std::string& s, uint16_t minPort, uint16_t* out) {
@@ -286,12 +282,7 @@ std::string selectInterfaceAddress(const std::string& spec) {
     exact = true;
     s = s.substr(1);
   }
-  std::vector<std::string> items;
-  std::stringstream ss(s);
-  for (std::string item; std::getline(ss, item, ',');) {
-    item = trim(item);
-    if (!item.empty()) items.push_back(item);
-  }
+  const std::vector<std::string> items = text::splitList(s);
   auto matches = [&](const std::string& name) {
     for (const auto& item : items) {
       if (exact ? name == item : name.compare(0, item.size(), item) == 0) return true;

@@ -2,11 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <sstream>
 
 #include "common/check.h"
 #include "common/logging.h"
 #include "common/params.h"
+#include "common/text.h"
 #include "common/tick_clock.h"
 #include "kernels/host_kernels.h"
 
@@ -22,18 +22,14 @@ double widthOf(DataType t) {
 }
 
 // GFLOW_WIRE_AUTO_CANDIDATES: names separated by commas (spaces allowed).
-std::vector<DataType> parseCandidates(const std::string& text) {
+std::vector<DataType> parseCandidates(const std::string& spec) {
   std::vector<DataType> out;
-  std::stringstream in(text);
-  for (std::string item; std::getline(in, item, ',');) {
-    item.erase(0, item.find_first_not_of(" \t"));
-    item.erase(item.find_last_not_of(" \t") + 1);
-    if (item.empty()) continue;
+  for (const std::string& item : text::splitList(spec)) {
     try {
       out.push_back(parseDataType(item));
     } catch (const Error& e) {
       GFLOW_THROW(kInvalidArgument, ErrorContext{kCreate})
-          << "GFLOW_WIRE_AUTO_CANDIDATES='" << text << "': " << e.detail();
+          << "GFLOW_WIRE_AUTO_CANDIDATES='" << spec << "': " << e.detail();
     }
   }
   return out;
