@@ -95,6 +95,10 @@ struct ProgressOptions {
   // host's ranks fit its cpus, else 100).
   std::optional<int> spinUs;
   std::optional<bool> pinThreads;  // GFLOW_PIN: pin the progress thread near the NIC
+  // GFLOW_PROGRESS_PRIORITY: nice levels the progress thread runs above the
+  // thread that starts it (-39..39; 0: the same). Raising needs CAP_SYS_NICE
+  // or RLIMIT_NICE; without, the thread keeps its level and a warning says so.
+  std::optional<int> priority;
 };
 
 struct Options {

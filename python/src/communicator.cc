@@ -257,6 +257,7 @@ void applyConfig(const py::kwargs& kw, Options* o) {
                                       "unexpected_limit_bytes",
                                       "spin_us",
                                       "pin_threads",
+                                      "progress_priority",
                                       "reproducible"};
   for (auto item : kw) {
     const std::string key = item.first.cast<std::string>();
@@ -281,6 +282,7 @@ void applyConfig(const py::kwargs& kw, Options* o) {
   setIf(kw, "unexpected_limit_bytes", &o->progress.unexpectedLimitBytes);
   setIf(kw, "spin_us", &o->progress.spinUs);
   setIf(kw, "pin_threads", &o->progress.pinThreads);
+  setIf(kw, "progress_priority", &o->progress.priority);
   setIf(kw, "reproducible", &o->reproducible);
 }
 

@@ -58,6 +58,7 @@ def test_tuning_and_progress_keywords_are_accepted():
                   hier_segment_bytes=1 << 20, shm_chunk_bytes=1 << 16,
                   shm_single_copy="64K-",
                   unexpected_limit_bytes=1 << 24, spin_us=0, pin_threads=False,
+                  progress_priority=-1,
                   device_backend="staged", verify_device_ops=True)
     comms, errors = world(2, lambda r: config)
     assert errors == [None, None], errors
@@ -69,6 +70,7 @@ def test_tuning_and_progress_keywords_are_accepted():
     ("piece_bytes", 1, "Options::tuning.pieceBytes"),
     ("shm_chunk_bytes", 1, "Options::shm.chunkBytes"),
     ("spin_us", -1, "Options::progress.spinUs"),
+    ("progress_priority", 40, "Options::progress.priority"),
     ("device_backend", "gpu", "Options::device.backend"),
     ("shm_single_copy", "1M-64K", "Options::shm.singleCopy"),
 ])

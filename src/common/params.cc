@@ -74,10 +74,11 @@ void checkRange(const Param& p, const std::string& v, bool negative, uint64_t ma
                 const char* noun) {
   const Range* r = rangeOf(p);
   if (!r || (!negative && magnitude == 0 && r->zeroMeansOff)) return;
-  if (negative || magnitude < static_cast<uint64_t>(r->lo) ||
-      magnitude > static_cast<uint64_t>(r->hi)) {
-    bad(p.name, v, accepted(p, noun));
-  }
+  // Every range fits int64; a magnitude beyond it is out of every range.
+  const bool fits = magnitude <= static_cast<uint64_t>(INT64_MAX);
+  const int64_t value =
+      negative ? -static_cast<int64_t>(magnitude) : static_cast<int64_t>(magnitude);
+  if (!fits || value < r->lo || value > r->hi) bad(p.name, v, accepted(p, noun));
 }
 
 const std::string& valueOrDefault(const Param& p, std::string* storage) {
@@ -177,7 +178,8 @@ int64_t getInt(const Param& p) {
   char* end = nullptr;
   long long x = std::strtoll(v.c_str(), &end, 10);
   if (errno != 0 || end == v.c_str() || *end != '\0') bad(envName, v, accepted(p, "an integer"));
-  checkRange(p, v, x < 0, x < 0 ? 0 : static_cast<uint64_t>(x), "an integer");
+  const uint64_t magnitude = x < 0 ? 0 - static_cast<uint64_t>(x) : static_cast<uint64_t>(x);
+  checkRange(p, v, x < 0, magnitude, "an integer");
   return x;
 }
 
@@ -256,7 +258,8 @@ int64_t getDurationMs(const Param& p) {
   const std::string& v = valueOrDefault(p, &storage);
   int64_t x = 0;
   if (!parseDurationMs(v, &x)) bad(p.name, v, accepted(p, "a duration (300, 30s, 500ms, 5m)"));
-  checkRange(p, v, x < 0, x < 0 ? 0 : static_cast<uint64_t>(x), "a duration");
+  checkRange(p, v, x < 0, x < 0 ? 0 - static_cast<uint64_t>(x) : static_cast<uint64_t>(x),
+             "a duration");
   return x;
 }
 

@@ -60,6 +60,10 @@
   X(pin, "GFLOW_PIN", kInt, "1", kLocal,                                                           \
     "1: pin gflow's progress threads to the cores of the NUMA node nearest the rank's NIC; "       \
     "0: leave them unpinned.")                                                                     \
+  X(progressPriority, "GFLOW_PROGRESS_PRIORITY", kInt, "0", kLocal,                                \
+    "Nice levels gflow's progress thread runs above the thread that starts it, so that compute "   \
+    "threads sharing its cores do not starve the exchange (e.g. 10; negative: below; 0: the "      \
+    "same). Raising needs CAP_SYS_NICE or RLIMIT_NICE (ulimit -e); without, a warning.")           \
   X(socketIfname, "GFLOW_SOCKET_IFNAME", kString, "", kLocal,                                      \
     "Interfaces for data sockets: prefixes ('eth,ib'), '=' for exact names, '^' to exclude "       \
     "('^docker,lo'). Default: the first non-loopback interface that is up, else loopback.")        \
@@ -192,6 +196,7 @@
   R(localRing, 4096, 1LL << 30, true)             \
   R(hierSegment, 4096, 1LL << 40, false)          \
   R(pin, 0, 1, false)                             \
+  R(progressPriority, -39, 39, false)             \
   R(socketsPerPeer, 1, 64, false)                 \
   R(stripeMin, 0, 1LL << 46, false)               \
   R(stripeChunk, 4096, 1LL << 30, true)           \

@@ -330,6 +330,9 @@ std::unique_ptr<CommunicatorImpl> CommunicatorImpl::connect(
   impl->settings = settings;
   impl->executor.setPinNear(topology::dataInterfaceName(ctxOpts.tcp.socketIfname),
                             settings.progress.pinThreads);
+  impl->executor.setPriority(settings.progress.priority
+                                 ? *settings.progress.priority
+                                 : static_cast<int>(params::progressPriority()));
   impl->executor.setBackground([self = impl.get()] { return self->progressInFlight(); });
   impl->selector = std::make_unique<AlgorithmSelector>(
       settings.algo, settings.algoSource,

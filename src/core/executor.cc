@@ -1,8 +1,12 @@
 #include "core/executor.h"
 
 #include "common/check.h"
+#include "common/logging.h"
+#include "common/thread_priority.h"
 #include "topology/data_interface.h"
 #include "topology/pinning.h"
+
+#include <pthread.h>
 
 namespace gflow {
 
@@ -129,8 +133,12 @@ std::shared_ptr<WorkState> Executor::start(Task task, bool inlineIfIdle, bool* q
   if (!worker_.joinable()) {
     // The starting thread's cpu: the NUMA node to stay on when no NIC is known.
     const int hintCpu = topology::currentCpu();
-    worker_ = std::thread([this, nicSet = pinNearSet_, nic = pinNear_, on = pinEnabled_, hintCpu] {
+    const int startNice = thread_priority::currentNice();
+    worker_ = std::thread([this, nicSet = pinNearSet_, nic = pinNear_, on = pinEnabled_, hintCpu,
+                           startNice, levels = priority_] {
+      pthread_setname_np(pthread_self(), "gflow-progress");
       pinWorker(nicSet, nic, on, hintCpu);
+      prioritizeWorker(startNice, levels);
       workerLoop();
     });
   }
@@ -167,6 +175,29 @@ void Executor::pinWorker(bool nicSet, const std::string& nic, std::optional<bool
                          int hintCpu) noexcept {
   try {
     topology::pinCurrentThreadNear(nicSet ? nic : topology::dataInterfaceName(), hintCpu, enabled);
+  } catch (...) {
+  }
+}
+
+void Executor::setPriority(int levels) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  priority_ = levels;
+}
+
+// Runs on the worker before its first op; like pinning, never fails an op.
+void Executor::prioritizeWorker(int startNice, int levels) noexcept {
+  if (levels == 0) return;
+  try {
+    const int nice = thread_priority::niceAbove(startNice, levels);
+    const std::string err = thread_priority::setCurrentNice(nice);
+    if (err.empty()) {
+      GFLOW_LOG(INFO) << "progress thread at nice " << nice << " (" << levels
+                      << " levels above its starter's " << startNice << ")";
+    } else {
+      GFLOW_LOG(WARN) << "progress thread stays at nice " << thread_priority::currentNice()
+                      << ": GFLOW_PROGRESS_PRIORITY / Options::progress.priority " << levels
+                      << " asks for nice " << nice << ", which failed: " << err;
+    }
   } catch (...) {
   }
 }

@@ -8,7 +8,8 @@
 // point-to-point messages waiting for their peer); the background function
 // (setBackground) drives such ops after every task and, while no task is
 // queued, on the worker (spinning briefly, then every millisecond), always
-// with the executor to itself like a task.
+// with the executor to itself like a task. The worker is named
+// "gflow-progress" and runs setPriority's levels above its starter.
 #pragma once
 
 #include <atomic>
@@ -83,6 +84,10 @@ class Executor {
   // (the first queued op); later calls do not move a running worker.
   // `enabled` (Options::progress.pinThreads) false: no pinning; unset: GFLOW_PIN.
   void setPinNear(std::string nic, std::optional<bool> enabled = std::nullopt);
+  // Nice levels the worker runs above the thread that starts it
+  // (Options::progress.priority / GFLOW_PROGRESS_PRIORITY; 0: the same).
+  // Takes effect when the worker starts, like setPinNear.
+  void setPriority(int levels);
 
  private:
   struct Item {
@@ -98,6 +103,7 @@ class Executor {
   void workerLoop();
   static void pinWorker(bool nicSet, const std::string& nic, std::optional<bool> enabled,
                         int hintCpu) noexcept;
+  static void prioritizeWorker(int startNice, int levels) noexcept;
 
   std::mutex mutex_;
   std::condition_variable cv_;
@@ -107,6 +113,7 @@ class Executor {
   bool pinNearSet_ = false;
   std::string pinNear_;
   std::optional<bool> pinEnabled_;
+  int priority_ = 0;
   std::thread worker_;
   std::function<bool()> background_;
   std::atomic<bool> inFlight_{false};  // background_ has ops to drive

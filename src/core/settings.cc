@@ -23,6 +23,9 @@ void validate(const Options& o) {
   atLeast<uint64_t>(o.tuning.hierSegmentBytes, 4096, "tuning.hierSegmentBytes");
   atLeast<uint64_t>(o.progress.unexpectedLimitBytes, 1, "progress.unexpectedLimitBytes");
   atLeast<int>(o.progress.spinUs, 0, "progress.spinUs");
+  const std::optional<int>& pri = o.progress.priority;
+  if (pri && (*pri < -39 || *pri > 39))
+    badField("progress.priority", std::to_string(*pri), "-39..39");
   const std::string& b = o.device.backend;
   if (!b.empty() && b != "auto" && b != "nccl" && b != "staged") {
     badField("device.backend", "'" + b + "'", "\"auto\", \"nccl\" or \"staged\"");

@@ -170,6 +170,8 @@ TEST(Settings, InvalidOptionValuesAreRefusedNamingTheField) {
       {[](Options& o) { o.progress.unexpectedLimitBytes = 0; },
        "Options::progress.unexpectedLimitBytes"},
       {[](Options& o) { o.progress.spinUs = -1; }, "Options::progress.spinUs"},
+      {[](Options& o) { o.progress.priority = 40; }, "Options::progress.priority"},
+      {[](Options& o) { o.progress.priority = -40; }, "Options::progress.priority"},
       {[](Options& o) { o.device.backend = "gpu"; }, "Options::device.backend"},
       {[](Options& o) { o.shm.singleCopy = "32M-1M"; }, "Options::shm.singleCopy"},
       {[](Options& o) { o.shm.singleCopy = "on"; }, "Options::shm.singleCopy"},
