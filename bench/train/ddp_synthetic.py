@@ -24,7 +24,9 @@ Modes:
 Rank and world come from gflowrun's variables (GFLOW_RANK, GFLOW_WORLD_SIZE,
 GFLOW_ROOT); torch's own rendezvous uses GFLOW_ROOT's host and its port + 7.
 Prints one JSON line on rank 0: images/s over the timed steps (all ranks),
-seconds per step, the bytes rank 0's host sent per step (its interface's
+seconds per step, the median time of forward, backward (with DDP: until the
+last bucket's exchange is done) and the optimizer step (averaged over the
+ranks), the bytes rank 0's host sent per step (its interface's
 counter, GFLOW_SOCKET_IFNAME, when it has one: one rank per host, every
 library's traffic), and whether the parameters are bitwise identical on every
 rank at the end (a SHA-256 of them, allgathered).
@@ -35,6 +37,7 @@ import datetime
 import hashlib
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -63,10 +66,10 @@ def init(mode, rank, size):
     return comm
 
 
-def wrap(model, mode, comm, density):
+def wrap(model, mode, comm, args):
     if mode == "none":
         return model
-    ddp = DistributedDataParallel(model)
+    ddp = DistributedDataParallel(model, bucket_cap_mb=args.bucket_mb)
     if mode == "ddp-noop":
         def noop(_, bucket):
             f = torch.futures.Future()
@@ -84,7 +87,7 @@ def wrap(model, mode, comm, density):
                  "gflow-auto": gt.auto_compress_hook}
         state = comm
         if mode == "gflow-csc":
-            state = gt.CSCState(comm, density=density, chunk=1024)
+            state = gt.CSCState(comm, density=args.density, chunk=1024)
         elif mode in ("gflow-int8", "gflow-int4"):
             state = gt.QuantizedState(comm)
         elif mode == "gflow-auto":
@@ -107,11 +110,54 @@ def tx_bytes():
         return None
 
 
+def machine_cpu():
+    """(busy, total) jiffies of every cpu so far, from /proc/stat."""
+    with open("/proc/stat") as f:
+        ticks = [int(v) for v in f.readline().split()[1:]]
+    idle = ticks[3] + ticks[4]  # idle + iowait
+    return sum(ticks) - idle, sum(ticks)
+
+
+def process_cpu_s():
+    """CPU seconds (user + system) of this process's threads so far."""
+    t = os.times()
+    return t.user + t.system
+
+
 def digest(model):
     h = hashlib.sha256()
     for t in model.parameters():
         h.update(t.detach().contiguous().numpy().tobytes())
     return h.digest()
+
+
+def mean_over_ranks(rows, columns, size):
+    """Each column's median over this rank's rows, averaged over the ranks (an
+    allreduce on the default group), rounded to 0.1; None for every column
+    when there are no rows (every rank has the same number)."""
+    if not rows:
+        return [None] * columns
+    mine = torch.tensor([statistics.median(r[i] for r in rows) for i in range(columns)],
+                        dtype=torch.float64)
+    dist.all_reduce(mine)
+    return [round(v / size, 1) for v in mine.tolist()]
+
+
+def ddp_timing(net, seen):
+    """DDP's own timing of the iteration before the last one, in ms, when it
+    took one (torch samples iterations 1-10, then one in 100): [compute
+    (backward's start to its last gradient), exchange (the first bucket's
+    launch to the last one's end), their overlap, the first launch after
+    backward's start]. `seen` holds the last sample's start."""
+    get = getattr(net, "_get_ddp_logging_data", None)
+    d = get() if get else {}
+    start = d.get("backward_compute_time_start")
+    if not start or start == seen[0]:
+        return None
+    seen[0] = start
+    ms = [d["backward_compute_time"], d["backward_comm_time"],
+          d["backward_compute_comm_overlap_time"], d["backward_comm_time_start"] - start]
+    return [v / 1e6 for v in ms]
 
 
 def main():
@@ -123,6 +169,8 @@ def main():
     p.add_argument("--warmup", type=int, default=3, help="untimed steps")
     p.add_argument("--steps", type=int, default=10, help="timed steps")
     p.add_argument("--density", type=float, default=0.1, help="gflow-csc: chunks sent")
+    p.add_argument("--bucket-mb", type=float, default=25,
+                   help="DDP's bucket_cap_mb (its default: 25)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
     args = p.parse_args()
 
@@ -131,27 +179,43 @@ def main():
     comm = init(args.mode, rank, size)
     torch.manual_seed(0)  # the same initial weights on every rank
     model = getattr(torchvision.models, args.model)(num_classes=1000)
-    net = wrap(model, args.mode, comm, args.density)
+    net = wrap(model, args.mode, comm, args)
     opt = torch.optim.SGD(net.parameters(), lr=0.01)
     gen = torch.Generator().manual_seed(1 + rank)
     data = torch.randn(args.batch, 3, args.image, args.image, generator=gen)
     target = torch.randint(0, 1000, (args.batch,), generator=gen)
 
-    def step():
+    phases = []  # per timed step: ms of forward, backward (DDP's exchange included), optimizer
+    ddp_ms, seen = [], [None]  # ddp_timing() of the timed steps
+
+    def step(timed):
         opt.zero_grad()
-        torch.nn.functional.cross_entropy(net(data), target).backward()
+        t = [time.perf_counter()]
+        loss = torch.nn.functional.cross_entropy(net(data), target)
+        t.append(time.perf_counter())
+        loss.backward()  # with DDP, returns once every bucket's exchange is done
+        t.append(time.perf_counter())
         opt.step()
+        t.append(time.perf_counter())
+        if timed:
+            phases.append([1e3 * (b - a) for a, b in zip(t, t[1:])])
+        sample = ddp_timing(net, seen)  # of the step before this one
+        if sample and len(phases) > 1:
+            ddp_ms.append(sample)
 
     for _ in range(args.warmup):
-        step()
+        step(False)
     dist.barrier()
-    tx0 = tx_bytes()
+    tx0, busy0, cpu0 = tx_bytes(), machine_cpu(), process_cpu_s()
     t0 = time.perf_counter()
     for _ in range(args.steps):
-        step()
+        step(True)
     dist.barrier()
     seconds = time.perf_counter() - t0
-    tx1 = tx_bytes()
+    tx1, busy1, cpu1 = tx_bytes(), machine_cpu(), process_cpu_s()
+    cpu_ms = mean_over_ranks([[1e3 * (cpu1 - cpu0) / args.steps]], 1, size)[0]
+    phase_ms = mean_over_ranks(phases, 3, size)
+    ddp_ms = mean_over_ranks(ddp_ms, 4, size)
 
     # Parameters identical on every rank? (no exchange: they must differ.)
     mine = torch.frombuffer(bytearray(digest(model)), dtype=torch.uint8)
@@ -161,12 +225,21 @@ def main():
     if rank == 0:
         print(json.dumps({
             "model": args.model, "mode": args.mode, "ranks": size, "batch": args.batch,
-            "image": args.image, "steps": args.steps,
+            "image": args.image, "steps": args.steps, "bucket_mb": args.bucket_mb,
             "images_per_s": args.batch * size * args.steps / seconds,
             "s_per_step": seconds / args.steps,
             "host_tx_bytes_per_step": (tx1 - tx0) / args.steps if tx0 is not None else None,
             "params": sum(t.numel() for t in model.parameters()),
             "params_identical": identical,
+            # Median of each phase over the timed steps, averaged over the ranks.
+            "forward_ms": phase_ms[0], "backward_ms": phase_ms[1], "optimizer_ms": phase_ms[2],
+            # CPU a rank's process used per step (mean over ranks), and how
+            # busy the whole machine's cpus were over rank 0's timed steps
+            "cpu_ms_per_step": cpu_ms,
+            "machine_busy": round((busy1[0] - busy0[0]) / max(1, busy1[1] - busy0[1]), 3),
+            # DDP's timing (medians over the timed steps it sampled, mean over ranks)
+            "ddp_compute_ms": ddp_ms[0], "ddp_exchange_ms": ddp_ms[1],
+            "ddp_overlap_ms": ddp_ms[2], "ddp_first_launch_ms": ddp_ms[3],
             "wires": getattr(getattr(net, "gflow_state", None), "wires", None),
         }), flush=True)
     dist.barrier()

@@ -17,6 +17,8 @@
 #   -s N        timed steps per run (default 10)
 #   -w N        untimed warm-up steps (default 3)
 #   -b N        batch per rank (default 16)
+#   -B "MBS"    DDP bucket caps in MB (bucket_cap_mb), each a run of every
+#               mode (default "25", DDP's own)
 #   -P 0|1      pin each host to its own cpus (default 1, as real hosts have)
 #   -o DIR      results (results.jsonl, table.md, plot.png, rank outputs;
 #               default a new directory under /tmp)
@@ -45,7 +47,7 @@ usage() {
   exit "${1:-2}"
 }
 
-H=4 rates="1gbit" models="resnet50" rounds=2 steps=10 warm=3 batch=16 pinhosts=1 out="" tmo=900
+H=4 rates="1gbit" models="resnet50" rounds=2 steps=10 warm=3 batch=16 buckets=25 pinhosts=1 out="" tmo=900
 pkg="$root/build/python"
 modes="none ddp-noop gloo gloo-fp16 gflow gflow-dense gflow-fp16 gflow-bf16 gflow-int8 gflow-int4 gflow-csc gflow-auto"
 while [ $# -gt 0 ]; do
@@ -58,6 +60,7 @@ while [ $# -gt 0 ]; do
     -s) steps=$2; shift 2 ;;
     -w) warm=$2; shift 2 ;;
     -b) batch=$2; shift 2 ;;
+    -B) buckets=$2; shift 2 ;;
     -P) pinhosts=$2; shift 2 ;;
     -o) out=$2; shift 2 ;;
     -t) tmo=$2; shift 2 ;;
@@ -83,26 +86,34 @@ map=$(seq -s, 0 $((H - 1)))
 results="$out/results.jsonl"
 : >"$results"
 echo "# netns_ddp: $H hosts x 1 rank, rates '$rates', models '$models', $rounds rounds," \
-  "$steps steps (+$warm warm-up), batch $batch, $(nproc) cpus, pinned $pinhosts" | tee "$out/header"
+  "$steps steps (+$warm warm-up), batch $batch, buckets '$buckets' MB, $(nproc) cpus, pinned $pinhosts" | tee "$out/header"
 failed=0
+
+# One run of $mode on $model at $rate with DDP buckets of $bucket MB, round $round.
+run_one() {
+  local dir="$out/$rate-$model-$mode-b$bucket-$round" line
+  if ! nn_run_ranks "$dir" "$tmo" "$map" -- "$py" "$root/bench/train/ddp_synthetic.py" --model "$model" \
+    --mode "$mode" --batch "$batch" --steps "$steps" --warmup "$warm" --bucket-mb "$bucket"; then
+    failed=1
+    echo "# $rate $model $mode bucket $bucket MB round $round: failed (outputs in $dir)" >&2
+    return
+  fi
+  line=$(grep '^{' "$dir/rank0.out" | tail -n 1)
+  echo "${line%\}}, \"rate\": \"$rate\", \"round\": $round}" >>"$results"
+  echo "# $rate $model $mode bucket $bucket MB round $round: $(echo "$line" |
+    "$py" -c 'import json,sys; d=json.load(sys.stdin); print("%.1f img/s" % d["images_per_s"])')"
+}
+
 for rate in $rates; do
   shape=$rate
   [ "$rate" = none ] && shape=""
   nn_setup "$H" "$shape" || { echo "namespace setup failed" >&2; exit 1; }
   for model in $models; do
     for ((round = 1; round <= rounds; round++)); do
-      for mode in $modes; do
-        dir="$out/$rate-$model-$mode-$round"
-        if ! nn_run_ranks "$dir" "$tmo" "$map" -- "$py" "$root/bench/train/ddp_synthetic.py" \
-          --model "$model" --mode "$mode" --batch "$batch" --steps "$steps" --warmup "$warm"; then
-          failed=1
-          echo "# $rate $model $mode round $round: failed (outputs in $dir)" >&2
-          continue
-        fi
-        line=$(grep '^{' "$dir/rank0.out" | tail -n 1)
-        echo "${line%\}}, \"rate\": \"$rate\", \"round\": $round}" >>"$results"
-        echo "# $rate $model $mode round $round: $(echo "$line" |
-          "$py" -c 'import json,sys; d=json.load(sys.stdin); print("%.1f img/s" % d["images_per_s"])')"
+      for bucket in $buckets; do
+        for mode in $modes; do
+          run_one
+        done
       done
     done
   done

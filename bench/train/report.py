@@ -1,8 +1,10 @@
 """Tables and a plot from bench/train/netns_ddp.sh's results.jsonl: per link
 rate and model, each mode's images/s (median over rounds, with the range),
 its efficiency against the no-exchange run, its speed against DDP on gloo,
-the bytes host 0's link sent per step, and whether the parameters
-ended identical on every rank. --plot writes efficiency per mode and rate.
+the bytes host 0's link sent per step, the median time of forward,
+backward and the optimizer step, DDP's exchange (its first bucket's launch
+to its last one's end) beside the time the bytes sent take at the link's
+rate, and whether the parameters ended identical on every rank. --plot writes efficiency per mode and rate.
 
     python3 bench/train/report.py results.jsonl [--plot plot.png]
 """
@@ -21,26 +23,57 @@ def load(path):
             if line.strip():
                 d = json.loads(line)
                 runs.setdefault((d["rate"], d["model"]), OrderedDict()).setdefault(
-                    d["mode"], []).append(d)
+                    label(d), []).append(d)
     return runs
 
 
-def summarize(modes):
+def label(run):
+    """The mode, with its DDP bucket cap unless that is DDP's default (25 MB)
+    or there is no DDP (mode none)."""
+    bucket = run.get("bucket_mb", 25)
+    if bucket == 25 or run["mode"] == "none":
+        return run["mode"]
+    return "%s, %g MB buckets" % (run["mode"], bucket)
+
+
+def link_bytes_per_s(rate):
+    """A tc rate ("1gbit", "500mbit") in bytes/s; None for "none" or unknown."""
+    units = {"gbit": 1e9, "mbit": 1e6, "kbit": 1e3}
+    for unit, scale in units.items():
+        if rate.endswith(unit):
+            try:
+                return float(rate[:-len(unit)]) * scale / 8
+            except ValueError:
+                return None
+    return None
+
+
+def median_of(rs, key):
+    values = [r.get(key) for r in rs]
+    return statistics.median(values) if values and None not in values else None
+
+
+def summarize(modes, rate="none"):
     base = modes.get("none")
-    gloo = modes.get("gloo")
     none_ips = statistics.median(r["images_per_s"] for r in base) if base else None
-    gloo_ips = statistics.median(r["images_per_s"] for r in gloo) if gloo else None
+    link = link_bytes_per_s(rate)
     rows = []
     for mode, rs in modes.items():
         ips = [r["images_per_s"] for r in rs]
         med = statistics.median(ips)
-        sent = [r.get("host_tx_bytes_per_step") for r in rs]
-        sent = statistics.median(sent) if None not in sent else None
+        sent = median_of(rs, "host_tx_bytes_per_step")
+        # against gloo with the same DDP buckets, else gloo with DDP's default
+        gloo = modes.get(label(dict(rs[0], mode="gloo"))) or modes.get("gloo")
+        gloo_ips = statistics.median(r["images_per_s"] for r in gloo) if gloo else None
         rows.append({
             "mode": mode, "ips": med, "lo": min(ips), "hi": max(ips), "runs": len(rs),
             "eff": med / none_ips if none_ips else None,
             "vs_gloo": med / gloo_ips if gloo_ips else None,
             "mb_per_step": sent / 1e6 if sent else None,
+            "phases": [median_of(rs, k) for k in ("forward_ms", "backward_ms", "optimizer_ms")],
+            "exchange_ms": median_of(rs, "ddp_exchange_ms"),
+            # the time the bytes sent take at the link's rate (headers included)
+            "wire_ms": 1e3 * sent / link if sent and link else None,
             # Without an exchange the ranks must drift apart; with one, never.
             "ok": all(r["params_identical"] == (mode not in ("none", "ddp-noop")) for r in rs),
         })
@@ -51,13 +84,17 @@ def table(key, rows):
     rate, model = key
     out = ["", "%s, links %s" % (model, rate), "",
            "| mode | img/s (median, range) | efficiency | vs gloo | MB host 0 sent per step "
-           "| parameters |", "|---|---|---|---|---|---|"]
+           "| ms forward / backward / optimizer | ms DDP exchange (at link rate) | parameters |",
+           "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        out.append("| %s | %.1f (%.1f-%.1f, %d runs) | %s | %s | %s | %s |" % (
+        out.append("| %s | %.1f (%.1f-%.1f, %d runs) | %s | %s | %s | %s | %s | %s |" % (
             r["mode"], r["ips"], r["lo"], r["hi"], r["runs"],
             "%.0f%%" % (100 * r["eff"]) if r["eff"] else "",
             "%.2f" % r["vs_gloo"] if r["vs_gloo"] else "",
             "%.1f" % r["mb_per_step"] if r["mb_per_step"] else "",
+            " / ".join("%.0f" % v for v in r["phases"]) if None not in r["phases"] else "",
+            ("%.0f" % r["exchange_ms"] if r["exchange_ms"] else "") +
+            (" (%.0f)" % r["wire_ms"] if r["wire_ms"] and r["exchange_ms"] else ""),
             ("identical" if r["mode"] not in ("none", "ddp-noop") else "differ (no exchange)")
             if r["ok"]
             else "WRONG"))
@@ -76,7 +113,7 @@ def plot(runs, path):
         width = 0.8 / max(1, len(keys))
         top = 100.0
         for i, key in enumerate(keys):
-            rows = {r["mode"]: r for r in summarize(runs[key])}
+            rows = {r["mode"]: r for r in summarize(runs[key], key[0])}
             eff = [100 * rows[m]["eff"] if m in rows and rows[m]["eff"] else 0 for m in modes]
             top = max([top] + eff)
             ax.bar([x + i * width for x in range(len(modes))], eff, width, label="links " + key[0])
@@ -99,7 +136,7 @@ def main():
     runs = load(args.results)
     ok = True
     for key, modes in runs.items():
-        rows = summarize(modes)
+        rows = summarize(modes, key[0])
         ok = ok and all(r["ok"] for r in rows)
         print(table(key, rows))
     if args.plot and runs:

@@ -3,9 +3,10 @@
 # The synthetic DDP training benchmark (bench/train/netns_ddp.sh) end to end,
 # small: 2 namespace hosts on 200 Mbit/s links, mobilenet_v3_small on 4 images a
 # rank, one round of no exchange, gloo, the gflow backend and the gflow
-# float16, int8 and CSC hooks. Every run finishes, the parameters end identical on
-# every rank (and differ without an exchange), the table has a row per mode
-# and the plot is a PNG.
+# float16, int8 and CSC hooks, then the gflow backend with 1 MB DDP buckets
+# (-B). Every run finishes, the parameters end identical on every rank (and
+# differ without an exchange), the table has a row per mode with DDP's phases
+# and exchange time, and the plot is a PNG.
 #
 #   tests/netns/test_ddp_bench.sh [build/python]
 # Exit: 0 pass, 1 fail, 77 skip (no namespaces, or no torchvision/matplotlib).
@@ -31,6 +32,20 @@ fails=0
 for mode in $modes; do
   grep -q "^| $mode | " "$out/table.md" || { echo "FAIL: no row for $mode"; fails=1; }
 done
+# DDP's rows carry the phases (forward / backward / optimizer ms) and DDP's
+# exchange beside the bytes' time at the link rate.
+grep -qE '^\| gloo \|.*\| [0-9]+ / [0-9]+ / [0-9]+ \| [0-9]+ \([0-9]+\) \|' "$out/table.md" ||
+  { echo "FAIL: no phases or exchange time for gloo:"; cat "$out/table.md"; fails=1; }
+# -B: DDP's bucket cap reaches DDP and labels the row.
+if bash "$root/bench/train/netns_ddp.sh" -p "$pkg" -H 2 -r 200mbit -m mobilenet_v3_small -M gflow -B 1 \
+  -R 1 -s 2 -w 1 -b 4 -t 200 -o "$out/b1" >"$out/b1.log" 2>&1; then
+  grep -q '^| gflow, 1 MB buckets | ' "$out/b1/table.md" || { echo "FAIL: no 1 MB bucket row"; fails=1; }
+  grep -q '"bucket_mb": 1.0' "$out/b1/results.jsonl" || { echo "FAIL: bucket cap not recorded"; fails=1; }
+else
+  echo "FAIL: netns_ddp.sh -B 1 failed:"
+  tail -n 30 "$out/b1.log"
+  fails=1
+fi
 grep -q "WRONG" "$out/table.md" && { echo "FAIL: parameters:"; cat "$out/table.md"; fails=1; }
 head -c 8 "$out/plot.png" | od -An -c | grep -q "P   N   G" || { echo "FAIL: no PNG"; fails=1; }
 [ "$fails" = 0 ] && { echo "PASS: $(grep -cE '^\| (none|gloo|gflow)' "$out/table.md") modes"; rm -rf "$out"; }
