@@ -74,11 +74,12 @@ void checkRange(const Param& p, const std::string& v, bool negative, uint64_t ma
                 const char* noun) {
   const Range* r = rangeOf(p);
   if (!r || (!negative && magnitude == 0 && r->zeroMeansOff)) return;
-  // Every range fits int64; a magnitude beyond it is out of every range.
-  const bool fits = magnitude <= static_cast<uint64_t>(INT64_MAX);
+  // Every range fits int64; a magnitude beyond it (2^63 for INT64_MIN) is
+  // out of every range, and checked first so the negation below cannot overflow.
+  if (magnitude > static_cast<uint64_t>(INT64_MAX)) bad(p.name, v, accepted(p, noun));
   const int64_t value =
       negative ? -static_cast<int64_t>(magnitude) : static_cast<int64_t>(magnitude);
-  if (!fits || value < r->lo || value > r->hi) bad(p.name, v, accepted(p, noun));
+  if (value < r->lo || value > r->hi) bad(p.name, v, accepted(p, noun));
 }
 
 const std::string& valueOrDefault(const Param& p, std::string* storage) {
