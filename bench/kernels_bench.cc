@@ -154,6 +154,28 @@ void quantBench(benchmark::State& state, Isa isa, DataType wire, int mode) {
   gflow::kernels::setIsa(saved);
 }
 
+// The scan for inf/NaN that a compressed allreduce runs over its reduced
+// wire buffer (kernels::anyNonFinite) on `bytes` of finite values, the
+// whole buffer read (bytes_per_second counts them).
+void nonFiniteBench(benchmark::State& state, DataType dtype) {
+  const auto bytes = static_cast<size_t>(state.range(0));
+  std::vector<uint8_t> buf(bytes);
+  fill(dtype, buf, 1.0, true);
+  const size_t count = bytes / gflow::dataTypeSize(dtype);
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(gflow::kernels::anyNonFinite(buf.data(), count, dtype));
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(bytes));
+}
+BENCHMARK_CAPTURE(nonFiniteBench, float16, DataType::kFloat16)
+    ->Name("nonfinite/float16")
+    ->Arg(1 << 20)
+    ->Arg(64 << 20);
+BENCHMARK_CAPTURE(nonFiniteBench, float32, DataType::kFloat32)
+    ->Name("nonfinite/float32")
+    ->Arg(1 << 20)
+    ->Arg(64 << 20);
+
 // The roofline for the numbers above: memcpy of one buffer (bytes_per_second
 // counts read + write, 2 x the argument).
 void memcpyBench(benchmark::State& state) {

@@ -115,9 +115,12 @@ TEST_P(ConvertTest, NarrowWithScaleIsOneMultiplyThenOneRounding) {
 INSTANTIATE_TEST_SUITE_P(, ConvertTest, ::testing::Values(Isa::kBaseline, Isa::kAvx2, Isa::kAvx512),
                          [](const ::testing::TestParamInfo<Isa>& i) { return toString(i.param); });
 
+// The scan runs in blocks of 256 elements, then a tail: sizes and positions
+// on both sides of a block's edge.
 TEST(NonFinite, FindsInfAndNanAnywhereInEveryFloatType) {
-  for (size_t n : {1u, 7u, 64u, 1001u}) {
-    for (size_t at : {size_t(0), n / 2, n - 1}) {
+  for (size_t n : {1u, 7u, 64u, 255u, 256u, 257u, 1001u, 4099u}) {
+    for (size_t at : {size_t(0), n / 2, n - 1, size_t(255), size_t(256), size_t(3840)}) {
+      if (at >= n) continue;
       std::vector<float> f(n, 1.5f);
       std::vector<double> d(n, -2.0);
       std::vector<uint16_t> h(n, 0x3c00), b(n, 0x3f80);

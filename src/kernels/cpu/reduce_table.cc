@@ -300,16 +300,34 @@ void widen(float* dst, const void* src, size_t count, DataType wire, float scale
 }
 
 namespace {
-// Any element whose exponent bits are all ones (inf or NaN). Written as an
-// OR over the whole buffer (no early exit) so the compiler vectorises it.
+// Whether v's exponent bits are all ones, as 0 or 1.
+template <class U>
+U exponentAllOnes(U v, U mask) {
+  return static_cast<U>((v & mask) == mask);
+}
+
+// Any element whose exponent bits are all ones (inf or NaN). An OR over
+// blocks of a fixed size (no early exit inside one): GCC's -O2 cost model
+// vectorises only such loops (a loop over `count` stayed scalar, and was
+// the largest cost of a float16 allreduce's progress thread). A block stops
+// the scan at the first inf or NaN it holds.
 template <class U>
 bool anyExponentAllOnes(const void* data, size_t count, U mask) {
+  constexpr size_t kBlock = 256;
   const auto* p = static_cast<const unsigned char*>(data);
+  size_t i = 0;
+  for (; i + kBlock <= count; i += kBlock) {
+    U block[kBlock];
+    std::memcpy(block, p + i * sizeof(U), sizeof block);
+    U any = 0;
+    for (size_t j = 0; j < kBlock; ++j) any |= exponentAllOnes(block[j], mask);
+    if (any) return true;
+  }
   U any = 0;
-  for (size_t i = 0; i < count; ++i) {
+  for (; i < count; ++i) {
     U v;
     std::memcpy(&v, p + i * sizeof(U), sizeof(U));
-    any |= static_cast<U>((v & mask) == mask);
+    any |= exponentAllOnes(v, mask);
   }
   return any != 0;
 }
