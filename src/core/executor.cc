@@ -194,9 +194,14 @@ void Executor::prioritizeWorker(int startNice, int levels) noexcept {
       GFLOW_LOG(INFO) << "progress thread at nice " << nice << " (" << levels
                       << " levels above its starter's " << startNice << ")";
     } else {
-      GFLOW_LOG(WARN) << "progress thread stays at nice " << thread_priority::currentNice()
-                      << ": GFLOW_PROGRESS_PRIORITY / Options::progress.priority " << levels
-                      << " asks for nice " << nice << ", which failed: " << err;
+      // Once per process: every communicator (and split) would repeat it.
+      static std::atomic<bool> warned{false};
+      const auto level = warned.exchange(true) ? log::Level::DEBUG : log::Level::WARN;
+      if (!log::enabled(level)) return;
+      log::Line(level, __FILE__, __LINE__).stream()
+          << "progress thread stays at nice " << thread_priority::currentNice()
+          << ": GFLOW_PROGRESS_PRIORITY / Options::progress.priority " << levels
+          << " asks for nice " << nice << ", which failed: " << err;
     }
   } catch (...) {
   }

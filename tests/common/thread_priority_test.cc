@@ -6,6 +6,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -46,10 +47,14 @@ TEST(ThreadPriority, AThreadLowersItsOwnPriorityOnly) {
 // In a child: without CAP_SYS_NICE (as root, it gives up root first) and
 // with RLIMIT_NICE 0, a raise fails and says what would allow it. Exits 0
 // when it does.
-[[noreturn]] void raiseWithoutPermission() {
+void giveUpNicePermission() {
   const rlimit none{0, 0};
   if (setrlimit(RLIMIT_NICE, &none) != 0) _exit(2);
   if (geteuid() == 0 && (setgid(65534) != 0 || setuid(65534) != 0)) _exit(3);
+}
+
+[[noreturn]] void raiseWithoutPermission() {
+  giveUpNicePermission();
   const int start = thread_priority::currentNice();
   const std::string err = thread_priority::setCurrentNice(start - 5);
   const bool named =
@@ -59,6 +64,40 @@ TEST(ThreadPriority, AThreadLowersItsOwnPriorityOnly) {
 
 TEST(ThreadPriority, ARaiseWithoutPermissionSaysWhatItNeeds) {
   EXPECT_EXIT(raiseWithoutPermission(), ::testing::ExitedWithCode(0), "");
+}
+
+// In a child without the permission: two ranks' progress threads and a
+// split's both ask for a raise; the process warns once. Exits 10 + the
+// number of warnings when that is not 1.
+[[noreturn]] void refusedRaisesWarnOnce() {
+  giveUpNicePermission();
+  // Into a file: the death test already captures stderr.
+  FILE* log = std::tmpfile();
+  if (!log || dup2(fileno(log), STDERR_FILENO) < 0) _exit(4);
+  Options o;
+  o.progress.priority = 5;
+  testing::runRanks(
+      2,
+      [](Communicator& c) {
+        std::vector<float> v(100, 1.0f);
+        c.allreduceAsync(tensor(v.data(), v.size())).wait();
+        std::shared_ptr<Communicator> half = c.split(0, c.rank());
+        half->allreduceAsync(tensor(v.data(), v.size())).wait();
+      },
+      o);
+  std::string err(static_cast<size_t>(std::ftell(log)), '\0');
+  std::rewind(log);
+  if (std::fread(err.data(), 1, err.size(), log) != err.size()) _exit(5);
+  int warnings = 0;
+  for (size_t at = err.find("progress thread stays at nice"); at != std::string::npos;
+       at = err.find("progress thread stays at nice", at + 1)) {
+    ++warnings;
+  }
+  _exit(warnings == 1 ? 0 : 10 + warnings);
+}
+
+TEST(ThreadPriority, ARefusedRaiseWarnsOncePerProcess) {
+  EXPECT_EXIT(refusedRaisesWarnOnce(), ::testing::ExitedWithCode(0), "");
 }
 
 // The nice values of this process's threads named gflow-progress.
