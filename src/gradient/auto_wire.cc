@@ -8,6 +8,7 @@
 #include "common/params.h"
 #include "common/text.h"
 #include "common/tick_clock.h"
+#include "core/internal.h"
 #include "kernels/host_kernels.h"
 
 namespace gflow::gradient {
@@ -169,6 +170,26 @@ StepSample AutoWire::sample() const {
   return s;
 }
 
+// The residual guard's reading (device copies) runs on this rank alone,
+// just before the agreement: when it fails, the peers must not wait in the
+// agreement for this rank until their timeout. The communicator fails with
+// the error, which reaches them now.
+std::vector<double> AutoWire::readResiduals(
+    const std::function<std::vector<double>()>& residualRatios) {
+  if (!residualRatios) return {};
+  try {
+    return residualRatios();
+  } catch (const Error& e) {
+    const int rank = comm_.rank();
+    Error failed(e.code(),
+                 "the automatic wire's residual guard on rank " + std::to_string(rank) +
+                     " could not read the residuals: " + e.detail(),
+                 ErrorContext::forOp("reducer.wait").withRank(rank));
+    internal::CommunicatorAccess::abortWith(comm_, failed);
+    throw failed;
+  }
+}
+
 uint64_t AutoWire::stepDone(uint64_t step, bool nonFinite,
                             const std::function<std::vector<double>()>& residualRatios) {
   StepSample s = sample();
@@ -180,8 +201,7 @@ uint64_t AutoWire::stepDone(uint64_t step, bool nonFinite,
   report(step, changes);
   uint64_t changed = changes.size();
   if (policy_.agreementDue()) {
-    std::vector<double> v =
-        policy_.window(residualRatios ? residualRatios() : std::vector<double>{});
+    std::vector<double> v = policy_.window(readResiduals(residualRatios));
     comm_.allreduce(Tensor(v.data(), v.size(), DataType::kFloat64), ReduceOp::kMax);
     changes = policy_.decide(v);
     report(step, changes);

@@ -74,7 +74,9 @@ class AutoWire {
   // The step completed on this rank (every rank reaches it at the same
   // step, with the same nonFinite): records it, and when due asks for
   // `residualRatios` (may be null: none), agrees with the peers (a small
-  // allreduce on comm) and decides. Throws the agreement's error. Returns
+  // allreduce on comm) and decides. Throws the agreement's error; when
+  // `residualRatios` throws, fails comm with it (the peers get it instead of
+  // waiting in the agreement) and throws it. Returns
   // the number of buckets whose wire changed. Starts a new step.
   uint64_t stepDone(uint64_t step, bool nonFinite,
                     const std::function<std::vector<double>()>& residualRatios);
@@ -84,6 +86,7 @@ class AutoWire {
  private:
   struct StepTimes;
   StepSample sample() const;
+  std::vector<double> readResiduals(const std::function<std::vector<double>()>& residualRatios);
   void report(uint64_t step, const std::vector<WireChange>& changes) const;
 
   Communicator& comm_;

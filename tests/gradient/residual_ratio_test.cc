@@ -1,19 +1,25 @@
 // residualRatios (gradient/auto_wire.h), the automatic wire's residual
 // guard: per bucket, L1(residual) / L1(gradient) against a float64
 // reference, on host memory and on the software GPU's memory (read through
-// the CUDA kernels' copies to the host).
+// the CUDA kernels' copies to the host); and a failure to read them, which
+// must reach the peers instead of leaving them in the agreement.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <thread>
 #include <vector>
 
+#include "gflow/gflow.h"
 #include "gradient/auto_wire.h"
 #include "kernels/cuda_kernels.h"
+#include "testing/ranks.h"
 #include "testing/soft_cuda.h"
 
 namespace gflow {
@@ -124,6 +130,59 @@ TEST(ResidualRatios, DeviceMemoryIsReadThroughTheKernelsStream) {
   }
   for (void* p : mem) softcuda::free(p);
   softcuda::uninstall();
+}
+
+// Three ranks step an automatic wire that agrees every step; reading the
+// residuals fails on rank 1 (as a device copy would). Rank 1 raises it and
+// keeps its communicator, as a process handling the error would, until the
+// others are done; ranks 0 and 2, already waiting in the agreement, get it
+// naming rank 1 instead of timing out (a 120 s deadline: reaching it fails
+// the test).
+TEST(ResidualRatios, AFailureToReadThemReachesThePeers) {
+  Options o;
+  o.timeout = std::chrono::seconds(120);
+  std::atomic<int> peersDone{0};
+  const std::vector<testing::Outcome> out = testing::runRanksOutcomes(
+      3,
+      [&peersDone](Communicator& c) {
+        struct Done {
+          Communicator& c;
+          std::atomic<int>& peers;
+          ~Done() {
+            if (c.rank() != 1) {
+              ++peers;
+              return;
+            }
+            const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(150);
+            while (peers.load() < 2 && std::chrono::steady_clock::now() < limit) {
+              std::this_thread::sleep_for(std::chrono::milliseconds(5));
+            }
+          }
+        } done{c, peersDone};
+        gradient::WirePolicyConfig config;
+        config.candidates = {DataType::kFloat32, DataType::kQInt8};
+        config.period = 1;
+        gradient::AutoWire wire(c, config, {true}, {"b0"}, nullptr);
+        auto read = [&c]() -> std::vector<double> {
+          if (c.rank() == 1) {
+            throw Error(ErrorCode::kInternal, "cudaMemcpyAsync: an illegal memory access");
+          }
+          return {0.0};
+        };
+        for (uint64_t step = 0; step < 20; ++step) {
+          wire.bucketReady(0);
+          wire.bucketDone(0);
+          wire.stepDone(step, false, read);
+        }
+      },
+      o);
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_TRUE(out[r].threw) << "rank " << r << " never reached an agreement";
+    EXPECT_NE(out[r].code, ErrorCode::kTimeout) << "rank " << r << ": " << out[r].what;
+    EXPECT_NE(out[r].what.find("residual guard on rank 1"), std::string::npos)
+        << "rank " << r << ": " << out[r].what;
+    EXPECT_NE(out[r].what.find("illegal memory access"), std::string::npos) << out[r].what;
+  }
 }
 
 }  // namespace
