@@ -30,6 +30,13 @@ ranks), the bytes rank 0's host sent per step (its interface's
 counter, GFLOW_SOCKET_IFNAME, when it has one: one rank per host, every
 library's traffic), and whether the parameters are bitwise identical on every
 rank at the end (a SHA-256 of them, allgathered).
+
+--trace DIR writes DIR/trace-rank<R>.json on every rank: each timed step's
+start, backward's start and end, and each bucket's elements, launch (the hook
+called) and completion (its future's callbacks run), on the monotonic clock
+(bench/train/trace_report.py reads them; the namespace hosts share one clock).
+Modes without a hook of their own then run torch's allreduce_hook, which does
+what DDP does without one (divide, then an async allreduce).
 """
 
 import argparse
@@ -66,19 +73,57 @@ def init(mode, rank, size):
     return comm
 
 
-def wrap(model, mode, comm, args):
+class Trace:
+    """--trace: per timed step, backward's bounds and each bucket's
+    [index, elements, launch, done] (perf_counter seconds) on this rank."""
+
+    def __init__(self):
+        self.steps = []
+        self.current = None  # the timed step being recorded
+
+    def begin(self, t, timed):
+        self.current = {"start": t, "buckets": []} if timed else None
+        if timed:
+            self.steps.append(self.current)
+
+    def wrap(self, hook):
+        def traced(state, bucket):
+            record = [bucket.index(), bucket.buffer().numel(), time.perf_counter(), None]
+            if self.current is not None:
+                self.current["buckets"].append(record)
+
+            def done(fut):
+                record[3] = time.perf_counter()
+                return fut.value()
+            return hook(state, bucket).then(done)
+        return traced
+
+    def write(self, directory, rank, mode, tx_per_step):
+        with open(os.path.join(directory, "trace-rank%d.json" % rank), "w") as f:
+            json.dump({"rank": rank, "mode": mode, "host_tx_bytes_per_step": tx_per_step,
+                       "steps": self.steps}, f)
+
+
+def register(ddp, state, hook, trace):
+    ddp.register_comm_hook(state, trace.wrap(hook) if trace else hook)
+
+
+def wrap(model, mode, comm, args, trace):
     if mode == "none":
         return model
     ddp = DistributedDataParallel(model, bucket_cap_mb=args.bucket_mb)
-    if mode == "ddp-noop":
+    if mode in ("gloo", "gflow") and trace:  # DDP's own allreduce, as a hook to trace
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        register(ddp, None, default_hooks.allreduce_hook, trace)
+    elif mode == "ddp-noop":
         def noop(_, bucket):
             f = torch.futures.Future()
             f.set_result(bucket.buffer())
             return f
-        ddp.register_comm_hook(None, noop)
+        register(ddp, None, noop, trace)
     elif mode == "gloo-fp16":
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        register(ddp, None, default_hooks.fp16_compress_hook, trace)
     elif mode.startswith("gflow-"):
         import gflow.torch as gt
         hooks = {"gflow-dense": gt.allreduce_hook, "gflow-fp16": gt.fp16_compress_hook,
@@ -92,7 +137,7 @@ def wrap(model, mode, comm, args):
             state = gt.QuantizedState(comm)
         elif mode == "gflow-auto":
             state = gt.AutoState(comm)
-        ddp.register_comm_hook(state, hooks[mode])
+        register(ddp, state, hooks[mode], trace)
         ddp.gflow_state = state  # gflow-auto: its wires go into the report
     return ddp
 
@@ -122,6 +167,24 @@ def process_cpu_s():
     """CPU seconds (user + system) of this process's threads so far."""
     t = os.times()
     return t.user + t.system
+
+
+def progress_cpu_s():
+    """(user, system) CPU seconds of this process's gflow-progress threads so
+    far (0, 0 without one)."""
+    user = system = 0
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open("/proc/self/task/%s/comm" % task) as f:
+                if f.read().strip() != "gflow-progress":
+                    continue
+            with open("/proc/self/task/%s/stat" % task) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended
+            continue
+        user, system = user + int(fields[11]), system + int(fields[12])  # utime, stime
+    tick = os.sysconf("SC_CLK_TCK")
+    return user / tick, system / tick
 
 
 def digest(model):
@@ -172,6 +235,7 @@ def main():
     p.add_argument("--bucket-mb", type=float, default=25,
                    help="DDP's bucket_cap_mb (its default: 25)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
+    p.add_argument("--trace", metavar="DIR", help="write each bucket's launch and completion")
     args = p.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -179,7 +243,8 @@ def main():
     comm = init(args.mode, rank, size)
     torch.manual_seed(0)  # the same initial weights on every rank
     model = getattr(torchvision.models, args.model)(num_classes=1000)
-    net = wrap(model, args.mode, comm, args)
+    trace = Trace() if args.trace and args.mode != "none" else None
+    net = wrap(model, args.mode, comm, args, trace)
     opt = torch.optim.SGD(net.parameters(), lr=0.01)
     gen = torch.Generator().manual_seed(1 + rank)
     data = torch.randn(args.batch, 3, args.image, args.image, generator=gen)
@@ -191,12 +256,16 @@ def main():
     def step(timed):
         opt.zero_grad()
         t = [time.perf_counter()]
+        if trace:
+            trace.begin(t[0], timed)
         loss = torch.nn.functional.cross_entropy(net(data), target)
         t.append(time.perf_counter())
         loss.backward()  # with DDP, returns once every bucket's exchange is done
         t.append(time.perf_counter())
         opt.step()
         t.append(time.perf_counter())
+        if trace and timed:
+            trace.current.update(backward=t[1], backward_end=t[2])
         if timed:
             phases.append([1e3 * (b - a) for a, b in zip(t, t[1:])])
         sample = ddp_timing(net, seen)  # of the step before this one
@@ -206,16 +275,21 @@ def main():
     for _ in range(args.warmup):
         step(False)
     dist.barrier()
-    tx0, busy0, cpu0 = tx_bytes(), machine_cpu(), process_cpu_s()
+    tx0, busy0, cpu0, progress0 = tx_bytes(), machine_cpu(), process_cpu_s(), progress_cpu_s()
     t0 = time.perf_counter()
     for _ in range(args.steps):
         step(True)
     dist.barrier()
     seconds = time.perf_counter() - t0
-    tx1, busy1, cpu1 = tx_bytes(), machine_cpu(), process_cpu_s()
-    cpu_ms = mean_over_ranks([[1e3 * (cpu1 - cpu0) / args.steps]], 1, size)[0]
+    tx1, busy1, cpu1, progress1 = tx_bytes(), machine_cpu(), process_cpu_s(), progress_cpu_s()
+    cpu_ms = mean_over_ranks([[1e3 * (cpu1 - cpu0) / args.steps] +
+                              [1e3 * (b - a) / args.steps for a, b in zip(progress0, progress1)]],
+                             3, size)
     phase_ms = mean_over_ranks(phases, 3, size)
     ddp_ms = mean_over_ranks(ddp_ms, 4, size)
+    tx_per_step = (tx1 - tx0) / args.steps if tx0 is not None else None
+    if trace:
+        trace.write(args.trace, rank, args.mode, tx_per_step)
 
     # Parameters identical on every rank? (no exchange: they must differ.)
     mine = torch.frombuffer(bytearray(digest(model)), dtype=torch.uint8)
@@ -228,14 +302,16 @@ def main():
             "image": args.image, "steps": args.steps, "bucket_mb": args.bucket_mb,
             "images_per_s": args.batch * size * args.steps / seconds,
             "s_per_step": seconds / args.steps,
-            "host_tx_bytes_per_step": (tx1 - tx0) / args.steps if tx0 is not None else None,
+            "host_tx_bytes_per_step": tx_per_step,
             "params": sum(t.numel() for t in model.parameters()),
             "params_identical": identical,
             # Median of each phase over the timed steps, averaged over the ranks.
             "forward_ms": phase_ms[0], "backward_ms": phase_ms[1], "optimizer_ms": phase_ms[2],
             # CPU a rank's process used per step (mean over ranks), and how
             # busy the whole machine's cpus were over rank 0's timed steps
-            "cpu_ms_per_step": cpu_ms,
+            "cpu_ms_per_step": cpu_ms[0],
+            # of which gflow's progress threads', user and system (0 without gflow)
+            "progress_user_ms_per_step": cpu_ms[1], "progress_system_ms_per_step": cpu_ms[2],
             "machine_busy": round((busy1[0] - busy0[0]) / max(1, busy1[1] - busy0[1]), 3),
             # DDP's timing (medians over the timed steps it sampled, mean over ranks)
             "ddp_compute_ms": ddp_ms[0], "ddp_exchange_ms": ddp_ms[1],

@@ -20,6 +20,10 @@
 #   -B "MBS"    DDP bucket caps in MB (bucket_cap_mb), each a run of every
 #               mode (default "25", DDP's own)
 #   -P 0|1      pin each host to its own cpus (default 1, as real hosts have)
+#   -T          trace each bucket's launch and completion on every rank and
+#               write where the exchange went (bench/train/trace_report.py)
+#               to each run's trace.md (modes without a hook of their own
+#               then run torch's allreduce_hook, as DDP does without one)
 #   -o DIR      results (results.jsonl, table.md, plot.png, rank outputs;
 #               default a new directory under /tmp)
 #   -t SECONDS  limit per run (default 900)
@@ -47,7 +51,7 @@ usage() {
   exit "${1:-2}"
 }
 
-H=4 rates="1gbit" models="resnet50" rounds=2 steps=10 warm=3 batch=16 buckets=25 pinhosts=1 out="" tmo=900
+H=4 rates="1gbit" models="resnet50" rounds=2 steps=10 warm=3 batch=16 buckets=25 pinhosts=1 out="" tmo=900 trace=0
 pkg="$root/build/python"
 modes="none ddp-noop gloo gloo-fp16 gflow gflow-dense gflow-fp16 gflow-bf16 gflow-int8 gflow-int4 gflow-csc gflow-auto"
 while [ $# -gt 0 ]; do
@@ -62,6 +66,7 @@ while [ $# -gt 0 ]; do
     -b) batch=$2; shift 2 ;;
     -B) buckets=$2; shift 2 ;;
     -P) pinhosts=$2; shift 2 ;;
+    -T) trace=1; shift ;;
     -o) out=$2; shift 2 ;;
     -t) tmo=$2; shift 2 ;;
     -p) pkg=$2; shift 2 ;;
@@ -91,9 +96,11 @@ failed=0
 
 # One run of $mode on $model at $rate with DDP buckets of $bucket MB, round $round.
 run_one() {
-  local dir="$out/$rate-$model-$mode-b$bucket-$round" line
+  local dir="$out/$rate-$model-$mode-b$bucket-$round" line traced=()
+  [ "$trace" = 1 ] && [ "$mode" != none ] && traced=(--trace "$dir")
+  rm -f "$dir"/trace-rank*.json
   if ! nn_run_ranks "$dir" "$tmo" "$map" -- "$py" "$root/bench/train/ddp_synthetic.py" --model "$model" \
-    --mode "$mode" --batch "$batch" --steps "$steps" --warmup "$warm" --bucket-mb "$bucket"; then
+    --mode "$mode" --batch "$batch" --steps "$steps" --warmup "$warm" --bucket-mb "$bucket" "${traced[@]}"; then
     failed=1
     echo "# $rate $model $mode bucket $bucket MB round $round: failed (outputs in $dir)" >&2
     return
@@ -102,6 +109,10 @@ run_one() {
   echo "${line%\}}, \"rate\": \"$rate\", \"round\": $round}" >>"$results"
   echo "# $rate $model $mode bucket $bucket MB round $round: $(echo "$line" |
     "$py" -c 'import json,sys; d=json.load(sys.stdin); print("%.1f img/s" % d["images_per_s"])')"
+  if [ ${#traced[@]} -gt 0 ] && ! "$py" "$here/trace_report.py" "$dir" --rate "$rate" >"$dir/trace.md"; then
+    failed=1
+    echo "# $rate $model $mode bucket $bucket MB round $round: no trace report" >&2
+  fi
 }
 
 for rate in $rates; do

@@ -4,7 +4,8 @@ its efficiency against the no-exchange run, its speed against DDP on gloo,
 the bytes host 0's link sent per step, the median time of forward,
 backward and the optimizer step, DDP's exchange (its first bucket's launch
 to its last one's end) beside the time the bytes sent take at the link's
-rate, and whether the parameters ended identical on every rank. --plot writes efficiency per mode and rate.
+rate, the CPU a rank used per step (and of it gflow's progress thread's),
+and whether the parameters ended identical on every rank. --plot writes efficiency per mode and rate.
 
     python3 bench/train/report.py results.jsonl [--plot plot.png]
 """
@@ -72,6 +73,8 @@ def summarize(modes, rate="none"):
             "mb_per_step": sent / 1e6 if sent else None,
             "phases": [median_of(rs, k) for k in ("forward_ms", "backward_ms", "optimizer_ms")],
             "exchange_ms": median_of(rs, "ddp_exchange_ms"),
+            "cpu_ms": [median_of(rs, k) for k in ("cpu_ms_per_step", "progress_user_ms_per_step",
+                                                  "progress_system_ms_per_step")],
             # the time the bytes sent take at the link's rate (headers included)
             "wire_ms": 1e3 * sent / link if sent and link else None,
             # Without an exchange the ranks must drift apart; with one, never.
@@ -80,14 +83,23 @@ def summarize(modes, rate="none"):
     return rows
 
 
+def cpu_text(cpu):
+    """"process (user / system)" with the progress thread's part when it ran."""
+    total, user, system = cpu
+    if total is None:
+        return ""
+    return "%.0f" % total + (" (%.0f / %.0f)" % (user, system) if user or system else "")
+
+
 def table(key, rows):
     rate, model = key
     out = ["", "%s, links %s" % (model, rate), "",
            "| mode | img/s (median, range) | efficiency | vs gloo | MB host 0 sent per step "
-           "| ms forward / backward / optimizer | ms DDP exchange (at link rate) | parameters |",
-           "|---|---|---|---|---|---|---|---|"]
+           "| ms forward / backward / optimizer | ms DDP exchange (at link rate) "
+           "| CPU ms per step and rank (gflow progress thread: user / system) | parameters |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        out.append("| %s | %.1f (%.1f-%.1f, %d runs) | %s | %s | %s | %s | %s | %s |" % (
+        out.append("| %s | %.1f (%.1f-%.1f, %d runs) | %s | %s | %s | %s | %s | %s | %s |" % (
             r["mode"], r["ips"], r["lo"], r["hi"], r["runs"],
             "%.0f%%" % (100 * r["eff"]) if r["eff"] else "",
             "%.2f" % r["vs_gloo"] if r["vs_gloo"] else "",
@@ -95,6 +107,7 @@ def table(key, rows):
             " / ".join("%.0f" % v for v in r["phases"]) if None not in r["phases"] else "",
             ("%.0f" % r["exchange_ms"] if r["exchange_ms"] else "") +
             (" (%.0f)" % r["wire_ms"] if r["wire_ms"] and r["exchange_ms"] else ""),
+            cpu_text(r["cpu_ms"]),
             ("identical" if r["mode"] not in ("none", "ddp-noop") else "differ (no exchange)")
             if r["ok"]
             else "WRONG"))

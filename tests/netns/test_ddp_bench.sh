@@ -4,9 +4,10 @@
 # small: 2 namespace hosts on 200 Mbit/s links, mobilenet_v3_small on 4 images a
 # rank, one round of no exchange, gloo, the gflow backend and the gflow
 # float16, int8 and CSC hooks, then the gflow backend with 1 MB DDP buckets
-# (-B). Every run finishes, the parameters end identical on every rank (and
-# differ without an exchange), the table has a row per mode with DDP's phases
-# and exchange time, and the plot is a PNG.
+# (-B), traced (-T). Every run finishes, the parameters end identical on
+# every rank (and differ without an exchange), the table has a row per mode
+# with DDP's phases and exchange time, the plot is a PNG, and the traced
+# run's trace.md splits the exchange and has a row per bucket.
 #
 #   tests/netns/test_ddp_bench.sh [build/python]
 # Exit: 0 pass, 1 fail, 77 skip (no namespaces, or no torchvision/matplotlib).
@@ -36,11 +37,19 @@ done
 # exchange beside the bytes' time at the link rate.
 grep -qE '^\| gloo \|.*\| [0-9]+ / [0-9]+ / [0-9]+ \| [0-9]+ \([0-9]+\) \|' "$out/table.md" ||
   { echo "FAIL: no phases or exchange time for gloo:"; cat "$out/table.md"; fails=1; }
-# -B: DDP's bucket cap reaches DDP and labels the row.
+# -B: DDP's bucket cap reaches DDP and labels the row. -T: the trace's
+# split of the exchange (six times) and its buckets (at least two: 1 MB caps).
 if bash "$root/bench/train/netns_ddp.sh" -p "$pkg" -H 2 -r 200mbit -m mobilenet_v3_small -M gflow -B 1 \
-  -R 1 -s 2 -w 1 -b 4 -t 200 -o "$out/b1" >"$out/b1.log" 2>&1; then
+  -T -R 1 -s 2 -w 1 -b 4 -t 200 -o "$out/b1" >"$out/b1.log" 2>&1; then
   grep -q '^| gflow, 1 MB buckets | ' "$out/b1/table.md" || { echo "FAIL: no 1 MB bucket row"; fails=1; }
   grep -q '"bucket_mb": 1.0' "$out/b1/results.jsonl" || { echo "FAIL: bucket cap not recorded"; fails=1; }
+  trace=$(find "$out/b1" -name trace.md | head -n 1)
+  if [ -z "$trace" ] || ! grep -qE '^(\| [0-9]+ ){6}\|$' "$trace" ||
+    [ "$(grep -cE '^\| [0-9]+ \| [0-9.]+ \|( [0-9]+ \|){4} [0-9.]+ \|$' "$trace")" -lt 2 ]; then
+    echo "FAIL: no trace report, or not as expected:"
+    cat "$trace" 2>/dev/null
+    fails=1
+  fi
 else
   echo "FAIL: netns_ddp.sh -B 1 failed:"
   tail -n 30 "$out/b1.log"
