@@ -17,6 +17,7 @@
 #include "kernels/convert.h"
 #include "kernels/cpu/kernel_table.h"
 #include "kernels/reduce.h"
+#include "kernels/sparse.h"
 
 namespace {
 
@@ -175,6 +176,23 @@ BENCHMARK_CAPTURE(nonFiniteBench, float32, DataType::kFloat32)
     ->Name("nonfinite/float32")
     ->Arg(1 << 20)
     ->Arg(64 << 20);
+
+// CSC's error-feedback pass (kernels::accumulateL1: v += g and the L1 norm
+// of v) over `bytes` of float32 v and g (bytes_per_second: two read, one
+// written, 3 x the argument).
+void accumulateBench(benchmark::State& state) {
+  const auto bytes = static_cast<size_t>(state.range(0));
+  const size_t count = bytes / sizeof(float);
+  std::vector<float> v(count, 0.5f), g(count);
+  for (size_t i = 0; i < count; ++i) g[i] = (i % 2 ? 1e-3f : -1e-3f);  // v stays near 0.5
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(gflow::kernels::accumulateL1(v.data(), g.data(), count));
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) *
+                          static_cast<int64_t>(3 * bytes));
+}
+BENCHMARK(accumulateBench)->Name("csc_accumulate")->Arg(1 << 20)->Arg(64 << 20);
 
 // The roofline for the numbers above: memcpy of one buffer (bytes_per_second
 // counts read + write, 2 x the argument).

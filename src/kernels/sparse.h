@@ -14,7 +14,8 @@ inline size_t numChunks(size_t n, size_t chunk) {
 }
 
 // v[i] += g[i]; returns the sum of |v[i]| after the update (float32, eight
-// partial sums): error feedback and a chunk norm in one pass.
+// partial sums): error feedback and a chunk norm in one pass. The arrays
+// must not overlap.
 float accumulateL1(float* v, const float* g, size_t n);
 // Momentum correction (Deep Gradient Compression): u[i] = m * u[i] + g[i],
 // v[i] += u[i]; returns the sum of |v[i]|.

@@ -169,6 +169,42 @@ TEST(Sparse, AccumulateReturnsTheL1NormOfTheNewResidual) {
   }
 }
 
+// Eight lanes, each summing its elements in order, folded as
+// ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7)): the bits every device must give.
+float eightLaneL1(const std::vector<float>& v) {
+  float acc[8] = {};
+  for (size_t i = 0; i < v.size(); ++i) acc[i % 8] += std::fabs(v[i]);
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+// Values whose sums round: the vectorised lanes must give the scalar
+// reference's bits, not only a close sum.
+TEST(Sparse, AccumulateGivesTheBitsOfEightOrderedLanes) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> mantissa(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> exponent(-12, 12);
+  auto value = [&] { return std::ldexp(mantissa(rng), exponent(rng)); };
+  std::vector<size_t> sizes = {1000, 4099};
+  for (size_t n = 1; n <= 40; ++n) sizes.push_back(n);
+  for (size_t n : sizes) {
+    std::vector<float> v(n), u(n), g(n);
+    for (size_t i = 0; i < n; ++i) v[i] = value(), u[i] = value(), g[i] = value();
+    std::vector<float> want(n), wantU(n), wantM(n);
+    for (size_t i = 0; i < n; ++i) {
+      want[i] = v[i] + g[i];
+      wantU[i] = 0.9f * u[i] + g[i];
+      wantM[i] = v[i] + wantU[i];
+    }
+    std::vector<float> got = v, gotV = v, gotU = u;
+    EXPECT_EQ(accumulateL1(got.data(), g.data(), n), eightLaneL1(want)) << n;
+    EXPECT_EQ(got, want) << n;
+    EXPECT_EQ(accumulateMomentumL1(gotV.data(), gotU.data(), g.data(), 0.9f, n), eightLaneL1(wantM))
+        << n;
+    EXPECT_EQ(gotV, wantM) << n;
+    EXPECT_EQ(gotU, wantU) << n;
+  }
+}
+
 TEST(Sparse, TopChunksTiesToTheLowerIndexNanFirstAscending) {
   const std::vector<float> n = {1, 5, 3, 5, std::numeric_limits<float>::quiet_NaN(), 0, 5};
   EXPECT_EQ(topChunks(n.data(), n.size(), 3), (std::vector<size_t>{1, 3, 4}));
