@@ -170,23 +170,30 @@ StepSample AutoWire::sample() const {
   return s;
 }
 
-// The residual guard's reading (device copies) runs on this rank alone,
-// just before the agreement: when it fails, the peers must not wait in the
-// agreement for this rank until their timeout. The communicator fails with
-// the error, which reaches them now.
+// The residual guard's reading (device copies, or a Python callback) runs
+// on this rank alone, just before the agreement: when it fails, the peers
+// must not wait in the agreement for this rank until their timeout. The
+// communicator fails with the error, which reaches them now; this rank
+// throws it (another exception, such as a Python one, as it is).
 std::vector<double> AutoWire::readResiduals(
     const std::function<std::vector<double>()>& residualRatios) {
   if (!residualRatios) return {};
+  const int rank = comm_.rank();
+  auto failWith = [&](ErrorCode code, const std::string& why) {
+    Error failed(code,
+                 "the automatic wire's residual guard on rank " + std::to_string(rank) +
+                     " could not read the residuals: " + why,
+                 ErrorContext::forOp("reducer.wait").withRank(rank));
+    internal::CommunicatorAccess::abortWith(comm_, failed);
+    return failed;
+  };
   try {
     return residualRatios();
   } catch (const Error& e) {
-    const int rank = comm_.rank();
-    Error failed(e.code(),
-                 "the automatic wire's residual guard on rank " + std::to_string(rank) +
-                     " could not read the residuals: " + e.detail(),
-                 ErrorContext::forOp("reducer.wait").withRank(rank));
-    internal::CommunicatorAccess::abortWith(comm_, failed);
-    throw failed;
+    throw failWith(e.code(), e.detail());
+  } catch (const std::exception& e) {
+    failWith(ErrorCode::kInternal, e.what());
+    throw;
   }
 }
 

@@ -13,6 +13,8 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -133,18 +135,19 @@ TEST(ResidualRatios, DeviceMemoryIsReadThroughTheKernelsStream) {
 }
 
 // Three ranks step an automatic wire that agrees every step; reading the
-// residuals fails on rank 1 (as a device copy would). Rank 1 raises it and
-// keeps its communicator, as a process handling the error would, until the
-// others are done; ranks 0 and 2, already waiting in the agreement, get it
-// naming rank 1 instead of timing out (a 120 s deadline: reaching it fails
-// the test).
-TEST(ResidualRatios, AFailureToReadThemReachesThePeers) {
+// residuals fails on rank 1 (`fail`). Rank 1 raises it (its message exactly
+// `rank1Exactly` unless that is empty) and keeps its communicator, as a
+// process handling the error would, until the others are done; ranks 0 and
+// 2, already waiting in the agreement, get it naming rank 1 instead of
+// timing out (a 120 s deadline: reaching it fails the test).
+void expectAReadFailureReachesThePeers(const std::function<void()>& fail,
+                                       const std::string& rank1Exactly) {
   Options o;
   o.timeout = std::chrono::seconds(120);
   std::atomic<int> peersDone{0};
   const std::vector<testing::Outcome> out = testing::runRanksOutcomes(
       3,
-      [&peersDone](Communicator& c) {
+      [&peersDone, &fail](Communicator& c) {
         struct Done {
           Communicator& c;
           std::atomic<int>& peers;
@@ -163,10 +166,8 @@ TEST(ResidualRatios, AFailureToReadThemReachesThePeers) {
         config.candidates = {DataType::kFloat32, DataType::kQInt8};
         config.period = 1;
         gradient::AutoWire wire(c, config, {true}, {"b0"}, nullptr);
-        auto read = [&c]() -> std::vector<double> {
-          if (c.rank() == 1) {
-            throw Error(ErrorCode::kInternal, "cudaMemcpyAsync: an illegal memory access");
-          }
+        auto read = [&c, &fail]() -> std::vector<double> {
+          if (c.rank() == 1) fail();
           return {0.0};
         };
         for (uint64_t step = 0; step < 20; ++step) {
@@ -179,10 +180,27 @@ TEST(ResidualRatios, AFailureToReadThemReachesThePeers) {
   for (int r = 0; r < 3; ++r) {
     ASSERT_TRUE(out[r].threw) << "rank " << r << " never reached an agreement";
     EXPECT_NE(out[r].code, ErrorCode::kTimeout) << "rank " << r << ": " << out[r].what;
+    EXPECT_NE(out[r].what.find("illegal memory access"), std::string::npos) << out[r].what;
+    if (r == 1 && !rank1Exactly.empty()) {
+      EXPECT_EQ(out[r].what, rank1Exactly);
+      continue;
+    }
     EXPECT_NE(out[r].what.find("residual guard on rank 1"), std::string::npos)
         << "rank " << r << ": " << out[r].what;
-    EXPECT_NE(out[r].what.find("illegal memory access"), std::string::npos) << out[r].what;
   }
+}
+
+TEST(ResidualRatios, AFailureToReadThemReachesThePeers) {
+  expectAReadFailureReachesThePeers(
+      [] { throw Error(ErrorCode::kInternal, "cudaMemcpyAsync: an illegal memory access"); }, "");
+}
+
+// Another exception (a Python callback's): rank 1 gets it as it is
+// (runRanksOutcomes marks it "non-gflow: ").
+TEST(ResidualRatios, AnotherExceptionReachesThePeersAndStaysOnItsRank) {
+  expectAReadFailureReachesThePeers(
+      [] { throw std::runtime_error("an illegal memory access in a Python callback"); },
+      "non-gflow: an illegal memory access in a Python callback");
 }
 
 }  // namespace
