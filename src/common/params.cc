@@ -69,17 +69,18 @@ std::string accepted(const Param& p, const char* noun) {
   return out;
 }
 
-// Raises unless the value (`negative`, else `magnitude`) is in p's range.
-void checkRange(const Param& p, const std::string& v, bool negative, uint64_t magnitude,
-                const char* noun) {
+// Raises unless `value` is in p's range.
+void checkRange(const Param& p, const std::string& v, int64_t value, const char* noun) {
   const Range* r = rangeOf(p);
-  if (!r || (!negative && magnitude == 0 && r->zeroMeansOff)) return;
-  // Every range fits int64; a magnitude beyond it (2^63 for INT64_MIN) is
-  // out of every range, and checked first so the negation below cannot overflow.
-  if (magnitude > static_cast<uint64_t>(INT64_MAX)) bad(p.name, v, accepted(p, noun));
-  const int64_t value =
-      negative ? -static_cast<int64_t>(magnitude) : static_cast<int64_t>(magnitude);
+  if (!r || (value == 0 && r->zeroMeansOff)) return;
   if (value < r->lo || value > r->hi) bad(p.name, v, accepted(p, noun));
+}
+
+// The same for an unsigned value: every range fits int64, so one beyond it
+// is out of every range.
+void checkRange(const Param& p, const std::string& v, uint64_t value, const char* noun) {
+  if (value > static_cast<uint64_t>(INT64_MAX) && rangeOf(p)) bad(p.name, v, accepted(p, noun));
+  checkRange(p, v, static_cast<int64_t>(value), noun);
 }
 
 const std::string& valueOrDefault(const Param& p, std::string* storage) {
@@ -179,8 +180,7 @@ int64_t getInt(const Param& p) {
   char* end = nullptr;
   long long x = std::strtoll(v.c_str(), &end, 10);
   if (errno != 0 || end == v.c_str() || *end != '\0') bad(envName, v, accepted(p, "an integer"));
-  const uint64_t magnitude = x < 0 ? 0 - static_cast<uint64_t>(x) : static_cast<uint64_t>(x);
-  checkRange(p, v, x < 0, magnitude, "an integer");
+  checkRange(p, v, static_cast<int64_t>(x), "an integer");
   return x;
 }
 
@@ -250,7 +250,7 @@ uint64_t getBytes(const Param& p) {
   const std::string& v = valueOrDefault(p, &storage);
   uint64_t x = 0;
   if (!parseBytes(v, &x)) bad(p.name, v, accepted(p, "a byte count (65536, 64K, 4M)"));
-  checkRange(p, v, false, x, "a byte count");
+  checkRange(p, v, x, "a byte count");
   return x;
 }
 
@@ -259,8 +259,7 @@ int64_t getDurationMs(const Param& p) {
   const std::string& v = valueOrDefault(p, &storage);
   int64_t x = 0;
   if (!parseDurationMs(v, &x)) bad(p.name, v, accepted(p, "a duration (300, 30s, 500ms, 5m)"));
-  checkRange(p, v, x < 0, x < 0 ? 0 - static_cast<uint64_t>(x) : static_cast<uint64_t>(x),
-             "a duration");
+  checkRange(p, v, x, "a duration");
   return x;
 }
 

@@ -23,9 +23,13 @@ void validate(const Options& o) {
   atLeast<uint64_t>(o.tuning.hierSegmentBytes, 4096, "tuning.hierSegmentBytes");
   atLeast<uint64_t>(o.progress.unexpectedLimitBytes, 1, "progress.unexpectedLimitBytes");
   atLeast<int>(o.progress.spinUs, 0, "progress.spinUs");
+  // The range of GFLOW_PROGRESS_PRIORITY, which the field overrides.
   const std::optional<int>& pri = o.progress.priority;
-  if (pri && (*pri < -39 || *pri > 39))
-    badField("progress.priority", std::to_string(*pri), "-39..39");
+  const params::Range& levels = *params::rangeOf(params::spec::progressPriority);
+  if (pri && (*pri < levels.lo || *pri > levels.hi)) {
+    badField("progress.priority", std::to_string(*pri),
+             (std::to_string(levels.lo) + ".." + std::to_string(levels.hi)).c_str());
+  }
   const std::string& b = o.device.backend;
   if (!b.empty() && b != "auto" && b != "nccl" && b != "staged") {
     badField("device.backend", "'" + b + "'", "\"auto\", \"nccl\" or \"staged\"");
