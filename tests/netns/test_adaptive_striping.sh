@@ -20,23 +20,22 @@ here=$(cd "$(dirname "$0")" && pwd)
 source "$here/lib.sh"
 bench=$(nn_find_bench "${1:-}") || { echo "FAIL: allreduce_bw not found (pass its path)"; exit 1; }
 export GFLOW_TIMEOUT=${GFLOW_TIMEOUT:-60s}
-fails=0
-for algo in rd; do
-  # The premise holds only while the links are the bottleneck: in one of this
-  # machine's slow phases the cpu is (busbw a quarter of the caps), both
-  # sockets drain alike and the split comes out even. A second run decides.
-  for attempt in 1 2; do
-    "$here/../../bench/netns/adaptive_striping.sh" -x "$bench" -b 8M -n 2 -w 1 -M adaptive \
-      -a "$algo" -C 1.5 -t 120
-    rc=$?
-    [ "$rc" = 0 ] || [ "$rc" = 77 ] && break
-    echo "# $algo: attempt $attempt missed; once more"
-  done
-  [ "$rc" = 77 ] && exit 77
-  if [ "$rc" != 0 ]; then
-    echo "FAIL: $algo (exit $rc)"
-    fails=1
-  fi
+# 32 MiB messages: at 8 MiB each op's start, when both sockets fill their
+# queues, weighed so much that the slow flow carried 38-39% of the bytes on a
+# quiet machine and 41-53% with two cpu hogs beside it (this test failed CI at
+# 41% and 45%); at 32 MiB it carried 20-21% either way, the caps' ratio. The
+# premise holds only while the links are the bottleneck, so a run in one of
+# the machine's slow phases gets a second one.
+for attempt in 1 2; do
+  "$here/../../bench/netns/adaptive_striping.sh" -x "$bench" -b 32M -n 2 -w 1 -M adaptive \
+    -a rd -C 1.5 -t 120
+  rc=$?
+  [ "$rc" = 0 ] || [ "$rc" = 77 ] && break
+  echo "# attempt $attempt missed; once more"
 done
-[ "$fails" = 0 ] && echo "PASS: the slow flow carried fewer bytes, results exact"
-exit $fails
+[ "$rc" = 77 ] && exit 77
+if [ "$rc" != 0 ]; then
+  echo "FAIL: rd (exit $rc)"
+  exit 1
+fi
+echo "PASS: the slow flow carried fewer bytes, results exact"
