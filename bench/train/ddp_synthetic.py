@@ -111,7 +111,8 @@ def register(ddp, state, hook, trace):
 def wrap(model, mode, comm, args, trace):
     if mode == "none":
         return model
-    ddp = DistributedDataParallel(model, bucket_cap_mb=args.bucket_mb)
+    ddp = DistributedDataParallel(model, bucket_cap_mb=args.bucket_mb,
+                                  gradient_as_bucket_view=args.bucket_view)
     if mode in ("gloo", "gflow") and trace:  # DDP's own allreduce, as a hook to trace
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
         register(ddp, None, default_hooks.allreduce_hook, trace)
@@ -234,6 +235,9 @@ def main():
     p.add_argument("--density", type=float, default=0.1, help="gflow-csc: chunks sent")
     p.add_argument("--bucket-mb", type=float, default=25,
                    help="DDP's bucket_cap_mb (its default: 25)")
+    p.add_argument("--bucket-view", action="store_true",
+                   help="DDP's gradient_as_bucket_view: gradients live in the buckets "
+                   "(no copy into them and back)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
     p.add_argument("--trace", metavar="DIR", help="write each bucket's launch and completion")
     args = p.parse_args()
@@ -300,6 +304,7 @@ def main():
         print(json.dumps({
             "model": args.model, "mode": args.mode, "ranks": size, "batch": args.batch,
             "image": args.image, "steps": args.steps, "bucket_mb": args.bucket_mb,
+            "bucket_view": args.bucket_view and args.mode != "none",
             "images_per_s": args.batch * size * args.steps / seconds,
             "s_per_step": seconds / args.steps,
             "host_tx_bytes_per_step": tx_per_step,

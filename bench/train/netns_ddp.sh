@@ -19,6 +19,9 @@
 #   -b N        batch per rank (default 16)
 #   -B "MBS"    DDP bucket caps in MB (bucket_cap_mb), each a run of every
 #               mode (default "25", DDP's own)
+#   -V          DDP with gradient_as_bucket_view=True in every mode (the
+#               gradients are views into the buckets: no copy into them
+#               before the exchange and out of them after it)
 #   -P 0|1      pin each host to its own cpus (default 1, as real hosts have)
 #   -T          trace each bucket's launch and completion on every rank and
 #               write where the exchange went (bench/train/trace_report.py)
@@ -51,7 +54,7 @@ usage() {
   exit "${1:-2}"
 }
 
-H=4 rates="1gbit" models="resnet50" rounds=2 steps=10 warm=3 batch=16 buckets=25 pinhosts=1 out="" tmo=900 trace=0
+H=4 rates="1gbit" models="resnet50" rounds=2 steps=10 warm=3 batch=16 buckets=25 pinhosts=1 out="" tmo=900 trace=0 view=()
 pkg="$root/build/python"
 modes="none ddp-noop gloo gloo-fp16 gflow gflow-dense gflow-fp16 gflow-bf16 gflow-int8 gflow-int4 gflow-csc gflow-auto"
 while [ $# -gt 0 ]; do
@@ -67,6 +70,7 @@ while [ $# -gt 0 ]; do
     -B) buckets=$2; shift 2 ;;
     -P) pinhosts=$2; shift 2 ;;
     -T) trace=1; shift ;;
+    -V) view=(--bucket-view); shift ;;
     -o) out=$2; shift 2 ;;
     -t) tmo=$2; shift 2 ;;
     -p) pkg=$2; shift 2 ;;
@@ -91,7 +95,7 @@ map=$(seq -s, 0 $((H - 1)))
 results="$out/results.jsonl"
 : >"$results"
 echo "# netns_ddp: $H hosts x 1 rank, rates '$rates', models '$models', $rounds rounds," \
-  "$steps steps (+$warm warm-up), batch $batch, buckets '$buckets' MB, $(nproc) cpus, pinned $pinhosts" | tee "$out/header"
+  "$steps steps (+$warm warm-up), batch $batch, buckets '$buckets' MB${view:+ (bucket views)}, $(nproc) cpus, pinned $pinhosts" | tee "$out/header"
 failed=0
 
 # One run of $mode on $model at $rate with DDP buckets of $bucket MB, round $round.
@@ -100,7 +104,7 @@ run_one() {
   [ "$trace" = 1 ] && [ "$mode" != none ] && traced=(--trace "$dir")
   rm -f "$dir"/trace-rank*.json
   if ! nn_run_ranks "$dir" "$tmo" "$map" -- "$py" "$root/bench/train/ddp_synthetic.py" --model "$model" \
-    --mode "$mode" --batch "$batch" --steps "$steps" --warmup "$warm" --bucket-mb "$bucket" "${traced[@]}"; then
+    --mode "$mode" --batch "$batch" --steps "$steps" --warmup "$warm" --bucket-mb "$bucket" "${view[@]}" "${traced[@]}"; then
     failed=1
     echo "# $rate $model $mode bucket $bucket MB round $round: failed (outputs in $dir)" >&2
     return

@@ -30,11 +30,15 @@ def load(path):
 
 def label(run):
     """The mode, with its DDP bucket cap unless that is DDP's default (25 MB)
-    or there is no DDP (mode none)."""
+    or there is no DDP (mode none), and "bucket views" with
+    gradient_as_bucket_view."""
     bucket = run.get("bucket_mb", 25)
-    if bucket == 25 or run["mode"] == "none":
-        return run["mode"]
-    return "%s, %g MB buckets" % (run["mode"], bucket)
+    name = run["mode"]
+    if bucket != 25 and run["mode"] != "none":
+        name += ", %g MB buckets" % bucket
+    if run.get("bucket_view"):
+        name += ", bucket views"
+    return name
 
 
 def link_bytes_per_s(rate):
@@ -66,6 +70,8 @@ def summarize(modes, rate="none"):
         # against gloo with the same DDP buckets, else gloo with DDP's default
         gloo = modes.get(label(dict(rs[0], mode="gloo"))) or modes.get("gloo")
         gloo_ips = statistics.median(r["images_per_s"] for r in gloo) if gloo else None
+        # Without an exchange the ranks must drift apart; with one, never.
+        exchanges = rs[0]["mode"] not in ("none", "ddp-noop")
         rows.append({
             "mode": mode, "ips": med, "lo": min(ips), "hi": max(ips), "runs": len(rs),
             "eff": med / none_ips if none_ips else None,
@@ -77,8 +83,8 @@ def summarize(modes, rate="none"):
                                                   "progress_system_ms_per_step")],
             # the time the bytes sent take at the link's rate (headers included)
             "wire_ms": 1e3 * sent / link if sent and link else None,
-            # Without an exchange the ranks must drift apart; with one, never.
-            "ok": all(r["params_identical"] == (mode not in ("none", "ddp-noop")) for r in rs),
+            "exchanges": exchanges,
+            "ok": all(r["params_identical"] == exchanges for r in rs),
         })
     return rows
 
@@ -108,7 +114,7 @@ def table(key, rows):
             ("%.0f" % r["exchange_ms"] if r["exchange_ms"] else "") +
             (" (%.0f)" % r["wire_ms"] if r["wire_ms"] and r["exchange_ms"] else ""),
             cpu_text(r["cpu_ms"]),
-            ("identical" if r["mode"] not in ("none", "ddp-noop") else "differ (no exchange)")
+            ("identical" if r["exchanges"] else "differ (no exchange)")
             if r["ok"]
             else "WRONG"))
     return "\n".join(out)

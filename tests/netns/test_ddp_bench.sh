@@ -3,8 +3,9 @@
 # The synthetic DDP training benchmark (bench/train/netns_ddp.sh) end to end,
 # small: 2 namespace hosts on 200 Mbit/s links, mobilenet_v3_small on 4 images a
 # rank, one round of no exchange, gloo, the gflow backend and the gflow
-# float16, int8 and CSC hooks, then the gflow backend with 1 MB DDP buckets
-# (-B), traced (-T). Every run finishes, the parameters end identical on
+# float16, int8 and CSC hooks, then DDP's no-op hook, the gflow backend and
+# the float16 hook with 1 MB DDP buckets (-B) that hold the gradients (-V),
+# traced (-T). Every run finishes, the parameters end identical on
 # every rank (and differ without an exchange), the table has a row per mode
 # with DDP's phases and exchange time, the plot is a PNG, and the traced
 # run's trace.md splits the exchange and has a row per bucket.
@@ -37,12 +38,17 @@ done
 # exchange beside the bytes' time at the link rate.
 grep -qE '^\| gloo \|.*\| [0-9]+ / [0-9]+ / [0-9]+ \| [0-9]+ \([0-9]+\) \|' "$out/table.md" ||
   { echo "FAIL: no phases or exchange time for gloo:"; cat "$out/table.md"; fails=1; }
-# -B: DDP's bucket cap reaches DDP and labels the row. -T: the trace's
-# split of the exchange (six times) and its buckets (at least two: 1 MB caps).
-if bash "$root/bench/train/netns_ddp.sh" -p "$pkg" -H 2 -r 200mbit -m mobilenet_v3_small -M gflow -B 1 \
-  -T -R 1 -s 2 -w 1 -b 4 -t 200 -o "$out/b1" >"$out/b1.log" 2>&1; then
-  grep -q '^| gflow, 1 MB buckets | ' "$out/b1/table.md" || { echo "FAIL: no 1 MB bucket row"; fails=1; }
-  grep -q '"bucket_mb": 1.0' "$out/b1/results.jsonl" || { echo "FAIL: bucket cap not recorded"; fails=1; }
+# -B: DDP's bucket cap reaches DDP and labels the row; -V likewise
+# gradient_as_bucket_view. -T: the trace's split of the exchange (six times)
+# and its buckets (at least two: 1 MB caps).
+if bash "$root/bench/train/netns_ddp.sh" -p "$pkg" -H 2 -r 200mbit -m mobilenet_v3_small -M "ddp-noop gflow gflow-fp16" \
+  -B 1 -V -T -R 1 -s 2 -w 1 -b 4 -t 200 -o "$out/b1" >"$out/b1.log" 2>&1; then
+  for mode in ddp-noop gflow gflow-fp16; do
+    grep -q "^| $mode, 1 MB buckets, bucket views | " "$out/b1/table.md" ||
+      { echo "FAIL: no $mode row with 1 MB buckets and bucket views"; fails=1; }
+  done
+  [ "$(grep -c '"bucket_mb": 1.0, "bucket_view": true' "$out/b1/results.jsonl")" = 3 ] ||
+    { echo "FAIL: bucket cap or views not recorded"; fails=1; }
   trace=$(find "$out/b1" -name trace.md | head -n 1)
   if [ -z "$trace" ] || ! grep -qE '^(\| [0-9]+ ){6}\|$' "$trace" ||
     [ "$(grep -cE '^\| [0-9]+ \| [0-9.]+ \|( [0-9]+ \|){4} [0-9.]+ \|$' "$trace")" -lt 2 ]; then
@@ -55,7 +61,7 @@ else
   tail -n 30 "$out/b1.log"
   fails=1
 fi
-grep -q "WRONG" "$out/table.md" && { echo "FAIL: parameters:"; cat "$out/table.md"; fails=1; }
+grep -q "WRONG" "$out/table.md" "$out/b1/table.md" && { echo "FAIL: parameters:"; cat "$out"/table.md "$out"/b1/table.md; fails=1; }
 head -c 8 "$out/plot.png" | od -An -c | grep -q "P   N   G" || { echo "FAIL: no PNG"; fails=1; }
 [ "$fails" = 0 ] && { echo "PASS: $(grep -cE '^\| (none|gloo|gflow)' "$out/table.md") modes"; rm -rf "$out"; }
 exit $fails
