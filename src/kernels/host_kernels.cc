@@ -87,13 +87,13 @@ size_t slotOf(const uint32_t* idx, size_t k, size_t c) {
 
 }  // namespace
 
-// One pass per part: the residual update fused with the part's L1 norm.
+// One pass per part: the residual update fused with the part's L1 norm, and
+// the gradient cleared (scatterChunks then writes only the sent chunks).
 void HostKernels::accumulateChunkNorms(SparseBucket& b, float m, float* norms) {
   std::fill_n(norms, numChunks(b.n, b.chunk), 0.0f);
   forEachPart(b, [&](const Piece& p, size_t from, size_t to, size_t at) {
-    norms[at / b.chunk] +=
-        p.u ? accumulateMomentumL1(p.v + from, p.u + from, p.g + from, m, to - from)
-            : accumulateL1(p.v + from, p.g + from, to - from);
+    norms[at / b.chunk] += p.u ? moveMomentumL1(p.v + from, p.u + from, p.g + from, m, to - from)
+                               : moveL1(p.v + from, p.g + from, to - from);
   });
 }
 
@@ -117,10 +117,7 @@ void HostKernels::scatterChunks(SparseBucket& b, const float* packed, const uint
                                 bool maskVelocity) {
   forEachPart(b, [&](const Piece& p, size_t from, size_t to, size_t at) {
     const size_t len = to - from, slot = slotOf(idx, k, at / b.chunk);
-    if (slot == SIZE_MAX) {
-      std::fill_n(p.g + from, len, 0.0f);
-      return;
-    }
+    if (slot == SIZE_MAX) return;  // cleared by accumulateChunkNorms
     std::memcpy(p.g + from, packed + slot * b.chunk + at % b.chunk, len * sizeof(float));
     std::fill_n(p.v + from, len, 0.0f);
     if (maskVelocity && p.u) std::fill_n(p.u + from, len, 0.0f);

@@ -20,6 +20,11 @@ float accumulateL1(float* v, const float* g, size_t n);
 // Momentum correction (Deep Gradient Compression): u[i] = m * u[i] + g[i],
 // v[i] += u[i]; returns the sum of |v[i]|.
 float accumulateMomentumL1(float* v, float* u, const float* g, float m, size_t n);
+// The same, and g[i] = 0 in the same pass: the gradient moves into the
+// residual while its cache lines are at hand, so writing the unsent chunks'
+// zeros later costs no second pass over it. Same bits in v (and u).
+float moveL1(float* v, float* g, size_t n);
+float moveMomentumL1(float* v, float* u, float* g, float m, size_t n);
 
 // The `k` chunks with the largest norms, ties to the lower index, returned
 // in ascending order. Deterministic: the same norms give the same chunks. A

@@ -202,6 +202,18 @@ TEST(Sparse, AccumulateGivesTheBitsOfEightOrderedLanes) {
         << n;
     EXPECT_EQ(gotV, wantM) << n;
     EXPECT_EQ(gotU, wantU) << n;
+    // The moving twins: the same bits, and the gradient left zero.
+    const std::vector<float> zeros(n, 0.0f);
+    std::vector<float> moved = v, g1 = g;
+    EXPECT_EQ(moveL1(moved.data(), g1.data(), n), eightLaneL1(want)) << n;
+    EXPECT_EQ(moved, want) << n;
+    EXPECT_EQ(g1, zeros) << n;
+    std::vector<float> movedV = v, movedU = u, g2 = g;
+    EXPECT_EQ(moveMomentumL1(movedV.data(), movedU.data(), g2.data(), 0.9f, n), eightLaneL1(wantM))
+        << n;
+    EXPECT_EQ(movedV, wantM) << n;
+    EXPECT_EQ(movedU, wantU) << n;
+    EXPECT_EQ(g2, zeros) << n;
   }
 }
 

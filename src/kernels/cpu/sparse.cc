@@ -43,6 +43,22 @@ float accumulateMomentumL1(float* v, float* u, const float* g, float m, size_t n
   });
 }
 
+float moveL1(float* v, float* g, size_t n) {
+  return updateAndSum(n, [v, g](size_t i) {
+    const float r = v[i] += g[i];
+    g[i] = 0.0f;
+    return r;
+  });
+}
+
+float moveMomentumL1(float* v, float* u, float* g, float m, size_t n) {
+  return updateAndSum(n, [v, u, g, m](size_t i) {
+    u[i] = m * u[i] + g[i];
+    g[i] = 0.0f;
+    return v[i] += u[i];
+  });
+}
+
 std::vector<size_t> topChunks(const float* norms, size_t count, size_t k) {
   k = std::min(k, count);
   std::vector<size_t> idx(count);
