@@ -87,14 +87,17 @@ class GradientKernels {
       float* v = nullptr;
       float* u = nullptr;
     } staged;
+    // Set by an accumulateChunkNorms that left every gradient zero (the
+    // host's): scatterChunks then writes only the picked chunks.
+    bool gradientsCleared = false;
   };
   // Elements of each of staged.g/v/u for a bucket of `n` (0: none needed).
   virtual size_t stagingElements(size_t n) const = 0;
   // v += g (no velocity), or u = m u + g and v += u; norms[c] = the L1 norm
   // of chunk c of the new v (float32; on the host a chunk that spans two
   // tensors sums the norms of its two parts). From here until scatterChunks
-  // the gradients hold nothing the caller may read (the host clears them in
-  // this pass).
+  // the caller neither reads nor writes the gradients (the host clears them
+  // in this pass).
   virtual void accumulateChunkNorms(SparseBucket& b, float m, float* norms) = 0;
   // Scratch bytes topChunks needs for `count` norms.
   virtual size_t topChunksTempBytes(size_t count) const = 0;

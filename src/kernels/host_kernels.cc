@@ -95,6 +95,7 @@ void HostKernels::accumulateChunkNorms(SparseBucket& b, float m, float* norms) {
     norms[at / b.chunk] += p.u ? moveMomentumL1(p.v + from, p.u + from, p.g + from, m, to - from)
                                : moveL1(p.v + from, p.g + from, to - from);
   });
+  b.gradientsCleared = true;
 }
 
 void HostKernels::topChunks(const float* norms, size_t count, size_t k, uint32_t* idx, void*,
@@ -117,7 +118,10 @@ void HostKernels::scatterChunks(SparseBucket& b, const float* packed, const uint
                                 bool maskVelocity) {
   forEachPart(b, [&](const Piece& p, size_t from, size_t to, size_t at) {
     const size_t len = to - from, slot = slotOf(idx, k, at / b.chunk);
-    if (slot == SIZE_MAX) return;  // cleared by accumulateChunkNorms
+    if (slot == SIZE_MAX) {
+      if (!b.gradientsCleared) std::fill_n(p.g + from, len, 0.0f);
+      return;
+    }
     std::memcpy(p.g + from, packed + slot * b.chunk + at % b.chunk, len * sizeof(float));
     std::fill_n(p.v + from, len, 0.0f);
     if (maskVelocity && p.u) std::fill_n(p.u + from, len, 0.0f);

@@ -145,7 +145,10 @@ TEST(HostKernels, ChunkNormsMatchAFloat64Reference) {
     std::vector<double> rv(v.begin(), v.end()), ru(u.begin(), u.end());
     std::vector<float> norms(kernels::numChunks(n, chunk), -1.0f);
     auto b = bucketOver(sizes, g.data(), v.data(), momentum ? u.data() : nullptr, chunk);
+    const auto g0 = g;  // the pass moves the gradient into the residual
     kernels::hostKernels()->accumulateChunkNorms(b, m, norms.data());
+    EXPECT_EQ(g, std::vector<float>(n, 0.0f));
+    g = g0;
     for (size_t c = 0; c < norms.size(); ++c) {
       double want = 0;
       for (size_t i = c * chunk; i < std::min(n, (c + 1) * chunk); ++i) {
@@ -192,6 +195,26 @@ TEST(HostKernels, TopChunksGatherAndScatterMatchPlainLoops) {
       EXPECT_EQ(u[i], picked && mask ? 0.0f : u0[i]) << i;
     }
   }
+}
+
+// The CSC protocol's order: the accumulate pass moves each gradient into
+// its residual (leaving it zero), so the scatter writes only the picked
+// chunks, and the result is the same as a scatter that writes the zeros.
+TEST(HostKernels, TheAccumulatePassClearsTheGradientsForTheScatter) {
+  auto& k = *kernels::hostKernels();
+  const size_t n = 10, chunk = 4;
+  const std::vector<uint32_t> pick = {1};
+  auto g = randomFloats(n, 6), v = randomFloats(n, 7);
+  const auto g0 = g, v0 = v;
+  auto b = bucketOver({3, 7}, g.data(), v.data(), nullptr, chunk);
+  std::vector<float> norms(3);
+  k.accumulateChunkNorms(b, 0.0f, norms.data());
+  EXPECT_TRUE(b.gradientsCleared);
+  EXPECT_EQ(g, std::vector<float>(n, 0.0f));
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(v[i], v0[i] + g0[i]) << i;
+  const std::vector<float> packed = {1, 2, 3, 4};
+  k.scatterChunks(b, packed.data(), pick.data(), 1, false);
+  for (size_t i = 0; i < n; ++i) EXPECT_EQ(g[i], i >= 4 && i < 8 ? packed[i - 4] : 0.0f) << i;
 }
 
 TEST(HostKernels, CopyMovesEveryByteAndMemoryStartsZeroed) {
