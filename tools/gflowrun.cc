@@ -296,12 +296,12 @@ void printConfig() {
     std::printf("  default: %s\n", *p.defaultValue ? p.defaultValue : "(none)");
     if (perRank) {
       std::printf("  current: %s (gflowrun sets it for each rank)\n", cur ? cur : "(unset)");
-    } else if (std::string(p.name) == "GFLOW_JOB_TOKEN") {
-      // Never echo a secret; saying whether it is set is enough.
-      std::printf("  current: %s\n",
-                  cur && *cur ? "(set, hidden)" : "(unset; gflowrun generates one)");
+    } else if (gflow::params::isSecret(p)) {
+      // Whether it is set, never the value; the doc says gflowrun makes one.
+      std::printf("  current: %s\n", gflow::params::shownValue(p, cur ? cur : "").c_str());
     } else {
-      std::printf("  current: %s\n", cur ? cur : "(unset)");
+      std::printf("  current: %s\n",
+                  cur ? gflow::params::shownValue(p, cur, std::string::npos).c_str() : "(unset)");
     }
     if (const std::string a = gflow::params::acceptedValues(p); !a.empty()) {
       std::printf("  accepts: %s\n", a.c_str());

@@ -82,8 +82,8 @@ Field gflowInt(const params::Param& param) {
   if (!params::isSet(param)) return f;
   int64_t x = params::getInt(param);  // throws naming the variable when malformed
   if (x < 0 || x > INT_MAX) {
-    GFLOW_THROW(kInvalidArgument, kCtx) << param.name << "='" << params::raw(param)
-                                        << "' is not valid: expected a non-negative integer";
+    GFLOW_THROW(kInvalidArgument, kCtx) << params::shownAssignment(param, params::raw(param))
+                                        << " is not valid: expected a non-negative integer";
   }
   f.value = static_cast<int>(x);
   f.var = param.name;

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <set>
 
 #include "gflow/error.h"
 
@@ -27,13 +28,9 @@ Param find(const char* envName) {
   return Param{envName, Kind::kString, "", Scope::kLocal, ""};
 }
 
-[[noreturn]] void bad(const char* envName, const std::string& value, const std::string& want) {
-  // A very long value is cut in the message (the variable is named).
-  const std::string shown = value.size() <= 64 ? value
-                                               : value.substr(0, 64) + "... (" +
-                                                     std::to_string(value.size()) + " characters)";
+[[noreturn]] void bad(const Param& p, const std::string& value, const std::string& want) {
   throw Error(ErrorCode::kInvalidArgument,
-              std::string(envName) + "='" + shown + "' is not valid: expected " + want,
+              shownAssignment(p, value) + " is not valid: expected " + want,
               ErrorContext::forOp("config"));
 }
 
@@ -73,13 +70,13 @@ std::string accepted(const Param& p, const char* noun) {
 void checkRange(const Param& p, const std::string& v, int64_t value, const char* noun) {
   const Range* r = rangeOf(p);
   if (!r || (value == 0 && r->zeroMeansOff)) return;
-  if (value < r->lo || value > r->hi) bad(p.name, v, accepted(p, noun));
+  if (value < r->lo || value > r->hi) bad(p, v, accepted(p, noun));
 }
 
 // The same for an unsigned value: every range fits int64, so one beyond it
 // is out of every range.
 void checkRange(const Param& p, const std::string& v, uint64_t value, const char* noun) {
-  if (value > static_cast<uint64_t>(INT64_MAX) && rangeOf(p)) bad(p.name, v, accepted(p, noun));
+  if (value > static_cast<uint64_t>(INT64_MAX) && rangeOf(p)) bad(p, v, accepted(p, noun));
   checkRange(p, v, static_cast<int64_t>(value), noun);
 }
 
@@ -118,6 +115,26 @@ std::string acceptedValues(const Param& p) {
   return "";
 }
 
+bool isSecret(const Param& p) {
+  static const std::set<std::string> secrets = {
+#define GFLOW_PARAM_SECRET(id) spec::id.name,
+      GFLOW_PARAM_SECRETS(GFLOW_PARAM_SECRET)
+#undef GFLOW_PARAM_SECRET
+  };
+  return secrets.count(p.name) > 0;
+}
+
+std::string shownValue(const Param& p, const std::string& value, size_t maxChars) {
+  if (isSecret(p)) return value.empty() ? "(unset)" : "(set, hidden)";
+  if (value.size() <= maxChars) return value;
+  return value.substr(0, maxChars) + "... (" + std::to_string(value.size()) + " characters)";
+}
+
+std::string shownAssignment(const Param& p, const std::string& value) {
+  if (isSecret(p)) return std::string(p.name) + " " + shownValue(p, value);
+  return std::string(p.name) + "='" + shownValue(p, value) + "'";
+}
+
 const Range* rangeOf(const Param& p) {
   static const std::map<std::string, Range> ranges = {
 #define GFLOW_PARAM_RANGE(id, lo, hi, zero) {spec::id.name, Range{lo, hi, zero}},
@@ -134,7 +151,7 @@ void validateAll() {
   constexpr size_t kMaxValueChars = 4096;
   for (const Param& p : all()) {
     if (raw(p).size() > kMaxValueChars) {
-      bad(p.name, raw(p), "at most " + std::to_string(kMaxValueChars) + " characters");
+      bad(p, raw(p), "at most " + std::to_string(kMaxValueChars) + " characters");
     }
     if (!isSet(p) && *p.defaultValue == '\0') continue;  // unset, nothing to check
     switch (p.kind) {
@@ -172,14 +189,13 @@ std::string getString(const Param& p) {
 }
 
 int64_t getInt(const Param& p) {
-  const char* envName = p.name;
   std::string storage;
   const std::string& v = valueOrDefault(p, &storage);
-  if (v.empty()) bad(envName, v, accepted(p, "an integer"));
+  if (v.empty()) bad(p, v, accepted(p, "an integer"));
   errno = 0;
   char* end = nullptr;
   long long x = std::strtoll(v.c_str(), &end, 10);
-  if (errno != 0 || end == v.c_str() || *end != '\0') bad(envName, v, accepted(p, "an integer"));
+  if (errno != 0 || end == v.c_str() || *end != '\0') bad(p, v, accepted(p, "an integer"));
   checkRange(p, v, static_cast<int64_t>(x), "an integer");
   return x;
 }
@@ -249,7 +265,7 @@ uint64_t getBytes(const Param& p) {
   std::string storage;
   const std::string& v = valueOrDefault(p, &storage);
   uint64_t x = 0;
-  if (!parseBytes(v, &x)) bad(p.name, v, accepted(p, "a byte count (65536, 64K, 4M)"));
+  if (!parseBytes(v, &x)) bad(p, v, accepted(p, "a byte count (65536, 64K, 4M)"));
   checkRange(p, v, x, "a byte count");
   return x;
 }
@@ -258,7 +274,7 @@ int64_t getDurationMs(const Param& p) {
   std::string storage;
   const std::string& v = valueOrDefault(p, &storage);
   int64_t x = 0;
-  if (!parseDurationMs(v, &x)) bad(p.name, v, accepted(p, "a duration (300, 30s, 500ms, 5m)"));
+  if (!parseDurationMs(v, &x)) bad(p, v, accepted(p, "a duration (300, 30s, 500ms, 5m)"));
   checkRange(p, v, x, "a duration");
   return x;
 }

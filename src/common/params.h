@@ -56,6 +56,15 @@ const Range* rangeOf(const Param& p);
 // What a numeric parameter accepts, in words ("a byte count in [4K, 1G]");
 // "" for the strings.
 std::string acceptedValues(const Param& p);
+// Whether `p`'s value is a secret (params_table.h, GFLOW_PARAM_SECRETS).
+bool isSecret(const Param& p);
+// The one way a parameter's value reaches any output (errors, logs,
+// listings): a secret's as "(set, hidden)" or "(unset)", any other's as it
+// is, cut after `maxChars` characters with the length said.
+std::string shownValue(const Param& p, const std::string& value, size_t maxChars = 64);
+// "NAME='value'" through shownValue, for messages ("NAME (set, hidden)"
+// for a secret).
+std::string shownAssignment(const Param& p, const std::string& value);
 // Reads every numeric parameter that is set (or has a default), so a bad
 // value fails at init, naming the variable and what it accepts, rather than
 // at its first use deep inside an op. Communicator::create calls it.

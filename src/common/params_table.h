@@ -227,3 +227,8 @@
   R(localRank, 0, (1LL << 24) - 1, false)         \
   R(localSize, 1, 1LL << 24, false)               \
   R(requireToken, 0, 1, false)
+
+// The parameters whose value is a secret, one row each: S(accessor). No
+// message, log line, report or listing shows their value, only whether it
+// is set (params::shownValue, the one path by which a value is printed).
+#define GFLOW_PARAM_SECRETS(S) S(jobToken)

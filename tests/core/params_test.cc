@@ -101,6 +101,37 @@ TEST(Params, OutOfRangeValuesNameTheVariableAndTheRange) {
   }
 }
 
+// A secret's value reaches no message: an over-long job token is refused
+// naming the variable, not showing the value, and every secret of the
+// registry is shown only as set or unset.
+TEST(Params, SecretsAreNeverShown) {
+  const std::string token = "S3CRET" + std::string(5000, 'k');
+  {
+    testing::ScopedEnv env("GFLOW_JOB_TOKEN", token.c_str());
+    try {
+      params::validateAll();
+      ADD_FAILURE() << "a 5000-character token was accepted";
+    } catch (const Error& e) {
+      EXPECT_THAT(e.what(), ::testing::HasSubstr("GFLOW_JOB_TOKEN (set, hidden) is not valid"));
+      EXPECT_THAT(e.what(), ::testing::Not(::testing::HasSubstr("S3CRET")));
+      EXPECT_THAT(e.what(), ::testing::Not(::testing::HasSubstr("kkkk")));
+    }
+  }
+  int secrets = 0;
+  for (const params::Param& p : params::all()) {
+    if (!params::isSecret(p)) {
+      EXPECT_EQ(params::shownValue(p, "visible"), "visible") << p.name;
+      continue;
+    }
+    ++secrets;
+    EXPECT_EQ(params::shownValue(p, "S3CRET"), "(set, hidden)") << p.name;
+    EXPECT_EQ(params::shownValue(p, ""), "(unset)") << p.name;
+    EXPECT_EQ(params::shownAssignment(p, "S3CRET"), std::string(p.name) + " (set, hidden)");
+  }
+  EXPECT_TRUE(params::isSecret(params::spec::jobToken));
+  EXPECT_EQ(secrets, 1);
+}
+
 TEST(Params, ConfigurationDocListsEveryParameter) {
   std::ifstream f(GFLOW_TEST_SOURCE_DIR "/docs/configuration.md");
   ASSERT_TRUE(f.good());

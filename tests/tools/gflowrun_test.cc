@@ -335,4 +335,52 @@ TEST(Gflowrun, PrintConfigListsRegistry) {
   EXPECT_NE(out.find("GFLOW_DEBUG\n  default: WARN\n  current: TRACE"), std::string::npos) << out;
 }
 
+// A token of `n` characters that repeats no 12 of them.
+std::string distinctToken(size_t n) {
+  std::string t;
+  for (unsigned i = 0; t.size() < n; ++i) t += "Tk" + std::to_string(i * 7919u % 100003u) + "q";
+  t.resize(n);
+  return t;
+}
+
+// Whether `out` holds any 12 characters of `token` in a row.
+bool showsPartOf(const std::string& out, const std::string& token) {
+  for (size_t i = 0; i + 12 <= token.size(); i += 4) {
+    if (out.find(token.substr(i, 12)) != std::string::npos) return true;
+  }
+  return false;
+}
+
+// The job token is a secret (params_table.h, GFLOW_PARAM_SECRETS): no
+// output of a job shows it, whether its ranks refuse it (over 4096
+// characters) or run with it, logging at TRACE with straggler reports, and
+// --print-config says only that it is set.
+TEST(Gflowrun, NoOutputShowsTheJobToken) {
+  const std::string worker = std::string(GFLOW_TEST_BINARY_DIR) + "/tests/faults/fault_worker";
+  const std::string tooLong = distinctToken(5000);
+  Launch refused({"-n", "2", "--env", "GFLOW_DEBUG=TRACE", worker, "straggle", "2", "4096", "1"},
+                 {"env", "GFLOW_JOB_TOKEN=" + tooLong});
+  EXPECT_NE(refused.wait(), 0) << refused.err();
+  const std::string said = refused.out() + refused.err();
+  EXPECT_NE(said.find("GFLOW_JOB_TOKEN (set, hidden) is not valid: expected at most"),
+            std::string::npos)
+      << said.substr(0, 2000);
+  EXPECT_FALSE(showsPartOf(said, tooLong));
+
+  const std::string token = distinctToken(200);
+  Launch ran({"-n", "2", "--env", "GFLOW_DEBUG=TRACE", "--env", "GFLOW_STRAGGLER_REPORT=1ms",
+              worker, "straggle", "5", "4096", "1"},
+             {"env", "GFLOW_JOB_TOKEN=" + token});
+  ASSERT_EQ(ran.wait(), 0) << ran.err().substr(0, 2000);
+  EXPECT_NE(ran.err().find("straggler summary"), std::string::npos) << "the reports ran";
+  EXPECT_FALSE(showsPartOf(ran.out() + ran.err(), token));
+
+  Launch config({"--print-config"}, {"env", "GFLOW_JOB_TOKEN=" + token});
+  ASSERT_EQ(config.wait(), 0);
+  EXPECT_NE(config.out().find("GFLOW_JOB_TOKEN\n  default: (none)\n  current: (set, hidden)"),
+            std::string::npos)
+      << config.out();
+  EXPECT_FALSE(showsPartOf(config.out() + config.err(), token));
+}
+
 }  // namespace
