@@ -46,6 +46,8 @@ constexpr const char* kFailed = "!failed: ";
 
 // Every rank's half of the exchange: takes the store address and the token
 // rank 0 offered ("<host:port>\n<token>"), each only where it has none.
+// The PMIx server is the launcher's own and is trusted as the launcher is:
+// it authenticates its clients itself; the value is still bounded.
 void accept(const std::string& offered, Identity* id) {
   if (offered.rfind(kFailed, 0) == 0) {
     GFLOW_THROW(kInvalidArgument, kCtx)

@@ -13,6 +13,12 @@
 // breaks the protocol closes only that connection, with a WARN naming the peer
 // and the fault.
 //
+// What a key proves: that its writer holds the job token, nothing more. Any
+// token holder may read and write any key, so every reader treats a value
+// as a claim to check (a data address leads to a token handshake and a
+// Hello check, a shm segment must prove itself, a failure report is cut and
+// made printable); docs/errors.md, Security.
+//
 // Thread safety: construct and destroy from one thread; the destructor stops
 // the acceptor (unblocking pending handshakes) and the loop, and joins every
 // thread.

@@ -6,12 +6,15 @@
 // The allreduce that uses them is checked against exact sums with every
 // other collective test (tests/testing/test_env.cc sends 16 KiB and more
 // through it at every group size).
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <numeric>
+#include <sstream>
 #include <thread>
 #include <vector>
 
@@ -212,6 +215,43 @@ TEST(ShmLiveness, TheReportOfAMemberThatWaitsItselfWinsOverTheTimeout) {
     while (!done) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   });
   testing::expectNoErrors(errs);
+}
+
+// A member that publishes what is not a gflow segment (text that is no
+// description, or an unsealed memfd of the right size) is refused: every
+// member falls back, and the reason names the member. What proves a
+// segment is the description's fd opening through /proc/<pid>/fd as a
+// sealed memfd of the agreed size that holds gflow's magic and the
+// published nonce (group.cc, mapPeer).
+TEST(ShmGroupClaims, ASegmentThatIsNotGflowsIsRefusedNamingItsMember) {
+  for (bool asText : {true, false}) {
+    std::string why = "(connected)";
+    std::atomic<bool> done{false};
+    auto errs = onThreads(2, [&](int rank, const std::shared_ptr<Store>& store) {
+      if (rank == 0) {
+        if (Group::connect(optionsFor(0, 2, store), &why)) why = "(connected)";
+        done = true;
+        return;
+      }
+      std::istringstream real(store->getString("t/shm/seg/0", std::chrono::seconds(20)));
+      long pid = 0;
+      int fd = -1;
+      uint64_t nonce = 0, total = 0;
+      real >> pid >> fd >> nonce >> total;
+      const int mfd = ::memfd_create("not-gflow", MFD_CLOEXEC);
+      ASSERT_GE(mfd, 0);
+      ASSERT_EQ(::ftruncate(mfd, static_cast<off_t>(total)), 0);
+      std::ostringstream mine;
+      mine << ::getpid() << " " << mfd << " " << nonce << " " << total << " 0";
+      store->setString("t/shm/seg/1", asText ? "not a segment" : mine.str());
+      store->setString("t/shm/ok/1", "1r");
+      while (!done) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      ::close(mfd);
+    });
+    testing::expectNoErrors(errs);
+    EXPECT_THAT(why, ::testing::HasSubstr("local rank 1")) << why;
+    EXPECT_NE(why, "(connected)");
+  }
 }
 
 }  // namespace

@@ -164,7 +164,12 @@ struct PeerInfo {
 
 // Maps member p's segment, published under `key` as "pid fd nonce total
 // nonceAddr", into *mapping and watches its process; "" on success, else
-// why not.
+// why not. The store proves only the token; the segment proves itself: its
+// fd opens through /proc/<pid>/fd (ptrace-read rights on that process) as a
+// sealed memfd of this group's size, with gflow's magic, the published
+// nonce and the member count. Values read from a member's control block
+// later are data (op records, reports cut to their arrays and made
+// printable), never sizes or indexes.
 std::string mapPeer(const GroupOptions& o, const std::string& key, int p, size_t total,
                     Mapping* mapping, ProcessWatch* watch, PeerInfo* info) {
   auto v = o.store->get(key + std::to_string(p), o.timeout);
@@ -177,7 +182,7 @@ std::string mapPeer(const GroupOptions& o, const std::string& key, int p, size_t
   }
   std::string err;
   *mapping = Mapping::open(static_cast<pid_t>(info->pid), fd, total, &err);
-  if (!mapping->data()) return err;
+  if (!mapping->data()) return "local rank " + std::to_string(p) + ": " + err;
   auto* c = static_cast<Control*>(mapping->data());
   if (c->magic != kMagic || c->nonce != info->nonce || c->members != o.size) {
     return "the segment of local rank " + std::to_string(p) + " is not gflow's";
@@ -195,6 +200,10 @@ std::string mapPeer(const GroupOptions& o, const std::string& key, int p, size_t
 // ("" if this member can take part) and whether it can read every peer's
 // memory (`canRead`), and returns the first member's reason not to take
 // part, "" when all can. *allCanRead: every member can read every peer.
+// A member's "can read" is its word only, and needs no proof: what it
+// unlocks is each member's buffer addresses in its own segment, which a
+// member has mapped already, and reads this member makes from its own
+// verified probes (a liar that cannot read fails its own ops).
 std::string firstFailure(const GroupOptions& o, const std::vector<int>& commRanks,
                          const std::string& mine, bool canRead, bool* allCanRead) {
   const std::string okKey = o.prefix + "shm/ok/";

@@ -94,9 +94,9 @@ static_assert(sizeof(Hello) == 64, "hello layout");
 // The accepting side's answer: whether it accepts the connection, its own
 // identity (zero unless both offer single copy on one host) and a challenge
 // for the connecting rank (0: none). The single-copy agreement follows on
-// socket 0 (tcp_connect.cc, agreeSingleCopy): the connecting rank writes
-// its proof and sends its own challenge (8 bytes), each side then says in
-// one byte whether it could read the other's proof.
+// socket 0 (tcp_connect.cc): the connecting rank writes its proof and sends
+// its own challenge (8 bytes), each side then says whether it could read
+// the other's proof (ReadsClaim).
 struct HelloReply {
   uint8_t ok;
   uint8_t reserved[7];
@@ -104,6 +104,26 @@ struct HelloReply {
   uint64_t challenge;
 };
 static_assert(sizeof(HelloReply) == 48, "hello reply layout");
+// What each rank leaves in its memory for one peer while they agree on
+// single copy: the proof of the peer's challenge (singleCopyProof), which
+// ties its pid to this rank, and a random secret that never crosses the
+// wire: only a process that reads this rank's memory learns it.
+struct ProofSlot {
+  uint64_t proof;
+  uint64_t secret;
+};
+static_assert(sizeof(ProofSlot) == 16, "proof slot layout");
+// Each side's word on single copy: `flags` (kReads: it reads the other's
+// memory; kTakesSingleCopy: it takes the other's messages that way) and,
+// as the proof of kReads, the secret it read from the other's ProofSlot
+// (0 when it reads nothing). A claim without the right echo counts as none.
+struct ReadsClaim {
+  uint8_t flags;
+  uint8_t reserved[7];
+  uint64_t echo;
+};
+static_assert(sizeof(ReadsClaim) == 16, "reads claim layout");
+constexpr uint8_t kReads = 1, kTakesSingleCopy = 2;
 // After the single-copy agreement, a pair whose ranks read each other's
 // memory offers its local rings (tcp_local.cc): each side's segment (a
 // memfd the peer opens through /proc/<pid>/fd) and its ring's capacity; 0
@@ -114,7 +134,8 @@ struct RingOffer {
   uint32_t capacity;
 };
 static_assert(sizeof(RingOffer) == 8, "ring offer layout");
-// 3: single copy between local ranks; 4: local rings; 5: arrival stamps
-constexpr uint32_t kProtocolVersion = 5;
+// 3: single copy between local ranks; 4: local rings; 5: arrival stamps;
+// 6: a reader proves that it reads (ProofSlot, ReadsClaim)
+constexpr uint32_t kProtocolVersion = 6;
 
 }  // namespace gflow::transport::tcp

@@ -4,6 +4,21 @@
 // with a Hello; strangers, wrong tokens and malformed hellos are logged and
 // dropped without disturbing the setup (net::HandshakeAcceptor runs each
 // inbound handshake on its own thread under a deadline).
+//
+// What proves each claim a peer makes here (docs/errors.md, Security):
+//   - the token: the HMAC challenge (auth.h), on every connection;
+//   - the Hello's rank, size, communicator and socket index: the token
+//     only; they must fit this rank's view, and each (rank, socket) slot is
+//     taken once, so a token holder that takes a free slot gets the real
+//     rank refused and the setup fails naming it;
+//   - its LocalIdentity (same host, pid, proof slot): the challenge; this
+//     rank reads the proof of its random challenge at the given address of
+//     the given process, so the pid is the process at the other end and
+//     this rank can read it;
+//   - that it reads this rank (ReadsClaim): the echo of the secret this
+//     rank left in its ProofSlot, which crosses no wire; without it the
+//     peer gets no buffer address and no local ring;
+//   - its local ring (tcp_local.cc): both of the above, both ways.
 #include <algorithm>
 #include <condition_variable>
 #include <cstddef>
@@ -56,20 +71,33 @@ struct SingleCopy {
   std::shared_ptr<LocalRing> ring;  // both read each other: the pair's rings
 };
 
-// The byte each side sends: whether it reads the other's memory, and
-// whether it takes the other's messages by single copy.
-constexpr uint8_t kReads = 1, kTakesSingleCopy = 2;
-
-uint8_t readsByte(const Identity& me, pid_t pid) {
-  if (pid == 0) return 0;
-  return kReads | (me.singleCopy ? kTakesSingleCopy : 0);
+// This rank's claim on a peer whose ProofSlot it read (`read`): it reads
+// the peer, takes its messages by single copy where configured, and proves
+// the first with the secret it found there.
+ReadsClaim claimOf(const Identity& me, const PeerRead& read) {
+  ReadsClaim c{};
+  if (read.pid == 0) return c;
+  c.flags = kReads | (me.singleCopy ? kTakesSingleCopy : 0);
+  c.echo = read.secret;
+  return c;
 }
 
-// The pair's rings once both sides read each other.
-void agreeRingIfBothRead(int fd, const Identity& me, uint8_t theirs, bool dialer, const Deadline& d,
+// The flags of the peer's claim that it proved: none unless it echoes the
+// secret this rank left in its slot for it (`secret`; 0 when this rank
+// left none: it offered no identity, or the peer never challenged it). Only
+// a process that reads this rank's memory can know the secret, and such a
+// process may ptrace this rank anyway: its word on the rest (its READ
+// notices, its local ring) is then taken.
+uint8_t provenFlags(const ReadsClaim& theirs, uint64_t secret) {
+  return secret != 0 && theirs.echo == secret ? theirs.flags : 0;
+}
+
+// The pair's rings once both sides read each other (`proven`: the peer's
+// proven flags; sc->pid: this rank reads the peer).
+void agreeRingIfBothRead(int fd, const Identity& me, uint8_t proven, bool dialer, const Deadline& d,
                          SingleCopy* sc) {
-  sc->readsUs = theirs == (kReads | kTakesSingleCopy);
-  if (sc->pid != 0 && (theirs & kReads) != 0) {
+  sc->readsUs = proven == (kReads | kTakesSingleCopy);
+  if (sc->pid != 0 && (proven & kReads) != 0) {
     sc->ring = agreeLocalRing(fd, sc->pid, me.ringBytes, dialer, d);
   }
 }
@@ -84,7 +112,7 @@ struct Accepted {
 // This rank's identity as `peer` sees it: with its proof slot for that peer.
 LocalIdentity identityFor(const Identity& me, int peer) {
   LocalIdentity id = me.local;
-  if (id.pid != 0) id.proofAddr += sizeof(uint64_t) * static_cast<uint64_t>(peer);
+  if (id.pid != 0) id.proofAddr += sizeof(ProofSlot) * static_cast<uint64_t>(peer);
   return id;
 }
 
@@ -93,46 +121,65 @@ uint64_t randomChallenge() {
   return (uint64_t(rd()) << 32 | rd()) | 1;
 }
 
-// Answers `peer`'s challenge (0: none) in this rank's proof slot for it.
-void writeProof(const Identity& me, int peer, uint64_t challenge) {
-  if (me.local.pid == 0 || challenge == 0) return;
-  reinterpret_cast<uint64_t*>(static_cast<uintptr_t>(me.local.proofAddr))[peer] =
-      singleCopyProof(challenge, peer, me.rank, me.commId);
+ProofSlot& slotFor(const Identity& me, int peer) {
+  return reinterpret_cast<ProofSlot*>(static_cast<uintptr_t>(me.local.proofAddr))[peer];
+}
+
+// Answers `peer`'s challenge (0: none) in this rank's slot for it, beside a
+// fresh secret; returns the secret (0: nothing written).
+uint64_t writeProof(const Identity& me, int peer, uint64_t challenge) {
+  if (me.local.pid == 0 || challenge == 0) return 0;
+  ProofSlot& slot = slotFor(me, peer);
+  slot.proof = singleCopyProof(challenge, peer, me.rank, me.commId);
+  slot.secret = randomChallenge();
+  return slot.secret;
+}
+
+// The peer's claim is in: whatever it read of the slot, it has read.
+void clearProof(const Identity& me, int peer, uint64_t secret) {
+  if (secret != 0) slotFor(me, peer) = ProofSlot{};
 }
 
 // Socket 0's single-copy agreement, after the HelloReply that carried this
 // rank's `challenge` (0: it offers none): the dialer's proof is checked and
-// its challenge answered; each side then says whether it reads the other.
+// its challenge answered; each side then claims whether it reads the other,
+// with the secret that proves it.
 SingleCopy acceptorAgrees(int fd, const Identity& me, const Hello& hello, uint64_t challenge,
                           const Deadline& d) {
   uint64_t theirs = 0;
   net::recvAll(fd, &theirs, sizeof(theirs), d);
+  const PeerRead read =
+      verifySingleCopy(me.local, hello.local, challenge, me.rank, hello.rank, me.commId);
+  const uint64_t secret = challenge != 0 ? writeProof(me, hello.rank, theirs) : 0;
+  const ReadsClaim mine = claimOf(me, read);
+  net::sendAll(fd, &mine, sizeof(mine), d);
+  ReadsClaim claim{};
+  net::recvAll(fd, &claim, sizeof(claim), d);
+  clearProof(me, hello.rank, secret);
   SingleCopy sc;
-  sc.pid = verifySingleCopy(me.local, hello.local, challenge, me.rank, hello.rank, me.commId);
+  sc.pid = read.pid;
   sc.ticketBase = hello.local.ticketBase;
-  if (challenge != 0) writeProof(me, hello.rank, theirs);
-  const uint8_t reads = readsByte(me, sc.pid);
-  net::sendAll(fd, &reads, 1, d);
-  uint8_t readsUs = 0;
-  net::recvAll(fd, &readsUs, 1, d);
-  agreeRingIfBothRead(fd, me, readsUs, /*dialer=*/false, d, &sc);
+  agreeRingIfBothRead(fd, me, provenFlags(claim, secret), /*dialer=*/false, d, &sc);
   return sc;
 }
 
 // The dialer's side of acceptorAgrees.
 SingleCopy dialerAgrees(int fd, const Identity& me, int peer, const HelloReply& reply,
                         const Deadline& d) {
-  writeProof(me, peer, reply.challenge);
+  const uint64_t secret = writeProof(me, peer, reply.challenge);
   const uint64_t challenge = sameHostOffers(me.local, reply.local) ? randomChallenge() : 0;
   net::sendAll(fd, &challenge, sizeof(challenge), d);
-  uint8_t readsUs = 0;
-  net::recvAll(fd, &readsUs, 1, d);
+  ReadsClaim claim{};
+  net::recvAll(fd, &claim, sizeof(claim), d);
+  clearProof(me, peer, secret);
+  const PeerRead read =
+      verifySingleCopy(me.local, reply.local, challenge, me.rank, peer, me.commId);
+  const ReadsClaim mine = claimOf(me, read);
+  net::sendAll(fd, &mine, sizeof(mine), d);
   SingleCopy sc;
-  sc.pid = verifySingleCopy(me.local, reply.local, challenge, me.rank, peer, me.commId);
+  sc.pid = read.pid;
   sc.ticketBase = reply.local.ticketBase;
-  const uint8_t reads = readsByte(me, sc.pid);
-  net::sendAll(fd, &reads, 1, d);
-  agreeRingIfBothRead(fd, me, readsUs, /*dialer=*/true, d, &sc);
+  agreeRingIfBothRead(fd, me, provenFlags(claim, secret), /*dialer=*/true, d, &sc);
   return sc;
 }
 
@@ -240,7 +287,8 @@ class Inbound {
   }
 
  private:
-  // "" and marks the (rank, socket) slot taken when the Hello fits; else why not.
+  // "" and marks the (rank, socket) slot taken when the Hello fits; else why
+  // not. Nothing but the token proves these fields (see the top of the file).
   std::string claim(const Hello& h) {
     if (h.magic != kHelloMagic || h.version != kProtocolVersion) return "bad hello magic/version";
     if (h.commId != me_.commId) return "belongs to another communicator";

@@ -62,11 +62,18 @@ namespace gflow::transport::tcp {
 uint64_t singleCopyProof(uint64_t challenge, int verifier, int claimant, uint64_t commId);
 // Whether both offer single copy on one host.
 bool sameHostOffers(const LocalIdentity& mine, const LocalIdentity& theirs);
-// The process of peer `peer` (identity `theirs`) when its proof of this
-// rank's `challenge` reads back from it; 0 when it does not (another host,
+// What reading a peer's ProofSlot established: its process (0: this rank
+// does not read it) and the secret found there, which this rank sends back
+// as its proof that it reads the peer.
+struct PeerRead {
+  pid_t pid = 0;
+  uint64_t secret = 0;
+};
+// The slot of peer `peer` (identity `theirs`) when its proof of this rank's
+// `challenge` reads back from it; none when it does not (another host,
 // single copy not offered, the kernel refuses, a wrong proof).
-pid_t verifySingleCopy(const LocalIdentity& mine, const LocalIdentity& theirs, uint64_t challenge,
-                       int rank, int peer, uint64_t commId);
+PeerRead verifySingleCopy(const LocalIdentity& mine, const LocalIdentity& theirs,
+                          uint64_t challenge, int rank, int peer, uint64_t commId);
 // Local rings (tcp_local.cc), on socket `fd` of a pair whose ranks read
 // each other's memory: offers this rank's ring of `capacity` bytes (0: none)
 // and maps the peer's (process `pid`). Null unless both sides mapped.
@@ -360,11 +367,11 @@ class TcpContext final : public Engine {
   uint64_t doorbells_ = 0;                    // DOORBELL frames received
   std::deque<std::pair<int, Tag>> readsDue_;  // irecv's single-copy reads, for progress
   // Single copy: this rank's proofs, one slot per peer (written while
-  // connecting), and the tickets of its held single-copy sends: a reader
-  // checks the ticket after reading, so a send withdrawn meanwhile (this
-  // rank failed and the buffer went back to the caller) is never delivered.
+  // connecting, cleared once the peer's claim is in), and the tickets of its held single-copy
+  // sends: a reader checks the ticket after reading, so a send withdrawn meanwhile (this rank
+  // failed and the buffer went back to the caller) is never delivered.
   static constexpr uint16_t kTickets = 4096;
-  std::unique_ptr<uint64_t[]> proofs_;
+  std::unique_ptr<ProofSlot[]> proofs_;
   std::unique_ptr<uint64_t[]> tickets_;
   std::vector<uint16_t> freeTickets_;
 

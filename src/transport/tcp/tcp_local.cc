@@ -46,6 +46,14 @@ void exchange(int fd, const T& mine, T* theirs, bool dialer, const Deadline& d) 
 
 }  // namespace
 
+// Called only for a pair whose ranks proved to each other that they read
+// each other (tcp_connect.cc). The peer's offer is then proven as far as it
+// can hurt: its fd opens only through /proc/<the verified pid>/fd, as a
+// sealed memfd of at least the offered size (Mapping::open), the capacity
+// must be a power of two in [4 KiB, 1 GiB], the mapping is read-only, and
+// the ring's words are checked on every use (LocalRing::broken). A peer
+// that says it mapped this rank's ring and never reads it stalls only this
+// pair, until the deadline names it.
 std::shared_ptr<LocalRing> agreeLocalRing(int fd, pid_t pid, size_t capacity, bool dialer,
                                           const Deadline& deadline) {
   Mapping mine;

@@ -25,9 +25,12 @@
 //
 // Who may use single copy: while connecting (tcp_connect.cc), each side of
 // a pair sends its LocalIdentity and says whether it can read the other's:
-// a peer with the same host identity that reads the nonce at the given
-// address of the given process (so the pid is this rank's, not a reused or
-// invented one). Each direction is agreed on its own. Anything else
+// a peer with the same host identity that reads the proof of its challenge
+// at the given address of the given process (so the pid is this rank's, not
+// a reused or invented one), and proves it by sending back the secret it
+// found beside the proof. A sender announces addresses only to a peer that
+// proved it reads it, and a receiver reads only from a process it verified
+// itself. Each direction is agreed on its own. Anything else
 // (another host, a container or Yama policy that denies the read,
 // GFLOW_SHM=0, a buffer the kernel cannot pin) keeps the other paths, so
 // the choice never changes what a message delivers. A RENDEZVOUS is checked
@@ -37,6 +40,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <cstddef>
 #include <cstring>
 
 #include "common/hash.h"
@@ -58,7 +62,7 @@ uint64_t ticketOf(const Tag& tag, uint64_t commId) {
 
 LocalIdentity TcpContext::offerLocal() {
   if ((singleCopyMin_ == 0 && ringBytes_ == 0) || hostHash_ == 0) return LocalIdentity{};
-  proofs_.reset(new uint64_t[static_cast<size_t>(size())]());
+  proofs_.reset(new ProofSlot[static_cast<size_t>(size())]());
   tickets_.reset(new uint64_t[kTickets]());
   for (uint16_t i = kTickets; i-- > 0;) freeTickets_.push_back(i);
   return LocalIdentity{hostHash_, static_cast<uint64_t>(::getpid()),
@@ -76,19 +80,25 @@ bool sameHostOffers(const LocalIdentity& mine, const LocalIdentity& theirs) {
   return mine.pid != 0 && theirs.pid != 0 && theirs.hostHash == mine.hostHash;
 }
 
-pid_t verifySingleCopy(const LocalIdentity& mine, const LocalIdentity& theirs, uint64_t challenge,
-                       int rank, int peer, uint64_t commId) {
-  if (challenge == 0 || !sameHostOffers(mine, theirs) || theirs.ticketBase == 0) return 0;
-  if (theirs.pid > static_cast<uint64_t>(INT_MAX)) return 0;
+PeerRead verifySingleCopy(const LocalIdentity& mine, const LocalIdentity& theirs,
+                          uint64_t challenge, int rank, int peer, uint64_t commId) {
+  if (challenge == 0 || !sameHostOffers(mine, theirs) || theirs.ticketBase == 0) return {};
+  if (theirs.pid > static_cast<uint64_t>(INT_MAX)) return {};
   const pid_t pid = static_cast<pid_t>(theirs.pid);
   std::string why;
   if (!probePeerMemory(pid, theirs.proofAddr, singleCopyProof(challenge, rank, peer, commId),
                        &why)) {
     GFLOW_LOG(DEBUG) << "rank " << rank << ": no single copy from local rank " << peer << " ("
                      << why << ")";
-    return 0;
+    return {};
   }
-  return pid;
+  uint64_t secret = 0;
+  if (readPeerMemory(pid, theirs.proofAddr + offsetof(ProofSlot, secret), &secret,
+                     sizeof(secret)) != 0 ||
+      secret == 0) {
+    return {};
+  }
+  return PeerRead{pid, secret};
 }
 
 void TcpContext::withdrawTickets() {
