@@ -4,8 +4,9 @@
 //
 // The bookkeeping alone (Arrivals) against hand-made stamps; then 4 ranks as
 // threads where rank k sleeps a random 5-50 ms before each allreduce: every
-// rank names k in at least 95% of the ops, with the skew within 2 ms of what
-// the test measured (k's call minus the earliest call), on every path
+// rank names k in at least 95% of the ops, with the skew within 2 ms (plus
+// the machine's wake-up latency) of what the test measured (k's call minus
+// the earliest call), on every path
 // (shared memory, TCP with ring / recursive doubling / the fixed order, two
 // pretend hosts, verbs on the software device). Without a straggler no rank
 // stands out. The StragglerTiming tests run alone (tests/CMakeLists.txt):
@@ -29,6 +30,7 @@
 #include "testing/ranks.h"
 #include "testing/scoped_env.h"
 #include "testing/soft_verbs.h"
+#include "testing/wake_latency.h"
 
 namespace gflow {
 namespace {
@@ -211,12 +213,14 @@ Timings runPath(const Path& p, int slow) {
 }
 
 // What is wrong with one run of `p` with `slow` sleeping, "" if nothing: the
-// sleeper is named in 95% of the ops, with the measured delay within 2 ms in
-// 90% of them. Not 95%: a thread preempted between the test's clock read and
-// gflow's stamp (a loaded 2-core machine does that for milliseconds) adds the
+// sleeper is named in 95% of the ops, with the measured delay within 2 ms
+// (plus twice the machine's wake-up latency: wakeLatencyNs) in 90% of them.
+// Not 95%: a thread preempted between the test's clock read and gflow's
+// stamp (a loaded 2-core machine does that for milliseconds) adds the
 // preemption to that op's skew, and under a concurrent build 3 of 40 ops
 // missed by 2.1-2.3 ms.
 std::string pathFailures(const Path& p, int slow) {
+  const int64_t bound = 2 * kMs + 2 * testing::wakeLatencyNs();
   const Timings run = runPath(p, slow);
   std::ostringstream out;
   for (int r = 0; r < kRanks; ++r) {
@@ -232,17 +236,17 @@ std::string pathFailures(const Path& p, int slow) {
         ++named;
         errors.push_back(std::llabs(v.skewNs - skew));
       }
-      if ((v.last != slow || errors.back() > 2 * kMs) && misses.size() < 600) {
+      if ((v.last != slow || errors.back() > bound) && misses.size() < 600) {
         misses += " op " + std::to_string(i) + ": named " + std::to_string(v.last) + " by " +
                   std::to_string(v.skewNs / 1000) + " us (measured " + std::to_string(skew / 1000) +
                   " us);";
       }
     }
     const auto close =
-        std::count_if(errors.begin(), errors.end(), [](int64_t e) { return e <= 2 * kMs; });
+        std::count_if(errors.begin(), errors.end(), [&](int64_t e) { return e <= bound; });
     if (named * 100 < 95 * kOps || close * 100 < 90 * kOps) {
       out << p.name << ": rank " << r << " named rank " << slow << " in " << named << " of " << kOps
-          << " ops, within 2 ms in " << close << ";" << misses << "\n";
+          << " ops, within " << bound / 1000 << " us in " << close << ";" << misses << "\n";
     }
   }
   return out.str();
