@@ -86,7 +86,7 @@ class HalvingDoubling {
   // One halving step: this rank's n-element half arrives from the partner
   // and is reduced into `out` while the other half goes to it. One message
   // each way: cut into pieces so that reducing overlaps receiving, it
-  // measured no faster on loopback (docs/performance.md).
+  // measured no faster on loopback.
   void exchangeAndReduce(int peer, bool lower, uint64_t step, const char* cur, size_t keepLo,
                          size_t n, size_t sendLo, size_t sendN) {
     const uint64_t index = messageIndex(0, step, 0);

@@ -4,8 +4,7 @@
 //
 // The first reduction reads `in` and the peer's data and writes `out` (no
 // copy of the input first). Each exchange is one message: cut into pieces
-// so that reduction overlaps the transfer, it measured slower over TCP
-// (docs/performance.md).
+// so that reduction overlaps the transfer, it measured slower over TCP.
 //
 // Determinism: at each step both partners compute lower-rank-data op
 // higher-rank-data with the same operands, so all ranks end bitwise equal.
