@@ -32,7 +32,7 @@
 // Thread safety: the running op's methods (begin to end, stamp, observe,
 // view, merge, current) come from the executing thread, or, after
 // setConcurrent(), from two threads at once (the hierarchical backend runs
-// one phase of an op on a helper thread while the executing thread runs the
+// one phase of an op on its phase worker while the executing thread runs the
 // other), which a lock then serialises. totals(), recent() and summary()
 // may come from any thread. The record is written by one writer at a time:
 // the executing thread, or under the op lock (setConcurrent) the thread

@@ -1,8 +1,8 @@
 #include "backend/hierarchical/hierarchical.h"
+#include "backend/hierarchical/phase_worker.h"
 
 #include <algorithm>
 #include <cstring>
-#include <future>
 #include <map>
 #include <mutex>
 #include <string>
@@ -118,11 +118,11 @@ class HierarchicalBackend final : public Backend {
   // its own place in `out` throughout (the reduce-scatter writes it there,
   // in place when in == out; the allgather then runs in place), so the
   // phases touch no memory of their own and run on any buffers the parts
-  // take, device memory included. The cross phase of segment s runs on a
-  // helper thread while this thread runs the local phases of segments s-1
-  // (allgather) and s+1 (reduce-scatter), so the network is busy while
-  // shared memory works. Every member runs the local phases in the same
-  // order (RS0 RS1 AG0 RS2 AG1 ...) and the cross phases in segment order.
+  // take, device memory included. The cross phase of segment s runs on the
+  // backend's phase worker (one long-lived thread) while this thread runs the local phases of
+  // segments s-1 (allgather) and s+1 (reduce-scatter), so the network is busy while shared memory
+  // works. Every member runs the local phases in the same order (RS0 RS1 AG0 RS2 AG1 ...) and the
+  // cross phases in segment order.
   void allreduceBlocks(const Op& op, ReduceOp rop, const char* in, char* out, uint64_t count) {
     const OpDesc& d = op.desc;
     const size_t es = dataTypeSize(d.dtype);
@@ -160,26 +160,28 @@ class HierarchicalBackend final : public Backend {
       localAg(0);
       return;
     }
-    std::future<void> pending;
     try {
       localRs(0);
-      pending = std::async(std::launch::async, cross, 0);
+      crossWorker_.start([&] { cross(0); });
       for (size_t s = 1; s < segs.size(); ++s) {
         localRs(s);  // overlaps cross(s-1)
-        pending.get();
-        pending = std::async(std::launch::async, cross, s);
+        crossWorker_.wait();
+        crossWorker_.start([&cross, s] { cross(s); });
         localAg(s - 1);  // overlaps cross(s)
       }
-      pending.get();
+      crossWorker_.wait();
       localAg(segs.size() - 1);
     } catch (...) {
-      // The helper thread uses the blocks and the cross backend: stop it
-      // before they go away.
-      if (pending.valid()) {
+      // The worker uses the blocks and the cross backend: stop its phase
+      // before they go away (its own error is this one's consequence).
+      if (crossWorker_.pending()) {
         cross_->abort(Error(ErrorCode::kAborted,
                             "a local phase of this hierarchical allreduce failed",
                             ErrorContext().withSeq(op.seq).withRank(h_.rank)));
-        pending.wait();
+        try {
+          crossWorker_.wait();
+        } catch (...) {
+        }
       }
       throw;
     }
@@ -354,7 +356,7 @@ class HierarchicalBackend final : public Backend {
   // part answers its peers' probes, so a rank waiting on shared memory still
   // answers a PING from across hosts and the other way round (a waiter that
   // hears no answer blames this rank for the stall). Skipped while the part
-  // runs a phase on the helper thread: its own waits answer then.
+  // runs a phase on the phase worker: its own waits answer then.
   static void answerFor(Backend& part, std::mutex& busy) {
     std::unique_lock<std::mutex> lock(busy, std::try_to_lock);
     if (!lock.owns_lock()) return;
@@ -403,11 +405,14 @@ class HierarchicalBackend final : public Backend {
   std::map<int, int> crossIndex_;
   uint64_t segmentBytes_;
   uint64_t localSeq_ = 0;
-  uint64_t crossSeq_ = 0;  // touched by the helper thread while it runs
+  uint64_t crossSeq_ = 0;  // touched by the phase worker while it runs
   // Held while a phase of the part runs (answerFor skips a busy part).
   std::mutex localMu_;
   std::mutex crossMu_;
   std::vector<char> scratch_;
+  // Runs the cross phase of a segment beside the local phases; declared
+  // last, so its thread ends before the parts it uses go.
+  PhaseWorker crossWorker_;
 };
 
 }  // namespace
