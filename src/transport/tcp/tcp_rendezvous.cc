@@ -156,7 +156,11 @@ bool TcpContext::holdSend(int peer, const RequestPtr& req, const FrameHeader& hd
 // A RENDEZVOUS header: a single-copy message is read now into the posted
 // receive, one over the wire is cleared, or either waits (announced) for its
 // receive. False when the unexpected limit pauses the connection (the
-// header is handled again once it resumes).
+// header is handled again once it resumes). What the peer claims here is
+// checked before use: an address only from a peer whose process this rank
+// verified itself (the read goes to that process and nowhere else), a
+// ticket index below kTickets, and the send's liveness by its ticket's
+// value in that process, read after the data (readRendezvous).
 bool TcpContext::startRendezvous(Conn& c) {
   const FrameHeader& h = c.hdr;
   if (h.offset != 0 && (peers_[c.peer]->pid == 0 || singleCopyMin_ == 0)) {
