@@ -23,13 +23,18 @@ using opcheck::checkBlocks;
 using opcheck::finish;
 using opcheck::overlap;
 
-// `before`/`after` (optional) run on the executing thread around the
-// collective: the fused ops of the gradient layer pack and unpack there.
-// `reproducible`: AllreduceOptions::reproducible (unset: the communicator's).
+// What an allreduce may add around its collective: `before`/`after` run on
+// the executing thread around it (the fused ops of the gradient layer pack
+// and unpack there); `reproducible`: AllreduceOptions::reproducible (unset:
+// the communicator's).
+struct AllreduceSteps {
+  std::function<void()> before;
+  std::function<void()> after;
+  std::optional<bool> reproducible;
+};
+
 std::shared_ptr<WorkState> doAllreduce(CommunicatorImpl& I, Tensor in, Tensor out, ReduceOp op,
-                                       bool blocking, std::function<void()> before = {},
-                                       std::function<void()> after = {},
-                                       std::optional<bool> reproducible = std::nullopt) {
+                                       bool blocking, AllreduceSteps steps = {}) {
   const char* name = "allreduce";
   I.checkUsable(name);
   I.validateTensor(name, "in", in);
@@ -43,14 +48,16 @@ std::shared_ptr<WorkState> doAllreduce(CommunicatorImpl& I, Tensor in, Tensor ou
   if (in.data != out.data && overlap(in.data, in.nbytes(), out.data, out.nbytes())) {
     I.invalid(name, "in and out overlap without being the same buffer");
   }
-  OpDesc d{OpKind::kAllreduce, in.dtype, op, I.reductionAlgo(in.dtype, reproducible), 0, in.count};
+  OpDesc d{
+      OpKind::kAllreduce, in.dtype, op, I.reductionAlgo(in.dtype, steps.reproducible), 0, in.count};
   CommunicatorImpl* self = &I;
   auto buffers = in.data == out.data ? Buffers::bind(name, I.commRank(), {{in, Buffers::kInOut}})
                                      : Buffers::bind(name, I.commRank(),
                                                      {{in, Buffers::kIn}, {out, Buffers::kOut}});
   return I.submit(
       d, blocking,
-      [self, in, out, before = std::move(before), after = std::move(after)](const backend::Op& o) {
+      [self, in, out, before = std::move(steps.before),
+       after = std::move(steps.after)](const backend::Op& o) {
         if (before) {
           before();
           // The collective waits for what before() enqueued (packing kernels).
@@ -175,8 +182,8 @@ std::shared_ptr<WorkState> doAllreduceWith(CommunicatorImpl& I, Tensor inout,
     run();
     k->synchronize();
   };
-  auto w = doAllreduce(I, s.buffer, s.buffer, s.op, blocking, std::move(s.before), after,
-                       o.reproducible);
+  auto w = doAllreduce(I, s.buffer, s.buffer, s.op, blocking,
+                       AllreduceSteps{std::move(s.before), after, o.reproducible});
   w->setNonFiniteFlag(flag);
   return w;
 }
@@ -316,7 +323,8 @@ std::shared_ptr<WorkState> internal::CommunicatorAccess::fusedAllreduce(
     Communicator& comm, Tensor buffer, ReduceOp op, std::function<void()> before,
     std::function<void()> after) {
   const CommunicatorImpl::FatalArgumentErrors fatal;
-  return doAllreduce(impl(comm), buffer, buffer, op, false, std::move(before), std::move(after));
+  return doAllreduce(impl(comm), buffer, buffer, op, false,
+                     AllreduceSteps{std::move(before), std::move(after), std::nullopt});
 }
 
 }  // namespace gflow

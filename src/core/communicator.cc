@@ -310,9 +310,11 @@ void CommunicatorImpl::dropInFlight(const Error& e) {
   inFlight.clear();
 }
 
-std::unique_ptr<CommunicatorImpl> CommunicatorImpl::connect(
-    int rank, int size, transport::ContextOptions ctxOpts, const std::string& transportName,
-    const Settings& settings, uint64_t hostHash, int localRank, int localSize) {
+std::unique_ptr<CommunicatorImpl> CommunicatorImpl::connect(ConnectPlan plan) {
+  transport::ContextOptions& ctxOpts = plan.context;
+  const Settings& settings = plan.settings;
+  const std::string& transportName = plan.transportName;
+  const int rank = ctxOpts.rank, size = ctxOpts.size;
   ctxOpts.progress = settings.progress;
   auto impl = std::make_unique<CommunicatorImpl>();
   impl->rank = rank;
@@ -348,8 +350,8 @@ std::unique_ptr<CommunicatorImpl> CommunicatorImpl::connect(
     return sel->select(kind, bytes, n);
   };
   impl->backend = std::make_unique<backend::Router>(std::move(parts));
-  impl->agreeOnHostsAndSettings(hostHash);
-  impl->buildHierarchy(ctxOpts, localRank, localSize);
+  impl->agreeOnHostsAndSettings(plan.hostHash);
+  impl->buildHierarchy(ctxOpts, plan.launcherLocalRank, plan.launcherLocalSize);
   impl->opCount[opIndex(OpKind::kAllgather)] = 0;  // internal op, not the user's
   impl->arrivals->clearRecord();
   impl->backend->resetPaths();
@@ -512,8 +514,8 @@ std::shared_ptr<Communicator> Communicator::create(const Options& options) {
   const uint64_t hostHash = hash::sha256Id(host);
   co.hostHash = hostHash;
   co.localSingleCopy = settings.shm;
-  auto impl = CommunicatorImpl::connect(id.rank, id.size, co, transportName, settings, hostHash,
-                                        id.localRank, id.localSize);
+  auto impl = CommunicatorImpl::connect(
+      {co, transportName, settings, hostHash, id.localRank, id.localSize});
   GFLOW_LOG(INFO) << "rank " << id.rank << "/" << id.size << " ready (host " << impl->hostIndex
                   << "/" << impl->numHosts << ", local " << impl->localRank << "/"
                   << impl->localSize << ", identity from " << id.source << ")";
@@ -581,8 +583,7 @@ std::shared_ptr<Communicator> Communicator::split(int color, int key) {
   co.prefix = I.contextOptions.prefix + "split" + std::to_string(splitId) + "/c" +
               std::to_string(color) + "/";
   // The sub-communicator inherits the parent's settings.
-  auto impl = CommunicatorImpl::connect(newRank, co.size, co, I.transportName, I.settings,
-                                        I.hostOf[I.rank], -1, -1);
+  auto impl = CommunicatorImpl::connect({co, I.transportName, I.settings, I.hostOf[I.rank]});
   // Where NCCL runs this communicator, the new one gets its part of it
   // (ncclCommSplit) instead of creating its own.
   I.splitBackend(color, key, impl.get());

@@ -102,16 +102,21 @@ class CommunicatorImpl final : public Communicator {
   // validateTensor's to report).
   void validateOp(const char* op, ReduceOp rop, DataType dtype);
 
+  // What a new communicator is made of (connect).
+  struct ConnectPlan {
+    transport::ContextOptions context;  // rank, size, store, prefix, ...
+    std::string transportName;
+    Settings settings;  // the configuration in force (core/settings.h)
+    uint64_t hostHash = 0;
+    // The launcher's local rank and size (-1: not known, as in a split).
+    int launcherLocalRank = -1;
+    int launcherLocalSize = -1;
+  };
   // Builds the backends for (store, prefix): the flat host backend over the
   // network transport, then, from the host grouping, the shared-memory
   // backend (one host) or the hierarchical one (several hosts).
-  // `settings`: the configuration in force (core/settings.h); ctxOpts.progress
-  // is taken from it.
-  static std::unique_ptr<CommunicatorImpl> connect(int rank, int size,
-                                                   transport::ContextOptions ctxOpts,
-                                                   const std::string& transportName,
-                                                   const Settings& settings, uint64_t hostHash,
-                                                   int localRank, int localSize);
+  // plan.context.progress is taken from plan.settings.
+  static std::unique_ptr<CommunicatorImpl> connect(ConnectPlan plan);
 
  private:
   // The public front door and the gradient layer's entry points read and

@@ -22,6 +22,12 @@ inline bool isPointToPointCall(const std::string& op) {
   return op == kSend || op == kRecv || op == kSendRecv;
 }
 
+// A tensor argument and its name in messages.
+struct Named {
+  const Tensor& tensor;
+  const char* name;
+};
+
 inline bool overlap(const void* a, size_t an, const void* b, size_t bn) {
   auto pa = reinterpret_cast<uintptr_t>(a), pb = reinterpret_cast<uintptr_t>(b);
   return an > 0 && bn > 0 && pa < pb + bn && pb < pa + an;

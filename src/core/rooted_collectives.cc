@@ -17,23 +17,27 @@ using backend::OpKind;
 namespace {
 
 using Buffers = backend::DeviceBuffers;
+using opcheck::Named;
 using opcheck::overlap;
 
 // Binds `mine` (this rank's buffer on every rank) and, on the root, `rootOnly`;
 // `same`: the root's two are one buffer (in place).
 std::shared_ptr<Buffers> bindRooted(CommunicatorImpl& I, const char* name, bool atRoot,
-                                    const Tensor& mine, Buffers::Role mineRole,
-                                    const Tensor& rootOnly, Buffers::Role rootRole, bool same) {
-  if (!atRoot) return Buffers::bind(name, I.commRank(), {{mine, mineRole}});
-  if (same) return Buffers::bind(name, I.commRank(), {{rootOnly, Buffers::kInOut}});
-  return Buffers::bind(name, I.commRank(), {{mine, mineRole}, {rootOnly, rootRole}});
+                                    const Buffers::Item& mine, const Buffers::Item& rootOnly,
+                                    bool same) {
+  if (!atRoot) return Buffers::bind(name, I.commRank(), {mine});
+  if (same) return Buffers::bind(name, I.commRank(), {{rootOnly.t, Buffers::kInOut}});
+  return Buffers::bind(name, I.commRank(), {mine, rootOnly});
 }
 
 // The root's checks of gather (`small` in, `big` out) and scatter (`small`
 // out, `big` in): size() blocks, no overlap unless `small` is the root's own
 // block of `big` (in place), which the return value says.
-bool checkRootBlocks(CommunicatorImpl& I, const char* name, const Tensor& small,
-                     const char* smallName, const Tensor& big, const char* bigName, int root) {
+bool checkRootBlocks(CommunicatorImpl& I, const char* name, Named s, Named g, int root) {
+  const Tensor& small = s.tensor;
+  const Tensor& big = g.tensor;
+  const char* smallName = s.name;
+  const char* bigName = g.name;
   opcheck::checkBlocks(I, name, small, smallName, big, bigName);
   const bool same = small.data == opcheck::blockOf(big, small, root);
   if (!same && overlap(small.data, small.nbytes(), big.data, big.nbytes())) {
@@ -69,7 +73,7 @@ std::shared_ptr<WorkState> doReduce(CommunicatorImpl& I, Tensor in, Tensor out, 
   }
   OpDesc d{OpKind::kReduce, in.dtype, op, Algorithm::kAuto, root, in.count};
   CommunicatorImpl* self = &I;
-  auto buffers = bindRooted(I, name, atRoot, in, Buffers::kIn, out, Buffers::kOut, same);
+  auto buffers = bindRooted(I, name, atRoot, {in, Buffers::kIn}, {out, Buffers::kOut}, same);
   void* dst = atRoot ? out.data : nullptr;
   return I.submit(
       d, blocking,
@@ -84,10 +88,10 @@ std::shared_ptr<WorkState> doGather(CommunicatorImpl& I, Tensor in, Tensor out, 
   I.validateTensor(name, "in", in);
   opcheck::checkRoot(I, name, root);
   const bool atRoot = I.commRank() == root;
-  const bool same = atRoot && checkRootBlocks(I, name, in, "in", out, "out", root);
+  const bool same = atRoot && checkRootBlocks(I, name, {in, "in"}, {out, "out"}, root);
   OpDesc d{OpKind::kGather, in.dtype, ReduceOp::kSum, Algorithm::kAuto, root, in.count};
   CommunicatorImpl* self = &I;
-  auto buffers = bindRooted(I, name, atRoot, in, Buffers::kIn, out, Buffers::kOut, same);
+  auto buffers = bindRooted(I, name, atRoot, {in, Buffers::kIn}, {out, Buffers::kOut}, same);
   void* dst = atRoot ? out.data : nullptr;
   return I.submit(
       d, blocking,
@@ -102,10 +106,10 @@ std::shared_ptr<WorkState> doScatter(CommunicatorImpl& I, Tensor in, Tensor out,
   I.validateTensor(name, "out", out);
   opcheck::checkRoot(I, name, root);
   const bool atRoot = I.commRank() == root;
-  const bool same = atRoot && checkRootBlocks(I, name, out, "out", in, "in", root);
+  const bool same = atRoot && checkRootBlocks(I, name, {out, "out"}, {in, "in"}, root);
   OpDesc d{OpKind::kScatter, out.dtype, ReduceOp::kSum, Algorithm::kAuto, root, out.count};
   CommunicatorImpl* self = &I;
-  auto buffers = bindRooted(I, name, atRoot, out, Buffers::kOut, in, Buffers::kIn, same);
+  auto buffers = bindRooted(I, name, atRoot, {out, Buffers::kOut}, {in, Buffers::kIn}, same);
   const void* src = atRoot ? in.data : nullptr;
   return I.submit(
       d, blocking,

@@ -26,6 +26,7 @@ using backend::OpKind;
 namespace {
 
 using Buffers = backend::DeviceBuffers;
+using opcheck::Named;
 using opcheck::overlap;
 
 std::string str(uint64_t v) {
@@ -48,10 +49,20 @@ std::vector<uint64_t> checkCounts(CommunicatorImpl& I, const char* name, const c
   return std::vector<uint64_t>(counts.begin(), counts.end());
 }
 
-// Blocks of `t` at `offsets`: each inside it, and (disjoint) none overlapping.
-Blocks checkBlocks(CommunicatorImpl& I, const char* name, const char* what, const Tensor& t,
-                   const std::vector<size_t>& counts, const std::vector<size_t>& offsets,
+// A tensor of an uneven op with its per-rank blocks, as the caller gave them.
+struct UnevenTensor {
+  Tensor tensor;
+  const std::vector<size_t>& counts;
+  const std::vector<size_t>& offsets;
+};
+
+// The blocks of `u` (named `what`): each inside its tensor, and (disjoint)
+// none overlapping.
+Blocks checkBlocks(CommunicatorImpl& I, const char* name, const char* what, const UnevenTensor& u,
                    bool disjoint) {
+  const Tensor& t = u.tensor;
+  const std::vector<size_t>& counts = u.counts;
+  const std::vector<size_t>& offsets = u.offsets;
   Blocks b;
   b.counts = checkCounts(I, name, (std::string(what) + " counts").c_str(), counts);
   if (offsets.size() != counts.size()) {
@@ -94,9 +105,12 @@ void expectCount(CommunicatorImpl& I, const char* name, const char* what, const 
   }
 }
 
-// `small` is either block `index` of `big` (in place) or disjoint from it.
-bool inPlace(CommunicatorImpl& I, const char* name, const Tensor& small, const char* smallName,
-             const Tensor& big, const char* bigName, const Blocks& b, int index) {
+// `s` is either block `index` of `g` (in place) or disjoint from it.
+bool inPlace(CommunicatorImpl& I, const char* name, Named s, Named g, const Blocks& b, int index) {
+  const Tensor& small = s.tensor;
+  const Tensor& big = g.tensor;
+  const char* smallName = s.name;
+  const char* bigName = g.name;
   const char* own = static_cast<const char*>(big.data) + b.offsets[index] * dataTypeSize(big.dtype);
   const bool same = small.data == own;
   if (!same && overlap(small.data, small.nbytes(), big.data, big.nbytes())) {
@@ -123,7 +137,7 @@ std::shared_ptr<WorkState> doAllgatherv(CommunicatorImpl& I, Tensor in, Tensor o
   const Blocks outBlocks = Blocks::packed(checkCounts(I, name, "counts", counts));
   expectCount(I, name, "in", in, outBlocks.counts[me], "counts[rank]");
   expectCount(I, name, "out", out, outBlocks.total(), "the sum of counts");
-  const bool same = inPlace(I, name, in, "in", out, "out", outBlocks, me);
+  const bool same = inPlace(I, name, {in, "in"}, {out, "out"}, outBlocks, me);
   // Every rank's in block for every peer is its whole input.
   Blocks inBlocks;
   inBlocks.counts.assign(counts.size(), outBlocks.counts[me]);
@@ -139,9 +153,17 @@ std::shared_ptr<WorkState> doAllgatherv(CommunicatorImpl& I, Tensor in, Tensor o
       std::move(buffers));
 }
 
+// Which rooted uneven op, and its root.
+struct Rooting {
+  bool gather;  // gatherv; else scatterv
+  int root;
+};
+
 // gatherv (`small` in, `big` out) and scatterv (`small` out, `big` in).
-std::shared_ptr<WorkState> doRootedv(CommunicatorImpl& I, bool gather, Tensor small, Tensor big,
-                                     const std::vector<size_t>& counts, int root, bool blocking) {
+std::shared_ptr<WorkState> doRootedv(CommunicatorImpl& I, Rooting how, Tensor small, Tensor big,
+                                     const std::vector<size_t>& counts, bool blocking) {
+  const bool gather = how.gather;
+  const int root = how.root;
   const char* name = gather ? "gatherv" : "scatterv";
   const char* smallName = gather ? "in" : "out";
   const char* bigName = gather ? "out" : "in";
@@ -157,7 +179,7 @@ std::shared_ptr<WorkState> doRootedv(CommunicatorImpl& I, bool gather, Tensor sm
     I.validateTensor(name, bigName, big);
     sameDtype(I, name, gather ? small : big, gather ? big : small);
     expectCount(I, name, bigName, big, blocks.total(), "the sum of counts");
-    same = inPlace(I, name, small, smallName, big, bigName, blocks, me);
+    same = inPlace(I, name, {small, smallName}, {big, bigName}, blocks, me);
   }
   const auto smallRole = gather ? Buffers::kIn : Buffers::kOut;
   const auto bigRole = gather ? Buffers::kOut : Buffers::kIn;
@@ -210,18 +232,16 @@ std::shared_ptr<WorkState> doReduceScatterv(CommunicatorImpl& I, Tensor in, Tens
       nullptr, name);
 }
 
-std::shared_ptr<WorkState> doAlltoallv(CommunicatorImpl& I, Tensor in,
-                                       const std::vector<size_t>& inCounts,
-                                       const std::vector<size_t>& inOffsets, Tensor out,
-                                       const std::vector<size_t>& outCounts,
-                                       const std::vector<size_t>& outOffsets, bool blocking) {
+std::shared_ptr<WorkState> doAlltoallv(CommunicatorImpl& I, const UnevenTensor& from,
+                                       const UnevenTensor& to, bool blocking) {
   const char* name = "alltoallv";
+  const Tensor in = from.tensor, out = to.tensor;
   I.checkUsable(name);
   I.validateTensor(name, "in", in);
   I.validateTensor(name, "out", out);
   sameDtype(I, name, in, out);
-  const Blocks inBlocks = checkBlocks(I, name, "in", in, inCounts, inOffsets, false);
-  const Blocks outBlocks = checkBlocks(I, name, "out", out, outCounts, outOffsets, true);
+  const Blocks inBlocks = checkBlocks(I, name, "in", from, false);
+  const Blocks outBlocks = checkBlocks(I, name, "out", to, true);
   const int me = I.commRank();
   if (inBlocks.counts[me] != outBlocks.counts[me]) {
     I.invalid(name, "inCounts[rank] (" + str(inBlocks.counts[me]) +
@@ -252,10 +272,10 @@ void Communicator::allgatherv(Tensor in, Tensor out, const std::vector<size_t>& 
   opcheck::finish(doAllgatherv(impl(*this), in, out, counts, true));
 }
 void Communicator::gatherv(Tensor in, Tensor out, const std::vector<size_t>& counts, int root) {
-  opcheck::finish(doRootedv(impl(*this), true, in, out, counts, root, true));
+  opcheck::finish(doRootedv(impl(*this), {true, root}, in, out, counts, true));
 }
 void Communicator::scatterv(Tensor in, Tensor out, const std::vector<size_t>& counts, int root) {
-  opcheck::finish(doRootedv(impl(*this), false, out, in, counts, root, true));
+  opcheck::finish(doRootedv(impl(*this), {false, root}, out, in, counts, true));
 }
 void Communicator::reduceScatterv(Tensor in, Tensor out, const std::vector<size_t>& counts,
                                   ReduceOp op) {
@@ -266,7 +286,7 @@ void Communicator::alltoallv(Tensor in, const std::vector<size_t>& inCounts,
                              const std::vector<size_t>& outCounts,
                              const std::vector<size_t>& outOffsets) {
   opcheck::finish(
-      doAlltoallv(impl(*this), in, inCounts, inOffsets, out, outCounts, outOffsets, true));
+      doAlltoallv(impl(*this), {in, inCounts, inOffsets}, {out, outCounts, outOffsets}, true));
 }
 
 Work Communicator::allgathervAsync(Tensor in, Tensor out, const std::vector<size_t>& counts) {
@@ -274,11 +294,11 @@ Work Communicator::allgathervAsync(Tensor in, Tensor out, const std::vector<size
 }
 Work Communicator::gathervAsync(Tensor in, Tensor out, const std::vector<size_t>& counts,
                                 int root) {
-  return Work(doRootedv(impl(*this), true, in, out, counts, root, false));
+  return Work(doRootedv(impl(*this), {true, root}, in, out, counts, false));
 }
 Work Communicator::scattervAsync(Tensor in, Tensor out, const std::vector<size_t>& counts,
                                  int root) {
-  return Work(doRootedv(impl(*this), false, out, in, counts, root, false));
+  return Work(doRootedv(impl(*this), {false, root}, out, in, counts, false));
 }
 Work Communicator::reduceScattervAsync(Tensor in, Tensor out, const std::vector<size_t>& counts,
                                        ReduceOp op) {
@@ -288,7 +308,8 @@ Work Communicator::alltoallvAsync(Tensor in, const std::vector<size_t>& inCounts
                                   const std::vector<size_t>& inOffsets, Tensor out,
                                   const std::vector<size_t>& outCounts,
                                   const std::vector<size_t>& outOffsets) {
-  return Work(doAlltoallv(impl(*this), in, inCounts, inOffsets, out, outCounts, outOffsets, false));
+  return Work(
+      doAlltoallv(impl(*this), {in, inCounts, inOffsets}, {out, outCounts, outOffsets}, false));
 }
 
 }  // namespace gflow

@@ -125,12 +125,11 @@ internal::FusedSteps Csc::valuesSteps(const std::shared_ptr<Job>& job, Communica
   return s;
 }
 
-std::vector<std::shared_ptr<WorkState>> Csc::fire(Communicator& comm, const Bucket& b, ReduceOp op,
-                                                  const internal::WireFormat& wire, uint64_t step,
-                                                  ReducerStats* stats, Timeline* timeline,
-                                                  const std::string& label,
-                                                  std::shared_ptr<const void> owner,
-                                                  std::shared_ptr<std::atomic<bool>> nonFinite) {
+std::vector<std::shared_ptr<WorkState>> Csc::fire(Communicator& comm, const Bucket& b, Fire f) {
+  const internal::WireFormat& wire = f.wire;
+  const uint64_t step = f.step;
+  ReducerStats* stats = f.stats;
+  std::shared_ptr<const void> owner = std::move(f.owner);
   auto job = makeJob(b, wire, step);
   if (stats) {
     stats->fusedOps += 2;
@@ -138,7 +137,7 @@ std::vector<std::shared_ptr<WorkState>> Csc::fire(Communicator& comm, const Buck
     stats->sparseChunks += job->chunks;
   }
   auto spans = std::make_shared<const OpSpans>(
-      timeline, label, SpanArgs{{"step", step}, {"chunks", job->chunks}, {"picked", job->k}});
+      f.timeline, f.label, SpanArgs{{"step", step}, {"chunks", job->chunks}, {"picked", job->k}});
   auto t0 = std::make_shared<std::array<int64_t, 2>>();
   // 1. Norms of (residual + gradient), summed over ranks.
   const float m = config_.momentum;
@@ -156,7 +155,7 @@ std::vector<std::shared_ptr<WorkState>> Csc::fire(Communicator& comm, const Buck
       Tensor(job->norms, job->chunks, DataType::kFloat32, kernels_->where(), kernels_->stream()),
       ReduceOp::kSum, normsBefore, normsAfter));
   // 2. The same top chunks on every rank (the norms are the same bits).
-  const internal::FusedSteps s = valuesSteps(job, comm, op, wire, std::move(nonFinite));
+  const internal::FusedSteps s = valuesSteps(job, comm, f.op, wire, std::move(f.nonFinite));
   auto valuesBefore = [job, spans, t0, run = s.before] {
     job->kernels->topChunks(job->norms, job->chunks, job->k, job->idx, job->temp, job->tempBytes);
     job->kernels->gatherChunks(job->values, job->sparse, job->idx, job->k);

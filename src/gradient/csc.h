@@ -58,12 +58,18 @@ class Csc {
   // the allreduce (`op`, on the wire type) of its picked chunks. The bucket
   // is never packed: chunks are cut over the bucket's tensors in order and
   // read and written in place in the residual.
-  std::vector<std::shared_ptr<WorkState>> fire(Communicator& comm, const Bucket& b, ReduceOp op,
-                                               const internal::WireFormat& wire, uint64_t step,
-                                               ReducerStats* stats, Timeline* timeline,
-                                               const std::string& label,
-                                               std::shared_ptr<const void> owner,
-                                               std::shared_ptr<std::atomic<bool>> nonFinite);
+  // What the reducer passes along with a bucket.
+  struct Fire {
+    ReduceOp op = ReduceOp::kSum;
+    internal::WireFormat wire;
+    uint64_t step = 0;
+    ReducerStats* stats = nullptr;                 // null: not counted
+    Timeline* timeline = nullptr;                  // null: not traced
+    std::string label;                             // the bucket's name in the timeline
+    std::shared_ptr<const void> owner;             // kept alive until both ops complete
+    std::shared_ptr<std::atomic<bool>> nonFinite;  // set when the result holds inf or NaN
+  };
+  std::vector<std::shared_ptr<WorkState>> fire(Communicator& comm, const Bucket& b, Fire f);
 
  private:
   struct Job;

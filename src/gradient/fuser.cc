@@ -79,8 +79,9 @@ Fired Fuser::fire(const Bucket& b, char* region, FireOptions o) {
   Fired fired;
   const std::string label = c_.timeline ? bucketLabel(b, *c_.names) : std::string();
   if (c_.csc && isFloat32(b)) {
-    fired.works = c_.csc->fire(*c_.comm, b, c_.op, c_.wire, o.step, o.stats, c_.timeline, label,
-                               std::move(o.owner), std::move(o.nonFinite));
+    fired.works = c_.csc->fire(*c_.comm, b,
+                               Csc::Fire{c_.op, c_.wire, o.step, o.stats, c_.timeline, label,
+                                         std::move(o.owner), std::move(o.nonFinite)});
     return fired;
   }
   const DataType wire = isFloat32(b) ? o.wire.value_or(c_.wire.wire) : b.dtype;

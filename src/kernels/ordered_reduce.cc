@@ -52,8 +52,10 @@ size_t OrderedReduction::blockScratchBytes(DataType dtype, int n, size_t count) 
   return accumulatorBytes(dtype, n) * (count < kBlock ? count : kBlock);
 }
 
-void OrderedReduction::reduceAll(DataType dtype, ReduceOp op, int n, size_t count, void* dst,
-                                 const void* const* operands, void* acc) {
+void OrderedReduction::reduceAll(DataType dtype, ReduceOp op,
+                                 const std::vector<const void*>& operands, size_t count, void* dst,
+                                 void* acc) {
+  const int n = static_cast<int>(operands.size());
   const size_t es = dataTypeSize(dtype);
   for (size_t i = 0; i < count; i += kBlock) {
     const size_t m = count - i < kBlock ? count - i : kBlock;

@@ -19,6 +19,7 @@
 
 #include <array>
 #include <cstddef>
+#include <vector>
 
 #include "gflow/types.h"
 #include "kernels/reduce.h"
@@ -45,14 +46,14 @@ class OrderedReduction {
   void add(const void* x);
   int next() const { return next_; }
 
-  // All `n` operands at once (each readable throughout; `dst` may be one of
+  // All `operands` at once (each readable throughout; `dst` may be one of
   // them), the same bits as add() in rank order, a block of kBlock elements
   // at a time so that the partial sums stay in the cache. `acc`:
-  // blockScratchBytes(dtype, n, count) bytes.
+  // blockScratchBytes(dtype, operands.size(), count) bytes.
   static constexpr size_t kBlock = 2048;
   static size_t blockScratchBytes(DataType dtype, int n, size_t count);
-  static void reduceAll(DataType dtype, ReduceOp op, int n, size_t count, void* dst,
-                        const void* const* operands, void* acc);
+  static void reduceAll(DataType dtype, ReduceOp op, const std::vector<const void*>& operands,
+                        size_t count, void* dst, void* acc);
 
  private:
   // A node of the tree waiting for its right neighbour: at stack position

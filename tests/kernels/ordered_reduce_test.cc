@@ -184,12 +184,10 @@ TEST(OrderedReduction, ReduceAllGivesTheBitsOfAddBlockByBlock) {
       std::vector<const void*> ptrs;
       for (auto& v : in) ptrs.push_back(v.data());
       std::vector<char> got(count * es), block(OrderedReduction::blockScratchBytes(t, n, count));
-      OrderedReduction::reduceAll(t, ReduceOp::kAvg, n, count, got.data(), ptrs.data(),
-                                  block.data());
+      OrderedReduction::reduceAll(t, ReduceOp::kAvg, ptrs, count, got.data(), block.data());
       EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size()), 0)
           << toString(t) << " N = " << n;
-      OrderedReduction::reduceAll(t, ReduceOp::kAvg, n, count, in[n / 2].data(), ptrs.data(),
-                                  block.data());
+      OrderedReduction::reduceAll(t, ReduceOp::kAvg, ptrs, count, in[n / 2].data(), block.data());
       EXPECT_EQ(std::memcmp(in[n / 2].data(), want.data(), want.size()), 0)
           << toString(t) << " N = " << n << " in place";
     }

@@ -144,8 +144,8 @@ class FixedOrder {
       operands_[r] = r == me_ ? in_ + c_.segAt(me_, k) * es_ : slot(k, r);
       if (r != me_) ex_.wait(rsRecv_[k % 2][r]);
     }
-    kernels::OrderedReduction::reduceAll(dtype_, op_, n_, c_.segLen(me_, k),
-                                         result_ + k * c_.segCap * es_, operands_.data(), acc_);
+    kernels::OrderedReduction::reduceAll(dtype_, op_, operands_, c_.segLen(me_, k),
+                                         result_ + k * c_.segCap * es_, acc_);
   }
 
   // Round k's allgather: every other block's part straight into out_, once

@@ -61,6 +61,11 @@ class HalvingDoubling {
   struct Split {
     size_t lo, mid, hi;
   };
+  // One halving step's two halves of a level: the one kept and the one sent.
+  struct Halves {
+    size_t keepLo, keepN;
+    size_t sendLo, sendN;
+  };
 
   void reduceScatter(const char* cur) {
     lo_ = 0;
@@ -73,7 +78,8 @@ class HalvingDoubling {
       splits_[levels_++] = s;
       const size_t keepLo = lower ? s.lo : s.mid, keepHi = lower ? s.mid : s.hi;
       const size_t sendLo = lower ? s.mid : s.lo, sendHi = lower ? s.hi : s.mid;
-      exchangeAndReduce(peer, lower, step, cur, keepLo, keepHi - keepLo, sendLo, sendHi - sendLo);
+      exchangeAndReduce(peer, lower, step, cur,
+                        Halves{keepLo, keepHi - keepLo, sendLo, sendHi - sendLo});
       cur = out_;  // only [keepLo, keepHi) of it is read from here on
       lo_ = keepLo;
       hi_ = keepHi;
@@ -87,11 +93,11 @@ class HalvingDoubling {
   // and is reduced into `out` while the other half goes to it. One message
   // each way: cut into pieces so that reducing overlaps receiving, it
   // measured no faster on loopback.
-  void exchangeAndReduce(int peer, bool lower, uint64_t step, const char* cur, size_t keepLo,
-                         size_t n, size_t sendLo, size_t sendN) {
+  void exchangeAndReduce(int peer, bool lower, uint64_t step, const char* cur, const Halves& h) {
+    const size_t keepLo = h.keepLo, n = h.keepN;
     const uint64_t index = messageIndex(0, step, 0);
     transport::RequestPtr recv = ex_.recv(peer, tmp_, n * es_, index);
-    ex_.send(peer, cur + sendLo * es_, sendN * es_, index);
+    ex_.send(peer, cur + h.sendLo * es_, h.sendN * es_, index);
     ex_.wait(recv);
     if (n == 0) return;
     char* dst = out_ + keepLo * es_;

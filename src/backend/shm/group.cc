@@ -162,7 +162,12 @@ struct PeerInfo {
   uint64_t nonceAddr = 0;
 };
 
-// Maps member p's segment, published under `key` as "pid fd nonce total
+// The store key of member p's segment description.
+std::string segmentKey(const GroupOptions& o, int p) {
+  return o.prefix + "shm/seg/" + std::to_string(p);
+}
+
+// Maps member p's segment, published under segmentKey as "pid fd nonce total
 // nonceAddr", into *mapping and watches its process; "" on success, else
 // why not. The store proves only the token; the segment proves itself: its
 // fd opens through /proc/<pid>/fd (ptrace-read rights on that process) as a
@@ -170,9 +175,9 @@ struct PeerInfo {
 // nonce and the member count. Values read from a member's control block
 // later are data (op records, reports cut to their arrays and made
 // printable), never sizes or indexes.
-std::string mapPeer(const GroupOptions& o, const std::string& key, int p, size_t total,
-                    Mapping* mapping, ProcessWatch* watch, PeerInfo* info) {
-  auto v = o.store->get(key + std::to_string(p), o.timeout);
+std::string mapPeer(const GroupOptions& o, int p, size_t total, Mapping* mapping,
+                    ProcessWatch* watch, PeerInfo* info) {
+  auto v = o.store->get(segmentKey(o, p), o.timeout);
   std::istringstream is(std::string(v.begin(), v.end()));
   int fd = -1;
   uint64_t peerTotal = 0;
@@ -253,12 +258,11 @@ std::unique_ptr<Group> Group::connect(const GroupOptions& o, std::string* why) {
   uint64_t nonce = 0;
   // Why this member cannot take part ("" if it can).
   std::string mine = createSegment(&g->own_, total, g->slotBytes_, o.size, &nonce);
-  const std::string key = o.prefix + "shm/seg/";
   std::ostringstream desc;
   desc << ::getpid() << " " << g->own_.fd() << " " << nonce << " " << total << " "
        << reinterpret_cast<uintptr_t>(mine.empty() ? &static_cast<Control*>(g->own_.data())->nonce
                                                    : nullptr);
-  o.store->set(key + std::to_string(o.rank), bytesOf(mine.empty() ? desc.str() : "x"));
+  o.store->set(segmentKey(o, o.rank), bytesOf(mine.empty() ? desc.str() : "x"));
 
   g->peers_.resize(o.size);
   g->ctl_.assign(o.size, nullptr);
@@ -269,7 +273,7 @@ std::unique_ptr<Group> Group::connect(const GroupOptions& o, std::string* why) {
   std::string noRead;  // why this member cannot read its peers' memory
   for (int p = 0; p < o.size && mine.empty(); ++p) {
     PeerInfo info;
-    if (p != o.rank) mine = mapPeer(o, key, p, total, &g->peers_[p], &g->watch_[p], &info);
+    if (p != o.rank) mine = mapPeer(o, p, total, &g->peers_[p], &g->watch_[p], &info);
     if (!mine.empty()) break;
     if (p != o.rank) {
       g->pids_[p] = static_cast<pid_t>(info.pid);

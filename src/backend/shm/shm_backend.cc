@@ -269,8 +269,7 @@ class ShmBackend final : public Backend {
       if (acc_.size() < accBytes) acc_.resize(accBytes);
       operands_.resize(s.n);
       for (int m = 0; m < s.n; ++m) operands_[m] = g_->slot(m) + at;
-      kernels::OrderedReduction::reduceAll(d.dtype, d.op, s.n, cnt, dst, operands_.data(),
-                                           acc_.data());
+      kernels::OrderedReduction::reduceAll(d.dtype, d.op, operands_, cnt, dst, acc_.data());
     } else if (s.n == 1) {
       std::memcpy(dst, g_->slot(0) + at, cnt * s.es);
     } else {

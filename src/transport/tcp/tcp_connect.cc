@@ -327,18 +327,27 @@ struct Dialed {
   SingleCopy single;
 };
 
+// What every connection this rank dials shares.
+struct Dialer {
+  const Identity& me;
+  const std::string& token;
+  int bufBytes;
+  CongestionChoice& congestion;
+  Deadline deadline;
+};
+
 // Connection `index` to lower rank `peer` at host:port, authenticated and
 // accepted by the peer's Hello check.
-Dialed dial(const Identity& me, const std::pair<std::string, uint16_t>& hp, int peer, int index,
-            const std::string& token, int bufBytes, CongestionChoice& congestion,
-            Deadline deadline) {
+Dialed dial(const Dialer& dialer, const std::pair<std::string, uint16_t>& hp, int peer, int index) {
+  const Identity& me = dialer.me;
+  const Deadline deadline = dialer.deadline;
   const ErrorContext pctx = ErrorContext::forOp("init").withRank(me.rank).withPeer(peer);
   net::Socket s =
       net::connectTo(hp.first, hp.second, deadline, "rank " + std::to_string(peer) + "'s data port",
-                     [&](int fd) { congestion.apply(fd, me.rank); });
-  net::setBufferSizes(s.fd(), bufBytes);
+                     [&](int fd) { dialer.congestion.apply(fd, me.rank); });
+  net::setBufferSizes(s.fd(), dialer.bufBytes);
   try {
-    auth::authenticate(s.fd(), token, kAuthLabel, /*initiator=*/true, deadline);
+    auth::authenticate(s.fd(), dialer.token, kAuthLabel, /*initiator=*/true, deadline);
   } catch (const Error& e) {
     throw Error(e.code(), "connecting to rank " + std::to_string(peer) + ": " + e.detail(), pctx);
   }
@@ -452,11 +461,12 @@ void TcpContext::connectAllOrThrow(const ContextOptions& options) {
       listenAndPublish(options, rank(), congestion), std::move(ao),
       [&](net::HandshakeAcceptor::Handshake& h) { inbound.handshake(h); });
 
+  const Dialer dialer{me, options.token, bufBytes, congestion, deadline};
   for (int peer = 0; peer < rank(); ++peer) {
     const std::string addr = peerAddress(options, rank(), peer, deadline);
     auto hp = net::parseHostPort(addr, "address of rank " + std::to_string(peer));
     for (int i = 0; i < socketsPerPeer_; ++i) {
-      Dialed d = dial(me, hp, peer, i, options.token, bufBytes, congestion, deadline);
+      Dialed d = dial(dialer, hp, peer, i);
       if (i == 0) {
         agreeLocal(peer, d.single.pid, d.single.ticketBase, d.single.readsUs, d.single.ring);
       }

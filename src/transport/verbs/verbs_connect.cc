@@ -85,25 +85,34 @@ QpSettings readQpSettings(const Device& dev, const VerbsOptions& o, int rank) {
   return {mtu, static_cast<uint8_t>(ibTimeout), static_cast<uint8_t>(retry)};
 }
 
-// This rank's end of the connection to one peer: its inbound ring `ring`
-// (registered as `ringKey`) and its queue pairs, each with a random PSN.
-ConnInfo describeEnd(const Device& dev, ibv_mtu mtu, const std::vector<ibv_qp*>& qps, int slots,
-                     size_t slotBytes, size_t eagerMax, const char* ring, uint32_t ringKey,
-                     std::mt19937& rng) {
+// This rank's inbound eager ring for one peer: where it lies, its key, and
+// its layout.
+struct EagerRing {
+  const char* base;
+  uint32_t key;
+  int slots;
+  size_t slotBytes;
+  size_t eagerMax;
+};
+
+// This rank's end of the connection to one peer: its inbound ring and its
+// queue pairs, each with a random PSN.
+ConnInfo describeEnd(const Device& dev, ibv_mtu mtu, const std::vector<ibv_qp*>& qps,
+                     const EagerRing& ring, std::mt19937& rng) {
   ConnInfo ci;
   std::memset(&ci, 0, sizeof(ci));
   ci.magic = kInfoMagic;
   ci.version = kInfoVersion;
   ci.qps = static_cast<uint32_t>(qps.size());
-  ci.slots = static_cast<uint32_t>(slots);
-  ci.slotBytes = slotBytes;
-  ci.eagerBytes = static_cast<uint32_t>(eagerMax);
+  ci.slots = static_cast<uint32_t>(ring.slots);
+  ci.slotBytes = ring.slotBytes;
+  ci.eagerBytes = static_cast<uint32_t>(ring.eagerMax);
   ci.lid = dev.portAttr().lid;
   ci.linkLayer = dev.portAttr().link_layer;
   ci.mtu = static_cast<uint8_t>(mtu);
   std::memcpy(ci.gid, dev.gid().raw, 16);
-  ci.ringAddr = reinterpret_cast<uintptr_t>(ring);
-  ci.ringKey = ringKey;
+  ci.ringAddr = reinterpret_cast<uintptr_t>(ring.base);
+  ci.ringKey = ring.key;
   for (size_t q = 0; q < qps.size(); ++q) {
     ci.qpn[q] = qps[q]->qp_num;
     ci.psn[q] = rng() & 0xffffff;
@@ -144,10 +153,20 @@ ConnInfo readPeerEnd(const std::vector<uint8_t>& blob, const ConnInfo& mine, con
   return ti;
 }
 
-// Moves queue pair q of the connection to `peer` through RTR (towards the
-// peer's QP described in `ti`) to RTS (sending from `sqPsn`).
-void connectQp(const Device& dev, ibv_qp* qp, int q, const ConnInfo& ti, uint32_t sqPsn,
-               const QpSettings& s, int peer, const ErrorContext& pctx) {
+// Queue pair q of a connection: the peer's end of it (its QP number and PSN
+// in `ti`) and the PSN this side sends from.
+struct QpLink {
+  const ConnInfo& ti;
+  int q;
+  uint32_t sqPsn;
+};
+
+// Moves queue pair `qp` of the connection to `peer` through RTR (towards
+// the peer's end of `link`) to RTS.
+void connectQp(const Device& dev, ibv_qp* qp, const QpLink& link, const QpSettings& s, int peer,
+               const ErrorContext& pctx) {
+  const ConnInfo& ti = link.ti;
+  const int q = link.q;
   const VerbsApi& api = dev.api();
   ibv_qp_attr a{};
   a.qp_state = IBV_QPS_RTR;
@@ -179,7 +198,7 @@ void connectQp(const Device& dev, ibv_qp* qp, int q, const ConnInfo& ti, uint32_
   r.timeout = s.timeout;
   r.retry_cnt = s.retry;
   r.rnr_retry = 7;  // infinite: a busy receiver is not an error
-  r.sq_psn = sqPsn;
+  r.sq_psn = link.sqPsn;
   r.max_rd_atomic = 1;
   if (int rc = api.modifyQp(qp, &r,
                             IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
@@ -378,8 +397,9 @@ void VerbsContext::connectAll(const ContextOptions& o) {
     }
     p.outBusy.assign(slots_, false);
     createQueuePairs(p, peer);
-    mine[peer] = describeEnd(*device_, settings.mtu, p.qps, slots_, slotBytes_, eagerMax_,
-                             p.inBlock, p.inMr->rkey, rng);
+    mine[peer] =
+        describeEnd(*device_, settings.mtu, p.qps,
+                    EagerRing{p.inBlock, p.inMr->rkey, slots_, slotBytes_, eagerMax_}, rng);
     std::vector<uint8_t> blob(sizeof(ConnInfo));
     std::memcpy(blob.data(), &mine[peer], sizeof(ConnInfo));
     o.store->set(o.prefix + "verbs/" + std::to_string(rank()) + "/" + std::to_string(peer), blob);
@@ -398,7 +418,7 @@ void VerbsContext::connectAll(const ContextOptions& o) {
     p.remoteCredit = ti.ringAddr + ringBytes_;
     p.remoteCreditKey = ti.ringKey;
     for (int q = 0; q < qpsPerPeer_; ++q) {
-      connectQp(*device_, p.qps[q], q, ti, mine[peer].psn[q], settings, peer, pctx);
+      connectQp(*device_, p.qps[q], QpLink{ti, q, mine[peer].psn[q]}, settings, peer, pctx);
     }
   }
   // Every queue pair must be ready to receive before anyone writes.

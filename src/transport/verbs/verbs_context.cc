@@ -193,14 +193,16 @@ void VerbsContext::returnCredits(int peer, bool force) {
 }
 
 void VerbsContext::sendControl(int peer, uint16_t type, Tag tag, const Envelope& env, uint64_t len,
-                               const void* payload, size_t n) {
+                               ControlPayload payload) {
+  const size_t n = payload.bytes;
   OutMsg m;
   m.hdr = slotHeader(type, tag, env, len, n);
   if (type == kSlotRts || type == kSlotCts) {
     std::memcpy(m.hdr.stamp, stampOf(tag).words, sizeof(m.hdr.stamp));
   }
   if (n > 0)
-    m.owned.assign(static_cast<const char*>(payload), static_cast<const char*>(payload) + n);
+    m.owned.assign(static_cast<const char*>(payload.data),
+                   static_cast<const char*>(payload.data) + n);
   queueEager(peer, std::move(m));
 }
 
@@ -241,7 +243,7 @@ RequestPtr VerbsContext::isend(int peer, const void* data, size_t bytes, Tag tag
     matchCts(id, info);
   } else {
     p.awaitingCts.emplace(tag, id);
-    sendControl(peer, kSlotRts, tag, env, bytes, nullptr, 0);
+    sendControl(peer, kSlotRts, tag, env, bytes);
   }
   return req;
 }
@@ -283,7 +285,7 @@ void VerbsContext::startRendezvousRecv(int peer, RecvMsg& m) {
   r.gen = static_cast<uint16_t>((r.gen + 1) & 0x0fff);
   m.rid = (uint32_t(r.gen) << 16) | idx;
   CtsPayload c{reinterpret_cast<uintptr_t>(m.user), m.reg.rkey(), m.rid};
-  sendControl(peer, kSlotCts, m.tag, m.env, m.len, &c, sizeof(c));
+  sendControl(peer, kSlotCts, m.tag, m.env, m.len, {&c, sizeof(c)});
 }
 
 void VerbsContext::matchCts(uint32_t opId, const CtsInfo& info) {
@@ -371,7 +373,7 @@ void VerbsContext::handleSlot(int peer, const char* slot) {
       break;
     case kSlotError: handleError(peer, h, payload); break;
     case kSlotPing:  // a waiter asks whether this rank is inside gflow
-      sendControl(peer, kSlotPong, Tag{h.group, 0}, Envelope{}, 0, nullptr, 0);
+      sendControl(peer, kSlotPong, Tag{h.group, 0}, Envelope{}, 0);
       break;
     case kSlotPong: countPong(peer); break;
     case kSlotReject:
@@ -565,7 +567,7 @@ void VerbsContext::reject(uint64_t group, const std::string& why) {
   for (int peer = 0; peer < size(); ++peer) {
     if (peer == rank() || peers_[peer]->lost) continue;
     try {
-      sendControl(peer, kSlotReject, Tag{group, 0}, Envelope{}, n, why.data(), n);
+      sendControl(peer, kSlotReject, Tag{group, 0}, Envelope{}, n, {why.data(), n});
     } catch (const Error&) {
       // The peer is gone: its next op with this rank says so.
     }

@@ -94,6 +94,12 @@ struct CtsPayload {
   uint32_t rid;
 };
 
+// A control slot's payload (CTS info, a rejection's text): copied.
+struct ControlPayload {
+  const void* data = nullptr;
+  size_t bytes = 0;
+};
+
 class VerbsContext final : public Engine {
  public:
   explicit VerbsContext(const ContextOptions& options);
@@ -222,7 +228,7 @@ class VerbsContext final : public Engine {
   void pumpWaiting(int peer, int q);
   void returnCredits(int peer, bool force);
   void sendControl(int peer, uint16_t type, Tag tag, const Envelope& env, uint64_t len,
-                   const void* payload, size_t n);
+                   ControlPayload payload = {});
   void startRendezvousRecv(int peer, RecvMsg& m);
   void matchCts(uint32_t opId, const CtsInfo& info);  // checks, then writes
   void handleSlot(int peer, const char* slot);

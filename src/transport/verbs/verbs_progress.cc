@@ -346,7 +346,7 @@ void VerbsContext::waitUntilDone(const RequestPtr& req, Deadline deadline) {
     }
     switch (liveness.step(deadline, pongs(peer))) {
       case LivenessProbe::Step::kPing:
-        sendControl(peer, kSlotPing, Tag{group(), 0}, Envelope{}, 0, nullptr, 0);
+        sendControl(peer, kSlotPing, Tag{group(), 0}, Envelope{}, 0);
         break;
       case LivenessProbe::Step::kTimeout: failTimeout(req, liveness.peerAlive(), " over verbs");
       case LivenessProbe::Step::kWait: break;
