@@ -168,6 +168,9 @@ transport::ContextOptions optionsOf(int rank, const std::shared_ptr<Store>& stor
   o.localSingleCopy = true;
   o.hostHash = 1;
   o.tcp.socketsPerPeer = 1;
+  // kBig waits for its receive whatever GFLOW_RENDEZVOUS says: the send
+  // shows itself as a RENDEZVOUS, with or without an address.
+  o.tcp.rendezvousBytes = 64 << 10;
   return o;
 }
 
