@@ -20,6 +20,14 @@ PhaseWorker::~PhaseWorker() {
 
 void PhaseWorker::start(std::function<void()> phase) {
   GFLOW_ENFORCE(!pending_);
+  // The thread first: if it cannot start, the error reaches the caller
+  // with nothing pending, so no wait() blocks on a phase nobody runs.
+  if (!thread_.joinable()) {
+    thread_ = std::thread([this] {
+      pthread_setname_np(pthread_self(), "gflow-phase");
+      loop();
+    });
+  }
   {
     const std::lock_guard<std::mutex> lock(mutex_);
     phase_ = std::move(phase);
@@ -27,12 +35,6 @@ void PhaseWorker::start(std::function<void()> phase) {
     error_ = nullptr;
   }
   pending_ = true;
-  if (!thread_.joinable()) {
-    thread_ = std::thread([this] {
-      pthread_setname_np(pthread_self(), "gflow-phase");
-      loop();
-    });
-  }
   changed_.notify_all();
 }
 
