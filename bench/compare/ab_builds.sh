@@ -7,6 +7,10 @@
 #
 #   bench/compare/ab_builds.sh BUILD_A BUILD_B [rounds]
 #
+# A build is a build directory, or a copy of its tools/gflowrun,
+# bench/allreduce_bw and libgflow*.so* (the libraries are taken from the
+# build's own directory, whatever its run path says).
+#
 # Environment (defaults in brackets): NPS world sizes ["2 4"], MINB/MAXB
 # [4K/64M], FACTOR [4], ITERS [20], WARMUP [5], PATHS ["tcp shm"] (tcp:
 # GFLOW_SHM=0, shm: the default one-host path).
@@ -26,7 +30,7 @@ work=$(mktemp -d)
 run() {  # build path n round
   local shm=1
   [ "$2" = tcp ] && shm=0
-  GFLOW_SHM=$shm timeout 600 "$1/tools/gflowrun" -n "$3" -- "$1/bench/allreduce_bw" -b "$MINB" \
+  GFLOW_SHM=$shm LD_LIBRARY_PATH="$1" timeout 600 "$1/tools/gflowrun" -n "$3" -- "$1/bench/allreduce_bw" -b "$MINB" \
     -e "$MAXB" -f "$FACTOR" -n "$ITERS" -w "$WARMUP" -c 0 --csv 2>&1 |
     sed -n 's/^\[0\] gflow,/gflow,/p' >"$work/$5-$2-$3-$4.csv"
 }

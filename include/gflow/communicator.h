@@ -120,6 +120,16 @@ struct GFLOW_EXPORT Stats {
   uint64_t networkOps = 0;
   uint64_t ncclOps = 0;
   uint64_t stagedOps = 0;
+  // The route every op took: its kind ("allreduce", ...), the path ("shm",
+  // "hierarchical", "network", "nccl", "nccl-hierarchical") and the
+  // algorithm on it ("ring", "rd", "hd", "slots", "single-copy",
+  // "fixed-order", ...; "auto": NCCL's own choice, or the hierarchical
+  // phases' own), with how many ops took it. One entry per route taken.
+  struct Route {
+    std::string op, path, algorithm;
+    uint64_t ops = 0;
+  };
+  std::vector<Route> routes;
   // Collectives with a straggler verdict (PeerStats::timesLast sums to it);
   // 0 under GFLOW_STRAGGLER=0 or on one rank.
   uint64_t arrivalOps = 0;

@@ -80,7 +80,7 @@ struct TuningOptions {
 // CUDA tensors. Every rank of a communicator must use the same values.
 struct DeviceOptions {
   std::string backend;            // GFLOW_DEVICE_BACKEND: "auto", "nccl" or "staged"
-  std::optional<bool> verifyOps;  // GFLOW_NCCL_VERIFY: check each NCCL op's match first
+  std::optional<bool> verifyOps;  // GFLOW_NCCL_VERIFY: check each NCCL op's match beside it
   // GFLOW_NCCL_P2P: point-to-point on cuda tensors through NCCL (docs/backends.md)
   std::optional<bool> p2p;
 };

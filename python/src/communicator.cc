@@ -319,6 +319,16 @@ py::dict statsDict(const Stats& s) {
   d["network_ops"] = s.networkOps;
   d["nccl_ops"] = s.ncclOps;
   d["staged_ops"] = s.stagedOps;
+  py::list routes;
+  for (const Stats::Route& r : s.routes) {
+    py::dict e;
+    e["op"] = r.op;
+    e["path"] = r.path;
+    e["algorithm"] = r.algorithm;
+    e["ops"] = r.ops;
+    routes.append(e);
+  }
+  d["routes"] = routes;
   d["bytes_sent"] = s.bytesSent();
   d["bytes_received"] = s.bytesReceived();
   d["network_bytes_sent"] = s.networkBytesSent();

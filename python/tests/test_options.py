@@ -51,6 +51,8 @@ def test_shm_keyword_wins_over_the_environment():
     for c in comms:
         s = c.stats()
         assert s["network_ops"] == 1 and s["shared_memory_ops"] == 0, s
+        assert [(r["op"], r["path"], r["ops"]) for r in s["routes"]] == [
+            ("allreduce", "network", 1)], s
 
 
 def test_tuning_and_progress_keywords_are_accepted():

@@ -27,6 +27,17 @@ const char* toString(OpKind kind) {
   return "unknown-op";
 }
 
+const char* toString(Path path) {
+  switch (path) {
+    case Path::kNetwork: return "network";
+    case Path::kShm: return "shm";
+    case Path::kHierarchical: return "hierarchical";
+    case Path::kNccl: return "nccl";
+    case Path::kNcclHierarchical: return "nccl-hierarchical";
+  }
+  return "unknown-path";
+}
+
 const char* toString(Algorithm algo) {
   switch (algo) {
     case Algorithm::kAuto: return "auto";
@@ -35,23 +46,29 @@ const char* toString(Algorithm algo) {
     case Algorithm::kHalvingDoubling: return "hd";
     case Algorithm::kChain: return "chain";
     case Algorithm::kDissemination: return "dissemination";
-    case Algorithm::kShm: return "shm";
-    case Algorithm::kHierarchical: return "hierarchical";
     case Algorithm::kBinomial: return "binomial";
     case Algorithm::kLinear: return "linear";
     case Algorithm::kPairwise: return "pairwise";
     case Algorithm::kDirect: return "direct";
-    case Algorithm::kNccl: return "nccl";
     case Algorithm::kFixedOrder: return "fixed-order";
-    case Algorithm::kShmFixedOrder: return "shm-fixed-order";
+    case Algorithm::kSlots: return "slots";
+    case Algorithm::kSingleCopy: return "single-copy";
   }
   return "unknown-algorithm";
 }
 
+namespace {
+// The route in one byte of the envelope: path in the high nibble.
+static_assert(kNumPaths <= 16 && kNumAlgorithms <= 16, "a route fits one byte");
+uint64_t routeByte(Route r) {
+  return static_cast<uint64_t>(r.path) << 4 | static_cast<uint64_t>(r.algo);
+}
+}  // namespace
+
 transport::Envelope encode(const OpDesc& d) {
   transport::Envelope e;
   e.words[0] = static_cast<uint64_t>(d.kind) | static_cast<uint64_t>(d.dtype) << 8 |
-               static_cast<uint64_t>(d.op) << 16 | static_cast<uint64_t>(d.algo) << 24 |
+               static_cast<uint64_t>(d.op) << 16 | routeByte(d.route) << 24 |
                static_cast<uint64_t>(static_cast<uint32_t>(d.root)) << 32;
   e.words[1] = d.count;
   // Low 40 bits: "gflow", the version tag of this encoding; high 24 bits: the
@@ -80,7 +97,8 @@ std::string describe(const transport::Envelope& e) {
   const auto kind = static_cast<OpKind>(e.words[0] & 0xff);
   const auto dtype = static_cast<DataType>((e.words[0] >> 8) & 0xff);
   const auto op = static_cast<ReduceOp>((e.words[0] >> 16) & 0xff);
-  const auto algo = static_cast<Algorithm>((e.words[0] >> 24) & 0xff);
+  const auto path = static_cast<Path>((e.words[0] >> 28) & 0xf);
+  const auto algo = static_cast<Algorithm>((e.words[0] >> 24) & 0xf);
   const auto root = static_cast<int32_t>(e.words[0] >> 32);
   std::ostringstream os;
   os << toString(kind) << "(count=" << e.words[1];
@@ -90,7 +108,7 @@ std::string describe(const transport::Envelope& e) {
   if (kind == OpKind::kBroadcast || kind == OpKind::kReduce || kind == OpKind::kGather ||
       kind == OpKind::kScatter || kind == OpKind::kGatherv || kind == OpKind::kScatterv)
     os << ", root=" << root;
-  os << ", algorithm=" << toString(algo);
+  os << ", path=" << toString(path) << ", algorithm=" << toString(algo);
   const bool uneven = isUneven(kind);  // alltoallv's parent is 0
   if (const uint64_t parent = e.words[2] >> 40) {
     // An allreduce's is either a hierarchical phase's parent or
@@ -137,8 +155,8 @@ uint64_t blocksDigest(const std::vector<uint64_t>& counts) {
 namespace {
 [[noreturn]] void notRun(const Backend& b, const Op& op) {
   GFLOW_THROW(kInternal, ErrorContext::forOp(toString(op.desc.kind)).withSeq(op.seq))
-      << "the " << b.name() << " backend does not run " << toString(op.desc.kind) << " (algorithm "
-      << toString(op.desc.algo) << " was routed to it)";
+      << "the " << b.name() << " backend does not run " << toString(op.desc.kind) << " (route "
+      << toString(op.desc.route.path) << "/" << toString(op.desc.route.algo) << " led to it)";
 }
 }  // namespace
 

@@ -2,8 +2,9 @@
 // host backend (gflow's algorithms over a Transport), the shared-memory
 // backend, the hierarchical composition of two backends, the staged
 // backend (device buffers over a host backend) and NCCL (device buffers);
-// the router (backend/router.h) is the one Backend core calls, and picks
-// among them per op. Layers above (core, gradient) only see this.
+// the router (backend/router.h) is the one Backend core calls, and runs
+// each op on the backend of the op's route (backend/route.h). Layers above
+// (core, gradient) only see this.
 //
 // Calls come from one thread at a time (the communicator's executing thread);
 // abort() from any thread.
@@ -15,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/route.h"
 #include "common/deadline.h"
 #include "gflow/types.h"
 #include "transport/transport.h"
@@ -51,40 +53,15 @@ inline bool isUneven(OpKind k) {
          k == OpKind::kScatterv;
 }
 
-enum class Algorithm : uint8_t {
-  kAuto = 0,
-  kRing = 1,               // pipelined reduce-scatter + allgather
-  kRecursiveDoubling = 2,  // log2(N) exchanges of the whole buffer
-  kChain = 3,              // pipelined chain (broadcast)
-  kDissemination = 4,      // barrier
-  kShm = 5,                // every rank on one host: shared-memory backend
-  kHierarchical = 6,       // several hosts: local (shm) + cross-host phases
-  kHalvingDoubling = 7,    // recursive halving reduce-scatter + doubling allgather
-  kBinomial = 8,           // binomial tree (rooted ops: reduce, gather, scatter)
-  kLinear = 9,             // root exchanges with every rank directly (gather, scatter)
-  kPairwise = 10,          // every pair exchanges directly, staggered by rank (all-to-all)
-  kDirect = 11,            // point-to-point: one message straight to its peer
-  kNccl = 12,              // point-to-point: the payload travels through NCCL (P2PMessage::viaNccl)
-  // Reproducible mode (allreduce, reduce-scatter): each element reduced by
-  // one fixed tree over the ranks, over the network transport
-  // (host/fixed_order.cc).
-  kFixedOrder = 13,
-  // Reproducible mode on one host: the shared-memory backend's paths, each
-  // element reduced by the same tree (kernels/ordered_reduce.h).
-  kShmFixedOrder = 14,
-};
-inline bool isFixedOrder(Algorithm a) {
-  return a == Algorithm::kFixedOrder || a == Algorithm::kShmFixedOrder;
-}
-const char* toString(Algorithm algo);
-
 // Everything that must agree across ranks for one collective. Encoded into
 // every message's Envelope, so a disagreement is detected by the transport.
 struct OpDesc {
   OpKind kind = OpKind::kAllreduce;
   DataType dtype = DataType::kFloat32;
   ReduceOp op = ReduceOp::kSum;
-  Algorithm algo = Algorithm::kAuto;
+  // Where and how the op runs: chosen by the router (RoutePolicy::choose)
+  // for the ops core submits; set by the caller for a composed op's phases.
+  Route route;
   int root = 0;
   // allreduce/broadcast/reduce: elements; reduce-scatter/allgather/gather/
   // scatter: per rank; alltoall: per pair.
@@ -92,6 +69,9 @@ struct OpDesc {
   // For the phases of a composed op (hierarchical): fingerprint() of the op
   // they belong to, so phases of ops that differ never match. 0 otherwise.
   uint64_t parent = 0;
+  // Allreduce and reduce-scatter of floating-point data asked for in
+  // reproducible mode: the route's algorithm will be kFixedOrder.
+  bool reproducible = false;
 };
 transport::Envelope encode(const OpDesc& d);
 // A 24-bit nonzero digest of everything in `d` that must agree across ranks.

@@ -4,18 +4,21 @@
 #include "backend/nccl/nccl_backend.h"
 #include "backend/staged/staged_backend.h"
 #include "common/check.h"
-#include "common/hash.h"
+#include "common/logging.h"
 
 #include <vector>
 
 namespace gflow::backend {
 
-// Host buffers: the backend that implements the op's algorithm.
-class ByAlgorithm final : public Backend {
+// The host paths: the backend of a routed op's path (network, shared
+// memory, hierarchical). The staged backend runs device ops through it.
+class HostPaths final : public Backend {
  public:
-  explicit ByAlgorithm(std::unique_ptr<Backend> flat) : flat_(std::move(flat)) {
+  explicit HostPaths(std::unique_ptr<Backend> flat) : flat_(std::move(flat)) {
     GFLOW_ENFORCE(flat_ != nullptr);
   }
+  // The network path's backend (NCCL's point-to-point headers go there).
+  Backend& network() { return *flat_; }
   void attach(std::unique_ptr<Backend> shm, std::unique_ptr<Backend> hier) {
     shm_ = std::move(shm);
     hier_ = std::move(hier);
@@ -85,10 +88,11 @@ class ByAlgorithm final : public Backend {
 
  private:
   Backend& pick(const Op& op) {
-    const Algorithm a = op.desc.algo;
-    Backend* b = a == Algorithm::kShm || a == Algorithm::kShmFixedOrder ? shm_.get()
-                 : a == Algorithm::kHierarchical                        ? hier_.get()
-                                                                        : flat_.get();
+    const Path p = op.desc.route.path;
+    Backend* b = p == Path::kNetwork        ? flat_.get()
+                 : p == Path::kShm          ? shm_.get()
+                 : p == Path::kHierarchical ? hier_.get()
+                                            : nullptr;
     GFLOW_ENFORCE(b != nullptr);
     return *b;
   }
@@ -105,87 +109,88 @@ class ByAlgorithm final : public Backend {
   std::unique_ptr<Backend> hier_;
 };
 
-namespace {
-
-Path hostPath(Algorithm a) {
-  return a == Algorithm::kShm || a == Algorithm::kShmFixedOrder ? Path::kShm
-         : a == Algorithm::kHierarchical                        ? Path::kHierarchical
-                                                                : Path::kNetwork;
-}
-
-// 64 bits of everything in an op's description that must agree.
-uint64_t digest(const OpDesc& d) {
-  uint64_t h = hash::kFnvOffset;
-  for (uint64_t v : {uint64_t(d.kind), uint64_t(d.dtype), uint64_t(d.op), uint64_t(d.algo),
-                     uint64_t(int64_t(d.root)), d.count, d.parent}) {
-    h = hash::mix(h, v);
-    h ^= h >> 29;
-  }
-  return h;
-}
-
-}  // namespace
+namespace {}  // namespace
 
 Router::Router(RouterParts parts)
     : rank_(parts.rank),
       size_(parts.size),
       verify_(parts.verifyNccl),
       ncclP2P_(parts.ncclP2P),
-      select_(std::move(parts.select)),
-      host_(std::make_unique<ByAlgorithm>(std::move(parts.flat))),
-      staged_(createStagedBackend(*host_)) {}
+      policy_(std::move(parts.policy)),
+      host_(std::make_unique<HostPaths>(std::move(parts.flat))),
+      staged_(createStagedBackend(*host_)) {
+  GFLOW_ENFORCE(policy_ != nullptr);
+}
 
 Router::~Router() = default;
 
-void Router::attach(std::unique_ptr<Backend> shm, std::unique_ptr<Backend> hierarchical,
-                    const DeviceSetup& device) {
-  host_->attach(std::move(shm), std::move(hierarchical));
+void Router::attach(HostParts host, const DeviceSetup& device) {
+  caps_ = host.caps;
+  host_->attach(std::move(host.shm), std::move(host.hierarchical));
   nccl_ = std::make_unique<NcclBackend>(device);
+  if (verify_ && size_ > 1) {
+    // The check's allgather runs on the host route of its own description.
+    nccl_->setOpCheck(std::make_unique<NcclOpCheck>(rank_, size_, *host_, [this](const OpDesc& d) {
+      return policy_->choose(d, size_, caps_, nullptr);
+    }));
+  }
 }
 
 void Router::allreduce(const Op& op, const void* in, void* out) {
-  route(op).allreduce(op, in, out);
+  const Op o = route(op);
+  at(o).allreduce(o, in, out);
 }
 void Router::reduceScatter(const Op& op, const void* in, void* out) {
-  route(op).reduceScatter(op, in, out);
+  const Op o = route(op);
+  at(o).reduceScatter(o, in, out);
 }
 void Router::allgather(const Op& op, const void* in, void* out) {
-  route(op).allgather(op, in, out);
+  const Op o = route(op);
+  at(o).allgather(o, in, out);
 }
 void Router::broadcast(const Op& op, void* buf) {
-  route(op).broadcast(op, buf);
+  const Op o = route(op);
+  at(o).broadcast(o, buf);
 }
 void Router::barrier(const Op& op) {
-  route(op).barrier(op);
+  const Op o = route(op);
+  at(o).barrier(o);
 }
 void Router::reduce(const Op& op, const void* in, void* out) {
-  route(op).reduce(op, in, out);
+  const Op o = route(op);
+  at(o).reduce(o, in, out);
 }
 void Router::gather(const Op& op, const void* in, void* out) {
-  route(op).gather(op, in, out);
+  const Op o = route(op);
+  at(o).gather(o, in, out);
 }
 void Router::scatter(const Op& op, const void* in, void* out) {
-  route(op).scatter(op, in, out);
+  const Op o = route(op);
+  at(o).scatter(o, in, out);
 }
 void Router::alltoall(const Op& op, const void* in, void* out) {
-  route(op).alltoall(op, in, out);
+  const Op o = route(op);
+  at(o).alltoall(o, in, out);
 }
 void Router::alltoallv(const Op& op, const void* in, const Blocks& inBlocks, void* out,
                        const Blocks& outBlocks) {
-  route(op, &inBlocks, &outBlocks).alltoallv(op, in, inBlocks, out, outBlocks);
+  const Op o = route(op);
+  at(o).alltoallv(o, in, inBlocks, out, outBlocks);
 }
 void Router::gatherv(const Op& op, const void* in, void* out, const Blocks& blocks) {
-  route(op).gatherv(op, in, out, blocks);
+  const Op o = route(op);
+  at(o).gatherv(o, in, out, blocks);
 }
 void Router::scatterv(const Op& op, const void* in, const Blocks& blocks, void* out) {
-  route(op).scatterv(op, in, blocks, out);
+  const Op o = route(op);
+  at(o).scatterv(o, in, blocks, out);
 }
 std::unique_ptr<P2PInFlight> Router::startPointToPoint(const Op& op, std::vector<P2PMessage> msgs) {
-  if (p2pOnNccl(op)) {
-    count(Path::kNccl);
-    return nccl_->startNcclPointToPoint(op, std::move(msgs), *host_);
+  const Op o = route(op);
+  if (o.desc.route.path == Path::kNccl) {
+    return nccl_->startNcclPointToPoint(o, std::move(msgs), host_->network());
   }
-  return route(op).startPointToPoint(op, std::move(msgs));
+  return at(o).startPointToPoint(o, std::move(msgs));
 }
 
 bool Router::p2pOnNccl(const Op& op) {
@@ -222,41 +227,57 @@ bool rooted(OpKind k) {
          k == OpKind::kGatherv || k == OpKind::kScatterv;
 }
 
-// A well-mixed 64-bit digest of "rank `from` sends `count` elements to rank
-// `to`" (splitmix64's finalizer over the three).
-uint64_t pairDigest(uint64_t from, uint64_t to, uint64_t count) {
-  uint64_t z = hash::mix(hash::mix(hash::mix(hash::kFnvOffset, from), to), count);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-// Up to this many ranks the alltoallv check carries every count (and names
-// the pair that disagrees); beyond, two digest sums per rank.
-constexpr int kCountsInCheck = 64;
-
 }  // namespace
 
-Backend& Router::route(const Op& op, const Blocks* in, const Blocks* out) {
-  const bool p2p = op.desc.kind == OpKind::kPointToPoint;
+// The capabilities of the NCCL side that RoutePolicy::choose asks for one op.
+class Router::Device final : public DeviceQuery {
+ public:
+  Device(Router& r, const Op& op) : r_(r), op_(op) {}
+  bool ncclRuns() override { return r_.usable(op_); }
+  bool ncclHierarchical() override { return r_.nccl_->hierarchical() != nullptr; }
+  bool ncclPointToPoint() override { return r_.p2pOnNccl(op_); }
+
+ private:
+  Router& r_;
+  const Op& op_;
+};
+
+Op Router::route(const Op& op) {
   // Device point-to-point calls made before this collective enqueue their
   // NCCL groups first: a rank's ops start in program order.
-  if (nccl_ && !p2p) nccl_->launchP2P(nullptr, true);
-  if (!p2p && op.buffers && usable(op) && (!verify_ || size_ == 1 || checkNccl(op, in, out))) {
-    count(Path::kNccl);
-    return nccl_->forOp(op);
-  }
-  count(hostPath(op.desc.algo));
-  if (!op.buffers) return *host_;
-  count(Path::kStaged);
-  return *staged_;
+  if (nccl_ && op.desc.kind != OpKind::kPointToPoint) nccl_->launchP2P(nullptr, true);
+  Op routed = op;
+  Device device(*this, op);
+  routed.desc.route = policy_->choose(op.desc, size_, caps_, op.buffers ? &device : nullptr);
+  record(routed);
+  return routed;
+}
+
+Backend& Router::at(const Op& routed) {
+  const Path p = routed.desc.route.path;
+  if (p == Path::kNccl) return *nccl_;
+  if (p == Path::kNcclHierarchical) return *nccl_->hierarchical();
+  if (routed.buffers) return *staged_;
+  return *host_;
+}
+
+void Router::record(const Op& routed) {
+  const OpDesc& d = routed.desc;
+  const size_t kind = static_cast<size_t>(d.kind), path = static_cast<size_t>(d.route.path);
+  paths_[path].fetch_add(1, std::memory_order_relaxed);
+  const bool staged = routed.buffers && onHost(d.route.path);
+  if (staged) stagedOps_.fetch_add(1, std::memory_order_relaxed);
+  routes_[(kind * kNumPaths + path) * kNumAlgorithms + static_cast<size_t>(d.route.algo)].fetch_add(
+      1, std::memory_order_relaxed);
+  if (lastRoute_[kind] == d.route || !log::enabled(log::Level::INFO)) return;
+  lastRoute_[kind] = d.route;
+  GFLOW_LOG(INFO) << "rank " << rank_ << ": " << toString(d.kind) << " #" << routed.seq << " ("
+                  << d.count * dataTypeSize(d.dtype) << " bytes x" << size_ << " ranks): path "
+                  << toString(d.route.path) << (staged ? " (staged)" : "") << ", algorithm "
+                  << toString(d.route.algo);
 }
 
 bool Router::usable(const Op& op) {
-  // NCCL cannot be made to reduce in rank order (its order follows its
-  // channels and algorithm): reproducible ops stage through the host's
-  // fixed-order algorithm, so device and host buffers get the same bits.
-  if (isFixedOrder(op.desc.algo)) return false;
   int device = -1;
   void* ready = nullptr;
   const bool on = rooted(op.desc.kind) ? op.buffers->leading(&device, &ready)
@@ -268,69 +289,6 @@ bool Router::usable(const Op& op) {
         << ", but this op's tensors are on cuda:" << device
         << " (NCCL binds a communicator to one GPU: use another communicator for this GPU, or "
            "GFLOW_DEVICE_BACKEND=staged)";
-  }
-  return true;
-}
-
-bool Router::checkNccl(const Op& op, const Blocks* in, const Blocks* out) {
-  // A tiny allgather over the host backend whose envelope carries this op's
-  // fingerprint (24 bits). Its values: a digest of the whole description
-  // (all 64 bits) and, for all-to-all-v (whose counts differ by rank), every
-  // rank's send and receive counts, or beyond kCountsInCheck ranks the sums
-  // of its digests of each pair's send count and of each pair's receive
-  // count, whose totals over all ranks agree exactly when every send matches
-  // its receive. Every rank sees the same values and reaches the same
-  // verdict; one round, whose width every rank knows.
-  const size_t n = static_cast<size_t>(size_);
-  const bool counts = in && out, full = counts && size_ <= kCountsInCheck;
-  std::vector<int64_t> mine = {static_cast<int64_t>(digest(op.desc))};
-  if (full) {
-    for (size_t r = 0; r < n; ++r) mine.push_back(static_cast<int64_t>(in->counts[r]));
-    for (size_t r = 0; r < n; ++r) mine.push_back(static_cast<int64_t>(out->counts[r]));
-  } else if (counts) {
-    uint64_t sends = 0, receives = 0;
-    for (size_t r = 0; r < n; ++r) {
-      sends += pairDigest(uint64_t(rank_), r, in->counts[r]);
-      receives += pairDigest(r, uint64_t(rank_), out->counts[r]);
-    }
-    mine.push_back(static_cast<int64_t>(sends));
-    mine.push_back(static_cast<int64_t>(receives));
-  }
-  const size_t width = mine.size();
-  OpDesc v{OpKind::kAllgather, DataType::kInt64, ReduceOp::kSum, Algorithm::kAuto, 0, width};
-  v.algo = select_(OpKind::kAllgather, sizeof(int64_t) * width * n, size_);
-  v.parent = fingerprint(op.desc);
-  Op check;
-  check.seq = op.seq;
-  check.desc = v;
-  check.deadline = op.deadline;
-  std::vector<int64_t> all(width * n);
-  host_->allgather(check, mine.data(), all.data());
-  uint64_t sends = 0, receives = 0;
-  for (size_t r = 0; r < n; ++r) {
-    if (all[r * width] != mine[0]) {
-      GFLOW_THROW(kMismatch, ErrorContext().withSeq(op.seq).withRank(rank_).withPeer(int(r)))
-          << "rank " << r << " called another op on NCCL than this rank ("
-          << describe(encode(op.desc)) << ")";
-    }
-    if (counts && !full) {
-      sends += static_cast<uint64_t>(all[r * width + 1]);
-      receives += static_cast<uint64_t>(all[r * width + 2]);
-    }
-  }
-  for (size_t i = 0; full && i < n; ++i) {
-    for (size_t j = 0; j < n; ++j) {
-      const int64_t sent = all[i * width + 1 + j], expects = all[j * width + 1 + n + i];
-      if (sent == expects) continue;
-      GFLOW_THROW(kMismatch, ErrorContext().withSeq(op.seq).withRank(rank_).withPeer(int(i)))
-          << "rank " << i << " sends " << sent << " elements to rank " << j << ", which expects "
-          << expects << " from it (alltoallv counts)";
-    }
-  }
-  if (sends != receives) {
-    GFLOW_THROW(kMismatch, ErrorContext().withSeq(op.seq).withRank(rank_))
-        << "the ranks' alltoallv counts disagree: some rank sends a block of another size than "
-           "its receiver expects";
   }
   return true;
 }
@@ -372,13 +330,28 @@ void Router::splitInto(const Op& op, int color, int key, Backend* child) {
 }
 
 PathCounts Router::paths() const {
-  PathCounts out{};
-  for (size_t i = 0; i < kNumPaths; ++i) out[i] = paths_[i].load(std::memory_order_relaxed);
+  PathCounts out;
+  for (size_t i = 0; i < kNumPaths; ++i) out.ops[i] = paths_[i].load(std::memory_order_relaxed);
+  out.staged = stagedOps_.load(std::memory_order_relaxed);
+  return out;
+}
+
+std::vector<RouteCount> Router::routes() const {
+  std::vector<RouteCount> out;
+  for (size_t i = 0; i < routes_.size(); ++i) {
+    const uint64_t n = routes_[i].load(std::memory_order_relaxed);
+    if (n == 0) continue;
+    const auto kind = static_cast<OpKind>(i / (kNumPaths * kNumAlgorithms));
+    const auto path = static_cast<Path>(i / kNumAlgorithms % kNumPaths);
+    out.push_back({kind, Route{path, static_cast<Algorithm>(i % kNumAlgorithms)}, n});
+  }
   return out;
 }
 
 void Router::resetPaths() {
   for (auto& p : paths_) p.store(0, std::memory_order_relaxed);
+  stagedOps_.store(0, std::memory_order_relaxed);
+  for (auto& r : routes_) r.store(0, std::memory_order_relaxed);
 }
 
 }  // namespace gflow::backend

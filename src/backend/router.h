@@ -1,49 +1,54 @@
-// The router: the one Backend core calls, and the one place that picks the
-// backend that runs an op (with core's algorithm selection, which has
-// already stamped OpDesc::algo):
-//   - host buffers: `shm` for kShm, `hierarchical` for kHierarchical, `flat`
-//     (gflow's algorithms over the network transport) for the rest;
-//   - device buffers (Op::buffers): NCCL when it runs this communicator and
-//     the op's buffers are on one GPU and stream, and the op is not
-//     reproducible (isFixedOrder); otherwise the staged backend over the host
-//     choice above.
-// The first op on device buffers makes NCCL decide, on every rank at once,
-// whether it runs this communicator (backend/nccl/nccl_backend.h). With
-// `verifyNccl` (Options::device.verifyOps, GFLOW_NCCL_VERIFY), each NCCL op is preceded by an
-// 8-byte allgather over the host backend whose envelope and values carry the op's description
-// (all-to-all-v: and every rank's counts), so ranks that call different ops (or stage this one)
-// fail with kMismatch instead of hanging inside NCCL. A rooted op runs on NCCL when the buffer
-// every rank passes is on the GPU; the root's own buffer may be in host memory (NCCL works on a
-// device copy of it).
+// The router: the one Backend core calls. For every op it is given, on the
+// executing thread, it asks RoutePolicy::choose (backend/route_policy.h)
+// for the op's route, stamps it on the op, and runs the op on the backend of
+// the route's path: a table of the network, shared-memory and hierarchical
+// backends and NCCL (flat or split by host). Device buffers on a host path
+// go through the staged backend (a copy through host memory) to that path.
+// The capabilities that choose() reads are the host grouping's (attach())
+// and NCCL's for the op's buffers: whether NCCL runs this communicator (the
+// first op on device buffers makes NCCL decide, on every rank at once;
+// backend/nccl/nccl_backend.h) and the op's buffers are on its GPU and one
+// stream. A rooted op runs on NCCL when the buffer every rank passes is on
+// the GPU; the root's own buffer may be in host memory (NCCL works on a
+// device copy of it). With `verifyNccl` (Options::device.verifyOps,
+// GFLOW_NCCL_VERIFY) and several ranks, NCCL checks each op beside it over
+// the host paths (backend/nccl/op_check.h).
 //
 // abort/notifyPeers reach every backend; peerStats adds them up; paths()
-// counts the ops each path ran. Calls come from the executing thread,
-// except abort() and the counters.
+// and routes() count the ops each path and route ran, and the INFO log
+// names an op kind's route whenever it changes. Calls come from the
+// executing thread, except abort() and the counters.
 #pragma once
 
 #include <array>
 #include <atomic>
 #include <chrono>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/route_policy.h"
 #include "gflow/store.h"
 
 namespace gflow::backend {
 
-class ByAlgorithm;
+class HostPaths;
 class NcclBackend;
 
-// The ops each path ran (Communicator::stats).
-enum class Path : uint8_t { kShm, kHierarchical, kNetwork, kNccl, kStaged };
-constexpr size_t kNumPaths = 5;
-using PathCounts = std::array<uint64_t, kNumPaths>;
-
-// The algorithm of an op that the router runs on its own (the NCCL check).
-using Selector = std::function<Algorithm(OpKind, uint64_t bytes, int ranks)>;
+// The ops each path ran, and of those the ones staged through host memory
+// (Communicator::stats).
+struct PathCounts {
+  std::array<uint64_t, kNumPaths> ops{};
+  uint64_t staged = 0;
+  uint64_t of(Path p) const { return ops[static_cast<size_t>(p)]; }
+};
+// How many ops of one kind ran on one route.
+struct RouteCount {
+  OpKind kind;
+  Route route;
+  uint64_t ops;
+};
 
 // What the device backend (NCCL) of a communicator starts from when its
 // first op on device buffers arrives.
@@ -62,10 +67,10 @@ struct DeviceSetup {
 struct RouterParts {
   int rank = 0;
   int size = 1;
-  std::unique_ptr<Backend> flat;  // required
+  std::unique_ptr<Backend> flat;              // required: the network path
+  std::shared_ptr<const RoutePolicy> policy;  // required
   bool verifyNccl = true;
   bool ncclP2P = false;  // point-to-point on device buffers through NCCL
-  Selector select;
 };
 
 class Router final : public Backend {
@@ -74,10 +79,13 @@ class Router final : public Backend {
   ~Router() override;
 
   // Once the host grouping is known (before any op but the communicator's
-  // own setup): the shared-memory or hierarchical backend, and the device
-  // backend for `device`.
-  void attach(std::unique_ptr<Backend> shm, std::unique_ptr<Backend> hierarchical,
-              const DeviceSetup& device);
+  // own setup): the shared-memory or hierarchical backend with what they
+  // can run, and the device backend for `device`.
+  struct HostParts {
+    std::unique_ptr<Backend> shm, hierarchical;
+    Capabilities caps;
+  };
+  void attach(HostParts host, const DeviceSetup& device);
 
   void allreduce(const Op& op, const void* in, void* out) override;
   void reduceScatter(const Op& op, const void* in, void* out) override;
@@ -106,34 +114,41 @@ class Router final : public Backend {
   // NCCL's part of a split; `child` is the new communicator's Router.
   void splitInto(const Op& op, int color, int key, Backend* child) override;
 
+  // The policy that routes this router's ops (and the hierarchical phases).
+  const RoutePolicy& policy() const { return *policy_; }
   PathCounts paths() const;
-  void resetPaths();  // after the communicator's own setup ops
+  std::vector<RouteCount> routes() const;  // those that ran at least once
+  void resetPaths();                       // after the communicator's own setup ops
 
  private:
-  // `in`/`out`: an all-to-all-v's blocks, which the NCCL check compares.
-  Backend& route(const Op& op, const Blocks* in = nullptr, const Blocks* out = nullptr);
+  class Device;  // the DeviceQuery of one op
+  // `op` with its route (RoutePolicy::choose), counted and logged.
+  Op route(const Op& op);
+  // The backend of a routed op's path (staged for device buffers on a host path).
+  Backend& at(const Op& routed);
+  void record(const Op& routed);
   // Whether this rank can run `op` (device buffers) on NCCL; the first such
   // op decides, on every rank, whether NCCL runs this communicator. Rooted
   // ops look at the buffer every rank passes (the root's own may be
   // anywhere).
   bool usable(const Op& op);
-  // The op check over the host backend: the same op on every rank (else
-  // kMismatch), and alltoallv's counts. Returns true.
-  bool checkNccl(const Op& op, const Blocks* in, const Blocks* out);
   // Whether NCCL carries this point-to-point call (GFLOW_NCCL_P2P, device
   // buffers, NCCL running); throws kInvalidArgument for a call it cannot.
   bool p2pOnNccl(const Op& op);
-  void count(Path p) { paths_[static_cast<size_t>(p)].fetch_add(1, std::memory_order_relaxed); }
 
   int rank_;
   int size_;
   bool verify_;
   bool ncclP2P_;
-  Selector select_;
-  std::unique_ptr<ByAlgorithm> host_;  // flat, shm, hierarchical by OpDesc::algo
-  std::unique_ptr<Backend> staged_;    // over host_
+  std::shared_ptr<const RoutePolicy> policy_;
+  Capabilities caps_;
+  std::unique_ptr<HostPaths> host_;  // network, shm, hierarchical by Route::path
+  std::unique_ptr<Backend> staged_;  // over host_
   std::unique_ptr<NcclBackend> nccl_;
   std::array<std::atomic<uint64_t>, kNumPaths> paths_{};
+  std::atomic<uint64_t> stagedOps_{0};
+  std::array<std::atomic<uint64_t>, kNumOpKinds * kNumPaths * kNumAlgorithms> routes_{};
+  std::array<Route, kNumOpKinds> lastRoute_{};  // for the INFO log; executing thread
 };
 
 }  // namespace gflow::backend

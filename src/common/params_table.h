@@ -24,8 +24,9 @@
     "(copied through pinned host memory to the host backends), or auto (nccl when every rank "     \
     "loads NCCL and the ranks of a host use different GPUs, else staged).")                        \
   X(ncclVerify, "GFLOW_NCCL_VERIFY", kInt, "1", kAgree,                                            \
-    "1: before each NCCL collective, ranks check over the host transport that they all call "      \
-    "the same op (a mismatch is an error instead of a hang or wrong data); 0: skip the check.")    \
+    "1: beside each NCCL collective (while the GPU runs it), ranks check over the host "           \
+    "transport that they all call the same op; a mismatch aborts NCCL and is an error instead of " \
+    "a hang or wrong data; 0: skip the check.")                                                    \
   X(ncclP2P, "GFLOW_NCCL_P2P", kInt, "0", kAgree,                                                  \
     "1: point-to-point on cuda tensors runs on NCCL (ncclSend/ncclRecv in one group per call) "    \
     "once NCCL runs the communicator; device messages between a pair are then received in the "    \

@@ -48,8 +48,8 @@ std::shared_ptr<WorkState> doAllreduce(CommunicatorImpl& I, Tensor in, Tensor ou
   if (in.data != out.data && overlap(in.data, in.nbytes(), out.data, out.nbytes())) {
     I.invalid(name, "in and out overlap without being the same buffer");
   }
-  OpDesc d{
-      OpKind::kAllreduce, in.dtype, op, I.reductionAlgo(in.dtype, steps.reproducible), 0, in.count};
+  OpDesc d{OpKind::kAllreduce, in.dtype, op, {}, 0, in.count};
+  d.reproducible = I.reproducible(in.dtype, steps.reproducible);
   CommunicatorImpl* self = &I;
   auto buffers = in.data == out.data ? Buffers::bind(name, I.commRank(), {{in, Buffers::kInOut}})
                                      : Buffers::bind(name, I.commRank(),
@@ -197,7 +197,8 @@ std::shared_ptr<WorkState> doReduceScatter(CommunicatorImpl& I, Tensor in, Tenso
   if (overlap(in.data, in.nbytes(), out.data, out.nbytes())) {
     I.invalid(name, "in and out must not overlap");
   }
-  OpDesc d{OpKind::kReduceScatter, in.dtype, op, I.reductionAlgo(in.dtype), 0, out.count};
+  OpDesc d{OpKind::kReduceScatter, in.dtype, op, {}, 0, out.count};
+  d.reproducible = I.reproducible(in.dtype);
   CommunicatorImpl* self = &I;
   auto buffers = Buffers::bind(name, I.commRank(), {{in, Buffers::kIn}, {out, Buffers::kOut}});
   return I.submit(

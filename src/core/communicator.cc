@@ -212,13 +212,6 @@ std::shared_ptr<WorkState> CommunicatorImpl::submit(OpDesc desc, bool blocking,
                                                     const char* opName) {
   const char* name = opName ? opName : backend::toString(desc.kind);
   checkUsable(name);
-  const uint64_t bytes = desc.count * dataTypeSize(desc.dtype) *
-                         (desc.kind == OpKind::kAllgather || desc.kind == OpKind::kReduceScatter ||
-                                  desc.kind == OpKind::kGather || desc.kind == OpKind::kScatter ||
-                                  desc.kind == OpKind::kAlltoall
-                              ? static_cast<uint64_t>(size)
-                              : 1);
-  desc.algo = selector->select(desc.kind, bytes, size, desc.algo == Algorithm::kFixedOrder);
   opCount[opIndex(desc.kind)].fetch_add(1, std::memory_order_relaxed);
   auto task = [this, desc, name, body = std::move(body), buffers = std::move(buffers)] {
     // Point-to-point stands outside the collectives' order (only two ranks
@@ -229,12 +222,6 @@ std::shared_ptr<WorkState> CommunicatorImpl::submit(OpDesc desc, bool blocking,
     if (auto e = error()) {
       notifyOnce(e);
       throw *e;
-    }
-    if (lastAlgo[opIndex(desc.kind)] != desc.algo && log::enabled(log::Level::INFO)) {
-      lastAlgo[opIndex(desc.kind)] = desc.algo;
-      GFLOW_LOG(INFO) << "rank " << rank << ": " << name << " #" << mySeq << " ("
-                      << desc.count * dataTypeSize(desc.dtype) << " bytes x" << size
-                      << " ranks): algorithm " << backend::toString(desc.algo);
     }
     const backend::Op op{mySeq, desc, Deadline::after(timeout), buffers};
     // Point-to-point ops are not the collectives' arrivals.
@@ -336,19 +323,16 @@ std::unique_ptr<CommunicatorImpl> CommunicatorImpl::connect(ConnectPlan plan) {
                                  ? *settings.progress.priority
                                  : static_cast<int>(params::progressPriority()));
   impl->executor.setBackground([self = impl.get()] { return self->progressInFlight(); });
-  impl->selector = std::make_unique<AlgorithmSelector>(
-      settings.algo, settings.algoSource,
-      AlgorithmSelector::Thresholds{settings.rdMaxBytes, settings.hdMaxBytes});
   backend::RouterParts parts;
+  parts.policy = std::make_shared<const backend::RoutePolicy>(
+      settings.algo, settings.algoSource,
+      backend::RoutePolicy::Thresholds{settings.rdMaxBytes, settings.hdMaxBytes});
   parts.rank = rank;
   parts.size = size;
   parts.flat =
       backend::createHostBackend(transport::createContext(transportName, ctxOpts), settings.tuning);
   parts.verifyNccl = settings.verifyDeviceOps;
   parts.ncclP2P = settings.ncclP2P;
-  parts.select = [sel = impl->selector.get()](OpKind kind, uint64_t bytes, int n) {
-    return sel->select(kind, bytes, n);
-  };
   impl->backend = std::make_unique<backend::Router>(std::move(parts));
   impl->agreeOnHostsAndSettings(plan.hostHash);
   impl->buildHierarchy(ctxOpts, plan.launcherLocalRank, plan.launcherLocalSize);
@@ -412,9 +396,8 @@ void CommunicatorImpl::buildHierarchy(const transport::ContextOptions& ctxOpts,
   contextOptions.ranksOnHost = localSize;
   transport::ContextOptions hostOpts = ctxOpts;
   hostOpts.ranksOnHost = localSize;
-  HostBackends hb = connectHostBackends(h, hostOpts, transportName, *selector, settings);
-  selector->setCapabilities(hb.caps);
-  backend->attach(std::move(hb.shm), std::move(hb.hierarchical),
+  HostBackends hb = connectHostBackends(h, hostOpts, transportName, backend->policy(), settings);
+  backend->attach({std::move(hb.shm), std::move(hb.hierarchical), hb.caps},
                   backend::DeviceSetup{rank, size, ctxOpts.store, ctxOpts.prefix, ctxOpts.timeout,
                                        hostOf, settings.deviceBackend});
 }
@@ -676,12 +659,15 @@ Stats Communicator::stats() const {
   s.alltoall = count(OpKind::kAlltoall, OpKind::kAlltoallv);
   s.pointToPoint = impl(*this).opCount[opIndex(OpKind::kPointToPoint)];
   const backend::PathCounts paths = impl(*this).backend->paths();
-  auto path = [&](backend::Path p) { return paths[static_cast<size_t>(p)]; };
-  s.sharedMemoryOps = path(backend::Path::kShm);
-  s.hierarchicalOps = path(backend::Path::kHierarchical);
-  s.networkOps = path(backend::Path::kNetwork);
-  s.ncclOps = path(backend::Path::kNccl);
-  s.stagedOps = path(backend::Path::kStaged);
+  s.sharedMemoryOps = paths.of(backend::Path::kShm);
+  s.hierarchicalOps = paths.of(backend::Path::kHierarchical);
+  s.networkOps = paths.of(backend::Path::kNetwork);
+  s.ncclOps = paths.of(backend::Path::kNccl) + paths.of(backend::Path::kNcclHierarchical);
+  s.stagedOps = paths.staged;
+  for (const backend::RouteCount& r : impl(*this).backend->routes()) {
+    s.routes.push_back({backend::toString(r.kind), backend::toString(r.route.path),
+                        backend::toString(r.route.algo), r.ops});
+  }
   const Arrivals::Totals t = impl(*this).arrivals->totals();
   for (size_t p = 0; p < t.timesLast.size(); ++p) {
     s.peers[p].timesLast = t.timesLast[p];

@@ -1,7 +1,7 @@
 // CommunicatorImpl: the communicator behind the public Communicator (which
 // it derives from). It checks arguments, stamps each op with its sequence
-// number and chosen algorithm, runs it through the executor on the router
-// (the one Backend it calls), and turns the first failure into the
+// number, runs it through the executor on the router (the one Backend it
+// calls, which routes it), and turns the first failure into the
 // communicator's sticky error.
 #pragma once
 
@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/route_policy.h"
 #include "backend/router.h"
 #include "common/sticky_error.h"
-#include "core/algorithm_select.h"
 #include "core/executor.h"
 #include "core/settings.h"
 #include "gflow/communicator.h"
@@ -45,23 +45,20 @@ class CommunicatorImpl final : public Communicator {
     return kernelsPool.get(where, stream);
   }
 
-  // The algorithm an allreduce or reduce-scatter of `dtype` is submitted
-  // with: kFixedOrder in reproducible mode (`asked`, else the communicator's
-  // setting), which the selection refines (AlgorithmSelector::select), else
-  // kAuto. Integer and bool reductions give the same bits in any order, so
-  // only the floating-point and complex types need the fixed order.
-  backend::Algorithm reductionAlgo(DataType dtype, std::optional<bool> asked = std::nullopt) const {
+  // Whether an allreduce or reduce-scatter of `dtype` asks for reproducible
+  // mode (OpDesc::reproducible): `asked`, else the communicator's setting.
+  // Integer and bool reductions give the same bits in any order, so only
+  // the floating-point and complex types need the fixed order.
+  bool reproducible(DataType dtype, std::optional<bool> asked = std::nullopt) const {
     const bool exact = dtype != DataType::kFloat32 && dtype != DataType::kFloat16 &&
                        dtype != DataType::kBFloat16 && dtype != DataType::kFloat64 &&
                        dtype != DataType::kFloat8E4M3 && dtype != DataType::kFloat8E5M2 &&
                        dtype != DataType::kComplex64 && dtype != DataType::kComplex128 &&
                        !isQuantized(dtype);
-    return asked.value_or(settings.reproducible) && !exact ? backend::Algorithm::kFixedOrder
-                                                           : backend::Algorithm::kAuto;
+    return asked.value_or(settings.reproducible) && !exact;
   }
 
   // Runs one collective (blocking or async) with the common bookkeeping.
-  // desc.algo: kAuto, or reductionAlgo()'s request.
   // `buffers`: Op::buffers of every run (backend::DeviceBuffers::bind);
   // `opName`: the op's name in errors (default: desc.kind's).
   std::shared_ptr<WorkState> submit(backend::OpDesc desc, bool blocking,
@@ -134,18 +131,15 @@ class CommunicatorImpl final : public Communicator {
   std::vector<uint64_t> hostOf;  // host hash per rank
   std::string transportName;
   transport::ContextOptions contextOptions;  // template for split()
-  std::unique_ptr<AlgorithmSelector> selector;
   std::unique_ptr<backend::Router> backend;
   // The device kernels of AllreduceOptions and allreduceCoalesced
   // (CommunicatorAccess::kernelsFor): destroyed after the executor's last
   // op, so no op's device memory is freed while ops run.
   kernels::DeviceKernelsPool kernelsPool;
   Executor executor;  // runs the ops in order
-
-  uint64_t seq = 0;  // touched only by the executing thread
+  uint64_t seq = 0;   // touched only by the executing thread
   std::atomic<uint64_t> splitCount{0};
-  Settings settings;                                                // inherited by split()
-  std::array<backend::Algorithm, backend::kNumOpKinds> lastAlgo{};  // for the INFO log
+  Settings settings;  // inherited by split()
 
   // Point-to-point ops in flight after their task (defer); executing thread.
   struct InFlight {

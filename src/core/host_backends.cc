@@ -15,8 +15,10 @@ struct Builder {
 
   // `members` (communicator ranks) over shared memory; nullptr when it is
   // unavailable. `nameCommRanks`: errors name communicator ranks.
+  // `singleCopy`: the allreduces the group runs by single copy.
   std::unique_ptr<backend::Backend> shm(const std::vector<int>& members, int me,
-                                        const std::string& prefix, bool nameCommRanks) const {
+                                        const std::string& prefix, bool nameCommRanks,
+                                        backend::ByteRange* singleCopy) const {
     backend::shm::GroupOptions go;
     go.rank = me;
     go.size = static_cast<int>(members.size());
@@ -36,9 +38,11 @@ struct Builder {
                       << "is unavailable (" << why << "); they use " << transportName;
       return nullptr;
     }
-    const auto single =
-        AlgorithmSelector::shmSingleCopyRange(settings.shmSingleCopy, go.size, g->oversubscribed());
-    return backend::createShmBackend(std::move(g), single.lo, single.hi);
+    *singleCopy = g->singleCopy() && go.size > 1
+                      ? backend::RoutePolicy::shmSingleCopyRange(settings.shmSingleCopy, go.size,
+                                                                 g->oversubscribed())
+                      : backend::ByteRange{};
+    return backend::createShmBackend(std::move(g));
   }
 
   std::unique_ptr<backend::Backend> net(const std::vector<int>& members, int me,
@@ -62,23 +66,34 @@ void logUnevenHosts(const backend::Hierarchy& h) {
                      "rank 0 (leaders)";
 }
 
+// `caps`: gets the local group's single-copy range.
 std::unique_ptr<backend::Backend> hierarchical(const Builder& b, const backend::Hierarchy& h,
-                                               const AlgorithmSelector& selector) {
+                                               const backend::RoutePolicy& policy,
+                                               backend::Capabilities* caps) {
+  using backend::Path;
   const std::vector<int> locals = h.ranksOfHost(h.host());
   const std::vector<int> cross = h.ranksWithLocalRank(h.localRank());
   const std::string hostPrefix = b.ctx.prefix + "host" + std::to_string(h.host()) + "/";
   std::unique_ptr<backend::Backend> local;
-  if (b.settings.shm) local = b.shm(locals, h.localRank(), hostPrefix + "shm/", false);
+  if (b.settings.shm) {
+    local = b.shm(locals, h.localRank(), hostPrefix + "shm/", false, &caps->shmSingleCopy);
+  }
+  const Path localPath = local ? Path::kShm : Path::kNetwork;
   if (!local) local = b.net(locals, h.localRank(), hostPrefix + "net/");
   const int crossRank =
       static_cast<int>(std::find(cross.begin(), cross.end(), h.rank) - cross.begin());
   auto crossB =
       b.net(cross, crossRank, b.ctx.prefix + "cross" + std::to_string(h.localRank()) + "/");
+  backend::PhaseRoutes routes;
+  routes.local = [p = &policy, localPath, single = caps->shmSingleCopy](backend::OpKind kind,
+                                                                        uint64_t bytes, int n) {
+    return p->phase(kind, bytes, n, localPath, single);
+  };
+  routes.cross = [p = &policy](backend::OpKind kind, uint64_t bytes, int n) {
+    return p->phase(kind, bytes, n, Path::kNetwork, {});
+  };
   return backend::createHierarchicalBackend(
-      h, std::move(local), std::move(crossB),
-      [sel = &selector](backend::OpKind kind, uint64_t bytes, int n) {
-        return sel->selectFlat(kind, bytes, n);
-      },
+      h, std::move(local), std::move(crossB), std::move(routes),
       b.settings.tuning.hierSegmentBytes.value_or(0));  // 0: GFLOW_HIER_SEGMENT
 }
 
@@ -86,17 +101,17 @@ std::unique_ptr<backend::Backend> hierarchical(const Builder& b, const backend::
 
 HostBackends connectHostBackends(const backend::Hierarchy& h, const transport::ContextOptions& ctx,
                                  const std::string& transportName,
-                                 const AlgorithmSelector& selector, const Settings& settings) {
+                                 const backend::RoutePolicy& policy, const Settings& settings) {
   const Builder b{ctx, transportName, settings};
   HostBackends out;
   if (h.numHosts == 1 && h.size > 1 && settings.shm) {
     std::vector<int> all(static_cast<size_t>(h.size));
     for (int r = 0; r < h.size; ++r) all[r] = r;
-    out.shm = b.shm(all, h.rank, ctx.prefix + "shm/", true);
+    out.shm = b.shm(all, h.rank, ctx.prefix + "shm/", true, &out.caps.shmSingleCopy);
     out.caps.shm = out.shm != nullptr;
   } else if (h.numHosts > 1 && h.numHosts < h.size) {
     if (ctx.arrivals) ctx.arrivals->setConcurrent();  // its phases overlap
-    out.hierarchical = hierarchical(b, h, selector);
+    out.hierarchical = hierarchical(b, h, policy, &out.caps);
     out.caps.hierarchical = true;
     out.caps.uniform = h.uniform;
     if (!h.uniform && h.rank == 0) logUnevenHosts(h);

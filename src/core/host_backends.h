@@ -12,7 +12,7 @@
 
 #include "backend/backend.h"
 #include "backend/hierarchical/hierarchical.h"
-#include "core/algorithm_select.h"
+#include "backend/route_policy.h"
 #include "core/settings.h"
 #include "transport/transport.h"
 
@@ -21,16 +21,15 @@ namespace gflow {
 struct HostBackends {
   std::unique_ptr<backend::Backend> shm;           // one host, or null
   std::unique_ptr<backend::Backend> hierarchical;  // several hosts, or null
-  Capabilities caps;                               // for algorithm selection
+  backend::Capabilities caps;                      // for RoutePolicy::choose
 };
 
 // `ctx`: the communicator's context options (rank, size, store, prefix);
-// `selector` picks the cross-host phases' algorithms and must outlive the
-// backends; `settings`: whether to use shared memory, its chunk, and the
-// backends' tuning. Shared memory that cannot be set up falls back to
-// `transportName` with a warning.
+// `policy` routes the hierarchical phases and must outlive the backends; `settings`: whether to use
+// shared memory, its chunk, and the backends' tuning. Shared memory that cannot be set up falls
+// back to `transportName` with a warning.
 HostBackends connectHostBackends(const backend::Hierarchy& h, const transport::ContextOptions& ctx,
                                  const std::string& transportName,
-                                 const AlgorithmSelector& selector, const Settings& settings);
+                                 const backend::RoutePolicy& policy, const Settings& settings);
 
 }  // namespace gflow

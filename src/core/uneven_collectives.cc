@@ -217,7 +217,8 @@ std::shared_ptr<WorkState> doReduceScatterv(CommunicatorImpl& I, Tensor in, Tens
   if (overlap(in.data, in.nbytes(), out.data, out.nbytes())) {
     I.invalid(name, "in and out must not overlap");
   }
-  OpDesc d{OpKind::kAllreduce, in.dtype, op, I.reductionAlgo(in.dtype), 0, blocks.total()};
+  OpDesc d{OpKind::kAllreduce, in.dtype, op, {}, 0, blocks.total()};
+  d.reproducible = I.reproducible(in.dtype);
   d.parent = backend::blocksDigest(blocks.counts);
   CommunicatorImpl* self = &I;
   return I.submit(

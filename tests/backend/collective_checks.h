@@ -66,7 +66,7 @@ inline backend::OpDesc opDesc(backend::OpKind kind, DataType t, ReduceOp op,
   d.kind = kind;
   d.dtype = t;
   d.op = op;
-  d.algo = algo;
+  d.route = algo;
   d.count = count;
   d.root = root;
   return d;

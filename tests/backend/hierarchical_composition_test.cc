@@ -32,7 +32,7 @@ using ::testing::HasSubstr;
 using testing::opDesc;
 using testing::Seen;
 
-// One cross phase as the selector saw it.
+// One cross phase as its route function saw it.
 struct Selected {
   OpKind kind;
   uint64_t bytes;
@@ -43,14 +43,18 @@ class HierarchicalBackendComposition : public ::testing::Test {
  protected:
   // Rank `rank` of the world whose ranks live on hosts `hostHash`.
   void build(int rank, const std::vector<uint64_t>& hostHash) {
-    auto select = [sel = selected_](OpKind kind, uint64_t bytes, int n) {
+    backend::PhaseRoutes routes;
+    routes.local = [](OpKind, uint64_t, int) {
+      return backend::Route(backend::Path::kShm, Algorithm::kSlots);
+    };
+    routes.cross = [sel = selected_](OpKind kind, uint64_t bytes, int n) {
       sel->push_back({kind, bytes, n});
-      return Algorithm::kRecursiveDoubling;
+      return backend::Route(Algorithm::kRecursiveDoubling);
     };
     b_ = backend::createHierarchicalBackend(
         Hierarchy::fromHostHashes(rank, hostHash),
         std::make_unique<FakeBackend>(local_, testing::fakeStats(10)),
-        std::make_unique<FakeBackend>(cross_, testing::fakeStats(1)), select);
+        std::make_unique<FakeBackend>(cross_, testing::fakeStats(1)), routes);
   }
 
   static Op op(uint64_t seq, const OpDesc& d) {
@@ -81,22 +85,22 @@ class HierarchicalBackendComposition : public ::testing::Test {
 // Equal hosts of 2: local reduce-scatter -> cross allreduce of this rank's
 // block -> local allgather, then the tail (count % 2) as a local + cross
 // allreduce. Phases are tagged with the op they belong to and numbered per
-// part; local phases run as kShm, cross phases as the selector says, and an
+// part; each phase takes the route its PhaseRoutes give it, and an
 // average is carried as a sum.
 TEST_F(HierarchicalBackendComposition, EqualHostsAllreduceRunsBlocksThenTail) {
   build(0, {11, 11, 22, 22});
   const OpDesc d =
-      opDesc(OpKind::kAllreduce, DataType::kFloat32, ReduceOp::kAvg, Algorithm::kHierarchical, 5);
+      opDesc(OpKind::kAllreduce, DataType::kFloat32, ReduceOp::kAvg, Algorithm::kAuto, 5);
   b_->allreduce(op(7, d), in_, out_);
   EXPECT_THAT(phases(*local_), ElementsAre("reduce_scatter/2", "allgather/2", "allreduce/1"));
   EXPECT_THAT(phases(*cross_), ElementsAre("allreduce/2", "allreduce/1"));
   for (const auto& c : local_->calls) {
-    EXPECT_EQ(c.desc.algo, Algorithm::kShm);
+    EXPECT_EQ(c.desc.route, backend::Route(backend::Path::kShm, Algorithm::kSlots));
     EXPECT_EQ(c.desc.op, ReduceOp::kSum);
     EXPECT_EQ(c.desc.parent, backend::fingerprint(d));
   }
   for (const auto& c : cross_->calls) {
-    EXPECT_EQ(c.desc.algo, Algorithm::kRecursiveDoubling);
+    EXPECT_EQ(c.desc.route, backend::Route(Algorithm::kRecursiveDoubling));
     EXPECT_EQ(c.desc.op, ReduceOp::kSum);
     EXPECT_EQ(c.desc.parent, backend::fingerprint(d));
   }
@@ -116,7 +120,7 @@ TEST_F(HierarchicalBackendComposition, EqualHostsAllreduceRunsBlocksThenTail) {
 // phase.
 TEST_F(HierarchicalBackendComposition, UnequalHostsAllreduceGoesThroughLeaders) {
   const OpDesc d =
-      opDesc(OpKind::kAllreduce, DataType::kFloat32, ReduceOp::kSum, Algorithm::kHierarchical, 5);
+      opDesc(OpKind::kAllreduce, DataType::kFloat32, ReduceOp::kSum, Algorithm::kAuto, 5);
   build(1, {11, 22, 22});  // leader of host 1
   b_->allreduce(op(1, d), in_, out_);
   EXPECT_THAT(phases(*local_), ElementsAre("allreduce/5", "broadcast/5@0"));
@@ -134,8 +138,8 @@ TEST_F(HierarchicalBackendComposition, UnequalHostsAllreduceGoesThroughLeaders) 
 // from the leader; the root's host broadcasts locally first, from the
 // root's local rank.
 TEST_F(HierarchicalBackendComposition, BroadcastFromAnotherHost) {
-  const OpDesc d = opDesc(OpKind::kBroadcast, DataType::kFloat32, ReduceOp::kSum,
-                          Algorithm::kHierarchical, 3, /*root=*/3);
+  const OpDesc d = opDesc(OpKind::kBroadcast, DataType::kFloat32, ReduceOp::kSum, Algorithm::kAuto,
+                          3, /*root=*/3);
   build(0, {11, 11, 22, 22});
   b_->broadcast(op(1, d), out_);
   EXPECT_THAT(phases(*cross_), ElementsAre("broadcast/3@1"));
@@ -150,7 +154,7 @@ TEST_F(HierarchicalBackendComposition, BroadcastFromAnotherHost) {
 
 TEST_F(HierarchicalBackendComposition, BarrierIsLocalLeadersLocal) {
   const OpDesc d =
-      opDesc(OpKind::kBarrier, DataType::kFloat32, ReduceOp::kSum, Algorithm::kHierarchical, 0);
+      opDesc(OpKind::kBarrier, DataType::kFloat32, ReduceOp::kSum, Algorithm::kAuto, 0);
   build(0, {11, 11, 22, 22});
   b_->barrier(op(1, d));
   EXPECT_THAT(phases(*local_), ElementsAre("barrier/0", "barrier/0"));
@@ -193,7 +197,7 @@ TEST_F(HierarchicalBackendComposition, PhaseErrorsNameCommunicatorRanks) {
                 ErrorContext().withSeq(o.seq).withRank(0).withPeer(1));
   };
   const OpDesc d =
-      opDesc(OpKind::kAllreduce, DataType::kFloat32, ReduceOp::kSum, Algorithm::kHierarchical, 8);
+      opDesc(OpKind::kAllreduce, DataType::kFloat32, ReduceOp::kSum, Algorithm::kAuto, 8);
   try {
     b_->allreduce(op(1, d), in_, out_);
     ADD_FAILURE() << "the cross phase's error was lost";

@@ -34,8 +34,9 @@ using testing::errorOf;
 using ::testing::HasSubstr;
 using testing::opDesc;
 
-// The cross phases' algorithms, as a selector would pick them.
-Algorithm crossAlgorithm(OpKind kind, uint64_t bytes, int) {
+// The phases' routes, as a policy would pick them: the local phases run as
+// the host backend's default, the cross phases by size.
+backend::Route crossRoute(OpKind kind, uint64_t bytes, int) {
   switch (kind) {
     case OpKind::kAllreduce: return bytes <= 256 ? Algorithm::kRecursiveDoubling : Algorithm::kRing;
     case OpKind::kBroadcast: return Algorithm::kChain;
@@ -56,7 +57,8 @@ std::unique_ptr<Backend> hierarchicalBackend(int r, const std::vector<uint64_t>&
   auto crossB =
       testing::loopbackHostBackend(crossRank, static_cast<int>(cross.size()), store,
                                    "cross" + std::to_string(h.localRank()) + "/", timeout);
-  return backend::createHierarchicalBackend(h, std::move(local), std::move(crossB), crossAlgorithm);
+  backend::PhaseRoutes routes{[](OpKind, uint64_t, int) { return backend::Route(); }, crossRoute};
+  return backend::createHierarchicalBackend(h, std::move(local), std::move(crossB), routes);
 }
 
 BackendWorld hierarchicalWorld(const std::vector<uint64_t>& hostHash,
@@ -110,7 +112,7 @@ TEST_P(HierarchicalBackendTest, AllreduceIsExactForEveryOp) {
       if (!supportsReduceOp(t, rop)) continue;
       for (size_t count : {0, 1, 2, 3, 7, 1000, 4097}) {
         testing::checkExactAllreduce(
-            *world_, opDesc(OpKind::kAllreduce, t, rop, Algorithm::kHierarchical, count), false);
+            *world_, opDesc(OpKind::kAllreduce, t, rop, Algorithm::kAuto, count), false);
         if (HasFailure()) return;
       }
     }
@@ -120,16 +122,15 @@ TEST_P(HierarchicalBackendTest, AllreduceIsExactForEveryOp) {
 TEST_P(HierarchicalBackendTest, AllreduceInPlaceWithSegmentsAndTail) {
   for (ReduceOp rop : {ReduceOp::kSum, ReduceOp::kAvg}) {
     testing::checkExactAllreduce(
-        *world_,
-        opDesc(OpKind::kAllreduce, DataType::kFloat32, rop, Algorithm::kHierarchical, 6001), true);
+        *world_, opDesc(OpKind::kAllreduce, DataType::kFloat32, rop, Algorithm::kAuto, 6001), true);
   }
 }
 
 TEST_P(HierarchicalBackendTest, AllreduceOfDistinctValuesMatchesClosedForm) {
   for (ReduceOp rop : {ReduceOp::kSum, ReduceOp::kAvg}) {
     for (size_t count : {1, 5, 3001}) {
-      testing::checkDistinctAllreduce(*world_, opDesc(OpKind::kAllreduce, DataType::kFloat64, rop,
-                                                      Algorithm::kHierarchical, count));
+      testing::checkDistinctAllreduce(
+          *world_, opDesc(OpKind::kAllreduce, DataType::kFloat64, rop, Algorithm::kAuto, count));
       if (HasFailure()) return;
     }
   }
@@ -138,9 +139,8 @@ TEST_P(HierarchicalBackendTest, AllreduceOfDistinctValuesMatchesClosedForm) {
 TEST_P(HierarchicalBackendTest, BroadcastFromEveryRoot) {
   for (int root = 0; root < world_->size(); ++root) {
     for (size_t count : {0, 1, 7, 3001}) {
-      testing::checkBroadcast(*world_,
-                              opDesc(OpKind::kBroadcast, DataType::kFloat32, ReduceOp::kSum,
-                                     Algorithm::kHierarchical, count, root));
+      testing::checkBroadcast(*world_, opDesc(OpKind::kBroadcast, DataType::kFloat32,
+                                              ReduceOp::kSum, Algorithm::kAuto, count, root));
       if (HasFailure()) return;
     }
   }
@@ -148,13 +148,12 @@ TEST_P(HierarchicalBackendTest, BroadcastFromEveryRoot) {
 
 TEST_P(HierarchicalBackendTest, BarrierHoldsEveryRankUntilAllArrive) {
   testing::checkBarrier(
-      *world_,
-      opDesc(OpKind::kBarrier, DataType::kFloat32, ReduceOp::kSum, Algorithm::kHierarchical, 0),
+      *world_, opDesc(OpKind::kBarrier, DataType::kFloat32, ReduceOp::kSum, Algorithm::kAuto, 0),
       10);
 }
 
 // Reduce-scatter and allgather run hierarchically on equal hosts only (the
-// selector runs them flat otherwise).
+// route policy runs them flat otherwise).
 class HierarchicalBackendEqualHosts : public HierarchicalBackendTest {};
 class HierarchicalBackendUnequalHosts : public HierarchicalBackendTest {};
 
@@ -165,7 +164,7 @@ TEST_P(HierarchicalBackendEqualHosts, ReduceScatterIsExact) {
       if (!supportsReduceOp(t, rop)) continue;
       for (size_t block : {0, 1, 3, 1001}) {
         testing::checkExactReduceScatter(
-            *world_, opDesc(OpKind::kReduceScatter, t, rop, Algorithm::kHierarchical, block));
+            *world_, opDesc(OpKind::kReduceScatter, t, rop, Algorithm::kAuto, block));
         if (HasFailure()) return;
       }
     }
@@ -177,7 +176,7 @@ TEST_P(HierarchicalBackendEqualHosts, AllgatherPlacesEveryRanksBlock) {
     for (size_t block : {0, 1, 3, 1001}) {
       for (bool inPlace : {false, true}) {
         testing::checkAllgather(
-            *world_, opDesc(OpKind::kAllgather, t, ReduceOp::kSum, Algorithm::kHierarchical, block),
+            *world_, opDesc(OpKind::kAllgather, t, ReduceOp::kSum, Algorithm::kAuto, block),
             inPlace);
         if (HasFailure()) return;
       }
@@ -191,8 +190,7 @@ TEST_P(HierarchicalBackendUnequalHosts, RefuseReduceScatterAndAllgather) {
   ASSERT_FALSE(hierarchy().uniform);
   const int n = world_->size();
   for (OpKind kind : {OpKind::kReduceScatter, OpKind::kAllgather}) {
-    const Op op =
-        world_->op(opDesc(kind, DataType::kFloat32, ReduceOp::kSum, Algorithm::kHierarchical, 4));
+    const Op op = world_->op(opDesc(kind, DataType::kFloat32, ReduceOp::kSum, Algorithm::kAuto, 4));
     auto errors = world_->runCollect(
         [&](int, Backend& b) {
           std::vector<float> in(4 * n), out(4 * n);
@@ -208,8 +206,7 @@ TEST_P(HierarchicalBackendUnequalHosts, RefuseReduceScatterAndAllgather) {
   }
   // Refusing sent nothing: the backend still runs what it supports.
   testing::checkExactAllreduce(
-      *world_,
-      opDesc(OpKind::kAllreduce, DataType::kFloat32, ReduceOp::kSum, Algorithm::kHierarchical, 9),
+      *world_, opDesc(OpKind::kAllreduce, DataType::kFloat32, ReduceOp::kSum, Algorithm::kAuto, 9),
       false);
 }
 
@@ -244,10 +241,9 @@ INSTANTIATE_TEST_SUITE_P(Hosts, HierarchicalBackendUnequalHosts, ::testing::Valu
 // rest.
 TEST(HierarchicalBackend, PeerStatsNameCommunicatorRanks) {
   BackendWorld w = hierarchicalWorld({11, 11, 22, 22});
-  testing::checkExactAllreduce(w,
-                               opDesc(OpKind::kAllreduce, DataType::kFloat32, ReduceOp::kSum,
-                                      Algorithm::kHierarchical, 1000),
-                               false);
+  testing::checkExactAllreduce(
+      w, opDesc(OpKind::kAllreduce, DataType::kFloat32, ReduceOp::kSum, Algorithm::kAuto, 1000),
+      false);
   // Rank 0: rank 1 shares its host, rank 2 its local rank, rank 3 neither.
   EXPECT_GT(w.at(0).peerStats(1).bytesSent, 0u);
   EXPECT_GT(w.at(0).peerStats(2).bytesSent, 0u);
@@ -260,9 +256,9 @@ TEST(HierarchicalBackend, PeerStatsNameCommunicatorRanks) {
 // says which phase waited for it.
 TEST(HierarchicalBackend, TimeoutNamesTheSilentRankByCommunicatorRank) {
   BackendWorld w = hierarchicalWorld({11, 11, 22, 22}, std::chrono::milliseconds(1000));
-  const Op op = w.op(
-      opDesc(OpKind::kBarrier, DataType::kFloat32, ReduceOp::kSum, Algorithm::kHierarchical, 0),
-      std::chrono::milliseconds(150));
+  const Op op =
+      w.op(opDesc(OpKind::kBarrier, DataType::kFloat32, ReduceOp::kSum, Algorithm::kAuto, 0),
+           std::chrono::milliseconds(150));
   auto errors = w.runCollect(
       [&](int r, Backend& b) {
         if (r != 2) b.barrier(op);

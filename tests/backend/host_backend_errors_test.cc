@@ -93,7 +93,7 @@ TEST_P(HostBackendSilentPeer, DeadlineRaisesTimeoutNamingThePeer) {
   BackendWorld w = BackendWorld::host(2, kContextTimeout);
   OpDesc d;
   d.kind = GetParam().kind;
-  d.algo = GetParam().algo;
+  d.route = GetParam().algo;
   d.count = 64;
   d.root = GetParam().root;  // a broadcast from rank 0 could finish into the socket buffer
   const Op op = w.op(d, kDeadline);
@@ -143,7 +143,7 @@ TEST(HostBackendErrors, RingTimeoutBlamesTheSilentNeighbour) {
   BackendWorld w = BackendWorld::host(3, kContextTimeout);
   OpDesc d;
   d.kind = OpKind::kAllreduce;
-  d.algo = Algorithm::kRing;
+  d.route = Algorithm::kRing;
   d.count = 3000;
   const Op op = w.op(d, kDeadline);
   auto errors = runWithoutRank(w, op, 2);

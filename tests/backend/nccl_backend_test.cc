@@ -351,7 +351,9 @@ TEST_F(NcclBackendTest, ARankThatNeverCallsEndsInATimeoutAndAbortsNccl) {
       "ncclAllReduce");
 }
 
-TEST_F(NcclBackendTest, DifferentOpsAreAMismatchBeforeNcclRuns) {
+// The op check runs beside the NCCL op: the mismatched kernels hang, as in
+// NCCL, until the check's verdict aborts them on every rank.
+TEST_F(NcclBackendTest, DifferentOpsAreAMismatchAndNcclIsAborted) {
   auto errors = testing::runRanksCollect(
       3,
       [&](Communicator& c) {
@@ -364,8 +366,8 @@ TEST_F(NcclBackendTest, DifferentOpsAreAMismatchBeforeNcclRuns) {
     const ErrorCode code = codeOf(errors[r], &what);
     EXPECT_TRUE(code == ErrorCode::kMismatch || code == ErrorCode::kPeerLost) << r << ": " << what;
   }
-  EXPECT_EQ(softnccl::mismatches(), 0) << "the check must stop them before NCCL";
-  EXPECT_EQ(softnccl::collectivesRun(), 0);
+  EXPECT_EQ(softnccl::collectivesRun(), 0) << "no rank may complete the mismatched op";
+  EXPECT_GE(softnccl::aborts(), 1) << "the check must abort NCCL";
 }
 
 TEST_F(NcclBackendTest, AnAsynchronousNcclErrorFailsTheRankAndItsPeers) {
@@ -473,8 +475,8 @@ TEST_F(NcclBackendTest, RootedOpsAndAlltoallRunOnNccl) {
 }
 
 // Rank 1 expects another count from rank 0 than rank 0 sends: the check
-// before NCCL finds the pair on every rank, and NCCL never runs.
-TEST_F(NcclBackendTest, AlltoallvCountsThatDisagreeAreAMismatchOnEveryRankBeforeNcclRuns) {
+// beside the NCCL op finds the pair on every rank and aborts NCCL.
+TEST_F(NcclBackendTest, AlltoallvCountsThatDisagreeAreAMismatchOnEveryRank) {
   constexpr int kRanks = 3;
   auto errors = testing::runRanksCollect(
       kRanks,
@@ -497,7 +499,7 @@ TEST_F(NcclBackendTest, AlltoallvCountsThatDisagreeAreAMismatchOnEveryRankBefore
         << what;
   }
   EXPECT_EQ(softnccl::collectivesRun(), kRanks) << "only the first allreduce ran on NCCL";
-  EXPECT_EQ(softnccl::mismatches(), 0);
+  EXPECT_GE(softnccl::aborts(), 1) << "the check must abort NCCL";
 }
 
 // A rank that never calls the all-to-all, and one whose NCCL fails inside
@@ -633,7 +635,7 @@ TEST_F(NcclBackendTest, PointToPointOnNcclMismatchesAreErrorsNotWrongData) {
         std::vector<float> h(10);
         c.recv(tensor(h.data(), 10), 0);
       },
-      ErrorCode::kMismatch, "algorithm=nccl");
+      ErrorCode::kMismatch, "path=nccl");
   // Receiving a peer's second device message before its first.
   expectP2PFailure(
       [](Communicator& c, DeviceBuffer& b) {
@@ -886,6 +888,25 @@ TEST_F(NcclBackendTest, HierarchicalAllreduceRunsOnIntraAndCrossHostNcclCommunic
   EXPECT_EQ(softnccl::collectivesRun(), 3 * 4) << "reduce-scatter, allreduce, allgather";
 }
 
+// The hierarchical composition over NCCL's parts checks each op before its
+// phases: counts that differ fail on every rank before any part runs.
+TEST_F(NcclBackendTest, HierarchicalAllreduceOnNcclChecksTheOpFirst) {
+  Options base = within(20000);
+  base.algorithm = "hier";
+  auto world = testing::makeWorldWith(4, testing::onHosts({0, 0, 1, 1}, base));
+  testing::forEachRank(world, [&](Communicator& c) {
+    DeviceBuffer buf(c.rank(), 64 * 4);
+    c.allreduce(buf.tensor(8, DataType::kFloat32));  // NCCL starts, split by host
+    try {
+      c.allreduce(buf.tensor(c.rank() == 3 ? 32 : 64, DataType::kFloat32));
+      ADD_FAILURE() << "rank " << c.rank() << ": counts that differ ran";
+    } catch (const Error& e) {
+      EXPECT_TRUE(e.code() == ErrorCode::kMismatch || e.code() == ErrorCode::kPeerLost) << e.what();
+    }
+  });
+  EXPECT_EQ(softnccl::mismatches(), 0) << "no part may run before the check";
+}
+
 TEST_F(NcclBackendTest, HierarchicalAllreduceOnNcclTakesTailsAndLeavesAvgFlat) {
   Options base;
   base.algorithm = "hier";
@@ -1066,10 +1087,12 @@ TEST_F(NcclBackendTest, VerifyOpsFromOptionsWinsOverTheEnvironment) {
         [&](Communicator& c) {
           DeviceBuffer buf(c.rank(), 16 * 4);
           c.allreduce(buf.tensor(16, DataType::kFloat32));  // NCCL starts
-          const uint64_t before = c.stats().bytesSent();
+          // Received: counted by this rank's own reads (a peer may still be
+          // reading this rank's check when NCCL completes the op beside it).
+          const uint64_t before = c.stats().bytesReceived();
           c.allreduce(buf.tensor(16, DataType::kFloat32));
           EXPECT_EQ(c.stats().ncclOps, 2u);
-          const uint64_t sent = c.stats().bytesSent() - before;
+          const uint64_t sent = c.stats().bytesReceived() - before;
           if (verify) {
             EXPECT_GT(sent, 0u);
           } else {

@@ -8,8 +8,8 @@
 #include <random>
 #include <string>
 
+#include "backend/route_policy.h"
 #include "common/params.h"
-#include "core/algorithm_select.h"
 #include "gflow/gflow.h"
 #include "testing/ranks.h"
 #include "testing/values.h"
@@ -127,8 +127,8 @@ TEST(Allreduce, AutoSelectionCrossesThresholdCorrectly) {
   // thresholds with the default selection.
   auto world = testing::makeWorld(3);
   testing::forEachRank(world, [&](Communicator& c) {
-    const size_t edge = AlgorithmSelector::defaultRdMaxBytes(3) / sizeof(int32_t);
-    const size_t hd = AlgorithmSelector::defaultHdMaxBytes(3) / sizeof(int32_t);
+    const size_t edge = backend::RoutePolicy::defaultRdMaxBytes(3) / sizeof(int32_t);
+    const size_t hd = backend::RoutePolicy::defaultHdMaxBytes(3) / sizeof(int32_t);
     for (size_t count : {size_t(10), edge - 1, edge, edge + 1, 3 * edge, hd, hd + 1}) {
       std::vector<int32_t> v(count);
       for (size_t i = 0; i < count; ++i) v[i] = static_cast<int32_t>(i % 97) + c.rank();

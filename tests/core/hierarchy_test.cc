@@ -1,6 +1,7 @@
 // Host grouping, the shared-memory backend and hierarchical collectives, with
 // ranks as threads. Per-rank host ids (Options::hostId) let one process act
 // as several hosts: ranks with the same id share memory, the others talk TCP.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -60,6 +61,19 @@ TEST(SharedMemory, OneHostRunsEveryCollectiveInSharedMemory) {
     Stats s = c.stats();
     EXPECT_EQ(s.sharedMemoryOps, 5u);
     EXPECT_EQ(s.networkOps, 0u);
+    // Each op's route: the slots, or for the allreduce (20000 bytes, in the
+    // test binary's GFLOW_SHM_SINGLE_COPY range of 16K-) single copy where
+    // the kernel lets the ranks read each other.
+    std::vector<std::string> routes;
+    for (const Stats::Route& r : s.routes) {
+      const bool single = r.op == "allreduce" && r.algorithm == "single-copy";
+      routes.push_back(r.op + " " + r.path + " " + (single ? "slots" : r.algorithm) + " x" +
+                       std::to_string(r.ops));
+    }
+    EXPECT_THAT(routes,
+                ::testing::UnorderedElementsAre(
+                    "allreduce shm slots x1", "reduce_scatter shm slots x1",
+                    "allgather shm slots x1", "broadcast shm slots x1", "barrier shm slots x1"));
     // Peers read this rank's slots: the traffic shows up per peer.
     for (int p = 0; p < 3; ++p) {
       if (p == c.rank()) continue;
@@ -77,6 +91,10 @@ TEST(SharedMemory, ForcedFlatAlgorithmUsesTheNetwork) {
     checkAllreduce(c, 3000, DataType::kFloat32, ReduceOp::kSum, true);
     EXPECT_EQ(c.stats().networkOps, 1u);
     EXPECT_EQ(c.stats().sharedMemoryOps, 0u);
+    ASSERT_EQ(c.stats().routes.size(), 1u);
+    const Stats::Route r = c.stats().routes[0];
+    EXPECT_EQ(r.op + " " + r.path + " " + r.algorithm + " x" + std::to_string(r.ops),
+              "allreduce network ring x1");
   });
 }
 

@@ -10,7 +10,6 @@
 #include <string>
 
 #include "common/params.h"
-#include "core/algorithm_select.h"
 #include "gflow/error.h"
 #include "testing/scoped_env.h"
 
@@ -170,52 +169,6 @@ TEST(Params, AgreementCoversTheMarkedParameters) {
   EXPECT_NE(in.find("GFLOW_ALGO=ring\n"), std::string::npos) << in;
   EXPECT_NE(in.find("GFLOW_NCCL_VERIFY=1\n"), std::string::npos) << in;
   EXPECT_EQ(in.find("GFLOW_TIMEOUT"), std::string::npos) << in;
-}
-
-TEST(AlgorithmSelect, DefaultsAndRules) {
-  using backend::Algorithm;
-  using backend::OpKind;
-  AlgorithmSelector def("", "test");
-  EXPECT_EQ(def.select(OpKind::kAllreduce, 4096, 4), Algorithm::kRecursiveDoubling);
-  EXPECT_EQ(def.select(OpKind::kAllreduce, 1 << 20, 4), Algorithm::kHalvingDoubling);
-  EXPECT_EQ(def.select(OpKind::kAllreduce, 1 << 20, 3), Algorithm::kHalvingDoubling);
-  EXPECT_EQ(def.select(OpKind::kAllreduce, 16 << 20, 4), Algorithm::kHalvingDoubling);
-  EXPECT_EQ(def.select(OpKind::kAllreduce, 32 << 20, 3), Algorithm::kRing);
-  EXPECT_EQ(def.select(OpKind::kAllreduce, 64 << 20, 4), Algorithm::kRing);
-  // Two ranks: the thresholds are higher.
-  EXPECT_EQ(def.select(OpKind::kAllreduce, 256 << 10, 2), Algorithm::kRecursiveDoubling);
-  EXPECT_EQ(def.select(OpKind::kAllreduce, 4 << 20, 2), Algorithm::kHalvingDoubling);
-  EXPECT_EQ(def.select(OpKind::kAllreduce, 16 << 20, 2), Algorithm::kRing);
-  EXPECT_EQ(def.select(OpKind::kBroadcast, 10, 4), Algorithm::kChain);
-  // Explicit thresholds, 0 included, replace the defaults.
-  AlgorithmSelector set("", "test", {uint64_t{0}, uint64_t{1} << 30});
-  EXPECT_EQ(set.select(OpKind::kAllreduce, 4096, 4), Algorithm::kHalvingDoubling);
-  EXPECT_EQ(set.select(OpKind::kAllreduce, 64 << 20, 2), Algorithm::kHalvingDoubling);
-  AlgorithmSelector rules("allreduce:0-1k:ring,allreduce:1k-64k:hd,allreduce:64k-:rd", "test");
-  EXPECT_EQ(rules.select(OpKind::kAllreduce, 100, 4), Algorithm::kRing);
-  EXPECT_EQ(rules.select(OpKind::kAllreduce, 4096, 4), Algorithm::kHalvingDoubling);
-  EXPECT_EQ(rules.select(OpKind::kAllreduce, 1 << 30, 4), Algorithm::kRecursiveDoubling);
-  AlgorithmSelector ring("ring", "test");
-  EXPECT_EQ(ring.select(OpKind::kAllreduce, 8, 2), Algorithm::kRing);
-  for (const char* bad : {"tree", "allreduce:5:ring", "allreduce:10-5:ring", "reduce:0-1k:ring"}) {
-    EXPECT_THROW(AlgorithmSelector(bad, "GFLOW_ALGO"), Error) << bad;
-  }
-}
-
-TEST(AlgorithmSelect, ShmSingleCopyRange) {
-  auto range = [](const char* setting, int members, bool over) {
-    const auto r = AlgorithmSelector::shmSingleCopyRange(setting, members, over);
-    return std::make_pair(r.lo, r.hi);
-  };
-  using R = std::pair<uint64_t, uint64_t>;
-  // auto: measured for two ranks with a core each; the slot path elsewhere.
-  EXPECT_EQ(range("auto", 2, false), R(128 << 10, 32 << 20));
-  EXPECT_EQ(range("auto", 2, true).second, 0u);
-  EXPECT_EQ(range("auto", 4, false).second, 0u);
-  EXPECT_EQ(range("off", 2, false).second, 0u);
-  // A range applies at any group size.
-  EXPECT_EQ(range("64K-", 4, true), R(64 << 10, UINT64_MAX));
-  EXPECT_EQ(range("1M-2M", 3, false), R(1 << 20, 2 << 20));
 }
 
 }  // namespace

@@ -627,11 +627,13 @@ nn_check_bench() {
   echo "$rows"
 }
 
-# nn_allreduce_algos OUTDIR RANK: "bytes:algorithm" for each algorithm change
-# rank RANK logged (needs GFLOW_DEBUG=INFO), one per line.
+# nn_allreduce_algos OUTDIR RANK: "bytes:route" for each route change rank
+# RANK logged (needs GFLOW_DEBUG=INFO), one per line. The log says
+#   rank R: allreduce #N (B bytes xW ranks): path P[ (staged)], algorithm A
+# and route is A on the network path, else P (shm, hierarchical, nccl).
 nn_allreduce_algos() {
-  sed -n 's/.*rank [0-9]*: allreduce #[0-9]* (\([0-9]*\) bytes x[0-9]* ranks): algorithm \([A-Za-z_0-9-]*\).*/\1:\2/p' \
-    "$1/rank$2.err"
+  sed -n 's/.*rank [0-9]*: allreduce #[0-9]* (\([0-9]*\) bytes x[0-9]* ranks): path \([a-z-]*\)[^,]*, algorithm \([A-Za-z_0-9-]*\).*/\1 \2 \3/p' \
+    "$1/rank$2.err" | awk '{print $1 ":" ($2 == "network" ? $3 : $2)}'
 }
 
 # nn_algo_known BENCH ALGO: 0 unless the library rejects ALGO as an unknown

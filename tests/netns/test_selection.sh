@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # shellcheck source-path=SCRIPTDIR
 # Algorithm selection across hosts: with GFLOW_DEBUG=INFO every rank logs
-#   rank R: allreduce #N (67108864 bytes xW ranks): algorithm X
-# for a 64 MiB float32 allreduce under the default choice (auto). Expected X:
+#   rank R: allreduce #N (67108864 bytes xW ranks): path P, algorithm A
+# for a 64 MiB float32 allreduce under the default choice (auto); X below is
+# P, or A on the network path (nn_allreduce_algos). Expected X:
 #   0,0,1,1 / 0,0,1,1,2,2 / 0,1,0,1 (>1 host, >1 rank per host): hierarchical
 #   0,0,1 (unequal hosts): hierarchical, or a flat algorithm (ring/rd) when
 #       some logged line says why it fell back (contains "fall")
@@ -49,7 +50,7 @@ check() {  # map expectation(hier|not-hier|hier-or-fallback)
   summary=$(printf '%s\n' "${algos[@]}" | sort | uniq -c | awk '{printf "%s%s x%s", s, $2, $1; s=", "}')
   fall=$(cat "$out"/rank*.err | grep -i "fall" | sed 's/^gflow [A-Z]* *\[pid [0-9]*\] //' | sort -u | head -n 3)
   # What rank 0 said about the layout (e.g. unequal hosts), for the record.
-  notes=$(grep -iE "hierarch|fall" "$out/rank0.err" | grep -v ": algorithm " |
+  notes=$(grep -iE "hierarch|fall" "$out/rank0.err" | grep -v ": path " |
     sed 's/^gflow [A-Z]* *\[pid [0-9]*\] //' | head -n 3)
   for a in "${algos[@]}"; do
     case "$want" in

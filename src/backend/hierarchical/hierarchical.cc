@@ -62,10 +62,9 @@ namespace {
 class HierarchicalBackend final : public Backend {
  public:
   HierarchicalBackend(const Hierarchy& h, std::unique_ptr<Backend> local,
-                      std::unique_ptr<Backend> cross, CrossSelector crossSelect,
-                      uint64_t segmentBytes)
+                      std::unique_ptr<Backend> cross, PhaseRoutes routes, uint64_t segmentBytes)
       : h_(h),
-        crossSelect_(std::move(crossSelect)),
+        routes_(std::move(routes)),
         local_(std::move(local)),
         cross_(std::move(cross)),
         localRanks_(h.ranksOfHost(h.host())),
@@ -322,32 +321,32 @@ class HierarchicalBackend final : public Backend {
     return scratch_.data();
   }
 
+  // A phase's description: `kind` over `count` elements among `ranks`,
+  // routed by `route`.
   static OpDesc subDesc(const Op& op, OpKind kind, ReduceOp rop, uint64_t count, int root,
-                        Algorithm algo) {
+                        const std::function<Route(OpKind, uint64_t, int)>& route, size_t ranks) {
     OpDesc d = op.desc;
     d.parent = fingerprint(op.desc);
     d.kind = kind;
     d.op = rop;
     d.count = count;
     d.root = root;
-    d.algo = algo;
+    d.route = route(kind, count * dataTypeSize(op.desc.dtype), static_cast<int>(ranks));
     return d;
   }
 
   template <class F>
   void runLocal(const Op& op, OpKind kind, ReduceOp rop, uint64_t count, int root, F&& f) {
-    Op sub{++localSeq_, subDesc(op, kind, rop, count, root, Algorithm::kShm), op.deadline,
-           op.buffers};
+    Op sub{++localSeq_, subDesc(op, kind, rop, count, root, routes_.local, localRanks_.size()),
+           op.deadline, op.buffers};
     const std::lock_guard<std::mutex> busy(localMu_);
     run(sub, localRanks_, "on this host", f);
   }
 
   template <class F>
   void runCross(const Op& op, OpKind kind, ReduceOp rop, uint64_t count, int root, F&& f) {
-    const uint64_t bytes = count * dataTypeSize(op.desc.dtype);
-    const int n = static_cast<int>(crossRanks_.size());
-    const Algorithm algo = crossSelect_(kind, bytes, n);
-    Op sub{++crossSeq_, subDesc(op, kind, rop, count, root, algo), op.deadline, op.buffers};
+    Op sub{++crossSeq_, subDesc(op, kind, rop, count, root, routes_.cross, crossRanks_.size()),
+           op.deadline, op.buffers};
     const std::lock_guard<std::mutex> busy(crossMu_);
     run(sub, crossRanks_, "across hosts", f);
   }
@@ -395,7 +394,7 @@ class HierarchicalBackend final : public Backend {
   }
 
   Hierarchy h_;
-  CrossSelector crossSelect_;
+  PhaseRoutes routes_;
   std::unique_ptr<Backend> local_;
   std::unique_ptr<Backend> cross_;
   std::vector<std::vector<int>> hostRanks_;  // ranks of every host
@@ -420,10 +419,9 @@ class HierarchicalBackend final : public Backend {
 std::unique_ptr<Backend> createHierarchicalBackend(const Hierarchy& h,
                                                    std::unique_ptr<Backend> local,
                                                    std::unique_ptr<Backend> cross,
-                                                   CrossSelector crossSelect,
-                                                   uint64_t segmentBytes) {
+                                                   PhaseRoutes routes, uint64_t segmentBytes) {
   return std::make_unique<HierarchicalBackend>(h, std::move(local), std::move(cross),
-                                               std::move(crossSelect), segmentBytes);
+                                               std::move(routes), segmentBytes);
 }
 
 }  // namespace gflow::backend

@@ -55,8 +55,11 @@ struct Hierarchy {
   static Hierarchy fromHostHashes(int rank, const std::vector<uint64_t>& hostHash);
 };
 
-// Picks the cross-host phase's algorithm from its kind, bytes and group size.
-using CrossSelector = std::function<Algorithm(OpKind, uint64_t bytes, int groupSize)>;
+// The routes of the phases (RoutePolicy::phase for the host parts, NCCL's
+// own for NCCL's), from the phase's kind, bytes and group size.
+struct PhaseRoutes {
+  std::function<Route(OpKind, uint64_t bytes, int groupSize)> local, cross;
+};
 
 // `local`: the ranks of this host (ranksOfHost(host())); `cross`: the ranks
 // with this rank's local rank (ranksWithLocalRank(localRank())). Both number
@@ -65,7 +68,6 @@ using CrossSelector = std::function<Algorithm(OpKind, uint64_t bytes, int groupS
 std::unique_ptr<Backend> createHierarchicalBackend(const Hierarchy& h,
                                                    std::unique_ptr<Backend> local,
                                                    std::unique_ptr<Backend> cross,
-                                                   CrossSelector crossSelect,
-                                                   uint64_t segmentBytes = 0);
+                                                   PhaseRoutes routes, uint64_t segmentBytes = 0);
 
 }  // namespace gflow::backend

@@ -27,19 +27,16 @@ class HostBackend final : public Backend {
 
   void allreduce(const Op& op, const void* in, void* out) override {
     Exchange ex(*ctx_, op, tuning_);
-    if (op.desc.algo == Algorithm::kFixedOrder) {
-      allreduceFixedOrder(ex, scratch_, in, out);
-    } else if (op.desc.algo == Algorithm::kRecursiveDoubling) {
-      allreduceRecursiveDoubling(ex, scratch_, in, out);
-    } else if (op.desc.algo == Algorithm::kHalvingDoubling) {
-      allreduceHalvingDoubling(ex, scratch_, in, out);
-    } else {
-      allreduceRing(ex, scratch_, in, out);
+    switch (op.desc.route.algo) {
+      case Algorithm::kFixedOrder: return allreduceFixedOrder(ex, scratch_, in, out);
+      case Algorithm::kRecursiveDoubling: return allreduceRecursiveDoubling(ex, scratch_, in, out);
+      case Algorithm::kHalvingDoubling: return allreduceHalvingDoubling(ex, scratch_, in, out);
+      default: return allreduceRing(ex, scratch_, in, out);
     }
   }
   void reduceScatter(const Op& op, const void* in, void* out) override {
     Exchange ex(*ctx_, op, tuning_);
-    if (op.desc.algo == Algorithm::kFixedOrder)
+    if (op.desc.route.algo == Algorithm::kFixedOrder)
       return reduceScatterFixedOrder(ex, scratch_, in, out);
     reduceScatterRing(ex, scratch_, in, out);
   }
@@ -57,19 +54,19 @@ class HostBackend final : public Backend {
   }
   void reduce(const Op& op, const void* in, void* out) override {
     rooted(op, [&](Exchange& ex) {
-      if (op.desc.algo == Algorithm::kChain) return reduceChain(ex, scratch_, in, out);
+      if (op.desc.route.algo == Algorithm::kChain) return reduceChain(ex, scratch_, in, out);
       reduceBinomial(ex, scratch_, in, out);
     });
   }
   void gather(const Op& op, const void* in, void* out) override {
     rooted(op, [&](Exchange& ex) {
-      if (op.desc.algo == Algorithm::kLinear) return gatherLinear(ex, in, out);
+      if (op.desc.route.algo == Algorithm::kLinear) return gatherLinear(ex, in, out);
       gatherBinomial(ex, scratch_, in, out);
     });
   }
   void scatter(const Op& op, const void* in, void* out) override {
     rooted(op, [&](Exchange& ex) {
-      if (op.desc.algo == Algorithm::kLinear) return scatterLinear(ex, in, out);
+      if (op.desc.route.algo == Algorithm::kLinear) return scatterLinear(ex, in, out);
       scatterBinomial(ex, scratch_, in, out);
     });
   }

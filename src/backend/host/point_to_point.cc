@@ -41,8 +41,9 @@ size_t bytesOf(const P2PMessage& m) {
 }
 
 transport::RequestPtr post(transport::Context& ctx, P2POrder& order, P2PMessage& m, int peer) {
-  const Algorithm algo = m.viaNccl ? Algorithm::kNccl : Algorithm::kDirect;
-  const OpDesc d{OpKind::kPointToPoint, m.dtype, ReduceOp::kSum, algo, 0, m.count};
+  // The header of a message whose payload travels through NCCL says so.
+  const Route route{m.viaNccl ? Path::kNccl : Path::kNetwork, Algorithm::kDirect};
+  const OpDesc d{OpKind::kPointToPoint, m.dtype, ReduceOp::kSum, route, 0, m.count};
   const transport::Envelope env = encode(d);
   const transport::Tag tag = tagOf(m.tag, order.take(m.send, peer, m.tag));
   if (m.send) return ctx.isend(peer, m.data, bytesOf(m), tag, env);

@@ -22,6 +22,10 @@ using Clock = std::chrono::steady_clock;
 
 // How often a waiting rank reads the peers' failure reports in the store.
 constexpr std::chrono::milliseconds kReportPoll{100};
+// How long an op that NCCL failed with a remote error waits for the failed
+// peer's own report (a process that died writes none: its survivors raise
+// NCCL's error that much later).
+constexpr std::chrono::milliseconds kReportGrace{500};
 
 std::string hex(uint64_t v) {
   char b[17];
@@ -251,6 +255,45 @@ void NcclBackend::start(const Op& op) {
   prepare(op);
 }
 
+namespace {
+
+// The hierarchical composition over NCCL's parts with the op check in front
+// of each op (its phases are several NCCL ops, each on a part of the ranks).
+class CheckedFirst final : public Backend {
+ public:
+  CheckedFirst(std::unique_ptr<Backend> inner, const NcclOpCheck* check)
+      : inner_(std::move(inner)), check_(check) {}
+  void allreduce(const Op& op, const void* in, void* out) override {
+    checked(op).allreduce(op, in, out);
+  }
+  void reduceScatter(const Op& op, const void* in, void* out) override {
+    checked(op).reduceScatter(op, in, out);
+  }
+  void allgather(const Op& op, const void* in, void* out) override {
+    checked(op).allgather(op, in, out);
+  }
+  void broadcast(const Op& op, void* buf) override { checked(op).broadcast(op, buf); }
+  void barrier(const Op& op) override { checked(op).barrier(op); }
+  const char* name() const override { return inner_->name(); }
+  void abort(const Error& error) override { inner_->abort(error); }
+  void notifyPeers(const Error& error) override { inner_->notifyPeers(error); }
+  PeerStats peerStats(int peer) const override { return inner_->peerStats(peer); }
+  void registerMemory(void* data, size_t bytes,
+                      std::vector<std::unique_ptr<transport::MemoryRegion>>* out) override {
+    inner_->registerMemory(data, bytes, out);
+  }
+
+ private:
+  Backend& checked(const Op& op) {
+    if (check_) check_->run(op, {});
+    return *inner_;
+  }
+  std::unique_ptr<Backend> inner_;
+  const NcclOpCheck* check_;
+};
+
+}  // namespace
+
 void NcclBackend::prepare(const Op& op) {
   if (int e = plugin_->eventCreate(&event_)) failCuda(op, e, "creating the NCCL op event");
   if (int e = plugin_->streamCreate(&stream_)) failCuda(op, e, "creating the NCCL stream");
@@ -262,10 +305,11 @@ void NcclBackend::prepare(const Op& op) {
     auto cross = part(op, h.localRank(), h.host(), h.host(), h.numHosts, "cross-host");
     intra_ = local.get();
     cross_ = cross.get();
-    hier_ = createHierarchicalBackend(
-        h, std::move(local), std::move(cross),
-        [](OpKind, uint64_t, int) { return Algorithm::kAuto; },
-        std::numeric_limits<uint64_t>::max());  // one segment: NCCL pipelines itself
+    const auto nccl = [](OpKind, uint64_t, int) { return Route{Path::kNccl, Algorithm::kAuto}; };
+    hier_ = std::make_unique<CheckedFirst>(
+        createHierarchicalBackend(h, std::move(local), std::move(cross), PhaseRoutes{nccl, nccl},
+                                  std::numeric_limits<uint64_t>::max()),  // NCCL pipelines itself
+        check_.get());
     hierarchical_.store(hier_.get(), std::memory_order_release);
   }
 }
@@ -318,14 +362,6 @@ void NcclBackend::splitInto(const Op& op, int color, int key, Backend* into) {
     return;
   }
   child->adopt(op, *this, comm);
-}
-
-Backend& NcclBackend::forOp(const Op& op) {
-  // avg divides on the host in the hierarchical composition: flat here
-  // (NCCL averages natively), as are the collectives it regroups in memory.
-  const bool hierarchical = hier_ && op.desc.algo == Algorithm::kHierarchical &&
-                            op.desc.kind == OpKind::kAllreduce && op.desc.op != ReduceOp::kAvg;
-  return hierarchical ? *hier_ : *this;
 }
 
 std::vector<uint8_t> NcclBackend::waitForKey(const Op& op, const std::string& key,
@@ -384,11 +420,22 @@ void NcclBackend::begin(const Op& op) {
   }
 }
 
-void NcclBackend::finish(const Op& op, const char* what) {
+void NcclBackend::finish(const Op& op, const char* what, const CheckedCounts& counts) {
   if (int e = plugin_->eventRecord(event_, stream_)) {
     failCuda(op, e, "recording an event after the NCCL op");
   }
+  runCheck(op, counts);
   await(op, event_, what);
+}
+
+void NcclBackend::runCheck(const Op& op, const CheckedCounts& counts) {
+  if (!check_) return;
+  try {
+    check_->run(op, counts);
+  } catch (...) {
+    abortComms();  // the op may wait for a peer that runs another one
+    throw;
+  }
 }
 
 void NcclBackend::await(const Op& op, void* event, const char* what) {
@@ -457,10 +504,16 @@ void NcclBackend::checkWaiting(const Op& op, const Deadline& deadline, const cha
     return;
   }
   if (failures <= 0) return;
+  // Its text may lag the count a little.
+  raiseReport(op, std::chrono::milliseconds(1000), true);
+}
+
+void NcclBackend::raiseReport(const Op& op, std::chrono::milliseconds wait, bool announced) {
   std::vector<uint8_t> report;
   try {
-    report = s_.store->get(s_.prefix + "nccl/failure", std::chrono::milliseconds(1000));
+    report = s_.store->get(s_.prefix + "nccl/failure", wait);
   } catch (const Error&) {
+    if (!announced) return;
     const std::vector<char> unknown = transport::errorReportPayload(
         Error(ErrorCode::kPeerLost, "another rank failed (its report could not be read)"), 256);
     report.assign({'-', '1', ' '});
@@ -486,6 +539,10 @@ void NcclBackend::failNccl(const Op& op, int result, const char* what, void* com
   const char* last = api_->getLastError(comm);
   if (last && *last) detail += std::string(" (") + last + ")";
   abortComms();
+  // A peer's failure ends this rank's NCCL op as a remote error that names
+  // nobody: where that peer reported its own error (notifyPeers, which
+  // follows its abort closely), that report is the op's error.
+  if (codeOf(result) == ErrorCode::kPeerLost) raiseReport(op, kReportGrace, false);
   throw Error(codeOf(result), detail, ErrorContext().withSeq(op.seq).withRank(s_.rank));
 }
 

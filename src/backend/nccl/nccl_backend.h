@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/nccl/op_check.h"
 #include "backend/router.h"
 #include "common/sticky_error.h"
 #include "cuda/nccl_api.h"
@@ -61,10 +62,14 @@ class NcclBackend final : public Backend {
   // The configuration says "staged": NCCL never runs this communicator.
   bool stagedByConfiguration() const;
   int device() const { return device_; }
-  // The backend that runs `op` once NCCL runs this communicator: the
-  // hierarchical composition for a hierarchical allreduce where there is
-  // one (not for avg, which it would divide on the host), else this.
-  Backend& forOp(const Op& op);
+  // NCCL split by host (an intra-host and a cross-host communicator under
+  // the hierarchical composition): made when NCCL starts on equal hosts
+  // that are several with several ranks each; null otherwise.
+  Backend* hierarchical() const { return hier_.get(); }
+  // The op check (op_check.h; GFLOW_NCCL_VERIFY) of every collective from
+  // now on: beside each op, after it is enqueued and before it is waited
+  // for; before the hierarchical composition's phases. Before the first op.
+  void setOpCheck(std::unique_ptr<NcclOpCheck> check) { check_ = std::move(check); }
 
   // Communicator::split, on this (the parent's) executing thread and
   // collective over its ranks: when NCCL runs this communicator, splits it
@@ -147,7 +152,10 @@ class NcclBackend final : public Backend {
   // Makes the NCCL stream wait for the op's inputs (op.buffers).
   void begin(const Op& op);
   // Records the event after the op on the NCCL stream and waits for the GPU.
-  void finish(const Op& op, const char* what);
+  // The op check runs between the two (`counts`: an all-to-all-v's).
+  void finish(const Op& op, const char* what, const CheckedCounts& counts = {});
+  // The op check; a failing one aborts NCCL, then raises.
+  void runCheck(const Op& op, const CheckedCounts& counts);
   // Waits until the GPU passed `event` (recorded after the op's work), under
   // the op's deadline counted from when its inputs were ready.
   void await(const Op& op, void* event, const char* what);
@@ -164,7 +172,7 @@ class NcclBackend final : public Backend {
     size_t bytes;
   };
   void exchange(const Op& op, std::vector<Transfer> sends, std::vector<Transfer> recvs,
-                const char* what);
+                const char* what, const CheckedCounts& counts = {});
   // A rooted op's root-only buffer `p` (`bytes`) on the root, as NCCL uses
   // it: `p` itself when every buffer of the op is on this GPU and stream,
   // else a device copy that `copy` owns (an input copied in on the NCCL
@@ -185,6 +193,11 @@ class NcclBackend final : public Backend {
   // aborting NCCL. `what` names the NCCL call being waited for.
   void checkWaiting(const Op& op, const Deadline& deadline, const char* what,
                     std::chrono::steady_clock::time_point* poll);
+  // Raises the first failure report a peer wrote in the store (waiting up
+  // to `wait` for it) as a peer report naming that peer. `announced`: the
+  // store's count says there is one (an unreadable one is raised as an
+  // unknown failure); else no report returns quietly.
+  void raiseReport(const Op& op, std::chrono::milliseconds wait, bool announced);
   [[noreturn]] void failNccl(const Op& op, int result, const char* what, void* comm);
   [[noreturn]] void failCuda(const Op& op, int err, const char* what);
   void abortComms();
@@ -202,6 +215,7 @@ class NcclBackend final : public Backend {
   // this host) and a cross-host part (the ranks with this local rank), both
   // NCCL communicators split off comm_ and owned by hier_.
   std::unique_ptr<Backend> hier_;
+  std::unique_ptr<NcclOpCheck> check_;  // null: GFLOW_NCCL_VERIFY=0 or one rank
   NcclBackend* intra_ = nullptr;
   NcclBackend* cross_ = nullptr;
   std::atomic<Backend*> hierarchical_{nullptr};  // hier_, for abort()

@@ -19,7 +19,7 @@ const char* at(const void* base, uint64_t elements, size_t elementSize) {
 }  // namespace
 
 void NcclBackend::exchange(const Op& op, std::vector<Transfer> sends, std::vector<Transfer> recvs,
-                           const char* what) {
+                           const char* what, const CheckedCounts& counts) {
   // This rank's own block, already where it belongs (in place): no copy.
   auto self = [&](const Transfer& t) { return t.peer == s_.rank; };
   const auto sendSelf = std::find_if(sends.begin(), sends.end(), self);
@@ -30,7 +30,7 @@ void NcclBackend::exchange(const Op& op, std::vector<Transfer> sends, std::vecto
   }
   cuda::DeviceGuard g(*plugin_, device_);
   enqueueGroup(op, sends, recvs);
-  finish(op, what);
+  finish(op, what, counts);
 }
 
 void NcclBackend::enqueueGroup(const Op& op, const std::vector<Transfer>& sends,
@@ -129,7 +129,10 @@ void NcclBackend::alltoallv(const Op& op, const void* in, const Blocks& inBlocks
                      : op.desc.kind == OpKind::kAllgatherv
                          ? "allgatherv (grouped ncclSend/ncclRecv)"
                          : "alltoallv (grouped ncclSend/ncclRecv)";
-  exchange(op, std::move(sends), std::move(recvs), what);
+  // The uneven forms' counts differ by rank: the check compares them.
+  const CheckedCounts counts =
+      op.desc.kind == OpKind::kAlltoall ? CheckedCounts{} : CheckedCounts{&inBlocks, &outBlocks};
+  exchange(op, std::move(sends), std::move(recvs), what, counts);
 }
 
 void NcclBackend::gatherv(const Op& op, const void* in, void* out, const Blocks& blocks) {

@@ -11,7 +11,7 @@
 //     then everyone copies every slice out. Each slice is reduced once.
 //   reduce-scatter: one sync; rank r reduces block r's part from all slots.
 //   allgather / broadcast: one sync; everyone copies the slots out.
-// Reproducible mode (Algorithm::kShmFixedOrder) takes the same paths, and
+// Reproducible mode (Algorithm::kFixedOrder) takes the same paths, and
 // every reduction there hands the members' data in rank order to
 // kernels::OrderedReduction, which reduces it by its fixed tree (the same
 // bits as the host backend's fixed order).
@@ -19,8 +19,9 @@
 // in the cache (2 x chunk per rank), which is what the bandwidth bound in
 // docs/performance.md assumes.
 //
-// Allreduces in GFLOW_SHM_SINGLE_COPY's byte range, where the group can
-// read its members' memory (group.h), skip the copy into the slots: rank r
+// Allreduces routed to single copy (Algorithm::kSingleCopy: the sizes in
+// GFLOW_SHM_SINGLE_COPY's range, where the group can read its members'
+// memory, group.h) skip the copy into the slots: rank r
 // reduces slice r from every member's input read straight from its buffer
 // (through its own slot, a chunk at a time), then reads the other slices
 // from their owners' outputs straight into its own (allreduceSingleCopy).
@@ -72,10 +73,7 @@ class OpScope {
 
 class ShmBackend final : public Backend {
  public:
-  ShmBackend(std::unique_ptr<Group> group, uint64_t singleCopyLo, uint64_t singleCopyHi)
-      : g_(std::move(group)),
-        singleLo_(singleCopyLo),
-        singleHi_(g_->singleCopy() && g_->size() > 1 ? singleCopyHi : 0) {}
+  explicit ShmBackend(std::unique_ptr<Group> group) : g_(std::move(group)) {}
 
   void allreduce(const Op& op, const void* inp, void* outp) override {
     const OpDesc& d = op.desc;
@@ -84,12 +82,12 @@ class ShmBackend final : public Backend {
     const char* in = static_cast<const char*>(inp);
     char* out = static_cast<char*>(outp);
     if (scope.empty(d.count)) return;
-    const size_t total = d.count * scope.es;
-    if (total >= singleLo_ && total < singleHi_) {
+    if (d.route.algo == Algorithm::kSingleCopy && g_->singleCopy()) {
+      const size_t total = d.count * scope.es;
       g_->publishBuffers(in, total, out, total);
       g_->sync();
       // Buffers that cannot be read by single copy on any member: this op
-      // goes through the slots (the decision is the same on every member).
+      // goes through the slots (the outcome is the same on every member).
       if (g_->publishedReadable()) return allreduceSingleCopy(scope, d, fn, in, out);
     }
     reduceThroughSlots(scope, d, fn, in, out, -1);
@@ -257,7 +255,7 @@ class ShmBackend final : public Backend {
   }
 
   // Reproducible mode: reductions go through kernels::OrderedReduction.
-  static bool fixedOrder(const OpDesc& d) { return d.algo == Algorithm::kShmFixedOrder; }
+  static bool fixedOrder(const OpDesc& d) { return d.route.algo == Algorithm::kFixedOrder; }
 
   // dst = the `cnt` elements at byte `at` of every slot, reduced in rank
   // order (divided for kAvg). In reproducible mode dst may be this member's
@@ -391,16 +389,12 @@ class ShmBackend final : public Backend {
   std::vector<char> acc_;
   std::vector<const void*> operands_;
   std::vector<char> second_;
-  // Allreduces of [singleLo_, singleHi_) bytes read peers' buffers directly.
-  const uint64_t singleLo_;
-  const uint64_t singleHi_;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> createShmBackend(std::unique_ptr<backend::shm::Group> group,
-                                          uint64_t singleCopyLo, uint64_t singleCopyHi) {
-  return std::make_unique<ShmBackend>(std::move(group), singleCopyLo, singleCopyHi);
+std::unique_ptr<Backend> createShmBackend(std::unique_ptr<backend::shm::Group> group) {
+  return std::make_unique<ShmBackend>(std::move(group));
 }
 
 }  // namespace gflow::backend

@@ -8,9 +8,8 @@
 
 namespace gflow::backend {
 
-// Allreduces of [singleCopyLo, singleCopyHi) bytes take the single-copy path
-// where group->singleCopy().
-std::unique_ptr<Backend> createShmBackend(std::unique_ptr<backend::shm::Group> group,
-                                          uint64_t singleCopyLo, uint64_t singleCopyHi);
+// Its algorithms (OpDesc::route): kSlots, kSingleCopy (allreduce, where
+// group->singleCopy()) and kFixedOrder (allreduce, reduce-scatter).
+std::unique_ptr<Backend> createShmBackend(std::unique_ptr<backend::shm::Group> group);
 
 }  // namespace gflow::backend
