@@ -1,7 +1,8 @@
 # Warnings (-Werror by default) and sanitizers for every gflow target.
 function(gflow_set_warnings target)
+  # Clang checks the thread annotations (src/common/thread_annotations.h).
   target_compile_options(${target} PRIVATE -Wall -Wextra -Wnon-virtual-dtor
-    $<$<CXX_COMPILER_ID:GNU>:-Wshadow=local>)
+    $<$<CXX_COMPILER_ID:GNU>:-Wshadow=local> $<$<CXX_COMPILER_ID:Clang>:-Wthread-safety>)
   # GCC 12 with sanitizers at -O1 and above warns "may be used
   # uninitialized" inside libstdc++'s <regex> (the sanitizers' instrumentation
   # defeats its flow analysis); the unsanitized builds keep the warning.

@@ -118,6 +118,7 @@ void TcpStoreServer::wakeLoop() {
 }
 
 void TcpStoreServer::run() {
+  loop_.enter();
   while (!stop_.load()) {
     try {
       loopOnce();
@@ -198,7 +199,7 @@ void TcpStoreServer::onAuthenticated(net::HandshakeAcceptor::Handshake& h) {
   net::Socket sock = h.take();
   if (!sock.valid()) return;  // shutting down
   {
-    std::lock_guard<std::mutex> lock(arrivalsMutex_);
+    MutexLock lock(arrivalsMutex_);
     arrivals_.push_back(Arrival{std::move(sock), h.peer()});
   }
   wakeLoop();
@@ -207,7 +208,7 @@ void TcpStoreServer::onAuthenticated(net::HandshakeAcceptor::Handshake& h) {
 void TcpStoreServer::admitArrivals() {
   std::vector<Arrival> arrivals;
   {
-    std::lock_guard<std::mutex> lock(arrivalsMutex_);
+    MutexLock lock(arrivalsMutex_);
     arrivals.swap(arrivals_);
   }
   for (Arrival& a : arrivals) {

@@ -21,7 +21,8 @@
 //
 // Thread safety: construct and destroy from one thread; the destructor stops
 // the acceptor (unblocking pending handshakes) and the loop, and joins every
-// thread.
+// thread. The loop's state is the loop thread's alone (loop_); the
+// handshake threads hand it sockets through arrivals_ (arrivalsMutex_).
 #pragma once
 
 #include <atomic>
@@ -40,6 +41,7 @@
 #include "common/deadline.h"
 #include "common/handshake_acceptor.h"
 #include "common/socket.h"
+#include "common/thread_annotations.h"
 
 namespace gflow::bootstrap {
 
@@ -76,31 +78,34 @@ class TcpStoreServer {
     std::string peer;
   };
 
-  void run();
-  void loopOnce();
-  void onAuthenticated(net::HandshakeAcceptor::Handshake& h);  // a handshake thread
-  void admitArrivals();
-  void wakeLoop();
-  void onEvents(Conn& c, uint32_t events);
+  void run();  // the loop thread's body
+  void loopOnce() GFLOW_REQUIRES(loop_);
+  // A handshake thread.
+  void onAuthenticated(net::HandshakeAcceptor::Handshake& h) GFLOW_EXCLUDES(arrivalsMutex_);
+  void admitArrivals() GFLOW_REQUIRES(loop_) GFLOW_EXCLUDES(arrivalsMutex_);
+  void wakeLoop();                                            // any thread
   bool arm(int fd, uint64_t tag, uint32_t events, bool add);  // false: errno set
-  void readSome(Conn& c);
-  void processFrames(Conn& c);
-  void dispatch(Conn& c, proto::Op op, const uint8_t* body, size_t len);
+  void onEvents(Conn& c, uint32_t events) GFLOW_REQUIRES(loop_);
+  void readSome(Conn& c) GFLOW_REQUIRES(loop_);
+  void processFrames(Conn& c) GFLOW_REQUIRES(loop_);
+  void dispatch(Conn& c, proto::Op op, const uint8_t* body, size_t len) GFLOW_REQUIRES(loop_);
   // One handler per request op; each throws ProtocolError on a malformed body.
-  void onSet(Conn& c, proto::Reader& r);
-  void onGet(Conn& c, proto::Reader& r);
-  void onWait(Conn& c, proto::Reader& r);
-  void onAdd(Conn& c, proto::Reader& r);
-  void onCheck(Conn& c, proto::Reader& r);
-  void park(Conn& c, proto::Op op, std::vector<std::string> keys, uint64_t timeoutMs);
-  void unpark(Conn& c);
-  void notifyKey(const std::string& key);
-  void expireWaiters();
+  void onSet(Conn& c, proto::Reader& r) GFLOW_REQUIRES(loop_);
+  void onGet(Conn& c, proto::Reader& r) GFLOW_REQUIRES(loop_);
+  void onWait(Conn& c, proto::Reader& r) GFLOW_REQUIRES(loop_);
+  void onAdd(Conn& c, proto::Reader& r) GFLOW_REQUIRES(loop_);
+  void onCheck(Conn& c, proto::Reader& r) GFLOW_REQUIRES(loop_);
+  void park(Conn& c, proto::Op op, std::vector<std::string> keys, uint64_t timeoutMs)
+      GFLOW_REQUIRES(loop_);
+  void unpark(Conn& c) GFLOW_REQUIRES(loop_);
+  void notifyKey(const std::string& key) GFLOW_REQUIRES(loop_);
+  void expireWaiters() GFLOW_REQUIRES(loop_);
   void respond(Conn& c, proto::Status status, const std::vector<uint8_t>& body,
-               Value value = nullptr);
-  void flush(Conn& c);
-  void close(Conn& c, const std::string& why, bool warn);
-  std::vector<std::string> missingOf(const std::vector<std::string>& keys) const;
+               Value value = nullptr) GFLOW_REQUIRES(loop_);
+  void flush(Conn& c) GFLOW_REQUIRES(loop_);
+  void close(Conn& c, const std::string& why, bool warn) GFLOW_REQUIRES(loop_);
+  std::vector<std::string> missingOf(const std::vector<std::string>& keys) const
+      GFLOW_REQUIRES(loop_);
 
   net::Socket wake_;  // eventfd: stop requests and authenticated arrivals
   net::Socket epoll_;
@@ -111,19 +116,25 @@ class TcpStoreServer {
   std::thread thread_;
   std::unique_ptr<net::HandshakeAcceptor> acceptor_;
 
-  std::mutex arrivalsMutex_;
-  std::vector<Arrival> arrivals_;
+  Mutex arrivalsMutex_;
+  std::vector<Arrival> arrivals_ GFLOW_GUARDED_BY(arrivalsMutex_);
 
   // Loop-thread state.
-  std::map<uint64_t, Conn> conns_;
-  std::unordered_map<std::string, Value> data_;
-  std::unordered_map<std::string, std::vector<uint64_t>> waiters_;  // key -> parked conn ids
-  std::vector<uint64_t> runnable_;  // conns whose buffered frames may now proceed
-  std::vector<uint64_t> touched_;   // conns whose epoll events may need re-arming
-  std::vector<uint64_t> dead_;      // closed conns, erased at the end of the iteration
-  std::set<std::pair<Deadline::Clock::time_point, uint64_t>> parkedByDeadline_;
-  size_t storedBytes_ = 0;
-  uint64_t nextId_ = 1;
+  ThreadRole loop_;
+  std::map<uint64_t, Conn> conns_ GFLOW_GUARDED_BY(loop_);
+  std::unordered_map<std::string, Value> data_ GFLOW_GUARDED_BY(loop_);
+  // Key -> parked conn ids.
+  std::unordered_map<std::string, std::vector<uint64_t>> waiters_ GFLOW_GUARDED_BY(loop_);
+  // Conns whose buffered frames may now proceed.
+  std::vector<uint64_t> runnable_ GFLOW_GUARDED_BY(loop_);
+  // Conns whose epoll events may need re-arming.
+  std::vector<uint64_t> touched_ GFLOW_GUARDED_BY(loop_);
+  // Closed conns, erased at the end of the iteration.
+  std::vector<uint64_t> dead_ GFLOW_GUARDED_BY(loop_);
+  std::set<std::pair<Deadline::Clock::time_point, uint64_t>> parkedByDeadline_
+      GFLOW_GUARDED_BY(loop_);
+  size_t storedBytes_ GFLOW_GUARDED_BY(loop_) = 0;
+  uint64_t nextId_ GFLOW_GUARDED_BY(loop_) = 1;
 };
 
 }  // namespace gflow::bootstrap

@@ -25,6 +25,7 @@
 #include "common/check.h"
 #include "common/hash.h"
 #include "common/params.h"
+#include "common/thread_annotations.h"
 #include "core/internal.h"
 #include "gradient/auto_wire.h"
 #include "gradient/bucket_plan.h"
@@ -50,8 +51,8 @@ class GradientReducer::Impl {
  public:
   Impl(std::shared_ptr<Communicator> comm, std::vector<Tensor> tensors, ReducerOptions options);
   ~Impl();
-  void ready(size_t index);
-  void wait(std::chrono::milliseconds timeout);
+  void ready(size_t index) GFLOW_EXCLUDES(mutex);
+  void wait(std::chrono::milliseconds timeout) GFLOW_EXCLUDES(mutex);
 
   // The reducer's own communicator, split from the caller's at creation: its
   // buckets and rounds never interleave with the caller's ops, and a
@@ -69,21 +70,24 @@ class GradientReducer::Impl {
   std::optional<gradient::WirePolicyConfig> autoConfig;  // the automatic wire's
   bool errorFeedback = false;                            // residuals_ (a quantized wire)
   gradient::CscConfig sparse;                            // density 0: dense
-  mutable std::mutex mutex;
-  ReducerStats stats;
+  // Guards the step's state below (ready() and wait() on the caller's
+  // threads, the round thread, the public getters).
+  mutable Mutex mutex;
+  ReducerStats stats GFLOW_GUARDED_BY(mutex);
 
  private:
   ErrorContext context(const char* opName) const {
     return ErrorContext::forOp(opName).withRank(comm->rank());
   }
-  std::string stepText() const { return "step " + std::to_string(step_); }
+  std::string stepText() const GFLOW_REQUIRES(mutex) { return "step " + std::to_string(step_); }
   char* regionOf(const Bucket& b) {
     return fuser_->packs(b) ? poolData_[static_cast<int>(b.dtype)] + poolOffset_[b.tensors[0]]
                             : nullptr;
   }
   // Queues bucket b (`fixed`: its index in plan, for the automatic wire). A
   // failure (the communicator failed) is kept for wait().
-  void fireLocked(const Bucket& b, std::optional<size_t> fixed = std::nullopt) {
+  void fireLocked(const Bucket& b, std::optional<size_t> fixed = std::nullopt)
+      GFLOW_REQUIRES(mutex) {
     try {
       gradient::FireOptions o;
       o.step = step_;
@@ -130,13 +134,14 @@ class GradientReducer::Impl {
     return static_cast<int64_t>(h >> 1);
   }
   // Waits for every op fired (ignoring their errors) and starts a new step.
-  void abandonStepLocked();
-  void resetStepLocked();
+  void abandonStepLocked() GFLOW_REQUIRES(mutex);
+  void resetStepLocked() GFLOW_REQUIRES(mutex);
   void registerBuffers(const std::vector<Tensor>& tensors);
-  [[noreturn]] void missingTensors(std::unique_lock<std::mutex>& lock);
+  // Both release the lock for a while (the communicator's calls).
+  [[noreturn]] void missingTensors() GFLOW_REQUIRES(mutex);
   // Cycle-time mode: the round thread's loop and one round.
-  void roundLoop();
-  void roundLocked(std::unique_lock<std::mutex>& lock);
+  void roundLoop() GFLOW_EXCLUDES(mutex);
+  void roundLocked() GFLOW_REQUIRES(mutex);
 
   std::unique_ptr<Timeline> timeline_;
   // Cuda gradients: kernels and device memory (pool, CSC residual); null
@@ -149,12 +154,12 @@ class GradientReducer::Impl {
   std::unique_ptr<gradient::AutoWire> autoWire_;  // automatic wire (fixed buckets)
   // This step's inf/NaN flag (a fresh one per step, so ops of an abandoned
   // step cannot touch the next), and the last completed step's.
-  std::shared_ptr<std::atomic<bool>> nonFinite_;
-  bool lastNonFinite_ = false;
+  std::shared_ptr<std::atomic<bool>> nonFinite_ GFLOW_GUARDED_BY(mutex);
+  bool lastNonFinite_ GFLOW_GUARDED_BY(mutex) = false;
 
  public:
-  bool lastNonFinite() const { return lastNonFinite_; }
-  std::vector<DataType> currentWires() const {
+  bool lastNonFinite() const GFLOW_REQUIRES(mutex) { return lastNonFinite_; }
+  std::vector<DataType> currentWires() const GFLOW_REQUIRES(mutex) {
     std::vector<DataType> out;
     for (size_t k = 0; k < plan.buckets.size(); ++k) {
       const bool f32 = plan.buckets[k].dtype == DataType::kFloat32 && !csc_;
@@ -172,22 +177,23 @@ class GradientReducer::Impl {
   std::vector<std::unique_ptr<MemoryRegistration>> registrations_;
 
   std::condition_variable cv_;
-  uint64_t step_ = 0;
-  std::vector<uint8_t> ready_;  // this step
-  size_t readyCount_ = 0;
-  std::vector<size_t> missing_;  // per fixed bucket: tensors not ready yet
-  size_t nextBucket_ = 0;        // fixed buckets fired so far
-  std::vector<std::shared_ptr<WorkState>> works_;
+  uint64_t step_ GFLOW_GUARDED_BY(mutex) = 0;
+  std::vector<uint8_t> ready_ GFLOW_GUARDED_BY(mutex);  // this step
+  size_t readyCount_ GFLOW_GUARDED_BY(mutex) = 0;
+  // Per fixed bucket: tensors not ready yet.
+  std::vector<size_t> missing_ GFLOW_GUARDED_BY(mutex);
+  size_t nextBucket_ GFLOW_GUARDED_BY(mutex) = 0;  // fixed buckets fired so far
+  std::vector<std::shared_ptr<WorkState>> works_ GFLOW_GUARDED_BY(mutex);
   // Cycle-time mode.
-  std::vector<uint8_t> sent_;
-  uint64_t readyUnsentBytes_ = 0;
-  size_t sentCount_ = 0;
-  bool waiting_ = false;  // wait() was called this step
-  bool roundsDone_ = false;
+  std::vector<uint8_t> sent_ GFLOW_GUARDED_BY(mutex);
+  uint64_t readyUnsentBytes_ GFLOW_GUARDED_BY(mutex) = 0;
+  size_t sentCount_ GFLOW_GUARDED_BY(mutex) = 0;
+  bool waiting_ GFLOW_GUARDED_BY(mutex) = false;  // wait() was called this step
+  bool roundsDone_ GFLOW_GUARDED_BY(mutex) = false;
   // The step's first error: raised by wait() (fixed buckets: the
   // communicator failed while firing; cycle mode: a round's error).
-  std::shared_ptr<const Error> stepError_;
-  bool stop_ = false;
+  std::shared_ptr<const Error> stepError_ GFLOW_GUARDED_BY(mutex);
+  bool stop_ GFLOW_GUARDED_BY(mutex) = false;
   std::thread roundThread_;
 };
 
@@ -286,6 +292,7 @@ void GradientReducer::Impl::setUp(const ReducerOptions& options) {
   }
   // Device memory travels through staging buffers or NCCL, not verbs.
   if (!cudaKernels_) registerBuffers(tensors);
+  MutexLock lock(mutex);  // no other thread runs yet
   ready_.assign(tensors.size(), 0);
   sent_.assign(tensors.size(), 0);
   resetStepLocked();
@@ -401,7 +408,7 @@ void GradientReducer::Impl::allocatePool() {
 }
 
 GradientReducer::Impl::~Impl() {
-  std::unique_lock<std::mutex> lock(mutex);
+  MutexLock lock(mutex);
   stop_ = true;
   // In the middle of a step the peers wait for buckets or rounds this rank
   // will never issue: abort the reducer's communicator so they fail now.
@@ -466,7 +473,7 @@ void GradientReducer::Impl::abandonStepLocked() {
 }
 
 void GradientReducer::Impl::ready(size_t index) {
-  std::lock_guard<std::mutex> lock(mutex);
+  MutexLock lock(mutex);
   if (index >= tensors.size()) {
     GFLOW_THROW(kInvalidArgument, context("reducer.ready"))
         << "ready(" << index << "): the reducer has " << tensors.size() << " tensors";
@@ -503,7 +510,7 @@ void GradientReducer::Impl::ready(size_t index) {
 // Fixed buckets: the peers are (or will be) waiting in the allreduce of a
 // bucket this rank can never fire; failing the communicator gives them this
 // error instead.
-void GradientReducer::Impl::missingTensors(std::unique_lock<std::mutex>& lock) {
+void GradientReducer::Impl::missingTensors() {
   // ready() could not fire a bucket because the communicator had failed:
   // that is the error to report, not its consequence.
   if (auto e = stepError_ ? stepError_ : comm->error()) {
@@ -520,11 +527,11 @@ void GradientReducer::Impl::missingTensors(std::unique_lock<std::mutex>& lock) {
   const std::string what = "wait() in " + stepText() + " on rank " + std::to_string(comm->rank()) +
                            " while " + std::to_string(count) +
                            " tensor(s) were never marked ready: " + list;
-  lock.unlock();
+  mutex.unlock();
   try {
     CommunicatorAccess::failInvalid(*comm, "reducer.wait", what);
   } catch (const Error&) {
-    lock.lock();
+    mutex.lock();
     abandonStepLocked();
     throw;
   }
@@ -540,23 +547,27 @@ void GradientReducer::Impl::wait(std::chrono::milliseconds timeout) {
         deadline - std::chrono::steady_clock::now());
     return std::max(left, std::chrono::milliseconds(1));
   };
+  MutexLock lock(mutex);
+  // Only this call moves to the next step: its text holds while unlocked.
+  const std::string step = stepText();
   auto timedOut = [&]() -> Error {
     return Error(ErrorCode::kTimeout,
                  "GradientReducer::wait gave up after " + std::to_string(timeout.count()) +
-                     " ms in " + stepText() + "; the step is still running",
+                     " ms in " + step + "; the step is still running",
                  context("wait"));
   };
-  std::unique_lock<std::mutex> lock(mutex);
   if (autoWire_) autoWire_->waitCalled();
-  if (cycle.count() == 0 && readyCount_ < tensors.size()) missingTensors(lock);
+  if (cycle.count() == 0 && readyCount_ < tensors.size()) missingTensors();
   if (cycle.count() > 0) {
     waiting_ = true;
     cv_.notify_all();
-    auto done = [&] { return roundsDone_ || stepError_ || stop_; };
-    if (timeout.count() <= 0) {
-      cv_.wait(lock, done);
-    } else if (!cv_.wait_until(lock, deadline, done)) {
-      throw timedOut();
+    while (!roundsDone_ && !stepError_ && !stop_) {
+      if (timeout.count() <= 0) {
+        lock.wait(cv_);
+      } else if (lock.waitUntil(cv_, deadline) == std::cv_status::timeout && !roundsDone_ &&
+                 !stepError_ && !stop_) {
+        throw timedOut();
+      }
     }
   }
   if (stepError_) {
@@ -592,7 +603,8 @@ void GradientReducer::Impl::wait(std::chrono::milliseconds timeout) {
     try {
       std::function<std::vector<double>()> ratios;
       if (!residuals_.empty()) {
-        ratios = [this] {
+        // Called by stepDone below, under the lock this function holds.
+        ratios = [this]() GFLOW_NO_THREAD_SAFETY_ANALYSIS {
           return gradient::residualRatios(plan, tensors, residuals_, currentWires(),
                                           cudaKernels_.get());
         };
@@ -609,7 +621,7 @@ void GradientReducer::Impl::wait(std::chrono::milliseconds timeout) {
 // ---- Cycle-time mode: negotiated rounds ------------------------------------
 
 void GradientReducer::Impl::roundLoop() {
-  std::unique_lock<std::mutex> lock(mutex);
+  MutexLock lock(mutex);
   auto lastRound = std::chrono::steady_clock::now();
   while (!stop_) {
     const bool active = !roundsDone_ && !stepError_ && (readyCount_ > 0 || waiting_);
@@ -617,13 +629,13 @@ void GradientReducer::Impl::roundLoop() {
     const bool due = pending && std::chrono::steady_clock::now() >= lastRound + cycle;
     if (active &&
         (due || waiting_ || readyUnsentBytes_ >= bucketBytes || readyCount_ == tensors.size())) {
-      roundLocked(lock);
+      roundLocked();
       lastRound = std::chrono::steady_clock::now();
       cv_.notify_all();
     } else if (pending) {
-      cv_.wait_until(lock, lastRound + cycle);
+      lock.waitUntil(cv_, lastRound + cycle);
     } else {
-      cv_.wait(lock);
+      lock.wait(cv_);
     }
   }
 }
@@ -631,7 +643,7 @@ void GradientReducer::Impl::roundLoop() {
 // One round: agree on the tensors ready everywhere and fire them. Every rank
 // gets the same answer, so every rank fires the same buckets and sees the
 // step end in the same round. Errors go to stepError_ (raised by wait()).
-void GradientReducer::Impl::roundLocked(std::unique_lock<std::mutex>& lock) {
+void GradientReducer::Impl::roundLocked() {
   const size_t n = tensors.size();
   const auto none = std::numeric_limits<int64_t>::max();
   // Per tensor: 1 if ready here (min over ranks: ready everywhere). Last:
@@ -645,7 +657,7 @@ void GradientReducer::Impl::roundLocked(std::unique_lock<std::mutex>& lock) {
     ctl[n] = static_cast<int64_t>(static_cast<size_t>(comm->rank()) * n + first);
   }
   ++stats.controlOps;
-  lock.unlock();
+  mutex.unlock();
   std::shared_ptr<const Error> error;
   try {
     comm->allreduce(Tensor(ctl.data(), ctl.size(), DataType::kInt64), ReduceOp::kMin);
@@ -655,7 +667,7 @@ void GradientReducer::Impl::roundLocked(std::unique_lock<std::mutex>& lock) {
     error = std::make_shared<const Error>(
         ErrorCode::kInternal, std::string("round failed: ") + e.what(), context("reducer.round"));
   }
-  lock.lock();
+  mutex.lock();
   if (!error && stop_) {
     error = std::make_shared<const Error>(ErrorCode::kAborted, "the reducer is being destroyed",
                                           context("reducer.round"));
@@ -731,17 +743,17 @@ uint64_t GradientReducer::fusionThreshold() const {
 }
 
 bool GradientReducer::nonFinite() const {
-  std::lock_guard<std::mutex> lock(impl_->mutex);
+  MutexLock lock(impl_->mutex);
   return impl_->lastNonFinite();
 }
 
 std::vector<DataType> GradientReducer::wires() const {
-  std::lock_guard<std::mutex> lock(impl_->mutex);
+  MutexLock lock(impl_->mutex);
   return impl_->currentWires();
 }
 
 ReducerStats GradientReducer::stats() const {
-  std::lock_guard<std::mutex> lock(impl_->mutex);
+  MutexLock lock(impl_->mutex);
   return impl_->stats;
 }
 

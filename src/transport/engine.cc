@@ -49,6 +49,7 @@ void Engine::checkFailed() {
 }
 
 void Engine::fail(const Error& e) {
+  owner_.enter();  // owning thread
   std::shared_ptr<const Error> first = error_.set(e);
   for (auto& b : books_) {
     for (auto& kv : b->msgs) {
@@ -60,16 +61,19 @@ void Engine::fail(const Error& e) {
 }
 
 void Engine::failTimeout(const RequestPtr& req, bool peerAlive, const char* via) {
+  owner_.enter();  // owning thread
   fail(requestTimeout(rank(), group_, *req, peerAlive, via));
 }
 
 std::vector<Error> Engine::awaitReports(Deadline, int) {
+  owner_.enter();  // owning thread
   std::vector<Error> all;
   for (const auto& kv : reports_) all.push_back(kv.second);
   return all;
 }
 
 void Engine::peerReported(uint64_t theirGroup, const Error& e, const Error* ownCause) {
+  owner_.enter();                 // owning thread
   reports_.emplace(e.peer(), e);  // one per peer: bounded
   if (failed()) return;
   // The sender's op number came with the report: a report about an op this
@@ -86,6 +90,7 @@ void Engine::peerReported(uint64_t theirGroup, const Error& e, const Error* ownC
 }
 
 void Engine::peerRejected(uint64_t theirGroup, const Error& e) {
+  owner_.enter();  // owning thread
   // Bounded: the ops a peer can reject ahead of this rank's progress.
   constexpr size_t kMaxRejectedAhead = 1 << 16;
   if (selfRejected_ && !isPast(*selfRejected_, theirGroup)) return;  // rejected here too
@@ -101,6 +106,7 @@ void Engine::peerRejected(uint64_t theirGroup, const Error& e) {
 }
 
 void Engine::selfRejected(uint64_t group) {
+  owner_.enter();  // owning thread
   selfRejected_ = group;
   while (!rejected_.empty() && !isPast(group, rejected_.begin()->first)) {
     rejected_.erase(rejected_.begin());
@@ -110,6 +116,7 @@ void Engine::selfRejected(uint64_t group) {
 // ---- progress ----------------------------------------------------------------
 
 void Engine::wait(const RequestPtr& req, Deadline deadline) {
+  owner_.enter();  // owning thread
   if (!req->done()) {
     checkFailed();
     waitUntilDone(req, deadline);
@@ -118,6 +125,7 @@ void Engine::wait(const RequestPtr& req, Deadline deadline) {
 }
 
 bool Engine::test(const RequestPtr& req) {
+  owner_.enter();  // owning thread
   checkFailed();
   if (!req->done()) pollOnce();
   if (req->failed()) throw req->error();
@@ -125,11 +133,13 @@ bool Engine::test(const RequestPtr& req) {
 }
 
 void Engine::poll() {
+  owner_.enter();  // owning thread
   checkFailed();
   pollOnce();
 }
 
 bool Engine::arrived(int peer, Tag tag) {
+  owner_.enter();  // owning thread
   const Message* m = find(peer, tag);
   return m != nullptr && m->req == nullptr;
 }
@@ -137,12 +147,14 @@ bool Engine::arrived(int peer, Tag tag) {
 // ---- groups ------------------------------------------------------------------
 
 void Engine::beginGroup(uint64_t group, const Envelope& env) {
+  owner_.enter();  // owning thread
   checkFailed();
   startGroup(group, env);
   for (int peer = 0; peer < size(); ++peer) checkStaged(peer);
 }
 
 void Engine::startGroup(uint64_t group, const Envelope& env) {
+  owner_.enter();  // owning thread
   group_ = group;
   groupEnv_ = env;
   groupActive_ = true;
@@ -170,6 +182,7 @@ void Engine::startGroup(uint64_t group, const Envelope& env) {
 }
 
 void Engine::arrival(int peer, uint64_t group, const uint64_t (&stamp)[3]) {
+  owner_.enter();  // owning thread
   if (!arrivals_ || isPointToPoint(group)) return;
   ArrivalStamp s;
   std::memcpy(s.words, stamp, sizeof(s.words));
@@ -182,6 +195,7 @@ void Engine::arrival(int peer, uint64_t group, const uint64_t (&stamp)[3]) {
 }
 
 void Engine::pass(bool readNothing) {
+  owner_.enter();  // owning thread
   // Only a pass of the op the Arrivals run: another part's waits poll this
   // context too (the hierarchical backend's probes), before its op began here.
   if (!inArrivalOp(group_)) {
@@ -196,6 +210,7 @@ void Engine::pass(bool readNothing) {
 
 // Data that arrived before this rank reached the op is checked now.
 void Engine::checkStaged(int peer) {
+  owner_.enter();  // owning thread
   for (auto& kv : books_[peer]->msgs) {
     const Message& m = *kv.second;
     if (m.req || isPointToPoint(m.tag.group)) continue;
@@ -211,12 +226,14 @@ void Engine::checkStaged(int peer) {
 // ---- matching ----------------------------------------------------------------
 
 Message* Engine::find(int peer, Tag tag) {
+  owner_.enter();  // owning thread
   auto& msgs = books_[peer]->msgs;
   auto it = msgs.find(tag);
   return it == msgs.end() ? nullptr : it->second.get();
 }
 
 Message* Engine::add(int peer, Tag tag, const Envelope& env, uint64_t len) {
+  owner_.enter();  // owning thread
   std::unique_ptr<Message> m = newMessage();
   m->tag = tag;
   m->env = env;
@@ -228,6 +245,7 @@ Message* Engine::add(int peer, Tag tag, const Envelope& env, uint64_t len) {
 
 Message* Engine::postRecv(int peer, Tag tag, const Envelope& env, void* data, size_t bytes,
                           RequestPtr req) {
+  owner_.enter();  // owning thread
   Message* m = find(peer, tag);
   if (!m) {
     m = add(peer, tag, env, bytes);
@@ -249,18 +267,21 @@ Message* Engine::postRecv(int peer, Tag tag, const Envelope& env, void* data, si
 }
 
 void Engine::checkEnvelope(int peer, uint64_t group, const Envelope& env) {
+  owner_.enter();  // owning thread
   if (groupActive_ && group == group_ && env != groupEnv_) {
     fail(envelopeMismatch(rank(), group_, peer, describe(env), describe(groupEnv_)));
   }
 }
 
 void Engine::checkStale(int peer, uint64_t group, const Envelope& env) {
+  owner_.enter();  // owning thread
   if (groupActive_ && isStale(group, group_)) {
     fail(unexpectedOp(rank(), group_, peer, group, describe(env)));
   }
 }
 
 void Engine::checkArrival(int peer, const Message& m, const Envelope& env, uint64_t len) {
+  owner_.enter();  // owning thread
   if (m.env != env) {
     fail(envelopeMismatch(rank(), group_, peer, describe(env), describe(m.env)));
   }
@@ -268,10 +289,12 @@ void Engine::checkArrival(int peer, const Message& m, const Envelope& env, uint6
 }
 
 bool Engine::stagingFits(int peer, uint64_t len) const {
+  owner_.enter();  // owning thread
   return books_[peer]->stagedBytes + len + kStagedOverhead <= unexpectedLimit_;
 }
 
 Message* Engine::stage(int peer, Tag tag, const Envelope& env, uint64_t len) {
+  owner_.enter();  // owning thread
   Message* m = add(peer, tag, env, len);
   StagingPool::Buffer b = pool_.take(len);
   m->staging = std::move(b.data);
@@ -281,6 +304,7 @@ Message* Engine::stage(int peer, Tag tag, const Envelope& env, uint64_t len) {
 }
 
 Message* Engine::announce(int peer, Tag tag, const Envelope& env, uint64_t len) {
+  owner_.enter();  // owning thread
   Message* m = add(peer, tag, env, len);
   m->charged = true;
   books_[peer]->stagedBytes += kStagedOverhead;
@@ -288,6 +312,7 @@ Message* Engine::announce(int peer, Tag tag, const Envelope& env, uint64_t len) 
 }
 
 void Engine::complete(int peer, Message* m) {
+  owner_.enter();  // owning thread
   PeerBook& b = *books_[peer];
   if (m->staging) {
     if (m->len > 0) std::memcpy(m->user, m->staging.get(), m->len);
@@ -304,6 +329,7 @@ void Engine::complete(int peer, Message* m) {
 }
 
 bool Engine::hasPostedRecv(int peer) const {
+  owner_.enter();  // owning thread
   for (const auto& kv : books_[peer]->msgs) {
     if (kv.second->req) return true;
   }
@@ -311,6 +337,7 @@ bool Engine::hasPostedRecv(int peer) const {
 }
 
 void Engine::clearMessages() {
+  owner_.enter();  // owning thread
   for (auto& b : books_) {
     b->msgs.clear();
     b->stagedBytes = 0;

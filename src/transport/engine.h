@@ -43,6 +43,7 @@
 
 #include "common/arrivals.h"
 #include "common/sticky_error.h"
+#include "common/thread_annotations.h"
 #include "transport/contract.h"
 #include "transport/staging_pool.h"
 #include "transport/transport.h"
@@ -89,6 +90,12 @@ class Engine : public Context {
  protected:
   explicit Engine(const ContextOptions& options);
 
+  // The owning thread's role: what only it touches is GUARDED_BY(owner_).
+  // The Context calls that run on it, and the hooks the wires call from
+  // it, take the role on entry; abort(), error() and peerStats() (any
+  // thread) do not, so they cannot touch that state.
+  ThreadRole owner_;
+
   // Wire hooks.
   virtual std::unique_ptr<Message> newMessage() = 0;
   // Fails the wire's own pending requests with `first`; must not throw.
@@ -112,7 +119,10 @@ class Engine : public Context {
   // failure this rank saw itself in its current op, raised in the report's
   // place (it names the cause; the report may relay its consequence).
   void peerReported(uint64_t theirGroup, const Error& e, const Error* ownCause = nullptr);
-  bool reported(int peer) const { return reports_.count(peer) != 0; }
+  bool reported(int peer) const {
+    owner_.enter();
+    return reports_.count(peer) != 0;
+  }
   // A peer's notice that it will not run op `theirGroup` (Context::reject),
   // as rejectionReport() words it.
   void peerRejected(uint64_t theirGroup, const Error& e);
@@ -123,12 +133,19 @@ class Engine : public Context {
 
   // Whether `group` is the op this rank runs and the Arrivals' running op.
   bool inArrivalOp(uint64_t group) const {
+    owner_.enter();
     return arrivals_ && groupActive_ && group == group_ && !isPointToPoint(group) &&
            arrivals_->active() && arrivals_->opNumber() == groupOp_;
   }
   // The op this rank runs (beginGroup).
-  uint64_t group() const { return group_; }
-  bool groupActive() const { return groupActive_; }
+  uint64_t group() const {
+    owner_.enter();
+    return group_;
+  }
+  bool groupActive() const {
+    owner_.enter();
+    return groupActive_;
+  }
   std::chrono::milliseconds timeout() const { return timeout_; }
   // Envelope and stale-op checks of beginGroup (for one peer's staged
   // messages), for wires that keep more unexpected state.
@@ -218,30 +235,31 @@ class Engine : public Context {
     int64_t at;  // Arrivals::now()
     ArrivalStamp stamp;
   };
-  std::vector<Early> early_;
+  std::vector<Early> early_ GFLOW_GUARDED_BY(owner_);
   static constexpr size_t kMaxEarly = 4096;
-  uint64_t groupOp_ = 0;    // the Arrivals' op when group_ began
-  uint64_t passGroup_ = 0;  // group_ when the last pass started
-  bool settled_ = false;    // this op's backlog is read: arrivals are timed
-  bool passInGroup_ = false;
+  uint64_t groupOp_ GFLOW_GUARDED_BY(owner_) = 0;    // the Arrivals' op when group_ began
+  uint64_t passGroup_ GFLOW_GUARDED_BY(owner_) = 0;  // group_ when the last pass started
+  // This op's backlog is read: arrivals are timed.
+  bool settled_ GFLOW_GUARDED_BY(owner_) = false;
+  bool passInGroup_ GFLOW_GUARDED_BY(owner_) = false;
   std::vector<std::unique_ptr<PeerBook>> books_;
   // Staged messages' buffers, reused (transport/staging_pool.h).
   static constexpr uint64_t kStagingKeep = uint64_t(64) << 20;
-  StagingPool pool_;
-  StickyError error_;
+  StagingPool pool_ GFLOW_GUARDED_BY(owner_);
+  StickyError error_;  // any thread
 
-  uint64_t group_ = 0;
-  Envelope groupEnv_{};
-  bool groupActive_ = false;
+  uint64_t group_ GFLOW_GUARDED_BY(owner_) = 0;
+  Envelope groupEnv_ GFLOW_GUARDED_BY(owner_){};
+  bool groupActive_ GFLOW_GUARDED_BY(owner_) = false;
   // An error report for an op this rank has not reached yet: raised when it
   // gets there, so an op that succeeded everywhere does not fail here.
-  std::map<int, Error> reports_;  // each peer's first failure report
-  std::optional<Error> deferredError_;
-  uint64_t deferredGroup_ = 0;
+  std::map<int, Error> reports_ GFLOW_GUARDED_BY(owner_);  // each peer's first failure report
+  std::optional<Error> deferredError_ GFLOW_GUARDED_BY(owner_);
+  uint64_t deferredGroup_ GFLOW_GUARDED_BY(owner_) = 0;
   // Notices of ops this rank has not started (peerRejected), by op number,
   // and the last op this rank rejected itself.
-  std::map<uint64_t, Error> rejected_;
-  std::optional<uint64_t> selfRejected_;
+  std::map<uint64_t, Error> rejected_ GFLOW_GUARDED_BY(owner_);
+  std::optional<uint64_t> selfRejected_ GFLOW_GUARDED_BY(owner_);
 };
 
 }  // namespace gflow::transport
