@@ -321,32 +321,35 @@ class HierarchicalBackend final : public Backend {
     return scratch_.data();
   }
 
-  // A phase's description: `kind` over `count` elements among `ranks`,
-  // routed by `route`.
-  static OpDesc subDesc(const Op& op, OpKind kind, ReduceOp rop, uint64_t count, int root,
-                        const std::function<Route(OpKind, uint64_t, int)>& route, size_t ranks) {
+  // A phase's description: `kind` over `count` elements (its route is the
+  // caller's to set).
+  static OpDesc subDesc(const Op& op, OpKind kind, ReduceOp rop, uint64_t count, int root) {
     OpDesc d = op.desc;
     d.parent = fingerprint(op.desc);
     d.kind = kind;
     d.op = rop;
     d.count = count;
     d.root = root;
-    d.route = route(kind, count * dataTypeSize(op.desc.dtype), static_cast<int>(ranks));
     return d;
+  }
+  // Phase `d` of `op`, numbered `seq` among `ranks` ranks, routed by `route`.
+  static Op phaseOp(uint64_t seq, const Op& op, OpDesc d, const RouteOf& route, size_t ranks) {
+    d.route = route(d.kind, d.count * dataTypeSize(d.dtype), static_cast<int>(ranks));
+    return Op{seq, d, op.deadline, op.buffers};
   }
 
   template <class F>
   void runLocal(const Op& op, OpKind kind, ReduceOp rop, uint64_t count, int root, F&& f) {
-    Op sub{++localSeq_, subDesc(op, kind, rop, count, root, routes_.local, localRanks_.size()),
-           op.deadline, op.buffers};
+    const Op sub = phaseOp(++localSeq_, op, subDesc(op, kind, rop, count, root), routes_.local,
+                           localRanks_.size());
     const std::lock_guard<std::mutex> busy(localMu_);
     run(sub, localRanks_, "on this host", f);
   }
 
   template <class F>
   void runCross(const Op& op, OpKind kind, ReduceOp rop, uint64_t count, int root, F&& f) {
-    Op sub{++crossSeq_, subDesc(op, kind, rop, count, root, routes_.cross, crossRanks_.size()),
-           op.deadline, op.buffers};
+    const Op sub = phaseOp(++crossSeq_, op, subDesc(op, kind, rop, count, root), routes_.cross,
+                           crossRanks_.size());
     const std::lock_guard<std::mutex> busy(crossMu_);
     run(sub, crossRanks_, "across hosts", f);
   }

@@ -57,8 +57,9 @@ struct Hierarchy {
 
 // The routes of the phases (RoutePolicy::phase for the host parts, NCCL's
 // own for NCCL's), from the phase's kind, bytes and group size.
+using RouteOf = std::function<Route(OpKind, uint64_t bytes, int groupSize)>;
 struct PhaseRoutes {
-  std::function<Route(OpKind, uint64_t bytes, int groupSize)> local, cross;
+  RouteOf local, cross;
 };
 
 // `local`: the ranks of this host (ranksOfHost(host())); `cross`: the ranks
