@@ -306,18 +306,18 @@ std::shared_ptr<kernels::GradientKernels> internal::CommunicatorAccess::kernelsF
 
 std::vector<ArrivalVerdict> internal::CommunicatorAccess::arrivalVerdicts(
     const Communicator& comm) {
-  return impl(comm).arrivals->recent();
+  return impl(comm).arrivalLog().recent();
 }
 
 ArrivalVerdict internal::CommunicatorAccess::currentArrival(const Communicator& comm) {
-  return impl(comm).arrivals->current();
+  return impl(comm).arrivalLog().current();
 }
 
 bool internal::CommunicatorAccess::reproducible(const Communicator& comm) {
-  return impl(comm).settings.reproducible;
+  return impl(comm).reproducibleMode();
 }
 void internal::CommunicatorAccess::setReproducible(Communicator& comm, bool on) {
-  impl(comm).settings.reproducible = on;
+  impl(comm).setReproducibleMode(on);
 }
 
 std::shared_ptr<WorkState> internal::CommunicatorAccess::fusedAllreduce(

@@ -1,8 +1,13 @@
 // CommunicatorImpl: the communicator behind the public Communicator (which
 // it derives from). It checks arguments, stamps each op with its sequence
 // number, runs it through the executor on the router (the one Backend it
-// calls, which routes it), and turns the first failure into the
-// communicator's sticky error.
+// calls, which routes it), and hands failures to its Verdict
+// (core/verdict.h: the sticky error, settling, rejections). Its creation,
+// the agreement on hosts and settings and split() are in
+// communicator_create.cc; the ops and the front door's counters in
+// communicator.cc. The front door (Communicator's own members) and the
+// gradient layer (internal::CommunicatorAccess) reach it through the
+// public members only.
 #pragma once
 
 #include <array>
@@ -16,18 +21,15 @@
 #include "backend/backend.h"
 #include "backend/route_policy.h"
 #include "backend/router.h"
-#include "common/sticky_error.h"
+#include "common/thread_annotations.h"
 #include "core/executor.h"
 #include "core/settings.h"
+#include "core/verdict.h"
 #include "gflow/communicator.h"
 #include "kernels/device_kernels_pool.h"
 #include "transport/transport.h"
 
 namespace gflow {
-
-namespace internal {
-struct CommunicatorAccess;
-}
 
 class CommunicatorImpl final : public Communicator {
  public:
@@ -36,6 +38,27 @@ class CommunicatorImpl final : public Communicator {
 
   int commRank() const { return rank; }
   int commSize() const { return size; }
+  // Where this rank sits among the hosts (the host grouping at creation).
+  struct HostLayout {
+    int localRank = 0;
+    int localSize = 1;
+    int hostIndex = 0;
+    int numHosts = 1;
+  };
+  const HostLayout& hostLayout() const { return layout; }
+  // Communicator::stats(): the counters of the ops, the paths, the peers.
+  Stats collectStats() const;
+  // Who reached each collective last (common/arrivals.h). Thread-safe.
+  Arrivals& arrivalLog() const { return *arrivals; }
+  // Reproducible mode (allreduce, reduce-scatter); the gradient layer sets
+  // its own communicator's before its first op.
+  bool reproducibleMode() const { return settings.reproducible; }
+  void setReproducibleMode(bool on) { settings.reproducible = on; }
+  // Communicator::abort() with `e` (any thread): pending and later ops fail
+  // with it, and so do the peers'.
+  void abortWith(const Error& e) { verdict.failAnywhere(e); }
+  // Communicator::split.
+  std::shared_ptr<Communicator> splitOff(int color, int key);
   // The one Backend this communicator calls (executing thread).
   backend::Router& router() { return *backend; }
   // The kernels of memory on `where` with work on `stream` (host kernels,
@@ -116,17 +139,9 @@ class CommunicatorImpl final : public Communicator {
   static std::unique_ptr<CommunicatorImpl> connect(ConnectPlan plan);
 
  private:
-  // The public front door and the gradient layer's entry points read and
-  // change the state below; everything else goes through the methods above.
-  friend class Communicator;
-  friend struct internal::CommunicatorAccess;
-
   int rank = 0;
   int size = 1;
-  int localRank = 0;
-  int localSize = 1;
-  int hostIndex = 0;
-  int numHosts = 1;
+  HostLayout layout;
   std::chrono::milliseconds timeout{300000};
   std::vector<uint64_t> hostOf;  // host hash per rank
   std::string transportName;
@@ -137,7 +152,11 @@ class CommunicatorImpl final : public Communicator {
   // op, so no op's device memory is freed while ops run.
   kernels::DeviceKernelsPool kernelsPool;
   Executor executor;  // runs the ops in order
-  uint64_t seq = 0;   // touched only by the executing thread
+  // The role of the thread that runs the ops (the executor's, or a blocking
+  // caller's inline): what only it touches is GUARDED_BY(executing).
+  ThreadRole executing;
+
+  uint64_t seq GFLOW_GUARDED_BY(executing) = 0;
   std::atomic<uint64_t> splitCount{0};
   Settings settings;  // inherited by split()
 
@@ -148,15 +167,14 @@ class CommunicatorImpl final : public Communicator {
     std::shared_ptr<WorkState> work;
     const char* name;
   };
-  std::vector<InFlight> inFlight;
+  std::vector<InFlight> inFlight GFLOW_GUARDED_BY(executing);
   // The executor's background: drives the ops in flight once; true while
   // any remains.
-  bool progressInFlight() noexcept;
+  bool progressInFlight() noexcept GFLOW_REQUIRES(executing);
   // Fails the ops in flight with `e` once no thread executes (destruction).
-  void dropInFlight(const Error& e);
+  void dropInFlight(const Error& e) GFLOW_REQUIRES(executing);
 
-  StickyError sticky;  // the first error that failed this communicator
-  std::atomic<bool> notified{false};
+  Verdict verdict;  // how this communicator fails (core/verdict.h)
 
   std::array<std::atomic<uint64_t>, backend::kNumOpKinds> opCount{};  // Stats
 
@@ -164,20 +182,11 @@ class CommunicatorImpl final : public Communicator {
   // backends' transports and groups; GFLOW_STRAGGLER_REPORT's timing.
   std::shared_ptr<Arrivals> arrivals;
   int64_t reportEvery = 0;  // Arrivals::now() ticks
-  int64_t lastReport = 0;
+  int64_t lastReport GFLOW_GUARDED_BY(executing) = 0;
   bool summaryAtExit = false;
   // Executing thread, after each collective: rank 0's periodic summary.
-  void reportStragglers();
+  void reportStragglers() GFLOW_REQUIRES(executing);
 
-  // Records the first error (returns it); fail() also aborts the backend and
-  // tells the peers, once.
-  std::shared_ptr<const Error> setFailed(const Error& e);
-  void notifyOnce(const std::shared_ptr<const Error>& e);
-  void fail(const Error& e);
-  // fail() for an op's failure that blames another rank, settled into the
-  // verdict every rank reaches (docs/errors.md, "One verdict"): tells the
-  // peers this rank's candidate, gathers theirs, returns the least.
-  Error settle(const Error& candidate);
   // Communicator::split's part that the parent's backend derives
   // (Backend::splitInto), on the executing thread after every earlier op.
   void splitBackend(int color, int key, CommunicatorImpl* child);
