@@ -156,9 +156,9 @@ class Backend {
   virtual void allgather(const Op& op, const void* in, void* out) = 0;
   virtual void broadcast(const Op& op, void* buf) = 0;
   virtual void barrier(const Op& op) = 0;
-  // The rooted ops and all-to-all. A backend that the selection never hands
-  // them to (core/algorithm_select.cc) keeps these defaults, which raise
-  // kInternal naming the backend and the op.
+  // The rooted ops and all-to-all. A backend that no route leads them to
+  // (backend/route_policy.cc) keeps these defaults, which raise kInternal
+  // naming the backend and the op.
   // in: desc.count elements; out: desc.count elements, written on the root
   // only (ignored elsewhere). `in` is never written.
   virtual void reduce(const Op& op, const void* in, void* out);

@@ -201,7 +201,7 @@ TEST_P(HierarchicalBackendUnequalHosts, RefuseReduceScatterAndAllgather) {
     for (int r = 0; r < n; ++r) {
       const Error e = errorOf(errors[r]);
       EXPECT_EQ(e.code(), ErrorCode::kInternal) << e.what();
-      EXPECT_THAT(e.detail(), HasSubstr("algorithm selection bug"));
+      EXPECT_THAT(e.detail(), HasSubstr("route policy bug"));
     }
   }
   // Refusing sent nothing: the backend still runs what it supports.

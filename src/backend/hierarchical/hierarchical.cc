@@ -313,7 +313,7 @@ class HierarchicalBackend final : public Backend {
     GFLOW_THROW(kInternal,
                 ErrorContext::forOp(toString(op.desc.kind)).withSeq(op.seq).withRank(h_.rank))
         << "the hierarchical backend does not run " << toString(op.desc.kind)
-        << " (algorithm selection bug)";
+        << " (a route policy bug: RoutePolicy::choose never routes it here)";
   }
 
   char* scratch(size_t bytes) {
