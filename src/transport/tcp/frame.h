@@ -135,7 +135,8 @@ struct RingOffer {
 };
 static_assert(sizeof(RingOffer) == 8, "ring offer layout");
 // 3: single copy between local ranks; 4: local rings; 5: arrival stamps;
-// 6: a reader proves that it reads (ProofSlot, ReadsClaim)
-constexpr uint32_t kProtocolVersion = 6;
+// 6: a reader proves that it reads (ProofSlot, ReadsClaim); 7: an op's
+// envelope carries its route (path and algorithm, backend/route.h)
+constexpr uint32_t kProtocolVersion = 7;
 
 }  // namespace gflow::transport::tcp

@@ -18,7 +18,9 @@ namespace gflow::transport::verbs {
 namespace {
 
 constexpr uint32_t kInfoMagic = 0x67664942;  // "gfIB"
-constexpr uint32_t kInfoVersion = 3;         // 2: error reports name the culprit; 3: arrival stamps
+// 2: error reports name the culprit; 3: arrival stamps; 4: an op's envelope
+// carries its route (path and algorithm)
+constexpr uint32_t kInfoVersion = 4;
 constexpr int kMaxQps = 16;
 constexpr size_t kCreditBytes = 64;  // one cache line per credit word
 
