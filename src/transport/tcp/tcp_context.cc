@@ -3,7 +3,6 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/epoll.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -48,17 +47,6 @@ TcpContext::TcpContext(const ContextOptions& options) : Engine(options) {
         << "GFLOW_SOCKETS_PER_PEER=" << socketsPerPeer_ << " must be between 1 and 64";
   }
 
-  int ep = epoll_create1(EPOLL_CLOEXEC);
-  GFLOW_SYSCHECK(ep, "epoll_create1");
-  epoll_ = net::Socket(ep);
-  int ev = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  GFLOW_SYSCHECK(ev, "eventfd");
-  wakeFd_ = net::Socket(ev);
-  epoll_event e{};
-  e.events = EPOLLIN;
-  e.data.ptr = nullptr;
-  GFLOW_SYSCHECK(epoll_ctl(epoll_.fd(), EPOLL_CTL_ADD, wakeFd_.fd(), &e), "epoll_ctl(eventfd)");
-
   peers_.resize(size());
   for (auto& p : peers_) p = std::make_unique<PeerState>();
   connectAll(options);
@@ -88,19 +76,14 @@ void TcpContext::addConnection(int peer, int index, net::Socket sock) {
     }
   }
   c->sock = std::move(sock);
-  epoll_event e{};
-  e.events = EPOLLIN;
-  e.data.ptr = c.get();
-  GFLOW_SYSCHECK(epoll_ctl(epoll_.fd(), EPOLL_CTL_ADD, c->sock.fd(), &e), "epoll_ctl(add)");
+  poller_.add(c->sock.fd(), c.get(), EPOLLIN);
   PeerState& p = *peers_[peer];
   if (p.conns.size() <= static_cast<size_t>(index)) p.conns.resize(index + 1);
   p.conns[index] = std::move(c);
 }
 
 void TcpContext::wake() {
-  uint64_t one = 1;
-  ssize_t rc = ::write(wakeFd_.fd(), &one, sizeof(one));
-  (void)rc;
+  poller_.wake();
 }
 
 void TcpContext::failWire(const Error& first) {
@@ -198,7 +181,7 @@ void TcpContext::handleClosed(Conn& c) {
 
 // Stops watching a connection that has nothing more to read.
 void TcpContext::markGone(Conn& c) {
-  if (!c.closed && !c.ring) epoll_ctl(epoll_.fd(), EPOLL_CTL_DEL, c.sock.fd(), nullptr);
+  if (!c.closed && !c.ring) poller_.remove(c.sock.fd());
   c.closed = true;
   c.watched = false;
   // With several connections per peer, the others may still carry data the
@@ -212,17 +195,16 @@ void TcpContext::markGone(Conn& c) {
 
 void TcpContext::updateInterest(Conn& c) {
   if (c.ring) return;  // polled (pollRings)
-  epoll_event e{};
-  e.events = (c.paused ? 0u : static_cast<uint32_t>(EPOLLIN)) | (c.wantOut ? EPOLLOUT : 0u);
-  e.data.ptr = &c;
+  const uint32_t events =
+      (c.paused ? 0u : static_cast<uint32_t>(EPOLLIN)) | (c.wantOut ? EPOLLOUT : 0u);
   if (c.closed) return;
   if (!c.watched) {
     if (c.paused && !c.wantOut) return;  // nothing to wait for yet
-    GFLOW_SYSCHECK(epoll_ctl(epoll_.fd(), EPOLL_CTL_ADD, c.sock.fd(), &e), "epoll_ctl(add)");
+    poller_.add(c.sock.fd(), &c, events);
     c.watched = true;
     return;
   }
-  GFLOW_SYSCHECK(epoll_ctl(epoll_.fd(), EPOLL_CTL_MOD, c.sock.fd(), &e), "epoll_ctl(mod)");
+  poller_.modify(c.sock.fd(), &c, events);
 }
 
 // One recv of at most `cap` bytes into `dst`. A short read into the
@@ -522,7 +504,7 @@ void TcpContext::progress(int timeoutMs, bool reads) {
   // A read completes a receive: no sleeping after it.
   const bool read = reads && !readsDue_.empty();
   if (read) readDue();
-  epoll_event events[64];
+  Poller::Ready events[Poller::kMaxReady];
   int timeout = aheadPending_.empty() && !read ? timeoutMs : 0;
   const bool armed = timeout != 0 && !rings_.empty() && armRings();
   if (!armed && !rings_.empty()) timeout = 0;
@@ -533,21 +515,12 @@ void TcpContext::progress(int timeoutMs, bool reads) {
     pollRings();
     return;
   }
-  int n = epoll_wait(epoll_.fd(), events, 64, timeout);
+  bool woken = false;
+  const size_t n = poller_.wait(timeout, events, &woken);
   if (armed) disarmRings();
-  if (n < 0) {
-    if (errno == EINTR) return;
-    GFLOW_SYSCHECK(n, "epoll_wait");
-  }
-  for (int i = 0; i < n; ++i) {
-    if (events[i].data.ptr == nullptr) {
-      uint64_t v;
-      ssize_t rc = ::read(wakeFd_.fd(), &v, sizeof(v));
-      (void)rc;
-      checkFailed();
-      continue;
-    }
-    Conn& c = *static_cast<Conn*>(events[i].data.ptr);
+  if (woken) checkFailed();
+  for (size_t i = 0; i < n; ++i) {
+    Conn& c = *static_cast<Conn*>(events[i].tag);
     uint32_t ev = events[i].events;
     if (ev & EPOLLOUT) flush(c, /*writable=*/true);
     if (c.closed) continue;
@@ -561,7 +534,7 @@ void TcpContext::progress(int timeoutMs, bool reads) {
         // The peer hung up but its data is still queued here, behind a
         // paused message: stop watching (a hung-up socket would wake epoll
         // forever) until a receive resumes it.
-        epoll_ctl(epoll_.fd(), EPOLL_CTL_DEL, c.sock.fd(), nullptr);
+        poller_.remove(c.sock.fd());
         c.watched = false;
       }
     }
@@ -664,7 +637,7 @@ std::vector<Error> TcpContext::awaitReports(Deadline until, int exclude) {
 }
 
 void TcpContext::drainOnce(int timeoutMs) {
-  epoll_event events[64];
+  Poller::Ready events[Poller::kMaxReady];
   std::vector<Conn*> ready;
   for (Conn* c : rings_) {  // read to the end, closed once the peer's sockets are
     if (!c->closed && (c->ring->readable() || socketsClosed(*peers_[c->peer]))) {
@@ -672,16 +645,9 @@ void TcpContext::drainOnce(int timeoutMs) {
       timeoutMs = 0;
     }
   }
-  const int n = epoll_wait(epoll_.fd(), events, 64, aheadPending_.empty() ? timeoutMs : 0);
-  for (int i = 0; i < n; ++i) {
-    if (events[i].data.ptr == nullptr) {
-      uint64_t v;
-      ssize_t rc = ::read(wakeFd_.fd(), &v, sizeof(v));
-      (void)rc;
-      continue;
-    }
-    ready.push_back(static_cast<Conn*>(events[i].data.ptr));
-  }
+  bool woken = false;
+  const size_t n = poller_.wait(aheadPending_.empty() ? timeoutMs : 0, events, &woken);
+  for (size_t i = 0; i < n; ++i) ready.push_back(static_cast<Conn*>(events[i].tag));
   ready.insert(ready.end(), aheadPending_.begin(), aheadPending_.end());
   aheadPending_.clear();
   for (Conn* c : ready) {

@@ -8,11 +8,10 @@
 // Matching, staging accounting and failure live in the Engine
 // (transport/engine.h); this class is the wire: setup in tcp_connect.cc,
 // the send side (queueing, striping, sendmsg) in tcp_send.cc, receiving and
-// progress in tcp_context.cc. Receives posted before their
-// data arrives are filled in place (zero copy). Data that arrives first is
-// staged (bounded by GFLOW_UNEXPECTED_LIMIT per peer; past that the socket is
-// not read until a receive is posted, which gives back-pressure instead of
-// unbounded memory).
+// progress in tcp_context.cc, the epoll set and its wake-up in poller.h. Receives posted before
+// their data arrives are filled in place (zero copy). Data that arrives first is staged (bounded by
+// GFLOW_UNEXPECTED_LIMIT per peer; past that the socket is not read until a receive is posted,
+// which gives back-pressure instead of unbounded memory).
 //
 // Several sockets per peer (GFLOW_SOCKETS_PER_PEER > 1): bytes go to a
 // peer's sockets by measured progress, not in equal shares. A message is
@@ -52,6 +51,7 @@
 #include "transport/engine.h"
 #include "transport/tcp/frame.h"
 #include "transport/tcp/local_ring.h"
+#include "transport/tcp/poller.h"
 #include "transport/wait_policy.h"
 
 namespace gflow::transport::tcp {
@@ -375,8 +375,7 @@ class TcpContext final : public Engine {
   std::unique_ptr<uint64_t[]> tickets_;
   std::vector<uint16_t> freeTickets_;
 
-  net::Socket epoll_;
-  net::Socket wakeFd_;  // eventfd: abort() wakes the waiter
+  Poller poller_;  // the sockets' epoll set; abort() wakes the waiter through it
   std::vector<std::unique_ptr<PeerState>> peers_;
   // Connections left with frames in their read-ahead (handleReadable's
   // bound on rounds): epoll would not report them again, progress() does.
