@@ -109,8 +109,6 @@ class HostPaths final : public Backend {
   std::unique_ptr<Backend> hier_;
 };
 
-namespace {}  // namespace
-
 Router::Router(RouterParts parts)
     : rank_(parts.rank),
       size_(parts.size),

@@ -137,11 +137,18 @@ class GradientReducer::Impl {
   void abandonStepLocked() GFLOW_REQUIRES(mutex);
   void resetStepLocked() GFLOW_REQUIRES(mutex);
   void registerBuffers(const std::vector<Tensor>& tensors);
-  // Both release the lock for a while (the communicator's calls).
-  [[noreturn]] void missingTensors() GFLOW_REQUIRES(mutex);
-  // Cycle-time mode: the round thread's loop and one round.
+  // What wait() fails the communicator with when tensors were never marked
+  // ready (it raises the communicator's own error instead, if it failed).
+  std::string missingTensors() GFLOW_REQUIRES(mutex);
+  // Cycle-time mode: the round thread's loop, and one round in three parts:
+  // the control values (under the lock), their allreduce (without it: its
+  // error, or null), and the buckets fired on the answer (under the lock).
   void roundLoop() GFLOW_EXCLUDES(mutex);
-  void roundLocked() GFLOW_REQUIRES(mutex);
+  std::vector<int64_t> roundControl() GFLOW_REQUIRES(mutex);
+  std::shared_ptr<const Error> exchangeControl(std::vector<int64_t>& ctl) GFLOW_EXCLUDES(mutex);
+  void finishRound(const std::vector<int64_t>& ctl, std::shared_ptr<const Error> error)
+      GFLOW_REQUIRES(mutex);
+  static constexpr int64_t kNoControl = std::numeric_limits<int64_t>::max();
 
   std::unique_ptr<Timeline> timeline_;
   // Cuda gradients: kernels and device memory (pool, CSC residual); null
@@ -510,7 +517,7 @@ void GradientReducer::Impl::ready(size_t index) {
 // Fixed buckets: the peers are (or will be) waiting in the allreduce of a
 // bucket this rank can never fire; failing the communicator gives them this
 // error instead.
-void GradientReducer::Impl::missingTensors() {
+std::string GradientReducer::Impl::missingTensors() {
   // ready() could not fire a bucket because the communicator had failed:
   // that is the error to report, not its consequence.
   if (auto e = stepError_ ? stepError_ : comm->error()) {
@@ -524,17 +531,8 @@ void GradientReducer::Impl::missingTensors() {
     if (++count <= 3) list += (count > 1 ? ", " : "") + gradient::describeTensor(i, tensors, names);
   }
   if (count > 3) list += ", ...";
-  const std::string what = "wait() in " + stepText() + " on rank " + std::to_string(comm->rank()) +
-                           " while " + std::to_string(count) +
-                           " tensor(s) were never marked ready: " + list;
-  mutex.unlock();
-  try {
-    CommunicatorAccess::failInvalid(*comm, "reducer.wait", what);
-  } catch (const Error&) {
-    mutex.lock();
-    abandonStepLocked();
-    throw;
-  }
+  return "wait() in " + stepText() + " on rank " + std::to_string(comm->rank()) + " while " +
+         std::to_string(count) + " tensor(s) were never marked ready: " + list;
 }
 
 void GradientReducer::Impl::wait(std::chrono::milliseconds timeout) {
@@ -557,7 +555,17 @@ void GradientReducer::Impl::wait(std::chrono::milliseconds timeout) {
                  context("wait"));
   };
   if (autoWire_) autoWire_->waitCalled();
-  if (cycle.count() == 0 && readyCount_ < tensors.size()) missingTensors();
+  if (cycle.count() == 0 && readyCount_ < tensors.size()) {
+    const std::string what = missingTensors();
+    lock.unlock();  // failing the communicator runs without the lock
+    try {
+      CommunicatorAccess::failInvalid(*comm, "reducer.wait", what);
+    } catch (const Error&) {
+      lock.lock();
+      abandonStepLocked();
+      throw;
+    }
+  }
   if (cycle.count() > 0) {
     waiting_ = true;
     cv_.notify_all();
@@ -629,7 +637,11 @@ void GradientReducer::Impl::roundLoop() {
     const bool due = pending && std::chrono::steady_clock::now() >= lastRound + cycle;
     if (active &&
         (due || waiting_ || readyUnsentBytes_ >= bucketBytes || readyCount_ == tensors.size())) {
-      roundLocked();
+      std::vector<int64_t> ctl = roundControl();
+      lock.unlock();  // the round's allreduce runs without the lock
+      std::shared_ptr<const Error> error = exchangeControl(ctl);
+      lock.lock();
+      finishRound(ctl, std::move(error));
       lastRound = std::chrono::steady_clock::now();
       cv_.notify_all();
     } else if (pending) {
@@ -643,13 +655,14 @@ void GradientReducer::Impl::roundLoop() {
 // One round: agree on the tensors ready everywhere and fire them. Every rank
 // gets the same answer, so every rank fires the same buckets and sees the
 // step end in the same round. Errors go to stepError_ (raised by wait()).
-void GradientReducer::Impl::roundLocked() {
+//
+// Per tensor: 1 if ready here (min over ranks: ready everywhere). Last:
+// rank * n + tensor for the first tensor this rank's wait() found never
+// marked ready (min over ranks: the lowest such rank, with its tensor);
+// kNoControl where none.
+std::vector<int64_t> GradientReducer::Impl::roundControl() {
   const size_t n = tensors.size();
-  const auto none = std::numeric_limits<int64_t>::max();
-  // Per tensor: 1 if ready here (min over ranks: ready everywhere). Last:
-  // rank * n + tensor for the first tensor this rank's wait() found never
-  // marked ready (min over ranks: the lowest such rank, with its tensor).
-  std::vector<int64_t> ctl(n + 1, none);
+  std::vector<int64_t> ctl(n + 1, kNoControl);
   for (size_t i = 0; i < n; ++i) ctl[i] = ready_[i];
   if (waiting_ && readyCount_ < n) {
     const size_t first =
@@ -657,22 +670,29 @@ void GradientReducer::Impl::roundLocked() {
     ctl[n] = static_cast<int64_t>(static_cast<size_t>(comm->rank()) * n + first);
   }
   ++stats.controlOps;
-  mutex.unlock();
-  std::shared_ptr<const Error> error;
+  return ctl;
+}
+
+std::shared_ptr<const Error> GradientReducer::Impl::exchangeControl(std::vector<int64_t>& ctl) {
   try {
     comm->allreduce(Tensor(ctl.data(), ctl.size(), DataType::kInt64), ReduceOp::kMin);
   } catch (const Error& e) {
-    error = std::make_shared<const Error>(e);
+    return std::make_shared<const Error>(e);
   } catch (const std::exception& e) {
-    error = std::make_shared<const Error>(
+    return std::make_shared<const Error>(
         ErrorCode::kInternal, std::string("round failed: ") + e.what(), context("reducer.round"));
   }
-  mutex.lock();
+  return nullptr;
+}
+
+void GradientReducer::Impl::finishRound(const std::vector<int64_t>& ctl,
+                                        std::shared_ptr<const Error> error) {
+  const size_t n = tensors.size();
   if (!error && stop_) {
     error = std::make_shared<const Error>(ErrorCode::kAborted, "the reducer is being destroyed",
                                           context("reducer.round"));
   }
-  if (!error && ctl[n] != none) {
+  if (!error && ctl[n] != kNoControl) {
     const auto rank = static_cast<size_t>(ctl[n]) / n, tensor = static_cast<size_t>(ctl[n]) % n;
     error = std::make_shared<const Error>(
         ErrorCode::kInvalidArgument,

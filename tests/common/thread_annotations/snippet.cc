@@ -1,6 +1,8 @@
-// Compiled by clang with -Wthread-safety -Werror (tests/CMakeLists.txt,
-// thread_annotations_check): every guarded access below holds its
-// capability, so it must compile.
+// Compiled by clang with -Wthread-safety -Werror (check.sh, ctest
+// thread_annotations_check). As it is, every guarded access holds its
+// capability and it compiles; BAD_LOCK touches a field without its mutex,
+// BAD_ROLE one of a thread role from a function that never entered it, and
+// each must fail to compile.
 #include "common/thread_annotations.h"
 
 namespace {
@@ -15,6 +17,16 @@ class Counter {
     owner_.enter();
     ++ownedTicks_;
   }
+#ifdef BAD_LOCK
+  void addUnlocked() {
+    ++n_;
+  }
+#endif
+#ifdef BAD_ROLE
+  void fromAnyThread() {
+    ++ownedTicks_;
+  }
+#endif
 
  private:
   gflow::Mutex mu_;
