@@ -1,4 +1,4 @@
-// Local rings (transport/tcp/local_ring.h, tcp_local.cc):
+// Local rings (transport/local/ring.h, tcp/tcp_polled.cc):
 //   - the ring itself, two sides in this process: bytes cross the wrap-around
 //     intact and in order, a full ring takes only what fits, an empty one
 //     gives nothing, words of the peer that make no sense break the ring
@@ -27,7 +27,7 @@
 #include "testing/contexts.h"
 #include "testing/ranks.h"
 #include "testing/scoped_env.h"
-#include "transport/tcp/local_ring.h"
+#include "transport/local/ring.h"
 #include "transport/tcp/tcp_context.h"
 
 namespace gflow {
@@ -40,7 +40,7 @@ using transport::Context;
 using transport::Envelope;
 using transport::RequestPtr;
 using transport::Tag;
-using transport::tcp::LocalRing;
+using LocalRing = transport::local::Ring;
 using transport::tcp::TcpContext;
 
 constexpr size_t kCap = 4096;
@@ -188,7 +188,7 @@ TEST(TcpLocalRing, MessagesOfEverySizeCrossBothWaysAtOnceIntact) {
   for (const char* singleCopy : {"4K", "0"}) {
     testing::ScopedEnv env("GFLOW_LOCAL_SINGLE_COPY", singleCopy);
     expectNoErrors(run([&](Context& c) {
-      EXPECT_TRUE(tcpOf(c).talksThroughRing(1 - c.rank()));
+      EXPECT_TRUE(tcpOf(c).talksThroughStream(1 - c.rank()));
       c.beginGroup(1, kEnv);
       const int peer = 1 - c.rank();
       std::vector<std::vector<char>> out, in;
@@ -220,7 +220,7 @@ TEST(TcpLocalRing, MessagesOfEverySizeCrossBothWaysAtOnceIntact) {
 TEST(TcpLocalRing, WithoutItFramesGoThroughTheSocket) {
   testing::ScopedEnv env("GFLOW_LOCAL_RING", "0");
   expectNoErrors(run([&](Context& c) {
-    EXPECT_FALSE(tcpOf(c).talksThroughRing(1 - c.rank()));
+    EXPECT_FALSE(tcpOf(c).talksThroughStream(1 - c.rank()));
     c.beginGroup(1, kEnv);
     const std::vector<char> out = pattern(100, c.rank());
     std::vector<char> in(100);

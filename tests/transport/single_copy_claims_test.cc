@@ -1,5 +1,5 @@
 // A job-token holder that claims, on TCP's single-copy agreement
-// (tcp_connect.cc), that it reads a rank's memory without proving it: it
+// (local/host.h), that it reads a rank's memory without proving it: it
 // offers no identity, or one it made up, and then sends the claim with
 // the best echo it can make without reading (none, or the proof it can
 // compute itself). It takes either side of the connection: it dials the
@@ -25,6 +25,7 @@
 #include "common/socket.h"
 #include "gflow/gflow.h"
 #include "testing/ranks.h"
+#include "transport/local/host.h"
 #include "transport/tcp/frame.h"
 #include "transport/tcp/tcp_context.h"
 #include "transport/transport.h"
@@ -33,6 +34,7 @@ namespace gflow {
 namespace {
 
 namespace tcp = transport::tcp;
+namespace local = transport::local;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 using ::testing::HasSubstr;
@@ -76,25 +78,25 @@ uint64_t commId() {
 
 // What the impostor offers as its own: nothing, or a process that is not
 // there on the real rank's host (hostHash 1, as the real rank's).
-tcp::LocalIdentity offered(Offer o) {
+local::Identity offered(Offer o) {
   if (o == Offer::kNothing) return {};
-  return tcp::LocalIdentity{1, kNoSuchPid, 0x10000, 0x20000};
+  return local::Identity{1, kNoSuchPid, 0x10000, 0x20000};
 }
 
 // The claim that it reads the real rank, with the best echo it has without
 // reading: the proof of its own challenge (which it can compute), or none.
-tcp::ReadsClaim lie(uint64_t myChallenge, int me, int real) {
-  tcp::ReadsClaim c{};
-  c.flags = tcp::kReads | tcp::kTakesSingleCopy;
-  c.echo = myChallenge ? tcp::singleCopyProof(myChallenge, me, real, commId()) : 0;
+local::ReadsClaim lie(uint64_t myChallenge, int me, int real) {
+  local::ReadsClaim c{};
+  c.flags = local::kReads | local::kTakesSingleCopy;
+  c.echo = myChallenge ? local::proofOf(myChallenge, me, real, commId()) : 0;
   return c;
 }
 
 // What the impostor saw of the real rank while connecting.
 struct Seen {
-  tcp::HelloReply reply{};  // as the dialer
-  tcp::Hello hello{};       // as the listener
-  tcp::ReadsClaim claim{};  // the real rank's
+  tcp::HelloReply reply{};    // as the dialer
+  tcp::Hello hello{};         // as the listener
+  local::ReadsClaim claim{};  // the real rank's
 };
 
 // Rank 1 dials the real rank 0 and lies in the agreement (acceptorAgrees).
@@ -109,7 +111,7 @@ net::Socket dialAndLie(const std::shared_ptr<Store>& store, Offer o, Seen* seen)
   const uint64_t challenge = o == Offer::kNothing ? 0 : 12345;
   net::sendAll(s.fd(), &challenge, sizeof(challenge), soon());
   net::recvAll(s.fd(), &seen->claim, sizeof(seen->claim), soon());
-  const tcp::ReadsClaim claim = lie(challenge, 1, 0);
+  const local::ReadsClaim claim = lie(challenge, 1, 0);
   net::sendAll(s.fd(), &claim, sizeof(claim), soon());
   return s;
 }
@@ -132,7 +134,7 @@ net::Socket listenAndLie(const std::shared_ptr<Store>& store, Offer o, Seen* see
   net::sendAll(s.fd(), &reply, sizeof(reply), soon());
   uint64_t theirs = 0;
   net::recvAll(s.fd(), &theirs, sizeof(theirs), soon());
-  const tcp::ReadsClaim claim = lie(reply.challenge, 0, 1);
+  const local::ReadsClaim claim = lie(reply.challenge, 0, 1);
   net::sendAll(s.fd(), &claim, sizeof(claim), soon());
   net::recvAll(s.fd(), &seen->claim, sizeof(seen->claim), soon());
   return s;

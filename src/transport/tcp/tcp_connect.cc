@@ -11,21 +11,15 @@
 //     only; they must fit this rank's view, and each (rank, socket) slot is
 //     taken once, so a token holder that takes a free slot gets the real
 //     rank refused and the setup fails naming it;
-//   - its LocalIdentity (same host, pid, proof slot): the challenge; this
-//     rank reads the proof of its random challenge at the given address of
-//     the given process, so the pid is the process at the other end and
-//     this rank can read it;
-//   - that it reads this rank (ReadsClaim): the echo of the secret this
-//     rank left in its ProofSlot, which crosses no wire; without it the
-//     peer gets no buffer address and no local ring;
-//   - its local ring (tcp_local.cc): both of the above, both ways.
+//   - everything about a local link (its identity, that it reads this
+//     rank, its ring): the link's agreement on socket 0 (local/host.h),
+//     which decides per peer whether there is a link at all.
 #include <algorithm>
 #include <condition_variable>
 #include <cstddef>
 #include <cstring>
 #include <functional>
 #include <mutex>
-#include <random>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -33,7 +27,6 @@
 #include "common/auth.h"
 #include "common/check.h"
 #include "common/handshake_acceptor.h"
-#include "common/hash.h"
 #include "common/logging.h"
 #include "common/params.h"
 #include "transport/contract.h"
@@ -52,136 +45,23 @@ constexpr size_t kMaxPendingHandshakes = 64;
 // reports in the store.
 constexpr std::chrono::milliseconds kSetupPoll{100};
 
-// What a Hello must match: this rank's view of the communicator.
+// What a Hello must match: this rank's view of the communicator, and its
+// side of the local links.
 struct Identity {
   int rank;
   int size;
   int socketsPerPeer;
   uint64_t commId;
-  LocalIdentity local;  // TcpContext::offerLocal
-  size_t ringBytes;     // the local ring this rank offers (0: none)
-  bool singleCopy;      // this rank reads its peers' messages by single copy
+  local::Host& host;
 };
 
-// What a pair agreed on single copy (socket 0 only).
-struct SingleCopy {
-  pid_t pid = 0;                    // the peer's process, when this rank reads it
-  uint64_t ticketBase = 0;          // the peer's tickets
-  bool readsUs = false;             // the peer reads this rank's messages by single copy
-  std::shared_ptr<LocalRing> ring;  // both read each other: the pair's rings
-};
-
-// This rank's claim on a peer whose ProofSlot it read (`read`): it reads
-// the peer, takes its messages by single copy where configured, and proves
-// the first with the secret it found there.
-ReadsClaim claimOf(const Identity& me, const PeerRead& read) {
-  ReadsClaim c{};
-  if (read.pid == 0) return c;
-  c.flags = kReads | (me.singleCopy ? kTakesSingleCopy : 0);
-  c.echo = read.secret;
-  return c;
-}
-
-// The flags of the peer's claim that it proved: none unless it echoes the
-// secret this rank left in its slot for it (`secret`; 0 when this rank
-// left none: it offered no identity, or the peer never challenged it). Only
-// a process that reads this rank's memory can know the secret, and such a
-// process may ptrace this rank anyway: its word on the rest (its READ
-// notices, its local ring) is then taken.
-uint8_t provenFlags(const ReadsClaim& theirs, uint64_t secret) {
-  return secret != 0 && theirs.echo == secret ? theirs.flags : 0;
-}
-
-// The pair's rings once both sides read each other (`proven`: the peer's
-// proven flags; sc->pid: this rank reads the peer).
-void agreeRingIfBothRead(int fd, const Identity& me, uint8_t proven, bool dialer, const Deadline& d,
-                         SingleCopy* sc) {
-  sc->readsUs = proven == (kReads | kTakesSingleCopy);
-  if (sc->pid != 0 && (proven & kReads) != 0) {
-    sc->ring = agreeLocalRing(fd, sc->pid, me.ringBytes, dialer, d);
-  }
-}
-
-// A connection from a higher rank: its Hello and the agreement.
+// A connection from a higher rank: its Hello and its local link (null:
+// none).
 struct Accepted {
   Hello hello;
   net::Socket sock;
-  SingleCopy single;
+  std::unique_ptr<local::Link> link;
 };
-
-// This rank's identity as `peer` sees it: with its proof slot for that peer.
-LocalIdentity identityFor(const Identity& me, int peer) {
-  LocalIdentity id = me.local;
-  if (id.pid != 0) id.proofAddr += sizeof(ProofSlot) * static_cast<uint64_t>(peer);
-  return id;
-}
-
-uint64_t randomChallenge() {
-  std::random_device rd;
-  return (uint64_t(rd()) << 32 | rd()) | 1;
-}
-
-ProofSlot& slotFor(const Identity& me, int peer) {
-  return reinterpret_cast<ProofSlot*>(static_cast<uintptr_t>(me.local.proofAddr))[peer];
-}
-
-// Answers `peer`'s challenge (0: none) in this rank's slot for it, beside a
-// fresh secret; returns the secret (0: nothing written).
-uint64_t writeProof(const Identity& me, int peer, uint64_t challenge) {
-  if (me.local.pid == 0 || challenge == 0) return 0;
-  ProofSlot& slot = slotFor(me, peer);
-  slot.proof = singleCopyProof(challenge, peer, me.rank, me.commId);
-  slot.secret = randomChallenge();
-  return slot.secret;
-}
-
-// The peer's claim is in: whatever it read of the slot, it has read.
-void clearProof(const Identity& me, int peer, uint64_t secret) {
-  if (secret != 0) slotFor(me, peer) = ProofSlot{};
-}
-
-// Socket 0's single-copy agreement, after the HelloReply that carried this
-// rank's `challenge` (0: it offers none): the dialer's proof is checked and
-// its challenge answered; each side then claims whether it reads the other,
-// with the secret that proves it.
-SingleCopy acceptorAgrees(int fd, const Identity& me, const Hello& hello, uint64_t challenge,
-                          const Deadline& d) {
-  uint64_t theirs = 0;
-  net::recvAll(fd, &theirs, sizeof(theirs), d);
-  const PeerRead read =
-      verifySingleCopy(me.local, hello.local, challenge, me.rank, hello.rank, me.commId);
-  const uint64_t secret = challenge != 0 ? writeProof(me, hello.rank, theirs) : 0;
-  const ReadsClaim mine = claimOf(me, read);
-  net::sendAll(fd, &mine, sizeof(mine), d);
-  ReadsClaim claim{};
-  net::recvAll(fd, &claim, sizeof(claim), d);
-  clearProof(me, hello.rank, secret);
-  SingleCopy sc;
-  sc.pid = read.pid;
-  sc.ticketBase = hello.local.ticketBase;
-  agreeRingIfBothRead(fd, me, provenFlags(claim, secret), /*dialer=*/false, d, &sc);
-  return sc;
-}
-
-// The dialer's side of acceptorAgrees.
-SingleCopy dialerAgrees(int fd, const Identity& me, int peer, const HelloReply& reply,
-                        const Deadline& d) {
-  const uint64_t secret = writeProof(me, peer, reply.challenge);
-  const uint64_t challenge = sameHostOffers(me.local, reply.local) ? randomChallenge() : 0;
-  net::sendAll(fd, &challenge, sizeof(challenge), d);
-  ReadsClaim claim{};
-  net::recvAll(fd, &claim, sizeof(claim), d);
-  clearProof(me, peer, secret);
-  const PeerRead read =
-      verifySingleCopy(me.local, reply.local, challenge, me.rank, peer, me.commId);
-  const ReadsClaim mine = claimOf(me, read);
-  net::sendAll(fd, &mine, sizeof(mine), d);
-  SingleCopy sc;
-  sc.pid = read.pid;
-  sc.ticketBase = reply.local.ticketBase;
-  agreeRingIfBothRead(fd, me, provenFlags(claim, secret), /*dialer=*/true, d, &sc);
-  return sc;
-}
 
 // Listens on the chosen interface and publishes "host:port" in the store.
 // The congestion control is set on the listener, before any peer can
@@ -238,14 +118,16 @@ class Inbound {
     HelloReply reply{};
     reply.ok = why.empty() ? 1 : 0;
     const bool agree = reply.ok && hello.socketIndex == 0;
-    if (agree && sameHostOffers(me_.local, hello.local)) {
-      reply.local = identityFor(me_, hello.rank);
-      reply.challenge = randomChallenge();
+    if (agree && me_.host.canConnect(hello.local)) {
+      reply.local = me_.host.identityFor(hello.rank);
+      reply.challenge = local::Host::newChallenge();
     }
-    SingleCopy single;
+    std::unique_ptr<local::Link> link;
     try {
       net::sendAll(h.fd(), &reply, sizeof(reply), hd);
-      if (agree) single = acceptorAgrees(h.fd(), me_, hello, reply.challenge, hd);
+      if (agree) {
+        link = me_.host.agreeAsAcceptor(h.fd(), hello.rank, hello.local, reply.challenge, hd);
+      }
     } catch (const Error&) {
       if (reply.ok) release(hello);
       throw;
@@ -257,7 +139,7 @@ class Inbound {
       seen_[hello.rank][hello.socketIndex] = false;
       return;
     }
-    accepted_.push_back(Accepted{hello, std::move(sock), single});
+    accepted_.push_back(Accepted{hello, std::move(sock), std::move(link)});
     if (accepted_.size() >= expected_) done_.notify_all();
   }
 
@@ -321,10 +203,11 @@ class Inbound {
   std::vector<Accepted> accepted_;
 };
 
-// Connection `index` to lower rank `peer`: its socket, and the agreement.
+// Connection `index` to lower rank `peer`: its socket, and its local link
+// (null: none; socket 0 only).
 struct Dialed {
   net::Socket sock;
-  SingleCopy single;
+  std::unique_ptr<local::Link> link;
 };
 
 // What every connection this rank dials shares.
@@ -354,7 +237,7 @@ Dialed dial(const Dialer& dialer, const std::pair<std::string, uint16_t>& hp, in
   Hello h{kHelloMagic, kProtocolVersion,
           me.rank,     me.size,
           index,       me.socketsPerPeer,
-          me.commId,   index == 0 ? identityFor(me, peer) : LocalIdentity{}};
+          me.commId,   index == 0 ? me.host.identityFor(peer) : local::Identity{}};
   net::sendAll(s.fd(), &h, sizeof(h), deadline);
   HelloReply reply{};
   net::recvAll(s.fd(), &reply, sizeof(reply), deadline);
@@ -363,9 +246,10 @@ Dialed dial(const Dialer& dialer, const std::pair<std::string, uint16_t>& hp, in
                                  << " rejected this rank's connection (different world size, "
                                     "communicator or GFLOW_SOCKETS_PER_PEER; see its log)";
   }
-  const SingleCopy single =
-      index == 0 ? dialerAgrees(s.fd(), me, peer, reply, deadline) : SingleCopy{};
-  return Dialed{std::move(s), single};
+  std::unique_ptr<local::Link> link;
+  if (index == 0)
+    link = me.host.agreeAsDialer(s.fd(), peer, reply.local, reply.challenge, deadline);
+  return Dialed{std::move(s), std::move(link)};
 }
 
 // A rank that fails during setup says so in the store, so the ranks that
@@ -439,9 +323,7 @@ void TcpContext::connectAll(const ContextOptions& options) {
 void TcpContext::connectAllOrThrow(const ContextOptions& options) {
   if (size() == 1) return;
   const Deadline deadline = Deadline::after(options.timeout);
-  commId_ = hash::sha256Id(options.prefix);
-  const Identity me{rank(),       size(),     socketsPerPeer_,   commId_,
-                    offerLocal(), ringBytes_, singleCopyMin_ > 0};
+  const Identity me{rank(), size(), socketsPerPeer_, commId_, *host_};
   const int bufBytes = static_cast<int>(std::min<uint64_t>(
       (options.tcp.socketBufferBytes ? *options.tcp.socketBufferBytes : params::socketBuffer()),
       1u << 30));
@@ -467,9 +349,7 @@ void TcpContext::connectAllOrThrow(const ContextOptions& options) {
     auto hp = net::parseHostPort(addr, "address of rank " + std::to_string(peer));
     for (int i = 0; i < socketsPerPeer_; ++i) {
       Dialed d = dial(dialer, hp, peer, i);
-      if (i == 0) {
-        agreeLocal(peer, d.single.pid, d.single.ticketBase, d.single.readsUs, d.single.ring);
-      }
+      if (i == 0) peers_[peer]->link = std::move(d.link);
       addConnection(peer, i, std::move(d.sock));
     }
   }
@@ -481,12 +361,10 @@ void TcpContext::connectAllOrThrow(const ContextOptions& options) {
   for (Accepted& a : accepted) {
     net::setBufferSizes(a.sock.fd(), bufBytes);
     congestion.apply(a.sock.fd(), rank());  // inherited from the listener: a no-op
-    if (a.hello.socketIndex == 0) {
-      agreeLocal(a.hello.rank, a.single.pid, a.single.ticketBase, a.single.readsUs, a.single.ring);
-    }
+    if (a.hello.socketIndex == 0) peers_[a.hello.rank]->link = std::move(a.link);
     addConnection(a.hello.rank, a.hello.socketIndex, std::move(a.sock));
   }
-  installRings();
+  installStreams();
   GFLOW_LOG(INFO) << "rank " << rank() << " connected to " << size() - 1 << " peers ("
                   << socketsPerPeer_ << " sockets each)";
 }

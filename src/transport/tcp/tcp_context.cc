@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "common/check.h"
+#include "common/hash.h"
 #include "common/logging.h"
 #include "common/params.h"
 #include "transport/liveness.h"
@@ -25,6 +26,22 @@ uint64_t stripeChunkBytes(const ContextOptions& o) {
   return c ? std::max<uint64_t>(c, 4096) : 0;
 }
 
+// What this rank offers peers of its host (local/host.h): single copy and
+// a ring of GFLOW_LOCAL_RING bytes (a power of two, rounded down), where
+// the communicator allows them (ContextOptions::localSingleCopy).
+local::Host::Options localOptions(const ContextOptions& o, uint64_t commId) {
+  local::Host::Options h;
+  h.hostHash = o.hostHash;
+  h.rank = o.rank;
+  h.size = o.size;
+  h.commId = commId;
+  h.singleCopy = o.localSingleCopy && params::localSingleCopy() > 0;
+  if (o.localSingleCopy && params::localRing() > 0) {
+    h.ringBytes = size_t{1} << (63 - __builtin_clzll(params::localRing()));
+  }
+  return h;
+}
+
 }  // namespace
 
 TcpContext::TcpContext(const ContextOptions& options) : Engine(options) {
@@ -33,13 +50,9 @@ TcpContext::TcpContext(const ContextOptions& options) : Engine(options) {
   waitPolicy_ = WaitPolicy::choose(options);
   stripeChunk_ = stripeChunkBytes(options);
   singleCopyMin_ = options.localSingleCopy ? params::localSingleCopy() : 0;
-  if (options.localSingleCopy && params::localRing() > 0) {  // a power of two, rounded down
-    ringBytes_ = size_t{1} << (63 - __builtin_clzll(params::localRing()));
-  }
   rendezvousMin_ =
       options.tcp.rendezvousBytes ? *options.tcp.rendezvousBytes : params::rendezvous();
   if (rendezvousMin_ > 0) rendezvousMin_ = std::max<uint64_t>(rendezvousMin_, 4096);
-  hostHash_ = options.hostHash;
   socketsPerPeer_ = options.tcp.socketsPerPeer ? *options.tcp.socketsPerPeer
                                                : static_cast<int>(params::socketsPerPeer());
   if (socketsPerPeer_ < 1 || socketsPerPeer_ > 64) {
@@ -47,14 +60,16 @@ TcpContext::TcpContext(const ContextOptions& options) : Engine(options) {
         << "GFLOW_SOCKETS_PER_PEER=" << socketsPerPeer_ << " must be between 1 and 64";
   }
 
+  commId_ = hash::sha256Id(options.prefix);
+  host_ = std::make_unique<local::Host>(localOptions(options, commId_));
   peers_.resize(size());
   for (auto& p : peers_) p = std::make_unique<PeerState>();
   connectAll(options);
 }
 
 TcpContext::~TcpContext() {
-  if (!failed()) flushRingsAtExit();
-  withdrawTickets();
+  if (!failed()) flushStreamsAtExit();
+  host_->withdrawAll();
 }
 
 void TcpContext::addConnection(int peer, int index, net::Socket sock) {
@@ -89,7 +104,7 @@ void TcpContext::wake() {
 void TcpContext::failWire(const Error& first) {
   clearMessages();
   readsDue_.clear();
-  withdrawTickets();  // before the callers get their buffers back
+  host_->withdrawAll();  // before the callers get their buffers back
   for (auto& p : peers_) {
     for (auto& u : p->pending) u.msg->req->fail(first);
     p->pending.clear();
@@ -173,7 +188,7 @@ void TcpContext::failLost(int peer, const std::string& what) {
 // EOF from a peer is normal when it has finished its last op and shut down;
 // it is an error only while this rank still exchanges data with it.
 void TcpContext::handleClosed(Conn& c) {
-  if (c.doorbellOnly) return dropSocket(c);  // its ring decides
+  if (c.doorbellOnly) return dropSocket(c);  // its stream decides
   if (c.inPayload || c.hdrGot > 0) failLost(c.peer, "closed the connection mid-message");
   markGone(c);
   if (peers_[c.peer]->closed && hasPendingWith(c.peer)) failLost(c.peer, "closed the connection");
@@ -181,7 +196,7 @@ void TcpContext::handleClosed(Conn& c) {
 
 // Stops watching a connection that has nothing more to read.
 void TcpContext::markGone(Conn& c) {
-  if (!c.closed && !c.ring) poller_.remove(c.sock.fd());
+  if (!c.closed && !c.stream) poller_.remove(c.sock.fd());
   c.closed = true;
   c.watched = false;
   // With several connections per peer, the others may still carry data the
@@ -194,7 +209,7 @@ void TcpContext::markGone(Conn& c) {
 }
 
 void TcpContext::updateInterest(Conn& c) {
-  if (c.ring) return;  // polled (pollRings)
+  if (c.stream) return;  // polled (pollStreams)
   const uint32_t events =
       (c.paused ? 0u : static_cast<uint32_t>(EPOLLIN)) | (c.wantOut ? EPOLLOUT : 0u);
   if (c.closed) return;
@@ -212,8 +227,8 @@ void TcpContext::updateInterest(Conn& c) {
 // into a payload keeps reading until the socket would block, as the sender
 // is usually still writing.
 TcpContext::Fill TcpContext::fill(Conn& c, char* dst, size_t cap, size_t* got) {
-  if (c.ring) {
-    const Fill f = fillRing(c, dst, cap, got);
+  if (c.stream) {
+    const Fill f = fillStream(c, dst, cap, got);
     if (f == Fill::kData) readBytes_ += *got;
     return f;
   }
@@ -231,7 +246,7 @@ TcpContext::Fill TcpContext::fill(Conn& c, char* dst, size_t cap, size_t* got) {
       return Fill::kWouldBlock;
     }
     if (errno == EINTR) continue;
-    if (c.doorbellOnly) return Fill::kClosed;  // a reset: its ring decides
+    if (c.doorbellOnly) return Fill::kClosed;  // a reset: its stream decides
     const int err = errno;
     failLost(c.peer, std::string("reset the connection: ") + std::strerror(err));
   }
@@ -253,8 +268,8 @@ bool TcpContext::readHeader(Conn& c) {
     }
     if (c.drained) return false;
     c.aheadPos = c.aheadLen = 0;
-    // A ring gives the header alone: its payload is copied once, into place.
-    const size_t want = c.ring ? sizeof(FrameHeader) - c.hdrGot : kReadAhead;
+    // A stream gives the header alone: its payload is copied once, into place.
+    const size_t want = c.stream ? sizeof(FrameHeader) - c.hdrGot : kReadAhead;
     switch (fill(c, c.ahead.get(), want, &c.aheadLen)) {
       case Fill::kData: break;
       case Fill::kWouldBlock: return false;
@@ -282,7 +297,7 @@ bool TcpContext::readPayload(Conn& c) {
       continue;
     }
     if (c.drained || (c.discard && ++rounds > 64)) return false;
-    const bool direct = room >= kReadAhead || c.ring;
+    const bool direct = room >= kReadAhead || c.stream;
     size_t got = 0;
     c.aheadPos = c.aheadLen = 0;
     const Fill f = direct ? fill(c, into, room, &got) : fill(c, c.ahead.get(), kReadAhead, &got);
@@ -312,7 +327,7 @@ void TcpContext::startFragment(Conn& c) {
   if (h.magic != kFrameMagic) protocolError("bad magic");
   if (c.doorbellOnly && h.type != kFrameDoorbell && h.type != kFrameError) {
     protocolError("frame type " + std::to_string(h.type) +
-                  " on a socket of a pair that talks through its local ring");
+                  " on a socket of a pair that talks through a polled stream");
   }
   if (h.type == kFrameError || h.type == kFrameReject) {
     if (h.fragLen > kMaxErrorPayload) protocolError("oversized error report");
@@ -464,7 +479,7 @@ void TcpContext::handleErrorFrame(Conn& c) {
 // waiter costs tens of microseconds, more than copying 64 KiB. Back to 1 byte
 // between frames so a small message is never held back.
 void TcpContext::tuneLowat(Conn& c) {
-  if (c.ring) return;
+  if (c.stream) return;
   constexpr uint64_t kMinLowat = 64 << 10, kMaxLowat = 512 << 10;
   int want = 1;
   if (c.inPayload && c.left >= kMinLowat) want = static_cast<int>(std::min(c.left, kMaxLowat));
@@ -506,18 +521,18 @@ void TcpContext::progress(int timeoutMs, bool reads) {
   if (read) readDue();
   Poller::Ready events[Poller::kMaxReady];
   int timeout = aheadPending_.empty() && !read ? timeoutMs : 0;
-  const bool armed = timeout != 0 && !rings_.empty() && armRings();
-  if (!armed && !rings_.empty()) timeout = 0;
-  // Every peer on a ring: the sockets carry only doorbells (not needed by
+  const bool armed = timeout != 0 && !streams_.empty() && armStreams();
+  if (!armed && !streams_.empty()) timeout = 0;
+  // Every peer on a stream: the sockets carry only doorbells (not needed by
   // a poller), reports and EOFs, so a poll looks at them one time in 16.
-  const bool onlyRings = rings_.size() + 1 == static_cast<size_t>(size());
-  if (timeout == 0 && onlyRings && aheadPending_.empty() && (++quietPolls_ & 15) != 0) {
-    pollRings();
+  const bool onlyStreams = streams_.size() + 1 == static_cast<size_t>(size());
+  if (timeout == 0 && onlyStreams && aheadPending_.empty() && (++quietPolls_ & 15) != 0) {
+    pollStreams();
     return;
   }
   bool woken = false;
   const size_t n = poller_.wait(timeout, events, &woken);
-  if (armed) disarmRings();
+  if (armed) disarmStreams();
   if (woken) checkFailed();
   for (size_t i = 0; i < n; ++i) {
     Conn& c = *static_cast<Conn*>(events[i].tag);
@@ -528,7 +543,7 @@ void TcpContext::progress(int timeoutMs, bool reads) {
       if (!c.paused) handleReadable(c);
       if ((ev & EPOLLERR) && !c.closed) {
         if (!c.doorbellOnly) failLost(c.peer, "reset the connection");
-        dropSocket(c);  // its ring decides
+        dropSocket(c);  // its stream decides
       }
       if ((ev & EPOLLHUP) && !c.closed && c.paused && c.watched) {
         // The peer hung up but its data is still queued here, behind a
@@ -540,7 +555,7 @@ void TcpContext::progress(int timeoutMs, bool reads) {
     }
     if ((ev & EPOLLOUT) && !c.closed) flush(c);
   }
-  pollRings();
+  pollStreams();
   if (aheadPending_.empty()) return;
   aheadWork_.swap(aheadPending_);  // handleReadable may queue again
   for (Conn* c : aheadWork_) {
@@ -639,8 +654,8 @@ std::vector<Error> TcpContext::awaitReports(Deadline until, int exclude) {
 void TcpContext::drainOnce(int timeoutMs) {
   Poller::Ready events[Poller::kMaxReady];
   std::vector<Conn*> ready;
-  for (Conn* c : rings_) {  // read to the end, closed once the peer's sockets are
-    if (!c->closed && (c->ring->readable() || socketsClosed(*peers_[c->peer]))) {
+  for (Conn* c : streams_) {  // read to the end, closed once the peer's sockets are
+    if (!c->closed && (c->stream->readable() || socketsClosed(*peers_[c->peer]))) {
       ready.push_back(c);
       timeoutMs = 0;
     }
@@ -667,7 +682,7 @@ void TcpContext::notifyPeers(const Error& error) {
     if (peer == rank()) continue;
     peers_[peer]->pending.clear();  // units no socket took are never sent
     peers_[peer]->pendingBytes = 0;
-    // A ring pair's report goes over its socket (tcp_local.cc).
+    // A stream pair's report goes over its socket (tcp_polled.cc).
     PeerState& p = *peers_[peer];
     for (auto& cp : p.sockets.empty() ? p.conns : p.sockets) {
       if (!cp || cp->closed) continue;

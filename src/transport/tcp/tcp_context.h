@@ -49,36 +49,13 @@
 #include "common/socket.h"
 #include "transport/byte_ranges.h"
 #include "transport/engine.h"
+#include "transport/local/host.h"
+#include "transport/polled_stream.h"
 #include "transport/tcp/frame.h"
-#include "transport/tcp/local_ring.h"
 #include "transport/tcp/poller.h"
 #include "transport/wait_policy.h"
 
 namespace gflow::transport::tcp {
-
-// Single copy (tcp_rendezvous.cc). What rank `claimant` writes at its
-// proofAddr for rank `verifier`'s `challenge` (a one-way function, so a
-// peer cannot make another process's proof stand for its own).
-uint64_t singleCopyProof(uint64_t challenge, int verifier, int claimant, uint64_t commId);
-// Whether both offer single copy on one host.
-bool sameHostOffers(const LocalIdentity& mine, const LocalIdentity& theirs);
-// What reading a peer's ProofSlot established: its process (0: this rank
-// does not read it) and the secret found there, which this rank sends back
-// as its proof that it reads the peer.
-struct PeerRead {
-  pid_t pid = 0;
-  uint64_t secret = 0;
-};
-// The slot of peer `peer` (identity `theirs`) when its proof of this rank's
-// `challenge` reads back from it; none when it does not (another host,
-// single copy not offered, the kernel refuses, a wrong proof).
-PeerRead verifySingleCopy(const LocalIdentity& mine, const LocalIdentity& theirs,
-                          uint64_t challenge, int rank, int peer, uint64_t commId);
-// Local rings (tcp_local.cc), on socket `fd` of a pair whose ranks read
-// each other's memory: offers this rank's ring of `capacity` bytes (0: none)
-// and maps the peer's (process `pid`). Null unless both sides mapped.
-std::shared_ptr<LocalRing> agreeLocalRing(int fd, pid_t pid, size_t capacity, bool dialer,
-                                          const Deadline& deadline);
 
 class TcpContext final : public Engine {
  public:
@@ -104,9 +81,9 @@ class TcpContext final : public Engine {
   ConnCounters connCounters(int peer, int index) const;
   void setSendBufferForTesting(int peer, int index, int bytes);
   int socketForTesting(int peer, int index) const;  // the connection's fd
-  // Tests: whether frames to `peer` go through a local ring, and the
-  // DOORBELL frames this rank has received.
-  bool talksThroughRing(int peer) const { return !peers_.at(peer)->sockets.empty(); }
+  // Tests: whether frames to `peer` go through a polled stream (its local
+  // link's rings), and the DOORBELL frames this rank has received.
+  bool talksThroughStream(int peer) const { return !peers_.at(peer)->sockets.empty(); }
   uint64_t doorbellsReceived() const { return doorbells_; }
 
  private:
@@ -154,11 +131,12 @@ class TcpContext final : public Engine {
 
   struct Conn {
     net::Socket sock;
-    // A local peer's frames go through its ring instead (tcp_local.cc):
-    // not in epoll, polled by progress(); its sockets (PeerState::sockets)
-    // carry only DOORBELL frames, failure reports and the EOF.
-    std::shared_ptr<LocalRing> ring;
-    bool doorbellOnly = false;  // a socket of a pair with a ring (PeerState::sockets)
+    // A peer whose link carries its frames: they go through the link's
+    // polled stream instead (tcp_polled.cc), not in epoll, polled by
+    // progress(); its sockets (PeerState::sockets) carry only DOORBELL
+    // frames, failure reports and the EOF.
+    std::unique_ptr<PolledStream> stream;
+    bool doorbellOnly = false;  // a socket of a pair with a stream (PeerState::sockets)
     int peer = -1;
     int index = 0;
     std::deque<SendItem> sendq;
@@ -198,7 +176,7 @@ class TcpContext final : public Engine {
     FrameHeader hdr;
     const char* data = nullptr;
     bool single = false;
-    uint16_t ticket = 0;  // single: its slot in tickets_
+    uint16_t ticket = 0;  // single: its ticket (local::Host::lend)
   };
 
   struct PeerState {
@@ -207,22 +185,18 @@ class TcpContext final : public Engine {
     bool closed = false;          // every connection of this peer saw EOF
     std::deque<Pending> pending;  // FIFO; empty with one socket or equal split
     uint64_t pendingBytes = 0;    // payload bytes in `pending` not yet taken
-    // Rendezvous (tcp_rendezvous.cc): the peer's process when this rank
-    // can read its memory (0: it cannot), whether the peer reads this
-    // rank's, the sends held until the peer clears or reads them, and the
-    // CLEARs that came before their send.
-    pid_t pid = 0;
-    uint64_t ticketBase = 0;  // the peer's tickets (LocalIdentity)
-    bool exited = false;      // a read found its process gone: its EOF decides
-    bool readsUs = false;
+    // What a peer of this host agreed while connecting (local/link.h):
+    // single copy either way, and a polled stream; null for any other.
+    std::unique_ptr<local::Link> link;
+    // Rendezvous (tcp_rendezvous.cc): the sends held until the peer clears
+    // or reads them, and the CLEARs that came before their send.
     std::unordered_map<Tag, Held, TagHash> held;
     std::unordered_map<Tag, uint64_t, TagHash> clears;  // the size each names
     // Messages received on a CLEAR before their RENDEZVOUS came (another
     // connection): the RENDEZVOUS, when it comes, is dropped.
     std::unordered_set<Tag, TagHash> crossed;
-    // Local ring (tcp_local.cc): agreed while connecting, then the one
-    // connection in `conns`; the TCP connections move to `sockets`.
-    std::shared_ptr<LocalRing> ring;
+    // A link's polled stream (tcp_polled.cc) is the one connection in
+    // `conns`; the TCP connections move to `sockets`.
     std::vector<std::unique_ptr<Conn>> sockets;
   };
 
@@ -232,16 +206,8 @@ class TcpContext final : public Engine {
   void connectAllOrThrow(const ContextOptions& options);
   void addConnection(int peer, int index, net::Socket sock);
 
-  // Rendezvous (tcp_rendezvous.cc). This rank's identity for its peers
-  // (all zero when it offers none), and what the handshake with `peer`
-  // agreed: the peer's process when this rank reads it (0: it does not),
-  // and whether the peer reads this rank.
-  LocalIdentity offerLocal();
-  void agreeLocal(int peer, pid_t pid, uint64_t ticketBase, bool readsUs,
-                  std::shared_ptr<LocalRing> ring);
-  // Every held single-copy send's ticket goes (a peer that reads one finds
-  // it gone), before the sends fail back to their callers or at teardown.
-  void withdrawTickets();
+  // Rendezvous (tcp_rendezvous.cc).
+  bool readsPeer(int peer) const { return peers_[peer]->link && peers_[peer]->link->readsPeer(); }
   // isend's choice: true when the message is held (RENDEZVOUS sent).
   bool holdSend(int peer, const RequestPtr& req, const FrameHeader& hdr, const char* data);
   bool startRendezvous(Conn& c);  // false: paused (the unexpected limit)
@@ -263,25 +229,26 @@ class TcpContext final : public Engine {
   RecvMsg* matchHeader(Conn& c, uint64_t charge);
   void queueData(PeerState& p, const RequestPtr& req, const FrameHeader& hdr, const char* data);
 
-  // Local rings (tcp_local.cc). installRings: once every socket is
-  // connected, a peer with an agreed ring talks through it. pollRings:
-  // reads the rings with data and writes to those with room again.
-  // armRings: about to sleep in epoll (false: something to do, do not
-  // sleep). A ring connection's reads and writes (fill and flush go there).
-  void installRings();
-  void pollRings();
-  bool armRings();
-  void disarmRings();
-  Fill fillRing(Conn& c, char* dst, size_t cap, size_t* got);
-  size_t writeRing(Conn& c, const iovec* iov, int count);
+  // Polled streams (tcp_polled.cc). installStreams: once every socket is
+  // connected, a peer whose link has a stream talks through it.
+  // pollStreams: reads the streams with data and writes to those with room
+  // again. armStreams: about to sleep in epoll (false: something to do, do
+  // not sleep). A stream connection's reads and writes (fill and flush go
+  // there).
+  void installStreams();
+  void pollStreams();
+  bool armStreams();
+  void disarmStreams();
+  Fill fillStream(Conn& c, char* dst, size_t cap, size_t* got);
+  size_t writeStream(Conn& c, const iovec* iov, int count);
   void wakePeer(Conn& c, bool forRoom);
   bool socketsClosed(const PeerState& p) const;
-  // A socket of a ring pair failed or closed: it only goes (its EOF or its
-  // reset is the ring's EOF, read to the end first).
+  // A socket of a stream pair failed or closed: it only goes (its EOF or
+  // its reset is the stream's EOF, read to the end first).
   void dropSocket(Conn& c);
-  // At teardown: frames still queued for a ring (a READ a peer waits for)
-  // get a bounded time to go.
-  void flushRingsAtExit();
+  // At teardown: frames still queued for a stream (a READ a peer waits
+  // for) get a bounded time to go.
+  void flushStreamsAtExit();
 
   // Progress.
   // `reads`: also the single-copy reads irecv left (not from inside isend).
@@ -335,7 +302,7 @@ class TcpContext final : public Engine {
   void pollOnce() override { progress(0); }
   void waitUntilDone(const RequestPtr& req, Deadline deadline) override;
 
-  // A connection's read-ahead buffer (socket and ring connections alike).
+  // A connection's read-ahead buffer (socket and stream connections alike).
   static constexpr size_t kReadAhead = 16 << 10;
 
   uint64_t stripeMin_;
@@ -352,29 +319,18 @@ class TcpContext final : public Engine {
   int socketsPerPeer_ = 1;
   uint64_t commId_ = 0;
   // Single copy: messages of at least this size to a peer that reads this
-  // rank's memory (0: never); this rank's host identity and the nonce a
-  // peer reads to prove it reads this process (LocalIdentity).
+  // rank's memory (0: never).
   uint64_t singleCopyMin_ = 0;
   uint64_t rendezvousMin_ = 0;  // GFLOW_RENDEZVOUS: larger messages wait for CLEAR (0: never)
   uint64_t receivesFirstGroup_ = ~uint64_t{0};  // receivesPostedFirst: that op's group
-  uint64_t hostHash_ = 0;
-  size_t ringBytes_ = 0;                      // GFLOW_LOCAL_RING offered to local peers (0: none)
-  std::vector<Conn*> rings_;                  // the ring connections, for pollRings
-  uint64_t sleepGen_ = 0;                     // armRings' generation
-  uint64_t readBytes_ = 0;                    // read from sockets and rings (fill)
-  uint64_t readBytesAtPass_ = 0;              // readBytes_ when progress() last began
-  uint32_t quietPolls_ = 0;                   // progress(0) calls that skipped epoll
-  uint64_t doorbells_ = 0;                    // DOORBELL frames received
-  std::deque<std::pair<int, Tag>> readsDue_;  // irecv's single-copy reads, for progress
-  // Single copy: this rank's proofs, one slot per peer (written while
-  // connecting, cleared once the peer's claim is in), and the tickets of its held single-copy
-  // sends: a reader checks the ticket after reading, so a send withdrawn meanwhile (this rank
-  // failed and the buffer went back to the caller) is never delivered.
-  static constexpr uint16_t kTickets = 4096;
-  std::unique_ptr<ProofSlot[]> proofs_;
-  std::unique_ptr<uint64_t[]> tickets_;
-  std::vector<uint16_t> freeTickets_;
-
+  std::unique_ptr<local::Host> host_;           // this rank's side of its local links
+  std::vector<Conn*> streams_;                  // the stream connections, for pollStreams
+  uint64_t sleepGen_ = 0;                       // armStreams' generation
+  uint64_t readBytes_ = 0;                      // read from sockets and streams (fill)
+  uint64_t readBytesAtPass_ = 0;                // readBytes_ when progress() last began
+  uint32_t quietPolls_ = 0;                     // progress(0) calls that skipped epoll
+  uint64_t doorbells_ = 0;                      // DOORBELL frames received
+  std::deque<std::pair<int, Tag>> readsDue_;    // irecv's single-copy reads, for progress
   Poller poller_;  // the sockets' epoll set; abort() wakes the waiter through it
   std::vector<std::unique_ptr<PeerState>> peers_;
   // Connections left with frames in their read-ahead (handleReadable's

@@ -14,105 +14,28 @@
 // liveness probe see it, and nothing behind it on the connection waits.
 //
 // Between two ranks of one host (GFLOW_LOCAL_SINGLE_COPY), single copy:
-// the RENDEZVOUS carries the payload's address, and the receiver reads it
-// from the sender's buffer with process_vm_readv (common/peer_memory.h)
-// into the posted receive and answers READ. One copy instead of two (three
-// when the data arrives before its receive).
+// the RENDEZVOUS carries the payload's address and the ticket this rank's
+// local::Host lent it under, and the receiver reads it through the pair's
+// local link (local/link.h) into the posted receive and answers READ. One
+// copy instead of two (three when the data arrives before its receive).
 //
 // Either way the send completes only once the receiver has posted its
 // receive (as verbs' large messages, and Gloo's and MPI's large sends, do);
 // smaller messages go at once.
 //
-// Who may use single copy: while connecting (tcp_connect.cc), each side of
-// a pair sends its LocalIdentity and says whether it can read the other's:
-// a peer with the same host identity that reads the proof of its challenge
-// at the given address of the given process (so the pid is this rank's, not
-// a reused or invented one), and proves it by sending back the secret it
-// found beside the proof. A sender announces addresses only to a peer that
-// proved it reads it, and a receiver reads only from a process it verified
-// itself. Each direction is agreed on its own. Anything else
-// (another host, a container or Yama policy that denies the read,
-// GFLOW_SHM=0, a buffer the kernel cannot pin) keeps the other paths, so
-// the choice never changes what a message delivers. A RENDEZVOUS is checked
-// as a DATA header is (envelope, stale op, size against the posted receive).
-#include <unistd.h>
-
-#include <algorithm>
-#include <cerrno>
-#include <climits>
-#include <cstddef>
+// Who may use single copy is the link's agreement while connecting
+// (local/host.h): a sender announces addresses only to a peer that proved
+// it reads it, and a receiver reads only from a process it verified
+// itself. Each direction is agreed on its own. Anything else (another
+// host, a container or Yama policy that denies the read, GFLOW_SHM=0, a
+// buffer the kernel cannot pin) keeps the other paths, so the choice never
+// changes what a message delivers. A RENDEZVOUS is checked as a DATA
+// header is (envelope, stale op, size against the posted receive).
 #include <cstring>
 
-#include "common/hash.h"
-#include "common/logging.h"
-#include "common/peer_memory.h"
 #include "transport/tcp/tcp_context.h"
 
 namespace gflow::transport::tcp {
-
-namespace {
-
-// A message's ticket while its sender holds it: nonzero, and another for
-// every tag and communicator.
-uint64_t ticketOf(const Tag& tag, uint64_t commId) {
-  return (tag.group * 0x9E3779B97F4A7C15ull ^ (tag.index + 0x632BE59BD9B4E019ull) ^ commId) | 1;
-}
-
-}  // namespace
-
-LocalIdentity TcpContext::offerLocal() {
-  if ((singleCopyMin_ == 0 && ringBytes_ == 0) || hostHash_ == 0) return LocalIdentity{};
-  proofs_.reset(new ProofSlot[static_cast<size_t>(size())]());
-  tickets_.reset(new uint64_t[kTickets]());
-  for (uint16_t i = kTickets; i-- > 0;) freeTickets_.push_back(i);
-  return LocalIdentity{hostHash_, static_cast<uint64_t>(::getpid()),
-                       reinterpret_cast<uintptr_t>(proofs_.get()),
-                       reinterpret_cast<uintptr_t>(tickets_.get())};
-}
-
-uint64_t singleCopyProof(uint64_t challenge, int verifier, int claimant, uint64_t commId) {
-  const uint64_t words[4] = {challenge, static_cast<uint64_t>(verifier),
-                             static_cast<uint64_t>(claimant), commId};
-  return hash::sha256Id(words, sizeof(words)) | 1;
-}
-
-bool sameHostOffers(const LocalIdentity& mine, const LocalIdentity& theirs) {
-  return mine.pid != 0 && theirs.pid != 0 && theirs.hostHash == mine.hostHash;
-}
-
-PeerRead verifySingleCopy(const LocalIdentity& mine, const LocalIdentity& theirs,
-                          uint64_t challenge, int rank, int peer, uint64_t commId) {
-  if (challenge == 0 || !sameHostOffers(mine, theirs) || theirs.ticketBase == 0) return {};
-  if (theirs.pid > static_cast<uint64_t>(INT_MAX)) return {};
-  const pid_t pid = static_cast<pid_t>(theirs.pid);
-  std::string why;
-  if (!probePeerMemory(pid, theirs.proofAddr, singleCopyProof(challenge, rank, peer, commId),
-                       &why)) {
-    GFLOW_LOG(DEBUG) << "rank " << rank << ": no single copy from local rank " << peer << " ("
-                     << why << ")";
-    return {};
-  }
-  uint64_t secret = 0;
-  if (readPeerMemory(pid, theirs.proofAddr + offsetof(ProofSlot, secret), &secret,
-                     sizeof(secret)) != 0 ||
-      secret == 0) {
-    return {};
-  }
-  return PeerRead{pid, secret};
-}
-
-void TcpContext::withdrawTickets() {
-  if (tickets_) std::fill(tickets_.get(), tickets_.get() + kTickets, uint64_t{0});
-}
-
-void TcpContext::agreeLocal(int peer, pid_t pid, uint64_t ticketBase, bool readsUs,
-                            std::shared_ptr<LocalRing> ring) {
-  PeerState& p = *peers_[peer];
-  p.pid = pid;
-  p.ticketBase = ticketBase;
-  p.readsUs = readsUs && singleCopyMin_ > 0 && tickets_;
-  p.ring = std::move(ring);
-}
 
 bool TcpContext::holdSend(int peer, const RequestPtr& req, const FrameHeader& hdr,
                           const char* data) {
@@ -121,8 +44,10 @@ bool TcpContext::holdSend(int peer, const RequestPtr& req, const FrameHeader& hd
   const bool cleared = takeClear(peer, hdr);
   const uint64_t bytes = hdr.msgLen;
   // Single copy while a ticket is free (4096 sends held at once).
-  const bool single = p.readsUs && bytes >= singleCopyMin_ && !freeTickets_.empty() &&
-                      ownBuffersReadable(data, bytes, data, bytes);
+  std::optional<uint16_t> ticket;
+  if (p.link && p.link->peerReads() && bytes >= singleCopyMin_)
+    ticket = host_->lend(data, bytes, tag);
+  const bool single = ticket.has_value();
   if (!single && (cleared || !waitsForReceive(tag, bytes))) return false;
   if (!single) {
     // A receiver that posted just before (both sides of an exchange) has
@@ -131,12 +56,7 @@ bool TcpContext::holdSend(int peer, const RequestPtr& req, const FrameHeader& hd
     progress(0, /*reads=*/false);
     if (takeClear(peer, hdr)) return false;
   }
-  Held h{req, hdr, data, single, 0};
-  if (single) {
-    h.ticket = freeTickets_.back();
-    freeTickets_.pop_back();
-    tickets_[h.ticket] = ticketOf(tag, commId_);
-  }
+  const Held h{req, hdr, data, single, ticket.value_or(0)};
   if (!p.held.emplace(tag, h).second) {
     fail(Error(ErrorCode::kInternal, "two sends posted for one tag",
                ErrorContext().withSeq(tag.group).withRank(rank()).withPeer(peer)));
@@ -163,10 +83,10 @@ bool TcpContext::holdSend(int peer, const RequestPtr& req, const FrameHeader& hd
 // value in that process, read after the data (readRendezvous).
 bool TcpContext::startRendezvous(Conn& c) {
   const FrameHeader& h = c.hdr;
-  if (h.offset != 0 && (peers_[c.peer]->pid == 0 || singleCopyMin_ == 0)) {
+  if (h.offset != 0 && (!readsPeer(c.peer) || singleCopyMin_ == 0)) {
     protocolError(c.peer, "a message by single copy, which this rank never offered");
   }
-  if (h.msgLen == 0 || h.msgLen > kMaxMessageBytes || h.reserved >= kTickets) {
+  if (h.msgLen == 0 || h.msgLen > kMaxMessageBytes || h.reserved >= local::Host::kTickets) {
     protocolError(c.peer, "a rendezvous for a message of " + std::to_string(h.msgLen) +
                               " bytes, ticket " + std::to_string(h.reserved));
   }
@@ -230,7 +150,7 @@ void TcpContext::sendClear(int peer, RecvMsg* m) {
 // the sender need not wait a round trip.
 bool TcpContext::clearsAhead(int peer, const Tag& tag, uint64_t bytes) const {
   if (!waitsForReceive(tag, bytes)) return false;
-  return peers_[peer]->pid == 0 || singleCopyMin_ == 0 || bytes < singleCopyMin_;
+  return !readsPeer(peer) || singleCopyMin_ == 0 || bytes < singleCopyMin_;
 }
 
 // Point-to-point from GFLOW_RENDEZVOUS on, and so the messages of an op
@@ -251,34 +171,23 @@ bool TcpContext::waitsForReceive(const Tag& tag, uint64_t bytes) const {
 // (READ) and completes the receive.
 void TcpContext::readRendezvous(int peer, RecvMsg* m) {
   PeerState& p = *peers_[peer];
-  if (p.exited) {  // as below: its reports and EOF decide
-    if (p.closed) failLost(peer, "exited before this rank read its message");
-    return;
-  }
-  int err = readPeerMemory(p.pid, m->remote, m->user, m->len);
-  // Then its ticket: a send the sender withdrew meanwhile (it failed, and
-  // the buffer went back to its caller) is not delivered, whatever was read.
-  uint64_t ticket = 0;
-  if (err != ESRCH) {
-    const int terr = readPeerMemory(p.pid, p.ticketBase + 8 * uint64_t(m->ticket), &ticket, 8);
-    if (terr == ESRCH) err = ESRCH;
-  }
-  if (err == ESRCH || ticket != ticketOf(m->tag, commId_)) {
-    // The sender's process is gone, or its op failed. What it sent before,
-    // an error report naming the rank that failed above all, is still in
-    // its sockets, and their EOF follows: they decide, as for a peer that
-    // dies mid-frame (handleClosed fails the receive, which stays posted,
-    // as peer_lost); otherwise the deadline does.
-    if (err == ESRCH) p.exited = true;
-    if (p.closed) failLost(peer, "exited before this rank read its message");
-    return;
-  }
-  if (err != 0) {
-    fail(Error(ErrorCode::kInternal,
-               "could not read rank " + std::to_string(peer) + "'s message of " +
-                   std::to_string(m->len) +
-                   " bytes from its memory (process_vm_readv: " + std::strerror(err) + ")",
-               ErrorContext().withSeq(m->tag.group).withRank(rank()).withPeer(peer)));
+  int err = 0;
+  switch (p.link->readMessage(m->remote, m->ticket, m->tag, m->user, m->len, &err)) {
+    case local::Link::Read::kDone: break;
+    case local::Link::Read::kExited:
+    case local::Link::Read::kWithdrawn:
+      // The sender's process is gone, or its op failed. What it sent before,
+      // an error report naming the rank that failed above all, is still in
+      // its sockets, and their EOF follows: they decide, as for a peer that
+      // dies mid-frame (handleClosed fails the receive, which stays posted,
+      // as peer_lost); otherwise the deadline does.
+      if (p.closed) failLost(peer, "exited before this rank read its message");
+      return;
+    case local::Link::Read::kFailed:
+      fail(Error(ErrorCode::kInternal,
+                 "could not read rank " + std::to_string(peer) + "'s message of " +
+                     std::to_string(m->len) + " bytes from its memory (" + std::strerror(err) + ")",
+                 ErrorContext().withSeq(m->tag.group).withRank(rank()).withPeer(peer)));
   }
   Conn* c = controlConn(peer);
   if (!c) failLost(peer, "closed its connections before its message was read");
@@ -307,8 +216,7 @@ void TcpContext::handleRead(Conn& c) {
     protocolError(c.peer, "a READ of a message this rank did not send by single copy");
   }
   const RequestPtr req = std::move(it->second.req);
-  tickets_[it->second.ticket] = 0;
-  freeTickets_.push_back(it->second.ticket);
+  host_->returned(it->second.ticket);
   held.erase(it);
   countSendDone(c.peer, req->bytes());
   countSingleCopy(c.peer, req->bytes());

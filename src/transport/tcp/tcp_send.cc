@@ -223,9 +223,9 @@ void TcpContext::flush(Conn& c, bool writable) {
     msghdr mh{};
     mh.msg_iov = iov;
     mh.msg_iovlen = n;
-    const ssize_t w = c.ring ? static_cast<ssize_t>(writeRing(c, iov, n))
-                             : ::sendmsg(c.sock.fd(), &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (w == 0 && c.ring) {  // full: pollRings flushes again once there is room
+    const ssize_t w = c.stream ? static_cast<ssize_t>(writeStream(c, iov, n))
+                               : ::sendmsg(c.sock.fd(), &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w == 0 && c.stream) {  // full: pollStreams flushes again once there is room
       blocked = true;
       break;
     }
@@ -235,7 +235,7 @@ void TcpContext::flush(Conn& c, bool writable) {
         blocked = true;
         break;
       }
-      if (c.doorbellOnly) return dropSocket(c);  // its ring decides
+      if (c.doorbellOnly) return dropSocket(c);  // its stream decides
       int err = errno;
       // A peer that failed usually sent an error report before closing:
       // read it first so the report, not the broken pipe, is what we raise

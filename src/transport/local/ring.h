@@ -1,7 +1,8 @@
-// A byte stream between two ranks of one host in shared memory: the TCP
-// wire carries its frames to a local peer through a pair of these instead
-// of the socket (tcp_local.cc), so a frame costs a copy in and a copy out
-// and no system call while the receiver polls.
+// A byte stream between two ranks of one host in shared memory, the
+// polled stream of a local link (link.h): a wire carries its frames to a
+// local peer through a pair of these instead of its socket, so a frame
+// costs a copy in and a copy out and no system call while the receiver
+// polls.
 //
 // Each side owns one segment (memfd, common/shared_segment.h) holding its
 // ring toward the peer and its words below; the peer maps it read-only. A
@@ -29,10 +30,11 @@
 #include <cstdint>
 
 #include "common/shared_segment.h"
+#include "transport/polled_stream.h"
 
-namespace gflow::transport::tcp {
+namespace gflow::transport::local {
 
-class LocalRing {
+class Ring final : public PolledStream {
  public:
   // The segment of one side with a ring of `capacity` bytes (a power of
   // two of at least 4 KiB), zero-filled. Throws Error(kInternal).
@@ -42,29 +44,19 @@ class LocalRing {
   // mine: this side's segment (create(myCapacity)); theirs: the peer's,
   // mapped read-only, of theirCapacity (checked by the caller to be a
   // power of two of at least 4 KiB and the mapping's size).
-  LocalRing(Mapping mine, size_t myCapacity, Mapping theirs, size_t theirCapacity);
+  Ring(Mapping mine, size_t myCapacity, Mapping theirs, size_t theirCapacity);
 
-  // Copies as much of `iov` as fits into this side's ring; returns the
-  // bytes taken (0: full, or broken()).
-  size_t write(const iovec* iov, int count);
-  // Copies at most `cap` bytes of the peer's ring into `dst`; returns the
-  // bytes read (0: empty, or broken()).
-  size_t read(char* dst, size_t cap);
-  bool readable() const;
-  bool writable() const;
+  // PolledStream: writes go into this side's ring, reads come out of the
+  // peer's; room is woken for once half the peer's ring is free.
+  size_t write(const iovec* iov, int count) override;
+  size_t read(char* dst, size_t cap) override;
+  bool readable() const override;
+  bool writable() const override;
   // The peer's words made no sense (set by write, read, readable, writable).
-  bool broken() const { return broken_; }
-
-  // Sleeping. arm: this side sleeps from now under generation `gen`
-  // (nonzero), waiting for data (`wantsData`) and, with `wantsRoom`, for
-  // room in its ring; returns false when there is already something to do
-  // (then disarm and do not sleep).
-  bool arm(uint64_t gen, bool wantsRoom, bool wantsData);
-  void disarm();
-  // After this side wrote (`forRoom` false) or read (true): whether the
-  // peer sleeps waiting for it (for room: once half its ring is free) and
-  // has not been woken in this sleep yet.
-  bool peerNeedsWake(bool forRoom);
+  bool broken() const override { return broken_; }
+  bool arm(uint64_t gen, bool wantsRoom, bool wantsData) override;
+  void disarm() override;
+  bool peerNeedsWake(bool forRoom) override;
 
  private:
   struct Words;
@@ -81,4 +73,4 @@ class LocalRing {
   mutable bool broken_ = false;
 };
 
-}  // namespace gflow::transport::tcp
+}  // namespace gflow::transport::local

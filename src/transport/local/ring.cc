@@ -1,14 +1,14 @@
-#include "transport/tcp/local_ring.h"
+#include "transport/local/ring.h"
 
 #include <algorithm>
 #include <cstring>
 #include <utility>
 
-namespace gflow::transport::tcp {
+namespace gflow::transport::local {
 
 // One side's words, at the start of its segment; its ring follows them.
 // Lock-free 64-bit atomics are address-free, so they work across processes.
-struct LocalRing::Words {
+struct Ring::Words {
   alignas(64) std::atomic<uint64_t> tail;    // bytes written into this side's ring
   alignas(64) std::atomic<uint64_t> head;    // bytes read from the peer's ring
   alignas(64) std::atomic<uint64_t> asleep;  // a sleep generation; 0: awake
@@ -22,16 +22,16 @@ static_assert(sizeof(std::atomic<uint64_t>) == 8 && std::atomic<uint64_t>::is_al
               "shared words must be plain lock-free atomics");
 }  // namespace
 
-size_t LocalRing::segmentBytes(size_t capacity) {
+size_t Ring::segmentBytes(size_t capacity) {
   static_assert(sizeof(Words) <= kWordsBytes, "ring words layout");
   return kWordsBytes + capacity;
 }
 
-Mapping LocalRing::create(size_t capacity) {
+Mapping Ring::create(size_t capacity) {
   return Mapping::create(segmentBytes(capacity));
 }
 
-LocalRing::LocalRing(Mapping mine, size_t myCapacity, Mapping theirs, size_t theirCapacity)
+Ring::Ring(Mapping mine, size_t myCapacity, Mapping theirs, size_t theirCapacity)
     : mine_(std::move(mine)),
       theirs_(std::move(theirs)),
       myCap_(myCapacity),
@@ -39,15 +39,15 @@ LocalRing::LocalRing(Mapping mine, size_t myCapacity, Mapping theirs, size_t the
       myData_(static_cast<char*>(mine_.data()) + kWordsBytes),
       theirData_(static_cast<const char*>(theirs_.data()) + kWordsBytes) {}
 
-LocalRing::Words* LocalRing::mine() const {
+Ring::Words* Ring::mine() const {
   return static_cast<Words*>(mine_.data());
 }
 
-const LocalRing::Words* LocalRing::theirs() const {
+const Ring::Words* Ring::theirs() const {
   return static_cast<const Words*>(theirs_.data());
 }
 
-size_t LocalRing::write(const iovec* iov, int count) {
+size_t Ring::write(const iovec* iov, int count) {
   const uint64_t used = tail_ - theirs()->head.load(std::memory_order_acquire);
   if (used > myCap_) {  // the peer read past what was written
     broken_ = true;
@@ -72,7 +72,7 @@ size_t LocalRing::write(const iovec* iov, int count) {
   return taken;
 }
 
-size_t LocalRing::read(char* dst, size_t cap) {
+size_t Ring::read(char* dst, size_t cap) {
   const uint64_t avail = theirs()->tail.load(std::memory_order_acquire) - head_;
   if (avail > theirCap_) {  // the peer's tail ran ahead of its ring
     broken_ = true;
@@ -92,30 +92,30 @@ size_t LocalRing::read(char* dst, size_t cap) {
   return taken;
 }
 
-bool LocalRing::readable() const {
+bool Ring::readable() const {
   const uint64_t avail = theirs()->tail.load(std::memory_order_seq_cst) - head_;
   if (avail > theirCap_) broken_ = true;
   return avail != 0;
 }
 
-bool LocalRing::writable() const {
+bool Ring::writable() const {
   const uint64_t used = tail_ - theirs()->head.load(std::memory_order_seq_cst);
   if (used > myCap_) broken_ = true;
   return used < myCap_;
 }
 
-bool LocalRing::arm(uint64_t gen, bool wantsRoom, bool wantsData) {
+bool Ring::arm(uint64_t gen, bool wantsRoom, bool wantsData) {
   mine()->wantsData.store(wantsData ? 1 : 0, std::memory_order_relaxed);
   mine()->wantsRoom.store(wantsRoom ? 1 : 0, std::memory_order_relaxed);
   mine()->asleep.store(gen, std::memory_order_seq_cst);
   return !((wantsData && readable()) || (wantsRoom && writable()) || broken_);
 }
 
-void LocalRing::disarm() {
+void Ring::disarm() {
   mine()->asleep.store(0, std::memory_order_relaxed);
 }
 
-bool LocalRing::peerNeedsWake(bool forRoom) {
+bool Ring::peerNeedsWake(bool forRoom) {
   const uint64_t gen = theirs()->asleep.load(std::memory_order_seq_cst);
   if (gen == 0 || gen == woken_) return false;
   if (forRoom) {
@@ -130,4 +130,4 @@ bool LocalRing::peerNeedsWake(bool forRoom) {
   return true;
 }
 
-}  // namespace gflow::transport::tcp
+}  // namespace gflow::transport::local
