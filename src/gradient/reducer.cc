@@ -136,6 +136,9 @@ class GradientReducer::Impl {
   // Waits for every op fired (ignoring their errors) and starts a new step.
   void abandonStepLocked() GFLOW_REQUIRES(mutex);
   void resetStepLocked() GFLOW_REQUIRES(mutex);
+  // wait()'s end of a step whose ops all completed: its trace, counters,
+  // non-finite flag and the auto-wire's step; then a new step.
+  void finishStepLocked(int64_t beganUs) GFLOW_REQUIRES(mutex);
   void registerBuffers(const std::vector<Tensor>& tensors);
   // What wait() fails the communicator with when tensors were never marked
   // ready (it raises the communicator's own error instead, if it failed).
@@ -594,6 +597,10 @@ void GradientReducer::Impl::wait(std::chrono::milliseconds timeout) {
     throw;
   }
   lock.lock();
+  finishStepLocked(begin);
+}
+
+void GradientReducer::Impl::finishStepLocked(int64_t begin) {
   if (timeline_) {
     timeline_->span("wait", "wait", Timeline::kCompute, begin, Timeline::nowUs(),
                     gradient::jsonArgs({{"step", step_}}));

@@ -21,6 +21,11 @@ namespace {
 
 // The unit a striped message is cut into (Options::tcp.stripeChunkBytes,
 // else GFLOW_STRIPE_CHUNK); 0 keeps the equal split assigned up front.
+uint64_t stripeMinBytes(const ContextOptions& o) {
+  return std::max<uint64_t>(o.tcp.stripeMinBytes ? *o.tcp.stripeMinBytes : params::stripeMin(),
+                            4096);
+}
+
 uint64_t stripeChunkBytes(const ContextOptions& o) {
   const uint64_t c = o.tcp.stripeChunkBytes ? *o.tcp.stripeChunkBytes : params::stripeChunk();
   return c ? std::max<uint64_t>(c, 4096) : 0;
@@ -44,11 +49,9 @@ local::Host::Options localOptions(const ContextOptions& o, uint64_t commId) {
 
 }  // namespace
 
-TcpContext::TcpContext(const ContextOptions& options) : Engine(options) {
-  stripeMin_ = std::max<uint64_t>(
-      (options.tcp.stripeMinBytes ? *options.tcp.stripeMinBytes : params::stripeMin()), 4096);
+TcpContext::TcpContext(const ContextOptions& options)
+    : Engine(options), striping_(stripeMinBytes(options), stripeChunkBytes(options)) {
   waitPolicy_ = WaitPolicy::choose(options);
-  stripeChunk_ = stripeChunkBytes(options);
   singleCopyMin_ = options.localSingleCopy ? params::localSingleCopy() : 0;
   rendezvousMin_ =
       options.tcp.rendezvousBytes ? *options.tcp.rendezvousBytes : params::rendezvous();
@@ -63,7 +66,7 @@ TcpContext::TcpContext(const ContextOptions& options) : Engine(options) {
   commId_ = hash::sha256Id(options.prefix);
   host_ = std::make_unique<local::Host>(localOptions(options, commId_));
   peers_.resize(size());
-  for (auto& p : peers_) p = std::make_unique<PeerState>();
+  for (auto& p : peers_) p = std::make_unique<Pair>();
   connectAll(options);
 }
 
@@ -73,26 +76,13 @@ TcpContext::~TcpContext() {
 }
 
 void TcpContext::addConnection(int peer, int index, net::Socket sock) {
-  auto c = std::make_unique<Conn>();
-  c->peer = peer;
-  c->index = index;
-  c->ahead.reset(new char[kReadAhead]);
+  auto c = std::make_unique<Conn>(peer, index);
   net::setNonBlocking(sock.fd(), true);
   net::setNoDelay(sock.fd());
-  if (socketsPerPeer_ > 1 && stripeChunk_ > 0) {
-    // Assignment by progress reads "send queue empty" as "this socket has
-    // sent what it took": keep the kernel's unsent backlog short, or a slow
-    // socket would swallow a whole send buffer's worth and finish last.
-    int lowat = kNotsentLowat;
-    if (setsockopt(sock.fd(), IPPROTO_TCP, TCP_NOTSENT_LOWAT, &lowat, sizeof(lowat)) == 0) {
-      c->notsentLowat = lowat;
-    } else {
-      GFLOW_LOG(DEBUG) << "TCP_NOTSENT_LOWAT: " << std::strerror(errno);
-    }
-  }
   c->sock = std::move(sock);
+  striping_.prepare(*c, socketsPerPeer_);
   poller_.add(c->sock.fd(), c.get(), EPOLLIN);
-  PeerState& p = *peers_[peer];
+  Pair& p = *peers_[peer];
   if (p.conns.size() <= static_cast<size_t>(index)) p.conns.resize(index + 1);
   p.conns[index] = std::move(c);
 }
@@ -133,7 +123,7 @@ RequestPtr TcpContext::irecv(int peer, void* data, size_t bytes, Tag tag, const 
   checkFailed();
   GFLOW_ENFORCE(peer >= 0 && peer < size() && peer != rank());
   auto req = std::make_shared<Request>(peer, false, bytes);
-  PeerState& p = *peers_[peer];
+  Pair& p = *peers_[peer];
   if (!find(peer, tag) && p.closed) failLost(peer, "has closed its connections");
   auto* m = static_cast<RecvMsg*>(postRecv(peer, tag, env, data, bytes, req));
   if (m->remote) {  // announced by single copy: read by the next progress,
@@ -157,7 +147,7 @@ void TcpContext::completeRecv(int peer, RecvMsg* m) {
   resumePaused(*peers_[peer]);
 }
 
-void TcpContext::resumePaused(PeerState& p) {
+void TcpContext::resumePaused(Pair& p) {
   for (auto& c : p.conns) {
     if (c && c->paused) {
       c->paused = false;
@@ -171,12 +161,7 @@ void TcpContext::resumePaused(PeerState& p) {
 }
 
 bool TcpContext::hasPendingWith(int peer) const {
-  const PeerState& p = *peers_[peer];
-  if (hasPostedRecv(peer) || !p.pending.empty() || !p.held.empty()) return true;
-  for (const auto& c : p.conns) {
-    if (c && !c->sendq.empty()) return true;
-  }
-  return false;
+  return hasPostedRecv(peer) || peers_[peer]->sending();
 }
 
 void TcpContext::failLost(int peer, const std::string& what) {
@@ -199,13 +184,7 @@ void TcpContext::markGone(Conn& c) {
   if (!c.closed && !c.stream) poller_.remove(c.sock.fd());
   c.closed = true;
   c.watched = false;
-  // With several connections per peer, the others may still carry data the
-  // peer sent before exiting: the peer is gone only once all of them are.
-  PeerState& p = *peers_[c.peer];
-  for (const auto& other : p.conns) {
-    if (other && !other->closed) return;
-  }
-  p.closed = true;
+  peers_[c.peer]->updateClosed();
 }
 
 void TcpContext::updateInterest(Conn& c) {
@@ -226,7 +205,7 @@ void TcpContext::updateInterest(Conn& c) {
 // read-ahead marks the socket drained for this wake-up; a large read straight
 // into a payload keeps reading until the socket would block, as the sender
 // is usually still writing.
-TcpContext::Fill TcpContext::fill(Conn& c, char* dst, size_t cap, size_t* got) {
+Fill TcpContext::fill(Conn& c, char* dst, size_t cap, size_t* got) {
   if (c.stream) {
     const Fill f = fillStream(c, dst, cap, got);
     if (f == Fill::kData) readBytes_ += *got;
@@ -252,69 +231,6 @@ TcpContext::Fill TcpContext::fill(Conn& c, char* dst, size_t cap, size_t* got) {
   }
 }
 
-size_t TcpContext::takeAhead(Conn& c, char* dst, size_t n) {
-  const size_t k = std::min(n, c.aheadLen - c.aheadPos);
-  std::memcpy(dst, c.ahead.get() + c.aheadPos, k);
-  c.aheadPos += k;
-  return k;
-}
-
-bool TcpContext::readHeader(Conn& c) {
-  while (c.hdrGot < sizeof(FrameHeader)) {
-    if (c.aheadPos < c.aheadLen) {
-      c.hdrGot +=
-          takeAhead(c, reinterpret_cast<char*>(&c.hdr) + c.hdrGot, sizeof(FrameHeader) - c.hdrGot);
-      continue;
-    }
-    if (c.drained) return false;
-    c.aheadPos = c.aheadLen = 0;
-    // A stream gives the header alone: its payload is copied once, into place.
-    const size_t want = c.stream ? sizeof(FrameHeader) - c.hdrGot : kReadAhead;
-    switch (fill(c, c.ahead.get(), want, &c.aheadLen)) {
-      case Fill::kData: break;
-      case Fill::kWouldBlock: return false;
-      case Fill::kClosed: handleClosed(c); return false;
-    }
-  }
-  return true;
-}
-
-// The current fragment's payload: what the read-ahead holds, then straight
-// from the socket (a large rest) or through the read-ahead (a small one).
-bool TcpContext::readPayload(Conn& c) {
-  if (c.discard && discarded_.empty()) discarded_.resize(kReadAhead);
-  // Dropped bytes are read in bounded rounds, so a peer that streams
-  // without end cannot keep awaitReports past its deadline.
-  int rounds = 0;
-  while (c.left > 0) {
-    // A dropped payload goes to the same scratch bytes over and over.
-    char* into = c.discard ? discarded_.data() : c.dst;
-    const uint64_t room = c.discard ? std::min<uint64_t>(c.left, discarded_.size()) : c.left;
-    if (c.aheadPos < c.aheadLen) {
-      const size_t k = takeAhead(c, into, room);
-      if (!c.discard) c.dst += k;
-      c.left -= k;
-      continue;
-    }
-    if (c.drained || (c.discard && ++rounds > 64)) return false;
-    const bool direct = room >= kReadAhead || c.stream;
-    size_t got = 0;
-    c.aheadPos = c.aheadLen = 0;
-    const Fill f = direct ? fill(c, into, room, &got) : fill(c, c.ahead.get(), kReadAhead, &got);
-    if (f == Fill::kWouldBlock) return false;
-    if (f == Fill::kClosed) failLost(c.peer, "closed the connection mid-message");
-    if (direct) {
-      if (!c.discard) c.dst += got;
-      c.left -= got;
-    } else {
-      c.aheadLen = got;
-    }
-  }
-  return true;
-}
-
-// Called with a complete header in c.hdr: validates it and decides where the
-// payload goes. May pause the connection (unexpected-data budget exhausted).
 void TcpContext::protocolError(int peer, const std::string& what) {
   GFLOW_LOG(WARN) << "rank " << rank() << ": invalid frame from rank " << peer << ": " << what;
   fail(Error(ErrorCode::kInternal, "invalid frame from rank " + std::to_string(peer) + ": " + what,
@@ -388,7 +304,7 @@ void TcpContext::startFragment(Conn& c) {
   c.inPayload = true;
 }
 
-TcpContext::RecvMsg* TcpContext::matchHeader(Conn& c, uint64_t charge) {
+RecvMsg* TcpContext::matchHeader(Conn& c, uint64_t charge) {
   const FrameHeader& h = c.hdr;
   Envelope env;
   std::memcpy(env.words, h.env, sizeof(env.words));
@@ -474,40 +390,25 @@ void TcpContext::handleErrorFrame(Conn& c) {
   peerReported(c.hdr.group, peerReport(rank(), group(), c.peer, b.data(), b.size()));
 }
 
-// While a large fragment is arriving, ask the kernel to report the socket
-// readable only once a good part of it is there: each wake-up of a sleeping
-// waiter costs tens of microseconds, more than copying 64 KiB. Back to 1 byte
-// between frames so a small message is never held back.
-void TcpContext::tuneLowat(Conn& c) {
-  if (c.stream) return;
-  constexpr uint64_t kMinLowat = 64 << 10, kMaxLowat = 512 << 10;
-  int want = 1;
-  if (c.inPayload && c.left >= kMinLowat) want = static_cast<int>(std::min(c.left, kMaxLowat));
-  if (want == c.lowat) return;
-  if (setsockopt(c.sock.fd(), SOL_SOCKET, SO_RCVLOWAT, &want, sizeof(want)) == 0) c.lowat = want;
-}
-
 void TcpContext::handleReadable(Conn& c) {
   c.drained = false;  // epoll (or a caller that knows better) says there may be data
   // Bounded so one busy socket cannot starve the others.
   for (int rounds = 0; rounds < 64 && !c.paused && !c.closed; ++rounds) {
     if (!c.inPayload) {
-      if (!readHeader(c)) {
-        tuneLowat(c);
-        return;
-      }
+      const Conn::Read r = c.readHeader(*this);
+      if (r == Conn::Read::kClosed) handleClosed(c);
+      if (r != Conn::Read::kDone) return c.tuneLowat();
       startFragment(c);
       if (c.paused) return;
     }
-    if (!readPayload(c)) {
-      tuneLowat(c);
-      return;
-    }
+    const Conn::Read r = c.readPayload(*this, discarded_);
+    if (r == Conn::Read::kClosed) failLost(c.peer, "closed the connection mid-message");
+    if (r != Conn::Read::kDone) return c.tuneLowat();
     finishFragment(c);
   }
   if (c.closed) return;
-  tuneLowat(c);
-  if (!c.paused && c.aheadPos < c.aheadLen && !c.aheadQueued) {
+  c.tuneLowat();
+  if (!c.paused && c.hasAhead() && !c.aheadQueued) {
     c.aheadQueued = true;
     aheadPending_.push_back(&c);
   }
@@ -577,7 +478,7 @@ void TcpContext::waitUntilDone(const RequestPtr& req, Deadline deadline) {
     if (polling) SpinPhase::relax();
     switch (probe.step(deadline, pongs(req->peer()))) {
       case LivenessProbe::Step::kPing:
-        if (Conn* c = controlConn(req->peer())) sendControl(*c, kFramePing);
+        if (Conn* c = peers_[req->peer()]->controlConn()) sendControl(*c, kFramePing);
         break;
       case LivenessProbe::Step::kTimeout: failTimeout(req, probe.peerAlive(), "");
       case LivenessProbe::Step::kWait: break;
@@ -592,7 +493,7 @@ void TcpContext::reject(uint64_t group, const std::string& why) {
       why.begin() + static_cast<std::ptrdiff_t>(std::min<size_t>(why.size(), kMaxErrorPayload)));
   for (int peer = 0; peer < size(); ++peer) {
     if (peer == rank() || peers_[peer]->closed) continue;
-    Conn* c = controlConn(peer);
+    Conn* c = peers_[peer]->controlConn();
     if (!c) continue;
     try {
       sendFrame(*c,
@@ -655,7 +556,7 @@ void TcpContext::drainOnce(int timeoutMs) {
   Poller::Ready events[Poller::kMaxReady];
   std::vector<Conn*> ready;
   for (Conn* c : streams_) {  // read to the end, closed once the peer's sockets are
-    if (!c->closed && (c->stream->readable() || socketsClosed(*peers_[c->peer]))) {
+    if (!c->closed && (c->stream->readable() || peers_[c->peer]->socketsClosed())) {
       ready.push_back(c);
       timeoutMs = 0;
     }
@@ -683,7 +584,7 @@ void TcpContext::notifyPeers(const Error& error) {
     peers_[peer]->pending.clear();  // units no socket took are never sent
     peers_[peer]->pendingBytes = 0;
     // A stream pair's report goes over its socket (tcp_polled.cc).
-    PeerState& p = *peers_[peer];
+    Pair& p = *peers_[peer];
     for (auto& cp : p.sockets.empty() ? p.conns : p.sockets) {
       if (!cp || cp->closed) continue;
       Conn& c = *cp;

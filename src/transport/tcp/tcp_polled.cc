@@ -28,27 +28,18 @@ namespace gflow::transport::tcp {
 
 void TcpContext::installStreams() {
   for (int peer = 0; peer < size(); ++peer) {
-    PeerState& p = *peers_[peer];
+    Pair& p = *peers_[peer];
     std::unique_ptr<PolledStream> stream = p.link ? p.link->takeStream() : nullptr;
     if (!stream) continue;
     p.sockets = std::move(p.conns);
     p.conns.clear();
     for (auto& s : p.sockets) s->doorbellOnly = true;
-    auto c = std::make_unique<Conn>();
-    c->peer = peer;
-    c->ahead.reset(new char[kReadAhead]);
+    auto c = std::make_unique<Conn>(peer, 0);
     c->stream = std::move(stream);
     c->watched = false;
     streams_.push_back(c.get());
     p.conns.push_back(std::move(c));
   }
-}
-
-bool TcpContext::socketsClosed(const PeerState& p) const {
-  for (const auto& s : p.sockets) {
-    if (s && !s->closed) return false;
-  }
-  return true;
 }
 
 void TcpContext::dropSocket(Conn& c) {
@@ -62,7 +53,7 @@ void TcpContext::pollStreams() {
     if (c->closed) continue;
     if (c->stream->broken()) protocolError(c->peer, "its polled stream is corrupt");
     if (c->wantOut && c->stream->writable()) flush(*c, /*writable=*/true);
-    const bool gone = socketsClosed(*peers_[c->peer]);
+    const bool gone = peers_[c->peer]->socketsClosed();
     if (gone && c->wantOut) {
       // Nobody reads them: control frames go (as into a closed socket's
       // buffer); a message still queued is lost with the peer.
@@ -83,7 +74,7 @@ bool TcpContext::armStreams() {
     // A paused stream keeps its data until a receive is posted: nothing to read.
     const bool wantsData = !c->paused;
     // A peer gone: its stream is read to the end, or its queued frames go.
-    const bool gone = socketsClosed(*peers_[c->peer]) && (wantsData || c->wantOut);
+    const bool gone = peers_[c->peer]->socketsClosed() && (wantsData || c->wantOut);
     if (!c->stream->arm(sleepGen_, c->wantOut, wantsData) || gone) {
       disarmStreams();
       return false;
@@ -96,7 +87,7 @@ void TcpContext::disarmStreams() {
   for (Conn* c : streams_) c->stream->disarm();
 }
 
-TcpContext::Fill TcpContext::fillStream(Conn& c, char* dst, size_t cap, size_t* got) {
+Fill TcpContext::fillStream(Conn& c, char* dst, size_t cap, size_t* got) {
   for (bool closed = false;; closed = true) {
     const size_t n = c.stream->read(dst, cap);
     if (c.stream->broken()) protocolError(c.peer, "its polled stream is corrupt");
@@ -109,7 +100,7 @@ TcpContext::Fill TcpContext::fillStream(Conn& c, char* dst, size_t cap, size_t* 
     c.drained = true;
     if (closed) return Fill::kClosed;
     // Its sockets closed after it wrote its last bytes: one more look.
-    if (!socketsClosed(*peers_[c.peer])) return Fill::kWouldBlock;
+    if (!peers_[c.peer]->socketsClosed()) return Fill::kWouldBlock;
   }
 }
 
@@ -144,7 +135,7 @@ void TcpContext::flushStreamsAtExit() {
   for (;;) {
     bool left = false;
     for (Conn* c : streams_) {
-      if (c->closed || c->sendq.empty() || socketsClosed(*peers_[c->peer])) continue;
+      if (c->closed || c->sendq.empty() || peers_[c->peer]->socketsClosed()) continue;
       try {
         flush(*c);
       } catch (const Error&) {

@@ -39,7 +39,7 @@ namespace gflow::transport::tcp {
 
 bool TcpContext::holdSend(int peer, const RequestPtr& req, const FrameHeader& hdr,
                           const char* data) {
-  PeerState& p = *peers_[peer];
+  Pair& p = *peers_[peer];
   const Tag tag{hdr.group, hdr.index};
   const bool cleared = takeClear(peer, hdr);
   const uint64_t bytes = hdr.msgLen;
@@ -67,7 +67,7 @@ bool TcpContext::holdSend(int peer, const RequestPtr& req, const FrameHeader& hd
   r.reserved = h.ticket;
   r.offset = single ? reinterpret_cast<uintptr_t>(data) : 0;
   r.fragLen = 0;
-  Conn* c = controlConn(peer);
+  Conn* c = peers_[peer]->controlConn();
   if (!c) failLost(peer, "has closed its connections");
   sendFrame(*c, r, nullptr);
   return true;
@@ -90,7 +90,7 @@ bool TcpContext::startRendezvous(Conn& c) {
     protocolError(c.peer, "a rendezvous for a message of " + std::to_string(h.msgLen) +
                               " bytes, ticket " + std::to_string(h.reserved));
   }
-  PeerState& p = *peers_[c.peer];
+  Pair& p = *peers_[c.peer];
   if (p.crossed.erase(Tag{h.group, h.index}) > 0) return true;  // received already
   auto* m = matchHeader(c, 0);
   if (c.paused) return false;
@@ -137,7 +137,7 @@ void TcpContext::checkCleared(int peer, const FrameHeader& hdr, uint64_t cleared
 // CLEAR for `m`, whose receive is posted: the sender may send its DATA.
 void TcpContext::sendClear(int peer, RecvMsg* m) {
   m->cleared = true;
-  Conn* c = controlConn(peer);
+  Conn* c = peers_[peer]->controlConn();
   if (!c) failLost(peer, "closed its connections before its message arrived");
   sendFrame(*c,
             stamped(FrameHeader{
@@ -170,7 +170,7 @@ bool TcpContext::waitsForReceive(const Tag& tag, uint64_t bytes) const {
 // Reads the announced message `m` into its posted receive, tells the sender
 // (READ) and completes the receive.
 void TcpContext::readRendezvous(int peer, RecvMsg* m) {
-  PeerState& p = *peers_[peer];
+  Pair& p = *peers_[peer];
   int err = 0;
   switch (p.link->readMessage(m->remote, m->ticket, m->tag, m->user, m->len, &err)) {
     case local::Link::Read::kDone: break;
@@ -189,7 +189,7 @@ void TcpContext::readRendezvous(int peer, RecvMsg* m) {
                      std::to_string(m->len) + " bytes from its memory (" + std::strerror(err) + ")",
                  ErrorContext().withSeq(m->tag.group).withRank(rank()).withPeer(peer)));
   }
-  Conn* c = controlConn(peer);
+  Conn* c = peers_[peer]->controlConn();
   if (!c) failLost(peer, "closed its connections before its message was read");
   sendFrame(*c,
             stamped(FrameHeader{
@@ -228,7 +228,7 @@ void TcpContext::handleRead(Conn& c) {
 void TcpContext::handleClear(Conn& c) {
   constexpr size_t kMaxClears = 1 << 16;
   const FrameHeader& h = c.hdr;
-  PeerState& p = *peers_[c.peer];
+  Pair& p = *peers_[c.peer];
   const Tag tag{h.group, h.index};
   auto it = p.held.find(tag);
   if (it == p.held.end()) {
