@@ -29,6 +29,18 @@ enum Result : int {
   kInProgress = 7,
 };
 
+// One collective's operands. dtype: gflow::DataType, op: gflow::ReduceOp
+// (both as int); count as NCCL counts it (reduceScatter: per rank's output,
+// allGather: per rank's input); root: broadcast and reduce only.
+struct Collective {
+  const void* in = nullptr;
+  void* out = nullptr;
+  size_t count = 0;
+  int dtype = 0;
+  int op = 0;
+  int root = 0;
+};
+
 struct Api {
   int version = 0;  // NCCL_VERSION_CODE of the loaded library, e.g. 22809
   const char* (*getErrorString)(int result) = nullptr;
@@ -46,18 +58,13 @@ struct Api {
   int (*commFinalize)(void* comm) = nullptr;
   int (*commDestroy)(void* comm) = nullptr;
   int (*commAbort)(void* comm) = nullptr;
-  // dtype: gflow::DataType, op: gflow::ReduceOp (both as int).
-  int (*allReduce)(const void* in, void* out, size_t count, int dtype, int op, void* comm,
-                   void* stream) = nullptr;
-  int (*reduceScatter)(const void* in, void* out, size_t recvCount, int dtype, int op, void* comm,
-                       void* stream) = nullptr;
-  int (*allGather)(const void* in, void* out, size_t sendCount, int dtype, void* comm,
-                   void* stream) = nullptr;
-  int (*broadcast)(const void* in, void* out, size_t count, int dtype, int root, void* comm,
-                   void* stream) = nullptr;
-  // `out` is written on `root` only.
-  int (*reduce)(const void* in, void* out, size_t count, int dtype, int op, int root, void* comm,
-                void* stream) = nullptr;
+  // The collectives, each over every rank of `comm` on `stream`.
+  using CollectiveFn = int (*)(const Collective& c, void* comm, void* stream);
+  CollectiveFn allReduce = nullptr;
+  CollectiveFn reduceScatter = nullptr;
+  CollectiveFn allGather = nullptr;
+  CollectiveFn broadcast = nullptr;
+  CollectiveFn reduce = nullptr;  // `out` is written on `root` only
   // Point-to-point. Between a pair, the k-th send matches the k-th receive.
   // A lone send or receive blocks its stream until its peer's matching call;
   // calls between groupStart and groupEnd progress together (no deadlock

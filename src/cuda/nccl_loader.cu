@@ -131,36 +131,41 @@ int destroy(void* comm) {
 int abortComm(void* comm) {
   return f.commAbort(static_cast<ncclComm_t>(comm));
 }
-int allReduce(const void* in, void* out, size_t count, int dtype, int op, void* comm, void* s) {
+// The operands in NCCL's types; false when gflow's have no NCCL equal.
+bool toNccl(const nccl::Collective& c, ncclDataType_t* t, ncclRedOp_t* o) {
+  return toNccl(c.dtype, t) && toNccl(c.op, o);
+}
+int allReduce(const nccl::Collective& c, void* comm, void* s) {
   ncclDataType_t t;
   ncclRedOp_t o;
-  if (!toNccl(dtype, &t) || !toNccl(op, &o)) return ncclInvalidArgument;
-  return f.allReduce(in, out, count, t, o, static_cast<ncclComm_t>(comm),
+  if (!toNccl(c, &t, &o)) return ncclInvalidArgument;
+  return f.allReduce(c.in, c.out, c.count, t, o, static_cast<ncclComm_t>(comm),
                      static_cast<cudaStream_t>(s));
 }
-int reduceScatter(const void* in, void* out, size_t n, int dtype, int op, void* comm, void* s) {
+int reduceScatter(const nccl::Collective& c, void* comm, void* s) {
   ncclDataType_t t;
   ncclRedOp_t o;
-  if (!toNccl(dtype, &t) || !toNccl(op, &o)) return ncclInvalidArgument;
-  return f.reduceScatter(in, out, n, t, o, static_cast<ncclComm_t>(comm),
+  if (!toNccl(c, &t, &o)) return ncclInvalidArgument;
+  return f.reduceScatter(c.in, c.out, c.count, t, o, static_cast<ncclComm_t>(comm),
                          static_cast<cudaStream_t>(s));
 }
-int allGather(const void* in, void* out, size_t n, int dtype, void* comm, void* s) {
+int allGather(const nccl::Collective& c, void* comm, void* s) {
   ncclDataType_t t;
-  if (!toNccl(dtype, &t)) return ncclInvalidArgument;
-  return f.allGather(in, out, n, t, static_cast<ncclComm_t>(comm), static_cast<cudaStream_t>(s));
-}
-int broadcast(const void* in, void* out, size_t n, int dtype, int root, void* comm, void* s) {
-  ncclDataType_t t;
-  if (!toNccl(dtype, &t)) return ncclInvalidArgument;
-  return f.broadcast(in, out, n, t, root, static_cast<ncclComm_t>(comm),
+  if (!toNccl(c.dtype, &t)) return ncclInvalidArgument;
+  return f.allGather(c.in, c.out, c.count, t, static_cast<ncclComm_t>(comm),
                      static_cast<cudaStream_t>(s));
 }
-int reduce(const void* in, void* out, size_t n, int dtype, int op, int root, void* comm, void* s) {
+int broadcast(const nccl::Collective& c, void* comm, void* s) {
+  ncclDataType_t t;
+  if (!toNccl(c.dtype, &t)) return ncclInvalidArgument;
+  return f.broadcast(c.in, c.out, c.count, t, c.root, static_cast<ncclComm_t>(comm),
+                     static_cast<cudaStream_t>(s));
+}
+int reduce(const nccl::Collective& c, void* comm, void* s) {
   ncclDataType_t t;
   ncclRedOp_t o;
-  if (!toNccl(dtype, &t) || !toNccl(op, &o)) return ncclInvalidArgument;
-  return f.reduce(in, out, n, t, o, root, static_cast<ncclComm_t>(comm),
+  if (!toNccl(c, &t, &o)) return ncclInvalidArgument;
+  return f.reduce(c.in, c.out, c.count, t, o, c.root, static_cast<ncclComm_t>(comm),
                   static_cast<cudaStream_t>(s));
 }
 int send(const void* buf, size_t n, int dtype, int peer, void* comm, void* s) {

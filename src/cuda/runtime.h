@@ -20,7 +20,7 @@ namespace gflow::cuda {
 
 // The version of the component's tables (this one and the kernel entries of
 // kernels/cuda/plugin.h); the loader refuses a component of another version.
-constexpr uint32_t kComponentAbi = 6;
+constexpr uint32_t kComponentAbi = 7;
 // eventQuery's answer while the work before the event is still running
 // (cudaErrorNotReady).
 constexpr int kNotReady = 600;

@@ -111,14 +111,14 @@ void CudaKernels::copy(const std::vector<Copy>& copies) {
 void CudaKernels::narrow(void* dst, const float* src, size_t count, DataType wire, float scale,
                          float* residual) {
   gflow::cuda::DeviceGuard c(p_, device_);
-  check(p_.narrow(dst, src, count, wire, scale, residual, stream_),
+  check(p_.narrow(dst, src, count, {wire, scale}, residual, stream_),
         "launching the narrowing kernel");
   launched();
 }
 
 void CudaKernels::widen(float* dst, const void* src, size_t count, DataType wire, float scale) {
   gflow::cuda::DeviceGuard c(p_, device_);
-  check(p_.widen(dst, src, count, wire, scale, stream_), "launching the widening kernel");
+  check(p_.widen(dst, src, count, {wire, scale}, stream_), "launching the widening kernel");
   launched();
 }
 
@@ -161,14 +161,18 @@ std::vector<GradientKernels::Copy> stagingCopies(const GradientKernels::SparseBu
   return c;
 }
 
+// The bucket's staged residual as the kernels take it, with velocity `u`.
+gflow::kernels::cuda::ChunkedResidual residualOf(const GradientKernels::SparseBucket& b, float* u) {
+  return {b.staged.v, u, b.n, b.chunk};
+}
+
 }  // namespace
 
 void CudaKernels::accumulateChunkNorms(SparseBucket& b, float m, float* norms) {
   copy(stagingCopies(b, true));
   gflow::cuda::DeviceGuard c(p_, device_);
-  check(
-      p_.accumulateChunkNorms(b.staged.v, b.staged.u, b.staged.g, m, b.n, b.chunk, norms, stream_),
-      "launching the CSC residual update");
+  check(p_.accumulateChunkNorms(residualOf(b, b.staged.u), b.staged.g, m, norms, stream_),
+        "launching the CSC residual update");
   launched();
 }
 
@@ -179,7 +183,7 @@ size_t CudaKernels::topChunksTempBytes(size_t count) const {
 void CudaKernels::topChunks(const float* norms, size_t count, size_t k, uint32_t* idx, void* temp,
                             size_t tempBytes) {
   gflow::cuda::DeviceGuard c(p_, device_);
-  check(p_.topChunks(norms, count, k, idx, temp, tempBytes, stream_),
+  check(p_.topChunks(norms, count, k, idx, {temp, tempBytes}, stream_),
         "launching the CSC chunk selection");
   launched();
 }
@@ -187,7 +191,7 @@ void CudaKernels::topChunks(const float* norms, size_t count, size_t k, uint32_t
 void CudaKernels::gatherChunks(float* packed, const SparseBucket& b, const uint32_t* idx,
                                size_t k) {
   gflow::cuda::DeviceGuard c(p_, device_);
-  check(p_.gatherChunks(packed, b.staged.v, idx, k, b.chunk, b.n, stream_),
+  check(p_.gatherChunks(packed, residualOf(b, nullptr), {idx, k}, stream_),
         "launching the CSC gather");
   launched();
 }
@@ -197,7 +201,7 @@ void CudaKernels::scatterChunks(SparseBucket& b, const float* packed, const uint
   {
     gflow::cuda::DeviceGuard c(p_, device_);
     float* u = maskVelocity ? b.staged.u : nullptr;
-    check(p_.scatterChunks(b.staged.g, b.staged.v, u, packed, idx, k, b.chunk, b.n, stream_),
+    check(p_.scatterChunks(b.staged.g, residualOf(b, u), packed, {idx, k}, stream_),
           "launching the CSC scatter");
     launched();
   }

@@ -106,7 +106,7 @@ TEST(GpuKernels, NarrowAndWidenMatchTheCpuTwinBitForBit) {
       DeviceBuffer<uint16_t> dnarrow(n);
       DeviceBuffer<float> dwide(n);
       dsrc.upload(src);
-      CUDA_OK(kc::narrow(dnarrow.p, dsrc.p, n, wire, scale, nullptr, nullptr));
+      CUDA_OK(kc::narrow(dnarrow.p, dsrc.p, n, {wire, scale}, nullptr, nullptr));
       CUDA_OK(cudaDeviceSynchronize());
       const std::vector<uint16_t> gpu = dnarrow.download();
       for (size_t i = 0; i < n; ++i) {
@@ -115,7 +115,7 @@ TEST(GpuKernels, NarrowAndWidenMatchTheCpuTwinBitForBit) {
       }
       std::vector<float> cpuWide(n);
       kernels::widen(cpuWide.data(), cpu.data(), n, wire, 1.0f / scale);
-      CUDA_OK(kc::widen(dwide.p, dnarrow.p, n, wire, 1.0f / scale, nullptr));
+      CUDA_OK(kc::widen(dwide.p, dnarrow.p, n, {wire, 1.0f / scale}, nullptr));
       CUDA_OK(cudaDeviceSynchronize());
       const std::vector<float> gpuWide = dwide.download();
       ASSERT_EQ(0, std::memcmp(gpuWide.data(), cpuWide.data(), n * sizeof(float)));
@@ -146,7 +146,7 @@ TEST(GpuKernels, QuantizeAndDequantizeMatchTheCpuTwinBitForBit) {
       DeviceBuffer<int> flag(1);
       dsrc.upload(src);
       dres.upload(start);
-      CUDA_OK(kc::narrow(dq.p, dsrc.p, n, wire, 0.5f, feedback ? dres.p : nullptr, nullptr));
+      CUDA_OK(kc::narrow(dq.p, dsrc.p, n, {wire, 0.5f}, feedback ? dres.p : nullptr, nullptr));
       CUDA_OK(cudaMemset(flag.p, 0, sizeof(int)));
       CUDA_OK(kc::flagNonFinite(dq.p, wireElements(wire, n), wire, flag.p, nullptr));
       CUDA_OK(cudaDeviceSynchronize());
@@ -157,7 +157,7 @@ TEST(GpuKernels, QuantizeAndDequantizeMatchTheCpuTwinBitForBit) {
       ASSERT_EQ(flag.download()[0], 1);  // the NaN block
       std::vector<float> cpuWide(n);
       kernels::widen(cpuWide.data(), cpu.data(), n, wire, 3.0f);
-      CUDA_OK(kc::widen(dwide.p, dq.p, n, wire, 3.0f, nullptr));
+      CUDA_OK(kc::widen(dwide.p, dq.p, n, {wire, 3.0f}, nullptr));
       CUDA_OK(cudaDeviceSynchronize());
       ASSERT_EQ(0, std::memcmp(dwide.download().data(), cpuWide.data(), n * sizeof(float)));
     }
@@ -247,7 +247,7 @@ TEST(GpuKernels, CscStepsMatchTheCpuTwins) {
     dv.upload(v);
     du.upload(u);
     dg.upload(g);
-    CUDA_OK(kc::accumulateChunkNorms(dv.p, momentum ? du.p : nullptr, dg.p, 0.9f, n, chunk, dn.p,
+    CUDA_OK(kc::accumulateChunkNorms({dv.p, momentum ? du.p : nullptr, n, chunk}, dg.p, 0.9f, dn.p,
                                      nullptr));
     CUDA_OK(cudaDeviceSynchronize());
     // The element-wise update is the same arithmetic: bit for bit.
@@ -277,7 +277,7 @@ TEST(GpuKernels, CscStepsMatchTheCpuTwins) {
       DeviceBuffer<uint32_t> idx(chunks);
       const size_t tb = kc::topChunksTempBytes(chunks);
       DeviceBuffer<char> temp(tb);
-      CUDA_OK(kc::topChunks(dsel.p, chunks, k, idx.p, temp.p, tb, nullptr));
+      CUDA_OK(kc::topChunks(dsel.p, chunks, k, idx.p, {temp.p, tb}, nullptr));
       CUDA_OK(cudaDeviceSynchronize());
       const std::vector<uint32_t> got = idx.download();
       for (size_t j = 0; j < k; ++j) ASSERT_EQ(got[j], want[j]) << "k " << k << " j " << j;
@@ -288,9 +288,10 @@ TEST(GpuKernels, CscStepsMatchTheCpuTwins) {
     DeviceBuffer<uint32_t> dpicks(picks.size());
     dpicks.upload(picks);
     DeviceBuffer<float> packed(picks.size() * chunk), grad(n);
-    CUDA_OK(kc::gatherChunks(packed.p, dv.p, dpicks.p, picks.size(), chunk, n, nullptr));
-    CUDA_OK(kc::scatterChunks(grad.p, dv.p, momentum ? du.p : nullptr, packed.p, dpicks.p,
-                              picks.size(), chunk, n, nullptr));
+    CUDA_OK(
+        kc::gatherChunks(packed.p, {dv.p, nullptr, n, chunk}, {dpicks.p, picks.size()}, nullptr));
+    CUDA_OK(kc::scatterChunks(grad.p, {dv.p, momentum ? du.p : nullptr, n, chunk}, packed.p,
+                              {dpicks.p, picks.size()}, nullptr));
     CUDA_OK(cudaDeviceSynchronize());
     const std::vector<float> gp = packed.download(), gg = grad.download(), gv = dv.download();
     for (size_t j = 0; j < picks.size(); ++j) {

@@ -34,7 +34,11 @@
 namespace gflow::testing::softcuda {
 namespace {
 
+using gflow::kernels::cuda::ChunkedResidual;
 using gflow::kernels::cuda::CopySegment;
+using gflow::kernels::cuda::PickedChunks;
+using gflow::kernels::cuda::Scratch;
+using gflow::kernels::cuda::WireFormat;
 
 // A stream: FIFO work on its own worker thread.
 struct Stream {
@@ -515,8 +519,10 @@ size_t wireBytes(DataType wire, size_t count) {
   return wireElements(wire, count) * dataTypeSize(wire);
 }
 
-int narrow(void* dst, const float* src, size_t count, DataType wire, float scale, float* residual,
+int narrow(void* dst, const float* src, size_t count, WireFormat format, float* residual,
            void* stream) {
+  const DataType wire = format.type;
+  const float scale = format.scale;
   Launch l("narrow");
   if (l.error() || count == 0) return l.error();
   if (!isWire(wire) || (residual && !isQuantized(wire))) return kInvalidValue;
@@ -525,7 +531,9 @@ int narrow(void* dst, const float* src, size_t count, DataType wire, float scale
   return l.submit([=] { kernels::narrow(dst, src, count, wire, scale, residual); });
 }
 
-int widen(float* dst, const void* src, size_t count, DataType wire, float scale, void* stream) {
+int widen(float* dst, const void* src, size_t count, WireFormat format, void* stream) {
+  const DataType wire = format.type;
+  const float scale = format.scale;
   Launch l("widen");
   if (l.error() || count == 0) return l.error();
   if (!isWire(wire)) return kInvalidValue;
@@ -552,8 +560,11 @@ int flagNonFinite(const void* data, size_t count, DataType dtype, int* flag, voi
   });
 }
 
-int accumulateChunkNorms(float* v, float* u, const float* g, float m, size_t n, size_t chunk,
-                         float* norms, void* stream) {
+int accumulateChunkNorms(const ChunkedResidual& r, const float* g, float m, float* norms,
+                         void* stream) {
+  float* v = r.v;
+  float* u = r.u;
+  const size_t n = r.n, chunk = r.chunk;
   Launch l("accumulateChunkNorms");
   if (l.error() || n == 0) return l.error();
   if (chunk == 0) return kInvalidValue;
@@ -573,8 +584,10 @@ size_t topChunksTempBytes(size_t count) {
   return 4 * ((count * sizeof(uint32_t) + 255) / 256 * 256) + 256;
 }
 
-int topChunks(const float* norms, size_t count, size_t k, uint32_t* idx, void* temp,
-              size_t tempBytes, void* stream) {
+int topChunks(const float* norms, size_t count, size_t k, uint32_t* idx, Scratch scratch,
+              void* stream) {
+  void* temp = scratch.data;
+  const size_t tempBytes = scratch.bytes;
   Launch l("topChunks");
   if (l.error()) return l.error();
   k = std::min(k, count);
@@ -587,8 +600,11 @@ int topChunks(const float* norms, size_t count, size_t k, uint32_t* idx, void* t
   });
 }
 
-int gatherChunks(float* packed, const float* v, const uint32_t* idx, size_t k, size_t chunk,
-                 size_t n, void* stream) {
+int gatherChunks(float* packed, const ChunkedResidual& r, PickedChunks picked, void* stream) {
+  const float* v = r.v;
+  const size_t n = r.n, chunk = r.chunk;
+  const uint32_t* idx = picked.idx;
+  const size_t k = picked.k;
   Launch l("gatherChunks");
   if (l.error() || k == 0) return l.error();
   l.on(stream).dev(packed, k * chunk * 4).dev(v, n * 4).dev(idx, k * 4);
@@ -600,8 +616,13 @@ int gatherChunks(float* packed, const float* v, const uint32_t* idx, size_t k, s
   });
 }
 
-int scatterChunks(float* grad, float* v, float* u, const float* packed, const uint32_t* idx,
-                  size_t k, size_t chunk, size_t n, void* stream) {
+int scatterChunks(float* grad, const ChunkedResidual& r, const float* packed, PickedChunks picked,
+                  void* stream) {
+  float* v = r.v;
+  float* u = r.u;
+  const size_t n = r.n, chunk = r.chunk;
+  const uint32_t* idx = picked.idx;
+  const size_t k = picked.k;
   Launch l("scatterChunks");
   if (l.error()) return l.error();
   l.on(stream).dev(grad, n * 4);

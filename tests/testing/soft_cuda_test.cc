@@ -263,24 +263,25 @@ TEST_F(SoftCuda, KernelsRejectHostPointersAndMatchTheCpuTwins) {
   void* pinned = nullptr;
   ASSERT_EQ(p->hostAlloc(&pinned, n * 4), 0);
   const DataType bf = DataType::kBFloat16;
-  EXPECT_EQ(p->narrow(half, host.data(), n, bf, 1.0f, nullptr, nullptr), sc::kInvalidValue);
-  EXPECT_EQ(p->narrow(half, static_cast<float*>(pinned), n, bf, 1.0f, nullptr, nullptr),
+  EXPECT_EQ(p->narrow(half, host.data(), n, {bf, 1.0f}, nullptr, nullptr), sc::kInvalidValue);
+  EXPECT_EQ(p->narrow(half, static_cast<float*>(pinned), n, {bf, 1.0f}, nullptr, nullptr),
             sc::kInvalidValue);
-  EXPECT_EQ(p->narrow(other, src, n, bf, 1.0f, nullptr, nullptr), sc::kInvalidValue);  // device 1
-  EXPECT_EQ(p->narrow(half, src, n + 1, bf, 1.0f, nullptr, nullptr),
+  EXPECT_EQ(p->narrow(other, src, n, {bf, 1.0f}, nullptr, nullptr), sc::kInvalidValue);  // device 1
+  EXPECT_EQ(p->narrow(half, src, n + 1, {bf, 1.0f}, nullptr, nullptr),
             sc::kInvalidValue);  // too short
-  EXPECT_EQ(p->narrow(half, src, n, DataType::kFloat32, 1.0f, nullptr, nullptr), sc::kInvalidValue);
+  EXPECT_EQ(p->narrow(half, src, n, {DataType::kFloat32, 1.0f}, nullptr, nullptr),
+            sc::kInvalidValue);
   EXPECT_EQ(sc::kernelLaunches(), 0u);
   void* s0 = nullptr;
   ASSERT_EQ(p->streamCreate(&s0), 0);
   ASSERT_EQ(p->setDevice(1), 0);  // a kernel on a stream of another device fails
-  EXPECT_EQ(p->narrow(half, src, n, bf, 1.0f, nullptr, s0), sc::kInvalidHandle);
+  EXPECT_EQ(p->narrow(half, src, n, {bf, 1.0f}, nullptr, s0), sc::kInvalidHandle);
   ASSERT_EQ(p->setDevice(0), 0);
 
   for (DataType wire : {DataType::kFloat16, bf}) {
     ASSERT_EQ(p->memcpyAsync(src, host.data(), n * 4, s0), 0);
-    ASSERT_EQ(p->narrow(half, src, n, wire, 0.5f, nullptr, s0), 0);
-    ASSERT_EQ(p->widen(back, half, n, wire, 2.0f, s0), 0);
+    ASSERT_EQ(p->narrow(half, src, n, {wire, 0.5f}, nullptr, s0), 0);
+    ASSERT_EQ(p->widen(back, half, n, {wire, 2.0f}, s0), 0);
     ASSERT_EQ(p->streamSynchronize(s0), 0);
     std::vector<uint16_t> h(n);
     std::vector<float> w(n);
@@ -370,7 +371,7 @@ TEST_F(SoftCuda, SparseKernelsFollowTheContract) {
     return d;
   };
   float *v = dev(v0), *u = dev(u0), *g = dev(g0), *norms = dev(std::vector<float>(chunks));
-  ASSERT_EQ(p->accumulateChunkNorms(v, u, g, 0.9f, n, chunk, norms, nullptr), 0);
+  ASSERT_EQ(p->accumulateChunkNorms({v, u, n, chunk}, g, 0.9f, norms, nullptr), 0);
   ASSERT_EQ(p->streamSynchronize(nullptr), 0);
   std::vector<float> v1 = v0, u1 = u0, n1(chunks);
   for (size_t c = 0; c < chunks; ++c) {
@@ -385,8 +386,8 @@ TEST_F(SoftCuda, SparseKernelsFollowTheContract) {
   const size_t tempBytes = p->topChunksTempBytes(chunks);
   void* temp = sc::alloc(0, tempBytes);
   auto* idx = static_cast<uint32_t*>(sc::alloc(0, k * 4));
-  EXPECT_EQ(p->topChunks(norms, chunks, k, idx, temp, tempBytes - 1, nullptr), sc::kInvalidValue);
-  ASSERT_EQ(p->topChunks(norms, chunks, k, idx, temp, tempBytes, nullptr), 0);
+  EXPECT_EQ(p->topChunks(norms, chunks, k, idx, {temp, tempBytes - 1}, nullptr), sc::kInvalidValue);
+  ASSERT_EQ(p->topChunks(norms, chunks, k, idx, {temp, tempBytes}, nullptr), 0);
   ASSERT_EQ(p->streamSynchronize(nullptr), 0);
   const std::vector<size_t> top = kernels::topChunks(norms, chunks, k);
   ASSERT_EQ(top.size(), k);
@@ -395,9 +396,9 @@ TEST_F(SoftCuda, SparseKernelsFollowTheContract) {
 
   idx[k - 1] = chunks - 1;  // the short last chunk: zero past the end of v
   auto* packed = static_cast<float*>(sc::alloc(0, k * chunk * 4));
-  ASSERT_EQ(p->gatherChunks(packed, v, idx, k, chunk, n, nullptr), 0);
+  ASSERT_EQ(p->gatherChunks(packed, {v, nullptr, n, chunk}, {idx, k}, nullptr), 0);
   auto* grad = static_cast<float*>(sc::alloc(0, n * 4));
-  ASSERT_EQ(p->scatterChunks(grad, v, u, packed, idx, k, chunk, n, nullptr), 0);
+  ASSERT_EQ(p->scatterChunks(grad, {v, u, n, chunk}, packed, {idx, k}, nullptr), 0);
   ASSERT_EQ(p->streamSynchronize(nullptr), 0);
   std::vector<bool> picked(n);
   for (size_t j = 0; j < k; ++j) {
@@ -413,7 +414,7 @@ TEST_F(SoftCuda, SparseKernelsFollowTheContract) {
     EXPECT_EQ(u[i], picked[i] ? 0.0f : u1[i]) << i;
   }
   std::vector<float> hostGrad(n);
-  EXPECT_EQ(p->scatterChunks(hostGrad.data(), v, u, packed, idx, k, chunk, n, nullptr),
+  EXPECT_EQ(p->scatterChunks(hostGrad.data(), {v, u, n, chunk}, packed, {idx, k}, nullptr),
             sc::kInvalidValue);
 }
 
@@ -556,7 +557,7 @@ TEST_F(SoftNccl, AllReduceFloat32SumAndAvg) {
     auto out = run(
         inputs, n * 4,
         [&](int r, const void* i, void* o, void* s) {
-          return a->allReduce(i, o, n, int(DataType::kFloat32), int(op), comms[r], s);
+          return a->allReduce({i, o, n, int(DataType::kFloat32), int(op), 0}, comms[r], s);
         },
         /*inPlace=*/op == ReduceOp::kAvg);
     for (size_t i = 0; i < n; ++i) {
@@ -592,7 +593,7 @@ TEST_F(SoftNccl, AllReduceHalfTypesRoundOnce) {
       inputs.push_back(bytesOf(v));
     }
     auto out = run(inputs, n * 2, [&](int r, const void* i, void* o, void* s) {
-      return a->allReduce(i, o, n, int(h.t), int(ReduceOp::kSum), comms[r], s);
+      return a->allReduce({i, o, n, int(h.t), int(ReduceOp::kSum), 0}, comms[r], s);
     });
     for (size_t i = 0; i < n; ++i) {
       const float acc = (h.toFloat(in[0][i]) + h.toFloat(in[1][i])) + h.toFloat(in[2][i]);
@@ -618,7 +619,7 @@ TEST_F(SoftNccl, AllReduceInt64EveryOp) {
     auto out = run(
         inputs, n * 8,
         [&](int r, const void* i, void* o, void* s) {
-          return a->allReduce(i, o, n, int(DataType::kInt64), int(op), comms[r], s);
+          return a->allReduce({i, o, n, int(DataType::kInt64), int(op), 0}, comms[r], s);
         },
         /*inPlace=*/true);
     for (size_t i = 0; i < n; ++i) {
@@ -649,19 +650,20 @@ TEST_F(SoftNccl, ReduceScatterAllGatherBroadcast) {
     inputs.push_back(bytesOf(in[r]));
   }
   auto rs = run(inputs, c * 4, [&](int r, const void* i, void* o, void* s) {
-    return a->reduceScatter(i, o, c, int(DataType::kFloat32), int(ReduceOp::kSum), comms[r], s);
+    return a->reduceScatter({i, o, c, int(DataType::kFloat32), int(ReduceOp::kSum), 0}, comms[r],
+                            s);
   });
   for (int r = 0; r < 3; ++r)
     for (size_t i = 0; i < c; ++i)
       EXPECT_EQ(at<float>(rs[r], i), in[0][r * c + i] + in[1][r * c + i] + in[2][r * c + i]);
   auto ag = run(inputs, 3 * c * 4, [&](int r, const void* i, void* o, void* s) {
-    return a->allGather(i, o, c, int(DataType::kFloat32), comms[r], s);
+    return a->allGather({i, o, c, int(DataType::kFloat32), 0, 0}, comms[r], s);
   });
   for (int r = 0; r < 3; ++r)
     for (int q = 0; q < 3; ++q)
       for (size_t i = 0; i < c; ++i) EXPECT_EQ(at<float>(ag[r], q * c + i), in[q][i]);
   auto bc = run(inputs, c * 4, [&](int r, const void* i, void* o, void* s) {
-    return a->broadcast(r == 1 ? i : nullptr, o, c, int(DataType::kFloat32), 1, comms[r], s);
+    return a->broadcast({r == 1 ? i : nullptr, o, c, int(DataType::kFloat32), 0, 1}, comms[r], s);
   });
   for (int r = 0; r < 3; ++r)
     for (size_t i = 0; i < c; ++i) EXPECT_EQ(at<float>(bc[r], i), in[1][i]);
@@ -678,7 +680,7 @@ TEST_F(SoftNccl, ReduceWritesTheRootOnly) {
   }
   // Off the root, recvbuff is never checked: pass null there.
   auto out = run(inputs, c * 4, [&](int r, const void* i, void* o, void* s) {
-    return a->reduce(i, r == 1 ? o : nullptr, c, int(DataType::kInt32), int(ReduceOp::kMax), 1,
+    return a->reduce({i, r == 1 ? o : nullptr, c, int(DataType::kInt32), int(ReduceOp::kMax), 1},
                      comms[r], s);
   });
   for (size_t i = 0; i < c; ++i) EXPECT_EQ(at<int32_t>(out[1], i), in[2][i]);
@@ -737,9 +739,9 @@ TEST_F(SoftNccl, PointToPointArgumentErrorsFailTheGroup) {
   EXPECT_EQ(a->recv(buf, 64, int(DataType::kFloat32), 1, comms[0], nullptr), nccl::kInvalidArgument)
       << "256 bytes do not fit the 64-byte buffer";
   EXPECT_EQ(a->groupEnd(), nccl::kInvalidUsage) << "groupEnd without groupStart";
-  EXPECT_EQ(a->allReduce(buf, buf, 0, 0, 0, comms[0], nullptr), nccl::kSuccess);
+  EXPECT_EQ(a->allReduce({buf, buf, 0, 0, 0, 0}, comms[0], nullptr), nccl::kSuccess);
   EXPECT_EQ(a->groupStart(), nccl::kSuccess);
-  EXPECT_EQ(a->allReduce(buf, buf, 4, 0, 0, comms[0], nullptr), nccl::kInvalidUsage)
+  EXPECT_EQ(a->allReduce({buf, buf, 4, 0, 0, 0}, comms[0], nullptr), nccl::kInvalidUsage)
       << "collectives inside a group are not modelled";
   EXPECT_EQ(a->groupEnd(), nccl::kSuccess);
   sc::free(buf);
@@ -778,8 +780,8 @@ TEST_F(SoftNccl, MissingRankBlocksUntilAbort) {
     outs[r] = sc::alloc(r, n * 4);
     std::memset(outs[r], 0xab, n * 4);
     void* in = sc::alloc(r, n * 4);
-    ASSERT_EQ(a->allReduce(in, outs[r], n, int(DataType::kFloat32), int(ReduceOp::kSum), comms[r],
-                           streams[r]),
+    ASSERT_EQ(a->allReduce({in, outs[r], n, int(DataType::kFloat32), int(ReduceOp::kSum), 0},
+                           comms[r], streams[r]),
               nccl::kSuccess);
     ASSERT_EQ(p->eventRecord(events[r], streams[r]), 0);
   }
@@ -794,7 +796,8 @@ TEST_F(SoftNccl, MissingRankBlocksUntilAbort) {
   int result = -1;
   EXPECT_EQ(a->commGetAsyncError(comms[1], &result), nccl::kSuccess);
   EXPECT_EQ(result, nccl::kRemoteError);
-  EXPECT_EQ(a->allReduce(outs[0], outs[0], n, 0, 0, comms[0], streams[0]), nccl::kInvalidUsage);
+  EXPECT_EQ(a->allReduce({outs[0], outs[0], n, 0, 0, 0}, comms[0], streams[0]),
+            nccl::kInvalidUsage);
   EXPECT_EQ(a->commGetAsyncError(comms[0], &result), nccl::kInvalidUsage);  // tombstone
   EXPECT_EQ(sn::collectivesRun(), 0);
   EXPECT_EQ(sn::aborts(), 1);
@@ -811,7 +814,8 @@ TEST_F(SoftNccl, MismatchedCallsHangAndAreCounted) {
     ASSERT_EQ(p->setDevice(r), 0);
     ASSERT_EQ(p->streamCreate(&streams[r]), 0);
     void* buf = sc::alloc(r, 64);
-    ASSERT_EQ(a->allReduce(buf, buf, r == 2 ? 8 : 16, int(DataType::kFloat32), int(ReduceOp::kSum),
+    ASSERT_EQ(a->allReduce({buf, buf, r == 2 ? size_t{8} : size_t{16}, int(DataType::kFloat32),
+                            int(ReduceOp::kSum), 0},
                            comms[r], streams[r]),
               nccl::kSuccess);
   }
@@ -840,32 +844,33 @@ TEST_F(SoftNccl, RejectsBadArguments) {
   EXPECT_EQ(a->commInitRank(&c, 0, &id, 0), nccl::kInvalidArgument);
   ASSERT_EQ(a->commInitRank(&c, 2, &id, 0), nccl::kInProgress);  // rank 1 not there yet
   void* buf = sc::alloc(0, 64);
-  EXPECT_EQ(a->allReduce(buf, buf, 4, 0, 0, c, nullptr), nccl::kInvalidArgument);
+  EXPECT_EQ(a->allReduce({buf, buf, 4, 0, 0, 0}, c, nullptr), nccl::kInvalidArgument);
   EXPECT_EQ(a->commAbort(c), nccl::kSuccess);
 
   auto comms = init(2);
   std::vector<float> host(16);
   void* other = sc::alloc(1, 64);
-  EXPECT_EQ(a->allReduce(buf, buf, 4, 0, 0, nullptr, nullptr), nccl::kInvalidArgument);
-  EXPECT_EQ(a->allReduce(buf, buf, 4, 9, 0, comms[0], nullptr), nccl::kInvalidArgument);
-  EXPECT_EQ(a->allReduce(buf, buf, 4, 0, 7, comms[0], nullptr), nccl::kInvalidArgument);
-  EXPECT_EQ(a->broadcast(buf, buf, 4, 0, 2, comms[0], nullptr), nccl::kInvalidArgument);
-  EXPECT_EQ(a->allReduce(host.data(), buf, 4, 0, 0, comms[0], nullptr), nccl::kInvalidArgument);
+  EXPECT_EQ(a->allReduce({buf, buf, 4, 0, 0, 0}, nullptr, nullptr), nccl::kInvalidArgument);
+  EXPECT_EQ(a->allReduce({buf, buf, 4, 9, 0, 0}, comms[0], nullptr), nccl::kInvalidArgument);
+  EXPECT_EQ(a->allReduce({buf, buf, 4, 0, 7, 0}, comms[0], nullptr), nccl::kInvalidArgument);
+  EXPECT_EQ(a->broadcast({buf, buf, 4, 0, 0, 2}, comms[0], nullptr), nccl::kInvalidArgument);
+  EXPECT_EQ(a->allReduce({host.data(), buf, 4, 0, 0, 0}, comms[0], nullptr),
+            nccl::kInvalidArgument);
   EXPECT_NE(std::string(a->getLastError(comms[0])).find("sendbuff"), std::string::npos);
-  EXPECT_EQ(a->allReduce(buf, other, 4, 0, 0, comms[0], nullptr), nccl::kInvalidArgument);
-  EXPECT_EQ(a->allReduce(buf, buf, 17, 0, 0, comms[0], nullptr), nccl::kInvalidArgument);
+  EXPECT_EQ(a->allReduce({buf, other, 4, 0, 0, 0}, comms[0], nullptr), nccl::kInvalidArgument);
+  EXPECT_EQ(a->allReduce({buf, buf, 17, 0, 0, 0}, comms[0], nullptr), nccl::kInvalidArgument);
   void* s1 = nullptr;
   ASSERT_EQ(p->setDevice(1), 0);
   ASSERT_EQ(p->streamCreate(&s1), 0);
-  EXPECT_EQ(a->allReduce(buf, buf, 4, 0, 0, comms[0], s1), nccl::kUnhandledCudaError);
-  EXPECT_EQ(a->allReduce(buf, buf, 0, 0, 0, comms[0], nullptr), nccl::kSuccess);  // no-op
+  EXPECT_EQ(a->allReduce({buf, buf, 4, 0, 0, 0}, comms[0], s1), nccl::kUnhandledCudaError);
+  EXPECT_EQ(a->allReduce({buf, buf, 0, 0, 0, 0}, comms[0], nullptr), nccl::kSuccess);  // no-op
   sn::failNextCall("allReduce", nccl::kSystemError);
-  EXPECT_EQ(a->allReduce(buf, buf, 4, 0, 0, comms[0], nullptr), nccl::kSystemError);
+  EXPECT_EQ(a->allReduce({buf, buf, 4, 0, 0, 0}, comms[0], nullptr), nccl::kSystemError);
   sn::injectAsyncError(comms[1], nccl::kRemoteError);
   int result = -1;
   EXPECT_EQ(a->commGetAsyncError(comms[1], &result), nccl::kSuccess);
   EXPECT_EQ(result, nccl::kRemoteError);
-  EXPECT_EQ(a->allReduce(other, other, 4, 0, 0, comms[1], s1), nccl::kRemoteError);
+  EXPECT_EQ(a->allReduce({other, other, 4, 0, 0, 0}, comms[1], s1), nccl::kRemoteError);
   EXPECT_EQ(sn::collectivesRun(), 0);
   EXPECT_STRNE(a->getErrorString(nccl::kInvalidUsage), a->getErrorString(nccl::kSuccess));
 }
@@ -909,8 +914,8 @@ TEST_F(SoftNccl, SplitIntoTwoColors) {
       EXPECT_EQ(p->setDevice(r), 0);
       auto* buf = static_cast<float*>(sc::alloc(r, 4));
       *buf = float(r + 1);
-      EXPECT_EQ(a->allReduce(buf, buf, 1, int(DataType::kFloat32), int(ReduceOp::kSum), child[r],
-                             nullptr),
+      EXPECT_EQ(a->allReduce({buf, buf, 1, int(DataType::kFloat32), int(ReduceOp::kSum), 0},
+                             child[r], nullptr),
                 nccl::kSuccess);
       EXPECT_EQ(p->streamSynchronize(nullptr), 0);
       got[r] = *buf;
@@ -925,12 +930,12 @@ TEST_F(SoftNccl, FinalizeThenDestroy) {
   auto comms = init(2);
   std::vector<Bytes> inputs(2, bytesOf(std::vector<int32_t>{1, 2, 3}));
   run(inputs, 12, [&](int r, const void* i, void* o, void* s) {
-    return a->allReduce(i, o, 3, int(DataType::kInt32), int(ReduceOp::kSum), comms[r], s);
+    return a->allReduce({i, o, 3, int(DataType::kInt32), int(ReduceOp::kSum), 0}, comms[r], s);
   });
   for (void* c : comms) {
     EXPECT_EQ(a->commFinalize(c), nccl::kInProgress);
     EXPECT_EQ(settled(c), nccl::kSuccess);
-    EXPECT_EQ(a->allReduce(nullptr, nullptr, 1, 0, 0, c, nullptr), nccl::kInvalidUsage);
+    EXPECT_EQ(a->allReduce({nullptr, nullptr, 1, 0, 0, 0}, c, nullptr), nccl::kInvalidUsage);
   }
   for (void* c : comms) EXPECT_EQ(a->commDestroy(c), nccl::kSuccess);
   EXPECT_EQ(a->commDestroy(comms[0]), nccl::kInvalidUsage);

@@ -47,14 +47,8 @@ const char* kindName(int k) {
   return names[k];
 }
 
-struct Args {
+struct Args : gflow::nccl::Collective {
   int kind = 0;
-  const void* in = nullptr;
-  void* out = nullptr;
-  size_t count = 0;
-  int dtype = 0;
-  int op = 0;
-  int root = 0;
 };
 
 bool sameCall(const Args& a, const Args& b) {
@@ -804,26 +798,30 @@ int commAbort(void* comm) {
   return kSuccess;
 }
 
-int allReduce(const void* in, void* out, size_t count, int dtype, int op, void* comm,
-              void* stream) {
-  return collective("allReduce", Args{kAllReduce, in, out, count, dtype, op, 0}, comm, stream);
+Args argsOf(int kind, const nccl::Collective& c) {
+  Args a;
+  static_cast<nccl::Collective&>(a) = c;
+  a.kind = kind;
+  return a;
 }
-int reduceScatter(const void* in, void* out, size_t recvCount, int dtype, int op, void* comm,
-                  void* stream) {
-  return collective("reduceScatter", Args{kReduceScatter, in, out, recvCount, dtype, op, 0}, comm,
+int allReduce(const nccl::Collective& c, void* comm, void* stream) {
+  return collective("allReduce", argsOf(kAllReduce, {c.in, c.out, c.count, c.dtype, c.op, 0}), comm,
                     stream);
 }
-int allGather(const void* in, void* out, size_t sendCount, int dtype, void* comm, void* stream) {
-  return collective("allGather", Args{kAllGather, in, out, sendCount, dtype, 0, 0}, comm, stream);
+int reduceScatter(const nccl::Collective& c, void* comm, void* stream) {
+  return collective("reduceScatter",
+                    argsOf(kReduceScatter, {c.in, c.out, c.count, c.dtype, c.op, 0}), comm, stream);
 }
-int broadcast(const void* in, void* out, size_t count, int dtype, int root, void* comm,
-              void* stream) {
-  return collective("broadcast", Args{kBroadcast, in, out, count, dtype, 0, root}, comm, stream);
+int allGather(const nccl::Collective& c, void* comm, void* stream) {
+  return collective("allGather", argsOf(kAllGather, {c.in, c.out, c.count, c.dtype, 0, 0}), comm,
+                    stream);
 }
-
-int reduceTo(const void* in, void* out, size_t count, int dtype, int op, int root, void* comm,
-             void* stream) {
-  return collective("reduce", Args{kReduce, in, out, count, dtype, op, root}, comm, stream);
+int broadcast(const nccl::Collective& c, void* comm, void* stream) {
+  return collective("broadcast", argsOf(kBroadcast, {c.in, c.out, c.count, c.dtype, 0, c.root}),
+                    comm, stream);
+}
+int reduceTo(const nccl::Collective& c, void* comm, void* stream) {
+  return collective("reduce", argsOf(kReduce, c), comm, stream);
 }
 int send(const void* buf, size_t count, int dtype, int peer, void* comm, void* stream) {
   return pointToPoint("send",

@@ -593,39 +593,51 @@ void NcclBackend::notifyPeers(const Error& error) {
 
 // ---- collectives -----------------------------------------------------------
 
+namespace {
+
+// The op's operands as NCCL takes them: its elements, or (allgather,
+// broadcast: a copy, whatever the type) its bytes.
+nccl::Collective operands(const Op& op, const void* in, void* out) {
+  return nccl::Collective{in,
+                          out,
+                          op.desc.count,
+                          static_cast<int>(op.desc.dtype),
+                          static_cast<int>(op.desc.op),
+                          op.desc.root};
+}
+
+nccl::Collective bytes(const Op& op, const void* in, void* out) {
+  return nccl::Collective{in, out,         byteCount(op.desc), static_cast<int>(DataType::kUInt8),
+                          0,  op.desc.root};
+}
+
+}  // namespace
+
 void NcclBackend::allreduce(const Op& op, const void* in, void* out) {
   cuda::DeviceGuard g(*plugin_, device_);
   begin(op);
-  const int dt = static_cast<int>(op.desc.dtype), rop = static_cast<int>(op.desc.op);
-  const uint64_t n = op.desc.count;
-  check(op, comm_, "ncclAllReduce", api_->allReduce(in, out, n, dt, rop, comm_, stream_));
+  check(op, comm_, "ncclAllReduce", api_->allReduce(operands(op, in, out), comm_, stream_));
   finish(op, "ncclAllReduce");
 }
 
 void NcclBackend::reduceScatter(const Op& op, const void* in, void* out) {
   cuda::DeviceGuard g(*plugin_, device_);
   begin(op);
-  check(op, comm_, "ncclReduceScatter",
-        api_->reduceScatter(in, out, op.desc.count, static_cast<int>(op.desc.dtype),
-                            static_cast<int>(op.desc.op), comm_, stream_));
+  check(op, comm_, "ncclReduceScatter", api_->reduceScatter(operands(op, in, out), comm_, stream_));
   finish(op, "ncclReduceScatter");
 }
 
 void NcclBackend::allgather(const Op& op, const void* in, void* out) {
   cuda::DeviceGuard g(*plugin_, device_);
   begin(op);
-  check(op, comm_, "ncclAllGather",
-        api_->allGather(in, out, byteCount(op.desc), static_cast<int>(DataType::kUInt8), comm_,
-                        stream_));
+  check(op, comm_, "ncclAllGather", api_->allGather(bytes(op, in, out), comm_, stream_));
   finish(op, "ncclAllGather");
 }
 
 void NcclBackend::broadcast(const Op& op, void* buf) {
   cuda::DeviceGuard g(*plugin_, device_);
   begin(op);
-  check(op, comm_, "ncclBroadcast",
-        api_->broadcast(buf, buf, byteCount(op.desc), static_cast<int>(DataType::kUInt8),
-                        op.desc.root, comm_, stream_));
+  check(op, comm_, "ncclBroadcast", api_->broadcast(bytes(op, buf, buf), comm_, stream_));
   finish(op, "ncclBroadcast");
 }
 
@@ -635,9 +647,7 @@ void NcclBackend::reduce(const Op& op, const void* in, void* out) {
   DeviceCopy copy;
   void* dst = s_.rank == op.desc.root ? rootBuffer(op, out, bytes, false, &copy) : out;
   begin(op);
-  check(op, comm_, "ncclReduce",
-        api_->reduce(in, dst, op.desc.count, static_cast<int>(op.desc.dtype),
-                     static_cast<int>(op.desc.op), op.desc.root, comm_, stream_));
+  check(op, comm_, "ncclReduce", api_->reduce(operands(op, in, dst), comm_, stream_));
   finish(op, "ncclReduce");
   copyBack(op, out, bytes, copy);
 }
@@ -651,8 +661,10 @@ void NcclBackend::barrier(const Op& op) {
   }
   begin(op);
   check(op, comm_, "ncclAllReduce (barrier)",
-        api_->allReduce(barrierWord_, barrierWord_, 1, static_cast<int>(DataType::kInt32),
-                        static_cast<int>(ReduceOp::kSum), comm_, stream_));
+        api_->allReduce(
+            nccl::Collective{barrierWord_, barrierWord_, 1, static_cast<int>(DataType::kInt32),
+                             static_cast<int>(ReduceOp::kSum), 0},
+            comm_, stream_));
   finish(op, "ncclAllReduce (barrier)");
 }
 

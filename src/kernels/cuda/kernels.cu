@@ -106,8 +106,17 @@ __device__ uint32_t blockTop(uint32_t bits) {
   return top;
 }
 
-__global__ void quantizeBlocks(unsigned char* out, const float* src, size_t count, float scale,
-                               float* residual, float qmax, bool int4) {
+// A quantized wire: its scale, its largest code and whether it is int4.
+struct Quantizer {
+  float scale;
+  float qmax;
+  bool int4;
+};
+
+__global__ void quantizeBlocks(unsigned char* out, const float* src, size_t count, float* residual,
+                               Quantizer z) {
+  const float scale = z.scale, qmax = z.qmax;
+  const bool int4 = z.int4;
   const size_t blocks = (count + kQuantBlock - 1) / kQuantBlock;
   for (size_t blk = blockIdx.x; blk < blocks; blk += gridDim.x) {
     const size_t at = blk * kQuantBlock + threadIdx.x;
@@ -218,9 +227,11 @@ __global__ void nonFiniteFloat8(const uint8_t* data, size_t n, uint8_t mask, int
 }
 
 // One block per chunk: update, then a block reduction of |v|.
-__global__ void chunkNorms(float* v, float* u, const float* g, float m, size_t n, size_t chunk,
-                           float* norms) {
+__global__ void chunkNorms(ChunkedResidual r, const float* g, float m, float* norms) {
   __shared__ float partial[kThreads];
+  float* v = r.v;
+  float* u = r.u;
+  const size_t n = r.n, chunk = r.chunk;
   const size_t c = blockIdx.x;
   const size_t begin = c * chunk;
   const size_t end = begin + chunk < n ? begin + chunk : n;
@@ -261,9 +272,11 @@ __global__ void normKeys(const float* norms, size_t count, uint32_t* keys, uint3
   }
 }
 
-__global__ void gather(float* packed, const float* v, const uint32_t* idx, size_t k, size_t chunk,
-                       size_t n) {
-  const size_t total = k * chunk;
+__global__ void gather(float* packed, ChunkedResidual r, PickedChunks p) {
+  const float* v = r.v;
+  const uint32_t* idx = p.idx;
+  const size_t chunk = r.chunk, n = r.n;
+  const size_t total = p.k * chunk;
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total;
        i += size_t(blockDim.x) * gridDim.x) {
     const size_t e = static_cast<size_t>(idx[i / chunk]) * chunk + i % chunk;
@@ -271,9 +284,12 @@ __global__ void gather(float* packed, const float* v, const uint32_t* idx, size_
   }
 }
 
-__global__ void scatter(float* grad, float* v, float* u, const float* packed, const uint32_t* idx,
-                        size_t k, size_t chunk, size_t n) {
-  const size_t total = k * chunk;
+__global__ void scatter(float* grad, ChunkedResidual r, const float* packed, PickedChunks p) {
+  float* v = r.v;
+  float* u = r.u;
+  const uint32_t* idx = p.idx;
+  const size_t chunk = r.chunk, n = r.n;
+  const size_t total = p.k * chunk;
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total;
        i += size_t(blockDim.x) * gridDim.x) {
     const size_t e = static_cast<size_t>(idx[i / chunk]) * chunk + i % chunk;
@@ -304,14 +320,17 @@ int batchedCopy(const CopySegment* segments, size_t n, void* scratch, void* stre
   return lastError();
 }
 
-int narrow(void* dst, const float* src, size_t count, DataType wire, float scale, float* residual,
+int narrow(void* dst, const float* src, size_t count, WireFormat format, float* residual,
            void* stream) {
+  const DataType wire = format.type;
+  const float scale = format.scale;
   if (count == 0) return 0;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (wire == DataType::kQInt8 || wire == DataType::kQInt4) {
     const bool int4 = wire == DataType::kQInt4;
     quantizeBlocks<<<quantGrid(count), kQuantBlock, 0, s>>>(
-        static_cast<unsigned char*>(dst), src, count, scale, residual, int4 ? 7.0f : 127.0f, int4);
+        static_cast<unsigned char*>(dst), src, count, residual,
+        Quantizer{scale, int4 ? 7.0f : 127.0f, int4});
     return lastError();
   }
   if (residual) return static_cast<int>(cudaErrorInvalidValue);
@@ -326,7 +345,9 @@ int narrow(void* dst, const float* src, size_t count, DataType wire, float scale
   return lastError();
 }
 
-int widen(float* dst, const void* src, size_t count, DataType wire, float scale, void* stream) {
+int widen(float* dst, const void* src, size_t count, WireFormat format, void* stream) {
+  const DataType wire = format.type;
+  const float scale = format.scale;
   if (count == 0) return 0;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (wire == DataType::kQInt8 || wire == DataType::kQInt4) {
@@ -389,13 +410,13 @@ int flagNonFinite(const void* data, size_t count, DataType dtype, int* flag, voi
   return lastError();
 }
 
-int accumulateChunkNorms(float* v, float* u, const float* g, float m, size_t n, size_t chunk,
-                         float* norms, void* stream) {
-  if (n == 0) return 0;
-  if (chunk == 0) return static_cast<int>(cudaErrorInvalidValue);
-  const size_t chunks = (n + chunk - 1) / chunk;
+int accumulateChunkNorms(const ChunkedResidual& r, const float* g, float m, float* norms,
+                         void* stream) {
+  if (r.n == 0) return 0;
+  if (r.chunk == 0) return static_cast<int>(cudaErrorInvalidValue);
+  const size_t chunks = (r.n + r.chunk - 1) / r.chunk;
   chunkNorms<<<static_cast<unsigned>(chunks), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      v, u, g, m, n, chunk, norms);
+      r, g, m, norms);
   return lastError();
 }
 
@@ -411,15 +432,16 @@ size_t topChunksTempBytes(size_t count) {
          align256(sortBytes > selBytes ? sortBytes : selBytes);
 }
 
-int topChunks(const float* norms, size_t count, size_t k, uint32_t* idx, void* temp,
-              size_t tempBytes, void* stream) {
+int topChunks(const float* norms, size_t count, size_t k, uint32_t* idx, Scratch temp,
+              void* stream) {
+  const size_t tempBytes = temp.bytes;
   if (k > count) k = count;
   if (k == 0) return 0;
   if (tempBytes < topChunksTempBytes(count) || count > 0x7fffffffu) {
     return static_cast<int>(cudaErrorInvalidValue);
   }
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  char* t = static_cast<char*>(temp);
+  char* t = static_cast<char*>(temp.data);
   const size_t a = align256(count * sizeof(uint32_t));
   uint32_t* keys = reinterpret_cast<uint32_t*>(t);
   uint32_t* keysOut = reinterpret_cast<uint32_t*>(t + a);
@@ -440,21 +462,20 @@ int topChunks(const float* norms, size_t count, size_t k, uint32_t* idx, void* t
   return lastError();
 }
 
-int gatherChunks(float* packed, const float* v, const uint32_t* idx, size_t k, size_t chunk,
-                 size_t n, void* stream) {
-  if (k == 0) return 0;
-  gather<<<blocksFor(k * chunk), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(packed, v, idx,
-                                                                                   k, chunk, n);
+int gatherChunks(float* packed, const ChunkedResidual& r, PickedChunks picked, void* stream) {
+  if (picked.k == 0) return 0;
+  gather<<<blocksFor(picked.k * r.chunk), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      packed, r, picked);
   return lastError();
 }
 
-int scatterChunks(float* grad, float* v, float* u, const float* packed, const uint32_t* idx,
-                  size_t k, size_t chunk, size_t n, void* stream) {
+int scatterChunks(float* grad, const ChunkedResidual& r, const float* packed, PickedChunks picked,
+                  void* stream) {
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  cudaError_t e = cudaMemsetAsync(grad, 0, n * sizeof(float), s);
+  cudaError_t e = cudaMemsetAsync(grad, 0, r.n * sizeof(float), s);
   if (e != cudaSuccess) return static_cast<int>(e);
-  if (k == 0) return 0;
-  scatter<<<blocksFor(k * chunk), kThreads, 0, s>>>(grad, v, u, packed, idx, k, chunk, n);
+  if (picked.k == 0) return 0;
+  scatter<<<blocksFor(picked.k * r.chunk), kThreads, 0, s>>>(grad, r, packed, picked);
   return lastError();
 }
 
