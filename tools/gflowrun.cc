@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "common/auth.h"
+#include "common/fd_limit.h"
 #include "common/params.h"
 #include "gflow/error.h"
 #include "topology/data_interface.h"
@@ -452,6 +453,12 @@ class Job {
 
   int run() {
     setUpSignals();
+    // Each rank's output pipes stay open here (two read ends with the
+    // prefix, none without) until it exits; the ranks inherit the raised
+    // limit too.
+    gflow::fdlimit::require(cfg_.prefix ? 2 * size_t(cfg_.np) + 8 : 8,
+                            "gflowrun with " + std::to_string(cfg_.np) + " ranks",
+                            gflow::ErrorContext::forOp("gflowrun"));
     prepareEnvironment();
     if (cfg_.timeoutMs > 0) {
       jobDeadline_ = Clock::now() + std::chrono::milliseconds(cfg_.timeoutMs);

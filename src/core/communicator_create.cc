@@ -8,6 +8,7 @@
 #include "bootstrap/environment.h"
 #include "bootstrap/rendezvous.h"
 #include "common/check.h"
+#include "common/fd_limit.h"
 #include "common/hash.h"
 #include "common/logging.h"
 #include "common/params.h"
@@ -49,6 +50,7 @@ void checkAuthenticated(const bootstrap::Identity& id, bool tokenComing) {
 }  // namespace
 
 std::shared_ptr<Communicator> Communicator::create(const Options& options) {
+  fdlimit::raiseToHard();  // a job of many peers keeps a socket to each it talks to
   const Settings settings = resolveSettings(options);  // before any connection
   bootstrap::Identity id = bootstrap::resolveIdentity(options);
   checkAuthenticated(id, id.pmix && !options.store);

@@ -303,6 +303,21 @@ TEST(Gflowrun, HonoursPort) {
   EXPECT_EQ(run.out(), "[0] 127.0.0.1:45678\n");
 }
 
+// The ranks run with the open-file limit raised to the hard limit, and a
+// job whose output pipes alone would pass the hard limit is refused up
+// front, saying how many descriptors it needs.
+TEST(Gflowrun, RaisesTheOpenFileLimitAndSaysWhenTheHardOneIsTooSmall) {
+  Launch ok({"-n", "2", "--", "sh", "-c", "ulimit -n"}, {"prlimit", "--nofile=64:2048"});
+  ASSERT_EQ(ok.wait(), 0) << ok.err();
+  EXPECT_NE(ok.out().find("[0] 2048"), std::string::npos) << ok.out();
+  EXPECT_NE(ok.out().find("[1] 2048"), std::string::npos) << ok.out();
+  Launch tooMany({"-n", "100", "--", "true"}, {"prlimit", "--nofile=64:64"});
+  EXPECT_EQ(tooMany.wait(), 1);
+  EXPECT_NE(tooMany.err().find("gflowrun with 100 ranks needs"), std::string::npos)
+      << tooMany.err();
+  EXPECT_NE(tooMany.err().find("ulimit -n"), std::string::npos) << tooMany.err();
+}
+
 TEST(Gflowrun, MissingProgramExits127) {
   Launch run({"-n", "2", "/nonexistent/program"});
   EXPECT_EQ(run.wait(), 127);

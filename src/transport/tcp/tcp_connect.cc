@@ -26,6 +26,7 @@
 
 #include "common/auth.h"
 #include "common/check.h"
+#include "common/fd_limit.h"
 #include "common/handshake_acceptor.h"
 #include "common/logging.h"
 #include "common/params.h"
@@ -322,6 +323,12 @@ void TcpContext::connectAll(const ContextOptions& options) {
 
 void TcpContext::connectAllOrThrow(const ContextOptions& options) {
   if (size() == 1) return;
+  // Its sockets, the listener and the acceptor's, epoll and its eventfd.
+  fdlimit::require(static_cast<size_t>(socketsPerPeer_) * static_cast<size_t>(size() - 1) + 4,
+                   "rank " + std::to_string(rank()) + "'s TCP connections to " +
+                       std::to_string(size() - 1) +
+                       " peers (GFLOW_SOCKETS_PER_PEER=" + std::to_string(socketsPerPeer_) + ")",
+                   ErrorContext::forOp("init").withRank(rank()));
   const Deadline deadline = Deadline::after(options.timeout);
   const Identity me{rank(), size(), socketsPerPeer_, commId_, *host_};
   const int bufBytes = static_cast<int>(std::min<uint64_t>(
