@@ -11,6 +11,7 @@
 // The communicator comes from the environment (gflowrun, torchrun, Open MPI or
 // Slurm variables), as in any gflow program; the sweep itself is
 // bench/common/sweep.h, shared with the Gloo and MPI harnesses.
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -34,6 +35,23 @@ std::shared_ptr<Communicator> create(const std::string& algorithm, const std::st
   options.algorithm = algorithm;
   options.transport = transport;
   return Communicator::create(options);
+}
+
+// What setting up the job cost, once the sweep is done: rank 0 prints the
+// maxima over the ranks (Stats::Resources) as one line of key=value pairs.
+void printSetup(Communicator& comm, double initSeconds) {
+  const Stats::Resources r = comm.stats().resources;
+  std::vector<double> v = {initSeconds,           double(r.peersConnected),
+                           double(r.connections), double(r.storeRequests),
+                           double(r.storeServed), double(r.threadsStarted),
+                           double(r.pinnedBytes), double(r.sharedBytes)};
+  comm.allreduce(tensor(v.data(), v.size()), ReduceOp::kMax);
+  if (comm.rank() != 0) return;
+  std::printf(
+      "# setup init_s=%.3f peers_max=%.0f sockets_max=%.0f store_requests_max=%.0f "
+      "store_served=%.0f threads_max=%.0f pinned_bytes=%.0f shared_bytes=%.0f\n",
+      v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]);
+  std::fflush(stdout);
 }
 
 class GflowBackend : public OverGflow {
@@ -137,6 +155,10 @@ class GflowBackend : public OverGflow {
     return out;
   }
 
+  // `initSeconds`: how long this rank's construction (the communicator's
+  // creation) took.
+  void printSetup(double initSeconds) { gflow::bench::printSetup(*comm_, initSeconds); }
+
  private:
   std::string algorithm_ = "auto";
   std::string transport_;
@@ -185,8 +207,12 @@ int main(int argc, char** argv) {
   const bool registerBuffers =
       registerFlag == "yes" || (registerFlag == "auto" && transport == "verbs");
   try {
+    const auto begin = std::chrono::steady_clock::now();
     GflowBackend backend(cfg.algorithm, transport, registerBuffers, device == "cuda");
-    return runSweep(backend, cfg);
+    const std::chrono::duration<double> init = std::chrono::steady_clock::now() - begin;
+    const int rc = runSweep(backend, cfg);
+    backend.printSetup(init.count());
+    return rc;
   } catch (const gflow::Error& e) {
     std::fprintf(stderr, "allreduce_bw: %s\n", e.what());
   } catch (const std::exception& e) {

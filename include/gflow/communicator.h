@@ -130,6 +130,23 @@ struct GFLOW_EXPORT Stats {
     uint64_t ops = 0;
   };
   std::vector<Route> routes;
+  // What this rank holds of the job's resources now: peers it has a
+  // connection to (PeerStats::connections > 0) and those connections; the
+  // store requests its process made and, on the rank that serves the
+  // store, answered; threads gflow started in this process; bytes of
+  // memory it pinned (verbs registrations, CUDA pinned staging) and
+  // shared-memory segments it created (the shared-memory group's, local
+  // rings). At hundreds of ranks these are what runs out.
+  struct Resources {
+    uint64_t peersConnected = 0;
+    uint64_t connections = 0;
+    uint64_t storeRequests = 0;
+    uint64_t storeServed = 0;
+    uint64_t threadsStarted = 0;
+    uint64_t pinnedBytes = 0;
+    uint64_t sharedBytes = 0;
+  };
+  Resources resources;
   // Collectives with a straggler verdict (PeerStats::timesLast sums to it);
   // 0 under GFLOW_STRAGGLER=0 or on one rank.
   uint64_t arrivalOps = 0;

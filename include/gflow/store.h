@@ -31,6 +31,10 @@ class GFLOW_EXPORT Store {
   // Atomically adds `delta` to the integer stored at `key` (0 if absent) and
   // returns the new value.
   virtual int64_t add(const std::string& key, int64_t delta) = 0;
+  // Waits until every key exists, then returns their values in order. The
+  // TCP store answers it in one request; the default waits, then gets each.
+  virtual std::vector<std::vector<uint8_t>> multiGet(const std::vector<std::string>& keys,
+                                                     std::chrono::milliseconds timeout);
 
   // Convenience for string values.
   void setString(const std::string& key, const std::string& value);
@@ -65,6 +69,8 @@ class GFLOW_EXPORT TcpStore : public Store {
   std::vector<uint8_t> get(const std::string& key, std::chrono::milliseconds timeout) override;
   void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
   int64_t add(const std::string& key, int64_t delta) override;
+  std::vector<std::vector<uint8_t>> multiGet(const std::vector<std::string>& keys,
+                                             std::chrono::milliseconds timeout) override;
 
   // The port the server listens on (useful with port 0).
   uint16_t port() const;

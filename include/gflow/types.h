@@ -121,6 +121,9 @@ struct PeerStats {
   // Of bytesSent: what the peer read straight from this rank's buffers
   // (single copy between the ranks of one host, GFLOW_LOCAL_SINGLE_COPY).
   uint64_t singleCopyBytesSent = 0;
+  // Connections this rank holds open to the peer now: TCP sockets (a local
+  // link's stream counts as none) and verbs queue pairs.
+  uint32_t connections = 0;
   // Stragglers (docs/errors.md): of the collectives this rank has a verdict
   // on, how many this rank (the index of Stats::peers; this rank's own
   // entry too) reached last, and the sum over those of how long after the

@@ -348,6 +348,16 @@ py::dict statsDict(const Stats& s) {
   d["arrival_ops"] = s.arrivalOps;
   d["times_last"] = timesLast;
   d["late_ns"] = lateNs;
+  const Stats::Resources& r = s.resources;
+  py::dict res;
+  res["peers_connected"] = r.peersConnected;
+  res["connections"] = r.connections;
+  res["store_requests"] = r.storeRequests;
+  res["store_served"] = r.storeServed;
+  res["threads_started"] = r.threadsStarted;
+  res["pinned_bytes"] = r.pinnedBytes;
+  res["shared_bytes"] = r.sharedBytes;
+  d["resources"] = res;
   return d;
 }
 

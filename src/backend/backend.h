@@ -129,6 +129,7 @@ inline void accumulate(PeerStats& into, const PeerStats& p) {
   into.messagesSent += p.messagesSent;
   into.messagesReceived += p.messagesReceived;
   into.singleCopyBytesSent += p.singleCopyBytesSent;
+  into.connections += p.connections;
 }
 
 // A point-to-point op in flight (Backend::startPointToPoint). Used by the

@@ -2,6 +2,7 @@
 
 #include "backend/backend.h"
 #include "common/check.h"
+#include "common/resource_counts.h"
 #include "cuda/device_guard.h"
 #include "kernels/cuda/plugin.h"
 
@@ -11,19 +12,26 @@ StagingPool::~StagingPool() {
   for (void* s : streams_) {
     if (s) p_.streamDestroy(s);
   }
+  releaseHost();
+}
+
+void StagingPool::releaseHost() {
   if (host_) p_.hostFree(host_);
+  resources::pinned(-static_cast<int64_t>(hostBytes_));
+  host_ = nullptr;
+  hostBytes_ = 0;
 }
 
 char* StagingPool::host(size_t bytes) {
   if (bytes > hostBytes_) {
-    if (host_) p_.hostFree(host_);
-    host_ = nullptr;
-    hostBytes_ = 0;
+    releaseHost();
     if (int e = p_.hostAlloc(&host_, bytes)) {
+      host_ = nullptr;
       GFLOW_THROW(kInternal, ErrorContext{})
           << "cudaHostAlloc of " << bytes << " bytes for staging failed: " << p_.errorString(e);
     }
     hostBytes_ = bytes;
+    resources::pinned(static_cast<int64_t>(bytes));
   }
   return static_cast<char*>(host_);
 }

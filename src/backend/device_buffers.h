@@ -87,6 +87,7 @@ class StagingPool {
   void* stream(int device);  // created on first use
 
  private:
+  void releaseHost();  // the pinned host buffer goes
   const cuda::Plugin& p_;
   void* host_ = nullptr;
   size_t hostBytes_ = 0;

@@ -36,6 +36,16 @@ class HashStore : public Store {
     waitLocked(lock, keys, timeout, "wait");
   }
 
+  std::vector<std::vector<uint8_t>> multiGet(const std::vector<std::string>& keys,
+                                             std::chrono::milliseconds timeout) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    waitLocked(lock, keys, timeout, "multi-get");
+    std::vector<std::vector<uint8_t>> values;
+    values.reserve(keys.size());
+    for (const auto& k : keys) values.push_back(data_.at(k));
+    return values;
+  }
+
   int64_t add(const std::string& key, int64_t delta) override {
     int64_t result = 0;
     {

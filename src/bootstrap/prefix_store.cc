@@ -18,16 +18,24 @@ class PrefixStore : public Store {
     return base_->get(prefix_ + key, timeout);
   }
   void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
-    std::vector<std::string> full;
-    full.reserve(keys.size());
-    for (const auto& k : keys) full.push_back(prefix_ + k);
-    base_->wait(full, timeout);
+    base_->wait(prefixed(keys), timeout);
   }
   int64_t add(const std::string& key, int64_t delta) override {
     return base_->add(prefix_ + key, delta);
   }
+  std::vector<std::vector<uint8_t>> multiGet(const std::vector<std::string>& keys,
+                                             std::chrono::milliseconds timeout) override {
+    return base_->multiGet(prefixed(keys), timeout);
+  }
 
  private:
+  std::vector<std::string> prefixed(const std::vector<std::string>& keys) const {
+    std::vector<std::string> full;
+    full.reserve(keys.size());
+    for (const auto& k : keys) full.push_back(prefix_ + k);
+    return full;
+  }
+
   const std::string prefix_;
   const std::shared_ptr<Store> base_;
 };

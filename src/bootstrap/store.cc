@@ -1,11 +1,27 @@
 #include "gflow/store.h"
 
+#include <algorithm>
+
+#include "common/deadline.h"
+
 namespace gflow {
 
 Store::~Store() = default;
 
 void Store::setString(const std::string& key, const std::string& value) {
   set(key, std::vector<uint8_t>(value.begin(), value.end()));
+}
+
+std::vector<std::vector<uint8_t>> Store::multiGet(const std::vector<std::string>& keys,
+                                                  std::chrono::milliseconds timeout) {
+  const Deadline deadline = Deadline::after(timeout);
+  wait(keys, timeout);
+  std::vector<std::vector<uint8_t>> values;
+  values.reserve(keys.size());
+  for (const auto& k : keys) {
+    values.push_back(get(k, std::chrono::milliseconds(std::max(deadline.remainingMs(), 1))));
+  }
+  return values;
 }
 
 std::string Store::getString(const std::string& key, std::chrono::milliseconds timeout) {

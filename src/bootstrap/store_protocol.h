@@ -13,10 +13,13 @@
 //   kWait  u64 timeoutMs | u32 count | count x (u32 keyLen | key)
 //   kAdd   i64 delta | u32 keyLen | key
 //   kCheck u32 count | count x (u32 keyLen | key)
+//   kMultiGet u64 timeoutMs | u32 count | count x (u32 keyLen | key)
 // Response bodies by status:
-//   kOk       kSet/kWait: empty; kGet: the value; kAdd: i64 new value; kCheck: one byte (0/1) per
-//   key kTimeout  u32 count | count x (u32 keyLen | key): the keys still missing kError    a
-//   human-readable message
+//   kOk       kSet/kWait: empty; kGet: the value; kAdd: i64 new value;
+//             kCheck: one byte (0/1) per key; kMultiGet: u32 count |
+//             count x (u32 valueLen | value), in the request's order
+//   kTimeout  u32 count | count x (u32 keyLen | key): the keys still missing
+//   kError    a human-readable message
 // Blocking requests carry their timeout so the server answers kTimeout itself
 // and the connection stays in step (a client-side timeout would leave a late
 // answer in the stream).
@@ -36,7 +39,8 @@ namespace gflow::bootstrap::proto {
 
 constexpr uint32_t kRequestMagic = 0x51534647;   // "GFSQ" on the wire
 constexpr uint32_t kResponseMagic = 0x52534647;  // "GFSR" on the wire
-constexpr uint8_t kVersion = 1;
+// 2: kMultiGet.
+constexpr uint8_t kVersion = 2;
 constexpr size_t kHeaderSize = 12;
 constexpr const char* kAuthLabel = "gflow-store/v1";
 
@@ -48,7 +52,9 @@ constexpr size_t kMaxSetBody = 4 + kMaxKeyBytes + kMaxValueBytes;
 constexpr size_t kMaxOtherBody = size_t{1} << 20;  // multi-key requests of ~64k short keys
 constexpr size_t kMaxErrorBody = 1024;
 
-enum class Op : uint8_t { kSet = 1, kGet = 2, kWait = 3, kAdd = 4, kCheck = 5 };
+enum class Op : uint8_t { kSet = 1, kGet = 2, kWait = 3, kAdd = 4, kCheck = 5, kMultiGet = 6 };
+// The values a kMultiGet answer may carry in all.
+constexpr size_t kMaxMultiGetBytes = kMaxValueBytes;
 enum class Status : uint8_t { kOk = 0, kTimeout = 1, kError = 2 };
 
 struct Header {

@@ -5,12 +5,14 @@
 // borrows a connection from a pool (opening one when none is idle) and returns
 // it once answered. Once the server has closed a connection the store is
 // marked lost and every later call fails fast with kPeerLost.
+#include <functional>
 #include <mutex>
 
 #include "bootstrap/store_protocol.h"
 #include "bootstrap/tcp_store_server.h"
 #include "common/auth.h"
 #include "common/check.h"
+#include "common/resource_counts.h"
 #include "common/socket.h"
 #include "gflow/store.h"
 
@@ -84,6 +86,7 @@ struct TcpStore::Impl {
   // sent after `body` without being copied into it.
   Reply call(Op op, const std::vector<uint8_t>& body, const std::vector<uint8_t>* tail,
              Deadline deadline) {
+    resources::storeRequestMade();
     net::Socket s = acquire(deadline);
     std::vector<uint8_t> head;
     size_t len = body.size() + (tail ? tail->size() : 0);
@@ -118,6 +121,23 @@ struct TcpStore::Impl {
     return reply;
   }
 
+  // A kMultiGet answer of `count` values, appended to *out.
+  void parseValues(const std::vector<uint8_t>& body, size_t count,
+                   std::vector<std::vector<uint8_t>>* out) {
+    proto::Reader r(body.data(), body.size());
+    const bool countOk = r.u32() == count;
+    for (size_t i = 0; countOk && r.ok() && i < count; ++i) {
+      const uint32_t len = r.u32();
+      if (!r.ok() || len > r.left()) break;
+      out->emplace_back(r.cursor(), r.cursor() + len);
+      r.skip(len);
+    }
+    if (!countOk || !r.atEnd()) {
+      GFLOW_THROW(kInternal, kStoreCtx)
+          << "store at " << where << " sent a malformed answer to multi-get";
+    }
+  }
+
   std::vector<std::string> parseMissing(const std::vector<uint8_t>& body) {
     proto::Reader r(body.data(), body.size());
     uint32_t n = r.u32();
@@ -128,6 +148,10 @@ struct TcpStore::Impl {
     }
     return keys;
   }
+
+  void batches(Op op, const char* what, const std::vector<std::string>& keys,
+               std::chrono::milliseconds timeout,
+               const std::function<void(Reply&, size_t)>& onReply);
 
   Deadline requestDeadline() const { return proto::deadlineAfterMs(proto::toWireMs(opts.timeout)); }
   // Blocking requests: the server answers at `timeout`; opts.timeout on top
@@ -198,35 +222,67 @@ std::vector<uint8_t> TcpStore::get(const std::string& key, std::chrono::millisec
   return std::move(reply.body);
 }
 
-void TcpStore::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
-  const Deadline deadline = proto::deadlineAfterMs(proto::toWireMs(timeout));
-  // Requests are capped in size, so a very long key list goes in batches that
-  // share the one deadline.
-  size_t i = 0;
-  while (i < keys.size()) {
-    std::vector<uint8_t> body;
-    proto::Writer w(&body);
-    auto left = std::chrono::milliseconds(deadline.remainingMs());
-    w.u64(proto::toWireMs(timeout) >= proto::kNeverMs ? proto::kNeverMs : proto::toWireMs(left));
-    w.u32(0);  // count, patched below
-    uint32_t count = 0;
-    while (i < keys.size() && count < proto::kMaxKeysPerRequest &&
-           body.size() + 4 + keys[i].size() <= proto::kMaxOtherBody) {
-      if (keys[i].size() > proto::kMaxKeyBytes) {
-        GFLOW_THROW(kInvalidArgument, kStoreCtx) << "store wait: key longer than 4 KiB";
-      }
-      w.key(keys[i++]);
-      ++count;
+namespace {
+
+// A request body for the keys of `keys` from *next on that fit one request
+// (a u64 timeout, a u32 count, the keys); *next moves past them.
+std::vector<uint8_t> keysBody(const std::vector<std::string>& keys, size_t* next,
+                              uint64_t timeoutMs, const char* what) {
+  std::vector<uint8_t> body;
+  proto::Writer w(&body);
+  w.u64(timeoutMs);
+  w.u32(0);  // count, patched below
+  uint32_t count = 0;
+  size_t& i = *next;
+  while (i < keys.size() && count < proto::kMaxKeysPerRequest &&
+         body.size() + 4 + keys[i].size() <= proto::kMaxOtherBody) {
+    if (keys[i].size() > proto::kMaxKeyBytes) {
+      GFLOW_THROW(kInvalidArgument, kStoreCtx) << "store " << what << ": key longer than 4 KiB";
     }
-    for (int b = 0; b < 4; ++b) body[8 + b] = static_cast<uint8_t>(count >> (8 * b));
-    Impl::Reply reply = impl_->call(Op::kWait, body, nullptr, impl_->blockingDeadline(left));
-    if (reply.status == Status::kTimeout) {
-      std::vector<std::string> missing = impl_->parseMissing(reply.body);
-      GFLOW_THROW(kTimeout, kStoreCtx)
-          << proto::describeTimeout("wait", timeout, keys.size(), missing) << " (store at "
-          << impl_->where << ")";
-    }
+    w.key(keys[i++]);
+    ++count;
   }
+  for (int b = 0; b < 4; ++b) body[8 + b] = static_cast<uint8_t>(count >> (8 * b));
+  return body;
+}
+
+}  // namespace
+
+// Requests are capped in size, so a very long key list goes in batches of
+// `op` that share the one deadline; each answer goes to `onReply` with the
+// number of keys its request carried. A timeout names the keys missing.
+void TcpStore::Impl::batches(Op op, const char* what, const std::vector<std::string>& keys,
+                             std::chrono::milliseconds timeout,
+                             const std::function<void(Reply&, size_t)>& onReply) {
+  const Deadline deadline = proto::deadlineAfterMs(proto::toWireMs(timeout));
+  for (size_t i = 0; i < keys.size();) {
+    const size_t first = i;
+    auto left = std::chrono::milliseconds(deadline.remainingMs());
+    const uint64_t ms =
+        proto::toWireMs(timeout) >= proto::kNeverMs ? proto::kNeverMs : proto::toWireMs(left);
+    std::vector<uint8_t> body = keysBody(keys, &i, ms, what);
+    Reply reply = call(op, body, nullptr, blockingDeadline(left));
+    if (reply.status == Status::kTimeout) {
+      std::vector<std::string> missing = parseMissing(reply.body);
+      GFLOW_THROW(kTimeout, kStoreCtx)
+          << proto::describeTimeout(what, timeout, keys.size(), missing) << " (store at " << where
+          << ")";
+    }
+    onReply(reply, i - first);
+  }
+}
+
+void TcpStore::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
+  impl_->batches(Op::kWait, "wait", keys, timeout, [](Impl::Reply&, size_t) {});
+}
+
+std::vector<std::vector<uint8_t>> TcpStore::multiGet(const std::vector<std::string>& keys,
+                                                     std::chrono::milliseconds timeout) {
+  std::vector<std::vector<uint8_t>> values;
+  values.reserve(keys.size());
+  impl_->batches(Op::kMultiGet, "multi-get", keys, timeout,
+                 [&](Impl::Reply& r, size_t count) { impl_->parseValues(r.body, count, &values); });
+  return values;
 }
 
 int64_t TcpStore::add(const std::string& key, int64_t delta) {

@@ -18,6 +18,7 @@
 
 #include "common/check.h"
 #include "common/logging.h"
+#include "common/resource_counts.h"
 #include "common/socket.h"
 
 namespace gflow::bootstrap {
@@ -47,6 +48,7 @@ const char* opName(Op op) {
     case Op::kWait: return "wait";
     case Op::kAdd: return "add";
     case Op::kCheck: return "check";
+    case Op::kMultiGet: return "multi-get";
   }
   return "?";
 }
@@ -100,6 +102,7 @@ TcpStoreServer::TcpStoreServer(const std::string& host, uint16_t port, std::stri
       std::move(listener), std::move(ao),
       [this](net::HandshakeAcceptor::Handshake& h) { onAuthenticated(h); });
   // Arrivals before the loop runs wait in arrivals_ (and the eventfd count).
+  resources::threadStarted();
   thread_ = std::thread([this] { run(); });
 }
 
@@ -289,7 +292,7 @@ void TcpStoreServer::processFrames(Conn& c) {
         throw ProtocolError{"unsupported store protocol version " + std::to_string(h.version) +
                             " (this server speaks " + std::to_string(proto::kVersion) + ")"};
       }
-      if (h.code < static_cast<uint8_t>(Op::kSet) || h.code > static_cast<uint8_t>(Op::kCheck)) {
+      if (h.code < static_cast<uint8_t>(Op::kSet) || h.code > static_cast<uint8_t>(Op::kMultiGet)) {
         throw ProtocolError{"unknown request op " + std::to_string(h.code)};
       }
       if (h.reserved != 0) throw ProtocolError{"nonzero reserved header field"};
@@ -329,6 +332,7 @@ void TcpStoreServer::dispatch(Conn& c, Op op, const uint8_t* body, size_t len) {
     case Op::kWait: return onWait(c, r);
     case Op::kAdd: return onAdd(c, r);
     case Op::kCheck: return onCheck(c, r);
+    case Op::kMultiGet: return onMultiGet(c, r);
   }
 }
 
@@ -409,6 +413,41 @@ void TcpStoreServer::onCheck(Conn& c, proto::Reader& r) {
   respond(c, Status::kOk, out);
 }
 
+void TcpStoreServer::onMultiGet(Conn& c, proto::Reader& r) {
+  uint64_t timeoutMs = r.u64();
+  std::vector<std::string> keys = readKeys(r, Op::kMultiGet);
+  if (!r.atEnd()) throw malformed(Op::kMultiGet, "trailing bytes");
+  if (missingOf(keys).empty()) {
+    respondValues(c, keys);
+  } else {
+    park(c, Op::kMultiGet, std::move(keys), timeoutMs);
+  }
+}
+
+// The values are copied into one answer, bounded in all (an error names
+// the bound; the caller asks for fewer keys at once).
+void TcpStoreServer::respondValues(Conn& c, const std::vector<std::string>& keys) {
+  size_t total = 0;
+  for (const auto& k : keys) total += data_.at(k)->size();
+  if (total > proto::kMaxMultiGetBytes) {
+    const std::string e = "multi-get of " + std::to_string(keys.size()) + " keys holding " +
+                          std::to_string(total) + " bytes exceeds the limit of " +
+                          std::to_string(proto::kMaxMultiGetBytes) + " bytes per request";
+    respond(c, Status::kError, std::vector<uint8_t>(e.begin(), e.end()));
+    return;
+  }
+  std::vector<uint8_t> out;
+  out.reserve(4 + 4 * keys.size() + total);
+  proto::Writer w(&out);
+  w.u32(static_cast<uint32_t>(keys.size()));
+  for (const auto& k : keys) {
+    const Value& v = data_.at(k);
+    w.u32(static_cast<uint32_t>(v->size()));
+    w.bytes(v->data(), v->size());
+  }
+  respond(c, Status::kOk, out);
+}
+
 std::vector<std::string> TcpStoreServer::missingOf(const std::vector<std::string>& keys) const {
   std::vector<std::string> missing;
   for (const auto& k : keys) {
@@ -453,10 +492,12 @@ void TcpStoreServer::notifyKey(const std::string& key) {
     // A conn still missing other keys stays registered under those.
     if (c.dead || !c.parked || !missingOf(c.waitKeys).empty()) continue;
     Op op = c.parkedOp;
-    std::string first = c.waitKeys.front();
+    std::vector<std::string> keys = c.waitKeys;
     unpark(c);
     if (op == Op::kGet) {
-      respond(c, Status::kOk, {}, data_.at(first));
+      respond(c, Status::kOk, {}, data_.at(keys.front()));
+    } else if (op == Op::kMultiGet) {
+      respondValues(c, keys);
     } else {
       respond(c, Status::kOk, {});
     }
@@ -489,6 +530,7 @@ void TcpStoreServer::expireWaiters() {
 
 void TcpStoreServer::respond(Conn& c, Status status, const std::vector<uint8_t>& body,
                              Value value) {
+  resources::storeRequestServed();
   c.outHead.clear();
   size_t len = body.size() + (value ? value->size() : 0);
   proto::writeHeader(&c.outHead, proto::kResponseMagic, static_cast<uint8_t>(status),

@@ -1,6 +1,8 @@
 // See handshake_acceptor.h for the contract.
 #include "common/handshake_acceptor.h"
 
+#include "common/resource_counts.h"
+
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -36,6 +38,7 @@ HandshakeAcceptor::HandshakeAcceptor(Socket listener, Options options, Callback 
   setNonBlocking(listen_.fd(), true);
   wake_ = Socket(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   GFLOW_SYSCHECK(wake_.fd(), "eventfd");
+  resources::threadStarted();
   thread_ = std::thread([this] { acceptLoop(); });
 }
 
@@ -163,6 +166,7 @@ void HandshakeAcceptor::start(Socket sock, std::string peer) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (stopping_) return;
   try {
+    resources::threadStarted();
     h->thread_ = std::thread([this, h] { runHandshake(h); });
   } catch (const std::system_error& e) {
     GFLOW_LOG(WARN) << options_.name << ": dropping connection from " << h->peer_

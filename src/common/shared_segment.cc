@@ -16,17 +16,20 @@
 #include <utility>
 
 #include "common/check.h"
+#include "common/resource_counts.h"
 
 namespace gflow {
 
 Mapping::~Mapping() {
   if (data_) ::munmap(data_, size_);
+  if (data_ && created_) resources::sharedMapped(-static_cast<int64_t>(size_));
   if (fd_ >= 0) ::close(fd_);
 }
 
 Mapping::Mapping(Mapping&& o) noexcept
     : data_(std::exchange(o.data_, nullptr)),
       size_(std::exchange(o.size_, 0)),
+      created_(std::exchange(o.created_, false)),
       fd_(std::exchange(o.fd_, -1)) {}
 
 Mapping& Mapping::operator=(Mapping&& o) noexcept {
@@ -34,6 +37,7 @@ Mapping& Mapping::operator=(Mapping&& o) noexcept {
     Mapping tmp(std::move(*this));
     data_ = std::exchange(o.data_, nullptr);
     size_ = std::exchange(o.size_, 0);
+    created_ = std::exchange(o.created_, false);
     fd_ = std::exchange(o.fd_, -1);
   }
   return *this;
@@ -57,6 +61,8 @@ Mapping Mapping::create(size_t size) {
   }
   m.data_ = p;
   m.size_ = size;
+  m.created_ = true;
+  resources::sharedMapped(static_cast<int64_t>(size));
   return m;
 }
 

@@ -48,6 +48,7 @@ class Mapping {
  private:
   void* data_ = nullptr;
   size_t size_ = 0;
+  bool created_ = false;  // made here (create): counted in resources::sharedMapped
   int fd_ = -1;
 };
 

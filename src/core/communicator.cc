@@ -12,6 +12,7 @@
 #include "common/hash.h"
 #include "common/logging.h"
 #include "common/params.h"
+#include "common/resource_counts.h"
 #include "common/socket.h"
 #include "common/tick_clock.h"
 #include "core/communicator_impl.h"
@@ -317,6 +318,27 @@ Stats Communicator::stats() const {
   return impl(*this).collectStats();
 }
 
+namespace {
+
+// This rank's connections (from its peers' counters) and the process's
+// counts (common/resource_counts.h).
+Stats::Resources resourcesOf(const std::vector<PeerStats>& peers) {
+  Stats::Resources r;
+  for (const PeerStats& p : peers) {
+    r.peersConnected += p.connections > 0 ? 1 : 0;
+    r.connections += p.connections;
+  }
+  const resources::Counts c = resources::now();
+  r.storeRequests = c.storeRequests;
+  r.storeServed = c.storeServed;
+  r.threadsStarted = c.threadsStarted;
+  r.pinnedBytes = c.pinnedBytes;
+  r.sharedBytes = c.sharedBytes;
+  return r;
+}
+
+}  // namespace
+
 Stats CommunicatorImpl::collectStats() const {
   Stats s;
   s.peers.resize(size);
@@ -353,6 +375,7 @@ Stats CommunicatorImpl::collectStats() const {
     s.peers[p].lateNs = t.lateNs[p];
   }
   s.arrivalOps = t.ops;
+  s.resources = resourcesOf(s.peers);
   return s;
 }
 

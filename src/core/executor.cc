@@ -2,6 +2,7 @@
 
 #include "common/check.h"
 #include "common/logging.h"
+#include "common/resource_counts.h"
 #include "common/thread_priority.h"
 #include "topology/data_interface.h"
 #include "topology/pinning.h"
@@ -134,6 +135,7 @@ std::shared_ptr<WorkState> Executor::start(Task task, bool inlineIfIdle, bool* q
     // The starting thread's cpu: the NUMA node to stay on when no NIC is known.
     const int hintCpu = topology::currentCpu();
     const int startNice = thread_priority::currentNice();
+    resources::threadStarted();
     worker_ = std::thread([this, nicSet = pinNearSet_, nic = pinNear_, on = pinEnabled_, hintCpu,
                            startNice, levels = priority_] {
       pthread_setname_np(pthread_self(), "gflow-progress");

@@ -25,6 +25,7 @@
 #include "common/check.h"
 #include "common/hash.h"
 #include "common/params.h"
+#include "common/resource_counts.h"
 #include "common/thread_annotations.h"
 #include "core/internal.h"
 #include "gradient/auto_wire.h"
@@ -234,6 +235,7 @@ GradientReducer::Impl::Impl(std::shared_ptr<Communicator> parent, std::vector<Te
       {op, threshold, static_cast<int64_t>(cycle.count()), compressionDigest()});
   if (cycle.count() > 0) {
     try {
+      resources::threadStarted();
       roundThread_ = std::thread([this] { roundLoop(); });
     } catch (const std::exception& e) {
       CommunicatorAccess::failInvalid(*comm, "reducer.create",

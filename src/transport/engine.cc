@@ -1,5 +1,6 @@
 #include "transport/engine.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "common/params.h"
@@ -353,6 +354,7 @@ PeerStats Engine::peerStats(int peer) const {
   s.messagesSent = b.messagesSent.load(std::memory_order_relaxed);
   s.messagesReceived = b.messagesReceived.load(std::memory_order_relaxed);
   s.singleCopyBytesSent = b.singleCopyBytesSent.load(std::memory_order_relaxed);
+  s.connections = static_cast<uint32_t>(std::max(b.connections.load(std::memory_order_relaxed), 0));
   return s;
 }
 

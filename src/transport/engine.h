@@ -214,6 +214,10 @@ class Engine : public Context {
     books_[peer]->singleCopyBytesSent.fetch_add(bytes, std::memory_order_relaxed);
   }
   void countPong(int peer) { ++books_[peer]->pongs; }
+  // A connection to `peer` opened (+1) or closed (-1).
+  void countConnection(int peer, int delta) {
+    books_[peer]->connections.fetch_add(delta, std::memory_order_relaxed);
+  }
   uint64_t pongs(int peer) const { return books_[peer]->pongs; }
 
  private:
@@ -223,6 +227,7 @@ class Engine : public Context {
     uint64_t pongs = 0;  // PONGs received (liveness probes answered)
     std::atomic<uint64_t> bytesSent{0}, bytesReceived{0}, messagesSent{0}, messagesReceived{0},
         singleCopyBytesSent{0};
+    std::atomic<int32_t> connections{0};
   };
 
   std::chrono::milliseconds timeout_;

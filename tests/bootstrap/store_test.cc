@@ -117,6 +117,37 @@ TEST_P(StoreSemanticsTest, GetTimeoutNamesTheKey) {
   EXPECT_EQ(s_.b->get("after", milliseconds(1000)), bytes("1"));
 }
 
+// multiGet waits for every key, answers in the request's order (values of
+// any size, empty ones too), and a timeout names the keys still missing.
+TEST_P(StoreSemanticsTest, MultiGetWaitsForEveryKeyAndKeepsTheOrder) {
+  EXPECT_TRUE(s_.b->multiGet({}, milliseconds(0)).empty());
+  s_.a->set("m2", bytes("two"));
+  s_.a->set("m0", {});
+  auto fut = std::async(std::launch::async, [&] {
+    return s_.b->multiGet({"m0", "m1", "m2", "m0"}, milliseconds(3000));
+  });
+  std::this_thread::sleep_for(milliseconds(50));
+  EXPECT_EQ(fut.wait_for(milliseconds(0)), std::future_status::timeout);
+  const std::vector<uint8_t> big(100000, 7);
+  s_.a->set("m1", big);
+  const std::vector<std::vector<uint8_t>> v = fut.get();
+  ASSERT_EQ(v.size(), 4u);
+  EXPECT_TRUE(v[0].empty());
+  EXPECT_EQ(v[1], big);
+  EXPECT_EQ(v[2], bytes("two"));
+  EXPECT_TRUE(v[3].empty());
+  try {
+    s_.b->multiGet({"m2", "never-1", "never-2"}, milliseconds(100));
+    FAIL() << "expected a timeout";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kTimeout);
+    EXPECT_THAT(e.detail(), HasSubstr("never-1'"));
+    EXPECT_THAT(e.detail(), HasSubstr("never-2'"));
+  }
+  // Still in step afterwards.
+  EXPECT_EQ(s_.b->multiGet({"m2"}, milliseconds(1000))[0], bytes("two"));
+}
+
 TEST_P(StoreSemanticsTest, ZeroTimeout) {
   s_.a->set("present", bytes("p"));
   EXPECT_EQ(s_.b->get("present", milliseconds(0)), bytes("p"));

@@ -121,7 +121,11 @@ net::Socket listenAndLie(const std::shared_ptr<Store>& store, Offer o, Seen* see
   uint16_t port = 0;
   net::Socket listener = net::listenOn("127.0.0.1", net::PortRange{}, &port);
   store->setString(std::string(kPrefix) + "tcp/addr/0", net::joinHostPort("127.0.0.1", port));
-  store->add(std::string(kPrefix) + "tcp/published/0", 1);
+  // Published as the real ranks do (tcp_connect.cc): the last of the two
+  // says every rank is ready.
+  if (store->add(std::string(kPrefix) + "tcp/published", 1) == 2) {
+    store->setString(std::string(kPrefix) + "tcp/ready", "all");
+  }
   pollfd p{listener.fd(), POLLIN, 0};
   if (::poll(&p, 1, 10000) != 1) throw Error(ErrorCode::kTimeout, "nobody dialed the impostor");
   net::Socket s(::accept(listener.fd(), nullptr, nullptr));

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "common/check.h"
+#include "common/resource_counts.h"
 
 namespace gflow::backend {
 
@@ -23,6 +24,7 @@ void PhaseWorker::start(std::function<void()> phase) {
   // The thread first: if it cannot start, the error reaches the caller
   // with nothing pending, so no wait() blocks on a phase nobody runs.
   if (!thread_.joinable()) {
+    resources::threadStarted();
     thread_ = std::thread([this] {
       pthread_setname_np(pthread_self(), "gflow-phase");
       loop();

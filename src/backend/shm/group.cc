@@ -168,16 +168,15 @@ std::string segmentKey(const GroupOptions& o, int p) {
 }
 
 // Maps member p's segment, published under segmentKey as "pid fd nonce total
-// nonceAddr", into *mapping and watches its process; "" on success, else
+// nonceAddr" (`v`), into *mapping and watches its process; "" on success, else
 // why not. The store proves only the token; the segment proves itself: its
 // fd opens through /proc/<pid>/fd (ptrace-read rights on that process) as a
 // sealed memfd of this group's size, with gflow's magic, the published
 // nonce and the member count. Values read from a member's control block
 // later are data (op records, reports cut to their arrays and made
 // printable), never sizes or indexes.
-std::string mapPeer(const GroupOptions& o, int p, size_t total, Mapping* mapping,
-                    ProcessWatch* watch, PeerInfo* info) {
-  auto v = o.store->get(segmentKey(o, p), o.timeout);
+std::string mapPeer(const GroupOptions& o, int p, const std::vector<uint8_t>& v, size_t total,
+                    Mapping* mapping, ProcessWatch* watch, PeerInfo* info) {
   std::istringstream is(std::string(v.begin(), v.end()));
   int fd = -1;
   uint64_t peerTotal = 0;
@@ -215,11 +214,13 @@ std::string firstFailure(const GroupOptions& o, const std::vector<int>& commRank
   o.store->set(okKey + std::to_string(o.rank), bytesOf(!mine.empty() ? "0" + mine
                                                        : canRead     ? "1r"
                                                                      : "1"));
+  std::vector<std::string> keys;
+  for (int p = 0; p < o.size; ++p) keys.push_back(okKey + std::to_string(p));
+  const std::vector<std::vector<uint8_t>> words = o.store->multiGet(keys, o.timeout);
   std::string first;
   *allCanRead = true;
   for (int p = 0; p < o.size; ++p) {
-    auto v = o.store->get(okKey + std::to_string(p), o.timeout);
-    std::string s(v.begin(), v.end());
+    std::string s(words[p].begin(), words[p].end());
     if (s != "1r") *allCanRead = false;
     if (s != "1" && s != "1r" && first.empty()) {
       first = "local rank " + std::to_string(p) + " (rank " + std::to_string(commRanks[p]) +
@@ -271,9 +272,13 @@ std::unique_ptr<Group> Group::connect(const GroupOptions& o, std::string* why) {
   g->pids_.assign(o.size, ::getpid());
   bool canRead = o.probeSingleCopy;
   std::string noRead;  // why this member cannot read its peers' memory
+  // Every member's description in one store request.
+  std::vector<std::string> keys;
+  for (int p = 0; p < o.size; ++p) keys.push_back(segmentKey(o, p));
+  const std::vector<std::vector<uint8_t>> descs = o.store->multiGet(keys, o.timeout);
   for (int p = 0; p < o.size && mine.empty(); ++p) {
     PeerInfo info;
-    if (p != o.rank) mine = mapPeer(o, p, total, &g->peers_[p], &g->watch_[p], &info);
+    if (p != o.rank) mine = mapPeer(o, p, descs[p], total, &g->peers_[p], &g->watch_[p], &info);
     if (!mine.empty()) break;
     if (p != o.rank) {
       g->pids_[p] = static_cast<pid_t>(info.pid);

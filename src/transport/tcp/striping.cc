@@ -41,10 +41,8 @@ void Striping::prepare(Conn& c, int sockets) const {
   }
 }
 
-std::vector<std::pair<Conn*, SendItem>> Striping::splitEvenly(Pair& p,
-                                                              const std::shared_ptr<SendMsg>& msg,
-                                                              const FrameHeader& hdr,
-                                                              const char* base) const {
+void Striping::splitEvenly(Pair& p, const std::shared_ptr<SendMsg>& msg, const FrameHeader& hdr,
+                           const char* base, std::vector<std::pair<Conn*, SendItem>>* out) const {
   const uint64_t bytes = hdr.msgLen;
   const int nconn = static_cast<int>(p.conns.size());
   int frags = (bytes >= min_ && nconn > 1) ? nconn : 1;
@@ -54,8 +52,7 @@ std::vector<std::pair<Conn*, SendItem>> Striping::splitEvenly(Pair& p,
   msg->fragmentsLeft = frags;
   const size_t first = p.nextConn;
   p.nextConn = (p.nextConn + 1) % nconn;
-  std::vector<std::pair<Conn*, SendItem>> out;
-  out.reserve(frags);
+  out->clear();
   for (int f = 0; f < frags; ++f) {
     const uint64_t off = std::min<uint64_t>(bytes, per * f);
     SendItem item;
@@ -65,9 +62,8 @@ std::vector<std::pair<Conn*, SendItem>> Striping::splitEvenly(Pair& p,
     item.hdr.fragLen = (f == frags - 1) ? bytes - off : std::min<uint64_t>(per, bytes - off);
     item.payload = base + off;
     item.payloadLen = item.hdr.fragLen;
-    out.emplace_back(p.conns[(first + f) % nconn].get(), std::move(item));
+    out->emplace_back(p.conns[(first + f) % nconn].get(), std::move(item));
   }
-  return out;
 }
 
 // Chosen over splitting each message by estimated per-socket rates: the

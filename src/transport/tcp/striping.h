@@ -43,10 +43,10 @@ class Striping {
   void prepare(Conn& c, int sockets) const;
 
   // The equal split: one fragment per socket (one socket: the whole
-  // message, one frame), each with the connection it is queued on.
-  std::vector<std::pair<Conn*, SendItem>> splitEvenly(Pair& p, const std::shared_ptr<SendMsg>& msg,
-                                                      const FrameHeader& hdr,
-                                                      const char* base) const;
+  // message, one frame), each with the connection it is queued on, into
+  // *out (cleared first; the caller keeps it, so no message allocates).
+  void splitEvenly(Pair& p, const std::shared_ptr<SendMsg>& msg, const FrameHeader& hdr,
+                   const char* base, std::vector<std::pair<Conn*, SendItem>>* out) const;
   // By progress: the message joins `p`'s pending list in units.
   void queue(Pair& p, const std::shared_ptr<SendMsg>& msg, const FrameHeader& hdr,
              const char* base) const;

@@ -42,9 +42,12 @@ constexpr const char* kAuthLabel = "gflow-data/v1";
 // so a silent stranger cannot stall the setup.
 constexpr std::chrono::milliseconds kHandshakeTimeout{10000};
 constexpr size_t kMaxPendingHandshakes = 64;
-// How often a rank waiting for others during setup looks for their failure
-// reports in the store.
+// How often a rank waiting for others to connect looks for their failure
+// reports in the store: after kSetupPoll, then at twice the interval each
+// time up to kMaxSetupPoll (a few requests per rank however long the
+// setup; a failure is seen within kMaxSetupPoll).
 constexpr std::chrono::milliseconds kSetupPoll{100};
+constexpr std::chrono::milliseconds kMaxSetupPoll{2000};
 
 // What a Hello must match: this rank's view of the communicator, and its
 // side of the local links.
@@ -79,7 +82,9 @@ net::Socket listenAndPublish(const ContextOptions& options, int rank,
   congestion.apply(listener.fd(), rank);
   const std::string hostPort = net::joinHostPort(ip, port);
   options.store->setString(options.prefix + "tcp/addr/" + std::to_string(rank), hostPort);
-  options.store->add(options.prefix + "tcp/published/" + std::to_string(rank), 1);
+  if (options.store->add(options.prefix + "tcp/published", 1) == options.size) {
+    options.store->setString(options.prefix + "tcp/ready", "all");
+  }
   GFLOW_LOG(DEBUG) << "rank " << rank << " listens on " << hostPort;
   return listener;
 }
@@ -145,16 +150,17 @@ class Inbound {
   }
 
   // Blocks until every higher rank has connected; kTimeout naming the ranks
-  // still missing at the deadline. Every kSetupPoll, `check` may raise the
+  // still missing at the deadline. Every poll (kSetupPoll, doubling), `check` may raise the
   // setup failure of a missing rank (outside the lock).
   std::vector<Accepted> wait(const ErrorContext& ectx,
                              const std::function<void(const std::vector<int>&)>& check) {
     std::unique_lock<std::mutex> lock(mutex_);
     const auto complete = [&] { return accepted_.size() >= expected_; };
+    std::chrono::milliseconds pause = kSetupPoll;
     while (!complete() && !deadline_.expired()) {
-      done_.wait_until(lock, std::min(deadline_.at(), Deadline::Clock::now() + kSetupPoll),
-                       complete);
+      done_.wait_until(lock, std::min(deadline_.at(), Deadline::Clock::now() + pause), complete);
       if (complete()) break;
+      pause = std::min(pause * 2, kMaxSetupPoll);
       const std::vector<int> missing = missingRanks();
       lock.unlock();
       check(missing);
@@ -263,6 +269,9 @@ void reportSetupFailure(const ContextOptions& o, int rank, const Error& e) noexc
     o.store->setString(o.prefix + "tcp/failure/" + std::to_string(rank), e.what());
     o.store->add(o.prefix + "tcp/failed/" + std::to_string(rank), 1);
     o.store->add(o.prefix + "tcp/failed", 1);
+    // Wakes the ranks waiting for every address (lowerAddresses).
+    o.store->setString(o.prefix + "tcp/addr/" + std::to_string(rank), "failed");
+    o.store->setString(o.prefix + "tcp/ready", "failed");
   } catch (const Error&) {
     // Best effort: the others then wait for their deadline.
   }
@@ -288,26 +297,37 @@ void raiseSetupFailure(const ContextOptions& o, int rank, const std::vector<int>
   }
 }
 
-// The address rank `peer` published (listenAndPublish sets it, then its
-// counter), polled so that its setup failure ends the wait at once.
-std::string peerAddress(const ContextOptions& o, int rank, int peer, const Deadline& deadline) {
-  const std::string n = std::to_string(peer);
-  // From 1 ms, doubling to kSetupPoll: ranks that start together connect at
-  // once, one that starts late costs a poll every kSetupPoll.
-  auto pause = std::chrono::milliseconds(1);
-  while (!counterSet(o, "tcp/published/" + n)) {
-    raiseSetupFailure(o, rank, {peer}, deadline);
-    if (deadline.expired()) {
-      GFLOW_THROW(kTimeout, ErrorContext::forOp("init").withRank(rank).withPeer(peer))
-          << "Timed out waiting for rank " << peer
-          << " to publish its address (GFLOW_TIMEOUT): it has not started or is stuck";
-    }
-    std::this_thread::sleep_for(
-        std::min(pause, std::chrono::milliseconds(std::max(deadline.remainingMs(), 0))));
-    pause = std::min(pause * 2, std::chrono::milliseconds(kSetupPoll));
+// The addresses of the ranks below `rank`, in rank order, in one multi-get
+// that waits until every rank has published (tcp/ready, set by the last
+// one) or one has failed (it sets tcp/ready and its address to "failed").
+// One store request, whatever the job's size, and none that times out
+// unless the setup fails anyway.
+std::vector<std::string> lowerAddresses(const ContextOptions& o, int rank,
+                                        const Deadline& deadline) {
+  if (rank == 0) return {};
+  std::vector<std::string> keys;
+  for (int r = 0; r < rank; ++r) keys.push_back(o.prefix + "tcp/addr/" + std::to_string(r));
+  keys.push_back(o.prefix + "tcp/ready");
+  std::vector<std::vector<uint8_t>> values;
+  try {
+    values =
+        o.store->multiGet(keys, std::chrono::milliseconds(std::max(deadline.remainingMs(), 1)));
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kTimeout) throw;
+    GFLOW_THROW(kTimeout, ErrorContext::forOp("init").withRank(rank))
+        << "Timed out waiting for every rank to publish its address (GFLOW_TIMEOUT): some have "
+           "not started or are stuck ("
+        << e.detail() << ")";
   }
-  return o.store->getString(o.prefix + "tcp/addr/" + n,
-                            std::chrono::milliseconds(std::max(deadline.remainingMs(), 1)));
+  if (std::string(values.back().begin(), values.back().end()) != "all") {
+    std::vector<int> all;
+    for (int r = 0; r < o.size; ++r) all.push_back(r);
+    raiseSetupFailure(o, rank, all, deadline);
+  }
+  values.pop_back();
+  std::vector<std::string> out;
+  for (const auto& v : values) out.emplace_back(v.begin(), v.end());
+  return out;
 }
 
 }  // namespace
@@ -351,9 +371,12 @@ void TcpContext::connectAllOrThrow(const ContextOptions& options) {
       [&](net::HandshakeAcceptor::Handshake& h) { inbound.handshake(h); });
 
   const Dialer dialer{me, options.token, bufBytes, congestion, deadline};
-  for (int peer = 0; peer < rank(); ++peer) {
-    const std::string addr = peerAddress(options, rank(), peer, deadline);
-    auto hp = net::parseHostPort(addr, "address of rank " + std::to_string(peer));
+  const std::vector<std::string> addrs = lowerAddresses(options, rank(), deadline);
+  // Nearest first: ranks that start together dial distinct ranks at each
+  // step, instead of all dialing rank 0 first.
+  for (int peer = rank() - 1; peer >= 0; --peer) {
+    auto hp = net::parseHostPort(addrs[static_cast<size_t>(peer)],
+                                 "address of rank " + std::to_string(peer));
     for (int i = 0; i < socketsPerPeer_; ++i) {
       Dialed d = dial(dialer, hp, peer, i);
       if (i == 0) peers_[peer]->link = std::move(d.link);

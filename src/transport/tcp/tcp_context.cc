@@ -80,6 +80,7 @@ void TcpContext::addConnection(int peer, int index, net::Socket sock) {
   net::setNonBlocking(sock.fd(), true);
   net::setNoDelay(sock.fd());
   c->sock = std::move(sock);
+  countConnection(peer, +1);
   striping_.prepare(*c, socketsPerPeer_);
   poller_.add(c->sock.fd(), c.get(), EPOLLIN);
   Pair& p = *peers_[peer];
@@ -181,7 +182,10 @@ void TcpContext::handleClosed(Conn& c) {
 
 // Stops watching a connection that has nothing more to read.
 void TcpContext::markGone(Conn& c) {
-  if (!c.closed && !c.stream) poller_.remove(c.sock.fd());
+  if (!c.closed && !c.stream) {
+    poller_.remove(c.sock.fd());
+    countConnection(c.peer, -1);
+  }
   c.closed = true;
   c.watched = false;
   peers_[c.peer]->updateClosed();

@@ -52,9 +52,13 @@ void TcpContext::queueData(Pair& p, const RequestPtr& req, const FrameHeader& hd
   auto msg = std::make_shared<SendMsg>();
   msg->req = req;
   if (!striping_.byProgress(p)) {
-    for (auto& [conn, item] : striping_.splitEvenly(p, msg, hdr, data)) {
-      enqueue(*conn, std::move(item));
-    }
+    // Taken out while in use: an enqueue that reads a CLEAR queues again.
+    std::vector<std::pair<Conn*, SendItem>> split;
+    split.swap(split_);
+    striping_.splitEvenly(p, msg, hdr, data, &split);
+    for (auto& [conn, item] : split) enqueue(*conn, std::move(item));
+    split.clear();
+    split_.swap(split);
     return;
   }
   striping_.queue(p, msg, hdr, data);

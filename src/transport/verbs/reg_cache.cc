@@ -39,7 +39,7 @@ RegCache::RegCache(std::shared_ptr<Device> device, uint64_t limitBytes, int rank
 RegCache::~RegCache() {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& kv : entries_) {
-    if (kv.second->mr) device_->api().deregMr(kv.second->mr);
+    if (kv.second->mr) unpinMr(device_->api(), kv.second->mr, kv.second->end - kv.second->start);
   }
   entries_.clear();
 }
@@ -71,11 +71,11 @@ RegCache::Entry* RegCache::registerLocked(uintptr_t s, uintptr_t e, bool explici
       it = next;
     }
   }
-  ibv_mr* mr = device_->api().regMr(device_->pd(), reinterpret_cast<void*>(as), bytes,
-                                    writable ? kWritable : 0);
+  ibv_mr* mr = pinMr(device_->api(), device_->pd(), reinterpret_cast<void*>(as), bytes,
+                     writable ? kWritable : 0);
   if (!mr && explicitEntry && (errno == EFAULT || errno == EACCES)) {
     // Read-only memory (constants, a PROT_READ mapping): usable for sends.
-    mr = device_->api().regMr(device_->pd(), reinterpret_cast<void*>(as), bytes, 0);
+    mr = pinMr(device_->api(), device_->pd(), reinterpret_cast<void*>(as), bytes, 0);
     writable = false;
   }
   if (!mr) {
@@ -105,7 +105,7 @@ RegCache::Entry* RegCache::registerLocked(uintptr_t s, uintptr_t e, bool explici
 
 void RegCache::dropLocked(std::multimap<uintptr_t, std::unique_ptr<Entry>>::iterator it) {
   Entry* en = it->second.get();
-  if (en->mr) device_->api().deregMr(en->mr);
+  if (en->mr) unpinMr(device_->api(), en->mr, en->end - en->start);
   ++counters_.deregistrations;
   if (!en->explicitEntry) tempBytes_ -= en->end - en->start;
   entries_.erase(it);

@@ -17,6 +17,8 @@
 
 #include <string>
 
+#include "common/resource_counts.h"
+
 namespace gflow::transport::verbs {
 
 struct VerbsApi {
@@ -73,5 +75,18 @@ bool available(std::string* why);
 // Replaces the table (tests). nullptr restores libibverbs. Must not be called
 // while a verbs context exists.
 void installApiForTesting(const VerbsApi* table);
+
+// A memory registration through `api`, counted as pinned memory
+// (common/resource_counts.h) while it lasts; null as regMr (errno set).
+inline ibv_mr* pinMr(const VerbsApi& api, ibv_pd* pd, void* addr, size_t length, int access) {
+  ibv_mr* mr = api.regMr(pd, addr, length, access);
+  if (mr) resources::pinned(static_cast<int64_t>(length));
+  return mr;
+}
+// Ends a registration made by pinMr of `length` bytes.
+inline void unpinMr(const VerbsApi& api, ibv_mr* mr, size_t length) {
+  resources::pinned(-static_cast<int64_t>(length));
+  api.deregMr(mr);
+}
 
 }  // namespace gflow::transport::verbs

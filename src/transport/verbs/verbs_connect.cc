@@ -298,8 +298,8 @@ void VerbsContext::destroyAll() {
   for (auto& pp : peers_) {
     if (!pp) continue;
     Peer& p = *pp;
-    if (p.inMr) api.deregMr(p.inMr);
-    if (p.outMr) api.deregMr(p.outMr);
+    if (p.inMr) unpinMr(api, p.inMr, ringBytes_ + kCreditBytes);
+    if (p.outMr) unpinMr(api, p.outMr, ringBytes_);
     std::free(p.inBlock);
     std::free(p.outBlock);
     p.inMr = p.outMr = nullptr;
@@ -385,12 +385,12 @@ void VerbsContext::connectAll(const ContextOptions& o) {
     Peer& p = *peers_[peer];
     p.inBlock = allocBlock(ringBytes_ + kCreditBytes);
     p.inRing = p.inBlock;
-    p.inMr = api.regMr(device_->pd(), p.inBlock, ringBytes_ + kCreditBytes,
-                       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+    p.inMr = pinMr(api, device_->pd(), p.inBlock, ringBytes_ + kCreditBytes,
+                   IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
     p.outBlock = allocBlock(ringBytes_);
     p.outRing = p.outBlock;
-    p.outMr =
-        p.inMr ? api.regMr(device_->pd(), p.outBlock, ringBytes_, IBV_ACCESS_LOCAL_WRITE) : nullptr;
+    p.outMr = p.inMr ? pinMr(api, device_->pd(), p.outBlock, ringBytes_, IBV_ACCESS_LOCAL_WRITE)
+                     : nullptr;
     if (!p.inMr || !p.outMr) {
       GFLOW_THROW(kInternal, ErrorContext::forOp("init").withRank(rank()))
           << "ibv_reg_mr of the eager rings (" << ringBytes_
@@ -422,6 +422,7 @@ void VerbsContext::connectAll(const ContextOptions& o) {
     for (int q = 0; q < qpsPerPeer_; ++q) {
       connectQp(*device_, p.qps[q], QpLink{ti, q, mine[peer].psn[q]}, settings, peer, pctx);
     }
+    countConnection(peer, qpsPerPeer_);
   }
   // Every queue pair must be ready to receive before anyone writes.
   o.store->set(o.prefix + "verbs/ready/" + std::to_string(rank()), {1});

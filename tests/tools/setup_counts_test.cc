@@ -1,0 +1,68 @@
+// What setting up a job costs, as allreduce_bw's "# setup" line reports it
+// (Stats::Resources, maxima over the ranks), for jobs of processes started
+// by gflowrun: every rank connected to every other (today's full mesh), and
+// the store requests O(N), not O(N^2): a rank publishes its address and
+// reads all it needs in one multi-get, and the shared-memory group reads
+// its members' segments the same way.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <map>
+#include <sstream>
+#include <string>
+
+namespace {
+
+#if defined(GFLOW_TEST_GFLOWRUN) && defined(GFLOW_TEST_ALLREDUCE_BW)
+
+// The key=value pairs of the "# setup" line of an n-rank allreduce_bw run
+// (empty when there is none); `env`: assignments before the command.
+std::map<std::string, double> setupOf(int n, const std::string& env) {
+  const std::string cmd = env + " " + GFLOW_TEST_GFLOWRUN + " -n " + std::to_string(n) + " " +
+                          GFLOW_TEST_ALLREDUCE_BW + " -b 4K -e 4K -n 2 -w 1 2>&1";
+  std::map<std::string, double> out;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return out;
+  char line[4096];
+  while (std::fgets(line, sizeof(line), p)) {
+    const std::string s(line);
+    const size_t at = s.find("# setup ");
+    if (at == std::string::npos) continue;
+    std::istringstream is(s.substr(at + 8));
+    for (std::string kv; is >> kv;) {
+      const size_t eq = kv.find('=');
+      if (eq != std::string::npos) out[kv.substr(0, eq)] = std::stod(kv.substr(eq + 1));
+    }
+  }
+  ::pclose(p);
+  return out;
+}
+
+TEST(SetupCounts, TcpStoreRequestsGrowLinearlyWithTheRanks) {
+  for (int n : {8, 24}) {
+    const auto s = setupOf(n, "GFLOW_SHM=0");
+    ASSERT_FALSE(s.empty()) << n << " ranks: no # setup line";
+    EXPECT_EQ(s.at("peers_max"), n - 1) << n << " ranks";
+    EXPECT_EQ(s.at("sockets_max"), n - 1) << n << " ranks";
+    // Per rank: its communicator's generation, its address, the published
+    // count and one multi-get (rank 0 none); the last publisher's ready
+    // flag; a few polls for failures while waiting to be dialed.
+    EXPECT_GE(s.at("store_served"), 4 * n - 1) << n << " ranks";
+    EXPECT_LE(s.at("store_served"), 5 * n) << n << " ranks";
+    EXPECT_LE(s.at("store_requests_max"), 8) << n << " ranks";
+  }
+}
+
+TEST(SetupCounts, OneHostStoreRequestsGrowLinearlyWithTheRanks) {
+  const int n = 16;
+  const auto s = setupOf(n, "");
+  ASSERT_FALSE(s.empty()) << "no # setup line";
+  EXPECT_EQ(s.at("peers_max"), n - 1);
+  EXPECT_GT(s.at("shared_bytes"), 0);
+  // The TCP setup above and the group's: two sets and two multi-gets.
+  EXPECT_LE(s.at("store_served"), 10 * n);
+}
+
+#endif
+
+}  // namespace
