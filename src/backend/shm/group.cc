@@ -175,8 +175,18 @@ std::string segmentKey(const GroupOptions& o, int p) {
 // nonce and the member count. Values read from a member's control block
 // later are data (op records, reports cut to their arrays and made
 // printable), never sizes or indexes.
+// Where mapPeer puts what it maps and learns.
+struct PeerMapping {
+  Mapping* mapping;
+  ProcessWatch* watch;
+  PeerInfo* info;
+};
+
 std::string mapPeer(const GroupOptions& o, int p, const std::vector<uint8_t>& v, size_t total,
-                    Mapping* mapping, ProcessWatch* watch, PeerInfo* info) {
+                    PeerMapping out) {
+  Mapping* mapping = out.mapping;
+  ProcessWatch* watch = out.watch;
+  PeerInfo* info = out.info;
   std::istringstream is(std::string(v.begin(), v.end()));
   int fd = -1;
   uint64_t peerTotal = 0;
@@ -278,7 +288,7 @@ std::unique_ptr<Group> Group::connect(const GroupOptions& o, std::string* why) {
   const std::vector<std::vector<uint8_t>> descs = o.store->multiGet(keys, o.timeout);
   for (int p = 0; p < o.size && mine.empty(); ++p) {
     PeerInfo info;
-    if (p != o.rank) mine = mapPeer(o, p, descs[p], total, &g->peers_[p], &g->watch_[p], &info);
+    if (p != o.rank) mine = mapPeer(o, p, descs[p], total, {&g->peers_[p], &g->watch_[p], &info});
     if (!mine.empty()) break;
     if (p != o.rank) {
       g->pids_[p] = static_cast<pid_t>(info.pid);
