@@ -75,6 +75,11 @@ struct TuningOptions {
   std::optional<uint64_t> hdMaxBytes;
   // GFLOW_HIER_SEGMENT: pipelined segment of the hierarchical allreduce (>= 4096).
   std::optional<uint64_t> hierSegmentBytes;
+  // GFLOW_MODEL: a cost model file (allreduce_bw --calibrate FILE); the flat
+  // allreduce then takes the algorithm it predicts fastest, unless
+  // rdMaxBytes/hdMaxBytes or an algorithm rule say otherwise. Every rank
+  // must load the same parameters.
+  std::string modelFile;
 };
 
 // CUDA tensors. Every rank of a communicator must use the same values.

@@ -54,8 +54,8 @@ uint64_t RoutePolicy::defaultHdMaxBytes(int worldSize) {
 }
 
 RoutePolicy::RoutePolicy(const std::string& spec, const std::string& source,
-                         const Thresholds& thresholds)
-    : thresholds_(thresholds) {
+                         const Thresholds& thresholds, std::optional<CostModel> model)
+    : thresholds_(thresholds), model_(std::move(model)) {
   if (spec.empty() || spec == "auto") return;
   for (const std::string& part : split(spec, ',')) {
     std::vector<std::string> f = split(part, ':');
@@ -208,6 +208,7 @@ Algorithm RoutePolicy::network(OpKind kind, uint64_t bytes, int ranks) const {
       return r.route.algo;
     }
   }
+  if (model_ && !thresholds_.rdMax && !thresholds_.hdMax) return model_->fastest(bytes, ranks);
   if (bytes <= thresholds_.rdMax.value_or(defaultRdMaxBytes(ranks))) {
     return Algorithm::kRecursiveDoubling;
   }

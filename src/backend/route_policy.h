@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cost_model.h"
 
 namespace gflow::backend {
 
@@ -62,15 +63,18 @@ class RoutePolicy {
   };
 
   // Throws Error(kInvalidArgument) naming `source` on a malformed spec.
-  RoutePolicy(const std::string& spec, const std::string& source,
-              const Thresholds& thresholds = {});
+  // `model`: the flat allreduce takes the algorithm it predicts fastest
+  // where no rule and no threshold that was set decides.
+  RoutePolicy(const std::string& spec, const std::string& source, const Thresholds& thresholds = {},
+              std::optional<CostModel> model = std::nullopt);
 
   // The route of op `d` among `ranks` ranks. `device`: null for host
   // buffers. In order: NCCL for device buffers where it runs (split by
   // host for a hierarchical allreduce; never for a reproducible op, which
   // NCCL cannot order), else the host route: a rule of the spec, then
   // shared memory on one host, hierarchical across hosts, else the flat
-  // network choice (recursive doubling up to Thresholds::rdMax,
+  // network choice (the cost model's fastest, if one is loaded and no
+  // threshold was set; else recursive doubling up to Thresholds::rdMax,
   // halving-doubling up to Thresholds::hdMax, ring above). A rule naming
   // shm or hier where that is not available is skipped (logged once).
   // Reproducible ops take the fixed order on shared memory (one host) or
@@ -107,6 +111,7 @@ class RoutePolicy {
 
   std::vector<Rule> rules_;
   Thresholds thresholds_;
+  std::optional<CostModel> model_;
   mutable std::atomic<bool> warnedUnavailable_{false};
 };
 

@@ -16,6 +16,10 @@
     "Algorithm override: ring, rd, hd, hier or shm, or rules such as "                             \
     "'allreduce:0-64k:rd,allreduce:64k-:ring' "                                                    \
     "(docs/algorithms.md).")                                                                       \
+  X(model, "GFLOW_MODEL", kString, "", kAgree,                                                     \
+    "A cost model file (allreduce_bw --calibrate FILE): the flat network allreduce takes the "     \
+    "algorithm it predicts fastest for the message size and world size (docs/scale.md). Every "    \
+    "rank must load the same parameters. Empty: the measured default thresholds.")                 \
   X(transport, "GFLOW_TRANSPORT", kString, "tcp", kLocal,                                          \
     "Network transport between hosts (and between local ranks when GFLOW_SHM=0): tcp or "          \
     "verbs (RDMA, needs rdma-core's libibverbs and an RDMA device).")                              \

@@ -125,7 +125,10 @@ std::unique_ptr<CommunicatorImpl> CommunicatorImpl::connect(ConnectPlan plan) {
   backend::RouterParts parts;
   parts.policy = std::make_shared<const backend::RoutePolicy>(
       settings.algo, settings.algoSource,
-      backend::RoutePolicy::Thresholds{settings.rdMaxBytes, settings.hdMaxBytes});
+      backend::RoutePolicy::Thresholds{settings.rdMaxBytes, settings.hdMaxBytes},
+      settings.model.empty() ? std::nullopt
+                             : std::optional<backend::CostModel>(
+                                   backend::CostModel::parse(settings.model, "GFLOW_MODEL")));
   parts.rank = rank;
   parts.size = size;
   parts.flat =

@@ -1,5 +1,6 @@
 #include "core/settings.h"
 
+#include "backend/cost_model.h"
 #include "gflow/error.h"
 
 namespace gflow {
@@ -70,6 +71,8 @@ Settings resolveSettings(const Options& o) {
   s.verifyDeviceOps = o.device.verifyOps ? *o.device.verifyOps : params::ncclVerify() != 0;
   s.ncclP2P = o.device.p2p ? *o.device.p2p : params::ncclP2P() != 0;
   s.reproducible = o.reproducible ? *o.reproducible : params::reproducible() != 0;
+  const std::string modelFile = !o.tuning.modelFile.empty() ? o.tuning.modelFile : params::model();
+  if (!modelFile.empty()) s.model = backend::CostModel::load(modelFile).text();
   s.tuning = o.tuning;
   s.progress = o.progress;
   return s;
@@ -79,6 +82,7 @@ std::vector<Settings::Agreed> Settings::agreed() const {
   auto flag = [](bool b) { return std::string(b ? "1" : "0"); };
   return {
       {&params::spec::algo, "Options::algorithm", algo},
+      {&params::spec::model, "Options::tuning.modelFile", model},
       {&params::spec::deviceBackend, "Options::device.backend", deviceBackend},
       {&params::spec::ncclVerify, "Options::device.verifyOps", flag(verifyDeviceOps)},
       {&params::spec::ncclP2P, "Options::device.p2p", flag(ncclP2P)},

@@ -34,8 +34,11 @@ struct Settings {
   bool verifyDeviceOps = true;         // Options::device.verifyOps, else GFLOW_NCCL_VERIFY
   bool ncclP2P = false;                // Options::device.p2p, else GFLOW_NCCL_P2P
   bool reproducible = false;           // Options::reproducible, else GFLOW_REPRODUCIBLE
-  TuningOptions tuning;                // pieceBytes, ringWindow, hierSegmentBytes as given
-  ProgressOptions progress;            // as given
+  // Options::tuning.modelFile, else GFLOW_MODEL: the cost model's text
+  // (backend/cost_model.h), "" for none.
+  std::string model;
+  TuningOptions tuning;      // pieceBytes, ringWindow, hierSegmentBytes as given
+  ProgressOptions progress;  // as given
 
   // The value in force of every kAgree parameter (params_table.h) as
   // canonical text, so that equal values agree however they were set, with

@@ -1,0 +1,190 @@
+// gflow_model: the cost model of the flat network allreduce
+// (src/backend/cost_model.h), made and read.
+//
+//   gflowrun -n 8 -- gflow_model calibrate FILE [-b 4K] [-e 16M] [-f 4] [-n 20]
+//       times ring, recursive doubling and halving-doubling on this job's
+//       ranks at each size (the slowest rank's time, median over the
+//       iterations), fits alpha, beta and gamma, and writes the model to
+//       FILE (rank 0), with each sample's fitted and measured time.
+//   gflow_model predict FILE [--ranks 2,8,64,512] [-b 4K] [-e 64M] [-f 4]
+//       prints the predicted time of each algorithm and the one a
+//       communicator with GFLOW_MODEL=FILE takes, per world size and size.
+//       A world size other than the one the model was fitted on is
+//       labelled "model" (extrapolated); the fitted one "fit".
+//
+// Exit status: 0; 2 for bad usage; 1 with the error otherwise.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "backend/cost_model.h"
+#include "backend/route.h"
+#include "common/params.h"
+#include "common/socket.h"
+#include "gflow/gflow.h"
+
+namespace {
+
+using gflow::backend::Algorithm;
+using gflow::backend::CostModel;
+
+struct Args {
+  std::string command, file;
+  uint64_t minBytes = 4 << 10, maxBytes = 16 << 20, factor = 4;
+  int iters = 20;
+  std::vector<int> ranks = {2, 8, 64, 512};
+};
+
+int usage() {
+  std::fprintf(stderr,
+               "usage: gflow_model calibrate FILE [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS]\n"
+               "       gflow_model predict FILE [--ranks N,N,...] [-b MIN] [-e MAX] [-f FACTOR]\n");
+  return 2;
+}
+
+bool parse(int argc, char** argv, Args* a) {
+  if (argc < 3) return false;
+  a->command = argv[1];
+  a->file = argv[2];
+  for (int i = 3; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i], v = argv[i + 1];
+    uint64_t bytes = 0;
+    if ((flag == "-b" || flag == "-e") && gflow::params::parseBytes(v, &bytes) && bytes > 0) {
+      (flag == "-b" ? a->minBytes : a->maxBytes) = bytes;
+    } else if (flag == "-f" && std::atoi(v.c_str()) >= 2) {
+      a->factor = static_cast<uint64_t>(std::atoi(v.c_str()));
+    } else if (flag == "-n" && std::atoi(v.c_str()) >= 1) {
+      a->iters = std::atoi(v.c_str());
+    } else if (flag == "--ranks") {
+      a->ranks.clear();
+      std::istringstream is(v);
+      for (std::string n; std::getline(is, n, ',');) {
+        if (std::atoi(n.c_str()) < 1) return false;
+        a->ranks.push_back(std::atoi(n.c_str()));
+      }
+    } else {
+      return false;
+    }
+  }
+  return (argc - 3) % 2 == 0 && a->minBytes <= a->maxBytes &&
+         (a->command == "calibrate" || a->command == "predict");
+}
+
+std::vector<uint64_t> sizes(const Args& a) {
+  std::vector<uint64_t> out;
+  for (uint64_t b = a.minBytes; b <= a.maxBytes; b *= a.factor) out.push_back(b);
+  return out;
+}
+
+// The slowest rank's seconds per allreduce of `bytes` by `algo`: the
+// median over `iters` timed ones, after two untimed.
+double timeOne(gflow::Communicator& comm, uint64_t bytes, int iters) {
+  std::vector<float> buf(std::max<uint64_t>(bytes / 4, 1), 1.0f);
+  std::vector<double> t;
+  for (int i = -2; i < iters; ++i) {
+    comm.barrier();
+    const auto begin = std::chrono::steady_clock::now();
+    comm.allreduce(gflow::tensor(buf.data(), buf.size()));
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+    if (i >= 0) t.push_back(s);
+  }
+  std::sort(t.begin(), t.end());
+  double median = t[t.size() / 2];
+  comm.allreduce(gflow::tensor(&median, 1), gflow::ReduceOp::kMax);
+  return median;
+}
+
+// The job's store at GFLOW_ROOT (rank 0 serves it), for the three
+// communicators calibrate creates: a communicator bootstrapped from the
+// environment would start a server of its own on that port, one at a time.
+std::shared_ptr<gflow::Store> jobStore() {
+  const char* root = std::getenv("GFLOW_ROOT");
+  const char* rank = std::getenv("GFLOW_RANK");
+  if (!root || !rank) {
+    throw gflow::Error(gflow::ErrorCode::kInvalidArgument,
+                       "calibrate runs under gflowrun (GFLOW_ROOT and GFLOW_RANK unset)");
+  }
+  const auto hp = gflow::net::parseHostPort(root, "GFLOW_ROOT");
+  gflow::TcpStoreOptions o;
+  o.isServer = std::atoi(rank) == 0;
+  o.host = o.isServer ? "0.0.0.0" : hp.first;
+  o.port = hp.second;
+  const char* token = std::getenv("GFLOW_JOB_TOKEN");
+  o.token = token ? token : "";
+  return std::make_shared<gflow::TcpStore>(o);
+}
+
+int calibrate(const Args& a) {
+  // One communicator per algorithm on the one store, all alive until the end.
+  const std::shared_ptr<gflow::Store> store = jobStore();
+  std::vector<std::shared_ptr<gflow::Communicator>> comms;
+  for (Algorithm algo : CostModel::algorithms()) {
+    gflow::Options o;
+    o.algorithm = gflow::backend::toString(algo);
+    o.store = store;
+    comms.push_back(gflow::Communicator::create(o));
+  }
+  const int rank = comms[0]->rank(), size = comms[0]->size();
+  std::vector<CostModel::Sample> samples;
+  for (size_t i = 0; i < comms.size(); ++i) {
+    const Algorithm algo = CostModel::algorithms()[i];
+    for (uint64_t b : sizes(a)) samples.push_back({algo, b, size, timeOne(*comms[i], b, a.iters)});
+  }
+  if (rank != 0) return 0;
+  const CostModel m = CostModel::fit(samples);
+  std::ofstream out(a.file);
+  out << m.text() << " fitted_on=" << size << "\n";
+  if (!out) {
+    std::fprintf(stderr, "gflow_model: cannot write %s\n", a.file.c_str());
+    return 1;
+  }
+  std::printf("# %s fitted_on=%d\n# algorithm bytes ranks measured_us fitted_us error_pct\n",
+              m.text().c_str(), size);
+  for (const CostModel::Sample& s : samples) {
+    const double f = m.predict(s.algo, s.bytes, s.ranks);
+    std::printf("%s %llu %d %.1f %.1f %+.1f\n", gflow::backend::toString(s.algo),
+                static_cast<unsigned long long>(s.bytes), s.ranks, s.seconds * 1e6, f * 1e6,
+                (f / s.seconds - 1) * 100);
+  }
+  return 0;
+}
+
+int predict(const Args& a) {
+  std::ifstream in(a.file);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const CostModel m = CostModel::load(a.file);
+  const size_t at = ss.str().find("fitted_on=");
+  const int fittedOn = at == std::string::npos ? 0 : std::atoi(ss.str().c_str() + at + 10);
+  std::printf("# %s\n# ranks bytes rd_us hd_us ring_us chosen basis\n", m.text().c_str());
+  for (int n : a.ranks) {
+    for (uint64_t b : sizes(a)) {
+      std::printf("%d %llu", n, static_cast<unsigned long long>(b));
+      for (Algorithm algo : CostModel::algorithms())
+        std::printf(" %.1f", m.predict(algo, b, n) * 1e6);
+      std::printf(" %s %s\n", gflow::backend::toString(m.fastest(b, n)),
+                  n == fittedOn ? "fit" : "model");
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  if (!parse(argc, argv, &a)) return usage();
+  try {
+    return a.command == "calibrate" ? calibrate(a) : predict(a);
+  } catch (const gflow::Error& e) {
+    std::fprintf(stderr, "gflow_model: %s\n", e.what());
+    return 1;
+  }
+}
