@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <thread>
 
 #include "common/check.h"
 #include "common/hash.h"
@@ -73,6 +74,46 @@ TcpContext::TcpContext(const ContextOptions& options)
 TcpContext::~TcpContext() {
   if (!failed()) flushStreamsAtExit();
   host_->withdrawAll();
+  closeGracefully();
+}
+
+// A socket closed with bytes it has not read makes the kernel send a reset,
+// and a reset can destroy what the peer has not read yet either: a peer
+// still finishing its last op (its data from this rank arrived, and so did
+// something it will never need, say a PONG) fails with "reset the
+// connection" instead of completing. So at teardown every socket sends its
+// FIN after all its data (shutdown), and is read to its peer's FIN, for a
+// bounded time: a peer that is gone or busy costs at most kBound.
+void TcpContext::closeGracefully() {
+  constexpr auto kBound = std::chrono::milliseconds(250);
+  std::vector<int> open;
+  for (auto& p : peers_) {
+    for (auto* conns : {&p->conns, &p->sockets}) {
+      for (auto& c : *conns) {
+        if (!c || c->stream || c->closed || !c->sock.valid()) continue;
+        ::shutdown(c->sock.fd(), SHUT_WR);
+        open.push_back(c->sock.fd());
+      }
+    }
+  }
+  const Deadline d = Deadline::after(kBound);
+  char scratch[4096];
+  while (!open.empty() && !d.expired()) {
+    for (size_t i = 0; i < open.size();) {
+      ssize_t r = 0;
+      while ((r = ::recv(open[i], scratch, sizeof(scratch), MSG_DONTWAIT)) > 0) {
+      }
+      const bool done =
+          r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+      if (done) {
+        open[i] = open.back();
+        open.pop_back();
+      } else {
+        ++i;
+      }
+    }
+    if (!open.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 }
 
 void TcpContext::addConnection(int peer, int index, net::Socket sock) {

@@ -114,6 +114,9 @@ class TcpContext final : public Engine, private ByteSource {
   // At teardown: frames still queued for a stream (a READ a peer waits
   // for) get a bounded time to go.
   void flushStreamsAtExit();
+  // At teardown: each socket shut down for writing and read to its peer's
+  // FIN (bounded), so that closing it sends no reset.
+  void closeGracefully();
 
   // Progress.
   // `reads`: also the single-copy reads irecv left (not from inside isend).
