@@ -6,6 +6,13 @@
 //       ranks at each size (the slowest rank's time, median over the
 //       iterations), fits alpha, beta and gamma, and writes the model to
 //       FILE (rank 0), with each sample's fitted and measured time.
+//   gflow_model fit FILE CSV...
+//       fits the model to allreduce_bw --csv reports (rank 0's lines:
+//       algorithm, world size, bytes, in-place time; ring, rd and hd rows
+//       only) and writes it to FILE, with each sample's error.
+//   gflow_model check FILE CSV...
+//       each report row's measured time against the model's prediction, and
+//       the median and largest error.
 //   gflow_model predict FILE [--ranks 2,8,64,512] [-b 4K] [-e 64M] [-f 4]
 //       prints the predicted time of each algorithm and the one a
 //       communicator with GFLOW_MODEL=FILE takes, per world size and size.
@@ -15,6 +22,7 @@
 // Exit status: 0; 2 for bad usage; 1 with the error otherwise.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -36,6 +44,7 @@ using gflow::backend::CostModel;
 
 struct Args {
   std::string command, file;
+  std::vector<std::string> reports;  // fit, check: allreduce_bw --csv outputs
   uint64_t minBytes = 4 << 10, maxBytes = 16 << 20, factor = 4;
   int iters = 20;
   std::vector<int> ranks = {2, 8, 64, 512};
@@ -44,14 +53,100 @@ struct Args {
 int usage() {
   std::fprintf(stderr,
                "usage: gflow_model calibrate FILE [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS]\n"
+               "       gflow_model fit FILE CSV...\n"
+               "       gflow_model check FILE CSV...\n"
                "       gflow_model predict FILE [--ranks N,N,...] [-b MIN] [-e MAX] [-f FACTOR]\n");
   return 2;
+}
+
+// The ring, rd and hd rows of allreduce_bw --csv reports ("[r] " prefixes
+// allowed): library,algorithm,world_size,size,count,type,redop,
+// oop_time_us,...,ip_time_us (12th field), ...
+std::vector<CostModel::Sample> readReports(const std::vector<std::string>& files) {
+  std::vector<CostModel::Sample> out;
+  for (const std::string& f : files) {
+    std::ifstream in(f);
+    for (std::string line; std::getline(in, line);) {
+      const size_t at = line.find("gflow,");
+      if (at == std::string::npos) continue;
+      std::vector<std::string> c;
+      std::istringstream is(line.substr(at));
+      for (std::string v; std::getline(is, v, ',');) c.push_back(v);
+      if (c.size() < 12) continue;
+      Algorithm algo;
+      if (c[1] == "ring") {
+        algo = Algorithm::kRing;
+      } else if (c[1] == "rd") {
+        algo = Algorithm::kRecursiveDoubling;
+      } else if (c[1] == "hd") {
+        algo = Algorithm::kHalvingDoubling;
+      } else {
+        continue;
+      }
+      out.push_back({algo, std::stoull(c[3]), std::stoi(c[2]), std::stod(c[11]) * 1e-6});
+    }
+  }
+  return out;
+}
+
+// Each sample's measured and predicted time; returns the errors (%).
+std::vector<double> printErrors(const CostModel& m, const std::vector<CostModel::Sample>& s) {
+  std::printf("# algorithm bytes ranks measured_us predicted_us error_pct\n");
+  std::vector<double> errors;
+  for (const CostModel::Sample& x : s) {
+    const double p = m.predict(x.algo, x.bytes, x.ranks);
+    errors.push_back((p / x.seconds - 1) * 100);
+    std::printf("%s %llu %d %.1f %.1f %+.1f\n", gflow::backend::toString(x.algo),
+                static_cast<unsigned long long>(x.bytes), x.ranks, x.seconds * 1e6, p * 1e6,
+                errors.back());
+  }
+  return errors;
+}
+
+int fitReports(const Args& a) {
+  const std::vector<CostModel::Sample> s = readReports(a.reports);
+  const CostModel m = CostModel::fit(s);
+  std::ofstream out(a.file);
+  out << m.text() << "\n";
+  if (!out) {
+    std::fprintf(stderr, "gflow_model: cannot write %s\n", a.file.c_str());
+    return 1;
+  }
+  std::printf("# %s (%zu samples)\n", m.text().c_str(), s.size());
+  printErrors(m, s);
+  return 0;
+}
+
+// The median and largest |error|, over all rows and over those of at least
+// 1 MiB.
+int check(const Args& a) {
+  const CostModel m = CostModel::load(a.file);
+  const std::vector<CostModel::Sample> s = readReports(a.reports);
+  const std::vector<double> e = printErrors(m, s);
+  auto summary = [](std::vector<double> v, const char* what) {
+    if (v.empty()) return;
+    for (double& x : v) x = std::fabs(x);
+    std::sort(v.begin(), v.end());
+    std::printf("# %s: %zu rows, median |error| %.1f%%, max %.1f%%\n", what, v.size(),
+                v[v.size() / 2], v.back());
+  };
+  std::vector<double> large;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i].bytes >= (1u << 20)) large.push_back(e[i]);
+  }
+  summary(e, "all sizes");
+  summary(large, ">= 1 MiB");
+  return 0;
 }
 
 bool parse(int argc, char** argv, Args* a) {
   if (argc < 3) return false;
   a->command = argv[1];
   a->file = argv[2];
+  if (a->command == "fit" || a->command == "check") {
+    for (int i = 3; i < argc; ++i) a->reports.push_back(argv[i]);
+    return !a->reports.empty();
+  }
   for (int i = 3; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], v = argv[i + 1];
     uint64_t bytes = 0;
@@ -182,7 +277,10 @@ int main(int argc, char** argv) {
   Args a;
   if (!parse(argc, argv, &a)) return usage();
   try {
-    return a.command == "calibrate" ? calibrate(a) : predict(a);
+    if (a.command == "calibrate") return calibrate(a);
+    if (a.command == "fit") return fitReports(a);
+    if (a.command == "check") return check(a);
+    return predict(a);
   } catch (const gflow::Error& e) {
     std::fprintf(stderr, "gflow_model: %s\n", e.what());
     return 1;
