@@ -53,6 +53,12 @@ def test_shm_keyword_wins_over_the_environment():
         assert s["network_ops"] == 1 and s["shared_memory_ops"] == 0, s
         assert [(r["op"], r["path"], r["ops"]) for r in s["routes"]] == [
             ("allreduce", "network", 1)], s
+        # Two ranks over TCP: one peer, one socket (Stats::Resources).
+        res = s["resources"]
+        assert res["peers_connected"] == 1 and res["connections"] == 1, res
+        assert res["threads_started"] > 0, res
+        assert set(res) == {"peers_connected", "connections", "store_requests", "store_served",
+                            "threads_started", "pinned_bytes", "shared_bytes"}, res
 
 
 def test_tuning_and_progress_keywords_are_accepted():

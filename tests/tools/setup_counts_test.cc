@@ -46,9 +46,11 @@ TEST(SetupCounts, TcpStoreRequestsGrowLinearlyWithTheRanks) {
     EXPECT_EQ(s.at("sockets_max"), n - 1) << n << " ranks";
     // Per rank: its communicator's generation, its address, the published
     // count and one multi-get (rank 0 none); the last publisher's ready
-    // flag; a few polls for failures while waiting to be dialed.
+    // flag; and polls for failures while waiting to be dialed, at 100 ms,
+    // 300 ms, 700 ms... (a slow machine's setup polls more). Before the
+    // multi-get it was N^2 + N: 72 and 600.
     EXPECT_GE(s.at("store_served"), 4 * n - 1) << n << " ranks";
-    EXPECT_LE(s.at("store_served"), 5 * n) << n << " ranks";
+    EXPECT_LE(s.at("store_served"), 8 * n) << n << " ranks";
     EXPECT_LE(s.at("store_requests_max"), 8) << n << " ranks";
   }
 }
@@ -59,8 +61,9 @@ TEST(SetupCounts, OneHostStoreRequestsGrowLinearlyWithTheRanks) {
   ASSERT_FALSE(s.empty()) << "no # setup line";
   EXPECT_EQ(s.at("peers_max"), n - 1);
   EXPECT_GT(s.at("shared_bytes"), 0);
-  // The TCP setup above and the group's: two sets and two multi-gets.
-  EXPECT_LE(s.at("store_served"), 10 * n);
+  // The TCP setup above and the group's: two sets and two multi-gets (and
+  // the polls). Before the multi-gets it was about 2N^2: 512.
+  EXPECT_LE(s.at("store_served"), 14 * n);
 }
 
 #endif
