@@ -156,12 +156,12 @@ TEST(Params, TypedAccessorsReadTheTable) {
 }
 
 TEST(Params, AgreementCoversTheMarkedParameters) {
-  EXPECT_EQ(
-      params::agreementNames(),
-      "GFLOW_ALGO, GFLOW_MODEL, GFLOW_DEVICE_BACKEND, GFLOW_NCCL_VERIFY, GFLOW_NCCL_P2P, GFLOW_REPRODUCIBLE, "
-      "GFLOW_SHM, "
-      "GFLOW_SHM_CHUNK, GFLOW_SHM_SINGLE_COPY, GFLOW_RENDEZVOUS, GFLOW_RD_MAX_BYTES, "
-      "GFLOW_HD_MAX_BYTES");
+  EXPECT_EQ(params::agreementNames(),
+            "GFLOW_ALGO, GFLOW_MODEL, GFLOW_DEVICE_BACKEND, GFLOW_NCCL_VERIFY, GFLOW_NCCL_P2P, "
+            "GFLOW_REPRODUCIBLE, "
+            "GFLOW_SHM, "
+            "GFLOW_SHM_CHUNK, GFLOW_SHM_SINGLE_COPY, GFLOW_RENDEZVOUS, GFLOW_RD_MAX_BYTES, "
+            "GFLOW_HD_MAX_BYTES");
   ScopedEnv shm("GFLOW_SHM", "0");
   ScopedEnv verify("GFLOW_NCCL_VERIFY", "1");
   const std::string in = params::agreementDigestInput({{&params::spec::algo, "ring"}});

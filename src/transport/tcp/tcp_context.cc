@@ -221,6 +221,19 @@ void TcpContext::handleClosed(Conn& c) {
   if (peers_[c.peer]->closed && hasPendingWith(c.peer)) failLost(c.peer, "closed the connection");
 }
 
+// A reset is what an EOF is when this rank expects nothing more from the
+// peer: a peer that finished its last op and exited may reset a socket (the
+// kernel does, for one closed with bytes unread, or written to after it
+// closed), and that fails this rank only while it still exchanges data with
+// the peer or a frame was cut off; otherwise the peer is gone, which its
+// next op with this rank says.
+void TcpContext::handleReset(Conn& c, const std::string& why) {
+  if (c.doorbellOnly) return dropSocket(c);  // its stream decides
+  if (c.inPayload || c.hdrGot > 0) failLost(c.peer, why);
+  markGone(c);
+  if (hasPendingWith(c.peer)) failLost(c.peer, why);
+}
+
 // Stops watching a connection that has nothing more to read.
 void TcpContext::markGone(Conn& c) {
   if (!c.closed && !c.stream) {
@@ -270,9 +283,9 @@ Fill TcpContext::fill(Conn& c, char* dst, size_t cap, size_t* got) {
       return Fill::kWouldBlock;
     }
     if (errno == EINTR) continue;
-    if (c.doorbellOnly) return Fill::kClosed;  // a reset: its stream decides
     const int err = errno;
-    failLost(c.peer, std::string("reset the connection: ") + std::strerror(err));
+    handleReset(c, std::string("reset the connection: ") + std::strerror(err));
+    return Fill::kClosed;
   }
 }
 
@@ -487,10 +500,7 @@ void TcpContext::progress(int timeoutMs, bool reads) {
     if (c.closed) continue;
     if (ev & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
       if (!c.paused) handleReadable(c);
-      if ((ev & EPOLLERR) && !c.closed) {
-        if (!c.doorbellOnly) failLost(c.peer, "reset the connection");
-        dropSocket(c);  // its stream decides
-      }
+      if ((ev & EPOLLERR) && !c.closed) handleReset(c, "reset the connection");
       if ((ev & EPOLLHUP) && !c.closed && c.paused && c.watched) {
         // The peer hung up but its data is still queued here, behind a
         // paused message: stop watching (a hung-up socket would wake epoll

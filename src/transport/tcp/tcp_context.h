@@ -138,6 +138,7 @@ class TcpContext final : public Engine, private ByteSource {
   // closed once all its connections are.
   void markGone(Conn& c);
   void handleClosed(Conn& c);
+  void handleReset(Conn& c, const std::string& why);  // ECONNRESET, EPOLLERR
   void sendControl(Conn& c, uint16_t type);
   void sendFrame(Conn& c, const FrameHeader& h, std::shared_ptr<const std::vector<char>> payload);
   [[noreturn]] void protocolError(int peer, const std::string& what);
