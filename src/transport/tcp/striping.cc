@@ -41,29 +41,30 @@ void Striping::prepare(Conn& c, int sockets) const {
   }
 }
 
-void Striping::splitEvenly(Pair& p, const std::shared_ptr<SendMsg>& msg, const FrameHeader& hdr,
-                           const char* base, std::vector<std::pair<Conn*, SendItem>>* out) const {
-  const uint64_t bytes = hdr.msgLen;
+Striping::EvenSplit Striping::split(Pair& p, SendMsg& msg, uint64_t bytes) const {
   const int nconn = static_cast<int>(p.conns.size());
   int frags = (bytes >= min_ && nconn > 1) ? nconn : 1;
   const uint64_t per = evenShare(bytes, frags);
   // Rounding up can leave nothing for the last connections: use fewer.
   if (per > 0) frags = static_cast<int>(std::min<uint64_t>(frags, (bytes + per - 1) / per));
-  msg->fragmentsLeft = frags;
+  msg.fragmentsLeft = frags;
   const size_t first = p.nextConn;
   p.nextConn = (p.nextConn + 1) % nconn;
-  out->clear();
-  for (int f = 0; f < frags; ++f) {
-    const uint64_t off = std::min<uint64_t>(bytes, per * f);
-    SendItem item;
-    item.msg = msg;
-    item.hdr = hdr;
-    item.hdr.offset = off;
-    item.hdr.fragLen = (f == frags - 1) ? bytes - off : std::min<uint64_t>(per, bytes - off);
-    item.payload = base + off;
-    item.payloadLen = item.hdr.fragLen;
-    out->emplace_back(p.conns[(first + f) % nconn].get(), std::move(item));
-  }
+  return EvenSplit{frags, per, first};
+}
+
+SendItem Striping::fragment(const EvenSplit& s, const std::shared_ptr<SendMsg>& msg,
+                            const FrameHeader& hdr, const char* base, int f) {
+  const uint64_t bytes = hdr.msgLen;
+  const uint64_t off = std::min<uint64_t>(bytes, s.per * f);
+  SendItem item;
+  item.msg = msg;
+  item.hdr = hdr;
+  item.hdr.offset = off;
+  item.hdr.fragLen = (f == s.frags - 1) ? bytes - off : std::min<uint64_t>(s.per, bytes - off);
+  item.payload = base + off;
+  item.payloadLen = item.hdr.fragLen;
+  return item;
 }
 
 // Chosen over splitting each message by estimated per-socket rates: the

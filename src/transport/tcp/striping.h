@@ -24,8 +24,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <utility>
-#include <vector>
 
 #include "transport/tcp/pair.h"
 
@@ -43,10 +41,17 @@ class Striping {
   void prepare(Conn& c, int sockets) const;
 
   // The equal split: one fragment per socket (one socket: the whole
-  // message, one frame), each with the connection it is queued on, into
-  // *out (cleared first; the caller keeps it, so no message allocates).
-  void splitEvenly(Pair& p, const std::shared_ptr<SendMsg>& msg, const FrameHeader& hdr,
-                   const char* base, std::vector<std::pair<Conn*, SendItem>>* out) const;
+  // message, one frame). split() cuts `msg` (its fragment count set) and
+  // takes the peer's next first socket; fragment() is the f-th frame, to be
+  // queued on p.conns[(first + f) % p.conns.size()].
+  struct EvenSplit {
+    int frags;
+    uint64_t per;  // bytes per fragment (the last one takes the rest)
+    size_t first;  // the socket of fragment 0
+  };
+  EvenSplit split(Pair& p, SendMsg& msg, uint64_t bytes) const;
+  static SendItem fragment(const EvenSplit& s, const std::shared_ptr<SendMsg>& msg,
+                           const FrameHeader& hdr, const char* base, int f);
   // By progress: the message joins `p`'s pending list in units.
   void queue(Pair& p, const std::shared_ptr<SendMsg>& msg, const FrameHeader& hdr,
              const char* base) const;

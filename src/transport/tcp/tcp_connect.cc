@@ -319,7 +319,13 @@ std::vector<std::string> lowerAddresses(const ContextOptions& o, int rank,
            "not started or are stuck ("
         << e.detail() << ")";
   }
-  if (std::string(values.back().begin(), values.back().end()) != "all") {
+  // A rank that failed writes "failed" as its address, then as tcp/ready; a
+  // read between the two sees either.
+  const auto failed = [](const std::vector<uint8_t>& v) {
+    return std::string(v.begin(), v.end()) == "failed";
+  };
+  if (std::string(values.back().begin(), values.back().end()) != "all" ||
+      std::any_of(values.begin(), values.end() - 1, failed)) {
     std::vector<int> all;
     for (int r = 0; r < o.size; ++r) all.push_back(r);
     raiseSetupFailure(o, rank, all, deadline);

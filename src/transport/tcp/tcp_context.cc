@@ -103,7 +103,11 @@ void TcpContext::closeGracefully() {
     readSome = false;
     for (size_t i = 0; i < open.size();) {
       ssize_t r = 0;
-      while ((r = ::recv(open[i], scratch, sizeof(scratch), MSG_DONTWAIT)) > 0) readSome = true;
+      // Bounded here too: a peer that keeps writing cannot hold teardown.
+      while ((r = ::recv(open[i], scratch, sizeof(scratch), MSG_DONTWAIT)) > 0 && !d.expired()) {
+        readSome = true;
+      }
+      if (r > 0) break;  // the bound passed mid-socket
       const bool again = r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR);
       if (again) {
         ++i;
@@ -227,11 +231,12 @@ void TcpContext::handleClosed(Conn& c) {
 // closed), and that fails this rank only while it still exchanges data with
 // the peer or a frame was cut off; otherwise the peer is gone, which its
 // next op with this rank says.
+// Unlike an EOF, a reset may have discarded what the peer sent on this
+// connection, so pending exchange fails whether or not the peer's other
+// connections are open.
 void TcpContext::handleReset(Conn& c, const std::string& why) {
-  if (c.doorbellOnly) return dropSocket(c);  // its stream decides
-  if (c.inPayload || c.hdrGot > 0) failLost(c.peer, why);
-  markGone(c);
-  if (hasPendingWith(c.peer)) failLost(c.peer, why);
+  if (!c.doorbellOnly && hasPendingWith(c.peer)) failLost(c.peer, why);
+  handleClosed(c);
 }
 
 // Stops watching a connection that has nothing more to read.

@@ -182,9 +182,8 @@ class TcpContext final : public Engine, private ByteSource {
   // Connections left with frames in their read-ahead (handleReadable's
   // bound on rounds): epoll would not report them again, progress() does.
   std::vector<Conn*> aheadPending_;
-  std::vector<Conn*> aheadWork_;                   // progress()'s copy while it serves them
-  std::vector<char> discarded_;                    // where dropped payloads are read to
-  std::vector<std::pair<Conn*, SendItem>> split_;  // queueData's equal split (kept: no allocation)
+  std::vector<Conn*> aheadWork_;  // progress()'s copy while it serves them
+  std::vector<char> discarded_;   // where dropped payloads are read to
 };
 
 }  // namespace gflow::transport::tcp

@@ -52,13 +52,10 @@ void TcpContext::queueData(Pair& p, const RequestPtr& req, const FrameHeader& hd
   auto msg = std::make_shared<SendMsg>();
   msg->req = req;
   if (!striping_.byProgress(p)) {
-    // Taken out while in use: an enqueue that reads a CLEAR queues again.
-    std::vector<std::pair<Conn*, SendItem>> split;
-    split.swap(split_);
-    striping_.splitEvenly(p, msg, hdr, data, &split);
-    for (auto& [conn, item] : split) enqueue(*conn, std::move(item));
-    split.clear();
-    split_.swap(split);
+    const Striping::EvenSplit s = striping_.split(p, *msg, hdr.msgLen);
+    for (int f = 0; f < s.frags; ++f) {
+      enqueue(*p.conns[(s.first + f) % p.conns.size()], Striping::fragment(s, msg, hdr, data, f));
+    }
     return;
   }
   striping_.queue(p, msg, hdr, data);
