@@ -33,6 +33,9 @@ struct TcpOptions {
   // GFLOW_RENDEZVOUS: messages of at least this size wait for their receive
   // (0: none do); every rank must use the same value.
   std::optional<uint64_t> rendezvousBytes;
+  // GFLOW_CONNECT: "all" (every peer at init), "lazy" (a peer when an op
+  // first needs it) or "auto" (all up to 64 ranks); every rank alike.
+  std::string connect;
 };
 
 // The RDMA verbs transport (GFLOW_TRANSPORT=verbs or Options::transport).

@@ -76,6 +76,9 @@
     "Listen ports for data sockets, 'lo-hi' (e.g. 50000-50100). Default: ephemeral.")              \
   X(socketsPerPeer, "GFLOW_SOCKETS_PER_PEER", kInt, "1", kLocal,                                   \
     "TCP connections per peer; messages >= GFLOW_STRIPE_MIN are striped across them.")             \
+  X(connect, "GFLOW_CONNECT", kString, "auto", kAgree,                                             \
+    "Which peers a TCP rank connects to: all (every peer at init), lazy (a peer when an op "       \
+    "first needs it: ring neighbours, partners, leaders), auto (all up to 64 ranks, lazy above).") \
   X(stripeMin, "GFLOW_STRIPE_MIN", kBytes, "1M", kLocal,                                           \
     "Smallest message striped across several sockets of a peer.")                                  \
   X(stripeChunk, "GFLOW_STRIPE_CHUNK", kBytes, "128K", kLocal,                                     \

@@ -382,7 +382,8 @@ Socket listenOn(const std::string& ip, const PortRange& range, uint16_t* port, i
 }
 
 Socket connectTo(const std::string& host, uint16_t port, Deadline deadline, const std::string& what,
-                 const std::function<void(int fd)>& beforeConnect) {
+                 const std::function<void(int fd)>& beforeConnect,
+                 std::optional<Deadline> refusedBy) {
   const auto start = std::chrono::steady_clock::now();
   const std::string target = host + ":" + std::to_string(port);
   // Jitter spreads out the retries of many ranks waiting for the same root.
@@ -409,6 +410,12 @@ Socket connectTo(const std::string& host, uint16_t port, Deadline deadline, cons
           return s;
         }
         lastWhy = detail::errnoString(err);
+        const bool refused = err == ECONNREFUSED || err == ECONNRESET;
+        if (refused && refusedBy && refusedBy->expired()) {
+          ::freeaddrinfo(res);
+          GFLOW_THROW(kPeerLost, kNetCtx)
+              << "connect to " << what << " at " << target << " refused: " << lastWhy;
+        }
         if (!retryableConnectError(err)) {
           ::freeaddrinfo(res);
           GFLOW_THROW(kInternal, kNetCtx)

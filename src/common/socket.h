@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -71,10 +72,13 @@ Socket listenOn(const std::string& ip, const PortRange& range, uint16_t* port, i
 // Connects to host:port, retrying refused/unreachable attempts with backoff
 // until the deadline; throws kTimeout naming `what` and the address.
 // `beforeConnect`, if given, runs on each new socket before its connect()
-// (options that must be in force at the handshake). Returns a blocking
-// socket with TCP_NODELAY set.
+// (options that must be in force at the handshake). `refusedBy`, if given:
+// a refused or reset attempt after it throws kPeerLost (nobody listens
+// there any more), while a slow one (a full backlog) still waits for the
+// deadline. Returns a blocking socket with TCP_NODELAY set.
 Socket connectTo(const std::string& host, uint16_t port, Deadline deadline, const std::string& what,
-                 const std::function<void(int fd)>& beforeConnect = nullptr);
+                 const std::function<void(int fd)>& beforeConnect = nullptr,
+                 std::optional<Deadline> refusedBy = std::nullopt);
 
 void setNonBlocking(int fd, bool on);
 void setNoDelay(int fd);

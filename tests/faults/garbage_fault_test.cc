@@ -180,7 +180,7 @@ void attackDataPort(const std::pair<std::string, uint16_t>& at, uint32_t seed) {
       gflow::auth::Digest d = gflow::auth::sha256(prefix.data(), prefix.size());
       uint64_t commId;
       std::memcpy(&commId, d.data(), sizeof(commId));
-      tcp::Hello h{tcp::kHelloMagic, tcp::kProtocolVersion, 7, 8, 0, 1, commId, {}};
+      tcp::Hello h{tcp::kHelloMagic, tcp::kProtocolVersion, 7, 8, 0, 1, 0, commId, {}};
       std::vector<uint8_t> b(sizeof(h));
       std::memcpy(b.data(), &h, sizeof(h));
       sendBytes(s.fd(), b);

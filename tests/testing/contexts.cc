@@ -23,8 +23,10 @@ std::vector<std::exception_ptr> runContexts(const std::string& transport, int n,
     const bool single = transport == "tcp_single_copy";
     o.localSingleCopy = single;
     o.hostHash = single ? 1 : 0;
+    const bool lazy = transport == "tcp_lazy";
+    if (lazy) o.tcp.connect = "lazy";
     std::unique_ptr<transport::Context> ctx =
-        transport::createContext(single ? "tcp" : transport, o);
+        transport::createContext(single || lazy ? "tcp" : transport, o);
     body(*ctx);
   });
 }

@@ -15,8 +15,9 @@
 namespace gflow::testing {
 
 // Runs body(context) on n threads, each with a connected context of
-// `transport` ("tcp", "verbs", or "tcp_single_copy": tcp with single copy
-// between the threads, as between the ranks of one host), the given timeout
+// `transport` ("tcp", "verbs", "tcp_single_copy": tcp with single copy
+// between the threads, as between the ranks of one host, or "tcp_lazy":
+// tcp with connections on demand), the given timeout
 // and ContextOptions::progress;
 // returns each rank's exception (nullptr where body returned).
 std::vector<std::exception_ptr> runContexts(const std::string& transport, int n,

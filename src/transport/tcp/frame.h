@@ -72,7 +72,8 @@ struct Hello {
   int32_t rank;
   int32_t size;
   int32_t socketIndex;
-  int32_t socketsPerPeer;
+  int16_t socketsPerPeer;
+  int16_t lazy;  // 1: connections on demand (GFLOW_CONNECT, inbound.h)
   uint64_t commId;
   local::Identity local;  // the connecting rank's (socket 0; local/host.h)
 };
@@ -90,7 +91,8 @@ struct HelloReply {
 static_assert(sizeof(HelloReply) == 48, "hello reply layout");
 // 3: single copy between local ranks; 4: local rings; 5: arrival stamps;
 // 6: a reader proves that it reads (ProofSlot, ReadsClaim); 7: an op's
-// envelope carries its route (path and algorithm, backend/route.h)
-constexpr uint32_t kProtocolVersion = 7;
+// envelope carries its route (path and algorithm, backend/route.h); 8:
+// connections on demand (Hello::lazy; HelloReply::ok 2, crossed: inbound.h)
+constexpr uint32_t kProtocolVersion = 8;
 
 }  // namespace gflow::transport::tcp

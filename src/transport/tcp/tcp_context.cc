@@ -68,10 +68,13 @@ TcpContext::TcpContext(const ContextOptions& options)
   host_ = std::make_unique<local::Host>(localOptions(options, commId_));
   peers_.resize(size());
   for (auto& p : peers_) p = std::make_unique<Pair>();
+  lazy_ = connectsOnDemand(options);
   connectAll(options);
 }
 
 TcpContext::~TcpContext() {
+  if (acceptor_) acceptor_->stop();  // no more connections (it wakes poller_)
+  adoptInbound();                    // closed gracefully like the rest
   if (!failed()) flushStreamsAtExit();
   host_->withdrawAll();
   closeGracefully();
@@ -168,6 +171,7 @@ void TcpContext::failWire(const Error& first) {
 RequestPtr TcpContext::irecv(int peer, void* data, size_t bytes, Tag tag, const Envelope& env) {
   checkFailed();
   GFLOW_ENFORCE(peer >= 0 && peer < size() && peer != rank());
+  if (!connected(peer)) connectPeer(peer);
   auto req = std::make_shared<Request>(peer, false, bytes);
   Pair& p = *peers_[peer];
   if (!find(peer, tag) && p.closed) failLost(peer, "has closed its connections");
@@ -478,6 +482,7 @@ void TcpContext::handleReadable(Conn& c) {
 }
 
 void TcpContext::progress(int timeoutMs, bool reads) {
+  adoptInbound();
   pass(readBytes_ == readBytesAtPass_);
   readBytesAtPass_ = readBytes_;
   // A read completes a receive: no sleeping after it.
@@ -548,6 +553,7 @@ void TcpContext::waitUntilDone(const RequestPtr& req, Deadline deadline) {
 
 void TcpContext::reject(uint64_t group, const std::string& why) {
   selfRejected(group);
+  adoptInbound();  // a peer that has connected already hears it
   auto payload = std::make_shared<const std::vector<char>>(
       why.begin(),
       why.begin() + static_cast<std::ptrdiff_t>(std::min<size_t>(why.size(), kMaxErrorPayload)));
@@ -601,7 +607,10 @@ std::vector<Error> TcpContext::awaitReports(Deadline until, int exclude) {
   }
   auto complete = [&] {
     for (int peer = 0; peer < size(); ++peer) {
-      if (peer != rank() && peer != exclude && !reported(peer) && !peers_[peer]->closed) {
+      // A peer never connected cannot report here: it hears of the
+      // failure from the peers it is connected to (docs/errors.md).
+      if (peer != rank() && peer != exclude && !reported(peer) && !peers_[peer]->closed &&
+          connected(peer)) {
         return false;
       }
     }
@@ -613,6 +622,7 @@ std::vector<Error> TcpContext::awaitReports(Deadline until, int exclude) {
 }
 
 void TcpContext::drainOnce(int timeoutMs) {
+  adoptInbound();
   Poller::Ready events[Poller::kMaxReady];
   std::vector<Conn*> ready;
   for (Conn* c : streams_) {  // read to the end, closed once the peer's sockets are
@@ -638,41 +648,50 @@ void TcpContext::drainOnce(int timeoutMs) {
 }
 
 void TcpContext::notifyPeers(const Error& error) {
-  const std::vector<char> payload = errorReportPayload(error, kMaxErrorPayload - 64);
+  report_ = errorReportPayload(error, kMaxErrorPayload - 64);
+  // Connections that came in meanwhile hear it too, and those still to come.
+  if (inbound_ && acceptor_) inbound_->refuseWith(reportHeader(report_.size()), report_);
+  adoptInbound();
   for (int peer = 0; peer < size(); ++peer) {
     if (peer == rank()) continue;
     peers_[peer]->pending.clear();  // units no socket took are never sent
     peers_[peer]->pendingBytes = 0;
-    // A stream pair's report goes over its socket (tcp_polled.cc).
-    Pair& p = *peers_[peer];
-    for (auto& cp : p.sockets.empty() ? p.conns : p.sockets) {
-      if (!cp || cp->closed) continue;
-      Conn& c = *cp;
-      try {
-        Deadline d = Deadline::after(std::chrono::milliseconds(300));
-        // Finish a partially written frame so the stream stays parseable.
-        if (!c.sendq.empty()) {
-          SendItem& it = c.sendq.front();
-          size_t total = sizeof(FrameHeader) + it.payloadLen;
-          if (it.written < sizeof(FrameHeader)) {
-            net::sendAll(c.sock.fd(), reinterpret_cast<char*>(&it.hdr) + it.written,
-                         sizeof(FrameHeader) - it.written, d);
-            it.written = sizeof(FrameHeader);
-          }
-          if (it.written < total) {
-            size_t done = it.written - sizeof(FrameHeader);
-            net::sendAll(c.sock.fd(), it.payload + done, it.payloadLen - done, d);
-          }
-          c.sendq.clear();
+    sendReport(*peers_[peer], report_);
+  }
+}
+
+FrameHeader TcpContext::reportHeader(size_t bytes) const {
+  return FrameHeader{kFrameMagic, kFrameError, 0, group(), 0, bytes, 0, bytes, {0, 0, 0}, {}};
+}
+
+void TcpContext::sendReport(Pair& p, const std::vector<char>& payload) {
+  // A stream pair's report goes over its socket (tcp_polled.cc).
+  for (auto& cp : p.sockets.empty() ? p.conns : p.sockets) {
+    if (!cp || cp->closed) continue;
+    Conn& c = *cp;
+    try {
+      Deadline d = Deadline::after(std::chrono::milliseconds(300));
+      // Finish a partially written frame so the stream stays parseable.
+      if (!c.sendq.empty()) {
+        SendItem& it = c.sendq.front();
+        size_t total = sizeof(FrameHeader) + it.payloadLen;
+        if (it.written < sizeof(FrameHeader)) {
+          net::sendAll(c.sock.fd(), reinterpret_cast<char*>(&it.hdr) + it.written,
+                       sizeof(FrameHeader) - it.written, d);
+          it.written = sizeof(FrameHeader);
         }
-        FrameHeader h{kFrameMagic, kFrameError,    0,         group(), 0, payload.size(),
-                      0,           payload.size(), {0, 0, 0}, {}};
-        net::sendAll(c.sock.fd(), &h, sizeof(h), d);
-        net::sendAll(c.sock.fd(), payload.data(), payload.size(), d);
-        break;  // one connection per peer is enough
-      } catch (const Error&) {
-        // Peer gone or not reading: try its next connection, else give up.
+        if (it.written < total) {
+          size_t done = it.written - sizeof(FrameHeader);
+          net::sendAll(c.sock.fd(), it.payload + done, it.payloadLen - done, d);
+        }
+        c.sendq.clear();
       }
+      const FrameHeader h = reportHeader(payload.size());
+      net::sendAll(c.sock.fd(), &h, sizeof(h), d);
+      net::sendAll(c.sock.fd(), payload.data(), payload.size(), d);
+      return;  // one connection per peer is enough
+    } catch (const Error&) {
+      // Peer gone or not reading: try its next connection, else give up.
     }
   }
 }

@@ -5,9 +5,10 @@
 // (transport/engine.h); this class is the wire, in pieces:
 //   - pair.h: one peer's connections, each with its frame state machine
 //     and send queue, and what the pair agreed;
-//   - tcp_connect.cc: setup (listen, publish, dial lower ranks, accept
-//     higher ones, the hello; a peer of this host may get a local link,
-//     local/host.h);
+//   - tcp_connect.cc: connecting (listen, publish; dial lower ranks and
+//     accept higher ones at init, or a peer when an op first needs it; the
+//     hello; a peer of this host may get a local link, local/host.h);
+//     inbound.h: the accepting side;
 //   - tcp_send.cc: queueing and writing frames, several per sendmsg;
 //     striping.h: with several sockets per peer, which socket sends which
 //     piece of a message;
@@ -29,9 +30,12 @@
 #include <utility>
 #include <vector>
 
+#include "common/handshake_acceptor.h"
 #include "transport/engine.h"
 #include "transport/local/host.h"
+#include "transport/tcp/congestion.h"
 #include "transport/tcp/frame.h"
+#include "transport/tcp/inbound.h"
 #include "transport/tcp/pair.h"
 #include "transport/tcp/poller.h"
 #include "transport/tcp/striping.h"
@@ -68,9 +72,21 @@ class TcpContext final : public Engine, private ByteSource {
  private:
   // Connection setup (tcp_connect.cc). A failure is reported in the store
   // first, so the ranks waiting for this one fail at once with its reason.
+  // Connections on demand (GFLOW_CONNECT) leave every pair to connectPeer.
+  static bool connectsOnDemand(const ContextOptions& options);
   void connectAll(const ContextOptions& options);
   void connectAllOrThrow(const ContextOptions& options);
+  Identity identity() const;
+  // Dials every connection of `peer`; false: crossed (the peer dials).
+  bool dialPeer(int peer, const Deadline& deadline, const ErrorContext& ectx);
+  void adopt(Accepted& a);
   void addConnection(int peer, int index, net::Socket sock);
+  // On demand: connects `peer` (dials, or waits for its dial) under the
+  // op timeout, or fails the context naming it; adoptInbound takes the
+  // connections peers have made to this rank (owning thread).
+  bool connected(int peer) const { return !peers_[peer]->conns.empty(); }
+  void connectPeer(int peer);
+  void adoptInbound();
 
   // Rendezvous (tcp_rendezvous.cc).
   bool readsPeer(int peer) const { return peers_[peer]->readsPeer(); }
@@ -95,13 +111,13 @@ class TcpContext final : public Engine, private ByteSource {
   RecvMsg* matchHeader(Conn& c, uint64_t charge);
   void queueData(Pair& p, const RequestPtr& req, const FrameHeader& hdr, const char* data);
 
-  // Polled streams (tcp_polled.cc). installStreams: once every socket is
+  // Polled streams (tcp_polled.cc). installStream: once its sockets are
   // connected, a peer whose link has a stream talks through it.
   // pollStreams: reads the streams with data and writes to those with room
   // again. armStreams: about to sleep in epoll (false: something to do, do
   // not sleep). A stream connection's reads and writes (fill and flush go
   // there).
-  void installStreams();
+  void installStream(int peer);
   void pollStreams();
   bool armStreams();
   void disarmStreams();
@@ -132,6 +148,9 @@ class TcpContext final : public Engine, private ByteSource {
   void startFragment(Conn& c);
   void finishFragment(Conn& c);
   void handleErrorFrame(Conn& c);
+  // Writes the failure report `payload` on one open connection of `p`.
+  void sendReport(Pair& p, const std::vector<char>& payload);
+  FrameHeader reportHeader(size_t bytes) const;  // an ERROR frame's, this op's
   // awaitReports' round of reads.
   void drainOnce(int timeoutMs);
   // A connection closed (or, after failing, broken): unwatched; its peer is
@@ -159,6 +178,16 @@ class TcpContext final : public Engine, private ByteSource {
   void waitUntilDone(const RequestPtr& req, Deadline deadline) override;
 
   static constexpr size_t kReadAhead = Conn::kReadAhead;
+
+  // Connecting (tcp_connect.cc): on demand for the context's life.
+  bool lazy_ = false;
+  std::string token_;
+  int bufBytes_ = 0;
+  std::unique_ptr<CongestionChoice> congestion_;
+  std::vector<std::string> addrs_;  // "host:port" of each rank that may be dialled
+  std::unique_ptr<Inbound> inbound_;
+  std::unique_ptr<net::HandshakeAcceptor> acceptor_;  // stopped first at teardown
+  std::vector<char> report_;  // the failure report sent (notifyPeers), for late connections
 
   Striping striping_;
   WaitPolicy waitPolicy_;

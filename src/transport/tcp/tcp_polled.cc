@@ -26,20 +26,18 @@
 
 namespace gflow::transport::tcp {
 
-void TcpContext::installStreams() {
-  for (int peer = 0; peer < size(); ++peer) {
-    Pair& p = *peers_[peer];
-    std::unique_ptr<PolledStream> stream = p.link ? p.link->takeStream() : nullptr;
-    if (!stream) continue;
-    p.sockets = std::move(p.conns);
-    p.conns.clear();
-    for (auto& s : p.sockets) s->doorbellOnly = true;
-    auto c = std::make_unique<Conn>(peer, 0);
-    c->stream = std::move(stream);
-    c->watched = false;
-    streams_.push_back(c.get());
-    p.conns.push_back(std::move(c));
-  }
+void TcpContext::installStream(int peer) {
+  Pair& p = *peers_[peer];
+  std::unique_ptr<PolledStream> stream = p.link ? p.link->takeStream() : nullptr;
+  if (!stream) return;
+  p.sockets = std::move(p.conns);
+  p.conns.clear();
+  for (auto& s : p.sockets) s->doorbellOnly = true;
+  auto c = std::make_unique<Conn>(peer, 0);
+  c->stream = std::move(stream);
+  c->watched = false;
+  streams_.push_back(c.get());
+  p.conns.push_back(std::move(c));
 }
 
 void TcpContext::dropSocket(Conn& c) {

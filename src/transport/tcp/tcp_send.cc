@@ -24,6 +24,7 @@ RequestPtr TcpContext::isend(int peer, const void* data, size_t bytes, Tag tag,
                              const Envelope& env) {
   checkFailed();
   GFLOW_ENFORCE(peer >= 0 && peer < size() && peer != rank());
+  if (!connected(peer)) connectPeer(peer);
   auto req = std::make_shared<Request>(peer, true, bytes);
   Pair& p = *peers_[peer];
   if (p.closed) failLost(peer, "has closed its connections");

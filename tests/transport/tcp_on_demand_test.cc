@@ -1,0 +1,189 @@
+// Connections on demand (GFLOW_CONNECT=lazy, tcp/inbound.h): a rank
+// connects only to the peers its ops use, when an op first needs them;
+// pairs whose ranks dial each other at once end up with one connection;
+// a peer that has gone is named; the results are exact.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <numeric>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "common/deadline.h"
+#include "gflow/gflow.h"
+#include "testing/contexts.h"
+#include "testing/ranks.h"
+
+namespace gflow {
+namespace {
+
+using std::chrono::milliseconds;
+
+Options lazy(const std::string& algorithm) {
+  Options o;
+  o.tcp.connect = "lazy";
+  o.shm.enabled = false;
+  o.algorithm = algorithm;
+  o.timeout = std::chrono::seconds(30);
+  return o;
+}
+
+// Each rank's allreduce of int64 values against the exact sum.
+void allreduceExactly(Communicator& c, size_t count) {
+  std::vector<int64_t> v(count);
+  for (size_t i = 0; i < count; ++i) v[i] = c.rank() * 1000003 + static_cast<int64_t>(i);
+  c.allreduce(Tensor(v.data(), count, DataType::kInt64));
+  const int64_t n = c.size();
+  for (size_t i = 0; i < count; ++i) {
+    ASSERT_EQ(v[i], 1000003 * n * (n - 1) / 2 + n * static_cast<int64_t>(i)) << "at " << i;
+  }
+}
+
+// The peers each rank of a world of n has connections to after its
+// creation and one allreduce by `algorithm`, read before a barrier (so no
+// rank has left yet).
+std::vector<std::set<int>> peersAfter(const std::string& algorithm, int n) {
+  std::vector<std::set<int>> peers(n);
+  testing::runRanks(
+      n,
+      [&](Communicator& c) {
+        allreduceExactly(c, 4099);
+        const Stats s = c.stats();
+        for (int p = 0; p < n; ++p) {
+          if (s.peers[p].connections > 0) peers[c.rank()].insert(p);
+        }
+        c.barrier();
+      },
+      lazy(algorithm));
+  return peers;
+}
+
+TEST(TcpOnDemand, ARankConnectsOnlyToThePeersItsAlgorithmUses) {
+  const int n = 16;
+  for (const char* algorithm : {"ring", "rd", "hd"}) {
+    const auto peers = peersAfter(algorithm, n);
+    for (int r = 0; r < n; ++r) {
+      // Creation's exchanges (the allgather of host identities and
+      // settings) go round the ring: the two neighbours. Recursive
+      // doubling and halving-doubling add the partners r ^ 2^k. A full
+      // mesh would be all 15.
+      std::set<int> want = {(r + 1) % n, (r + n - 1) % n};
+      if (std::string(algorithm) != "ring") {
+        for (int k = 1; k < n; k *= 2) want.insert(r ^ k);
+      }
+      // A rank that reached the barrier first may have connected already
+      // (the dissemination barrier's partners r +- 2^k).
+      std::set<int> may = want;
+      for (int k = 1; k < n; k *= 2) may.insert({(r + k) % n, (r + n - k) % n});
+      for (int p : want)
+        EXPECT_EQ(peers[r].count(p), 1u) << algorithm << ", rank " << r << ": " << p;
+      for (int p : peers[r])
+        EXPECT_EQ(may.count(p), 1u) << algorithm << ", rank " << r << ": " << p;
+    }
+  }
+}
+
+TEST(TcpOnDemand, EveryPairDiallingAtOnceEndsWithOneConnectionEach) {
+  // All-to-all: every rank needs every other at the same moment, so most
+  // pairs dial each other at once (the higher rank's dial wins).
+  const int n = 8;
+  for (int round = 0; round < 3; ++round) {
+    testing::runRanks(
+        n,
+        [&](Communicator& c) {
+          std::vector<int32_t> in(n * 3), out(n * 3, -1);
+          for (int p = 0; p < n; ++p) {
+            for (int j = 0; j < 3; ++j) in[p * 3 + j] = c.rank() * 100 + p * 10 + j;
+          }
+          c.alltoall(Tensor(in.data(), in.size(), DataType::kInt32),
+                     Tensor(out.data(), out.size(), DataType::kInt32));
+          for (int p = 0; p < n; ++p) {
+            for (int j = 0; j < 3; ++j) ASSERT_EQ(out[p * 3 + j], p * 100 + c.rank() * 10 + j);
+          }
+          const auto res = c.stats().resources;
+          EXPECT_EQ(res.peersConnected, static_cast<uint64_t>(n - 1));
+          EXPECT_EQ(res.connections, static_cast<uint64_t>(n - 1));
+          allreduceExactly(c, 1000);
+        },
+        lazy("ring"));
+  }
+}
+
+TEST(TcpOnDemand, APointToPointMessageConnectsItsPairOnly) {
+  testing::runRanks(
+      6,
+      [&](Communicator& c) {
+        std::vector<int32_t> v(1000);
+        const int other = c.rank() == 1 ? 4 : 1;
+        // Not partners in creation's exchanges (not ring neighbours); rank 1
+        // dials, possibly while rank 4 is still being created.
+        if (c.rank() == 1) {
+          EXPECT_EQ(c.stats().peers[other].connections, 0u);
+        }
+        if (c.rank() == 1) {
+          std::iota(v.begin(), v.end(), 7);
+          c.send(Tensor(v.data(), v.size(), DataType::kInt32), 4);
+        } else if (c.rank() == 4) {
+          std::this_thread::sleep_for(milliseconds(200));  // the sender dials first
+          c.recv(Tensor(v.data(), v.size(), DataType::kInt32), 1);
+          for (size_t i = 0; i < v.size(); ++i) ASSERT_EQ(v[i], static_cast<int32_t>(i + 7));
+        }
+        // Read before the barrier: no rank has left and closed yet.
+        if (c.rank() == 1 || c.rank() == 4) {
+          EXPECT_EQ(c.stats().peers[other].connections, 1u);
+        }
+        c.barrier();
+      },
+      lazy("ring"));
+}
+
+TEST(TcpOnDemand, APeerThatHasGoneIsNamedWhenItIsFirstNeeded) {
+  const transport::Envelope env{{1, 2, 3}};
+  auto errors = testing::runContexts(
+      "tcp_lazy", 3,
+      [&](transport::Context& c) {
+        if (c.rank() == 2) return;  // its context closes: nobody listens for it
+        std::this_thread::sleep_for(milliseconds(300));
+        std::vector<char> b(64);
+        c.beginGroup(1, env);
+        c.wait(c.isend(2, b.data(), b.size(), {1, 0}, env), Deadline::after(milliseconds(10000)));
+      },
+      milliseconds(10000));
+  EXPECT_FALSE(errors[2]);
+  for (int r = 0; r < 2; ++r) {
+    const Error e = testing::errorOf(errors[r]);
+    EXPECT_EQ(e.code(), ErrorCode::kPeerLost) << e.what();
+    EXPECT_EQ(e.context().peer, 2) << e.what();
+    EXPECT_NE(std::string(e.what()).find("rank 2 could not be connected"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(TcpOnDemand, RanksThatConnectDifferentlyAreToldWhy) {
+  auto world = [](int r) {
+    Options o = lazy("ring");
+    o.tcp.connect = r == 0 ? "all" : "lazy";
+    o.timeout = std::chrono::seconds(3);
+    return o;
+  };
+  std::vector<std::exception_ptr> errs(2);
+  testing::onThreads(2, [&](int rank, const std::shared_ptr<Store>& store) {
+    Options o = world(rank);
+    o.rank = rank;
+    o.size = 2;
+    o.store = store;
+    try {
+      auto c = Communicator::create(o);
+    } catch (...) {
+      errs[rank] = std::current_exception();
+    }
+  });
+  for (int r = 0; r < 2; ++r) ASSERT_TRUE(errs[r]) << "rank " << r << " was created";
+  const Error e = testing::errorOf(errs[1]);
+  EXPECT_NE(std::string(e.what()).find("GFLOW_CONNECT"), std::string::npos) << e.what();
+}
+
+}  // namespace
+}  // namespace gflow
