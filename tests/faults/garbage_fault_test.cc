@@ -210,6 +210,23 @@ TEST(FaultGarbage, DataListenersSurviveGarbageDuringSetup) {
   }
 }
 
+// With connections on demand the data listeners stay open while the job
+// runs: strangers' garbage there, between the ops, must change nothing.
+TEST(FaultGarbage, OnDemandDataListenersSurviveGarbageWhileTheJobRuns) {
+  Job job(4, [](int) { return std::vector<std::string>{"loop", "40", "262144", "25"}; });
+  job.setEnv("GFLOW_CONNECT", "lazy");
+  job.setEnv("GFLOW_SHM", "0");
+  job.start();
+  ASSERT_TRUE(job.waitProgress(2, seconds(8))) << job.report();
+  for (int target = 0; target < 4; ++target) attackDataPort(dataAddress(job, target), 30 + target);
+  ASSERT_TRUE(job.waitExit(seconds(20))) << job.report();
+  const std::string report = job.report();
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(job.result(r).exitCode, 0) << "rank " << r << "\n" << report;
+    EXPECT_TRUE(job.result(r).printed("GFLOW_DONE")) << "rank " << r << "\n" << report;
+  }
+}
+
 // Strangers that connect to the data ports of ranks 0..1 and say nothing (a
 // port scanner, a health check; `perPort` of them on each of `ports` ranks)
 // while rank 2 is still to connect: every rank must finish its loop.

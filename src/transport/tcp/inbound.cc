@@ -191,11 +191,20 @@ void Inbound::endDial(int peer, bool connected) {
   std::lock_guard<std::mutex> lock(mutex_);
   // Crossed: the peer's hello may have been claimed meanwhile (a higher
   // peer's always is); else it is still to come.
-  if (connected) {
-    state_[peer] = State::kConnected;
-  } else if (state_[peer] == State::kDialing) {
-    state_[peer] = State::kNone;
+  if (!connected) {
+    if (state_[peer] == State::kDialing) state_[peer] = State::kNone;
+    return;
   }
+  // A hello claimed for a peer this rank has dialled came from an impostor
+  // (the real peer, had it dialled too, would have crossed this dial): its
+  // sockets go, and the slots stay taken.
+  if (state_[peer] == State::kClaimed) {
+    accepted_.erase(std::remove_if(accepted_.begin(), accepted_.end(),
+                                   [&](const Accepted& a) { return a.hello.rank == peer; }),
+                    accepted_.end());
+    arrived_[peer] = 0;
+  }
+  state_[peer] = State::kConnected;
 }
 
 std::vector<Accepted> Inbound::takeReady() {

@@ -212,6 +212,9 @@ void TcpContext::connectAll(const ContextOptions& options) {
     if (acceptor_) acceptor_->stop();  // before the members its callbacks use go
     reportSetupFailure(options, rank(), e);
     throw;
+  } catch (...) {
+    if (acceptor_) acceptor_->stop();
+    throw;
   }
 }
 
@@ -312,9 +315,22 @@ void TcpContext::adopt(Accepted& a) {
 
 void TcpContext::adoptInbound() {
   if (!inbound_ || !inbound_->hasReady()) return;
+  int dropped = -1;  // a peer whose set is dropped (takeReady sorts by rank, socket)
   for (Accepted& a : inbound_->takeReady()) {
     const int peer = a.hello.rank;
-    adopt(a);
+    if (a.hello.socketIndex == 0 && connected(peer)) {  // never two sets (inbound.h)
+      GFLOW_LOG(WARN) << "rank " << rank() << ": dropped a second connection claiming rank "
+                      << peer;
+      dropped = peer;
+    }
+    if (peer == dropped) continue;
+    try {
+      adopt(a);
+    } catch (const Error& e) {
+      if (failed()) throw;
+      fail(Error(e.code(), "adopting rank " + std::to_string(peer) + "'s connection: " + e.detail(),
+                 ErrorContext().withSeq(group()).withRank(rank()).withPeer(peer)));
+    }
     if (a.hello.socketIndex + 1 < socketsPerPeer_) continue;
     installStream(peer);
     // A peer that connects after this rank failed hears the report at once.
@@ -353,9 +369,11 @@ void TcpContext::connectPeer(int peer) {
     }
   } catch (const Error& e) {
     if (failed()) throw;
-    // A peer that refuses, resets or does not answer its port has gone.
-    fail(Error(e.code() == ErrorCode::kMismatch ? e.code() : ErrorCode::kPeerLost,
-               "rank " + std::to_string(peer) + " could not be connected: " + e.detail(), ectx));
+    // The code says whose fault it is: peer_lost for a port that refuses or
+    // resets, mismatch for a refused hello; a local failure (descriptors)
+    // names no peer's.
+    fail(Error(e.code(), "rank " + std::to_string(peer) + " could not be connected: " + e.detail(),
+               ectx));
   }
 }
 

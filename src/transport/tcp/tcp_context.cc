@@ -74,7 +74,11 @@ TcpContext::TcpContext(const ContextOptions& options)
 
 TcpContext::~TcpContext() {
   if (acceptor_) acceptor_->stop();  // no more connections (it wakes poller_)
-  adoptInbound();                    // closed gracefully like the rest
+  try {
+    adoptInbound();  // closed gracefully like the rest
+  } catch (const Error&) {
+    // They close as they are.
+  }
   if (!failed()) flushStreamsAtExit();
   host_->withdrawAll();
   closeGracefully();
@@ -553,7 +557,11 @@ void TcpContext::waitUntilDone(const RequestPtr& req, Deadline deadline) {
 
 void TcpContext::reject(uint64_t group, const std::string& why) {
   selfRejected(group);
-  adoptInbound();  // a peer that has connected already hears it
+  try {
+    adoptInbound();  // a peer that has connected already hears it
+  } catch (const Error&) {
+    // Failed: the next op says so.
+  }
   auto payload = std::make_shared<const std::vector<char>>(
       why.begin(),
       why.begin() + static_cast<std::ptrdiff_t>(std::min<size_t>(why.size(), kMaxErrorPayload)));
@@ -648,10 +656,16 @@ void TcpContext::drainOnce(int timeoutMs) {
 }
 
 void TcpContext::notifyPeers(const Error& error) {
-  report_ = errorReportPayload(error, kMaxErrorPayload - 64);
-  // Connections that came in meanwhile hear it too, and those still to come.
-  if (inbound_ && acceptor_) inbound_->refuseWith(reportHeader(report_.size()), report_);
-  adoptInbound();
+  std::vector<char> payload = errorReportPayload(error, kMaxErrorPayload - 64);
+  // Connections still to come hear it from the accepting thread, those that
+  // came in meanwhile below with the rest.
+  if (inbound_ && acceptor_) inbound_->refuseWith(reportHeader(payload.size()), payload);
+  try {
+    adoptInbound();
+  } catch (const Error&) {
+    // The connections that could not be adopted close.
+  }
+  report_ = std::move(payload);
   for (int peer = 0; peer < size(); ++peer) {
     if (peer == rank()) continue;
     peers_[peer]->pending.clear();  // units no socket took are never sent
