@@ -148,7 +148,7 @@ for ((rep = 1; rep <= reps; rep++)); do
     # CSV: library,algorithm,world_size,size,count,type,redop,
     #      oop_time_us,oop_algbw,oop_busbw,oop_wrong,ip_time_us,ip_algbw,ip_busbw,ip_wrong
     tx=$(($(tx_bytes) - tx0))
-    while IFS=, read -r _ _ _ size _ _ _ _ _ ob ow it _ ib iw; do
+    while IFS=, read -r _ _ _ size _ _ _ _ _ ob ow it _ ib iw _; do
       [[ $size =~ ^[0-9]+$ ]] || continue
       wrong=$((${ow:-0} + ${iw:-0}))
       # Host egress per allreduce: only meaningful with a single size, where
