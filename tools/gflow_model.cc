@@ -6,6 +6,11 @@
 //       ranks at each size (the slowest rank's time, median over the
 //       iterations), fits alpha, beta and gamma, and writes the model to
 //       FILE (rank 0), with each sample's fitted and measured time.
+//   gflowrun -n 8 -- gflow_model calibrate-local FILE [-b 4K] [-e 16M] ...
+//       on one host: times the shared-memory allreduce of this job's ranks
+//       and adds local_alpha and local_beta to the model in FILE (which
+//       calibrate or fit made), so that it can weigh the hierarchical
+//       composition against the flat algorithms across hosts.
 //   gflow_model fit FILE CSV...
 //       fits the model to allreduce_bw --csv reports (rank 0's lines:
 //       algorithm, world size, bytes, in-place time; ring, rd and hd rows
@@ -13,11 +18,16 @@
 //   gflow_model check FILE CSV...
 //       each report row's measured time against the model's prediction, and
 //       the median and largest error.
-//   gflow_model predict FILE [--ranks 2,8,64,512] [-b 4K] [-e 64M] [-f 4]
+//   gflow_model predict FILE [--ranks 2,8,64,512] [--per-host L] [-b 4K]
+//                            [-e 64M] [-f 4]
 //       prints the predicted time of each algorithm and the one a
 //       communicator with GFLOW_MODEL=FILE takes, per world size and size.
-//       A world size other than the one the model was fitted on is
-//       labelled "model" (extrapolated); the fitted one "fit".
+//       With --per-host L (L > 1), the world sizes are L ranks on each of
+//       N / L hosts: the flat algorithms share each host's NIC, the
+//       hierarchical composition is a column too (GFLOW_HIER_SEGMENT's
+//       segments), and "hier" may be chosen. A world size other than the
+//       one the model was fitted on is labelled "model" (extrapolated);
+//       the fitted one "fit".
 //
 // Exit status: 0; 2 for bad usage; 1 with the error otherwise.
 #include <algorithm>
@@ -48,14 +58,17 @@ struct Args {
   uint64_t minBytes = 4 << 10, maxBytes = 16 << 20, factor = 4;
   int iters = 20;
   std::vector<int> ranks = {2, 8, 64, 512};
+  int perHost = 1;
 };
 
 int usage() {
   std::fprintf(stderr,
                "usage: gflow_model calibrate FILE [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS]\n"
+               "       gflow_model calibrate-local FILE [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS]\n"
                "       gflow_model fit FILE CSV...\n"
                "       gflow_model check FILE CSV...\n"
-               "       gflow_model predict FILE [--ranks N,N,...] [-b MIN] [-e MAX] [-f FACTOR]\n");
+               "       gflow_model predict FILE [--ranks N,N,...] [--per-host L] [-b MIN] [-e MAX] "
+               "[-f FACTOR]\n");
   return 2;
 }
 
@@ -156,6 +169,8 @@ bool parse(int argc, char** argv, Args* a) {
       a->factor = static_cast<uint64_t>(std::atoi(v.c_str()));
     } else if (flag == "-n" && std::atoi(v.c_str()) >= 1) {
       a->iters = std::atoi(v.c_str());
+    } else if (flag == "--per-host" && std::atoi(v.c_str()) >= 1) {
+      a->perHost = std::atoi(v.c_str());
     } else if (flag == "--ranks") {
       a->ranks.clear();
       std::istringstream is(v);
@@ -168,7 +183,7 @@ bool parse(int argc, char** argv, Args* a) {
     }
   }
   return (argc - 3) % 2 == 0 && a->minBytes <= a->maxBytes &&
-         (a->command == "calibrate" || a->command == "predict");
+         (a->command == "calibrate" || a->command == "calibrate-local" || a->command == "predict");
 }
 
 std::vector<uint64_t> sizes(const Args& a) {
@@ -251,6 +266,46 @@ int calibrate(const Args& a) {
   return 0;
 }
 
+// On one host: the shared-memory allreduce's samples, fitted into the
+// model in a.file as its local parameters.
+int calibrateLocal(const Args& a) {
+  const CostModel base = CostModel::load(a.file);
+  gflow::Options o;
+  o.algorithm = "shm";
+  o.store = jobStore();
+  const std::shared_ptr<gflow::Communicator> comm = gflow::Communicator::create(o);
+  if (comm->size() < 2) {
+    throw gflow::Error(gflow::ErrorCode::kInvalidArgument,
+                       "calibrate-local needs 2+ ranks on one host");
+  }
+  std::vector<CostModel::Sample> samples;
+  for (uint64_t b : sizes(a)) {
+    samples.push_back({Algorithm::kAuto, b, comm->size(), timeOne(*comm, b, a.iters)});
+  }
+  if (comm->stats().sharedMemoryOps == 0) {
+    throw gflow::Error(gflow::ErrorCode::kInvalidArgument,
+                       "calibrate-local's ranks did not run on shared memory (one host, "
+                       "GFLOW_SHM=1)");
+  }
+  if (comm->rank() != 0) return 0;
+  const CostModel m = base.withLocal(samples);
+  std::ofstream out(a.file);
+  out << m.text() << "\n";
+  if (!out) {
+    std::fprintf(stderr, "gflow_model: cannot write %s\n", a.file.c_str());
+    return 1;
+  }
+  const CostModel::Params& p = m.params();
+  std::printf("# %s\n# bytes ranks measured_us fitted_us error_pct\n", m.text().c_str());
+  for (const CostModel::Sample& s : samples) {
+    const double L = s.ranks, n = static_cast<double>(s.bytes);
+    const double f = 2 * (L - 1) * p.localAlpha + (L - 1) / L * n * (2 * p.localBeta + p.gamma);
+    std::printf("%llu %d %.1f %.1f %+.1f\n", static_cast<unsigned long long>(s.bytes), s.ranks,
+                s.seconds * 1e6, f * 1e6, (f / s.seconds - 1) * 100);
+  }
+  return 0;
+}
+
 int predict(const Args& a) {
   std::ifstream in(a.file);
   std::stringstream ss;
@@ -258,14 +313,24 @@ int predict(const Args& a) {
   const CostModel m = CostModel::load(a.file);
   const size_t at = ss.str().find("fitted_on=");
   const int fittedOn = at == std::string::npos ? 0 : std::atoi(ss.str().c_str() + at + 10);
-  std::printf("# %s\n# ranks bytes rd_us hd_us ring_us chosen basis\n", m.text().c_str());
+  const uint64_t segment = gflow::params::hierSegment();
+  std::printf("# %s\n# ranks per_host bytes rd_us hd_us ring_us hier_us chosen basis\n",
+              m.text().c_str());
   for (int n : a.ranks) {
+    const CostModel::Layout l{std::max(n / a.perHost, 1), std::min(a.perHost, n)};
     for (uint64_t b : sizes(a)) {
-      std::printf("%d %llu", n, static_cast<unsigned long long>(b));
+      std::printf("%d %d %llu", l.ranks(), l.perHost, static_cast<unsigned long long>(b));
       for (Algorithm algo : CostModel::algorithms())
-        std::printf(" %.1f", m.predict(algo, b, n) * 1e6);
-      std::printf(" %s %s\n", gflow::backend::toString(m.fastest(b, n)),
-                  n == fittedOn ? "fit" : "model");
+        std::printf(" %.1f", m.predict(algo, b, l) * 1e6);
+      const double hier = m.predictHierarchical(b, l, segment);
+      if (std::isfinite(hier)) {
+        std::printf(" %.1f", hier * 1e6);
+      } else {
+        std::printf(" -");
+      }
+      const CostModel::Choice c = m.fastest(b, l, segment);
+      std::printf(" %s %s\n", c.hierarchical ? "hier" : gflow::backend::toString(c.algo),
+                  n == fittedOn && l.perHost == 1 ? "fit" : "model");
     }
   }
   return 0;
@@ -278,6 +343,7 @@ int main(int argc, char** argv) {
   if (!parse(argc, argv, &a)) return usage();
   try {
     if (a.command == "calibrate") return calibrate(a);
+    if (a.command == "calibrate-local") return calibrateLocal(a);
     if (a.command == "fit") return fitReports(a);
     if (a.command == "check") return check(a);
     return predict(a);

@@ -145,7 +145,12 @@ Route RoutePolicy::onHost(const OpDesc& d, uint64_t bytes, int ranks,
       kind == OpKind::kAllreduce || kind == OpKind::kBroadcast || kind == OpKind::kBarrier ||
       (caps.uniform && (kind == OpKind::kReduceScatter || kind == OpKind::kAllgather));
   if (caps.shm && shmRuns) return {Path::kShm, shm(kind, bytes, caps.shmSingleCopy)};
-  if (caps.hierarchical && hierRuns) return {Path::kHierarchical, Algorithm::kAuto};
+  if (caps.hierarchical && hierRuns) {
+    if (std::optional<Algorithm> flat = flatByModel(kind, bytes, caps)) {
+      return {Path::kNetwork, *flat};
+    }
+    return {Path::kHierarchical, Algorithm::kAuto};
+  }
   return network(kind, bytes, ranks);
 }
 
@@ -167,6 +172,18 @@ std::optional<Route> RoutePolicy::byRule(OpKind kind, uint64_t bytes,
     return r.route;
   }
   return std::nullopt;
+}
+
+std::optional<Algorithm> RoutePolicy::flatByModel(OpKind kind, uint64_t bytes,
+                                                  const Capabilities& caps) const {
+  if (kind != OpKind::kAllreduce || !caps.uniform || !model_ || !model_->params().hasLocal ||
+      thresholds_.rdMax || thresholds_.hdMax) {
+    return std::nullopt;
+  }
+  const CostModel::Choice c =
+      model_->fastest(bytes, CostModel::Layout{caps.hosts, caps.perHost}, caps.segmentBytes);
+  if (c.hierarchical) return std::nullopt;
+  return c.algo;
 }
 
 Route RoutePolicy::phase(OpKind kind, uint64_t bytes, int ranks, Path path,

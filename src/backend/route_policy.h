@@ -33,6 +33,9 @@ struct Capabilities {
   bool shm = false;           // every rank on one host, shared memory connected
   bool hierarchical = false;  // several hosts, some with several ranks
   bool uniform = false;       // ... and every host has the same number of ranks
+  int hosts = 1;              // hierarchical: the hosts,
+  int perHost = 1;            // ... their ranks (uniform),
+  uint64_t segmentBytes = 0;  // ... and the composition's segment
   // Allreduces this host's shared-memory group (the whole communicator's,
   // or the local phase's) runs by single copy: the setting's range where
   // the group can read its members' memory, else none.
@@ -75,7 +78,9 @@ class RoutePolicy {
   // shared memory on one host, hierarchical across hosts, else the flat
   // network choice (the cost model's fastest, if one is loaded and no
   // threshold was set; else recursive doubling up to Thresholds::rdMax,
-  // halving-doubling up to Thresholds::hdMax, ring above). A rule naming
+  // halving-doubling up to Thresholds::hdMax, ring above). Across equal
+  // hosts a model with local parameters decides between the hierarchical
+  // composition and the flat algorithms too (no threshold set). A rule naming
   // shm or hier where that is not available is skipped (logged once).
   // Reproducible ops take the fixed order on shared memory (one host) or
   // over the network (the hierarchical composition's order depends on the
@@ -107,6 +112,9 @@ class RoutePolicy {
   // A rule's route where the communicator can run it.
   std::optional<Route> byRule(OpKind kind, uint64_t bytes, const Capabilities& caps) const;
   Algorithm network(OpKind kind, uint64_t bytes, int ranks) const;
+  // Across equal hosts: the flat algorithm a model with local parameters
+  // predicts faster than the hierarchical composition, if any.
+  std::optional<Algorithm> flatByModel(OpKind kind, uint64_t bytes, const Capabilities& caps) const;
   static Algorithm shm(OpKind kind, uint64_t bytes, const ByteRange& singleCopy);
 
   std::vector<Rule> rules_;

@@ -4,6 +4,7 @@
 
 #include "backend/shm/shm_backend.h"
 #include "common/logging.h"
+#include "common/params.h"
 
 namespace gflow {
 namespace {
@@ -114,6 +115,9 @@ HostBackends connectHostBackends(const backend::Hierarchy& h, const transport::C
     out.hierarchical = hierarchical(b, h, policy, &out.caps);
     out.caps.hierarchical = true;
     out.caps.uniform = h.uniform;
+    out.caps.hosts = h.numHosts;
+    out.caps.perHost = h.localSizeOf(0);
+    out.caps.segmentBytes = settings.tuning.hierSegmentBytes.value_or(params::hierSegment());
     if (!h.uniform && h.rank == 0) logUnevenHosts(h);
   }
   return out;

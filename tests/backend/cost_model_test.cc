@@ -119,7 +119,9 @@ TEST(CostModel, AModelReadsBackAndAMalformedOneIsRefusedNamingWhatIsWrong) {
     }
   };
   refused("", "not a gflow cost model");
-  refused("gflow-model 2 alpha=1 beta=1 gamma=1", "not a gflow cost model");
+  refused("gflow-model 3 alpha=1 beta=1 gamma=1", "not a gflow cost model");
+  refused("gflow-model 2 alpha=1 beta=1 gamma=1", "local_alpha= and local_beta= come with");
+  refused("gflow-model 1 alpha=1 beta=1 gamma=1 local_alpha=1 local_beta=1", "come with version 2");
   refused("gflow-model 1 alpha=1 beta=1", "needs alpha=, beta= and gamma=");
   refused("gflow-model 1 alpha=-1 beta=1 gamma=1", "'alpha=-1' is not a finite number");
   refused("gflow-model 1 alpha=nan beta=1 gamma=1", "'alpha=nan'");
@@ -132,12 +134,114 @@ TEST(CostModel, AModelReadsBackAndAMalformedOneIsRefusedNamingWhatIsWrong) {
   }
 }
 
-Route allreduceRoute(const RoutePolicy& p, uint64_t bytes, int ranks) {
+constexpr double kLA = 2e-6, kLB = 0.1e-9;  // shared memory: 2 us, 10 GB/s
+
+CostModel::Params withLocal() {
+  CostModel::Params p{kA, kB, kG};
+  p.hasLocal = true;
+  p.localAlpha = kLA;
+  p.localBeta = kLB;
+  return p;
+}
+
+// H hosts of L ranks: a step between partners on one host costs the local
+// parameters, one across hosts L beta (the host's L ranks share its NIC);
+// the ring leaves each host by one edge.
+TEST(CostModel, RanksThatShareAHostShareItsNic) {
+  const CostModel m(withLocal());
+  const double n = 1 << 20;
+  const CostModel::Layout l{4, 2};  // 8 ranks
+  EXPECT_DOUBLE_EQ(m.predict(Algorithm::kRecursiveDoubling, 1 << 20, l),
+                   (kLA + n * (kLB + kG)) + 2 * (kA + n * (2 * kB + kG)));
+  EXPECT_DOUBLE_EQ(m.predict(Algorithm::kHalvingDoubling, 1 << 20, l),
+                   (2 * kLA + n / 2 * (2 * kLB + kG)) + (2 * kA + n / 4 * (4 * kB + kG)) +
+                       (2 * kA + n / 8 * (4 * kB + kG)));
+  EXPECT_DOUBLE_EQ(m.predict(Algorithm::kRing, 1 << 20, l),
+                   m.predict(Algorithm::kRing, 1 << 20, 8));
+  // One rank per host: the flat forms.
+  for (Algorithm a : CostModel::algorithms()) {
+    EXPECT_DOUBLE_EQ(m.predict(a, 1 << 20, CostModel::Layout{8, 1}), m.predict(a, 1 << 20, 8));
+  }
+}
+
+TEST(CostModel, TheHierarchicalCompositionIsLocalPhasesAndASharedCrossPhase) {
+  const CostModel m(withLocal());
+  const double n = 1 << 20;
+  const CostModel::Layout l{4, 2};
+  // One segment: the local reduce-scatter and allgather, then 2 allreduces
+  // of n/2 across 4 hosts through one NIC each (the fastest form, 2 beta).
+  const double local = 2 * kLA + n / 2 * (2 * kLB + kG);
+  const CostModel shared({kA, 2 * kB, kG});
+  double cross = 1e9;
+  for (Algorithm a : CostModel::algorithms())
+    cross = std::min(cross, shared.predict(a, 1 << 19, 4));
+  EXPECT_DOUBLE_EQ(m.predictHierarchical(1 << 20, l, 8 << 20), local + cross);
+  // Four segments overlap: the slower phase sets the pace after the first.
+  const double localSeg = 2 * kLA + n / 8 * (2 * kLB + kG);
+  double crossSeg = 1e9;
+  for (Algorithm a : CostModel::algorithms()) {
+    crossSeg = std::min(crossSeg, shared.predict(a, 1 << 17, 4));
+  }
+  EXPECT_DOUBLE_EQ(m.predictHierarchical(1 << 20, l, 256 << 10),
+                   localSeg + crossSeg + 3 * std::max(localSeg, crossSeg));
+  // Without local parameters, or on one host, there is none.
+  EXPECT_TRUE(std::isinf(CostModel({kA, kB, kG}).predictHierarchical(1 << 20, l, 8 << 20)));
+  EXPECT_TRUE(std::isinf(m.predictHierarchical(1 << 20, CostModel::Layout{1, 8}, 8 << 20)));
+  EXPECT_FALSE(CostModel({kA, kB, kG}).fastest(1 << 20, l, 8 << 20).hierarchical);
+}
+
+TEST(CostModel, LocalParametersAreFittedAndReadBack) {
+  const CostModel truth(withLocal());
+  std::vector<CostModel::Sample> s;
+  for (int L : {2, 4, 8}) {
+    for (uint64_t b = 4 << 10; b <= (16u << 20); b *= 4) {
+      const double Ld = L, n = static_cast<double>(b);
+      s.push_back(
+          {Algorithm::kAuto, b, L, 2 * (Ld - 1) * kLA + (Ld - 1) / Ld * n * (2 * kLB + kG)});
+    }
+  }
+  const CostModel fitted = CostModel({kA, kB, kG}).withLocal(s);
+  EXPECT_TRUE(fitted.params().hasLocal);
+  EXPECT_NEAR(fitted.params().localAlpha, kLA, kLA * 1e-6);
+  EXPECT_NEAR(fitted.params().localBeta, kLB, kLB * 1e-6);
+  EXPECT_DOUBLE_EQ(fitted.params().alpha, kA);  // the rest is kept
+  const CostModel back = CostModel::parse(fitted.text(), "test");
+  EXPECT_TRUE(back.params().hasLocal);
+  EXPECT_NEAR(back.params().localBeta, kLB, kLB * 1e-6);
+  EXPECT_THROW(CostModel({kA, kB, kG}).withLocal({s[0]}), Error);
+}
+
+Route allreduceRoute(const RoutePolicy& p, uint64_t bytes, int ranks,
+                     const Capabilities& caps = Capabilities{}) {
   OpDesc d;
   d.kind = OpKind::kAllreduce;
   d.dtype = DataType::kUInt8;
   d.count = bytes;
-  return p.choose(d, ranks, Capabilities{}, nullptr);
+  return p.choose(d, ranks, caps, nullptr);
+}
+
+// Across equal hosts, a model with local parameters weighs the
+// hierarchical composition against the flat algorithms. On 3 hosts of 4
+// (12 ranks: a fold for rd and hd, 22 ring steps) a large allreduce is
+// hierarchical, and a 4 KiB one flat recursive doubling (the composition
+// adds 6 local steps and a fold across 3 hosts). Without local parameters
+// the composition is taken as before.
+TEST(CostModel, AcrossHostsTheModelChoosesBetweenFlatAndHierarchical) {
+  Capabilities caps;
+  caps.hierarchical = caps.uniform = true;
+  caps.segmentBytes = 8 << 20;
+  const RoutePolicy byModel("", "test", {}, CostModel(withLocal()));
+  caps.hosts = 3;
+  caps.perHost = 4;
+  EXPECT_EQ(allreduceRoute(byModel, 64u << 20, 12, caps).path, Path::kHierarchical);
+  const Route small = allreduceRoute(byModel, 4 << 10, 12, caps);
+  EXPECT_EQ(small.path, Path::kNetwork);
+  EXPECT_EQ(small.algo, Algorithm::kRecursiveDoubling);
+  caps.hosts = 4;
+  caps.perHost = 2;
+  const RoutePolicy flatOnly("", "test", {}, CostModel({kA, kB, kG}));
+  EXPECT_EQ(allreduceRoute(flatOnly, 4 << 10, 8, caps).path, Path::kHierarchical);
+  EXPECT_EQ(allreduceRoute(RoutePolicy("", "test"), 4 << 10, 8, caps).path, Path::kHierarchical);
 }
 
 TEST(CostModel, ThePolicyTakesTheModelsFastestUnlessSetOtherwise) {
