@@ -35,6 +35,10 @@ class GFLOW_EXPORT Store {
   // TCP store answers it in one request; the default waits, then gets each.
   virtual std::vector<std::vector<uint8_t>> multiGet(const std::vector<std::string>& keys,
                                                      std::chrono::milliseconds timeout);
+  // Sets keys[i] to values[i] for each i (the same count). The TCP store
+  // does it in one request; the default sets each.
+  virtual void multiSet(const std::vector<std::string>& keys,
+                        const std::vector<std::vector<uint8_t>>& values);
 
   // Convenience for string values.
   void setString(const std::string& key, const std::string& value);
@@ -71,6 +75,8 @@ class GFLOW_EXPORT TcpStore : public Store {
   int64_t add(const std::string& key, int64_t delta) override;
   std::vector<std::vector<uint8_t>> multiGet(const std::vector<std::string>& keys,
                                              std::chrono::milliseconds timeout) override;
+  void multiSet(const std::vector<std::string>& keys,
+                const std::vector<std::vector<uint8_t>>& values) override;
 
   // The port the server listens on (useful with port 0).
   uint16_t port() const;

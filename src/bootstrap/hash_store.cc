@@ -46,6 +46,16 @@ class HashStore : public Store {
     return values;
   }
 
+  void multiSet(const std::vector<std::string>& keys,
+                const std::vector<std::vector<uint8_t>>& values) override {
+    GFLOW_ENFORCE(keys.size() == values.size());
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (size_t i = 0; i < keys.size(); ++i) data_[keys[i]] = values[i];
+    }
+    cv_.notify_all();
+  }
+
   int64_t add(const std::string& key, int64_t delta) override {
     int64_t result = 0;
     {

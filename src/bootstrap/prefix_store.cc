@@ -27,6 +27,10 @@ class PrefixStore : public Store {
                                              std::chrono::milliseconds timeout) override {
     return base_->multiGet(prefixed(keys), timeout);
   }
+  void multiSet(const std::vector<std::string>& keys,
+                const std::vector<std::vector<uint8_t>>& values) override {
+    base_->multiSet(prefixed(keys), values);
+  }
 
  private:
   std::vector<std::string> prefixed(const std::vector<std::string>& keys) const {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "common/check.h"
 #include "common/deadline.h"
 
 namespace gflow {
@@ -22,6 +23,12 @@ std::vector<std::vector<uint8_t>> Store::multiGet(const std::vector<std::string>
     values.push_back(get(k, std::chrono::milliseconds(std::max(deadline.remainingMs(), 1))));
   }
   return values;
+}
+
+void Store::multiSet(const std::vector<std::string>& keys,
+                     const std::vector<std::vector<uint8_t>>& values) {
+  GFLOW_ENFORCE(keys.size() == values.size());
+  for (size_t i = 0; i < keys.size(); ++i) set(keys[i], values[i]);
 }
 
 std::string Store::getString(const std::string& key, std::chrono::milliseconds timeout) {

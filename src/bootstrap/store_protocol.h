@@ -14,8 +14,9 @@
 //   kAdd   i64 delta | u32 keyLen | key
 //   kCheck u32 count | count x (u32 keyLen | key)
 //   kMultiGet u64 timeoutMs | u32 count | count x (u32 keyLen | key)
+//   kMultiSet u32 count | count x (u32 keyLen | key | u32 valueLen | value)
 // Response bodies by status:
-//   kOk       kSet/kWait: empty; kGet: the value; kAdd: i64 new value;
+//   kOk       kSet/kWait/kMultiSet: empty; kGet: the value; kAdd: i64 new value;
 //             kCheck: one byte (0/1) per key; kMultiGet: u32 count |
 //             count x (u32 valueLen | value), in the request's order
 //   kTimeout  u32 count | count x (u32 keyLen | key): the keys still missing
@@ -39,8 +40,8 @@ namespace gflow::bootstrap::proto {
 
 constexpr uint32_t kRequestMagic = 0x51534647;   // "GFSQ" on the wire
 constexpr uint32_t kResponseMagic = 0x52534647;  // "GFSR" on the wire
-// 2: kMultiGet.
-constexpr uint8_t kVersion = 2;
+// 2: kMultiGet; 3: kMultiSet.
+constexpr uint8_t kVersion = 3;
 constexpr size_t kHeaderSize = 12;
 constexpr const char* kAuthLabel = "gflow-store/v1";
 
@@ -52,7 +53,15 @@ constexpr size_t kMaxSetBody = 4 + kMaxKeyBytes + kMaxValueBytes;
 constexpr size_t kMaxOtherBody = size_t{1} << 20;  // multi-key requests of ~64k short keys
 constexpr size_t kMaxErrorBody = 1024;
 
-enum class Op : uint8_t { kSet = 1, kGet = 2, kWait = 3, kAdd = 4, kCheck = 5, kMultiGet = 6 };
+enum class Op : uint8_t {
+  kSet = 1,
+  kGet = 2,
+  kWait = 3,
+  kAdd = 4,
+  kCheck = 5,
+  kMultiGet = 6,
+  kMultiSet = 7
+};
 // The values a kMultiGet answer may carry in all.
 constexpr size_t kMaxMultiGetBytes = kMaxValueBytes;
 enum class Status : uint8_t { kOk = 0, kTimeout = 1, kError = 2 };

@@ -206,6 +206,37 @@ void TcpStore::set(const std::string& key, const std::vector<uint8_t>& value) {
   impl_->call(Op::kSet, body, &value, impl_->requestDeadline());
 }
 
+// In requests of at most kMaxOtherBody bytes each; a pair too large for one
+// goes by itself as a set.
+void TcpStore::multiSet(const std::vector<std::string>& keys,
+                        const std::vector<std::vector<uint8_t>>& values) {
+  GFLOW_ENFORCE(keys.size() == values.size());
+  size_t i = 0;
+  while (i < keys.size()) {
+    std::vector<uint8_t> body;
+    proto::Writer w(&body);
+    w.u32(0);  // count, patched below
+    uint32_t count = 0;
+    for (; i < keys.size() && count < proto::kMaxKeysPerRequest; ++i, ++count) {
+      const size_t item = 4 + keys[i].size() + 4 + values[i].size();
+      if (body.size() + item > proto::kMaxOtherBody) break;
+      if (keys[i].size() > proto::kMaxKeyBytes) {
+        GFLOW_THROW(kInvalidArgument, kStoreCtx) << "store multi-set: key longer than 4 KiB";
+      }
+      w.key(keys[i]);
+      w.u32(static_cast<uint32_t>(values[i].size()));
+      body.insert(body.end(), values[i].begin(), values[i].end());
+    }
+    if (count == 0) {  // too large for a multi-set request
+      set(keys[i], values[i]);
+      ++i;
+      continue;
+    }
+    for (int b = 0; b < 4; ++b) body[b] = static_cast<uint8_t>(count >> (8 * b));
+    impl_->call(Op::kMultiSet, body, nullptr, impl_->requestDeadline());
+  }
+}
+
 std::vector<uint8_t> TcpStore::get(const std::string& key, std::chrono::milliseconds timeout) {
   if (key.size() > proto::kMaxKeyBytes) {
     GFLOW_THROW(kInvalidArgument, kStoreCtx) << "store get: key longer than 4 KiB";

@@ -49,6 +49,7 @@ const char* opName(Op op) {
     case Op::kAdd: return "add";
     case Op::kCheck: return "check";
     case Op::kMultiGet: return "multi-get";
+    case Op::kMultiSet: return "multi-set";
   }
   return "?";
 }
@@ -292,7 +293,7 @@ void TcpStoreServer::processFrames(Conn& c) {
         throw ProtocolError{"unsupported store protocol version " + std::to_string(h.version) +
                             " (this server speaks " + std::to_string(proto::kVersion) + ")"};
       }
-      if (h.code < static_cast<uint8_t>(Op::kSet) || h.code > static_cast<uint8_t>(Op::kMultiGet)) {
+      if (h.code < static_cast<uint8_t>(Op::kSet) || h.code > static_cast<uint8_t>(Op::kMultiSet)) {
         throw ProtocolError{"unknown request op " + std::to_string(h.code)};
       }
       if (h.reserved != 0) throw ProtocolError{"nonzero reserved header field"};
@@ -333,6 +334,7 @@ void TcpStoreServer::dispatch(Conn& c, Op op, const uint8_t* body, size_t len) {
     case Op::kAdd: return onAdd(c, r);
     case Op::kCheck: return onCheck(c, r);
     case Op::kMultiGet: return onMultiGet(c, r);
+    case Op::kMultiSet: return onMultiSet(c, r);
   }
 }
 
@@ -422,6 +424,49 @@ void TcpStoreServer::onMultiGet(Conn& c, proto::Reader& r) {
   } else {
     park(c, Op::kMultiGet, std::move(keys), timeoutMs);
   }
+}
+
+// All or nothing: the request is read whole, then either every key is set
+// or (the store would be full) none is.
+void TcpStoreServer::onMultiSet(Conn& c, proto::Reader& r) {
+  const uint32_t count = r.u32();
+  if (!r.ok() || count > proto::kMaxKeysPerRequest) throw malformed(Op::kMultiSet, "bad count");
+  struct Item {
+    std::string key;
+    const uint8_t* value;
+    size_t len;
+  };
+  std::vector<Item> items;
+  items.reserve(count);
+  size_t adding = 0;
+  for (uint32_t i = 0; i < count; ++i) {
+    Item it;
+    if (!r.key(&it.key, proto::kMaxKeyBytes)) {
+      throw malformed(Op::kMultiSet, "key truncated or longer than 4 KiB");
+    }
+    it.len = r.u32();
+    if (!r.ok() || it.len > r.left()) throw malformed(Op::kMultiSet, "value truncated");
+    it.value = r.cursor();
+    r.skip(it.len);
+    adding += it.key.size() + it.len;
+    items.push_back(std::move(it));
+  }
+  if (!r.atEnd()) throw malformed(Op::kMultiSet, "trailing bytes");
+  if (storedBytes_ + adding > kMaxStoredBytes) {  // before what they replace: the bound holds
+    const std::string msg = "store is full: a multi-set of " + std::to_string(count) + " keys (" +
+                            std::to_string(adding) + " bytes) would exceed " +
+                            std::to_string(kMaxStoredBytes) + " stored bytes";
+    respond(c, Status::kError, std::vector<uint8_t>(msg.begin(), msg.end()));
+    return;
+  }
+  for (const Item& it : items) {
+    auto old = data_.find(it.key);
+    if (old != data_.end()) storedBytes_ -= it.key.size() + old->second->size();
+    storedBytes_ += it.key.size() + it.len;
+    data_[it.key] = std::make_shared<const std::vector<uint8_t>>(it.value, it.value + it.len);
+  }
+  respond(c, Status::kOk, {});
+  for (const Item& it : items) notifyKey(it.key);
 }
 
 // The values are copied into one answer, bounded in all (an error names

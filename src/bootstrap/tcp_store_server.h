@@ -96,6 +96,7 @@ class TcpStoreServer {
   void onAdd(Conn& c, proto::Reader& r) GFLOW_REQUIRES(loop_);
   void onCheck(Conn& c, proto::Reader& r) GFLOW_REQUIRES(loop_);
   void onMultiGet(Conn& c, proto::Reader& r) GFLOW_REQUIRES(loop_);
+  void onMultiSet(Conn& c, proto::Reader& r) GFLOW_REQUIRES(loop_);
   // kMultiGet's answer for `keys`, all present.
   void respondValues(Conn& c, const std::vector<std::string>& keys) GFLOW_REQUIRES(loop_);
   void park(Conn& c, proto::Op op, std::vector<std::string> keys, uint64_t timeoutMs)

@@ -148,6 +148,33 @@ TEST_P(StoreSemanticsTest, MultiGetWaitsForEveryKeyAndKeepsTheOrder) {
   EXPECT_EQ(s_.b->multiGet({"m2"}, milliseconds(1000))[0], bytes("two"));
 }
 
+// A multi-set wakes the waiters of every key it sets, replaces values, and
+// goes in several requests where one would be too large (TCP: 1 MiB), a
+// value too large for any goes by itself.
+TEST_P(StoreSemanticsTest, MultiSetSetsEveryKeyAndWakesTheirWaiters) {
+  s_.a->multiSet({}, {});
+  s_.a->set("s1", bytes("old"));
+  auto fut = std::async(std::launch::async, [&] {
+    return s_.b->multiGet({"s0", "s1", "s2"}, milliseconds(3000));
+  });
+  std::this_thread::sleep_for(milliseconds(50));
+  s_.a->multiSet({"s0", "s1", "s2"}, {bytes("zero"), bytes("one"), {}});
+  const std::vector<std::vector<uint8_t>> v = fut.get();
+  ASSERT_EQ(v.size(), 3u);
+  EXPECT_EQ(v[0], bytes("zero"));
+  EXPECT_EQ(v[1], bytes("one"));
+  EXPECT_TRUE(v[2].empty());
+  std::vector<std::string> keys;
+  std::vector<std::vector<uint8_t>> values;
+  for (int i = 0; i < 3000; ++i) {
+    keys.push_back("many/" + std::to_string(i));
+    values.emplace_back(i == 7 ? size_t{2} << 20 : size_t{1000}, static_cast<uint8_t>(i));
+  }
+  s_.a->multiSet(keys, values);
+  EXPECT_EQ(s_.b->multiGet(keys, milliseconds(1000)), values);
+  EXPECT_EQ(s_.b->get("s1", milliseconds(1000)), bytes("one"));  // still in step
+}
+
 TEST_P(StoreSemanticsTest, ZeroTimeout) {
   s_.a->set("present", bytes("p"));
   EXPECT_EQ(s_.b->get("present", milliseconds(0)), bytes("p"));

@@ -329,6 +329,23 @@ TEST_F(TcpStoreRobustnessTest, KeyLengthBeyondBody) {
   expectRejected(frame(proto::kRequestMagic, proto::kVersion, 1, 0, 7, body), "malformed set");
 }
 
+TEST_F(TcpStoreRobustnessTest, MalformedMultiSets) {
+  const auto op = static_cast<uint8_t>(proto::Op::kMultiSet);
+  std::vector<uint8_t> body;
+  proto::Writer w(&body);
+  w.u32(2);  // two pairs, one present, and its value runs past the body
+  w.key("k");
+  w.u32(1000);
+  w.bytes("v", 1);
+  expectRejected(
+      frame(proto::kRequestMagic, proto::kVersion, op, 0, static_cast<uint32_t>(body.size()), body),
+      "malformed multi-set");
+  std::vector<uint8_t> many;
+  proto::Writer(&many).u32(0xffffffffu);
+  expectRejected(frame(proto::kRequestMagic, proto::kVersion, op, 0, 4, many),
+                 "malformed multi-set");
+}
+
 TEST_F(TcpStoreRobustnessTest, TooManyKeysInWait) {
   std::vector<uint8_t> body;
   proto::Writer w(&body);
@@ -375,9 +392,10 @@ TEST_F(TcpStoreRobustnessTest, RandomFramesNeverHurtTheServer) {
     net::Socket s = rawConnect(server_.port());
     std::vector<uint8_t> body(rng() % 64);
     for (auto& b : body) b = static_cast<uint8_t>(rng() % 4 == 0 ? 0 : rng());
-    uint8_t op = static_cast<uint8_t>(1 + rng() % 5);
+    uint8_t op = static_cast<uint8_t>(1 + rng() % 7);
     if (op == static_cast<uint8_t>(proto::Op::kGet) ||
-        op == static_cast<uint8_t>(proto::Op::kWait)) {
+        op == static_cast<uint8_t>(proto::Op::kWait) ||
+        op == static_cast<uint8_t>(proto::Op::kMultiGet)) {
       for (size_t j = 0; j < 8 && j < body.size(); ++j) body[j] = 0;  // timeout 0: no parking
     }
     sendBytes(s.fd(), frame(proto::kRequestMagic, proto::kVersion, op, 0,

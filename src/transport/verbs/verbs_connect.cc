@@ -380,6 +380,13 @@ void VerbsContext::connectAll(const ContextOptions& o) {
 
   std::mt19937 rng(std::random_device{}());
   std::vector<ConnInfo> mine(size());
+  // One record per pair ("verbs/ME/PEER"), all set in one request and the
+  // peers' read in one (O(N) store requests for the job, not O(N^2)).
+  const auto key = [&](int from, int to) {
+    return o.prefix + "verbs/" + std::to_string(from) + "/" + std::to_string(to);
+  };
+  std::vector<std::string> outKeys, inKeys;
+  std::vector<std::vector<uint8_t>> blobs;
   for (int peer = 0; peer < size(); ++peer) {
     if (peer == rank()) continue;
     Peer& p = *peers_[peer];
@@ -402,19 +409,21 @@ void VerbsContext::connectAll(const ContextOptions& o) {
     mine[peer] =
         describeEnd(*device_, settings.mtu, p.qps,
                     EagerRing{p.inBlock, p.inMr->rkey, slots_, slotBytes_, eagerMax_}, rng);
-    std::vector<uint8_t> blob(sizeof(ConnInfo));
-    std::memcpy(blob.data(), &mine[peer], sizeof(ConnInfo));
-    o.store->set(o.prefix + "verbs/" + std::to_string(rank()) + "/" + std::to_string(peer), blob);
+    blobs.emplace_back(sizeof(ConnInfo));
+    std::memcpy(blobs.back().data(), &mine[peer], sizeof(ConnInfo));
+    outKeys.push_back(key(rank(), peer));
+    inKeys.push_back(key(peer, rank()));
   }
+  o.store->multiSet(outKeys, blobs);
+  const std::vector<std::vector<uint8_t>> theirs =
+      inKeys.empty() ? std::vector<std::vector<uint8_t>>{} : o.store->multiGet(inKeys, o.timeout);
 
-  for (int peer = 0; peer < size(); ++peer) {
+  for (int peer = 0, i = 0; peer < size(); ++peer) {
     if (peer == rank()) continue;
     Peer& p = *peers_[peer];
     const ErrorContext pctx = ErrorContext::forOp("init").withRank(rank()).withPeer(peer);
-    const ConnInfo ti = readPeerEnd(
-        o.store->get(o.prefix + "verbs/" + std::to_string(peer) + "/" + std::to_string(rank()),
-                     o.timeout),
-        mine[peer], *device_, peer, pctx);
+    const ConnInfo ti =
+        readPeerEnd(theirs[static_cast<size_t>(i++)], mine[peer], *device_, peer, pctx);
     p.remoteRing = ti.ringAddr;
     p.remoteRingKey = ti.ringKey;
     p.remoteCredit = ti.ringAddr + ringBytes_;
