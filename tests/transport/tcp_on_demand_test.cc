@@ -161,6 +161,38 @@ TEST(TcpOnDemand, APeerThatHasGoneIsNamedWhenItIsFirstNeeded) {
   }
 }
 
+// A rank that published its address and then went (its port refuses) is
+// the culprit everywhere during the full mesh's setup: the rank that dials
+// it fails peer_lost naming it (after 2 s of refusals, not at the
+// deadline), and the rank that waits to be dialled by that one reads its
+// report and names the same rank.
+TEST(TcpOnDemand, ARankThatLeftDuringSetupIsNamedByEveryone) {
+  std::vector<std::exception_ptr> errs(3);
+  testing::onThreads(3, [&](int rank, const std::shared_ptr<Store>& store) {
+    if (rank == 1) {  // published, then gone: nothing listens there
+      store->setString("t/tcp/addr/1", "127.0.0.1:1");
+      return;
+    }
+    transport::ContextOptions o;
+    o.rank = rank;
+    o.size = 3;
+    o.store = store;
+    o.prefix = "t/";
+    o.timeout = std::chrono::seconds(20);
+    o.tcp.connect = "all";
+    try {
+      transport::createContext("tcp", o);
+    } catch (...) {
+      errs[rank] = std::current_exception();
+    }
+  });
+  for (int r : {0, 2}) {
+    const Error e = testing::errorOf(errs[r]);
+    EXPECT_EQ(e.code(), ErrorCode::kPeerLost) << "rank " << r << ": " << e.what();
+    EXPECT_EQ(e.peer(), 1) << "rank " << r << ": " << e.what();
+  }
+}
+
 TEST(TcpOnDemand, RanksThatConnectDifferentlyAreToldWhy) {
   auto world = [](int r) {
     Options o = lazy("ring");

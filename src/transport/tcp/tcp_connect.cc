@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <condition_variable>
 #include <cstddef>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <mutex>
@@ -47,9 +48,10 @@ constexpr const char* kAuthLabel = "gflow-data/v1";
 // so a silent stranger cannot stall the setup.
 constexpr std::chrono::milliseconds kHandshakeTimeout{10000};
 constexpr size_t kMaxPendingHandshakes = 64;
-// On demand, every peer listens already (its address is published once it
-// does): a refused connection is a peer that has gone, retried this long
-// (a slow one, behind a full listen backlog, waits for the op's deadline).
+// A rank dials only addresses that every rank has published, which each
+// does once it listens: a refused connection is a peer that has gone,
+// retried this long (a slow one, behind a full listen backlog, waits for
+// the deadline).
 constexpr std::chrono::milliseconds kRefusedRetry{2000};
 // A rank whose dial was crossed waits this long for the peer's, then dials
 // again.
@@ -91,8 +93,8 @@ struct Dialer {
   int bufBytes;
   CongestionChoice& congestion;
   Deadline deadline;
-  std::optional<Deadline> refusedBy;  // on demand: a refusal after it is final
-  ErrorContext ctx;                   // the op it connects for
+  Deadline refusedBy;  // a refusal after it is final
+  ErrorContext ctx;    // the op it connects for
 };
 
 // Connection `index` to `peer` at host:port, authenticated and accepted by
@@ -101,9 +103,14 @@ Dialed dial(const Dialer& dialer, const std::pair<std::string, uint16_t>& hp, in
   const Identity& me = dialer.me;
   const Deadline deadline = dialer.deadline;
   const ErrorContext pctx = ErrorContext(dialer.ctx).withPeer(peer);
-  net::Socket s = net::connectTo(
-      hp.first, hp.second, deadline, "rank " + std::to_string(peer) + "'s data port",
-      [&](int fd) { dialer.congestion.apply(fd, me.rank); }, dialer.refusedBy);
+  net::Socket s;
+  try {
+    s = net::connectTo(
+        hp.first, hp.second, deadline, "rank " + std::to_string(peer) + "'s data port",
+        [&](int fd) { dialer.congestion.apply(fd, me.rank); }, dialer.refusedBy);
+  } catch (const Error& e) {
+    throw Error(e.code(), e.detail(), pctx);
+  }
   net::setBufferSizes(s.fd(), dialer.bufBytes);
   try {
     auth::authenticate(s.fd(), dialer.token, kAuthLabel, /*initiator=*/true, deadline);
@@ -142,7 +149,9 @@ Dialed dial(const Dialer& dialer, const std::pair<std::string, uint16_t>& hp, in
 // leave a c10d store's client out of step with its server.
 void reportSetupFailure(const ContextOptions& o, int rank, const Error& e) noexcept {
   try {
-    o.store->setString(o.prefix + "tcp/failure/" + std::to_string(rank), e.what());
+    // The rank it blames first, so the ranks that read it name that rank.
+    o.store->setString(o.prefix + "tcp/failure/" + std::to_string(rank),
+                       std::to_string(e.peer()) + "\n" + e.what());
     o.store->add(o.prefix + "tcp/failed/" + std::to_string(rank), 1);
     o.store->add(o.prefix + "tcp/failed", 1);
     // Wakes the ranks waiting for every address (addresses()).
@@ -162,13 +171,18 @@ void raiseSetupFailure(const ContextOptions& o, int rank, const std::vector<int>
   if (!counterSet(o, "tcp/failed")) return;
   for (int r : ranks) {
     if (!counterSet(o, "tcp/failed/" + std::to_string(r))) continue;
-    const std::string why =
+    const std::string report =
         o.store->getString(o.prefix + "tcp/failure/" + std::to_string(r),
                            std::chrono::milliseconds(std::max(deadline.remainingMs(), 1)));
+    // "CULPRIT\nTEXT": the rank r's failure blames, if one of this job's.
+    const size_t nl = report.find('\n');
+    const int blamed = nl == std::string::npos ? -1 : std::atoi(report.substr(0, nl).c_str());
+    const std::string why = nl == std::string::npos ? report : report.substr(nl + 1);
     throw Error(ErrorCode::kPeerLost,
                 "rank " + std::to_string(r) + " failed while connecting: " +
                     printable(why.data(), std::min<size_t>(why.size(), 1024)),
-                ErrorContext::forOp("init").withRank(rank).withPeer(r));
+                ErrorContext::forOp("init").withRank(rank).withPeer(
+                    blamed >= 0 && blamed < o.size && blamed != rank ? blamed : r));
   }
 }
 
@@ -268,7 +282,15 @@ void TcpContext::connectAllOrThrow(const ContextOptions& options) {
   }
   // Nearest first: ranks that start together dial distinct ranks at each
   // step, instead of all dialing rank 0 first.
-  for (int peer = rank() - 1; peer >= 0; --peer) dialPeer(peer, deadline, ectx);
+  for (int peer = rank() - 1; peer >= 0; --peer) {
+    try {
+      dialPeer(peer, deadline, ectx);
+    } catch (const Error& e) {
+      // A peer that failed and left refuses: its report names the culprit.
+      if (e.code() == ErrorCode::kPeerLost) raiseSetupFailure(options, rank(), {peer}, deadline);
+      throw;
+    }
+  }
   auto accepted = inbound_->wait(deadline, ectx, [&](const std::vector<int>& missing) {
     raiseSetupFailure(options, rank(), missing, deadline);
   });
@@ -294,9 +316,8 @@ bool TcpContext::dialPeer(int peer, const Deadline& deadline, const ErrorContext
                          " (GFLOW_SOCKETS_PER_PEER=" + std::to_string(socketsPerPeer_) + ")",
                      ectx);
   }
-  std::optional<Deadline> refusedBy;
-  if (lazy_) refusedBy = Deadline::after(kRefusedRetry);
-  const Dialer dialer{identity(), token_, bufBytes_, *congestion_, deadline, refusedBy, ectx};
+  const Dialer dialer{
+      identity(), token_, bufBytes_, *congestion_, deadline, Deadline::after(kRefusedRetry), ectx};
   for (int i = 0; i < socketsPerPeer_; ++i) {
     Dialed d = dial(dialer, hp, peer, i);
     if (!d.sock.valid()) return false;  // crossed (socket 0)
