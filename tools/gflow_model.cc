@@ -295,11 +295,9 @@ int calibrateLocal(const Args& a) {
     std::fprintf(stderr, "gflow_model: cannot write %s\n", a.file.c_str());
     return 1;
   }
-  const CostModel::Params& p = m.params();
   std::printf("# %s\n# bytes ranks measured_us fitted_us error_pct\n", m.text().c_str());
   for (const CostModel::Sample& s : samples) {
-    const double L = s.ranks, n = static_cast<double>(s.bytes);
-    const double f = 2 * (L - 1) * p.localAlpha + (L - 1) / L * n * (2 * p.localBeta + p.gamma);
+    const double f = m.predictLocal(s.bytes, s.ranks);
     std::printf("%llu %d %.1f %.1f %+.1f\n", static_cast<unsigned long long>(s.bytes), s.ranks,
                 s.seconds * 1e6, f * 1e6, (f / s.seconds - 1) * 100);
   }

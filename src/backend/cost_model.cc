@@ -43,6 +43,15 @@ Coeffs coefficients(Algorithm algo, uint64_t bytes, int ranks, bool* known) {
   }
 }
 
+// Seconds of a flat allreduce with these parameters (+infinity for an
+// algorithm the model does not know).
+double secondsOf(const CostModel::Params& p, Algorithm algo, uint64_t bytes, int ranks) {
+  bool known = false;
+  const Coeffs c = coefficients(algo, bytes, ranks, &known);
+  if (!known) return std::numeric_limits<double>::infinity();
+  return c[0] * p.alpha + c[1] * p.beta + c[2] * p.gamma;
+}
+
 [[noreturn]] void bad(const std::string& source, const std::string& what) {
   GFLOW_THROW(kInvalidArgument, ErrorContext::forOp("config")) << source << ": " << what;
 }
@@ -156,10 +165,12 @@ const std::vector<Algorithm>& CostModel::algorithms() {
 }
 
 double CostModel::predict(Algorithm algo, uint64_t bytes, int ranks) const {
-  bool known = false;
-  const Coeffs c = coefficients(algo, bytes, ranks, &known);
-  if (!known) return std::numeric_limits<double>::infinity();
-  return c[0] * p_.alpha + c[1] * p_.beta + c[2] * p_.gamma;
+  return secondsOf(p_, algo, bytes, ranks);
+}
+
+double CostModel::predictLocal(uint64_t bytes, int ranks) const {
+  if (!p_.hasLocal) return std::numeric_limits<double>::infinity();
+  return secondsOf(Params{p_.localAlpha, p_.localBeta, p_.gamma}, Algorithm::kRing, bytes, ranks);
 }
 
 Algorithm CostModel::fastest(uint64_t bytes, int ranks) const {
@@ -175,9 +186,7 @@ double CostModel::predict(Algorithm algo, uint64_t bytes, const Layout& l) const
   if (l.perHost <= 1 || N <= 1) return predict(algo, bytes, N);
   const double n = static_cast<double>(bytes), g = p_.gamma;
   if (algo == Algorithm::kRing) {  // one edge per host leaves it: beta, not L beta
-    const bool local = l.hosts == 1 && p_.hasLocal;
-    const double a = local ? p_.localAlpha : p_.alpha, b = local ? p_.localBeta : p_.beta;
-    return 2 * (N - 1) * a + (N - 1.0) / N * n * (2 * b + g);
+    return l.hosts == 1 && p_.hasLocal ? predictLocal(bytes, N) : predict(algo, bytes, N);
   }
   if (algo != Algorithm::kRecursiveDoubling && algo != Algorithm::kHalvingDoubling) {
     return std::numeric_limits<double>::infinity();
@@ -205,13 +214,12 @@ double CostModel::predictHierarchical(uint64_t bytes, const Layout& l,
       std::max<double>(1, std::ceil(static_cast<double>(bytes) /
                                     static_cast<double>(std::max<uint64_t>(segmentBytes, 1))));
   const double n = static_cast<double>(bytes) / segments;  // one segment
-  const double local =
-      2 * (L - 1) * p_.localAlpha + (L - 1.0) / L * n * (2 * p_.localBeta + p_.gamma);
+  const double local = predictLocal(static_cast<uint64_t>(n), L);
   // L allreduces of n / L at once across the hosts, through one NIC each.
-  const CostModel shared(Params{p_.alpha, p_.beta * L, p_.gamma});
+  const Params shared{p_.alpha, p_.beta * L, p_.gamma};
   double cross = std::numeric_limits<double>::infinity();
   for (Algorithm a : algorithms()) {
-    cross = std::min(cross, shared.predict(a, static_cast<uint64_t>(n / L), l.hosts));
+    cross = std::min(cross, secondsOf(shared, a, static_cast<uint64_t>(n / L), l.hosts));
   }
   return local + cross + (segments - 1) * std::max(local, cross);
 }
@@ -279,10 +287,11 @@ CostModel CostModel::fit(const std::vector<Sample>& samples) {
 CostModel CostModel::withLocal(const std::vector<Sample>& samples) const {
   std::vector<Coeffs> a;
   for (const Sample& s : samples) {
-    const double L = s.ranks, n = static_cast<double>(s.bytes);
-    const double rest = s.seconds - (L - 1) / L * n * p_.gamma;
+    bool known = false;  // the ring's form (predictLocal)
+    const Coeffs c = coefficients(Algorithm::kRing, s.bytes, s.ranks, &known);
+    const double rest = s.seconds - c[2] * p_.gamma;
     if (s.ranks < 2 || !(rest > 0)) continue;
-    a.push_back({2 * (L - 1) / rest, 2 * (L - 1) / L * n / rest, 0});
+    a.push_back({c[0] / rest, c[1] / rest, 0});
   }
   Coeffs best{};
   if (a.size() < 2 || !fitNonNegative(a, {true, true, false}, &best)) {

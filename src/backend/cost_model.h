@@ -24,7 +24,7 @@
 //
 // Hosts with several ranks (Layout: H hosts of L ranks, numbered host by
 // host) need two more parameters, of the host's shared memory, fitted by
-// fitLocal() from timed shared-memory allreduces on one host:
+// withLocal() from timed shared-memory allreduces on one host:
 //   local_alpha  seconds per message between two ranks of a host,
 //   local_beta   seconds per byte between them.
 // A host's L ranks share its NIC, so a step in which all of them exchange
@@ -38,8 +38,8 @@
 //     2(L-1) local_alpha + 2 (L-1)/L n local_beta + (L-1)/L n gamma,
 //     and L concurrent allreduces of n/L bytes across the H hosts (the
 //     fastest flat form with L beta); gflow pipelines the two over
-//     segments of S = ceil(n / segment) pieces, so
-//     T = (T_local + T_cross) / S + (S-1)/S max(T_local, T_cross).
+//     S = ceil(n / segment) segments, so with both phases' times for one
+//     segment, T = local + cross + (S-1) max(local, cross).
 #pragma once
 
 #include <cstdint>
@@ -97,6 +97,10 @@ class CostModel {
   // The flat algorithm over a layout's ranks, with the NIC shared (above);
   // without local parameters a partner on the host costs beta.
   double predict(Algorithm algo, uint64_t bytes, const Layout& layout) const;
+  // A shared-memory allreduce on one host of `ranks` (a reduce-scatter and
+  // an allgather: the ring's form with the local parameters); +infinity
+  // without them.
+  double predictLocal(uint64_t bytes, int ranks) const;
   // The hierarchical composition in segments of `segmentBytes`
   // (GFLOW_HIER_SEGMENT); +infinity without local parameters.
   double predictHierarchical(uint64_t bytes, const Layout& layout, uint64_t segmentBytes) const;

@@ -211,6 +211,11 @@ void TcpStore::set(const std::string& key, const std::vector<uint8_t>& value) {
 void TcpStore::multiSet(const std::vector<std::string>& keys,
                         const std::vector<std::vector<uint8_t>>& values) {
   GFLOW_ENFORCE(keys.size() == values.size());
+  for (const std::string& k : keys) {  // before any is set
+    if (k.size() > proto::kMaxKeyBytes) {
+      GFLOW_THROW(kInvalidArgument, kStoreCtx) << "store multi-set: key longer than 4 KiB";
+    }
+  }
   size_t i = 0;
   while (i < keys.size()) {
     std::vector<uint8_t> body;
@@ -220,9 +225,6 @@ void TcpStore::multiSet(const std::vector<std::string>& keys,
     for (; i < keys.size() && count < proto::kMaxKeysPerRequest; ++i, ++count) {
       const size_t item = 4 + keys[i].size() + 4 + values[i].size();
       if (body.size() + item > proto::kMaxOtherBody) break;
-      if (keys[i].size() > proto::kMaxKeyBytes) {
-        GFLOW_THROW(kInvalidArgument, kStoreCtx) << "store multi-set: key longer than 4 KiB";
-      }
       w.key(keys[i]);
       w.u32(static_cast<uint32_t>(values[i].size()));
       body.insert(body.end(), values[i].begin(), values[i].end());
