@@ -33,9 +33,6 @@ struct TcpOptions {
   // GFLOW_RENDEZVOUS: messages of at least this size wait for their receive
   // (0: none do); every rank must use the same value.
   std::optional<uint64_t> rendezvousBytes;
-  // GFLOW_CONNECT: "all" (every peer at init), "lazy" (a peer when an op
-  // first needs it) or "auto" (all up to 64 ranks); every rank alike.
-  std::string connect;
 };
 
 // The RDMA verbs transport (GFLOW_TRANSPORT=verbs or Options::transport).
@@ -136,6 +133,10 @@ struct Options {
   // or "verbs". Ranks of one host use shared memory unless shm.enabled is
   // false (GFLOW_SHM=0).
   std::string transport;
+  // GFLOW_CONNECT: which peers the network transport (TCP or verbs) connects
+  // to: "all" (every peer at init), "lazy" (a peer when an op first needs
+  // it) or "auto" (all up to 64 ranks); every rank alike.
+  std::string connect;
   TcpOptions tcp;
   VerbsOptions verbs;
   ShmOptions shm;

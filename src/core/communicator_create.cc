@@ -73,6 +73,7 @@ std::shared_ptr<Communicator> Communicator::create(const Options& options) {
   co.prefix = "gflow/w" + std::to_string(generation) + "/";
   co.token = id.token;
   co.timeout = timeout;
+  co.connect = settings.connect;
   co.tcp = options.tcp;
   co.verbs = options.verbs;
   co.ranksOnHost = id.localSize;  // the launcher's count until host identities are known

@@ -65,7 +65,7 @@ Settings resolveSettings(const Options& o) {
   s.shmChunkBytes = o.shm.chunkBytes ? *o.shm.chunkBytes : params::shmChunk();
   s.shmSingleCopy = resolveSingleCopy(o.shm.singleCopy);
   s.rendezvousBytes = o.tcp.rendezvousBytes ? *o.tcp.rendezvousBytes : params::rendezvous();
-  s.connect = !o.tcp.connect.empty() ? o.tcp.connect : params::connect();
+  s.connect = !o.connect.empty() ? o.connect : params::connect();
   s.rdMaxBytes = o.tuning.rdMaxBytes ? o.tuning.rdMaxBytes : params::rdMaxBytes();
   s.hdMaxBytes = o.tuning.hdMaxBytes ? o.tuning.hdMaxBytes : params::hdMaxBytes();
   s.deviceBackend = !o.device.backend.empty() ? o.device.backend : params::deviceBackend();
@@ -91,7 +91,7 @@ std::vector<Settings::Agreed> Settings::agreed() const {
       {&params::spec::shm, "Options::shm.enabled", flag(shm)},
       {&params::spec::shmChunk, "Options::shm.chunkBytes", std::to_string(shmChunkBytes)},
       {&params::spec::shmSingleCopy, "Options::shm.singleCopy", shmSingleCopy},
-      {&params::spec::connect, "Options::tcp.connect", connect},
+      {&params::spec::connect, "Options::connect", connect},
       {&params::spec::rendezvous, "Options::tcp.rendezvousBytes", std::to_string(rendezvousBytes)},
       {&params::spec::rdMaxBytes, "Options::tuning.rdMaxBytes",
        rdMaxBytes ? std::to_string(*rdMaxBytes) : "auto"},

@@ -26,7 +26,7 @@ struct Settings {
   bool shm = true;                     // Options::shm.enabled, else GFLOW_SHM
   uint64_t shmChunkBytes = 0;          // Options::shm.chunkBytes, else GFLOW_SHM_CHUNK
   std::string shmSingleCopy;           // Options::shm.singleCopy, else GFLOW_SHM_SINGLE_COPY
-  std::string connect;                 // Options::tcp.connect, else GFLOW_CONNECT
+  std::string connect;                 // Options::connect, else GFLOW_CONNECT
   uint64_t rendezvousBytes = 0;        // Options::tcp.rendezvousBytes, else GFLOW_RENDEZVOUS
   std::optional<uint64_t> rdMaxBytes;  // Options::tuning.rdMaxBytes, else GFLOW_RD_MAX_BYTES
   std::optional<uint64_t> hdMaxBytes;  // Options::tuning.hdMaxBytes, else GFLOW_HD_MAX_BYTES

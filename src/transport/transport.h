@@ -130,6 +130,7 @@ struct ContextOptions {
   std::shared_ptr<Arrivals> arrivals;
   std::vector<int> arrivalRanks;  // peer -> the Arrivals' rank; empty: the same
   // Fields left unset come from the environment (gflow/options.h).
+  std::string connect;  // Options::connect (transport/connect_mode.h)
   TcpOptions tcp;
   VerbsOptions verbs;
   ProgressOptions progress;  // unexpectedLimitBytes and spinUs

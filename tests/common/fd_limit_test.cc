@@ -86,7 +86,7 @@ TEST(FdLimit, ATcpContextTooLargeForTheLimitFailsBeforeConnecting) {
     o.store = createHashStore();
     o.prefix = "t/";
     o.timeout = std::chrono::seconds(5);
-    o.tcp.connect = "all";  // a full mesh: 199 sockets
+    o.connect = "all";  // a full mesh: 199 sockets
     try {
       transport::createContext("tcp", o);
       return std::string("no error");

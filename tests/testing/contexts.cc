@@ -23,10 +23,12 @@ std::vector<std::exception_ptr> runContexts(const std::string& transport, int n,
     const bool single = transport == "tcp_single_copy";
     o.localSingleCopy = single;
     o.hostHash = single ? 1 : 0;
-    const bool lazy = transport == "tcp_lazy";
-    if (lazy) o.tcp.connect = "lazy";
-    std::unique_ptr<transport::Context> ctx =
-        transport::createContext(single || lazy ? "tcp" : transport, o);
+    const bool lazy = transport == "tcp_lazy" || transport == "verbs_lazy";
+    if (lazy) o.connect = "lazy";
+    const std::string base = single || transport == "tcp_lazy" ? "tcp"
+                             : transport == "verbs_lazy"       ? "verbs"
+                                                               : transport;
+    std::unique_ptr<transport::Context> ctx = transport::createContext(base, o);
     body(*ctx);
   });
 }

@@ -16,8 +16,8 @@ namespace gflow::testing {
 
 // Runs body(context) on n threads, each with a connected context of
 // `transport` ("tcp", "verbs", "tcp_single_copy": tcp with single copy
-// between the threads, as between the ranks of one host, or "tcp_lazy":
-// tcp with connections on demand), the given timeout
+// between the threads, as between the ranks of one host, "tcp_lazy" or
+// "verbs_lazy": connections on demand), the given timeout
 // and ContextOptions::progress;
 // returns each rank's exception (nullptr where body returned).
 std::vector<std::exception_ptr> runContexts(const std::string& transport, int n,

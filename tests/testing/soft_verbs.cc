@@ -389,6 +389,18 @@ ibv_cq* createCq(ibv_context* context, int cqe, void* cqContext, ibv_comp_channe
   return &q->cq;
 }
 
+// As rdma-core: the new size must hold the completions already queued.
+int resizeCq(ibv_cq* cq, int cqe) {
+  Fabric& f = fabric();
+  Lock lock(f.mu);
+  Cq* q = cqOf(cq);
+  if (q->ctx->dead) return EIO;
+  if (cqe < 1 || cqe > 65536 || static_cast<size_t>(cqe) < q->entries.size()) return EINVAL;
+  q->capacity = static_cast<size_t>(cqe);
+  q->cq.cqe = cqe;
+  return 0;
+}
+
 int destroyCq(ibv_cq* cq) {
   Fabric& f = fabric();
   Lock lock(f.mu);
@@ -515,6 +527,7 @@ transport::verbs::VerbsApi makeTable() {
   t.destroyCompChannel = destroyCompChannel;
   t.createCq = createCq;
   t.destroyCq = destroyCq;
+  t.resizeCq = resizeCq;
   t.pollCq = pollCq;
   t.reqNotifyCq = reqNotifyCq;
   t.getCqEvent = getCqEvent;

@@ -61,7 +61,7 @@ uint64_t stagedBytes(Context& c, int peer) {
 class TransportContract : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override {
-    if (std::string(GetParam()) == "verbs") device_.emplace();
+    if (std::string(GetParam()).rfind("verbs", 0) == 0) device_.emplace();
   }
   void TearDown() override {
     device_.reset();
@@ -320,6 +320,11 @@ TEST_P(TransportContract, TimeoutSaysWhetherTheSilentPeerIsAliveAndBlamesIt) {
 // companion transport does while its own wait sleeps) is alive. Rank 0's
 // sleeping wait runs its own hook (Context::setWhileWaiting).
 TEST_P(TransportContract, PollAnswersTheProbeAndSleepingWaitsRunTheHook) {
+  if (std::string(GetParam()) == "verbs_lazy") {
+    // A verbs pair connects when both ranks have named each other in an op
+    // (verbs_context.h); rank 1 never does. VerbsOnDemand covers this case.
+    GTEST_SKIP() << "verbs on demand: a rank that only polls never connects";
+  }
   std::atomic<bool> done{false};
   std::atomic<int> hookRuns{0};
   auto errs = run(
@@ -353,7 +358,8 @@ TEST_P(TransportContract, PollAnswersTheProbeAndSleepingWaitsRunTheHook) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, TransportContract,
-                         ::testing::Values("tcp", "tcp_single_copy", "verbs"),
+                         ::testing::Values("tcp", "tcp_single_copy", "tcp_lazy", "verbs",
+                                           "verbs_lazy"),
                          [](const ::testing::TestParamInfo<const char*>& p) {
                            return std::string(p.param);
                          });

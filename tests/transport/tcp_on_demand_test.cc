@@ -14,6 +14,7 @@
 #include "common/deadline.h"
 #include "gflow/gflow.h"
 #include "testing/contexts.h"
+#include "testing/on_demand.h"
 #include "testing/ranks.h"
 
 namespace gflow {
@@ -22,24 +23,10 @@ namespace {
 using std::chrono::milliseconds;
 
 Options lazy(const std::string& algorithm) {
-  Options o;
-  o.tcp.connect = "lazy";
-  o.shm.enabled = false;
-  o.algorithm = algorithm;
-  o.timeout = std::chrono::seconds(30);
-  return o;
+  return testing::onDemand("tcp", algorithm);
 }
 
-// Each rank's allreduce of int64 values against the exact sum.
-void allreduceExactly(Communicator& c, size_t count) {
-  std::vector<int64_t> v(count);
-  for (size_t i = 0; i < count; ++i) v[i] = c.rank() * 1000003 + static_cast<int64_t>(i);
-  c.allreduce(Tensor(v.data(), count, DataType::kInt64));
-  const int64_t n = c.size();
-  for (size_t i = 0; i < count; ++i) {
-    ASSERT_EQ(v[i], 1000003 * n * (n - 1) / 2 + n * static_cast<int64_t>(i)) << "at " << i;
-  }
-}
+using testing::allreduceExactly;
 
 // The peers each rank of a world of n has connections to after its
 // creation and one allreduce by `algorithm`, read before a barrier (so no
@@ -63,25 +50,7 @@ std::vector<std::set<int>> peersAfter(const std::string& algorithm, int n) {
 TEST(TcpOnDemand, ARankConnectsOnlyToThePeersItsAlgorithmUses) {
   const int n = 16;
   for (const char* algorithm : {"ring", "rd", "hd"}) {
-    const auto peers = peersAfter(algorithm, n);
-    for (int r = 0; r < n; ++r) {
-      // Creation's exchanges (the allgather of host identities and
-      // settings) go round the ring: the two neighbours. Recursive
-      // doubling and halving-doubling add the partners r ^ 2^k. A full
-      // mesh would be all 15.
-      std::set<int> want = {(r + 1) % n, (r + n - 1) % n};
-      if (std::string(algorithm) != "ring") {
-        for (int k = 1; k < n; k *= 2) want.insert(r ^ k);
-      }
-      // A rank that reached the barrier first may have connected already
-      // (the dissemination barrier's partners r +- 2^k).
-      std::set<int> may = want;
-      for (int k = 1; k < n; k *= 2) may.insert({(r + k) % n, (r + n - k) % n});
-      for (int p : want)
-        EXPECT_EQ(peers[r].count(p), 1u) << algorithm << ", rank " << r << ": " << p;
-      for (int p : peers[r])
-        EXPECT_EQ(may.count(p), 1u) << algorithm << ", rank " << r << ": " << p;
-    }
+    testing::expectPeersOf(algorithm, peersAfter(algorithm, n));
   }
 }
 
@@ -179,7 +148,7 @@ TEST(TcpOnDemand, ARankThatLeftDuringSetupIsNamedByEveryone) {
     o.store = store;
     o.prefix = "t/";
     o.timeout = std::chrono::seconds(20);
-    o.tcp.connect = "all";
+    o.connect = "all";
     try {
       transport::createContext("tcp", o);
     } catch (...) {
@@ -196,7 +165,7 @@ TEST(TcpOnDemand, ARankThatLeftDuringSetupIsNamedByEveryone) {
 TEST(TcpOnDemand, RanksThatConnectDifferentlyAreToldWhy) {
   auto world = [](int r) {
     Options o = lazy("ring");
-    o.tcp.connect = r == 0 ? "all" : "lazy";
+    o.connect = r == 0 ? "all" : "lazy";
     o.timeout = std::chrono::seconds(3);
     return o;
   };

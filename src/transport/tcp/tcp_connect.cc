@@ -56,8 +56,6 @@ constexpr std::chrono::milliseconds kRefusedRetry{2000};
 // A rank whose dial was crossed waits this long for the peer's, then dials
 // again.
 constexpr std::chrono::milliseconds kRedial{1000};
-// GFLOW_CONNECT=auto: connections on demand above this many ranks.
-constexpr int kLazyAbove = 64;
 
 // Listens on the chosen interface and publishes "host:port" in the store.
 // The congestion control is set on the listener, before any peer can
@@ -230,16 +228,6 @@ void TcpContext::connectAll(const ContextOptions& options) {
     if (acceptor_) acceptor_->stop();
     throw;
   }
-}
-
-bool TcpContext::connectsOnDemand(const ContextOptions& options) {
-  const std::string spec = !options.tcp.connect.empty() ? options.tcp.connect : params::connect();
-  if (spec == "all") return false;
-  if (spec == "lazy") return true;
-  if (spec == "auto") return options.size > kLazyAbove;
-  throw Error(ErrorCode::kInvalidArgument,
-              "GFLOW_CONNECT='" + spec + "' is not one of all, lazy, auto",
-              ErrorContext::forOp("init").withRank(options.rank));
 }
 
 void TcpContext::connectAllOrThrow(const ContextOptions& options) {

@@ -15,6 +15,7 @@
 #include "common/hash.h"
 #include "common/logging.h"
 #include "common/params.h"
+#include "transport/connect_mode.h"
 #include "transport/liveness.h"
 
 namespace gflow::transport::tcp {
@@ -68,7 +69,7 @@ TcpContext::TcpContext(const ContextOptions& options)
   host_ = std::make_unique<local::Host>(localOptions(options, commId_));
   peers_.resize(size());
   for (auto& p : peers_) p = std::make_unique<Pair>();
-  lazy_ = connectsOnDemand(options);
+  lazy_ = transport::connectsOnDemand(options);
   connectAll(options);
 }
 

@@ -72,8 +72,8 @@ class TcpContext final : public Engine, private ByteSource {
  private:
   // Connection setup (tcp_connect.cc). A failure is reported in the store
   // first, so the ranks waiting for this one fail at once with its reason.
-  // Connections on demand (GFLOW_CONNECT) leave every pair to connectPeer.
-  static bool connectsOnDemand(const ContextOptions& options);
+  // Connections on demand (transport/connect_mode.h) leave every pair to
+  // connectPeer.
   void connectAll(const ContextOptions& options);
   void connectAllOrThrow(const ContextOptions& options);
   Identity identity() const;

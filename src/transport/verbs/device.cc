@@ -279,6 +279,26 @@ void Device::createResources(const Settings& s) {
     GFLOW_THROW(kInternal, initCtx(s.rank)) << "verbs transport: ibv_create_cq(" << cqe << ") on "
                                             << name_ << " failed: " << std::strerror(errno);
   }
+  cqEntries_ = cqe;
+  rank_ = s.rank;
+}
+
+void Device::reserveCq(int entries, const std::string& what) {
+  if (entries <= cqEntries_) return;
+  if (entries > devAttr_.max_cqe) {
+    GFLOW_THROW(kInvalidArgument, initCtx(rank_))
+        << "verbs transport: " << name_ << " completion queues hold at most " << devAttr_.max_cqe
+        << " entries, " << entries << " needed for " << what
+        << ": lower GFLOW_IB_QPS_PER_PEER or GFLOW_IB_EAGER_SLOTS";
+  }
+  // Doubling: a rank that connects its peers one by one resizes O(log N)
+  // times.
+  const int want = std::min(devAttr_.max_cqe, std::max(entries, 2 * cqEntries_));
+  if (int rc = api_.resizeCq(cq_, want)) {
+    GFLOW_THROW(kInternal, initCtx(rank_)) << "verbs transport: ibv_resize_cq(" << want << ") on "
+                                           << name_ << " failed: " << std::strerror(rc);
+  }
+  cqEntries_ = want;
 }
 
 void Device::selectGid(int rank, std::optional<int64_t> want) {  // nullopt: "auto"

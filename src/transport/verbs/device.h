@@ -66,6 +66,10 @@ class Device {
   ibv_context* context() const { return ctx_; }
   ibv_pd* pd() const { return pd_; }
   ibv_cq* cq() const { return cq_; }
+  // Grows the completion queue to hold at least `entries` (connections on
+  // demand add queue pairs as peers are first used); kInvalidArgument
+  // naming `what` when the device's limit is lower.
+  void reserveCq(int entries, const std::string& what);
   ibv_comp_channel* channel() const { return channel_; }
   const std::string& name() const { return name_; }
   int port() const { return port_; }
@@ -93,6 +97,8 @@ class Device {
   ibv_pd* pd_ = nullptr;
   ibv_comp_channel* channel_ = nullptr;
   ibv_cq* cq_ = nullptr;
+  int cqEntries_ = 0;
+  int rank_ = 0;  // for messages
   std::string name_;
   int port_ = 1;
   ibv_port_attr portAttr_{};

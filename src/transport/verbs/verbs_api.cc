@@ -85,7 +85,7 @@ Loaded load() {
       bind(h, "ibv_create_comp_channel", &t.createCompChannel, &e) &&
       bind(h, "ibv_destroy_comp_channel", &t.destroyCompChannel, &e) &&
       bind(h, "ibv_create_cq", &t.createCq, &e) && bind(h, "ibv_destroy_cq", &t.destroyCq, &e) &&
-      bind(h, "ibv_get_cq_event", &t.getCqEvent, &e) &&
+      bind(h, "ibv_resize_cq", &t.resizeCq, &e) && bind(h, "ibv_get_cq_event", &t.getCqEvent, &e) &&
       bind(h, "ibv_ack_cq_events", &t.ackCqEvents, &e) &&
       bind(h, "ibv_create_qp", &t.createQp, &e) && bind(h, "ibv_modify_qp", &t.modifyQp, &e) &&
       bind(h, "ibv_destroy_qp", &t.destroyQp, &e) &&

@@ -44,6 +44,7 @@ struct VerbsApi {
   ibv_cq* (*createCq)(ibv_context* context, int cqe, void* cqContext, ibv_comp_channel* channel,
                       int compVector) = nullptr;
   int (*destroyCq)(ibv_cq* cq) = nullptr;
+  int (*resizeCq)(ibv_cq* cq, int cqe) = nullptr;
   int (*pollCq)(ibv_cq* cq, int numEntries, ibv_wc* wc) = nullptr;
   int (*reqNotifyCq)(ibv_cq* cq, int solicitedOnly) = nullptr;
   int (*getCqEvent)(ibv_comp_channel* channel, ibv_cq** cq, void** cqContext) = nullptr;

@@ -1,5 +1,6 @@
 // Verbs context setup: device, registered rings, RC queue pairs per peer
 // connected through the bootstrap store, teardown.
+#include <arpa/inet.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -11,6 +12,7 @@
 #include "common/check.h"
 #include "common/logging.h"
 #include "common/params.h"
+#include "transport/connect_mode.h"
 #include "transport/contract.h"
 #include "transport/verbs/verbs_context.h"
 
@@ -19,10 +21,15 @@ namespace {
 
 constexpr uint32_t kInfoMagic = 0x67664942;  // "gfIB"
 // 2: error reports name the culprit; 3: arrival stamps; 4: an op's envelope
-// carries its route (path and algorithm)
-constexpr uint32_t kInfoVersion = 4;
+// carries its route (path and algorithm); 5: connections on demand (READY)
+constexpr uint32_t kInfoVersion = 5;
 constexpr int kMaxQps = 16;
 constexpr size_t kCreditBytes = 64;  // one cache line per credit word
+// On demand: what the higher rank of a pair publishes, followed by why,
+// when it cannot connect to the lower rank's end.
+constexpr const char* kRefusal = "gflow-verbs-refused\n";
+// On demand: the completion queue holds this many peers at first.
+constexpr int kCqPeersAtStart = 8;
 
 // What one rank tells one peer about its end of their connection.
 struct ConnInfo {
@@ -64,13 +71,6 @@ char* allocBlock(size_t bytes) {
   std::memset(p, 0, bytes);
   return static_cast<char*>(p);
 }
-
-// Queue-pair attributes every rank reads from its parameters.
-struct QpSettings {
-  ibv_mtu mtu;
-  uint8_t timeout;  // 4.096 us x 2^timeout
-  uint8_t retry;
-};
 
 QpSettings readQpSettings(const Device& dev, const VerbsOptions& o, int rank) {
   ibv_mtu mtu = dev.portAttr().active_mtu;
@@ -127,6 +127,12 @@ ConnInfo describeEnd(const Device& dev, ibv_mtu mtu, const std::vector<ibv_qp*>&
 ConnInfo readPeerEnd(const std::vector<uint8_t>& blob, const ConnInfo& mine, const Device& dev,
                      int peer, const ErrorContext& pctx) {
   ConnInfo ti{};
+  const size_t refused = std::strlen(kRefusal);
+  if (blob.size() >= refused && std::memcmp(blob.data(), kRefusal, refused) == 0) {
+    GFLOW_THROW(kInvalidArgument, pctx)
+        << "rank " << peer << " refused the connection: "
+        << std::string(blob.begin() + static_cast<std::ptrdiff_t>(refused), blob.end());
+  }
   if (blob.size() != sizeof(ti)) {
     GFLOW_THROW(kInvalidArgument, pctx)
         << "rank " << peer << " published a verbs address of " << blob.size() << " bytes (expected "
@@ -259,6 +265,7 @@ VerbsContext::~VerbsContext() {
 }
 
 void VerbsContext::destroyAll() {
+  fetcher_.reset();  // its threads wake this context
   if (!device_) {
     if (wakeFd_ >= 0) ::close(wakeFd_);
     wakeFd_ = -1;
@@ -366,72 +373,101 @@ void VerbsContext::postReceives(int peer, int q, int n) {
   }
 }
 
+int VerbsContext::cqEntriesFor(int peers) const {
+  return std::max(1, peers) * qpsPerPeer_ * (sendDepth_ + recvDepth_) + 64;
+}
+
+std::string VerbsContext::recordKey(int from, int to) const {
+  return prefix_ + "verbs/" + std::to_string(from) + "/" + std::to_string(to);
+}
+
 void VerbsContext::connectAll(const ContextOptions& o) {
+  lazy_ = connectsOnDemand(o);
   Device::Settings ds;
   ds.rank = rank();
-  ds.cqEntries = std::max(1, size() - 1) * qpsPerPeer_ * (sendDepth_ + recvDepth_) + 64;
+  // On demand the queue grows as peers are opened (Device::reserveCq).
+  ds.cqEntries = cqEntriesFor(lazy_ ? std::min(size() - 1, kCqPeersAtStart) : size() - 1);
   ds.hca = !o.verbs.hca.empty() ? o.verbs.hca : params::ibHca();
   ds.gidIndex = o.verbs.gidIndex ? std::optional<int64_t>(*o.verbs.gidIndex) : params::ibGidIndex();
   device_ = std::make_shared<Device>(ds);
   cache_ = std::make_shared<RegCache>(
       device_, (o.verbs.regCacheBytes ? *o.verbs.regCacheBytes : params::ibRegCache()), rank());
-  const VerbsApi& api = device_->api();
-  const QpSettings settings = readQpSettings(*device_, o.verbs, rank());
+  qpSettings_ = readQpSettings(*device_, o.verbs, rank());
+  rng_.seed(std::random_device{}());
+  store_ = o.store;
+  prefix_ = o.prefix;
+  if (lazy_) {
+    fetcher_ = std::make_unique<RecordFetcher>(store_, [this] { wake(); });
+    GFLOW_LOG(DEBUG) << "rank " << rank() << ": verbs connects its peers on demand";
+    return;
+  }
+  connectMesh(o);
+}
 
-  std::mt19937 rng(std::random_device{}());
-  std::vector<ConnInfo> mine(size());
+void VerbsContext::openPeer(int peer) {
+  Peer& p = *peers_[peer];
+  const VerbsApi& api = device_->api();
+  p.inBlock = allocBlock(ringBytes_ + kCreditBytes);
+  p.inRing = p.inBlock;
+  p.inMr = pinMr(api, device_->pd(), p.inBlock, ringBytes_ + kCreditBytes,
+                 IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  p.outBlock = allocBlock(ringBytes_);
+  p.outRing = p.outBlock;
+  p.outMr =
+      p.inMr ? pinMr(api, device_->pd(), p.outBlock, ringBytes_, IBV_ACCESS_LOCAL_WRITE) : nullptr;
+  if (!p.inMr || !p.outMr) {
+    GFLOW_THROW(kInternal, ErrorContext::forOp("init").withRank(rank()).withPeer(peer))
+        << "ibv_reg_mr of the eager rings (" << ringBytes_
+        << " bytes per peer) failed: " << std::strerror(errno)
+        << " (is the locked-memory limit high enough? ulimit -l)";
+  }
+  p.outBusy.assign(slots_, false);
+  createQueuePairs(p, peer);
+  const ConnInfo ci =
+      describeEnd(*device_, qpSettings_.mtu, p.qps,
+                  EagerRing{p.inBlock, p.inMr->rkey, slots_, slotBytes_, eagerMax_}, rng_);
+  p.sqPsn.assign(ci.psn, ci.psn + qpsPerPeer_);
+  p.myEnd.resize(sizeof(ConnInfo));
+  std::memcpy(p.myEnd.data(), &ci, sizeof(ci));
+  p.opened = true;
+}
+
+void VerbsContext::connectPeerEnd(int peer, const std::vector<uint8_t>& record,
+                                  const ErrorContext& ectx) {
+  Peer& p = *peers_[peer];
+  ConnInfo mine;
+  std::memcpy(&mine, p.myEnd.data(), sizeof(mine));
+  const ConnInfo ti = readPeerEnd(record, mine, *device_, peer, ectx);
+  p.remoteRing = ti.ringAddr;
+  p.remoteRingKey = ti.ringKey;
+  p.remoteCredit = ti.ringAddr + ringBytes_;
+  p.remoteCreditKey = ti.ringKey;
+  for (int q = 0; q < qpsPerPeer_; ++q) {
+    connectQp(*device_, p.qps[q], QpLink{ti, q, p.sqPsn[q]}, qpSettings_, peer, ectx);
+  }
+  countConnection(peer, qpsPerPeer_);
+}
+
+void VerbsContext::connectMesh(const ContextOptions& o) {
   // One record per pair ("verbs/ME/PEER"), all set in one request and the
   // peers' read in one (O(N) store requests for the job, not O(N^2)).
-  const auto key = [&](int from, int to) {
-    return o.prefix + "verbs/" + std::to_string(from) + "/" + std::to_string(to);
-  };
   std::vector<std::string> outKeys, inKeys;
   std::vector<std::vector<uint8_t>> blobs;
   for (int peer = 0; peer < size(); ++peer) {
     if (peer == rank()) continue;
-    Peer& p = *peers_[peer];
-    p.inBlock = allocBlock(ringBytes_ + kCreditBytes);
-    p.inRing = p.inBlock;
-    p.inMr = pinMr(api, device_->pd(), p.inBlock, ringBytes_ + kCreditBytes,
-                   IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
-    p.outBlock = allocBlock(ringBytes_);
-    p.outRing = p.outBlock;
-    p.outMr = p.inMr ? pinMr(api, device_->pd(), p.outBlock, ringBytes_, IBV_ACCESS_LOCAL_WRITE)
-                     : nullptr;
-    if (!p.inMr || !p.outMr) {
-      GFLOW_THROW(kInternal, ErrorContext::forOp("init").withRank(rank()))
-          << "ibv_reg_mr of the eager rings (" << ringBytes_
-          << " bytes per peer) failed: " << std::strerror(errno)
-          << " (is the locked-memory limit high enough? ulimit -l)";
-    }
-    p.outBusy.assign(slots_, false);
-    createQueuePairs(p, peer);
-    mine[peer] =
-        describeEnd(*device_, settings.mtu, p.qps,
-                    EagerRing{p.inBlock, p.inMr->rkey, slots_, slotBytes_, eagerMax_}, rng);
-    blobs.emplace_back(sizeof(ConnInfo));
-    std::memcpy(blobs.back().data(), &mine[peer], sizeof(ConnInfo));
-    outKeys.push_back(key(rank(), peer));
-    inKeys.push_back(key(peer, rank()));
+    openPeer(peer);
+    blobs.push_back(peers_[peer]->myEnd);
+    outKeys.push_back(recordKey(rank(), peer));
+    inKeys.push_back(recordKey(peer, rank()));
   }
   o.store->multiSet(outKeys, blobs);
   const std::vector<std::vector<uint8_t>> theirs =
       inKeys.empty() ? std::vector<std::vector<uint8_t>>{} : o.store->multiGet(inKeys, o.timeout);
-
   for (int peer = 0, i = 0; peer < size(); ++peer) {
     if (peer == rank()) continue;
-    Peer& p = *peers_[peer];
-    const ErrorContext pctx = ErrorContext::forOp("init").withRank(rank()).withPeer(peer);
-    const ConnInfo ti =
-        readPeerEnd(theirs[static_cast<size_t>(i++)], mine[peer], *device_, peer, pctx);
-    p.remoteRing = ti.ringAddr;
-    p.remoteRingKey = ti.ringKey;
-    p.remoteCredit = ti.ringAddr + ringBytes_;
-    p.remoteCreditKey = ti.ringKey;
-    for (int q = 0; q < qpsPerPeer_; ++q) {
-      connectQp(*device_, p.qps[q], QpLink{ti, q, mine[peer].psn[q]}, settings, peer, pctx);
-    }
-    countConnection(peer, qpsPerPeer_);
+    connectPeerEnd(peer, theirs[static_cast<size_t>(i++)],
+                   ErrorContext::forOp("init").withRank(rank()).withPeer(peer));
+    peers_[peer]->writable = true;
   }
   // Every queue pair must be ready to receive before anyone writes.
   o.store->set(o.prefix + "verbs/ready/" + std::to_string(rank()), {1});
@@ -443,6 +479,80 @@ void VerbsContext::connectAll(const ContextOptions& o) {
   GFLOW_LOG(DEBUG) << "rank " << rank() << ": verbs connected to " << size() - 1 << " peers, "
                    << qpsPerPeer_ << " QPs each, eager " << eagerMax_ << " bytes x " << slots_
                    << " slots";
+}
+
+// ---- connections on demand ---------------------------------------------------
+
+void VerbsContext::needPeer(int peer) {
+  Peer& p = *peers_[peer];
+  if (!lazy_ || p.opened) return;
+  const ErrorContext ectx = ErrorContext().withSeq(group()).withRank(rank()).withPeer(peer);
+  try {
+    device_->reserveCq(cqEntriesFor(peersOpened_ + 1),
+                       std::to_string(peersOpened_ + 1) + " connected peers");
+    openPeer(peer);
+    ++peersOpened_;
+    // The lower rank's end is published at once; the higher rank's once
+    // its queue pairs are connected to it (adoptRecord).
+    if (rank() < peer) store_->set(recordKey(rank(), peer), p.myEnd);
+    fetcher_->fetch(peer, recordKey(peer, rank()));
+  } catch (const Error& e) {
+    fail(Error(e.code(), "connecting to rank " + std::to_string(peer) + ": " + e.detail(), ectx));
+  }
+}
+
+void VerbsContext::adoptRecords() {
+  std::vector<RecordFetcher::Record> records = fetcher_->take();
+  if (failed() || qpsErrored_) return;  // nothing more connects
+  for (RecordFetcher::Record& r : records) adoptRecord(r);
+}
+
+void VerbsContext::adoptRecord(RecordFetcher::Record& r) {
+  Peer& p = *peers_[r.peer];
+  const ErrorContext ectx = ErrorContext().withSeq(group()).withRank(rank()).withPeer(r.peer);
+  if (r.error) {
+    // The store is gone: raised when something waits on the peer.
+    if (!p.lost) {
+      p.lost.emplace(r.error->code(),
+                     "cannot connect to rank " + std::to_string(r.peer) +
+                         ": its record did not come from the store: " + r.error->detail(),
+                     ectx);
+    }
+    return;
+  }
+  try {
+    connectPeerEnd(r.peer, r.value, ectx);
+    if (rank() > r.peer) store_->set(recordKey(rank(), r.peer), p.myEnd);
+  } catch (const Error& e) {
+    if (rank() > r.peer) {  // the lower rank waits for this rank's end: tell it why not
+      std::string why = kRefusal + e.detail();
+      try {
+        store_->set(recordKey(rank(), r.peer), std::vector<uint8_t>(why.begin(), why.end()));
+      } catch (const Error&) {
+        // The store is gone too: the peer's op times out.
+      }
+    }
+    fail(Error(e.code(), e.detail(), ectx));
+  }
+  if (rank() < r.peer) {
+    sendReady(r.peer);
+    p.writable = true;
+    pumpEager(r.peer);
+  }
+}
+
+void VerbsContext::sendReady(int peer) {
+  Peer& p = *peers_[peer];
+  PendingWr w;
+  w.wr.wr_id = makeWrId(kWrReady, peer, 0);
+  // Zero bytes: the immediate alone tells the peer this end receives.
+  w.wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+  w.wr.imm_data = htonl(makeImm(kImmReady, 0));
+  w.wr.send_flags = IBV_SEND_SIGNALED;
+  w.wr.wr.rdma.remote_addr = p.remoteCredit;
+  w.wr.wr.rdma.rkey = p.remoteCreditKey;
+  w.hasSge = false;
+  postWr(peer, 0, std::move(w));
 }
 
 }  // namespace gflow::transport::verbs

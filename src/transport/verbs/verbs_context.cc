@@ -128,7 +128,8 @@ void VerbsContext::queueEager(int peer, OutMsg msg) {
 
 void VerbsContext::pumpEager(int peer) {
   Peer& p = *peers_[peer];
-  ArrivalStamp now;  // one stamp per call
+  if (!p.writable) return;  // on demand: sent once the peer's end is ready
+  ArrivalStamp now;         // one stamp per call
   while (!p.eagerQueue.empty()) {
     const uint64_t inUse = p.sent - creditsConsumed(peer);
     const int slot = static_cast<int>(p.sent % static_cast<uint64_t>(slots_));
@@ -171,6 +172,7 @@ void VerbsContext::pumpEager(int peer) {
 
 void VerbsContext::returnCredits(int peer, bool force) {
   Peer& p = *peers_[peer];
+  if (!p.writable) return;
   const uint64_t pending = p.consumed - p.creditReturned;
   if (pending == 0 || (!force && pending < static_cast<uint64_t>(std::max(1, slots_ / 4)))) return;
   PendingWr w;
@@ -213,6 +215,7 @@ RequestPtr VerbsContext::isend(int peer, const void* data, size_t bytes, Tag tag
   checkFailed();
   GFLOW_ENFORCE(peer >= 0 && peer < size() && peer != rank());
   checkPeer(peer);
+  needPeer(peer);
   auto req = std::make_shared<Request>(peer, true, bytes);
   Peer& p = *peers_[peer];
   countSendPosted(peer);
@@ -248,9 +251,16 @@ RequestPtr VerbsContext::isend(int peer, const void* data, size_t bytes, Tag tag
   return req;
 }
 
+bool VerbsContext::arrived(int peer, Tag tag) {
+  GFLOW_ENFORCE(peer >= 0 && peer < size() && peer != rank());
+  if (!failed()) needPeer(peer);
+  return Engine::arrived(peer, tag);
+}
+
 RequestPtr VerbsContext::irecv(int peer, void* data, size_t bytes, Tag tag, const Envelope& env) {
   checkFailed();
   GFLOW_ENFORCE(peer >= 0 && peer < size() && peer != rank());
+  needPeer(peer);
   auto req = std::make_shared<Request>(peer, false, bytes);
   // No check of Peer::lost here: the data may be queued in the completion
   // queue from before the peer left; wait() raises it once that is drained.
@@ -565,7 +575,8 @@ void VerbsContext::reject(uint64_t group, const std::string& why) {
   if (!device_ || qpsErrored_ || failed()) return;
   const size_t n = std::min({why.size(), kMaxErrorText, eagerMax_});
   for (int peer = 0; peer < size(); ++peer) {
-    if (peer == rank() || peers_[peer]->lost) continue;
+    // A peer not connected yet has no op with this rank to be told of.
+    if (peer == rank() || peers_[peer]->lost || !peers_[peer]->opened) continue;
     try {
       sendControl(peer, kSlotReject, Tag{group, 0}, Envelope{}, n, {why.data(), n});
     } catch (const Error&) {
@@ -581,15 +592,17 @@ void VerbsContext::notifyPeers(const Error& error) {
   for (int peer = 0; peer < size(); ++peer) {
     if (peer == rank()) continue;
     Peer& p = *peers_[peer];
+    for (OutMsg& q : p.eagerQueue) {
+      if (q.req) q.req->fail(error);
+    }
+    p.eagerQueue.clear();
+    // Not connected (on demand): the peer learns of it from its own op.
+    if (!p.writable) continue;
     // Best effort: the report goes first if a slot is free now. A peer whose
     // connection is broken (posting fails) does not keep it from the others.
     OutMsg m;
     m.hdr = slotHeader(kSlotError, Tag{group(), 0}, Envelope{}, payload.size(), payload.size());
     m.owned = payload;
-    for (OutMsg& q : p.eagerQueue) {
-      if (q.req) q.req->fail(error);
-    }
-    p.eagerQueue.clear();
     p.eagerQueue.push_back(std::move(m));
     try {
       pumpEager(peer);

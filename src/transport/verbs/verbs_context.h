@@ -20,6 +20,14 @@
 //   - Registrations come from RegCache (explicit regions, or per-op).
 //   - Matching, staging accounting and failure live in the Engine
 //     (transport/engine.h); this file is the wire.
+//   - Connections (verbs_connect.cc; GFLOW_CONNECT, transport/connect_mode.h):
+//     each pair's records (QP numbers, PSNs, the inbound ring) go through
+//     the bootstrap store. With all, every pair at init; lazy, when an op
+//     first names the peer: the lower rank publishes its end at once; the
+//     higher rank waits for it (RecordFetcher), connects its queue pairs and
+//     only then publishes its own, so the lower rank may write as soon as it
+//     has connected; the lower rank's first write is a READY immediate,
+//     until which the higher rank holds its writes.
 //   - Errors: work-completion errors and async events become gflow::Error
 //     naming the peer and the verbs status; a waiter probes a silent peer
 //     with a zero-length write, so a dead peer gives peer_lost, not a hang.
@@ -28,12 +36,14 @@
 #include <chrono>
 #include <deque>
 #include <memory>
+#include <random>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "transport/engine.h"
 #include "transport/verbs/device.h"
+#include "transport/verbs/record_fetch.h"
 #include "transport/verbs/reg_cache.h"
 #include "transport/wait_policy.h"
 
@@ -66,15 +76,29 @@ enum SlotType : uint16_t {
 };
 constexpr uint32_t kSlotMagic = 0x67665653;  // "gfVS"
 
+// Queue-pair attributes every rank reads from its parameters.
+struct QpSettings {
+  ibv_mtu mtu;
+  uint8_t timeout;  // 4.096 us x 2^timeout
+  uint8_t retry;
+};
+
 // Immediate data (network order on the wire): kind in the top 4 bits, slot
 // index or rendezvous id below.
-enum ImmKind : uint32_t { kImmSlot = 1, kImmData = 2, kImmCredit = 3 };
+enum ImmKind : uint32_t { kImmSlot = 1, kImmData = 2, kImmCredit = 3, kImmReady = 4 };
 inline uint32_t makeImm(ImmKind k, uint32_t v) {
   return (uint32_t(k) << 28) | (v & 0x0fffffffu);
 }
 
 // Work request ids: kind, peer, value.
-enum WrKind : uint64_t { kWrSlot = 1, kWrData = 2, kWrRecv = 3, kWrCredit = 4, kWrProbe = 5 };
+enum WrKind : uint64_t {
+  kWrSlot = 1,
+  kWrData = 2,
+  kWrRecv = 3,
+  kWrCredit = 4,
+  kWrProbe = 5,
+  kWrReady = 6
+};
 inline uint64_t makeWrId(WrKind k, int peer, uint32_t value) {
   return (uint64_t(k) << 56) | (uint64_t(uint32_t(peer) & 0xffffff) << 32) | value;
 }
@@ -108,6 +132,9 @@ class VerbsContext final : public Engine {
   std::unique_ptr<MemoryRegion> registerMemory(void* data, size_t size) override;
   RequestPtr isend(int peer, const void* data, size_t bytes, Tag tag, const Envelope& env) override;
   RequestPtr irecv(int peer, void* data, size_t bytes, Tag tag, const Envelope& env) override;
+  // Names `peer` too: on demand, a rank that only looks for a peer's
+  // messages connects to it.
+  bool arrived(int peer, Tag tag) override;
   void beginGroup(uint64_t group, const Envelope& env) override;
   void endOp() override;
   void notifyPeers(const Error& error) override;
@@ -168,6 +195,13 @@ class VerbsContext final : public Engine {
     bool used = false;
   };
   struct Peer {
+    // On demand, a peer is opened (rings registered, queue pairs created
+    // and receiving) when an op first names it, and writable once its end
+    // is connected and ready to receive; with the full mesh both at init.
+    bool opened = false;
+    bool writable = false;
+    std::vector<uint8_t> myEnd;   // the record of this rank's end
+    std::vector<uint32_t> sqPsn;  // per QP: the PSN this side sends from
     std::vector<ibv_qp*> qps;
     std::vector<int> outstanding;  // send WRs posted, not completed, per QP
     int dataOutstanding = 0;       // eager and rendezvous writes not completed
@@ -212,6 +246,20 @@ class VerbsContext final : public Engine {
 
   // Setup (verbs_connect.cc).
   void connectAll(const ContextOptions& options);
+  void connectMesh(const ContextOptions& options);
+  int cqEntriesFor(int peers) const;
+  std::string recordKey(int from, int to) const;
+  // Registers the rings and creates the queue pairs for `peer`, receiving;
+  // its record goes to Peer::myEnd.
+  void openPeer(int peer);
+  // Connects the queue pairs of `peer` to its end, as published.
+  void connectPeerEnd(int peer, const std::vector<uint8_t>& record, const ErrorContext& ectx);
+  // On demand: opens `peer` and starts its connection, once.
+  void needPeer(int peer);
+  // On demand: the peers' records that have arrived.
+  void adoptRecords();
+  void adoptRecord(RecordFetcher::Record& r);
+  void sendReady(int peer);
   void createQueuePairs(Peer& p, int peer);
   void postReceives(int peer, int q, int n);
   void destroyAll();
@@ -273,6 +321,13 @@ class VerbsContext final : public Engine {
   int sendDepth_ = 0;
   int recvDepth_ = 0;
   uint64_t commId_ = 0;
+  bool lazy_ = false;
+  int peersOpened_ = 0;
+  QpSettings qpSettings_{};
+  std::mt19937 rng_;
+  std::shared_ptr<Store> store_;
+  std::string prefix_;
+  std::unique_ptr<RecordFetcher> fetcher_;  // on demand
 
   std::shared_ptr<Device> device_;
   std::shared_ptr<RegCache> cache_;

@@ -28,6 +28,7 @@ const char* wrWhat(WrKind k) {
     case kWrRecv: return "receive";
     case kWrCredit: return "credit return";
     case kWrProbe: return "liveness probe";
+    case kWrReady: return "connection-ready write";
   }
   return "work request";
 }
@@ -57,6 +58,7 @@ int VerbsContext::progress() {
       throw;
     }
   }
+  if (fetcher_ && fetcher_->hasArrived()) adoptRecords();
   for (int peer = 0; peer < size(); ++peer) {
     if (peer != rank() && !peers_[peer]->eagerQueue.empty()) pumpEager(peer);
   }
@@ -116,7 +118,8 @@ void VerbsContext::handleCompletion(const ibv_wc& wc) {
       break;
     }
     case kWrProbe: p.probeInFlight = false; break;
-    case kWrCredit: break;
+    case kWrCredit:
+    case kWrReady: break;
   }
   pumpWaiting(peer, q);
 }
@@ -184,6 +187,12 @@ void VerbsContext::handleInbound(int peer, int q, const ibv_wc& wc) {
       break;
     }
     case kImmData: handleRendezvousData(peer, v, wc.byte_len); break;
+    case kImmReady:
+      // On demand: the lower rank of the pair has connected to this end.
+      if (q != 0 || rank() < peer || p.writable) protocolError(peer, "unexpected READY");
+      p.writable = true;
+      pumpEager(peer);
+      break;
     case kImmCredit:
       if (!creditReturned(peer, q, v)) {
         protocolError(peer, "credit return for eager messages never sent");
@@ -341,14 +350,19 @@ void VerbsContext::waitUntilDone(const RequestPtr& req, Deadline deadline) {
     }
     const int peer = req->peer();
     Peer& p = *peers_[peer];
-    if (now - start >= kProbeAfter && !p.probeInFlight && now - p.lastProbe >= kProbeAfter) {
+    if (p.writable && now - start >= kProbeAfter && !p.probeInFlight &&
+        now - p.lastProbe >= kProbeAfter) {
       probe(peer);
     }
     switch (liveness.step(deadline, pongs(peer))) {
       case LivenessProbe::Step::kPing:
         sendControl(peer, kSlotPing, Tag{group(), 0}, Envelope{}, 0);
         break;
-      case LivenessProbe::Step::kTimeout: failTimeout(req, liveness.peerAlive(), " over verbs");
+      case LivenessProbe::Step::kTimeout:
+        failTimeout(req, liveness.peerAlive(),
+                    p.writable ? " over verbs"
+                               : " over verbs (not connected: the peer has not named this rank in "
+                                 "an op yet)");
       case LivenessProbe::Step::kWait: break;
     }
     if (n == 0) {
