@@ -40,6 +40,27 @@ if(GFLOW_HAVE_PYTHON AND NOT GFLOW_BUILD_TORCH STREQUAL "OFF")
   if(Torch_FOUND AND GFLOW_TORCH_PYTHON_LIBRARY)
     set(GFLOW_HAVE_TORCH ON)
     message(STATUS "gflow: torch.distributed backend against libtorch ${Torch_VERSION}")
+    # As torch.utils.cpp_extension does: the pybind11 ABI identity torch was
+    # built with, so that _gflow_torch shares pybind11's type registry with
+    # torch (its Backend/ProcessGroup and Store types) even when torch came
+    # from pip, built by another compiler. The C++ ABI flag comes with
+    # TORCH_CXX_FLAGS.
+    execute_process(
+      COMMAND ${Python_EXECUTABLE} -c
+              "import torch; print(';'.join(getattr(torch._C, '_PYBIND11_' + k) for k in ('COMPILER_TYPE', 'STDLIB', 'BUILD_ABI')))"
+      OUTPUT_VARIABLE _gflow_pybind_abi RESULT_VARIABLE _gflow_pybind_rc
+      OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+    set(GFLOW_TORCH_PYBIND_DEFINITIONS "")
+    if(_gflow_pybind_rc EQUAL 0)
+      list(LENGTH _gflow_pybind_abi _gflow_pybind_n)
+      if(_gflow_pybind_n EQUAL 3)
+        list(GET _gflow_pybind_abi 0 _c)
+        list(GET _gflow_pybind_abi 1 _s)
+        list(GET _gflow_pybind_abi 2 _a)
+        set(GFLOW_TORCH_PYBIND_DEFINITIONS PYBIND11_COMPILER_TYPE="${_c}" PYBIND11_STDLIB="${_s}"
+                                           PYBIND11_BUILD_ABI="${_a}")
+      endif()
+    endif()
   elseif(GFLOW_BUILD_TORCH STREQUAL "ON")
     message(FATAL_ERROR "GFLOW_BUILD_TORCH=ON needs libtorch-dev (TorchConfig.cmake, "
                         "libtorch_python)")

@@ -3,9 +3,13 @@
 #   1. installs dependencies (scripts/install-deps.sh),
 #   2. builds with -Werror and runs the GoogleTest suite under ctest, then the
 #      Python package's pytest suite (python/tests, against build/python),
-#   3. installs gflow and builds + runs examples/ against the installed package,
-#   4. rebuilds the tests with ASan + UBSan and runs them again.
-# Usage: scripts/test.sh [--quick]   (--quick skips steps 3 and 4)
+#   3. runs python/tests again on torch 2.x, in a Debian trixie chroot with
+#      torch 2.6 (scripts/torch2_tests.sh: made, and gflow built in it, in
+#      the background while step 2 runs; cached in build/torch2-trixie;
+#      skipped, saying why, where the machine cannot make it),
+#   4. installs gflow and builds + runs examples/ against the installed package,
+#   5. rebuilds the tests with ASan + UBSan and runs them again.
+# Usage: scripts/test.sh [--quick]   (--quick skips steps 3 to 5)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 quick=0
@@ -18,6 +22,12 @@ echo "== build (RelWithDebInfo, -Werror)"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGFLOW_WERROR=ON >/dev/null
 cmake --build build -j "$jobs"
 
+if [ "$quick" = 0 ]; then
+  echo "== torch 2.x chroot and its gflow build: in the background (build/torch2.log)"
+  scripts/torch2_tests.sh --build >build/torch2.log 2>&1 &
+  torch2_build=$!
+fi
+
 echo "== tests"
 ctest --test-dir build --output-on-failure --timeout 300 -j 2
 
@@ -25,6 +35,15 @@ echo "== Python tests (pytest, Debian's python3)"
 GFLOW_BUILD_DIR="$PWD/build" /usr/bin/python3 -m pytest -q -p no:cacheprovider python/tests
 
 [ "$quick" = 1 ] && exit 0
+
+echo "== Python tests on torch 2.x (scripts/torch2_tests.sh)"
+if ! wait "$torch2_build"; then
+  cat build/torch2.log
+  echo "torch 2.x: making the chroot or building gflow in it failed" >&2
+  exit 1
+fi
+grep "^== torch 2.x" build/torch2.log || true
+scripts/torch2_tests.sh --test
 
 echo "== install + examples against the installed package"
 rm -rf build/install build/examples

@@ -121,8 +121,23 @@ def _fail(state, op, message):
     raise gflow.InvalidArgumentError(message)
 
 
+def _buffer(bucket, hook):
+    """The bucket's flat gradient buffer. DDP's compiled-autograd mode
+    (torch._dynamo.config.optimize_ddp = "python_reducer", torch 2.x) calls
+    a comm hook once per parameter with (grad, param) instead of a bucket:
+    gflow's hooks refuse it, naming the mode."""
+    if isinstance(bucket, tuple):
+        raise gflow.InvalidArgumentError(
+            "gflow.torch.%s: DDP called the hook with (grad, param), which it does in "
+            "compiled autograd's 'python_reducer' mode (torch._dynamo.config.optimize_ddp); "
+            "gflow's hooks take DDP's gradient buckets: set optimize_ddp to "
+            "'ddp_optimizer' (or True), or register no gflow hook in that mode" % hook)
+    return bucket.buffer()
+
+
 def _allreduce(state, bucket, wire):
-    buffer = bucket.buffer()
+    buffer = _buffer(bucket, {None: "allreduce_hook", "float16": "fp16_compress_hook",
+                              "bfloat16": "bf16_compress_hook"}[wire])
     comm = _comm(state)
     if wire is not None and buffer.dtype != torch.float32:
         _fail(comm, "allreduce", "gflow.torch: %s compression takes float32 gradients, the "
@@ -180,7 +195,7 @@ def _quantized(state, bucket, wire):
         _fail(state, "allreduce", "gflow.torch.%s_compress_hook needs a "
               "gflow.torch.QuantizedState (it keeps the error-feedback residuals), got %s"
               % (wire[1:], type(state).__name__))
-    buffer = bucket.buffer()
+    buffer = _buffer(bucket, "%s_compress_hook" % wire[1:])
     if buffer.dtype != torch.float32:
         _fail(state, "allreduce", "gflow.torch: %s compression takes float32 gradients, the "
               "bucket holds %s" % (wire, buffer.dtype))
@@ -302,7 +317,7 @@ def auto_compress_hook(state, bucket):
     if not isinstance(state, AutoState):
         _fail(state, "allreduce", "gflow.torch.auto_compress_hook needs a gflow.torch.AutoState, "
               "got " + type(state).__name__)
-    buffer = bucket.buffer()
+    buffer = _buffer(bucket, "auto_compress_hook")
     if buffer.dtype != torch.float32:
         _fail(state, "allreduce", "gflow.torch: automatic compression takes float32 gradients, "
               "the bucket holds %s" % buffer.dtype)
@@ -319,7 +334,7 @@ def csc_hook(state, bucket):
     if not isinstance(state, CSCState):
         _fail(state, "GradientReducer",
               "gflow.torch.csc_hook needs a gflow.torch.CSCState, got " + type(state).__name__)
-    buffer = bucket.buffer()
+    buffer = _buffer(bucket, "csc_hook")
     is_last = getattr(bucket, "is_last", None)
     reducer = state.reducer_for(buffer, bucket.index(), bool(is_last()) if is_last else False)
     reducer.ready(0)
@@ -391,7 +406,9 @@ def _batch_isend_irecv_for(torch_batch_isend_irecv):
         ops = [(op.op.__name__ == "isend", op.tensor,
                 op.peer if world else group_rank(pg, op.peer), op.tag)
                for op in p2p_op_list]
-        work = _gflow_torch.batch_send_recv(pg, ops)
+        # torch 2.x: the group routes to gflow's Backend; 1.13: it is gflow's.
+        backend = pg._get_backend(torch.device("cpu")) if hasattr(pg, "_get_backend") else pg
+        work = _gflow_torch.batch_send_recv(backend, ops)
         return [work] * len(ops)
 
     batch_isend_irecv._gflow = True

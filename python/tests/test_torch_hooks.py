@@ -155,7 +155,7 @@ def test_auto_hook_needs_its_state(single):
 
 def test_backend_registered():
     import torch.distributed as dist
-    assert dist.Backend.GFLOW == "GFLOW"
+    assert dist.Backend.GFLOW.lower() == "gflow"  # 1.13: "GFLOW", 2.x: "gflow"
     gt.register_backend()  # idempotent
 
 
@@ -181,3 +181,13 @@ def test_future_gets_the_error():
 
 def test_hooks_on_three_ranks_and_ddp_error():
     assert_all_ok(launch(3, ["worker_hooks.py"], timeout=120))
+
+
+def test_hooks_refuse_compiled_autograds_per_parameter_calls():
+    # DDP's python_reducer mode (torch 2.x compiled autograd) calls a comm
+    # hook with (grad, param): each gflow hook names the mode.
+    grad = torch.zeros(3)
+    for hook, state in ((gt.allreduce_hook, None), (gt.fp16_compress_hook, None),
+                        (gt.gflow_bf16_compress_hook, None)):
+        with pytest.raises(gflow.InvalidArgumentError, match="python_reducer"):
+            hook(state, (grad, torch.nn.Parameter(grad)))

@@ -15,11 +15,13 @@ first line, and the counts.
 Three adjustments, the same for both backends (docs/python.md):
 - expecttest (imported by torch's harness, not packaged in Debian 12) is
   replaced by a stand-in module;
-- DDP's ReplicatedTensor mode, which the harness switches on and which fails
-  on Debian's Python 3.11, stays off (plain DDP);
+- DDP's ReplicatedTensor mode, which torch 1.13's harness switches on and
+  which fails on Debian's Python 3.11, stays off (plain DDP; torch 2.x has
+  no such mode);
 - gflow runs *aliased*: BACKEND stays "gloo" and init_process_group /
   new_group map "gloo" to "gflow", since some test bodies only build their
-  model when BACKEND is "gloo", "nccl" or "mpi".
+  model when BACKEND is "gloo", "nccl" or "mpi"; dist.get_backend maps
+  "gflow" back to "gloo" for the tests that compare it with BACKEND.
 gflow's package comes from $GFLOW_BUILD_DIR/python (default build/python).
 """
 import argparse
@@ -47,9 +49,13 @@ if os.environ.get("GFLOW_SUITE_CHILD"):
     sys.modules.setdefault("expecttest", _expecttest)
 
     import torch.distributed as dist  # noqa: E402
-    import torch.nn.parallel._replicated_tensor_ddp_utils as _rt  # noqa: E402
 
-    _rt._set_ddp_with_replicated_tensor = lambda enabled: None  # plain DDP
+    try:  # torch 1.13 only (2.x dropped ReplicatedTensor)
+        import torch.nn.parallel._replicated_tensor_ddp_utils as _rt  # noqa: E402
+
+        _rt._set_ddp_with_replicated_tensor = lambda enabled: None  # plain DDP
+    except ImportError:
+        pass
 
     if os.environ.get("GFLOW_SUITE_ALIAS") == "gflow":
         build = os.environ.get("GFLOW_BUILD_DIR", os.path.join(REPO, "build"))
@@ -71,8 +77,16 @@ if os.environ.get("GFLOW_SUITE_CHILD"):
                 args = args[:2] + (_alias(args[2]),) + args[3:]
             return _new_group(*args, **kwargs)
 
+        _get_backend = dist.get_backend
+
+        def _get_backend_aliased(group=None):
+            # The tests compare it with BACKEND, which stays "gloo".
+            b = _get_backend(group)
+            return "gloo" if b == "gflow" else b
+
         dist.init_process_group = _init_process_group
         dist.new_group = _new_group_aliased
+        dist.get_backend = _get_backend_aliased
 
     from torch.testing._internal.distributed.distributed_test import (  # noqa: E402
         DistributedTest,

@@ -1,14 +1,19 @@
-// The "gflow" torch.distributed backend (_gflow_torch): a c10d::ProcessGroup
-// whose collectives run on a gflow::Communicator, bootstrapped through the
-// c10d::Store that init_process_group hands the backend creator. CPU
-// tensors; allreduce (and its coalesced form), reduce, broadcast, allgather
-// (list, flat and coalesced forms), gather, scatter, all-to-all (equal
-// splits, split sizes and the list form), reduce_scatter (list and flat forms), barrier and
-// point-to-point (send, recv, recv from any source). Ops that only move data take any dtype (as
-// bytes); non-contiguous tensors go through a contiguous copy. One translation unit on purpose: the
-// torch headers dominate the build time.
+// The "gflow" torch.distributed backend (_gflow_torch): on torch 2.x a
+// c10d::Backend (a ProcessGroup routes each device type's ops to one;
+// gflow registers for cpu and cuda), on torch 1.13 a c10d::ProcessGroup;
+// one source for both (BackendBase). Its collectives run on a gflow::Communicator, bootstrapped
+// through the c10d::Store that init_process_group hands the backend creator. CPU tensors; allreduce
+// (and its coalesced form), reduce, broadcast, allgather (list, flat and coalesced forms), gather,
+// scatter, all-to-all (equal splits, split sizes and the list form), reduce_scatter (list and flat
+// forms), barrier and point-to-point (send, recv, recv from any source). Ops that only move data
+// take any dtype (as bytes); non-contiguous tensors go through a contiguous copy. One translation
+// unit on purpose: the torch headers dominate the build time.
 #include <torch/csrc/utils/pybind.h>
+#include <torch/version.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#if TORCH_VERSION_MAJOR >= 2
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#endif
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
@@ -213,9 +218,43 @@ Dense dense(const at::Tensor& t) {
   return {c, [t, c]() mutable { t.copy_(c); }};
 }
 
+#if TORCH_VERSION_MAJOR >= 2
+using BackendBase = c10d::Backend;
+#else
+using BackendBase = c10d::ProcessGroup;
+#endif
+
+// PREMUL_SUM's factor (torch.distributed._make_nccl_premul_sum: a number,
+// or a one-element tensor); nullopt for every other op.
+std::optional<double> premulFactor(const c10d::ReduceOp& op) {
+  if (op.op_ != c10d::ReduceOp::PREMUL_SUM) return std::nullopt;
+  const auto* s = dynamic_cast<const c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
+  if (!s) invalid("PREMUL_SUM without its factor");
+#if TORCH_VERSION_MAJOR >= 2
+  if (s->tensor_factor.defined()) return s->tensor_factor.item<double>();
+#else
+  if (!s->tensor_factors.empty()) return s->tensor_factors[0].item<double>();
+#endif
+  return s->double_factor;
+}
+
+// PREMUL_SUM: `t` (this rank's contribution, a tensor the op may change)
+// times the factor, so that the sum that follows is torch's premultiplied
+// sum. Nothing for other ops.
+void premultiply(at::Tensor& t, const c10d::ReduceOp& op, const char* what) {
+  const std::optional<double> f = premulFactor(op);
+  if (!f) return;
+  if (!at::isFloatingType(t.scalar_type()) && !at::isComplexType(t.scalar_type())) {
+    invalid(std::string(what) + ": PREMUL_SUM applies to floating-point tensors, not " +
+            std::string(c10::toString(t.scalar_type())));
+  }
+  t.mul_(*f);
+}
+
 ReduceOp toReduceOp(const c10d::ReduceOp& op) {
   switch (op.op_) {
-    case c10d::ReduceOp::SUM: return ReduceOp::kSum;
+    case c10d::ReduceOp::SUM:
+    case c10d::ReduceOp::PREMUL_SUM: return ReduceOp::kSum;  // premultiply() scales first
     case c10d::ReduceOp::AVG: return ReduceOp::kAvg;
     case c10d::ReduceOp::PRODUCT: return ReduceOp::kProd;
     case c10d::ReduceOp::MIN: return ReduceOp::kMin;
@@ -225,7 +264,7 @@ ReduceOp toReduceOp(const c10d::ReduceOp& op) {
     case c10d::ReduceOp::BXOR: return ReduceOp::kBxor;
     default:
       invalid("reduce op " + std::to_string(static_cast<int>(op.op_)) +
-              " is not supported (SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR)");
+              " is not supported (SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR, PREMUL_SUM)");
   }
 }
 
@@ -331,6 +370,16 @@ class GflowWork : public c10d::Work {
 
   bool pending() const { return !work_.test(); }
 
+  // Gloo's future value for an op with several output lists (allgather of
+  // several inputs, allgather_coalesced): the lists, of these sizes, not
+  // one flat list (one list stays flat, as in Gloo). Before it is queued.
+  void nestFuture(std::vector<size_t> sizes) {
+    if (sizes.size() < 2) return;
+    nested_ = std::move(sizes);
+    future_ = c10::make_intrusive<c10::ivalue::Future>(
+        c10::ListType::create(c10::ListType::create(c10::TensorType::get())));
+  }
+
   // Completion thread: waits for the gflow op, then completes the Work and
   // its future (whose callbacks, e.g. DDP's, run here).
   void complete() {
@@ -351,8 +400,17 @@ class GflowWork : public c10d::Work {
     finish(error);
     if (error) {
       future_->setError(error);
-    } else {
+    } else if (nested_.empty()) {
       future_->markCompleted(c10::IValue(outputs_));
+    } else {
+      c10::List<c10::List<at::Tensor>> lists;
+      size_t at = 0;
+      for (size_t n : nested_) {
+        c10::List<at::Tensor> list;
+        for (size_t i = 0; i < n; ++i) list.push_back(outputs_[at++]);
+        lists.push_back(std::move(list));
+      }
+      future_->markCompleted(c10::IValue(lists));
     }
   }
 
@@ -362,6 +420,7 @@ class GflowWork : public c10d::Work {
   std::vector<at::Tensor> inputs_;
   std::function<void()> after_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::vector<size_t> nested_;
   std::shared_ptr<int> source_;
 };
 
@@ -409,6 +468,28 @@ InPlace inPlace(const std::vector<at::Tensor>& tensors, const c10d::ReduceOp& op
   x.v = view(x.d.t, what);
   x.op = toReduceOp(op);
   return x;
+}
+
+std::vector<size_t> listSizes(const std::vector<std::vector<at::Tensor>>& lists) {
+  std::vector<size_t> sizes;
+  for (const auto& l : lists) sizes.push_back(l.size());
+  return sizes;
+}
+
+// Whether an op may work on each of `ts` in place, one view each: every
+// tensor contiguous, on one device, and no two sharing memory.
+bool inPlaceApart(const std::vector<at::Tensor>& ts) {
+  std::vector<std::pair<uintptr_t, uintptr_t>> spans;
+  for (const at::Tensor& t : ts) {
+    if (!t.is_contiguous() || t.device() != ts[0].device()) return false;
+    const auto begin = reinterpret_cast<uintptr_t>(t.data_ptr());
+    spans.emplace_back(begin, begin + t.nbytes());
+  }
+  std::sort(spans.begin(), spans.end());
+  for (size_t i = 1; i < spans.size(); ++i) {
+    if (spans[i].first < spans[i - 1].second) return false;
+  }
+  return true;
 }
 
 // A copy of a contiguous tensor's bytes as a 1-D uint8 tensor, on its
@@ -478,11 +559,11 @@ void splitBlocks(const at::Tensor& t, const std::vector<int64_t>& splits, size_t
   }
 }
 
-class ProcessGroupGflow : public c10d::ProcessGroup {
+class ProcessGroupGflow : public BackendBase {
  public:
   ProcessGroupGflow(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                     std::chrono::milliseconds timeout, int localRank, int localSize)
-      : c10d::ProcessGroup(rank, size) {
+      : BackendBase(rank, size) {
     gflow::Options o;
     o.rank = rank;
     o.size = size;
@@ -553,7 +634,11 @@ class ProcessGroupGflow : public c10d::ProcessGroup {
                                            const c10d::AllreduceOptions& opts) override {
     if (tensors.size() == 1 && tensors[0].is_sparse()) return sparseAllreduce(tensors[0], opts);
     if (tensors.size() != 1) return allreduceMany(tensors, opts);
-    InPlace x = checked("allreduce", [&] { return inPlace(tensors, opts.reduceOp, "allreduce"); });
+    InPlace x = checked("allreduce", [&] {
+      InPlace i = inPlace(tensors, opts.reduceOp, "allreduce");
+      premultiply(i.d.t, opts.reduceOp, "allreduce");
+      return i;
+    });
     return enqueue(c10d::OpType::ALLREDUCE, comm_->allreduceAsync(x.v, x.op), {x.t}, {x.d.t},
                    x.d.writeBack);
   }
@@ -578,6 +663,7 @@ class ProcessGroupGflow : public c10d::ProcessGroup {
       acc = tensors[0].contiguous().clone();
       for (size_t i = 1; i < tensors.size(); ++i) combineInto(acc, tensors[i], o);
       v = view(acc, "allreduce");
+      premultiply(acc, opts.reduceOp, "allreduce");
       return o;
     });
     const int64_t parts = static_cast<int64_t>(tensors.size()) * size_;
@@ -601,7 +687,7 @@ class ProcessGroupGflow : public c10d::ProcessGroup {
   c10::intrusive_ptr<c10d::Work> sparseAllreduce(at::Tensor& t,
                                                  const c10d::AllreduceOptions& opts) {
     SparseAllreduce s = checked("allreduce", [&] {
-      if (toReduceOp(opts.reduceOp) != ReduceOp::kSum) {
+      if (opts.reduceOp.op_ != c10d::ReduceOp::SUM) {
         invalid(
             "allreduce: unsupported reduction operation (allreduce of sparse tensors only "
             "works with ReduceOp.SUM)");
@@ -617,7 +703,13 @@ class ProcessGroupGflow : public c10d::ProcessGroup {
     InPlace x = checked("reduce", [&] {
       checkRootRank(opts.rootRank, size_, "reduce");
       checkRootTensor(opts.rootTensor, 1, "reduce");
-      return inPlace(tensors, opts.reduceOp, "reduce");
+      InPlace i = inPlace(tensors, opts.reduceOp, "reduce");
+      if (premulFactor(opts.reduceOp) && rank_ != opts.rootRank) {
+        i.d = {i.d.t.clone(), nullptr};  // a rank's own tensor stays as it was
+        i.v = view(i.d.t, "reduce");
+      }
+      premultiply(i.d.t, opts.reduceOp, "reduce");
+      return i;
     });
     return enqueue(c10d::OpType::REDUCE,
                    comm_->reduceAsync(x.v, static_cast<int>(opts.rootRank), x.op), {x.t}, {x.d.t},
@@ -847,13 +939,20 @@ class ProcessGroupGflow : public c10d::ProcessGroup {
       return all;
     });
     gflow::Work w = comm_->allgatherAsync(vin, vflat);
-    return enqueue(c10d::OpType::ALLGATHER_COALESCED, std::move(w), outs, {in, flat},
-                   [flat, outs] { unflattenBytes(flat, outs); });
+    auto work = makeWork(c10d::OpType::ALLGATHER_COALESCED, std::move(w), outs, {in, flat},
+                         [flat, outs] { unflattenBytes(flat, outs); });
+    work->nestFuture(listSizes(outputs));
+    return push(std::move(work));
   }
 
+  // In place on the tensors where they are dense and apart; where two share
+  // memory (Gloo's tests pass one tensor twice) or one is not contiguous,
+  // as Gloo does: one flat copy reduced, then each tensor's slice copied
+  // back.
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
       std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override {
     std::vector<Tensor> views;
+    at::Tensor flat;
     const ReduceOp op = checked("allreduce", [&] {
       const char* what = "allreduce_coalesced";
       if (tensors.empty()) invalid(std::string(what) + ": requires non-empty tensor list");
@@ -864,11 +963,35 @@ class ProcessGroupGflow : public c10d::ProcessGroup {
         }
       }
       if (tensors[0].is_sparse()) invalid(std::string(what) + ": unsupported layout (sparse)");
-      for (const at::Tensor& t : tensors) views.push_back(view(t, what));
-      return toReduceOp(opts.reduceOp);
+      const ReduceOp o = toReduceOp(opts.reduceOp);
+      if (inPlaceApart(tensors)) {
+        for (const at::Tensor& t : tensors) views.push_back(view(t, what));
+        for (at::Tensor& t : tensors) premultiply(t, opts.reduceOp, what);
+        return o;
+      }
+      std::vector<at::Tensor> parts;
+      for (const at::Tensor& t : tensors) {
+        checkPlacement(t.contiguous(), what);
+        parts.push_back(t.reshape({-1}));
+      }
+      flat = at::cat(parts);
+      views.push_back(view(flat, what));
+      premultiply(flat, opts.reduceOp, what);
+      return o;
     });
-    return enqueue(c10d::OpType::ALLREDUCE_COALESCED, allreduceCoalesced(*comm_, views, op),
-                   tensors);
+    if (!flat.defined()) {
+      return enqueue(c10d::OpType::ALLREDUCE_COALESCED, allreduceCoalesced(*comm_, views, op),
+                     tensors);
+    }
+    std::function<void()> after = [flat, outs = tensors]() mutable {
+      int64_t at = 0;
+      for (at::Tensor& t : outs) {
+        t.copy_(flat.narrow(0, at, t.numel()).view_as(t));
+        at += t.numel();
+      }
+    };
+    return enqueue(c10d::OpType::ALLREDUCE_COALESCED, comm_->allreduceAsync(views[0], op), tensors,
+                   {flat}, std::move(after));
   }
 
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -908,9 +1031,11 @@ class ProcessGroupGflow : public c10d::ProcessGroup {
     std::vector<at::Tensor> outs;
     for (const auto& list : outputs) outs.insert(outs.end(), list.begin(), list.end());
     gflow::Work w = comm_->allgatherAsync(vin, vflat);
-    return enqueue(c10d::OpType::ALLGATHER, std::move(w), outs, {in, flat}, [flat, outputs] {
+    auto work = makeWork(c10d::OpType::ALLGATHER, std::move(w), outs, {in, flat}, [flat, outputs] {
       for (const auto& list : outputs) unflatten(flat, list);
     });
+    work->nestFuture(listSizes(outputs));
+    return push(std::move(work));
   }
 
   c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& out, at::Tensor& in,
@@ -944,7 +1069,9 @@ class ProcessGroupGflow : public c10d::ProcessGroup {
       result = out.is_contiguous() ? out : at::empty_like(out, at::MemoryFormat::Contiguous);
       vin = view(in, "reduce_scatter");
       vresult = view(result, "reduce_scatter");
-      return toReduceOp(opts.reduceOp);
+      const ReduceOp o = toReduceOp(opts.reduceOp);
+      premultiply(in, opts.reduceOp, "reduce_scatter");
+      return o;
     });
     gflow::Work w = comm_->reduceScatterAsync(vin, vresult, op);
     std::function<void()> after;
@@ -956,14 +1083,121 @@ class ProcessGroupGflow : public c10d::ProcessGroup {
   c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
       at::Tensor& out, at::Tensor& in, const c10d::ReduceScatterOptions& opts) override {
     Tensor vin, vout;
+    at::Tensor src = in;
     const ReduceOp op = checked("reduce_scatter", [&] {
       vin = view(in, "_reduce_scatter_base");
       vout = view(out, "_reduce_scatter_base");
-      return toReduceOp(opts.reduceOp);
+      const ReduceOp o = toReduceOp(opts.reduceOp);
+      if (premulFactor(opts.reduceOp)) {  // the caller's input stays as it was
+        src = in.clone();
+        premultiply(src, opts.reduceOp, "_reduce_scatter_base");
+        vin = view(src, "_reduce_scatter_base");
+      }
+      return o;
     });
     return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, comm_->reduceScatterAsync(vin, vout, op),
-                   {out}, {in});
+                   {out}, {src});
   }
+
+#if TORCH_VERSION_MAJOR >= 2
+  // torch 2.x routes a sparse tensor's allreduce here.
+  c10::intrusive_ptr<c10d::Work> allreduce_sparse(std::vector<at::Tensor>& tensors,
+                                                  const c10d::AllreduceOptions& opts) override {
+    at::Tensor t = checked("allreduce", [&] { return single(tensors, "allreduce_sparse"); });
+    return sparseAllreduce(t, opts);
+  }
+
+  // all_gather_into_tensor under a coalescing manager: one allgather of
+  // every input's bytes; output i receives rank r's input i at block r.
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions&) override {
+    at::Tensor in, flat;
+    Tensor vin, vflat;
+    std::vector<at::Tensor> blocks = checked("allgather", [&] {
+      const char* what = "allgather_into_tensor_coalesced";
+      if (outputs.size() != inputs.size()) {
+        invalid(std::string(what) + ": " + std::to_string(inputs.size()) + " inputs but " +
+                std::to_string(outputs.size()) + " outputs");
+      }
+      std::vector<at::Tensor> parts;
+      for (size_t i = 0; i < inputs.size(); ++i) {
+        if (outputs[i].numel() != inputs[i].numel() * size_ ||
+            outputs[i].scalar_type() != inputs[i].scalar_type()) {
+          invalid(std::string(what) + ": output " + std::to_string(i) +
+                  " must hold world size x its input's elements, of the input's dtype");
+        }
+        checkPlacement(outputs[i], what);
+        parts.push_back(asBytes(inputs[i].contiguous()));
+      }
+      in = parts.empty() ? at::empty({0}, at::kByte) : at::cat(parts);
+      flat = at::empty({size_ * in.numel()}, in.options());
+      vin = bytesView(in, what);
+      vflat = bytesView(flat, what);
+      // Rank r's input i: block r of output i, in the order flat holds them.
+      std::vector<at::Tensor> order;
+      for (int r = 0; r < size_; ++r) {
+        for (size_t i = 0; i < inputs.size(); ++i) {
+          order.push_back(
+              outputs[i].reshape({-1}).narrow(0, r * inputs[i].numel(), inputs[i].numel()));
+        }
+      }
+      return order;
+    });
+    return enqueue(c10d::OpType::COALESCED, comm_->allgatherAsync(vin, vflat), outputs, {in, flat},
+                   [flat, blocks] { unflattenBytes(flat, blocks); });
+  }
+
+  // reduce_scatter_tensor under a coalescing manager: the inputs' blocks
+  // for each rank laid side by side, one reduce-scatter, then rank r's part
+  // split into the outputs.
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::ReduceScatterOptions& opts) override {
+    at::Tensor in, result;
+    Tensor vin, vresult;
+    const ReduceOp op = checked("reduce_scatter", [&] {
+      const char* what = "reduce_scatter_tensor_coalesced";
+      if (outputs.empty() || outputs.size() != inputs.size()) {
+        invalid(std::string(what) + ": needs as many outputs as inputs, at least one");
+      }
+      std::vector<at::Tensor> byRank;
+      int64_t per = 0;
+      for (size_t i = 0; i < inputs.size(); ++i) {
+        if (inputs[i].numel() != outputs[i].numel() * size_ ||
+            inputs[i].scalar_type() != inputs[0].scalar_type() ||
+            outputs[i].scalar_type() != inputs[0].scalar_type()) {
+          invalid(std::string(what) + ": input " + std::to_string(i) +
+                  " must hold world size x its output's elements, and every tensor one dtype");
+        }
+        checkPlacement(outputs[i], what);
+        per += outputs[i].numel();
+      }
+      for (int r = 0; r < size_; ++r) {
+        for (size_t i = 0; i < inputs.size(); ++i) {
+          const int64_t n = outputs[i].numel();
+          byRank.push_back(inputs[i].reshape({-1}).narrow(0, r * n, n));
+        }
+      }
+      in = at::cat(byRank);
+      result = at::empty({per}, in.options());
+      vin = view(in, what);
+      vresult = view(result, what);
+      const ReduceOp o = toReduceOp(opts.reduceOp);
+      premultiply(in, opts.reduceOp, what);
+      return o;
+    });
+    std::function<void()> after = [result, outs = outputs]() mutable {
+      int64_t at = 0;
+      for (at::Tensor& o : outs) {
+        o.copy_(result.narrow(0, at, o.numel()).view_as(o));
+        at += o.numel();
+      }
+    };
+    return enqueue(c10d::OpType::COALESCED, comm_->reduceScatterAsync(vin, vresult, op), outputs,
+                   {in, result}, std::move(after));
+  }
+#endif
 
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions&) override {
     return enqueue(c10d::OpType::BARRIER, comm_->barrierAsync(), {});
@@ -1155,7 +1389,7 @@ PYBIND11_MODULE(_gflow_torch, m) {
       "create_process_group",
       [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
          std::chrono::milliseconds timeout, int localRank,
-         int localSize) -> c10::intrusive_ptr<c10d::ProcessGroup> {
+         int localSize) -> c10::intrusive_ptr<gflow::torch_backend::BackendBase> {
         return c10::make_intrusive<gflow::torch_backend::ProcessGroupGflow>(
             store, rank, size, timeout, localRank, localSize);
       },
@@ -1164,7 +1398,8 @@ PYBIND11_MODULE(_gflow_torch, m) {
       py::call_guard<py::gil_scoped_release>());
   m.def(
       "batch_send_recv",
-      [](const c10::intrusive_ptr<c10d::ProcessGroup>& pg,
+      // torch 2.x: the group's cpu Backend (gflow/torch.py passes it).
+      [](const c10::intrusive_ptr<gflow::torch_backend::BackendBase>& pg,
          const std::vector<gflow::torch_backend::ProcessGroupGflow::BatchOp>& ops)
           -> c10::intrusive_ptr<c10d::Work> {
         auto* g = dynamic_cast<gflow::torch_backend::ProcessGroupGflow*>(pg.get());
