@@ -87,7 +87,9 @@ make_chroot() {
   fi
   cp /etc/resolv.conf "$root/etc/resolv.conf" 2>/dev/null || true
   echo "== torch 2.x ($suite): installing $packages"
-  if ! chroot "$root" sh -c "apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+  # A mirror that is a snapshot serves Release files past their Valid-Until.
+  if ! chroot "$root" sh -c "apt-get -o Acquire::Check-Valid-Until=false update -qq && \
+      DEBIAN_FRONTEND=noninteractive \
       apt-get install -y -qq --no-install-recommends $packages" >"$cache/apt.log" 2>&1; then
     tail -n 20 "$cache/apt.log"
     echo "torch2_tests: installing the packages into the $suite chroot failed; log: $cache/apt.log" >&2
