@@ -320,11 +320,6 @@ TEST_P(TransportContract, TimeoutSaysWhetherTheSilentPeerIsAliveAndBlamesIt) {
 // companion transport does while its own wait sleeps) is alive. Rank 0's
 // sleeping wait runs its own hook (Context::setWhileWaiting).
 TEST_P(TransportContract, PollAnswersTheProbeAndSleepingWaitsRunTheHook) {
-  if (std::string(GetParam()) == "verbs_lazy") {
-    // A verbs pair connects when both ranks have named each other in an op
-    // (verbs_context.h); rank 1 never does. VerbsOnDemand covers this case.
-    GTEST_SKIP() << "verbs on demand: a rank that only polls never connects";
-  }
   std::atomic<bool> done{false};
   std::atomic<int> hookRuns{0};
   auto errs = run(

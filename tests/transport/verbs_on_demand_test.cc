@@ -88,9 +88,9 @@ TEST(VerbsOnDemand, AllToAllConnectsEveryPairAndGrowsTheCompletionQueue) {
       lazyVerbs("ring"));
 }
 
-// A rank that only looks for a peer's messages (a receive from any source)
-// connects to that peer: the sender's message arrives.
-TEST(VerbsOnDemand, LookingForAPeersMessageConnectsToIt) {
+// A rank that only looks for a peer's messages (arrived(), as a receive
+// from any source does) connects when the sender asks it to.
+TEST(VerbsOnDemand, AReceiverThatOnlyLooksConnectsWhenTheSenderAsks) {
   sv::Installed dev;
   const transport::Envelope env{{1, 2, 3}};
   testing::expectNoErrors(testing::runContexts(
@@ -114,8 +114,52 @@ TEST(VerbsOnDemand, LookingForAPeersMessageConnectsToIt) {
       milliseconds(10000)));
 }
 
-// A peer that never names this rank: the wait fails at its deadline and
-// says the pair never connected.
+// A small send completes before its receiver has named the sender: rank 0
+// sends to rank 3, then joins a barrier in which they are not partners;
+// rank 3 receives only after it. Rank 3, waiting in the barrier, answers
+// rank 0's request to connect, and its ring takes the message.
+TEST(VerbsOnDemand, ASmallSendCompletesBeforeTheReceiverNamesTheSender) {
+  sv::Installed dev;
+  testing::runRanks(
+      8,
+      [&](Communicator& c) {
+        std::vector<int32_t> v(100, c.rank() == 0 ? 7 : -1);
+        const Tensor t(v.data(), v.size(), DataType::kInt32);
+        if (c.rank() == 0) c.send(t, 3);
+        c.barrier();
+        if (c.rank() == 3) {
+          c.recv(t, 0);
+          for (int32_t x : v) ASSERT_EQ(x, 7);
+        }
+      },
+      lazyVerbs("ring"));
+}
+
+// A receive from any source connects only to the rank that sends, not to
+// every rank: rank 0's peers are creation's ring neighbours (1, 7), the
+// sender (5), and at most the barrier's partners after it (2, 4, 6).
+TEST(VerbsOnDemand, AReceiveFromAnySourceConnectsOnlyToTheSender) {
+  sv::Installed dev;
+  testing::runRanks(
+      8,
+      [&](Communicator& c) {
+        int32_t v = c.rank();
+        const Tensor t(&v, 1, DataType::kInt32);
+        if (c.rank() == 5) c.send(t, 0);
+        if (c.rank() == 0) {
+          EXPECT_EQ(c.recv(t, P2POp::kAnySource), 5);
+          EXPECT_EQ(v, 5);
+          const Stats s = c.stats();
+          EXPECT_GT(s.peers[5].connections, 0);
+          EXPECT_EQ(s.peers[3].connections, 0);
+        }
+        c.barrier();
+      },
+      lazyVerbs("ring"));
+}
+
+// A peer that has gone before answering this rank's request to connect:
+// the wait fails at its deadline and says the pair never connected.
 TEST(VerbsOnDemand, APeerThatNeverNamesThisRankIsReportedNotConnected) {
   sv::Installed dev;
   const transport::Envelope env{{1, 2, 3}};
@@ -152,9 +196,10 @@ TEST(VerbsOnDemand, ARefusedConnectionSaysWhyOnBothSides) {
     try {
       auto c = transport::createContext("verbs", o);
       c->beginGroup(1, env);
-      char b = 0;
-      auto r = rank == 0 ? c->isend(1, &b, 1, {1, 0}, env) : c->irecv(0, &b, 1, {1, 0}, env);
-      c->wait(r, Deadline::after(milliseconds(10000)));
+      // Each sends and waits to receive: only the connection ends either.
+      char out = 1, in = 0;
+      c->isend(1 - rank, &out, 1, {1, 0}, env);
+      c->wait(c->irecv(1 - rank, &in, 1, {1, 0}, env), Deadline::after(milliseconds(10000)));
     } catch (...) {
       errs[rank] = std::current_exception();
     }

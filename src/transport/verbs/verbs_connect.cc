@@ -28,6 +28,8 @@ constexpr size_t kCreditBytes = 64;  // one cache line per credit word
 // On demand: what the higher rank of a pair publishes, followed by why,
 // when it cannot connect to the lower rank's end.
 constexpr const char* kRefusal = "gflow-verbs-refused\n";
+// The most of a refusal's reason a rank writes or reads.
+constexpr size_t kMaxRefusalText = 1024;
 // On demand: the completion queue holds this many peers at first.
 constexpr int kCqPeersAtStart = 8;
 
@@ -131,7 +133,9 @@ ConnInfo readPeerEnd(const std::vector<uint8_t>& blob, const ConnInfo& mine, con
   if (blob.size() >= refused && std::memcmp(blob.data(), kRefusal, refused) == 0) {
     GFLOW_THROW(kInvalidArgument, pctx)
         << "rank " << peer << " refused the connection: "
-        << std::string(blob.begin() + static_cast<std::ptrdiff_t>(refused), blob.end());
+        << std::string(blob.begin() + static_cast<std::ptrdiff_t>(refused),
+                       blob.begin() + static_cast<std::ptrdiff_t>(
+                                          std::min(blob.size(), refused + kMaxRefusalText)));
   }
   if (blob.size() != sizeof(ti)) {
     GFLOW_THROW(kInvalidArgument, pctx)
@@ -265,7 +269,7 @@ VerbsContext::~VerbsContext() {
 }
 
 void VerbsContext::destroyAll() {
-  fetcher_.reset();  // its threads wake this context
+  fetcher_.reset();  // its threads wake this context: before the eventfd goes
   if (!device_) {
     if (wakeFd_ >= 0) ::close(wakeFd_);
     wakeFd_ = -1;
@@ -398,6 +402,7 @@ void VerbsContext::connectAll(const ContextOptions& o) {
   prefix_ = o.prefix;
   if (lazy_) {
     fetcher_ = std::make_unique<RecordFetcher>(store_, [this] { wake(); });
+    fetcher_->follow(askKey(rank()));
     GFLOW_LOG(DEBUG) << "rank " << rank() << ": verbs connects its peers on demand";
     return;
   }
@@ -483,7 +488,11 @@ void VerbsContext::connectMesh(const ContextOptions& o) {
 
 // ---- connections on demand ---------------------------------------------------
 
-void VerbsContext::needPeer(int peer) {
+std::string VerbsContext::askKey(int target) const {
+  return prefix_ + "verbs/ask/" + std::to_string(target) + "/";
+}
+
+void VerbsContext::needPeer(int peer, bool ask) {
   Peer& p = *peers_[peer];
   if (!lazy_ || p.opened) return;
   const ErrorContext ectx = ErrorContext().withSeq(group()).withRank(rank()).withPeer(peer);
@@ -496,15 +505,46 @@ void VerbsContext::needPeer(int peer) {
     // its queue pairs are connected to it (adoptRecord).
     if (rank() < peer) store_->set(recordKey(rank(), peer), p.myEnd);
     fetcher_->fetch(peer, recordKey(peer, rank()));
+    if (ask) {  // the peer's watcher opens this rank too, in its own progress
+      const int64_t k = store_->add(prefix_ + "verbs/asks/" + std::to_string(peer), 1);
+      const std::string me = std::to_string(rank());
+      store_->set(askKey(peer) + std::to_string(k), std::vector<uint8_t>(me.begin(), me.end()));
+    }
   } catch (const Error& e) {
     fail(Error(e.code(), "connecting to rank " + std::to_string(peer) + ": " + e.detail(), ectx));
+  } catch (const std::exception& e) {  // allocation, thread creation
+    fail(Error(ErrorCode::kInternal, "connecting to rank " + std::to_string(peer) + ": " + e.what(),
+               ectx));
   }
 }
 
 void VerbsContext::adoptRecords() {
   std::vector<RecordFetcher::Record> records = fetcher_->take();
   if (failed() || qpsErrored_) return;  // nothing more connects
-  for (RecordFetcher::Record& r : records) adoptRecord(r);
+  for (RecordFetcher::Record& r : records) {
+    if (r.peer < 0) {
+      adoptRequest(r);
+    } else {
+      adoptRecord(r);
+    }
+  }
+}
+
+void VerbsContext::adoptRequest(const RecordFetcher::Record& r) {
+  if (r.error) {
+    GFLOW_LOG(WARN) << "rank " << rank()
+                    << ": peers' requests to connect no longer arrive: " << r.error->detail();
+    return;
+  }
+  const std::string text(r.value.begin(), r.value.end());
+  char* end = nullptr;
+  const long peer = std::strtol(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || peer < 0 || peer >= size() || peer == rank()) {
+    GFLOW_LOG(WARN) << "rank " << rank() << ": ignored a request to connect from '" << text
+                    << "' (not a rank of this communicator)";
+    return;
+  }
+  needPeer(static_cast<int>(peer), /*ask=*/false);
 }
 
 void VerbsContext::adoptRecord(RecordFetcher::Record& r) {
@@ -522,22 +562,41 @@ void VerbsContext::adoptRecord(RecordFetcher::Record& r) {
   }
   try {
     connectPeerEnd(r.peer, r.value, ectx);
-    if (rank() > r.peer) store_->set(recordKey(rank(), r.peer), p.myEnd);
-  } catch (const Error& e) {
-    if (rank() > r.peer) {  // the lower rank waits for this rank's end: tell it why not
-      std::string why = kRefusal + e.detail();
-      try {
-        store_->set(recordKey(rank(), r.peer), std::vector<uint8_t>(why.begin(), why.end()));
-      } catch (const Error&) {
-        // The store is gone too: the peer's op times out.
-      }
+    if (rank() > r.peer) {
+      store_->set(recordKey(rank(), r.peer), p.myEnd);
+      p.published = true;
     }
+  } catch (const Error& e) {
+    refuse(r.peer, e.detail());
     fail(Error(e.code(), e.detail(), ectx));
   }
   if (rank() < r.peer) {
     sendReady(r.peer);
     p.writable = true;
     pumpEager(r.peer);
+  }
+}
+
+void VerbsContext::refuse(int peer, const std::string& why) {
+  Peer& p = *peers_[peer];
+  // Only the higher rank publishes after the lower rank's record: its
+  // record's key is where the lower rank waits.
+  if (rank() < peer || p.published) return;
+  p.published = true;
+  const std::string text = kRefusal + why.substr(0, kMaxRefusalText);
+  try {
+    store_->set(recordKey(rank(), peer), std::vector<uint8_t>(text.begin(), text.end()));
+  } catch (const Error&) {
+    // The store is gone too: the peer's op times out.
+  }
+}
+
+void VerbsContext::refuseWaitingPeers(const Error& error) {
+  if (!lazy_) return;
+  for (int peer = 0; peer < size(); ++peer) {
+    if (peer != rank() && peers_[peer]->opened && !peers_[peer]->writable) {
+      refuse(peer, "it failed: " + error.detail());
+    }
   }
 }
 

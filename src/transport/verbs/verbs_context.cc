@@ -251,12 +251,6 @@ RequestPtr VerbsContext::isend(int peer, const void* data, size_t bytes, Tag tag
   return req;
 }
 
-bool VerbsContext::arrived(int peer, Tag tag) {
-  GFLOW_ENFORCE(peer >= 0 && peer < size() && peer != rank());
-  if (!failed()) needPeer(peer);
-  return Engine::arrived(peer, tag);
-}
-
 RequestPtr VerbsContext::irecv(int peer, void* data, size_t bytes, Tag tag, const Envelope& env) {
   checkFailed();
   GFLOW_ENFORCE(peer >= 0 && peer < size() && peer != rank());
@@ -587,6 +581,7 @@ void VerbsContext::reject(uint64_t group, const std::string& why) {
 
 void VerbsContext::notifyPeers(const Error& error) {
   if (!device_ || qpsErrored_) return;
+  refuseWaitingPeers(error);
   const std::vector<char> payload =
       errorReportPayload(error, std::min(kMaxErrorText, eagerMax_ - kReportHeaderBytes));
   for (int peer = 0; peer < size(); ++peer) {
@@ -596,7 +591,8 @@ void VerbsContext::notifyPeers(const Error& error) {
       if (q.req) q.req->fail(error);
     }
     p.eagerQueue.clear();
-    // Not connected (on demand): the peer learns of it from its own op.
+    // Not connected (on demand): the peer learns of it from its own op, or
+    // from the refusal (refuseWaitingPeers).
     if (!p.writable) continue;
     // Best effort: the report goes first if a slot is free now. A peer whose
     // connection is broken (posting fails) does not keep it from the others.

@@ -23,11 +23,13 @@
 //   - Connections (verbs_connect.cc; GFLOW_CONNECT, transport/connect_mode.h):
 //     each pair's records (QP numbers, PSNs, the inbound ring) go through
 //     the bootstrap store. With all, every pair at init; lazy, when an op
-//     first names the peer: the lower rank publishes its end at once; the
-//     higher rank waits for it (RecordFetcher), connects its queue pairs and
-//     only then publishes its own, so the lower rank may write as soon as it
-//     has connected; the lower rank's first write is a READY immediate,
-//     until which the higher rank holds its writes.
+//     first names the peer, and asks the peer to open it too (a store
+//     counter and key the peer's watcher reads): the lower rank publishes
+//     its end at once; the higher rank waits for it (RecordFetcher),
+//     connects its queue pairs and only then publishes its own, so the
+//     lower rank may write as soon as it has connected; the lower rank's
+//     first write is a READY immediate, until which the higher rank holds
+//     its writes.
 //   - Errors: work-completion errors and async events become gflow::Error
 //     naming the peer and the verbs status; a waiter probes a silent peer
 //     with a zero-length write, so a dead peer gives peer_lost, not a hang.
@@ -132,9 +134,6 @@ class VerbsContext final : public Engine {
   std::unique_ptr<MemoryRegion> registerMemory(void* data, size_t size) override;
   RequestPtr isend(int peer, const void* data, size_t bytes, Tag tag, const Envelope& env) override;
   RequestPtr irecv(int peer, void* data, size_t bytes, Tag tag, const Envelope& env) override;
-  // Names `peer` too: on demand, a rank that only looks for a peer's
-  // messages connects to it.
-  bool arrived(int peer, Tag tag) override;
   void beginGroup(uint64_t group, const Envelope& env) override;
   void endOp() override;
   void notifyPeers(const Error& error) override;
@@ -196,10 +195,12 @@ class VerbsContext final : public Engine {
   };
   struct Peer {
     // On demand, a peer is opened (rings registered, queue pairs created
-    // and receiving) when an op first names it, and writable once its end
-    // is connected and ready to receive; with the full mesh both at init.
+    // and receiving) when an op first names it or it asks this rank to
+    // connect, and writable once its end is connected and ready to
+    // receive; with the full mesh both at init.
     bool opened = false;
     bool writable = false;
+    bool published = false;       // the higher rank: its record (or a refusal) is out
     std::vector<uint8_t> myEnd;   // the record of this rank's end
     std::vector<uint32_t> sqPsn;  // per QP: the PSN this side sends from
     std::vector<ibv_qp*> qps;
@@ -254,11 +255,20 @@ class VerbsContext final : public Engine {
   void openPeer(int peer);
   // Connects the queue pairs of `peer` to its end, as published.
   void connectPeerEnd(int peer, const std::vector<uint8_t>& record, const ErrorContext& ectx);
-  // On demand: opens `peer` and starts its connection, once.
-  void needPeer(int peer);
-  // On demand: the peers' records that have arrived.
+  // On demand: opens `peer` and starts its connection, once; `ask`: also
+  // asks the peer to open this rank (its watcher, follow(askKey(peer))),
+  // so that a peer that never names this rank in an op still connects.
+  void needPeer(int peer, bool ask = true);
+  std::string askKey(int target) const;
+  // On demand: the records and requests that have arrived.
   void adoptRecords();
   void adoptRecord(RecordFetcher::Record& r);
+  void adoptRequest(const RecordFetcher::Record& r);
+  // The higher rank of a pair that will not connect publishes why, where
+  // the lower rank waits for its record; refuseWaitingPeers does it for
+  // every peer still connecting when this rank fails.
+  void refuse(int peer, const std::string& why);
+  void refuseWaitingPeers(const Error& error);
   void sendReady(int peer);
   void createQueuePairs(Peer& p, int peer);
   void postReceives(int peer, int q, int n);

@@ -361,8 +361,8 @@ void VerbsContext::waitUntilDone(const RequestPtr& req, Deadline deadline) {
       case LivenessProbe::Step::kTimeout:
         failTimeout(req, liveness.peerAlive(),
                     p.writable ? " over verbs"
-                               : " over verbs (not connected: the peer has not named this rank in "
-                                 "an op yet)");
+                               : " over verbs (not connected: the peer has not answered this "
+                                 "rank's request to connect)");
       case LivenessProbe::Step::kWait: break;
     }
     if (n == 0) {
