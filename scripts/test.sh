@@ -26,6 +26,8 @@ if [ "$quick" = 0 ]; then
   echo "== torch 2.x chroot and its gflow build: in the background (build/torch2.log)"
   scripts/torch2_tests.sh --build >build/torch2.log 2>&1 &
   torch2_build=$!
+  # If a later step fails, the background build does not outlive this script.
+  trap 'kill "$torch2_build" 2>/dev/null || true' EXIT
 fi
 
 echo "== tests"
@@ -42,6 +44,7 @@ if ! wait "$torch2_build"; then
   echo "torch 2.x: making the chroot or building gflow in it failed" >&2
   exit 1
 fi
+trap - EXIT
 grep "^== torch 2.x" build/torch2.log || true
 scripts/torch2_tests.sh --test
 

@@ -18,12 +18,19 @@
 # changes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-repo=$PWD
+repo=$(pwd -P)
+# Everything runs in a private mount namespace: the chroot's mounts never
+# propagate to the host's (a shared /dev or /sys), and they vanish with the
+# script, however it ends.
+if [ -z "${GFLOW_TORCH2_NS:-}" ] && [ "$(id -u)" -eq 0 ] && command -v unshare >/dev/null; then
+  exec unshare --mount --propagation private env GFLOW_TORCH2_NS=1 "$repo/scripts/torch2_tests.sh" "$@"
+fi
 mode=all
 case "${1:-}" in --build) mode=build; shift ;; --test) mode=test; shift ;; esac
 suite=${1:-trixie}
-cache=${GFLOW_TORCH2_CACHE:-$repo/build/torch2-$suite}
+cache=$(realpath -m "${GFLOW_TORCH2_CACHE:-$repo/build/torch2-$suite}")
 root=$cache/root
+case "$cache" in / | "") echo "torch2_tests: refusing the cache directory '$cache'" >&2; exit 1 ;; esac
 mirror=${GFLOW_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 packages="g++ cmake ninja-build pkg-config libibverbs-dev libhwloc-dev libpmix-dev zlib1g-dev
 python3-dev pybind11-dev python3-numpy python3-pytest python3-setuptools python3-pip
@@ -40,6 +47,7 @@ mounted=()
 unmount_all() {
   local i
   for ((i = ${#mounted[@]} - 1; i >= 0; i--)); do umount -l "${mounted[$i]}" 2>/dev/null || true; done
+  mounted=()
 }
 mount_in() {  # mount_in TARGET ARGS...
   local target=$1
@@ -54,13 +62,29 @@ enter() {
   mount_in "$root/dev" --rbind /dev
   mount_in "$root/gflow" --bind "$repo"
 }
-# Nothing may be mounted under the chroot when it is removed.
+# Removes a chroot this script made (its cache carries a marker), never
+# while anything is mounted under it, and never across file systems.
 remove_root() {
-  if grep -q " $root/" /proc/mounts; then
+  [ -e "$root" ] || return 0
+  if [ ! -f "$cache/.gflow-torch2-cache" ]; then
+    echo "torch2_tests: $cache was not made by this script; not removing $root" >&2
+    exit 1
+  fi
+  if awk -v r="$root" '$5 == r || index($5, r "/") == 1 { found = 1 } END { exit !found }' \
+      /proc/self/mountinfo; then
     echo "torch2_tests: $root still has mounts; not removing it" >&2
     exit 1
   fi
-  rm -rf "$root"
+  rm -rf --one-file-system "$root"
+}
+
+# Whether the mirror answers for `suite` (a failed debootstrap is a skip
+# only when it does not).
+mirror_reachable() {
+  python3 - "$mirror/dists/$suite/Release" <<'PY' >/dev/null 2>&1
+import sys, urllib.request
+urllib.request.urlopen(sys.argv[1], timeout=20).read(64)
+PY
 }
 
 make_chroot() {
@@ -75,6 +99,7 @@ make_chroot() {
       skip "debootstrap is not installed and apt-get could not install it"
   fi
   mkdir -p "$cache"
+  touch "$cache/.gflow-torch2-cache"
   remove_root
   local t0
   t0=$(date +%s)
@@ -82,15 +107,24 @@ make_chroot() {
   if ! debootstrap --variant=minbase "$suite" "$root" "$mirror" >"$cache/debootstrap.log" 2>&1; then
     tail -n 5 "$cache/debootstrap.log"
     remove_root
-    skip "debootstrap $suite from $mirror failed (no network to the package registry?);" \
-      "log: $cache/debootstrap.log"
+    mirror_reachable || skip "the package registry $mirror does not answer for $suite" \
+      "(no network?); log: $cache/debootstrap.log"
+    echo "torch2_tests: debootstrap $suite failed although $mirror answers;" \
+      "log: $cache/debootstrap.log" >&2
+    exit 1
   fi
   cp /etc/resolv.conf "$root/etc/resolv.conf" 2>/dev/null || true
   echo "== torch 2.x ($suite): installing $packages"
-  # A mirror that is a snapshot serves Release files past their Valid-Until.
-  if ! chroot "$root" sh -c "apt-get -o Acquire::Check-Valid-Until=false update -qq && \
-      DEBIAN_FRONTEND=noninteractive \
-      apt-get install -y -qq --no-install-recommends $packages" >"$cache/apt.log" 2>&1; then
+  # A mirror that is a snapshot serves Release files past their
+  # Valid-Until; only then, and saying so, is the check off.
+  local update="apt-get update -qq"
+  if ! chroot "$root" sh -c "$update" >"$cache/apt.log" 2>&1 && grep -q "is expired" "$cache/apt.log"; then
+    echo "== torch 2.x ($suite): the mirror's Release file has expired (a snapshot?);" \
+      "reading it without the Valid-Until check"
+    update="apt-get -o Acquire::Check-Valid-Until=false update -qq"
+  fi
+  if ! chroot "$root" sh -c "$update && DEBIAN_FRONTEND=noninteractive \
+      apt-get install -y -qq --no-install-recommends $packages" >>"$cache/apt.log" 2>&1; then
     tail -n 20 "$cache/apt.log"
     echo "torch2_tests: installing the packages into the $suite chroot failed; log: $cache/apt.log" >&2
     exit 1
@@ -126,13 +160,17 @@ run_tests() {
     "cd /gflow && python3 -m pytest -q -p no:cacheprovider python/tests"
 }
 
+[ "$(id -u)" -eq 0 ] || skip "not root (debootstrap and chroot need root)"
+# One run at a time per cache (scripts/test.sh's background --build and a
+# --test after it, or two checkouts' runs).
+mkdir -p "$cache"
+exec 9>"$cache/.lock"
+flock 9
 if [ "$mode" != test ]; then
-  [ "$(id -u)" -eq 0 ] || skip "not root (debootstrap and chroot need root)"
   make_chroot
   build_inside
 fi
 if [ "$mode" != build ]; then
-  [ "$(id -u)" -eq 0 ] || skip "not root (debootstrap and chroot need root)"
   # --test after a --build that skipped: the same reason holds.
   [ -f "$root/.gflow-packages" ] || skip "no chroot was made (see the --build output)"
   run_tests

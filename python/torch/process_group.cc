@@ -1,13 +1,16 @@
 // The "gflow" torch.distributed backend (_gflow_torch): on torch 2.x a
-// c10d::Backend (a ProcessGroup routes each device type's ops to one;
-// gflow registers for cpu and cuda), on torch 1.13 a c10d::ProcessGroup;
-// one source for both (BackendBase). Its collectives run on a gflow::Communicator, bootstrapped
-// through the c10d::Store that init_process_group hands the backend creator. CPU tensors; allreduce
-// (and its coalesced form), reduce, broadcast, allgather (list, flat and coalesced forms), gather,
-// scatter, all-to-all (equal splits, split sizes and the list form), reduce_scatter (list and flat
-// forms), barrier and point-to-point (send, recv, recv from any source). Ops that only move data
-// take any dtype (as bytes); non-contiguous tensors go through a contiguous copy. One translation
-// unit on purpose: the torch headers dominate the build time.
+// c10d::Backend (a ProcessGroup routes each device type's ops to one; gflow
+// registers for cpu and cuda), on torch 1.13 a c10d::ProcessGroup; one
+// source for both (BackendBase). Its collectives run on a
+// gflow::Communicator, bootstrapped through the c10d::Store that
+// init_process_group hands the backend creator, on CPU and CUDA tensors:
+// allreduce (and its coalesced and sparse forms), reduce, broadcast,
+// allgather (list, flat and coalesced forms), gather, scatter, all-to-all
+// (equal splits, split sizes and the list form), reduce_scatter (list, flat
+// and coalesced forms), barrier and point-to-point (send, recv, recv from
+// any source). Ops that only move data take any dtype (as bytes);
+// non-contiguous tensors go through a contiguous copy. One translation unit
+// on purpose: the torch headers dominate the build time.
 #include <torch/csrc/utils/pybind.h>
 #include <torch/version.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -248,6 +251,7 @@ void premultiply(at::Tensor& t, const c10d::ReduceOp& op, const char* what) {
     invalid(std::string(what) + ": PREMUL_SUM applies to floating-point tensors, not " +
             std::string(c10::toString(t.scalar_type())));
   }
+  at::NoGradGuard noGrad;  // the op's scaling, not a step of the caller's graph
   t.mul_(*f);
 }
 
