@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/deadline.h"
@@ -176,6 +177,32 @@ TEST(VerbsOnDemand, APeerThatNeverNamesThisRankIsReportedNotConnected) {
   EXPECT_EQ(e.code(), ErrorCode::kTimeout) << e.what();
   EXPECT_EQ(e.peer(), 1) << e.what();
   EXPECT_NE(std::string(e.what()).find("not connected"), std::string::npos) << e.what();
+}
+
+// A higher rank that fails while its pair is still connecting refuses the
+// connection with its error: the lower rank fails with that error's code,
+// naming it, instead of waiting for its deadline.
+TEST(VerbsOnDemand, ARankThatFailsWhileConnectingRefusesWithItsError) {
+  sv::Installed dev;
+  const transport::Envelope env{{1, 2, 3}};
+  auto errs = testing::runContexts(
+      "verbs_lazy", 2,
+      [&](transport::Context& c) {
+        c.beginGroup(1, env);
+        char b = 0;
+        if (c.rank() == 1) {
+          c.isend(0, &b, 1, {1, 0}, env);  // opens rank 0, waits for its record
+          c.notifyPeers(Error(ErrorCode::kMismatch, "the test's failure"));
+          return;
+        }
+        std::this_thread::sleep_for(milliseconds(200));
+        c.wait(c.irecv(1, &b, 1, {1, 0}, env), Deadline::after(milliseconds(20000)));
+      },
+      milliseconds(20000));
+  const Error e = testing::errorOf(errs[0]);
+  EXPECT_EQ(e.code(), ErrorCode::kMismatch) << e.what();
+  EXPECT_EQ(e.peer(), 1) << e.what();
+  EXPECT_NE(std::string(e.what()).find("the test's failure"), std::string::npos) << e.what();
 }
 
 // Ranks whose verbs settings differ: the higher rank finds out from the

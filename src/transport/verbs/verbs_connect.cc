@@ -25,8 +25,9 @@ constexpr uint32_t kInfoMagic = 0x67664942;  // "gfIB"
 constexpr uint32_t kInfoVersion = 5;
 constexpr int kMaxQps = 16;
 constexpr size_t kCreditBytes = 64;  // one cache line per credit word
-// On demand: what the higher rank of a pair publishes, followed by why,
-// when it cannot connect to the lower rank's end.
+// On demand: what the higher rank of a pair publishes, followed by the
+// error code (one digit, gflow::ErrorCode) and why, when it will not
+// connect to the lower rank's end.
 constexpr const char* kRefusal = "gflow-verbs-refused\n";
 // The most of a refusal's reason a rank writes or reads.
 constexpr size_t kMaxRefusalText = 1024;
@@ -130,12 +131,17 @@ ConnInfo readPeerEnd(const std::vector<uint8_t>& blob, const ConnInfo& mine, con
                      int peer, const ErrorContext& pctx) {
   ConnInfo ti{};
   const size_t refused = std::strlen(kRefusal);
-  if (blob.size() >= refused && std::memcmp(blob.data(), kRefusal, refused) == 0) {
-    GFLOW_THROW(kInvalidArgument, pctx)
-        << "rank " << peer << " refused the connection: "
-        << std::string(blob.begin() + static_cast<std::ptrdiff_t>(refused),
-                       blob.begin() + static_cast<std::ptrdiff_t>(
-                                          std::min(blob.size(), refused + kMaxRefusalText)));
+  if (blob.size() > refused && std::memcmp(blob.data(), kRefusal, refused) == 0) {
+    const int digit = blob[refused] - '0';
+    const ErrorCode code = digit >= 0 && digit <= static_cast<int>(ErrorCode::kInternal)
+                               ? static_cast<ErrorCode>(digit)
+                               : ErrorCode::kInternal;
+    const auto from = blob.begin() + static_cast<std::ptrdiff_t>(refused + 1);
+    const auto to = blob.begin() + static_cast<std::ptrdiff_t>(
+                                       std::min(blob.size(), refused + 1 + kMaxRefusalText));
+    throw Error(
+        code, "rank " + std::to_string(peer) + " refused the connection: " + std::string(from, to),
+        pctx);
   }
   if (blob.size() != sizeof(ti)) {
     GFLOW_THROW(kInvalidArgument, pctx)
@@ -567,7 +573,7 @@ void VerbsContext::adoptRecord(RecordFetcher::Record& r) {
       p.published = true;
     }
   } catch (const Error& e) {
-    refuse(r.peer, e.detail());
+    refuse(r.peer, e);
     fail(Error(e.code(), e.detail(), ectx));
   }
   if (rank() < r.peer) {
@@ -577,13 +583,14 @@ void VerbsContext::adoptRecord(RecordFetcher::Record& r) {
   }
 }
 
-void VerbsContext::refuse(int peer, const std::string& why) {
+void VerbsContext::refuse(int peer, const Error& why) {
   Peer& p = *peers_[peer];
   // Only the higher rank publishes after the lower rank's record: its
   // record's key is where the lower rank waits.
   if (rank() < peer || p.published) return;
   p.published = true;
-  const std::string text = kRefusal + why.substr(0, kMaxRefusalText);
+  const std::string text = kRefusal + std::to_string(static_cast<int>(why.code())) +
+                           why.detail().substr(0, kMaxRefusalText);
   try {
     store_->set(recordKey(rank(), peer), std::vector<uint8_t>(text.begin(), text.end()));
   } catch (const Error&) {
@@ -595,7 +602,7 @@ void VerbsContext::refuseWaitingPeers(const Error& error) {
   if (!lazy_) return;
   for (int peer = 0; peer < size(); ++peer) {
     if (peer != rank() && peers_[peer]->opened && !peers_[peer]->writable) {
-      refuse(peer, "it failed: " + error.detail());
+      refuse(peer, Error(error.code(), "it failed: " + error.detail()));
     }
   }
 }

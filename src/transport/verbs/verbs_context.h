@@ -264,10 +264,11 @@ class VerbsContext final : public Engine {
   void adoptRecords();
   void adoptRecord(RecordFetcher::Record& r);
   void adoptRequest(const RecordFetcher::Record& r);
-  // The higher rank of a pair that will not connect publishes why, where
-  // the lower rank waits for its record; refuseWaitingPeers does it for
-  // every peer still connecting when this rank fails.
-  void refuse(int peer, const std::string& why);
+  // The higher rank of a pair that will not connect publishes why (the
+  // error's code and text), where the lower rank waits for its record, which
+  // then fails with that code; refuseWaitingPeers does it for every peer
+  // still connecting when this rank fails.
+  void refuse(int peer, const Error& why);
   void refuseWaitingPeers(const Error& error);
   void sendReady(int peer);
   void createQueuePairs(Peer& p, int peer);
