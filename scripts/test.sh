@@ -5,8 +5,9 @@
 #      Python package's pytest suite (python/tests, against build/python),
 #   3. runs python/tests again on torch 2.x, in a Debian trixie chroot with
 #      torch 2.6 (scripts/torch2_tests.sh: made, and gflow built in it, in
-#      the background while step 2 runs; cached in build/torch2-trixie;
-#      skipped, saying why, where the machine cannot make it),
+#      the background while step 2 runs; its tests in the background while
+#      steps 4 and 5 compile; cached in build/torch2-trixie; skipped, saying
+#      why, where the machine cannot make it),
 #   4. installs gflow and builds + runs examples/ against the installed package,
 #   5. rebuilds the tests with ASan + UBSan and runs them again.
 # Usage: scripts/test.sh [--quick]   (--quick skips steps 3 to 5)
@@ -38,15 +39,17 @@ GFLOW_BUILD_DIR="$PWD/build" /usr/bin/python3 -m pytest -q -p no:cacheprovider p
 
 [ "$quick" = 1 ] && exit 0
 
-echo "== Python tests on torch 2.x (scripts/torch2_tests.sh)"
+echo "== Python tests on torch 2.x (scripts/torch2_tests.sh): in the background while the"
+echo "   examples and the sanitizer build compile (build/torch2-test.log)"
 if ! wait "$torch2_build"; then
   cat build/torch2.log
   echo "torch 2.x: making the chroot or building gflow in it failed" >&2
   exit 1
 fi
-trap - EXIT
 grep "^== torch 2.x" build/torch2.log || true
-scripts/torch2_tests.sh --test
+scripts/torch2_tests.sh --test >build/torch2-test.log 2>&1 &
+torch2_test=$!
+trap 'kill "$torch2_test" 2>/dev/null || true' EXIT
 
 echo "== install + examples against the installed package"
 rm -rf build/install build/examples
@@ -62,5 +65,17 @@ echo "== sanitizer build (ASan + UBSan)"
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DGFLOW_SANITIZE=address,undefined \
   -DGFLOW_BUILD_BENCH=OFF -DGFLOW_BUILD_PYTHON=OFF >/dev/null
 cmake --build build-asan -j "$jobs"
+
+echo "== Python tests on torch 2.x: result"
+torch2_rc=0
+wait "$torch2_test" || torch2_rc=$?
+trap - EXIT
+grep -v "^\[" build/torch2-test.log | tail -n 40
+if [ "$torch2_rc" != 0 ]; then
+  echo "torch 2.x: python/tests failed in the chroot (build/torch2-test.log)" >&2
+  exit 1
+fi
+
+echo "== sanitizer tests"
 ASAN_OPTIONS=detect_leaks=1 LSAN_OPTIONS="suppressions=$PWD/tests/lsan.supp" \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --test-dir build-asan --output-on-failure --timeout 600 -j 2
