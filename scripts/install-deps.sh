@@ -26,6 +26,8 @@ packages=(
   python3-wheel python3-torch libtorch-dev
   # bench/train: the synthetic DDP benchmark's models and its plots
   python3-torchvision python3-matplotlib
+  # scripts/torch2_tests.sh: a Debian trixie chroot with torch 2.x
+  debootstrap
 )
 
 missing=()
