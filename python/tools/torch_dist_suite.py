@@ -20,7 +20,8 @@ Three adjustments, the same for both backends (docs/python.md):
   no such mode);
 - gflow runs *aliased*: BACKEND stays "gloo" and init_process_group /
   new_group map "gloo" to "gflow", since some test bodies only build their
-  model when BACKEND is "gloo", "nccl" or "mpi". dist.get_backend stays
+  model when BACKEND is "gloo", "nccl" or "mpi" (--native runs gflow as
+  BACKEND=gflow instead). dist.get_backend stays
   "gflow": mapping it to "gloo" would make test_get_backend pass but turn
   on the tests' profiler-event checks, which expect gloo's event names.
 gflow's package comes from $GFLOW_BUILD_DIR/python (default build/python).
@@ -151,7 +152,10 @@ def run_child(out_path, patterns):
 
 def run_backend(backend, args, workdir):
     env = dict(os.environ)
-    env.update(GFLOW_SUITE_CHILD="1", BACKEND="gloo", WORLD_SIZE=str(args.world_size),
+    # --native: gflow under its own name (BACKEND=gflow; test bodies that
+    # build a model for gloo, nccl or mpi only then skip it).
+    name = "gflow" if backend == "gflow" and args.native else "gloo"
+    env.update(GFLOW_SUITE_CHILD="1", BACKEND=name, WORLD_SIZE=str(args.world_size),
                INIT_METHOD="file://" + os.path.join(workdir, "init"),
                TEMP_DIR=os.path.join(workdir, "tmp"))
     env.pop("GFLOW_SUITE_ALIAS", None)
@@ -205,6 +209,8 @@ def main():
                    help="run only tests whose name contains this (repeatable)")
     p.add_argument("--out", help="write the table (markdown) here")
     p.add_argument("--json", help="write every test's outcome per backend here")
+    p.add_argument("--native", action="store_true",
+                   help="run gflow as BACKEND=gflow, not aliased as gloo")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
