@@ -98,8 +98,6 @@ make_chroot() {
     apt-get install -y -qq --no-install-recommends debootstrap >/dev/null 2>&1 ||
       skip "debootstrap is not installed and apt-get could not install it"
   fi
-  mkdir -p "$cache"
-  touch "$cache/.gflow-torch2-cache"
   remove_root
   local t0
   t0=$(date +%s)
@@ -161,9 +159,14 @@ run_tests() {
 }
 
 [ "$(id -u)" -eq 0 ] || skip "not root (debootstrap and chroot need root)"
+# A cache directory this script creates carries a marker: remove_root
+# removes a chroot only from there.
+if [ ! -e "$cache" ]; then
+  mkdir -p "$cache"
+  touch "$cache/.gflow-torch2-cache"
+fi
 # One run at a time per cache (scripts/test.sh's background --build and a
 # --test after it, or two checkouts' runs).
-mkdir -p "$cache"
 exec 9>"$cache/.lock"
 flock 9
 if [ "$mode" != test ]; then
