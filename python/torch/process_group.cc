@@ -513,6 +513,16 @@ void unflatten(const at::Tensor& flat, const std::vector<at::Tensor>& outs) {
   }
 }
 
+// `flat`'s elements, in order, into the tensors `outs` (its dtype; each
+// takes its own numel).
+void splitInto(const at::Tensor& flat, const std::vector<at::Tensor>& outs) {
+  int64_t at = 0;
+  for (at::Tensor o : outs) {
+    o.copy_(flat.narrow(0, at, o.numel()).view_as(o));
+    at += o.numel();
+  }
+}
+
 // The bytes of `flat`, in order, into the tensors `outs` (any dtypes).
 void unflattenBytes(const at::Tensor& flat, const std::vector<at::Tensor>& outs) {
   const at::Tensor host = flat.is_cuda() ? flat.cpu() : flat;
@@ -987,13 +997,7 @@ class ProcessGroupGflow : public BackendBase {
       return enqueue(c10d::OpType::ALLREDUCE_COALESCED, allreduceCoalesced(*comm_, views, op),
                      tensors);
     }
-    std::function<void()> after = [flat, outs = tensors]() mutable {
-      int64_t at = 0;
-      for (at::Tensor& t : outs) {
-        t.copy_(flat.narrow(0, at, t.numel()).view_as(t));
-        at += t.numel();
-      }
-    };
+    std::function<void()> after = [flat, outs = tensors] { splitInto(flat, outs); };
     return enqueue(c10d::OpType::ALLREDUCE_COALESCED, comm_->allreduceAsync(views[0], op), tensors,
                    {flat}, std::move(after));
   }
@@ -1191,13 +1195,7 @@ class ProcessGroupGflow : public BackendBase {
       premultiply(in, opts.reduceOp, what);
       return o;
     });
-    std::function<void()> after = [result, outs = outputs]() mutable {
-      int64_t at = 0;
-      for (at::Tensor& o : outs) {
-        o.copy_(result.narrow(0, at, o.numel()).view_as(o));
-        at += o.numel();
-      }
-    };
+    std::function<void()> after = [result, outs = outputs] { splitInto(result, outs); };
     return enqueue(c10d::OpType::COALESCED, comm_->reduceScatterAsync(vin, vresult, op), outputs,
                    {in, result}, std::move(after));
   }
