@@ -31,6 +31,18 @@ counter, GFLOW_SOCKET_IFNAME, when it has one: one rank per host, every
 library's traffic), and whether the parameters are bitwise identical on every
 rank at the end (a SHA-256 of them, allgathered).
 
+--emulate-gpu runs the model as a GPU node's host sees it
+(bench/train/emulate.py): the model's real parameters, DDP's real buckets
+and hooks, but forward and backward wait out the per-call times profiled on
+this CPU (bench/models/<model>.profile, or --profile) instead of computing,
+so the cores are left to communication. The JSON line then holds `bound_s`,
+the step's lower bound: forward + max(backward, the first bucket ready +
+the bytes the host sent at --link-rate) + optimizer, the bytes as the link
+carries them (its interface's tx counter with every frame's headers:
+report.wire_bytes). backward and the first
+bucket come from the emulated schedule as it ran; with real compute from
+DDP's timing (compute, and its first launch), where DDP sampled it.
+
 --trace DIR writes DIR/trace-rank<R>.json on every rank: each timed step's
 start, backward's start and end, and each bucket's elements, launch (the hook
 called) and completion (its future's callbacks run), on the monotonic clock
@@ -52,6 +64,9 @@ import torch
 import torch.distributed as dist
 import torchvision
 from torch.nn.parallel import DistributedDataParallel
+
+import emulate
+from report import link_bytes_per_s, wire_bytes
 
 MODES = ["none", "ddp-noop", "gloo", "gloo-fp16", "gflow", "gflow-dense", "gflow-fp16", "gflow-bf16",
          "gflow-int8", "gflow-int4", "gflow-csc", "gflow-auto"]
@@ -98,10 +113,11 @@ class Trace:
             return hook(state, bucket).then(done)
         return traced
 
-    def write(self, directory, rank, mode, tx_per_step):
+    def write(self, directory, rank, mode, sent):
+        """sent: (the interface's tx bytes, the link's bytes) per step."""
         with open(os.path.join(directory, "trace-rank%d.json" % rank), "w") as f:
-            json.dump({"rank": rank, "mode": mode, "host_tx_bytes_per_step": tx_per_step,
-                       "steps": self.steps}, f)
+            json.dump({"rank": rank, "mode": mode, "host_tx_bytes_per_step": sent[0],
+                       "host_wire_bytes_per_step": sent[1], "steps": self.steps}, f)
 
 
 def register(ddp, state, hook, trace):
@@ -146,14 +162,19 @@ def wrap(model, mode, comm, args, trace):
 # The parameters only: BatchNorm's running statistics are buffers that each
 # rank updates from its own batch in every forward (DDP broadcasts them from
 # rank 0 before each forward, not after the last).
-def tx_bytes():
-    """Bytes this host's interface sent so far (None without one)."""
+def interface_value(name):
+    """/sys/class/net/<this host's interface>/<name> (None without one)."""
     iface = os.environ.get("GFLOW_SOCKET_IFNAME", "").lstrip("=")
     try:
-        with open("/sys/class/net/%s/statistics/tx_bytes" % iface) as f:
+        with open("/sys/class/net/%s/%s" % (iface, name)) as f:
             return int(f.read())
     except (OSError, ValueError):
         return None
+
+
+def tx_bytes():
+    """Bytes this host's interface sent so far (None without one)."""
+    return interface_value("statistics/tx_bytes")
 
 
 def machine_cpu():
@@ -224,6 +245,19 @@ def ddp_timing(net, seen):
     return [v / 1e6 for v in ms]
 
 
+def step_bound_s(phase_ms, backward_ms, sent, link_rate):
+    """The step's lower bound in s: forward + max(backward, first bucket
+    ready + `sent` bytes at the link's rate) + optimizer. backward_ms:
+    [computing, until the first bucket was ready]. sent: bytes per step, 0
+    without an exchange; None (not measured) or no link rate gives None for
+    a run that sends."""
+    link = link_bytes_per_s(link_rate) if link_rate else None
+    if None in phase_ms or None in backward_ms or (sent != 0 and not (sent and link)):
+        return None
+    exchange = max(backward_ms[0], backward_ms[1] + 1e3 * sent / link if sent else 0)
+    return (phase_ms[0] + exchange + phase_ms[2]) / 1e3
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="resnet50", help="a torchvision.models name")
@@ -240,6 +274,11 @@ def main():
                    "(no copy into them and back)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
     p.add_argument("--trace", metavar="DIR", help="write each bucket's launch and completion")
+    p.add_argument("--emulate-gpu", action="store_true",
+                   help="forward and backward wait out profiled per-call times (no compute)")
+    p.add_argument("--profile", help="--emulate-gpu's profile (default "
+                   "bench/models/<model>.profile)")
+    p.add_argument("--link-rate", help="the host link's rate, tc syntax (1gbit), for bound_s")
     args = p.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -247,22 +286,33 @@ def main():
     comm = init(args.mode, rank, size)
     torch.manual_seed(0)  # the same initial weights on every rank
     model = getattr(torchvision.models, args.model)(num_classes=1000)
+    emu, criterion = None, torch.nn.functional.cross_entropy
+    if args.emulate_gpu:
+        here = os.path.dirname(os.path.abspath(__file__))
+        path = args.profile or os.path.join(here, "..", "models", args.model + ".profile")
+        emu = emulate.EmulatedModel(model, emulate.load_profile(path), rank)
+        criterion = emu.loss
     trace = Trace() if args.trace and args.mode != "none" else None
-    net = wrap(model, args.mode, comm, args, trace)
+    net = wrap(emu or model, args.mode, comm, args, trace)
     opt = torch.optim.SGD(net.parameters(), lr=0.01)
     gen = torch.Generator().manual_seed(1 + rank)
     data = torch.randn(args.batch, 3, args.image, args.image, generator=gen)
     target = torch.randint(0, 1000, (args.batch,), generator=gen)
 
     phases = []  # per timed step: ms of forward, backward (DDP's exchange included), optimizer
+    emulated = []  # per timed step (--emulate-gpu): ms backward computed, until bucket 0 was ready
+    first_bucket = getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", 1 << 20)
     ddp_ms, seen = [], [None]  # ddp_timing() of the timed steps
 
     def step(timed):
-        opt.zero_grad()
+        # Emulated: gradients set to None, as torch 2.x does by default, so
+        # autograd keeps backward's tensors (zeroing 100 MB would cost the
+        # cpus more than a GPU node's host spends on it).
+        opt.zero_grad(set_to_none=bool(emu))
         t = [time.perf_counter()]
         if trace:
             trace.begin(t[0], timed)
-        loss = torch.nn.functional.cross_entropy(net(data), target)
+        loss = criterion(net(data), target)
         t.append(time.perf_counter())
         loss.backward()  # with DDP, returns once every bucket's exchange is done
         t.append(time.perf_counter())
@@ -272,6 +322,8 @@ def main():
             trace.current.update(backward=t[1], backward_end=t[2])
         if timed:
             phases.append([1e3 * (b - a) for a, b in zip(t, t[1:])])
+        if timed and emu:
+            emulated.append([1e3 * v for v in emu.last_backward(first_bucket)])
         sample = ddp_timing(net, seen)  # of the step before this one
         if sample and len(phases) > 1:
             ddp_ms.append(sample)
@@ -292,8 +344,17 @@ def main():
     phase_ms = mean_over_ranks(phases, 3, size)
     ddp_ms = mean_over_ranks(ddp_ms, 4, size)
     tx_per_step = (tx1 - tx0) / args.steps if tx0 is not None else None
+    wire_per_step = wire_bytes(tx_per_step, interface_value("mtu"))
+    if emu:
+        backward_ms = mean_over_ranks(emulated, 2, size)
+    elif args.mode == "none":
+        backward_ms = [phase_ms[1], phase_ms[1]]
+    else:
+        backward_ms = [ddp_ms[0], ddp_ms[3]]
+    exchanges = args.mode not in ("none", "ddp-noop")
+    bound = step_bound_s(phase_ms, backward_ms, wire_per_step if exchanges else 0, args.link_rate)
     if trace:
-        trace.write(args.trace, rank, args.mode, tx_per_step)
+        trace.write(args.trace, rank, args.mode, (tx_per_step, wire_per_step))
 
     # Parameters identical on every rank? (no exchange: they must differ.)
     mine = torch.frombuffer(bytearray(digest(model)), dtype=torch.uint8)
@@ -307,7 +368,14 @@ def main():
             "bucket_view": args.bucket_view and args.mode != "none",
             "images_per_s": args.batch * size * args.steps / seconds,
             "s_per_step": seconds / args.steps,
+            "emulate_gpu": args.emulate_gpu,
+            # forward + max(backward, first bucket ready + bytes sent at the
+            # link rate) + optimizer (None where a term is unknown)
+            "bound_s": bound, "link_rate": args.link_rate,
+            "backward_compute_ms": backward_ms[0], "first_bucket_ms": backward_ms[1],
             "host_tx_bytes_per_step": tx_per_step,
+            # the same at the link: every frame's headers (report.wire_bytes)
+            "host_wire_bytes_per_step": wire_per_step,
             "params": sum(t.numel() for t in model.parameters()),
             "params_identical": identical,
             # Median of each phase over the timed steps, averaged over the ranks.

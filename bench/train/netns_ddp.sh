@@ -23,6 +23,11 @@
 #               gradients are views into the buckets: no copy into them
 #               before the exchange and out of them after it)
 #   -P 0|1      pin each host to its own cpus (default 1, as real hosts have)
+#   -E          emulated GPU compute (ddp_synthetic.py --emulate-gpu): forward
+#               and backward wait out the per-call times of
+#               bench/models/<model>.profile instead of computing, leaving
+#               the cpus to communication as a GPU node's host does; each
+#               result's bound_s is the step's lower bound at the link rate
 #   -T          trace each bucket's launch and completion on every rank and
 #               write where the exchange went (bench/train/trace_report.py)
 #               to each run's trace.md (modes without a hook of their own
@@ -55,7 +60,7 @@ usage() {
 }
 
 H=4 rates="1gbit" models="resnet50" rounds=2 steps=10 warm=3 batch=16 buckets=25 pinhosts=1 out="" tmo=900 trace=0 view=()
-pkg="$root/build/python"
+pkg="$root/build/python" emulate=()
 modes="none ddp-noop gloo gloo-fp16 gflow gflow-dense gflow-fp16 gflow-bf16 gflow-int8 gflow-int4 gflow-csc gflow-auto"
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -71,6 +76,7 @@ while [ $# -gt 0 ]; do
     -P) pinhosts=$2; shift 2 ;;
     -T) trace=1; shift ;;
     -V) view=(--bucket-view); shift ;;
+    -E) emulate=(--emulate-gpu); shift ;;
     -o) out=$2; shift 2 ;;
     -t) tmo=$2; shift 2 ;;
     -p) pkg=$2; shift 2 ;;
@@ -95,16 +101,17 @@ map=$(seq -s, 0 $((H - 1)))
 results="$out/results.jsonl"
 : >"$results"
 echo "# netns_ddp: $H hosts x 1 rank, rates '$rates', models '$models', $rounds rounds," \
-  "$steps steps (+$warm warm-up), batch $batch, buckets '$buckets' MB${view:+ (bucket views)}, $(nproc) cpus, pinned $pinhosts" | tee "$out/header"
+  "$steps steps (+$warm warm-up), batch $batch, buckets '$buckets' MB${view:+ (bucket views)}${emulate:+, emulated GPU compute}, $(nproc) cpus, pinned $pinhosts" | tee "$out/header"
 failed=0
 
 # One run of $mode on $model at $rate with DDP buckets of $bucket MB, round $round.
 run_one() {
-  local dir="$out/$rate-$model-$mode-b$bucket-$round" line traced=()
+  local dir="$out/$rate-$model-$mode-b$bucket-$round" line traced=() link=()
   [ "$trace" = 1 ] && [ "$mode" != none ] && traced=(--trace "$dir")
+  [ "$rate" != none ] && link=(--link-rate "$rate")
   rm -f "$dir"/trace-rank*.json
   if ! nn_run_ranks "$dir" "$tmo" "$map" -- "$py" "$root/bench/train/ddp_synthetic.py" --model "$model" \
-    --mode "$mode" --batch "$batch" --steps "$steps" --warmup "$warm" --bucket-mb "$bucket" "${view[@]}" "${traced[@]}"; then
+    --mode "$mode" --batch "$batch" --steps "$steps" --warmup "$warm" --bucket-mb "$bucket" "${view[@]}" "${emulate[@]}" "${link[@]}" "${traced[@]}"; then
     failed=1
     echo "# $rate $model $mode bucket $bucket MB round $round: failed (outputs in $dir)" >&2
     return

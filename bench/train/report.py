@@ -1,10 +1,11 @@
 """Tables and a plot from bench/train/netns_ddp.sh's results.jsonl: per link
 rate and model, each mode's images/s (median over rounds, with the range),
 its efficiency against the no-exchange run, its speed against DDP on gloo,
+its seconds per step beside the step's bound (bound_s) and their ratio,
 the bytes host 0's link sent per step, the median time of forward,
 backward and the optimizer step, DDP's exchange (its first bucket's launch
 to its last one's end) beside the time the bytes sent take at the link's
-rate, the CPU a rank used per step (and of it gflow's progress thread's),
+rate (with every frame's headers: wire_bytes), the CPU a rank used per step (and of it gflow's progress thread's),
 and whether the parameters ended identical on every rank. --plot writes efficiency per mode and rate.
 
     python3 bench/train/report.py results.jsonl [--plot plot.png]
@@ -23,7 +24,8 @@ def load(path):
         for line in f:
             if line.strip():
                 d = json.loads(line)
-                runs.setdefault((d["rate"], d["model"]), OrderedDict()).setdefault(
+                model = d["model"] + (" (emulated GPU compute)" if d.get("emulate_gpu") else "")
+                runs.setdefault((d["rate"], model), OrderedDict()).setdefault(
                     label(d), []).append(d)
     return runs
 
@@ -53,6 +55,20 @@ def link_bytes_per_s(rate):
     return None
 
 
+# A TCP segment's frame headers: Ethernet 14, IPv4 20, TCP 20 + timestamps 12.
+FRAME_HEADERS = 66
+
+
+def wire_bytes(sent, mtu):
+    """The bytes a link carries for `sent` bytes of an interface's tx
+    counter. The counter takes a GSO packet (up to 64 KB) with one set of
+    headers; the link carries it as MTU-sized frames with a set each: about
+    4.6% more at MTU 1500, which a tc rate limits too."""
+    if sent is None or not mtu:
+        return sent
+    return sent * (mtu + 14) / (mtu + 14 - FRAME_HEADERS)
+
+
 def median_of(rs, key):
     values = [r.get(key) for r in rs]
     return statistics.median(values) if values and None not in values else None
@@ -67,6 +83,7 @@ def summarize(modes, rate="none"):
         ips = [r["images_per_s"] for r in rs]
         med = statistics.median(ips)
         sent = median_of(rs, "host_tx_bytes_per_step")
+        wire = median_of(rs, "host_wire_bytes_per_step") or sent
         # against gloo with the same DDP buckets, else gloo with DDP's default
         gloo = modes.get(label(dict(rs[0], mode="gloo"))) or modes.get("gloo")
         gloo_ips = statistics.median(r["images_per_s"] for r in gloo) if gloo else None
@@ -77,12 +94,17 @@ def summarize(modes, rate="none"):
             "eff": med / none_ips if none_ips else None,
             "vs_gloo": med / gloo_ips if gloo_ips else None,
             "mb_per_step": sent / 1e6 if sent else None,
+            "step_s": median_of(rs, "s_per_step"),
+            "bound_s": median_of(rs, "bound_s"),
+            # each run's step against its own bound
+            "vs_bound": statistics.median(r["s_per_step"] / r["bound_s"] for r in rs)
+            if None not in [r.get("bound_s") for r in rs] else None,
             "phases": [median_of(rs, k) for k in ("forward_ms", "backward_ms", "optimizer_ms")],
             "exchange_ms": median_of(rs, "ddp_exchange_ms"),
             "cpu_ms": [median_of(rs, k) for k in ("cpu_ms_per_step", "progress_user_ms_per_step",
                                                   "progress_system_ms_per_step")],
-            # the time the bytes sent take at the link's rate (headers included)
-            "wire_ms": 1e3 * sent / link if sent and link else None,
+            # the time the bytes sent take at the link's rate (every frame's headers)
+            "wire_ms": 1e3 * wire / link if wire and link else None,
             "exchanges": exchanges,
             "ok": all(r["params_identical"] == exchanges for r in rs),
         })
@@ -100,15 +122,19 @@ def cpu_text(cpu):
 def table(key, rows):
     rate, model = key
     out = ["", "%s, links %s" % (model, rate), "",
-           "| mode | img/s (median, range) | efficiency | vs gloo | MB host 0 sent per step "
+           "| mode | img/s (median, range) | efficiency | vs gloo "
+           "| s per step (bound; step / bound) "
+           "| MB host 0 sent per step "
            "| ms forward / backward / optimizer | ms DDP exchange (at link rate) "
            "| CPU ms per step and rank (gflow progress thread: user / system) | parameters |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        out.append("| %s | %.1f (%.1f-%.1f, %d runs) | %s | %s | %s | %s | %s | %s | %s |" % (
+        out.append("| %s | %.1f (%.1f-%.1f, %d runs) | %s | %s | %s | %s | %s | %s | %s | %s |" % (
             r["mode"], r["ips"], r["lo"], r["hi"], r["runs"],
             "%.0f%%" % (100 * r["eff"]) if r["eff"] else "",
             "%.2f" % r["vs_gloo"] if r["vs_gloo"] else "",
+            "%.3f" % r["step_s"] + (" (%.3f; %.3f)" % (r["bound_s"], r["vs_bound"])
+                                    if r["vs_bound"] else ""),
             "%.1f" % r["mb_per_step"] if r["mb_per_step"] else "",
             " / ".join("%.0f" % v for v in r["phases"]) if None not in r["phases"] else "",
             ("%.0f" % r["exchange_ms"] if r["exchange_ms"] else "") +

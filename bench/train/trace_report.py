@@ -15,7 +15,8 @@ any rank to the last completion, into time when
 and per bucket (in launch order): its size, the spread of its launches over
 the ranks, the time it queued behind the bucket before it, the time it ran
 (from when it could start to its last completion) and the time its share of
-the bytes the host sent per step takes at the link's rate. Medians over the
+the bytes the host sent per step (as the link carries them: every frame's
+headers) takes at the link's rate. Medians over the
 timed steps, as markdown. The per-bucket times assume that the buckets run
 one after another, as gflow's do on one communicator; for a backend that runs
 them concurrently (gloo) only the split of the span holds.
@@ -105,7 +106,7 @@ def ms(v):
 
 def report(ranks, rate):
     link = link_bytes_per_s(rate) if rate else None
-    tx = ranks[0].get("host_tx_bytes_per_step")
+    tx = ranks[0].get("host_wire_bytes_per_step") or ranks[0].get("host_tx_bytes_per_step")
     elements = sum(b[1] for b in ranks[0]["steps"][0]["buckets"])
     per_element = tx / link / elements if tx and link and elements else None
     steps = [analyse_step([r["steps"][i] for r in ranks], per_element)

@@ -5,10 +5,12 @@
 # rank, one round of no exchange, gloo, the gflow backend and the gflow
 # float16, int8 and CSC hooks, then DDP's no-op hook, the gflow backend and
 # the float16 hook with 1 MB DDP buckets (-B) that hold the gradients (-V),
-# traced (-T). Every run finishes, the parameters end identical on
+# traced (-T), then none, gloo and the float16 hook on emulated GPU compute
+# (-E). Every run finishes, the parameters end identical on
 # every rank (and differ without an exchange), the table has a row per mode
 # with DDP's phases and exchange time, the plot is a PNG, and the traced
-# run's trace.md splits the exchange and has a row per bucket.
+# run's trace.md splits the exchange and has a row per bucket, and the
+# emulated runs record the step's bound.
 #
 #   tests/netns/test_ddp_bench.sh [build/python]
 # Exit: 0 pass, 1 fail, 77 skip (no namespaces, or no torchvision/matplotlib).
@@ -61,7 +63,26 @@ else
   tail -n 30 "$out/b1.log"
   fails=1
 fi
-grep -q "WRONG" "$out/table.md" "$out/b1/table.md" && { echo "FAIL: parameters:"; cat "$out"/table.md "$out"/b1/table.md; fails=1; }
+# -E: emulated GPU compute (bench/models/mobilenet_v3_small.profile, batch
+# 4): every run finishes, the table names the emulation, and each row and
+# result carries the step's bound.
+emu_modes="none gloo gflow-fp16"
+if bash "$root/bench/train/netns_ddp.sh" -p "$pkg" -H 2 -r 200mbit -m mobilenet_v3_small -M "$emu_modes" \
+  -E -R 1 -s 2 -w 1 -b 4 -t 200 -o "$out/emu" >"$out/emu.log" 2>&1; then
+  grep -q "^mobilenet_v3_small (emulated GPU compute), links 200mbit" "$out/emu/table.md" ||
+    { echo "FAIL: no emulated table"; fails=1; }
+  for mode in $emu_modes; do
+    grep -qE "^\| $mode \|.*\| [0-9.]+ \([0-9.]+; [0-9.]+\) \|" "$out/emu/table.md" ||
+      { echo "FAIL: no step bound for $mode (emulated)"; fails=1; }
+  done
+  [ "$(grep -cE '"emulate_gpu": true, "bound_s": [0-9.]+' "$out/emu/results.jsonl")" = 3 ] ||
+    { echo "FAIL: emulate_gpu or bound_s not recorded"; cat "$out/emu/results.jsonl"; fails=1; }
+else
+  echo "FAIL: netns_ddp.sh -E failed:"
+  tail -n 30 "$out/emu.log"
+  fails=1
+fi
+grep -q "WRONG" "$out/table.md" "$out/b1/table.md" "$out/emu/table.md" && { echo "FAIL: parameters:"; cat "$out"/table.md "$out"/b1/table.md; fails=1; }
 head -c 8 "$out/plot.png" | od -An -c | grep -q "P   N   G" || { echo "FAIL: no PNG"; fails=1; }
 [ "$fails" = 0 ] && { echo "PASS: $(grep -cE '^\| (none|gloo|gflow)' "$out/table.md") modes"; rm -rf "$out"; }
 exit $fails
