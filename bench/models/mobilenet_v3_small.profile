@@ -2,6 +2,7 @@
 # batch 4, image 32x32, 1 torch thread(s), torch 1.13.0a0, cpu: Intel(R) Xeon(R) Processor; median of 5 runs
 # sums: forward 18.5 ms, backward 32.0 ms; the whole model: forward 21.2 ms, backward 33.0 ms
 # batch: 4
+# image: 32
 # Format: <module> <forward us> <backward us>, in the forward pass's call order
 features.0.0 88 65
 features.0.1 43 29

@@ -127,8 +127,9 @@ def register(ddp, state, hook, trace):
 def wrap(model, mode, comm, args, trace):
     if mode == "none":
         return model
-    ddp = DistributedDataParallel(model, bucket_cap_mb=args.bucket_mb,
-                                  gradient_as_bucket_view=args.bucket_view)
+    # DDP's default cap left unnamed: torch 2.x then keeps its 1 MiB first bucket
+    cap = {} if args.bucket_mb == 25 else {"bucket_cap_mb": args.bucket_mb}
+    ddp = DistributedDataParallel(model, gradient_as_bucket_view=args.bucket_view, **cap)
     if mode in ("gloo", "gflow") and trace:  # DDP's own allreduce, as a hook to trace
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
         register(ddp, None, default_hooks.allreduce_hook, trace)
@@ -245,6 +246,15 @@ def ddp_timing(net, seen):
     return [v / 1e6 for v in ms]
 
 
+def first_bucket_bytes(net):
+    """The cap of DDP's rebuilt first bucket: 1 MiB (torch's
+    _DEFAULT_FIRST_BUCKET_BYTES), except on a torch 2.x that gives it the
+    bucket cap when bucket_cap_mb was named (bucket_bytes_cap_default)."""
+    if getattr(net, "bucket_bytes_cap_default", True):
+        return getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", 1 << 20)
+    return net.bucket_bytes_cap
+
+
 def step_bound_s(phase_ms, backward_ms, sent, link_rate):
     """The step's lower bound in s: forward + max(backward, first bucket
     ready + `sent` bytes at the link's rate) + optimizer. backward_ms:
@@ -301,14 +311,17 @@ def main():
 
     phases = []  # per timed step: ms of forward, backward (DDP's exchange included), optimizer
     emulated = []  # per timed step (--emulate-gpu): ms backward computed, until bucket 0 was ready
-    first_bucket = getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", 1 << 20)
+    first_bucket = first_bucket_bytes(net)
     ddp_ms, seen = [], [None]  # ddp_timing() of the timed steps
 
     def step(timed):
         # Emulated: gradients set to None, as torch 2.x does by default, so
         # autograd keeps backward's tensors (zeroing 100 MB would cost the
         # cpus more than a GPU node's host spends on it).
-        opt.zero_grad(set_to_none=bool(emu))
+        if emu:
+            opt.zero_grad(set_to_none=True)
+        else:
+            opt.zero_grad()  # each torch's default
         t = [time.perf_counter()]
         if trace:
             trace.begin(t[0], timed)

@@ -23,12 +23,14 @@ OFFSETS = 4096  # distinct starting points in it, varied per parameter and step
 
 
 def load_profile(path):
-    """(batch, [(module name, forward s, backward s)]) of a .profile file."""
-    batch, rows = None, []
+    """((batch, image side), [(module name, forward s, backward s)]) of a
+    .profile file."""
+    shape, rows = {}, []
     with open(path) as f:
         for number, line in enumerate(f, 1):
-            if line.startswith("# batch:"):
-                batch = int(line.split(":", 1)[1])
+            for key in ("batch", "image"):
+                if line.startswith("# %s:" % key):
+                    shape[key] = int(line.split(":", 1)[1])
             if line.startswith("#") or not line.strip():
                 continue
             try:
@@ -37,9 +39,9 @@ def load_profile(path):
             except ValueError:
                 raise ValueError("%s:%d: expected '<module> <forward us> <backward us>', got %r"
                                  % (path, number, line.strip())) from None
-    if batch is None or not rows:
-        raise ValueError("%s: no '# batch:' line or no rows" % path)
-    return batch, rows
+    if len(shape) != 2 or not rows:
+        raise ValueError("%s: no '# batch:' or '# image:' line, or no rows" % path)
+    return (shape["batch"], shape["image"]), rows
 
 
 def wait_until(deadline):
@@ -70,7 +72,7 @@ class EmulatedModel(torch.nn.Module):
     def __init__(self, model, profile, rank):
         super().__init__()
         self.net = model  # registered: DDP sees its parameters and buffers
-        self.batch, rows = profile
+        (self.batch, self.image), rows = profile
         modules = dict(model.named_modules())
         missing = [name for name, _, _ in rows if name != "loss" and name not in modules]
         if missing:
@@ -79,13 +81,16 @@ class EmulatedModel(torch.nn.Module):
         owned, self.calls = set(), []
         for name, fwd, bwd in rows:
             module = modules.get(name) if name != "loss" else None
-            params = [] if module is None or name in owned else list(
-                module.parameters(recurse=False))
-            owned.add(name)
+            # a parameter's gradient comes from its first call's backward
+            # (the last to run), once even where modules share it
+            params = [p for p in (module.parameters(recurse=False) if module else [])
+                      if id(p) not in owned]
+            owned.update(id(p) for p in params)
             self.calls.append((fwd, bwd, params, [index[id(p)] for p in params]))
-        unprofiled = len(index) - sum(len(c[2]) for c in self.calls)
+        unprofiled = len(index) - len(owned)
         if unprofiled:
-            raise ValueError("%d parameters belong to no profiled call" % unprofiled)
+            raise ValueError("%d parameters belong to no profiled call (only parameters "
+                             "of leaf modules are profiled)" % unprofiled)
         self.forward_deadlines = _running_sums(c[0] for c in self.calls)
         # backward's deadlines, per call: the backward times of the calls after it
         backward = _running_sums(c[1] for c in reversed(self.calls))
@@ -97,9 +102,10 @@ class EmulatedModel(torch.nn.Module):
         self.done = [None] * len(self.calls)  # backward: each call's return, s after its start
 
     def forward(self, data):
-        if data.shape[0] != self.batch:
-            raise ValueError("the profile was taken at batch %d, not %d" %
-                             (self.batch, data.shape[0]))
+        if data.shape[0] != self.batch or data.shape[-1] != self.image:
+            raise ValueError("the profile was taken at batch %d of %dx%d images, not %d of %dx%d"
+                             % (self.batch, self.image, self.image, data.shape[0],
+                                data.shape[-1], data.shape[-1]))
         self.iteration += 1
         self.start = time.perf_counter()
         self.backward_start = None

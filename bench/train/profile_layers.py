@@ -143,6 +143,7 @@ def main():
     print("# sums: forward %.1f ms, backward %.1f ms; the whole model: forward %.1f ms, "
           "backward %.1f ms" % (1e3 * fwd, 1e3 * back, 1e3 * whole[0], 1e3 * whole[1]))
     print("# batch: %d" % args.batch)
+    print("# image: %d" % args.image)
     print("# Format: <module> <forward us> <backward us>, in the forward pass's call order")
     for name, f, b in rows:
         print("%s %d %d" % (name, round(1e6 * f), round(1e6 * b)))

@@ -93,21 +93,23 @@ def test_first_bucket_is_ready_when_the_gradients_that_fill_it_are():
 
 def test_the_profile_and_the_batch_are_checked(tmp_path):
     bad = tmp_path / "bad.profile"
-    bad.write_text("# batch: 16\nconv1 10\n")
-    with pytest.raises(ValueError, match=r"bad.profile:2: expected"):
+    bad.write_text("# batch: 16\n# image: 32\nconv1 10\n")
+    with pytest.raises(ValueError, match=r"bad.profile:3: expected"):
         emulate.load_profile(str(bad))
     bad.write_text("conv1 10 20\n")
-    with pytest.raises(ValueError, match="no '# batch:' line"):
+    with pytest.raises(ValueError, match="no '# batch:' or '# image:' line"):
         emulate.load_profile(str(bad))
     model = torchvision.models.resnet18(num_classes=10)
     with pytest.raises(ValueError, match="lacks"):
         emulate.EmulatedModel(model, emulate.load_profile(PROFILE), 0)
-    partial = (16, [("conv1", 1e-5, 1e-5), ("loss", 1e-5, 1e-5)])
+    partial = ((16, 32), [("conv1", 1e-5, 1e-5), ("loss", 1e-5, 1e-5)])
     with pytest.raises(ValueError, match="belong to no profiled call"):
         emulate.EmulatedModel(model, partial, 0)
     _, emu = resnet()
-    with pytest.raises(ValueError, match="batch 16, not 8"):
+    with pytest.raises(ValueError, match="batch 16 of 32x32 images, not 8 of 32x32"):
         emu(torch.zeros(8, 3, 32, 32))
+    with pytest.raises(ValueError, match="not 16 of 64x64"):
+        emu(torch.zeros(16, 3, 64, 64))
 
 
 def test_the_bound_and_the_wire_bytes():

@@ -82,7 +82,7 @@ else
   tail -n 30 "$out/emu.log"
   fails=1
 fi
-grep -q "WRONG" "$out/table.md" "$out/b1/table.md" "$out/emu/table.md" && { echo "FAIL: parameters:"; cat "$out"/table.md "$out"/b1/table.md; fails=1; }
+grep -q "WRONG" "$out/table.md" "$out/b1/table.md" "$out/emu/table.md" && { echo "FAIL: parameters:"; cat "$out"/table.md "$out"/b1/table.md "$out"/emu/table.md; fails=1; }
 head -c 8 "$out/plot.png" | od -An -c | grep -q "P   N   G" || { echo "FAIL: no PNG"; fails=1; }
 [ "$fails" = 0 ] && { echo "PASS: $(grep -cE '^\| (none|gloo|gflow)' "$out/table.md") modes"; rm -rf "$out"; }
 exit $fails
