@@ -170,7 +170,10 @@ def table(rounds, np_):
             row.append(fmt(med([x[0] for x in pv]), "%.3f"))
             both = [(r["gflow"][s], r[p][s]) for r in rounds
                     if r.get("gflow") and r.get(p) and s in r["gflow"] and s in r[p]]
-            ratios.append(fmt(med([x[0] / y[0] for x, y in both if y[0] > 0]), "%.2f"))
+            per_round = [x[0] / y[0] for x, y in both if y[0] > 0]
+            ratios.append(fmt(med(per_round), "%.2f") +
+                          (" (%.2f-%.2f)" % (min(per_round), max(per_round))
+                           if len(per_round) > 1 else ""))
             # < 1: gflow takes less time.
             tratios.append(fmt(med([x[1] / y[1] for x, y in both if y[1] > 0]), "%.2f"))
         row += ratios + [fmt(med([x[1] for x in g]), "%.1f")] + tratios
@@ -205,7 +208,7 @@ def main():
                                           a.b, a.e, a.f, a.n, a.w),
            "- each library's figure per round: its best of in-place and out-of-place"
            "%s; columns: medians over rounds, ratios the median of per-round ratios "
-           "(busbw ratio > 1 and time ratio < 1: gflow is faster)"
+           "(busbw's with their range; busbw ratio > 1 and time ratio < 1: gflow is faster)"
            % (" and of Gloo's %s" % ", ".join(a.gloo) if a.gloo else ""),
            "- gflow path: %s; Open MPI: %s" %
            ("TCP on loopback (GFLOW_SHM=0)" if a.path == "tcp" else "shared memory",
