@@ -27,6 +27,7 @@ def main():
     p.add_argument("--steps", type=int, default=6, help="timed steps (after one untimed)")
     p.add_argument("--idle", type=float, default=0.0, help="seconds idle before each step")
     p.add_argument("--mtu", type=int, default=1500)
+    p.add_argument("--op", default="avg", help="the reduction (DDP's hooks average)")
     args = p.parse_args()
     comm = gflow.init()
     mb = [float(x) for x in args.sizes.split(",")]
@@ -36,7 +37,7 @@ def main():
         comm.barrier()
         time.sleep(args.idle)
         t0 = time.perf_counter()
-        works = [comm.allreduce(b, "avg", async_op=True) for b in bufs]
+        works = [comm.allreduce(b, args.op, async_op=True) for b in bufs]
         mine = []
         for w in works:
             w.wait()

@@ -6,22 +6,23 @@
 # sizes at once and times each as it finishes, one after another on one
 # communicator as DDP's buckets run on gflow. A markdown table per size list.
 #
-#   bench/netns/op_sequence.sh [-H 4] [-r 1gbit] [-s "8.2,31.5,26.3,26.6,9.7 ..."] [-i IDLE] [-p build/python]
+#   bench/netns/op_sequence.sh [-H 4] [-r 1gbit] [-s "8.2,31.5,26.3,26.6,9.7 ..."] [-i IDLE] [-o OP] [-p build/python]
 #
 #   -s LISTS   one or more comma-separated lists of MB (float32); default
 #              ResNet-50's DDP buckets in launch order
 #   -i IDLE    seconds idle before each step (default 0)
+#   -o OP      the reduction (default avg, as DDP's hooks)
 # Needs root; exit 77 when namespaces cannot be made.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 # shellcheck source=../../tests/netns/lib.sh
 source "$root/tests/netns/lib.sh"
-H=4 rate=1gbit lists="8.2,31.5,26.3,26.6,9.7" idle=0 pkg="$root/build/python"
-while getopts "H:r:s:i:p:h" o; do
+H=4 rate=1gbit lists="8.2,31.5,26.3,26.6,9.7" idle=0 op=avg pkg="$root/build/python"
+while getopts "H:r:s:i:o:p:h" o; do
   case "$o" in
-    H) H=$OPTARG ;; r) rate=$OPTARG ;; s) lists=$OPTARG ;; i) idle=$OPTARG ;; p) pkg=$OPTARG ;;
-    *) sed -n '3,14p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+    H) H=$OPTARG ;; r) rate=$OPTARG ;; s) lists=$OPTARG ;; i) idle=$OPTARG ;; o) op=$OPTARG ;; p) pkg=$OPTARG ;;
+    *) sed -n '3,15p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
   esac
 done
 [ -d "$pkg/gflow" ] || { echo "op_sequence.sh: $pkg/gflow not found (build first)" >&2; exit 1; }
@@ -36,7 +37,7 @@ status=0
 for sizes in $lists; do
   echo "# $H hosts, links $rate, ops of $sizes MB, idle $idle s"
   nn_run_ranks "$out" 300 "$(seq -s, 0 $((H - 1)))" -- /usr/bin/python3 "$here/op_sequence.py" \
-    --sizes "$sizes" --rate "$rate" --idle "$idle"
+    --sizes "$sizes" --rate "$rate" --idle "$idle" --op "$op"
   wait
   if grep -q '^| all' "$out/rank0.out"; then cat "$out/rank0.out"; else status=1; cat "$out"/rank*.err; fi
 done
