@@ -33,6 +33,7 @@ NN_PREFIX=${NN_PREFIX:-gflnt$$}     # namespace names: <prefix>sw, <prefix>h0, .
 NN_SUBNET=${NN_SUBNET:-10.77.0}     # host i gets ${NN_SUBNET}.<i+1>/24
 NN_IFNAME=${NN_IFNAME:-veth0}       # the host's interface (GFLOW_SOCKET_IFNAME==veth0)
 NN_QDISC=${NN_QDISC:-tbf}           # tbf or htb
+NN_TBF_LATENCY=${NN_TBF_LATENCY:-20ms} # tbf: the longest a packet may wait in its queue
 NN_PORT=${NN_PORT:-29500}           # store port; each nn_start_ranks takes the next one
 NN_HOSTS=0                          # hosts created by nn_setup
 NN_NAMESPACES=()                    # every namespace this shell created
@@ -192,7 +193,7 @@ nn_shape() {
   case "$NN_QDISC" in
     tbf)
       nn__run ip netns exec "$ns" tc qdisc replace dev "$dev" root tbf rate "$rate" \
-        burst "$burst" latency 20ms || return 1
+        burst "$burst" latency "$NN_TBF_LATENCY" || return 1
       ;;
     htb)
       nn__run ip netns exec "$ns" tc qdisc replace dev "$dev" root handle 1: htb default 10 || return 1
