@@ -17,7 +17,7 @@ import numpy as np
 import gflow
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "train"))
-from report import FRAME_HEADERS, link_bytes_per_s  # noqa: E402
+from report import link_bytes_per_s, wire_bytes  # noqa: E402
 
 
 def main():
@@ -47,14 +47,13 @@ def main():
     if comm.rank:
         return
     n, link = comm.size, link_bytes_per_s(args.rate)
-    frame = (args.mtu + 14) / (args.mtu + 14 - FRAME_HEADERS)
     print("| op | MB | ms (median over %d steps) | ms at the link rate | ratio |" % args.steps)
     print("|---|---:|---:|---:|---:|")
     prev, total, total_link = 0.0, 0.0, 0.0
     for i, m in enumerate(mb):
         end = statistics.median(e[i] for e in ends)
         # a ring or halving-doubling allreduce: 2 (n-1)/n of the bytes leave each host
-        wire = 1e3 * m * 1e6 * 2 * (n - 1) / n * frame / link
+        wire = 1e3 * wire_bytes(m * 1e6 * 2 * (n - 1) / n, args.mtu) / link
         print("| %d | %.1f | %.0f | %.0f | %.2f |" % (i, m, 1e3 * (end - prev), wire,
                                                     1e3 * (end - prev) / wire))
         total, total_link, prev = 1e3 * end, total_link + wire, end

@@ -14,6 +14,7 @@ the backward times so far) and returns, so autograd hands DDP each gradient
 in layer order at its time. The loss is the profile's last call.
 """
 
+import itertools
 import time
 
 import torch
@@ -91,9 +92,9 @@ class EmulatedModel(torch.nn.Module):
         if unprofiled:
             raise ValueError("%d parameters belong to no profiled call (only parameters "
                              "of leaf modules are profiled)" % unprofiled)
-        self.forward_deadlines = _running_sums(c[0] for c in self.calls)
+        self.forward_deadlines = list(itertools.accumulate(c[0] for c in self.calls))
         # backward's deadlines, per call: the backward times of the calls after it
-        backward = _running_sums(c[1] for c in reversed(self.calls))
+        backward = list(itertools.accumulate(c[1] for c in reversed(self.calls)))
         self.backward_deadlines = list(reversed(backward))
         gen = torch.Generator().manual_seed(1000 + rank)
         self.noise = torch.randn(NOISE + OFFSETS, generator=gen) * 1e-2
@@ -166,10 +167,3 @@ class EmulatedModel(torch.nn.Module):
         end = self.done[0]
         return end, first if first is not None else end
 
-
-def _running_sums(values):
-    out, total = [], 0.0
-    for v in values:
-        total += v
-        out.append(total)
-    return out

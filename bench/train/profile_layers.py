@@ -39,63 +39,40 @@ def calls(model, data):
     return seen, logits
 
 
-def timed(fn, repeats):
-    """The median seconds of `repeats` calls of fn after one untimed call."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+def call_times(fn, repeats):
+    """(forward, backward) median seconds of `repeats` runs after an untimed
+    one: fn() with autograd recording, then backward from a random gradient
+    of its output."""
+    fwd, back = [], []
+    for _ in range(repeats + 1):
+        t0 = time.perf_counter()
+        out = fn()
+        t1 = time.perf_counter()
+        grad = torch.randn_like(out)
+        t2 = time.perf_counter()
+        out.backward(grad)
+        fwd.append(t1 - t0)
+        back.append(time.perf_counter() - t2)
+    return statistics.median(fwd[1:]), statistics.median(back[1:])
 
 
 def layer_times(module, x, repeats, input_grad):
-    """(forward, backward) median seconds of one call of `module` on x
-    (backward computing x's gradient too when input_grad)."""
+    """(forward, backward) of one call of `module` on x (backward computing
+    x's gradient too when input_grad)."""
     leaf = x.requires_grad_(input_grad)
-    state = {}
-
-    def forward():
-        state["out"] = module(leaf)
-
-    def backward():
-        out = module(leaf)
-        grad = torch.randn_like(out)
-        t = time.perf_counter()
-        out.backward(grad)
-        state["t"] = state.get("t", []) + [time.perf_counter() - t]
-
-    fwd = timed(forward, repeats)
-    state["t"] = []
-    timed(backward, repeats)
-    return fwd, statistics.median(state["t"][1:])
+    return call_times(lambda: module(leaf), repeats)
 
 
 def loss_times(logits, target, repeats):
-    loss = torch.nn.functional.cross_entropy
-    fwd = timed(lambda: loss(logits, target), repeats)
     x = logits.detach().requires_grad_()
-    back = []
-    for _ in range(repeats + 1):
-        out = loss(x, target)
-        t = time.perf_counter()
-        out.backward()
-        back.append(time.perf_counter() - t)
-    return fwd, statistics.median(back[1:])
+    return call_times(lambda: torch.nn.functional.cross_entropy(x, target), repeats)
 
 
 def whole_model(model, data, target, repeats):
-    fwd, back = [], []
-    for _ in range(repeats + 1):
-        model.zero_grad()
-        t = time.perf_counter()
-        loss = torch.nn.functional.cross_entropy(model(data), target)
-        t1 = time.perf_counter()
-        loss.backward()
-        fwd.append(t1 - t)
-        back.append(time.perf_counter() - t1)
-    return statistics.median(fwd[1:]), statistics.median(back[1:])
+    def step():
+        model.zero_grad(set_to_none=True)
+        return torch.nn.functional.cross_entropy(model(data), target)
+    return call_times(step, repeats)
 
 
 def cpu_name():
