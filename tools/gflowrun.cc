@@ -6,10 +6,15 @@
 // GFLOW_LOCAL_SIZE, GFLOW_ROOT (rank 0's store on loopback) and one job token
 // shared by all ranks. Output is forwarded line by line with a "[rank] "
 // prefix. The job is all-or-nothing: the first rank that fails takes the
-// others down, and gflowrun exits with that rank's status.
+// others down, and gflowrun exits with that rank's status. With --elastic
+// the job keeps going when a rank fails: gflowrun serves the job's store
+// itself (so it outlives any rank), the survivors shrink and go on
+// (docs/elastic.md), and --max-restarts K starts up to K replacements, each
+// with GFLOW_JOIN=1 instead of a rank, to join the job.
 //
-// gflowrun is single-threaded: one poll() loop over the ranks' output pipes
-// and a signalfd that carries SIGCHLD and the signals to forward.
+// gflowrun's own work is one thread: one poll() loop over the ranks' output
+// pipes and a signalfd that carries SIGCHLD and the signals to forward (the
+// --elastic store runs on threads of its own).
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -26,6 +31,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -34,6 +40,7 @@
 #include "common/fd_limit.h"
 #include "common/params.h"
 #include "gflow/error.h"
+#include "gflow/store.h"
 #include "topology/data_interface.h"
 #include "topology/pinning.h"
 #include "topology/topology.h"
@@ -91,6 +98,8 @@ struct Config {
   bool prefix = true;
   bool printConfig = false;
   bool topology = false;
+  bool elastic = false;  // --elastic
+  int maxRestarts = 0;   // --max-restarts
   std::vector<std::string> argv;
 };
 
@@ -120,6 +129,11 @@ void printHelp() {
       "  --timeout T         kill the job after T (300, 30s, 5m; bare number = seconds)\n"
       "                      and exit 124\n"
       "  --grace T           time between SIGTERM and SIGKILL (default 5s)\n"
+      "  --elastic           a failed rank does not end the job: gflowrun serves the job's\n"
+      "                      store (GFLOW_ROOT_EXTERNAL=1) and the survivors go on\n"
+      "                      (Communicator::shrink); exit 0 when any rank exits 0\n"
+      "  --max-restarts K    with --elastic: start up to K replacements for failed ranks,\n"
+      "                      each with GFLOW_JOIN=1 and no rank (Communicator::join)\n"
       "  --no-prefix         do not prefix output lines with \"[rank] \"\n"
       "  --print-config      print every GFLOW_* parameter (default, current value, doc)\n"
       "  --topology          print this host's NUMA nodes, cores, GPUs and NICs (hwloc),\n"
@@ -265,6 +279,18 @@ Config parseArgs(int argc, char** argv) {
       if (cfg.timeoutMs <= 0) usageError("--timeout must be positive");
     } else if (flag == "--grace") {
       cfg.graceMs = parseDurationArg(flag, takeValue());
+    } else if (flag == "--elastic") {
+      noValue();
+      cfg.elastic = true;
+    } else if (flag == "--max-restarts") {
+      const std::string v = takeValue();
+      char* end = nullptr;
+      errno = 0;
+      const long k = std::strtol(v.c_str(), &end, 10);
+      if (v.empty() || errno != 0 || *end != '\0' || k < 0 || k > 65536) {
+        usageError("--max-restarts '" + v + "': expected a number in 0..65536");
+      }
+      cfg.maxRestarts = static_cast<int>(k);
     } else if (flag == "--no-prefix") {
       noValue();
       cfg.prefix = false;
@@ -285,6 +311,7 @@ Config parseArgs(int argc, char** argv) {
   if (!sawNp) usageError("missing -n N (the number of ranks)");
   if (cfg.argv.empty()) usageError("missing the program to run");
   if (!cfg.root.empty() && cfg.port >= 0) usageError("--root and --port are exclusive");
+  if (cfg.maxRestarts > 0 && !cfg.elastic) usageError("--max-restarts needs --elastic");
   return cfg;
 }
 
@@ -456,7 +483,8 @@ class Job {
     // Each rank's output pipes stay open here (two read ends with the
     // prefix, none without) until it exits; the ranks inherit the raised
     // limit too.
-    gflow::fdlimit::require(cfg_.prefix ? 2 * size_t(cfg_.np) + 8 : 8,
+    const size_t ranks = size_t(cfg_.np) + size_t(cfg_.maxRestarts);
+    gflow::fdlimit::require(cfg_.prefix ? 2 * ranks + 8 : 8,
                             "gflowrun with " + std::to_string(cfg_.np) + " ranks",
                             gflow::ErrorContext::forOp("gflowrun"));
     prepareEnvironment();
@@ -467,6 +495,7 @@ class Job {
     for (int r = 0; r < cfg_.np && !shuttingDown_; ++r) spawn(r);
     loop();
     if (timedOut_) return kTimeoutExit;
+    if (cfg_.elastic && anySucceeded_ && interruptSignal_ == 0) return 0;
     if (haveFailure_) return statusToExitCode(firstFailure_);
     if (interruptSignal_ != 0) return 128 + interruptSignal_;
     return 0;
@@ -506,11 +535,12 @@ class Job {
     }
     // An inherited GFLOW_ROOT (say, from an enclosing gflow job) is ignored:
     // this job's rank 0 serves its own store.
-    if (root.empty()) {
+    if (root.empty() && !cfg_.elastic) {
       int port = cfg_.port >= 0 ? cfg_.port : pickFreePort();
       root = "127.0.0.1:" + std::to_string(port);
     }
     if (token.empty()) token = gflow::auth::randomToken();
+    if (cfg_.elastic) root = serveStore(cfg_.root, token);
 
     auto dropped = [&](const std::string& key) {
       if (isRankVar(key) || key == "GFLOW_ROOT" || key == "GFLOW_JOB_TOKEN") return true;
@@ -535,15 +565,39 @@ class Job {
     for (const auto& kv : cfg_.env) atExitSet = atExitSet || kv.first == "GFLOW_STRAGGLER_AT_EXIT";
     if (!atExitSet) baseEnv_.push_back("GFLOW_STRAGGLER_AT_EXIT=1");
     baseEnv_.push_back("GFLOW_ROOT=" + root);
+    if (cfg_.elastic) baseEnv_.push_back("GFLOW_ROOT_EXTERNAL=1");
     baseEnv_.push_back("GFLOW_JOB_TOKEN=" + token);
     baseEnv_.push_back("GFLOW_WORLD_SIZE=" + std::to_string(cfg_.np));
     baseEnv_.push_back("GFLOW_LOCAL_SIZE=" + std::to_string(cfg_.np));
   }
 
-  void spawn(int r) {
+  // --elastic: the job's store, served here at `root` (default 127.0.0.1 on a
+  // port the kernel picks) so that it outlives every rank; returns its
+  // address.
+  std::string serveStore(const std::string& root, const std::string& token) {
+    gflow::TcpStoreOptions so;
+    so.isServer = true;
+    so.token = token;
+    so.port = cfg_.port > 0 ? static_cast<uint16_t>(cfg_.port) : 0;
+    if (!root.empty()) {
+      const size_t colon = root.rfind(':');
+      so.host = root.substr(0, colon);
+      so.port = static_cast<uint16_t>(parsePort("--root", root.substr(colon + 1)));
+    }
+    store_ = std::make_unique<gflow::TcpStore>(so);
+    return root.empty() ? "127.0.0.1:" + std::to_string(store_->port()) : root;
+  }
+
+  // Starts rank `r` (index into ranks_ and its output label); a replacement
+  // (`joining`) gets GFLOW_JOIN=1 instead of a rank.
+  void spawn(int r, bool joining = false) {
     std::vector<std::string> env = baseEnv_;
-    env.push_back("GFLOW_RANK=" + std::to_string(r));
-    env.push_back("GFLOW_LOCAL_RANK=" + std::to_string(r));
+    if (joining) {
+      env.push_back("GFLOW_JOIN=1");
+    } else {
+      env.push_back("GFLOW_RANK=" + std::to_string(r));
+      env.push_back("GFLOW_LOCAL_RANK=" + std::to_string(r));
+    }
     std::vector<char*> envp;
     for (std::string& s : env) envp.push_back(s.data());
     envp.push_back(nullptr);
@@ -638,13 +692,31 @@ class Job {
 
   void recordFailure(int r, int status, bool announce) {
     if (shuttingDown_) return;  // a consequence of the shutdown, not its cause
+    if (!haveFailure_) firstFailure_ = status;
     haveFailure_ = true;
-    firstFailure_ = status;
+    if (cfg_.elastic && announce) {
+      keepGoing(r, status);
+      return;
+    }
     if (announce) {
       std::fprintf(stderr, "gflowrun: rank %d %s; terminating the other ranks\n", r,
                    describeStatus(status).c_str());
     }
     shutDown(SIGTERM);
+  }
+
+  // --elastic: the others go on without rank r; a replacement joins while
+  // restarts are left.
+  void keepGoing(int r, int status) {
+    const bool replace = restarts_ < cfg_.maxRestarts;
+    std::fprintf(
+        stderr, "gflowrun: rank %d %s; the job goes on (--elastic)%s\n", r,
+        describeStatus(status).c_str(),
+        replace ? (", replacement " + std::to_string(ranks_.size()) + " joins").c_str() : "");
+    if (!replace) return;
+    ++restarts_;
+    ranks_.emplace_back();
+    spawn(static_cast<int>(ranks_.size()) - 1, /*joining=*/true);
   }
 
   void reap() {
@@ -657,7 +729,11 @@ class Job {
         ranks_[r].running = false;
         --running_;
         if (running_ == 0) drainUntil_ = Clock::now() + kDrainAfterExit;
-        if (failed(status)) recordFailure(static_cast<int>(r), status, /*announce=*/true);
+        if (failed(status)) {
+          recordFailure(static_cast<int>(r), status, /*announce=*/true);
+        } else {
+          anySucceeded_ = true;
+        }
       }
     }
   }
@@ -795,6 +871,9 @@ class Job {
 
   bool haveFailure_ = false;
   int firstFailure_ = 0;
+  bool anySucceeded_ = false;
+  int restarts_ = 0;                        // replacements started (--elastic)
+  std::unique_ptr<gflow::TcpStore> store_;  // --elastic: the job's store
   bool timedOut_ = false;
   int interruptSignal_ = 0;
 };

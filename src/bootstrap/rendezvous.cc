@@ -7,6 +7,7 @@
 #include "common/auth.h"
 #include "common/check.h"
 #include "common/logging.h"
+#include "common/params.h"
 #include "common/socket.h"
 
 namespace gflow::bootstrap {
@@ -29,12 +30,18 @@ std::string givenListenHost(const Identity& id) {
   return ip.empty() || (ip.rfind("127.", 0) == 0 && ip != "127.0.0.1") ? any : ip;
 }
 
+// Rank 0 serves the store unless it is served outside the job
+// (GFLOW_ROOT_EXTERNAL: gflowrun --elastic, so the store outlives rank 0).
+bool servesStore(const Identity& id) {
+  return id.rank == 0 && params::rootExternal() == 0;
+}
+
 std::shared_ptr<TcpStore> makeStore(const Identity& id, const std::string& host,
                                     std::chrono::milliseconds timeout) {
   TcpStoreOptions so;
   so.host = host;
   so.port = id.rootPort;
-  so.isServer = id.rank == 0;
+  so.isServer = servesStore(id);
   so.token = id.token;
   so.timeout = timeout;
   return std::make_shared<TcpStore>(so);
@@ -94,7 +101,7 @@ std::shared_ptr<TcpStore> startRoot(Identity* id, const std::string& ifname,
 std::shared_ptr<Store> openStore(Identity* id, const std::string& ifname,
                                  std::chrono::milliseconds timeout) {
   if (!id->pmix) {
-    return makeStore(*id, id->rank == 0 ? givenListenHost(*id) : id->rootHost, timeout);
+    return makeStore(*id, servesStore(*id) ? givenListenHost(*id) : id->rootHost, timeout);
   }
   // Every rank of a PMIx job takes part, whatever it was given itself: the
   // fence is collective, and ranks given different things must not split.

@@ -174,6 +174,13 @@
   X(localRank, "GFLOW_LOCAL_RANK", kInt, "", kLocal, "Rank among the ranks of this host.")         \
   X(localSize, "GFLOW_LOCAL_SIZE", kInt, "", kLocal, "Number of ranks on this host.")              \
   X(root, "GFLOW_ROOT", kString, "", kLocal, "host:port of rank 0's store.")                       \
+  X(join, "GFLOW_JOIN", kInt, "0", kLocal,                                                         \
+    "1 (gflowrun --elastic sets it in a replacement, which has no rank): the program joins the "   \
+    "running job with Communicator::join() instead of creating it (docs/elastic.md).")             \
+  X(rootExternal, "GFLOW_ROOT_EXTERNAL", kInt, "0", kLocal,                                        \
+    "1: the store at GFLOW_ROOT is served outside the job (gflowrun --elastic serves it), so "     \
+    "rank 0 is its client like every rank and the store outlives any one rank "                    \
+    "(docs/elastic.md).")                                                                          \
   X(jobToken, "GFLOW_JOB_TOKEN", kString, "", kLocal,                                              \
     "Job secret; store and data connections prove knowledge of it (HMAC-SHA256). gflowrun "        \
     "generates one.")                                                                              \
@@ -234,6 +241,8 @@
   R(worldSize, 1, 1LL << 24, false)               \
   R(localRank, 0, (1LL << 24) - 1, false)         \
   R(localSize, 1, 1LL << 24, false)               \
+  R(join, 0, 1, false)                            \
+  R(rootExternal, 0, 1, false)                    \
   R(requireToken, 0, 1, false)
 
 // The parameters whose value is a secret, one row each: S(accessor). No

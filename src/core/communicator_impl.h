@@ -59,6 +59,10 @@ class CommunicatorImpl final : public Communicator {
   void abortWith(const Error& e) { verdict.failAnywhere(e); }
   // Communicator::split.
   std::shared_ptr<Communicator> splitOff(int color, int key);
+  // Communicator::shrink (core/shrink.cc).
+  std::shared_ptr<Communicator> shrinkTo(const std::vector<int>& exclude);
+  // Communicator::grow (core/grow.cc).
+  std::shared_ptr<Communicator> growBy();
   // The one Backend this communicator calls (executing thread).
   backend::Router& router() { return *backend; }
   // The kernels of memory on `where` with work on `stream` (host kernels,
@@ -158,6 +162,8 @@ class CommunicatorImpl final : public Communicator {
 
   uint64_t seq GFLOW_GUARDED_BY(executing) = 0;
   std::atomic<uint64_t> splitCount{0};
+  std::atomic<uint64_t> shrinkCount{0};
+  std::atomic<uint64_t> growCount{0};
   Settings settings;  // inherited by split()
 
   // Point-to-point ops in flight after their task (defer); executing thread.

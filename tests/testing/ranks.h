@@ -20,7 +20,8 @@ void runRanks(int n, const std::function<void(Communicator&)>& fn, Options base 
 std::vector<std::exception_ptr> runRanksCollect(int n, const std::function<void(Communicator&)>& fn,
                                                 Options base = Options{});
 
-// Creates communicators for `n` ranks and keeps them (for tests that reuse a
+// Creates communicators for `n` ranks (over base.store when set, else a
+// fresh in-memory store) and keeps them (for tests that reuse a
 // world across many checks). Each returned communicator must be used from
 // one thread per rank (see forEachRank).
 std::vector<std::shared_ptr<Communicator>> makeWorld(int n, Options base = Options{});

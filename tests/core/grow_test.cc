@@ -1,0 +1,161 @@
+// Communicator::grow and join with ranks as threads: joiners waiting on the
+// job's store are admitted after the members, in arrival order, and the
+// grown communicator reduces exactly; nobody waiting gives nullptr
+// everywhere; a lost rank replaced (shrink, then grow); a joiner without the
+// job's token is refused.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+
+#include "gflow/gflow.h"
+#include "testing/paths.h"
+
+namespace gflow {
+namespace {
+
+using std::chrono::milliseconds;
+using World = std::vector<std::shared_ptr<Communicator>>;
+
+void onThreads(int n, const std::function<void(int)>& body) {
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&body, r] {
+      try {
+        body(r);
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "thread " << r << " threw: " << e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+// Each rank adds (tag + 1) at every element; the result must be the sum of
+// the tags + the count, exactly.
+void expectSumOfTags(Communicator& c, int tag, int tagSum) {
+  std::vector<float> v(50000, float(tag + 1));
+  c.allreduce(tensor(v.data(), v.size()));
+  for (size_t i = 0; i < v.size(); ++i) ASSERT_EQ(v[i], float(tagSum + c.size())) << i;
+}
+
+// Waits until `n` joiners took a number on `store`.
+void awaitJoiners(Store& store, int n) {
+  while (store.add("gflow/join/arrived", 0) < n) std::this_thread::sleep_for(milliseconds(2));
+}
+
+class Grow : public testing::OnPaths {
+ protected:
+  // The path's options over `store`, which the joiners share.
+  Options options(const std::shared_ptr<Store>& store) const {
+    Options o;
+    o.store = store;
+    o.timeout = milliseconds(10000);
+    if (std::get<0>(GetParam()) == testing::WorldPath::kNetwork) o.shm.enabled = false;
+    if (std::get<0>(GetParam()) == testing::WorldPath::kVerbs) o.transport = "verbs";
+    return o;
+  }
+};
+
+TEST_P(Grow, JoinersAreAdmittedAfterTheMembersInArrivalOrder) {
+  auto store = createHashStore();
+  const Options o = options(store);
+  const int members = n(), joiners = 2;
+  World w = testing::makeWorld(members, o);
+  onThreads(members + joiners, [&](int t) {
+    if (t >= members) {
+      // The second joiner takes its number only after the first has.
+      if (t == members + 1) awaitJoiners(*store, 1);
+      std::shared_ptr<Communicator> c = Communicator::join(o);
+      EXPECT_EQ(c->size(), members + joiners);
+      EXPECT_EQ(c->rank(), t);
+      expectSumOfTags(*c, t, (members + joiners) * (members + joiners - 1) / 2);
+      EXPECT_FALSE(c->grow());  // collective over the grown communicator
+      return;
+    }
+    EXPECT_FALSE(w[t]->grow()) << "nobody waits yet";
+    awaitJoiners(*store, joiners);
+    std::shared_ptr<Communicator> c = w[t]->grow();
+    ASSERT_TRUE(c);
+    EXPECT_EQ(c->rank(), t);
+    expectSumOfTags(*c, t, (members + joiners) * (members + joiners - 1) / 2);
+    // The old communicator is still usable, and nobody waits any more.
+    expectSumOfTags(*w[t], t, members * (members - 1) / 2);
+    EXPECT_FALSE(c->grow());
+  });
+}
+
+TEST_P(Grow, AReplacementJoinsTheSurvivorsOfALostRank) {
+  auto store = createHashStore();
+  const Options o = options(store);
+  const int lost = 1;
+  World w = testing::makeWorld(n(), o);
+  onThreads(n() + 1, [&](int t) {
+    if (t == n()) {  // the replacement
+      std::shared_ptr<Communicator> c = Communicator::join(o);
+      EXPECT_EQ(c->rank(), n() - 1);
+      expectSumOfTags(*c, 0, 0);
+      return;
+    }
+    std::vector<float> v(64, 1.0f);
+    w[t]->allreduce(tensor(v.data(), v.size()));
+    if (t == lost) {
+      w[t].reset();
+      return;
+    }
+    try {
+      for (int i = 0; i < 100; ++i) w[t]->allreduce(tensor(v.data(), v.size()));
+      ADD_FAILURE() << "no failure after rank " << lost << " was lost";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.peer(), lost);
+    }
+    std::shared_ptr<Communicator> s = w[t]->shrink();
+    ASSERT_TRUE(s);
+    awaitJoiners(*store, 1);
+    std::shared_ptr<Communicator> g = s->grow();
+    ASSERT_TRUE(g);
+    EXPECT_EQ(g->size(), n());
+    expectSumOfTags(*g, 0, 0);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(, Grow,
+                         ::testing::Values(testing::PathParam{testing::WorldPath::kShm, 3},
+                                           testing::PathParam{testing::WorldPath::kNetwork, 3},
+                                           testing::PathParam{testing::WorldPath::kVerbs, 2}),
+                         testing::pathName);
+
+TEST(Join, WithoutTheJobTokenIsRefused) {
+  TcpStoreOptions so;
+  so.isServer = true;
+  so.token = "the-job-token";
+  so.timeout = milliseconds(5000);
+  TcpStore server(so);
+  Options stranger;
+  stranger.root = "127.0.0.1:" + std::to_string(server.port());
+  stranger.token = "a-guess";
+  stranger.timeout = milliseconds(3000);
+  try {
+    Communicator::join(stranger);
+    ADD_FAILURE() << "a stranger joined";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnauthorized) << e.what();
+  }
+  // Nothing of it reached the store: no joiner number was taken.
+  EXPECT_EQ(server.add("gflow/join/arrived", 0), 0);
+}
+
+TEST(Join, NobodyAdmittingIsATimeout) {
+  Options o;
+  o.store = createHashStore();
+  o.timeout = milliseconds(300);
+  try {
+    Communicator::join(o);
+    ADD_FAILURE() << "join returned with nobody growing";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kTimeout) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace gflow
