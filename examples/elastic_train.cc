@@ -22,10 +22,12 @@
 //                     per rank: hierarchical collectives on one machine)
 //
 // Lines it prints for scripts (tests/examples/elastic.sh,
-// bench/elastic/trials.sh): `failed <epoch ms> <error>`, `shrunk <epoch ms>
-// size <n>` (after the first op on the shrunk communicator), `grew <epoch
-// ms> size <n>`, `joined <epoch ms> rank <r>`, `digest <hex> step <s> size <n>`.
+// bench/elastic/trials.py): `start <epoch ms>` (first thing), `ready <epoch ms> pid <pid> rank <r>`
+// (once the communicator is up), `killing <epoch ms>`, `failed <epoch ms> <error>`, `shrunk <epoch
+// ms> size <n>` (after the first op on the shrunk communicator), `grew <epoch ms> size <n>`,
+// `joined <epoch ms> rank <r>`, `digest <hex> step <s> size <n>`.
 #include <signal.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
@@ -174,6 +176,7 @@ class Trainer {
     const int firstRank = comm_->rank();
     while (model_.step < args_.steps) {
       if (mayKill_ && model_.step == args_.killAt && firstRank == args_.killRank) {
+        std::printf("killing %lld\n", (long long)epochMs());
         std::fflush(stdout);
         ::raise(SIGKILL);
       }
@@ -234,12 +237,14 @@ class Trainer {
 
 int main(int argc, char** argv) {
   const Args args = parse(argc, argv);
+  std::printf("start %lld\n", (long long)epochMs());
   const char* join = std::getenv("GFLOW_JOIN");
   const bool joining = join && std::strcmp(join, "1") == 0;
   try {
     auto comm = joining ? gflow::Communicator::join(options(args))
                         : gflow::Communicator::create(options(args));
     std::setvbuf(stdout, nullptr, _IOLBF, 0);
+    std::printf("ready %lld pid %d rank %d\n", (long long)epochMs(), int(::getpid()), comm->rank());
     Trainer t(args, comm);
     t.start(joining);
     t.run();

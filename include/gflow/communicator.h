@@ -350,11 +350,13 @@ class GFLOW_EXPORT Communicator {
   // made from).
   // This communicator is left failed (kAborted when it was healthy), so any
   // op still in flight raises its error; the new one is built through the
-  // store like split(), with this one's options. A rank that another
-  // failure takes while the survivors connect is itself a verdict: shrink
-  // drops it and tries again, and raises the error naming it when the
-  // survivors cannot connect. Returns nullptr on an excluded rank (e.g. a
-  // stopped rank that resumes to find itself the culprit).
+  // store like split(), with this one's options. The survivors meet at the
+  // store and every rank's presence is decided once there, so they end with
+  // one membership even if their verdicts differed; a rank that neither
+  // comes nor was named is counted out at the deadline, and one lost while
+  // the survivors connect is counted out by the next attempt (the last
+  // error is raised when none succeeds). Returns nullptr on an excluded
+  // rank or one the others counted out (e.g. a stopped rank that resumes).
   std::shared_ptr<Communicator> shrink(const std::vector<int>& exclude = {});
 
   // Collective over this communicator: admits every process waiting in

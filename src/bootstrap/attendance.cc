@@ -1,9 +1,6 @@
 #include "bootstrap/attendance.h"
 
-#include <algorithm>
-
 #include "common/check.h"
-#include "common/deadline.h"
 
 namespace gflow::bootstrap {
 
@@ -24,12 +21,12 @@ bool claim(const Meeting& m, int r, bool present) {
   return true;
 }
 
-// Member r's decision: waited for until `until`, then claimed out by this
-// rank if nobody decided, then read (a winner writes right after its add).
-bool decide(const Meeting& m, int r, const Deadline& until) {
+// Member r's decision once the deadline has passed without one: claimed
+// out by this rank if nobody decided, then read (a winner writes right
+// after its add).
+bool decideLate(const Meeting& m, int r) {
   try {
-    const std::chrono::milliseconds left(std::max(1, until.remainingMs()));
-    return m.store->getString(decisionKey(m, r), left) == "in";
+    return m.store->getString(decisionKey(m, r), std::chrono::milliseconds(1)) == "in";
   } catch (const Error& e) {
     if (e.code() != ErrorCode::kTimeout) throw;
   }
@@ -40,16 +37,25 @@ bool decide(const Meeting& m, int r, const Deadline& until) {
 }  // namespace
 
 std::vector<int> attend(const Meeting& m) {
-  const ErrorContext ctx = ErrorContext::forOp("attend").withRank(m.self);
-  if (!claim(m, m.self, true) && m.store->getString(decisionKey(m, m.self), m.timeout) != "in") {
-    GFLOW_THROW(kTimeout, ctx.withPeer(m.self))
-        << "rank " << m.self << " arrived after the other ranks' deadline (" << m.timeout.count()
-        << " ms) and was counted as lost";
+  const bool mine = claim(m, m.self, true);
+  // Before this rank may learn it is out: the others need its hints too.
+  for (int r : m.absent) {
+    if (r != m.self) claim(m, r, false);
   }
-  const Deadline until = Deadline::after(m.timeout);
+  if (!mine && m.store->getString(decisionKey(m, m.self), m.timeout) != "in") return {};
+  std::vector<std::string> keys;
+  for (int r : m.members) keys.push_back(decisionKey(m, r));
+  std::vector<bool> in(m.members.size(), false);
+  try {
+    const auto values = m.store->multiGet(keys, m.timeout);
+    for (size_t i = 0; i < values.size(); ++i) in[i] = values[i] == std::vector<uint8_t>{'i', 'n'};
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kTimeout) throw;
+    for (size_t i = 0; i < m.members.size(); ++i) in[i] = decideLate(m, m.members[i]);
+  }
   std::vector<int> present;
-  for (int r : m.members) {
-    if (r == m.self || decide(m, r, until)) present.push_back(r);
+  for (size_t i = 0; i < m.members.size(); ++i) {
+    if (in[i]) present.push_back(m.members[i]);
   }
   return present;
 }

@@ -1,16 +1,18 @@
 // Communicator::shrink: a new communicator over the survivors of a lost rank
 // (docs/elastic.md).
 //
-// Who is gone needs no new agreement: the failure verdict (core/verdict.h)
-// already names the same culprit on every survivor, and the caller's own
-// exclusions are the same list everywhere. The members are the old ranks
-// less the excluded, in order. Their store prefix carries a digest of the
-// membership, so ranks that disagree about it meet in different places and
-// time out instead of mixing. Each attempt first takes attendance
-// (bootstrap/attendance.h): a rank lost after the verdict is counted out by
-// the deadline, with one answer for all, and the members present connect.
-// A rank lost while they connect fails the connection; the next attempt's
-// attendance counts it out.
+// Who is gone is decided by attendance (bootstrap/attendance.h), with the
+// failure verdict as its hint: every survivor claims its own presence and
+// the verdict's culprit (or the caller's exclusions) absent at once, and a
+// rank that neither arrives nor was named is counted out at the deadline.
+// Each rank's presence is decided by the first claim, so the survivors end
+// with one membership even where their verdicts differ (a rank that one
+// survivor blames and that claims itself in first stays; one claimed out
+// first learns it and gets nullptr). In the common case, every survivor
+// present and the culprit named, nothing waits for a deadline. The members
+// connect under a prefix naming the attempt and a digest of the
+// membership; a rank lost while they connect fails the connection, and the
+// next attempt's attendance counts it out.
 #include <algorithm>
 #include <cstdio>
 #include <sstream>
@@ -52,17 +54,15 @@ std::vector<bool> droppedRanks(const std::vector<int>& exclude,
   return dropped;
 }
 
-// The store prefix of one connection attempt: the shrink's number, the
-// attempt and a digest of who takes part.
-std::string attemptPrefix(const std::string& parent, uint64_t shrinkId, int attempt,
-                          const std::vector<int>& members) {
+// Where the members of one attempt connect: under the attempt's prefix, a
+// digest of who takes part.
+std::string membersPrefix(const std::string& attempt, const std::vector<int>& members) {
   std::ostringstream ranks;
   for (int r : members) ranks << r << ',';
   char digest[17];
   std::snprintf(digest, sizeof(digest), "%016llx",
                 static_cast<unsigned long long>(hash::sha256Id(ranks.str())));
-  return parent + "shrink" + std::to_string(shrinkId) + "." + std::to_string(attempt) + "-" +
-         digest + "/";
+  return attempt + digest + "/";
 }
 
 std::string listRanks(const std::vector<bool>& dropped) {
@@ -80,7 +80,7 @@ std::shared_ptr<Communicator> Communicator::shrink(const std::vector<int>& exclu
 }
 
 std::shared_ptr<Communicator> CommunicatorImpl::shrinkTo(const std::vector<int>& exclude) {
-  std::vector<bool> dropped = droppedRanks(exclude, error(), rank, size);
+  const std::vector<bool> dropped = droppedRanks(exclude, error(), rank, size);
   if (dropped[rank]) return nullptr;
   // Whatever is still in flight here raises an error, not a half result.
   abortWith(Error(ErrorCode::kAborted,
@@ -88,30 +88,34 @@ std::shared_ptr<Communicator> CommunicatorImpl::shrinkTo(const std::vector<int>&
                       listRanks(dropped) + " and retired this communicator",
                   ErrorContext::forOp("shrink").withRank(rank)));
   const uint64_t shrinkId = shrinkCount++;
+  bootstrap::Meeting meeting{contextOptions.store, "", {}, rank, {}, timeout};
+  for (int r = 0; r < size; ++r) (dropped[r] ? meeting.absent : meeting.members).push_back(r);
+  meeting.members.insert(meeting.members.end(), meeting.absent.begin(), meeting.absent.end());
+  std::sort(meeting.members.begin(), meeting.members.end());
   for (int attempt = 0;; ++attempt) {
-    std::vector<int> expected;
-    for (int r = 0; r < size; ++r) {
-      if (!dropped[r]) expected.push_back(r);
-    }
-    const std::string prefix = attemptPrefix(contextOptions.prefix, shrinkId, attempt, expected);
-    const std::vector<int> members =
-        bootstrap::attend({contextOptions.store, prefix + "attend/", expected, rank, timeout});
-    for (int r : expected) {
-      if (std::find(members.begin(), members.end(), r) == members.end()) dropped[r] = true;
+    meeting.prefix = contextOptions.prefix + "shrink" + std::to_string(shrinkId) + "." +
+                     std::to_string(attempt) + "/";
+    const std::vector<int> members = bootstrap::attend(meeting);
+    if (std::find(members.begin(), members.end(), rank) == members.end()) {
+      GFLOW_LOG(WARN) << "rank " << rank << ": the other survivors counted this rank out of the "
+                      << "shrunk communicator";
+      return nullptr;
     }
     transport::ContextOptions co = contextOptions;
     co.rank = static_cast<int>(std::find(members.begin(), members.end(), rank) - members.begin());
     co.size = static_cast<int>(members.size());
-    co.prefix = attemptPrefix(prefix, shrinkId, attempt, members);
+    co.prefix = membersPrefix(meeting.prefix, members);
     try {
       return std::shared_ptr<Communicator>(connect({co, transportName, settings, hostOf[rank]}));
     } catch (const Error& e) {
-      // A member lost while connecting: the next attempt's attendance finds
-      // out who, with one answer for all.
+      // A member lost while connecting: the next attempt's attendance counts
+      // it out, with one answer for all.
       const bool lost = e.code() == ErrorCode::kTimeout || e.code() == ErrorCode::kPeerLost;
       if (!lost || attempt + 1 >= size) throw;
       GFLOW_LOG(WARN) << "rank " << rank << ": shrink attempt " << attempt
                       << " failed while the survivors connected (" << e.what() << "); again";
+      meeting.members = members;
+      meeting.absent.clear();
     }
   }
 }
