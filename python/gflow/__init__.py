@@ -23,6 +23,7 @@ from ._gflow import (  # noqa: F401 (re-exported)
     default_communicator,
     finalize,
     init,
+    join,
     set_cuda_component,
     set_log_level,
 )
@@ -43,7 +44,7 @@ __all__ = [
     "AbortedError", "Communicator", "DataType", "Error", "ErrorCode", "GradientReducer",
     "InternalError", "InvalidArgumentError", "MismatchError", "PeerLostError", "ReduceOp",
     "TimeoutError", "UnauthorizedError", "WireChooser", "Work", "allreduce", "barrier", "broadcast", "create",
-    "default_communicator", "errors", "finalize", "init", "set_cuda_component", "set_log_level",
+    "default_communicator", "errors", "finalize", "init", "join", "set_cuda_component", "set_log_level",
 ]
 
 

@@ -604,6 +604,14 @@ void bindCommunicator(py::module_& m) {
             return c.split(color, key);
           },
           py::arg("color"), py::arg("key") = 0)
+      .def(
+          "shrink",
+          [](Communicator& c, const std::vector<int>& exclude) {
+            py::gil_scoped_release nogil;
+            return c.shrink(exclude);
+          },
+          py::arg("exclude") = std::vector<int>{})
+      .def("grow", &Communicator::grow, py::call_guard<py::gil_scoped_release>())
       .def("local_communicator", &Communicator::localCommunicator,
            py::call_guard<py::gil_scoped_release>())
       .def("cross_host_communicator", &Communicator::crossHostCommunicator,
@@ -652,6 +660,18 @@ void bindCommunicator(py::module_& m) {
       },
       py::kw_only(), py::arg("rank") = py::none(), py::arg("size") = py::none(),
       py::arg("root") = py::none(), py::arg("timeout") = py::none(),
+      py::arg("algorithm") = py::none(), py::arg("transport") = py::none(),
+      py::arg("token") = py::none(), py::arg("host_id") = py::none());
+  m.def(
+      "join",
+      [](py::handle root, py::handle timeout, py::handle algorithm, py::handle transport,
+         py::handle token, py::handle hostId, const py::kwargs& config) {
+        Options o = makeOptions(py::none(), py::none(), root, timeout, algorithm, transport, token,
+                                hostId, config);
+        py::gil_scoped_release nogil;
+        return Communicator::join(o);
+      },
+      py::kw_only(), py::arg("root") = py::none(), py::arg("timeout") = py::none(),
       py::arg("algorithm") = py::none(), py::arg("transport") = py::none(),
       py::arg("token") = py::none(), py::arg("host_id") = py::none());
   m.def(
