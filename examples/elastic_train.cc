@@ -20,6 +20,8 @@
 //   --kill-at S       SIGKILL at the start of step S
 //   --hosts H         pretend the starting ranks are on H hosts (GFLOW_HOST_ID
 //                     per rank: hierarchical collectives on one machine)
+//   --wire int8       gradients travel block-quantized with error feedback
+//                     (each survivor's residuals carry over a rebuild)
 //
 // Lines it prints for scripts (tests/examples/elastic.sh,
 // bench/elastic/trials.py): `start <epoch ms>` (first thing), `ready <epoch ms> pid <pid> rank <r>`
@@ -52,6 +54,7 @@ struct Args {
   int killRank = -1;
   int64_t killAt = -1;
   int hosts = 0;
+  bool int8 = false;
 };
 
 Args parse(int argc, char** argv) {
@@ -75,6 +78,8 @@ Args parse(int argc, char** argv) {
       a.killAt = std::atoll(v);
     } else if (f == "--hosts") {
       a.hosts = std::atoi(v);
+    } else if (f == "--wire") {
+      a.int8 = std::strcmp(v, "int8") == 0;
     } else {
       std::fprintf(stderr, "elastic_train: unknown option %s\n", f.c_str());
       std::exit(2);
@@ -191,9 +196,17 @@ class Trainer {
   }
 
  private:
+  // The reducer on the current communicator: built once, then rebuilt
+  // (this rank's error-feedback residuals carry over; a joiner's start
+  // empty).
   void rebuild() {
-    reducer_.reset();
-    reducer_ = std::make_unique<gflow::GradientReducer>(comm_, model_.gradTensors());
+    if (reducer_) {
+      reducer_->rebuild(comm_);
+      return;
+    }
+    gflow::ReducerOptions o;
+    if (args_.int8) o.wire = gflow::DataType::kQInt8;
+    reducer_ = std::make_unique<gflow::GradientReducer>(comm_, model_.gradTensors(), o);
   }
 
   void step() {
@@ -215,7 +228,6 @@ class Trainer {
   void recover(const gflow::Error& e) {
     std::printf("failed %lld %s\n", (long long)epochMs(), e.what());
     if (e.peer() < 0) throw;
-    reducer_.reset();
     comm_ = comm_->shrink({e.peer()});
     if (!comm_) {
       std::printf("excluded: the others went on without this rank\n");

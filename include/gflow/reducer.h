@@ -173,6 +173,17 @@ class GFLOW_EXPORT GradientReducer {
   GradientReducer(const GradientReducer&) = delete;
   GradientReducer& operator=(const GradientReducer&) = delete;
 
+  // After the membership changed (Communicator::shrink or grow; docs/
+  // elastic.md): the same reducer (tensors, options) on `comm`, collective
+  // over `comm` as the constructor is (a joiner constructs its reducer
+  // with the same tensors and options). This rank's error-feedback
+  // residuals and CSC residual and velocity carry over; the step count
+  // (CSC warm-up, the automatic wire's schedule and choices) starts again,
+  // as a joiner's does, so every rank is at the same point. Call it
+  // between steps: a step in the middle is abandoned (its error, if any,
+  // was raised by wait()).
+  void rebuild(std::shared_ptr<Communicator> comm);
+
   // Gradient `index` holds this step's value. Never blocks on communication.
   void ready(size_t index);
   // Waits until every gradient of this step is reduced in place; rethrows the

@@ -182,6 +182,15 @@ void bindReducer(py::module_& m) {
       .def(
           "ready", [](PyReducer& r, size_t i) { r.reducer->ready(i); }, py::arg("index"))
       .def(
+          "rebuild",
+          [](PyReducer& r, std::shared_ptr<Communicator> comm) {
+            if (!comm)
+              throw Error(ErrorCode::kInvalidArgument, "GradientReducer.rebuild: comm is None");
+            py::gil_scoped_release nogil;
+            r.reducer->rebuild(std::move(comm));
+          },
+          py::arg("comm"))
+      .def(
           "wait",
           [](PyReducer& r, py::handle timeout) {
             auto t = toTimeout(timeout);

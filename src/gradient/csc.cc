@@ -61,6 +61,15 @@ void Csc::reset() {
   if (velocity_) kernels_->zero(velocity_, total_ * sizeof(float));
 }
 
+void Csc::carryFrom(const Csc& from) {
+  if (from.total_ != total_) return;
+  std::vector<kernels::GradientKernels::Copy> copies{
+      {from.residual_, residual_, total_ * sizeof(float)}};
+  if (velocity_ && from.velocity_)
+    copies.push_back({from.velocity_, velocity_, total_ * sizeof(float)});
+  kernels_->copy(copies);
+}
+
 size_t Csc::picked(size_t n, size_t chunk, uint64_t step) const {
   const size_t chunks = kernels::numChunks(n, chunk);
   if (step < config_.warmupSteps) return chunks;

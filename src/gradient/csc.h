@@ -52,6 +52,9 @@ class Csc {
   // NaN (every rank agrees on it), so they carry neither into later steps
   // nor the loss scale the step was computed at.
   void reset();
+  // The residual and velocity of `from`, a Csc of the same tensors and
+  // config (GradientReducer::rebuild).
+  void carryFrom(const Csc& from);
   const CscConfig& config() const { return config_; }
 
   // Two ops on `comm`: the allreduce (sum) of the bucket's chunk norms, then

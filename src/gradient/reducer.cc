@@ -34,6 +34,7 @@
 #include "gradient/fuser.h"
 #include "gradient/fusion.h"
 #include "gradient/registration.h"
+#include "gradient/residuals.h"
 #include "gradient/tensor_device.h"
 #include "gradient/timeline.h"
 #include "kernels/cuda/plugin.h"
@@ -52,6 +53,11 @@ class GradientReducer::Impl {
  public:
   Impl(std::shared_ptr<Communicator> comm, std::vector<Tensor> tensors, ReducerOptions options);
   ~Impl();
+  // GradientReducer::rebuild: `from`'s error-feedback residuals and CSC
+  // state (the same tensors and options) into this reducer's. Between steps.
+  void carryResiduals(Impl& from);
+
+  const ReducerOptions created;  // as the caller passed them (rebuild)
   void ready(size_t index) GFLOW_EXCLUDES(mutex);
   void wait(std::chrono::milliseconds timeout) GFLOW_EXCLUDES(mutex);
 
@@ -108,7 +114,6 @@ class GradientReducer::Impl {
   void setUp(const ReducerOptions& options);
   void setUpWire(const ReducerOptions& options);
   void setUpKernels();
-  void allocateResiduals();
   void allocatePool();
   // Wire, CSC and reproducible-mode settings as one number, for the
   // registration check.
@@ -159,8 +164,7 @@ class GradientReducer::Impl {
   // for cpu gradients, whose steps run on the host kernels.
   std::shared_ptr<kernels::CudaKernels> cudaKernels_;
   std::unique_ptr<Csc> csc_;
-  std::vector<float*> residuals_;                  // error feedback, per tensor
-  std::vector<std::vector<float>> hostResiduals_;  // their memory (host gradients)
+  gradient::Residuals residuals_;  // error feedback (a quantized wire)
   std::unique_ptr<Fuser> fuser_;
   std::unique_ptr<gradient::AutoWire> autoWire_;  // automatic wire (fixed buckets)
   // This step's inf/NaN flag (a fresh one per step, so ops of an abandoned
@@ -210,7 +214,7 @@ class GradientReducer::Impl {
 
 GradientReducer::Impl::Impl(std::shared_ptr<Communicator> parent, std::vector<Tensor> t,
                             ReducerOptions options)
-    : tensors(std::move(t)), names(std::move(options.names)), op(options.op) {
+    : created(options), tensors(std::move(t)), names(std::move(options.names)), op(options.op) {
   if (!parent) {
     GFLOW_THROW(kInvalidArgument, ErrorContext{"reducer.create"})
         << "GradientReducer needs a communicator";
@@ -356,7 +360,7 @@ void GradientReducer::Impl::setUpKernels() {
                                                           tensors[0].stream, 3 * tensors.size());
   }
   if (sparse.density > 0) csc_ = std::make_unique<Csc>(tensors, sparse, cudaKernels_);
-  if (errorFeedback && !csc_) allocateResiduals();
+  if (errorFeedback && !csc_) residuals_.allocate(tensors, cudaKernels_.get());
   gradient::FuserConfig fc;
   fc.comm = comm.get();
   fc.tensors = &tensors;
@@ -365,26 +369,10 @@ void GradientReducer::Impl::setUpKernels() {
   fc.timeline = timeline_.get();
   fc.wire = wire;
   fc.wires = wires;
-  fc.residuals = residuals_.empty() ? nullptr : &residuals_;
+  fc.residuals = residuals_.empty() ? nullptr : residuals_.pointers();
   fc.csc = csc_.get();
   fc.kernels = cudaKernels_;
   fuser_ = std::make_unique<Fuser>(std::move(fc));
-}
-
-// Error feedback: a zeroed float32 residual per float32 gradient, in the
-// gradients' memory (device memory lives as long as cudaKernels_).
-void GradientReducer::Impl::allocateResiduals() {
-  residuals_.assign(tensors.size(), nullptr);
-  hostResiduals_.resize(tensors.size());
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    if (tensors[i].dtype != DataType::kFloat32) continue;
-    if (cudaKernels_) {
-      residuals_[i] = static_cast<float*>(cudaKernels_->allocate(tensors[i].nbytes()));
-    } else {
-      hostResiduals_[i].assign(tensors[i].count, 0.0f);
-      residuals_[i] = hostResiduals_[i].data();
-    }
-  }
 }
 
 // Fusion-buffer slots and the pool per dtype (device memory for cuda
@@ -622,7 +610,7 @@ void GradientReducer::Impl::finishStepLocked(int64_t begin) {
       if (!residuals_.empty()) {
         // Called by stepDone below, under the lock this function holds.
         ratios = [this]() GFLOW_NO_THREAD_SAFETY_ANALYSIS {
-          return gradient::residualRatios(plan, tensors, residuals_, currentWires(),
+          return gradient::residualRatios(plan, tensors, residuals_.get(), currentWires(),
                                           cudaKernels_.get());
         };
       }
@@ -744,6 +732,17 @@ GradientReducer::GradientReducer(std::shared_ptr<Communicator> comm, std::vector
     : impl_(std::make_unique<Impl>(std::move(comm), std::move(gradients), std::move(options))) {}
 
 GradientReducer::~GradientReducer() = default;
+
+void GradientReducer::Impl::carryResiduals(Impl& from) {
+  if (csc_ && from.csc_) csc_->carryFrom(*from.csc_);
+  residuals_.carryFrom(from.residuals_, tensors);
+}
+
+void GradientReducer::rebuild(std::shared_ptr<Communicator> comm) {
+  auto next = std::make_unique<Impl>(std::move(comm), impl_->tensors, impl_->created);
+  next->carryResiduals(*impl_);
+  impl_ = std::move(next);
+}
 
 void GradientReducer::ready(size_t index) {
   impl_->ready(index);

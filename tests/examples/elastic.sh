@@ -4,7 +4,8 @@
 # to 3 ranks and go on, the replacement must join (4 ranks again), and the
 # job must end with 4 equal parameter digests, exit 0. Over shared memory,
 # TCP (GFLOW_SHM=0) and two pretend hosts (hierarchical). Then a job with no
-# restarts left ends with 3 equal digests.
+# restarts left ends with 3 equal digests, and one whose gradients travel as
+# int8 with error feedback (the survivors' reducers rebuilt, residuals kept).
 #   elastic.sh GFLOWRUN ELASTIC_TRAIN
 set -euo pipefail
 gflowrun=$1
@@ -41,3 +42,4 @@ run shm 1 4 -- "$train" "${args[@]}"
 run tcp 1 4 --env GFLOW_SHM=0 -- "$train" "${args[@]}"
 run hier 1 4 -- "$train" "${args[@]}" --hosts 2
 run shm_no_restart 0 3 -- "$train" "${args[@]}"
+run shm_int8 1 4 -- "$train" "${args[@]}" --wire int8
