@@ -215,12 +215,20 @@ class Trainer {
     for (size_t i = model_.grads.size(); i-- > 0;) reducer_->ready(i);  // backward order
     reducer_->wait();
     model_.update();
-    if (auto grown = comm_->grow()) {
-      comm_ = grown;
-      rebuild();
-      model_.sync(*comm_);
-      std::printf("grew %lld size %d\n", (long long)epochMs(), comm_->size());
+    std::shared_ptr<gflow::Communicator> grown;
+    try {
+      grown = comm_->grow();
+    } catch (const gflow::Error& e) {
+      if (comm_->error()) throw;  // a member was lost: recover()
+      // A joiner lost while connecting: the members go on as they were.
+      std::printf("grow failed %lld %s\n", (long long)epochMs(), e.what());
+      return;
     }
+    if (!grown) return;
+    comm_ = grown;
+    rebuild();
+    model_.sync(*comm_);
+    std::printf("grew %lld size %d\n", (long long)epochMs(), comm_->size());
   }
 
   // Every survivor's error names the same culprit, in the numbering of the

@@ -60,6 +60,9 @@ constexpr size_t kMaxLine = 64 * 1024;
 // After the last rank exits, how long to keep reading output that its
 // leftover background children may still write before giving up on EOF.
 constexpr std::chrono::milliseconds kDrainAfterExit{1000};
+// --elastic: how long the other ranks may run on after one finished
+// successfully (a stopped rank the survivors left behind never ends).
+constexpr std::chrono::milliseconds kElasticLinger{30000};
 
 // Variables the launcher owns per rank; --env may not set them.
 const char* const kRankVars[] = {"GFLOW_RANK", "GFLOW_WORLD_SIZE", "GFLOW_LOCAL_RANK",
@@ -131,7 +134,8 @@ void printHelp() {
       "  --grace T           time between SIGTERM and SIGKILL (default 5s)\n"
       "  --elastic           a failed rank does not end the job: gflowrun serves the job's\n"
       "                      store (GFLOW_ROOT_EXTERNAL=1) and the survivors go on\n"
-      "                      (Communicator::shrink); exit 0 when any rank exits 0\n"
+      "                      (Communicator::shrink); exit 0 when any rank exits 0;\n"
+      "                      30s after the first rank exits 0, the others are terminated\n"
       "  --max-restarts K    with --elastic: start up to K replacements for failed ranks,\n"
       "                      each with GFLOW_JOIN=1 and no rank (Communicator::join)\n"
       "  --no-prefix         do not prefix output lines with \"[rank] \"\n"
@@ -671,7 +675,8 @@ class Job {
                    std::strerror(err));
       // The child exits 127; record that as the job's failure right away
       // and start no further ranks.
-      recordFailure(r, kExecFailedExit << 8, /*announce=*/false);
+      // (A replacement's exec failure ends only it: the job goes on.)
+      if (!joining) recordFailure(r, kExecFailedExit << 8, /*announce=*/false);
     }
   }
 
@@ -719,6 +724,18 @@ class Job {
     spawn(static_cast<int>(ranks_.size()) - 1, /*joining=*/true);
   }
 
+  // Rank r exited 0. --elastic: a rank the survivors shrank away from (a
+  // stopped one) may never exit, so the others get kElasticLinger to end
+  // as well before the orderly shutdown.
+  void finished(int r) {
+    const bool first = !anySucceeded_;
+    anySucceeded_ = true;
+    if (!cfg_.elastic || !first || running_ == 0) return;
+    lingerUntil_ = Clock::now() + kElasticLinger;
+    lingerArmed_ = true;
+    lingerRank_ = r;
+  }
+
   void reap() {
     for (;;) {
       int status = 0;
@@ -732,7 +749,7 @@ class Job {
         if (failed(status)) {
           recordFailure(static_cast<int>(r), status, /*announce=*/true);
         } else {
-          anySucceeded_ = true;
+          finished(static_cast<int>(r));
         }
       }
     }
@@ -807,6 +824,17 @@ class Job {
           shutDown(SIGTERM);
         }
       }
+      if (lingerArmed_ && now >= lingerUntil_) {
+        lingerArmed_ = false;
+        if (running_ > 0 && !shuttingDown_) {
+          std::fprintf(stderr,
+                       "gflowrun: %d rank(s) still running %llds after rank %d finished; "
+                       "terminating them (--elastic)\n",
+                       running_, static_cast<long long>(kElasticLinger.count() / 1000),
+                       lingerRank_);
+          shutDown(SIGTERM);
+        }
+      }
       if (shuttingDown_ && !killed_ && running_ > 0 && now >= killAt_) {
         killed_ = true;
         signalAll(SIGKILL);
@@ -837,6 +865,7 @@ class Job {
         if (timeout < 0 || ms < timeout) timeout = ms;
       };
       if (jobDeadlineArmed_) consider(jobDeadline_);
+      if (lingerArmed_) consider(lingerUntil_);
       if (shuttingDown_ && !killed_ && running_ > 0) consider(killAt_);
       if (running_ == 0) consider(drainUntil_);
 
@@ -872,6 +901,9 @@ class Job {
   bool haveFailure_ = false;
   int firstFailure_ = 0;
   bool anySucceeded_ = false;
+  bool lingerArmed_ = false;  // --elastic: a rank finished; the others' time
+  Clock::time_point lingerUntil_{};
+  int lingerRank_ = -1;
   int restarts_ = 0;                        // replacements started (--elastic)
   std::unique_ptr<gflow::TcpStore> store_;  // --elastic: the job's store
   bool timedOut_ = false;

@@ -343,13 +343,14 @@ class GFLOW_EXPORT Communicator {
   // After a lost rank: a new communicator over the survivors, ranks
   // renumbered in their order here (docs/elastic.md). Collective over the
   // survivors only. shrink() drops the rank this communicator's failure
-  // verdict names (error()->peer(): every survivor raises the same one);
+  // verdict names (error()->peer(), which the survivors normally share);
   // shrink(exclude) drops exactly `exclude`, which every survivor must pass
   // alike (e.g. the culprit of a failure on another communicator, such as a
   // GradientReducer's: its ranks are numbered as the communicator it was
   // made from).
-  // This communicator is left failed (kAborted when it was healthy), so any
-  // op still in flight raises its error; the new one is built through the
+  // This communicator is left as it is: failed (an op that was in flight
+  // raised the verdict's error), or, under the caller's exclusions, healthy
+  // (finish or wait its ops first, then drop it); the new one is built through the
   // store like split(), with this one's options. The survivors meet at the
   // store and every rank's presence is decided once there, so they end with
   // one membership even if their verdicts differed; a rank that neither
@@ -363,16 +364,18 @@ class GFLOW_EXPORT Communicator {
   // join() on this job's store, and returns a communicator of this one's
   // ranks (same numbering) followed by the joiners, in the order they
   // arrived; nullptr on every rank when nobody waits. This communicator
-  // stays usable. Its cost when nobody waits: two store requests on rank 0
-  // and an 8-byte broadcast.
+  // stays usable, also when grow() fails (a joiner lost while connecting:
+  // kTimeout or kPeerLost naming op "grow"). Its cost when nobody waits:
+  // two store requests on rank 0 and an 8-byte broadcast.
   std::shared_ptr<Communicator> grow();
   // Joins a running job as a new rank: takes a place in line through the
   // job's store (Options::store, else Options::root or GFLOW_ROOT, with the
   // job token), waits until the job's ranks call grow(), and returns the
   // grown communicator. Options other than the identity are those of
   // create() and must match the job's (checked as at creation). Throws
-  // kTimeout when no grow() admits it within the timeout, kUnauthorized
-  // without the job's token.
+  // kTimeout when no grow() admits it within the timeout (it then withdraws
+  // from the line, so no later grow() waits for it), kUnauthorized without
+  // the job's token.
   static std::shared_ptr<Communicator> join(const Options& options = Options{});
 
   // Fails every pending and future op with Error(kAborted). Safe from any

@@ -82,7 +82,13 @@ class Job:
         loss.backward()
         self.opt.step()
         self.step += 1
-        grown = self.comm.grow()
+        try:
+            grown = self.comm.grow()
+        except gflow.Error as e:
+            # A joiner lost while connecting, or a member lost: the next step
+            # shows which (a member's loss fails it, and recover() runs).
+            print("grow failed %d %s" % (time.time() * 1000, e), flush=True)
+            return
         if grown is not None:
             self.comm = grown
             self.rebuild()

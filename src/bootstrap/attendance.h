@@ -38,4 +38,11 @@ struct Meeting {
 // decision never came.
 std::vector<int> attend(const Meeting& m);
 
+// The value of `key`, decided once: `mine` when this rank's claim (the
+// store's add on key + "/claim") is the first, else the first claimer's
+// (waited for until `timeout`). Attendance decides each member so; shrink
+// decides whether a connection attempt stands so.
+std::string decideOnce(Store& store, const std::string& key, const std::string& mine,
+                       std::chrono::milliseconds timeout);
+
 }  // namespace gflow::bootstrap

@@ -100,7 +100,12 @@ std::shared_ptr<TcpStore> startRoot(Identity* id, const std::string& ifname,
 
 std::shared_ptr<Store> openStore(Identity* id, const std::string& ifname,
                                  std::chrono::milliseconds timeout) {
-  if (!id->pmix) {
+  if (!id->pmix || params::rootExternal() != 0) {
+    if (id->rootHost.empty()) {
+      GFLOW_THROW(kInvalidArgument, kCtx.withRank(id->rank))
+          << "GFLOW_ROOT_EXTERNAL=1 needs the address of the store served outside the job: set "
+             "GFLOW_ROOT=host:port";
+    }
     return makeStore(*id, servesStore(*id) ? givenListenHost(*id) : id->rootHost, timeout);
   }
   // Every rank of a PMIx job takes part, whatever it was given itself: the

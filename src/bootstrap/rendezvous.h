@@ -22,7 +22,8 @@ namespace gflow::bootstrap {
 // given itself wins for that rank; what it lacks it takes from rank 0. Under
 // PMIx this is collective over every process of the PMIx job (a fence), even
 // on ranks given both; when rank 0 cannot start its store, the others raise
-// its reason.
+// its reason. Under GFLOW_ROOT_EXTERNAL=1 every rank, rank 0 included, is a
+// client of the store at the given address (which it needs), PMIx or not.
 std::shared_ptr<Store> openStore(Identity* id, const std::string& ifname,
                                  std::chrono::milliseconds timeout);
 

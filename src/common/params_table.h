@@ -173,7 +173,9 @@
   X(worldSize, "GFLOW_WORLD_SIZE", kInt, "", kLocal, "Number of ranks.")                           \
   X(localRank, "GFLOW_LOCAL_RANK", kInt, "", kLocal, "Rank among the ranks of this host.")         \
   X(localSize, "GFLOW_LOCAL_SIZE", kInt, "", kLocal, "Number of ranks on this host.")              \
-  X(root, "GFLOW_ROOT", kString, "", kLocal, "host:port of rank 0's store.")                       \
+  X(root, "GFLOW_ROOT", kString, "", kLocal,                                                       \
+    "host:port of the job's store: rank 0's, or one served outside the job "                       \
+    "(GFLOW_ROOT_EXTERNAL).")                                                                      \
   X(join, "GFLOW_JOIN", kInt, "0", kLocal,                                                         \
     "1 (gflowrun --elastic sets it in a replacement, which has no rank): the program joins the "   \
     "running job with Communicator::join() instead of creating it (docs/elastic.md).")             \

@@ -23,12 +23,6 @@ namespace gflow {
 using backend::OpDesc;
 using backend::OpKind;
 
-namespace {
-
-// Without a job token anyone who reaches the store or a data port can join or
-// disrupt the job: an error under GFLOW_REQUIRE_TOKEN=1, else one warning
-// (rank 0, once per process).
-// `tokenComing`: the PMIx rendezvous will share one (bootstrap::openStore).
 void checkAuthenticated(const bootstrap::Identity& id, bool tokenComing) {
   if (!id.token.empty() || tokenComing) return;
   if (params::requireToken() != 0) {
@@ -46,8 +40,6 @@ void checkAuthenticated(const bootstrap::Identity& id, bool tokenComing) {
                        "one); GFLOW_REQUIRE_TOKEN=1 makes a missing token an error";
   });
 }
-
-}  // namespace
 
 std::shared_ptr<Communicator> Communicator::create(const Options& options) {
   fdlimit::raiseToHard();  // a job of many peers keeps a socket to each it talks to

@@ -21,6 +21,8 @@
 #include "backend/backend.h"
 #include "backend/route_policy.h"
 #include "backend/router.h"
+#include "bootstrap/attendance.h"
+#include "bootstrap/environment.h"
 #include "common/thread_annotations.h"
 #include "core/executor.h"
 #include "core/settings.h"
@@ -61,8 +63,20 @@ class CommunicatorImpl final : public Communicator {
   std::shared_ptr<Communicator> splitOff(int color, int key);
   // Communicator::shrink (core/shrink.cc).
   std::shared_ptr<Communicator> shrinkTo(const std::vector<int>& exclude);
-  // Communicator::grow (core/grow.cc).
+  // One attempt of shrinkTo: attendance, then the connection of those
+  // present, then whether it stands (decided once for all).
+  struct Attempt {
+    std::shared_ptr<Communicator> comm;  // it stands, and this rank is in it
+    bool countedOut = false;             // it stands without this rank
+    std::vector<int> members;            // who was present (this numbering)
+    std::shared_ptr<const Error> error;  // why it does not stand
+    int lost = -1;                       // the member the connection blamed
+  };
+  Attempt shrinkAttempt(const bootstrap::Meeting& meeting);
+  // Communicator::grow (core/grow.cc), and its rank 0's part: the numbers
+  // of the joiners it admits, their admissions written under `prefix`.
   std::shared_ptr<Communicator> growBy();
+  std::vector<int64_t> admitJoiners(const std::string& prefix);
   // The one Backend this communicator calls (executing thread).
   backend::Router& router() { return *backend; }
   // The kernels of memory on `where` with work on `stream` (host kernels,
@@ -204,6 +218,12 @@ class CommunicatorImpl final : public Communicator {
   // hostOf) and checks that the kAgree settings in force match rank 0's.
   void agreeOnHostsAndSettings(uint64_t hostHash);
 };
+
+// Without a job token anyone who reaches the store or a data port can join
+// or disrupt the job: kInvalidArgument under GFLOW_REQUIRE_TOKEN=1, else one
+// warning (rank 0, once per process). `tokenComing`: the PMIx rendezvous
+// will share one. Communicator::create and join.
+void checkAuthenticated(const bootstrap::Identity& id, bool tokenComing);
 
 inline size_t opIndex(backend::OpKind k) {
   return static_cast<size_t>(k);

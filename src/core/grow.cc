@@ -12,15 +12,20 @@
 // as split() and shrink() do; the creation-time agreement checks that the
 // joiners' settings match. What keeps strangers out is the job token: the
 // store and every data connection demand it.
-#include <cstdlib>
+#include <algorithm>
+#include <charconv>
 
+#include "bootstrap/attendance.h"
 #include "bootstrap/environment.h"
 #include "common/check.h"
+#include "common/fd_limit.h"
 #include "common/hash.h"
 #include "common/logging.h"
 #include "common/params.h"
 #include "common/socket.h"
 #include "core/communicator_impl.h"
+#include "core/verdict.h"
+#include "transport/contract.h"
 
 namespace gflow {
 
@@ -29,14 +34,23 @@ namespace {
 const char* const kArrived = "gflow/join/arrived";
 const char* const kAdmitted = "gflow/join/admitted";
 constexpr size_t kMaxAdmission = 4096;
+constexpr int64_t kMaxJoinersPerGrow = 4096;    // more wait for the next grow()
+constexpr int64_t kMaxSize = int64_t(1) << 24;  // GFLOW_WORLD_SIZE's range
 
+// Joiner n's ticket, decided once (bootstrap::decideOnce): "admitted" by
+// the members' rank 0, or "withdrawn" by a joiner that gave up waiting.
+std::string ticketKey(int64_t joiner) {
+  return "gflow/join/" + std::to_string(joiner) + "/ticket";
+}
+// An admitted joiner's place: "<prefix>\n<rank>\n<size>".
 std::string admissionKey(int64_t joiner) {
-  return "gflow/join/" + std::to_string(joiner) + "/admit";
+  return "gflow/join/" + std::to_string(joiner) + "/admission";
 }
 
 // The job's store as a joiner reaches it: the caller's, else a client of
 // Options::root or GFLOW_ROOT with the job token.
-std::shared_ptr<Store> joinerStore(const Options& o, std::chrono::milliseconds timeout) {
+std::shared_ptr<Store> joinerStore(const Options& o, const std::string& token,
+                                   std::chrono::milliseconds timeout) {
   if (o.store) return o.store;
   const std::string root = !o.root.empty() ? o.root : params::root();
   if (root.empty()) {
@@ -48,7 +62,7 @@ std::shared_ptr<Store> joinerStore(const Options& o, std::chrono::milliseconds t
   TcpStoreOptions so;
   so.host = hp.first;
   so.port = hp.second;
-  so.token = !o.token.empty() ? o.token : params::jobToken();
+  so.token = token;
   so.timeout = timeout;
   return std::make_shared<TcpStore>(so);
 }
@@ -59,41 +73,71 @@ struct Admission {
   int size = -1;
 };
 
-// "<prefix>\n<rank>\n<size>", written by the members' rank 0; checked like
-// any value a store holds (a token holder wrote it).
-Admission parseAdmission(const std::string& v) {
+// A whole decimal field of `v` from `at` up to `end` (npos: the end).
+int64_t field(const std::string& v, size_t at, size_t end) {
+  if (end == std::string::npos) end = v.size();
+  int64_t x = -1;
+  const auto r = std::from_chars(v.data() + at, v.data() + end, x);
+  return r.ec == std::errc() && r.ptr == v.data() + end ? x : -1;
+}
+
+// What the members' rank 0 wrote for joiner `number`; checked like any
+// value the store holds (a token holder wrote it).
+Admission parseAdmission(const std::string& v, int64_t number) {
   Admission a;
   const size_t n1 = v.find('\n'), n2 = n1 == std::string::npos ? n1 : v.find('\n', n1 + 1);
   if (v.size() <= kMaxAdmission && n2 != std::string::npos && v.rfind("gflow/", 0) == 0) {
     a.prefix = v.substr(0, n1);
-    a.rank = std::atoi(v.c_str() + n1 + 1);
-    a.size = std::atoi(v.c_str() + n2 + 1);
+    const int64_t r = field(v, n1 + 1, n2), n = field(v, n2 + 1, std::string::npos);
+    if (n >= 2 && n <= kMaxSize && r >= 1 && r < n) {
+      a.rank = static_cast<int>(r);
+      a.size = static_cast<int>(n);
+    }
   }
-  if (a.size < 2 || a.rank < 1 || a.rank >= a.size) {
+  if (a.size < 0) {
     GFLOW_THROW(kInternal, ErrorContext::forOp("join"))
-        << "join(): the admission in the store is malformed ('"
-        << v.substr(0, std::min<size_t>(v.size(), 80)) << "')";
+        << "join(): the admission of joiner " << number << " in the store is malformed ('"
+        << transport::printable(v.data(), std::min<size_t>(v.size(), 80)) << "')";
   }
   return a;
+}
+
+// Joiner `number`'s admission, or kTimeout once it withdrew.
+Admission awaitAdmission(Store& store, int64_t number, std::chrono::milliseconds timeout) {
+  try {
+    store.getString(ticketKey(number), timeout);
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kTimeout) throw;
+    if (bootstrap::decideOnce(store, ticketKey(number), "withdrawn", timeout) == "withdrawn") {
+      GFLOW_THROW(kTimeout, ErrorContext::forOp("join"))
+          << "join(): no grow() admitted joiner " << number << " within " << timeout.count()
+          << " ms (GFLOW_TIMEOUT); it withdrew";
+    }
+  }
+  return parseAdmission(store.getString(admissionKey(number), timeout), number);
 }
 
 }  // namespace
 
 std::shared_ptr<Communicator> Communicator::join(const Options& options) {
+  fdlimit::raiseToHard();
   const Settings settings = resolveSettings(options);
   const std::chrono::milliseconds timeout = options.timeout.count() > 0
                                                 ? options.timeout
                                                 : std::chrono::milliseconds(params::timeoutMs());
-  std::shared_ptr<Store> store = joinerStore(options, timeout);
+  bootstrap::Identity id;
+  id.token = !options.token.empty() ? options.token : params::jobToken();
+  checkAuthenticated(id, false);
+  std::shared_ptr<Store> store = joinerStore(options, id.token, timeout);
   const int64_t number = store->add(kArrived, 1);
   GFLOW_LOG(INFO) << "join: waiting for admission as joiner " << number;
-  const Admission a = parseAdmission(store->getString(admissionKey(number), timeout));
+  const Admission a = awaitAdmission(*store, number, timeout);
   transport::ContextOptions co;
   co.rank = a.rank;
   co.size = a.size;
   co.store = store;
   co.prefix = a.prefix;
-  co.token = !options.token.empty() ? options.token : params::jobToken();
+  co.token = id.token;
   co.timeout = timeout;
   co.connect = settings.connect;
   co.tcp = options.tcp;
@@ -112,32 +156,57 @@ std::shared_ptr<Communicator> Communicator::grow() {
   return impl(*this).growBy();
 }
 
+std::vector<int64_t> CommunicatorImpl::admitJoiners(const std::string& prefix) {
+  Store& store = *contextOptions.store;
+  const int64_t arrived = store.add(kArrived, 0), passed = store.add(kAdmitted, 0);
+  const int64_t waiting = arrived < 0 || passed < 0 || passed >= arrived
+                              ? 0
+                              : std::min({arrived - passed, kMaxJoinersPerGrow, kMaxSize - size});
+  if (waiting <= 0) return {};
+  // The numbers this add moves `admitted` over are this grow's alone; of
+  // those, the joiners still waiting (not withdrawn) are admitted.
+  const int64_t first = store.add(kAdmitted, waiting) - waiting + 1;
+  std::vector<int64_t> admitted;
+  for (int64_t n = first; n < first + waiting; ++n) {
+    if (bootstrap::decideOnce(store, ticketKey(n), "admitted", timeout) == "admitted") {
+      admitted.push_back(n);
+    }
+  }
+  const int64_t newSize = size + static_cast<int64_t>(admitted.size());
+  for (size_t i = 0; i < admitted.size(); ++i) {
+    store.setString(admissionKey(admitted[i]),
+                    prefix + "\n" + std::to_string(size + i) + "\n" + std::to_string(newSize));
+  }
+  return admitted;
+}
+
 std::shared_ptr<Communicator> CommunicatorImpl::growBy() {
   checkUsable("grow");
-  // [first joiner's number, how many]: rank 0's count, for everyone.
-  std::vector<int64_t> admit(2, 0);
-  const std::shared_ptr<Store>& store = contextOptions.store;
-  if (rank == 0) {
-    const int64_t waiting = store->add(kArrived, 0) - store->add(kAdmitted, 0);
-    if (waiting > 0) {  // the range this add moved `admitted` over is this grow's alone
-      admit[0] = store->add(kAdmitted, waiting) - waiting + 1;
-      admit[1] = waiting;
-    }
-  }
-  broadcast(Tensor(admit.data(), admit.size(), DataType::kInt64), 0);
-  if (admit[1] == 0) return nullptr;
-  const int newSize = size + static_cast<int>(admit[1]);
+  const ErrorContext ctx = ErrorContext::forOp("grow").withRank(rank);
   const std::string prefix = contextOptions.prefix + "grow" + std::to_string(growCount++) + "/";
+  // How many joiners rank 0 admitted, for everyone (-1: its store failed).
+  int64_t joiners = 0;
+  std::shared_ptr<const Error> failed;
   if (rank == 0) {
-    for (int64_t j = 0; j < admit[1]; ++j) {
-      store->setString(admissionKey(admit[0] + j),
-                       prefix + "\n" + std::to_string(size + j) + "\n" + std::to_string(newSize));
+    try {
+      joiners = static_cast<int64_t>(admitJoiners(prefix).size());
+    } catch (const Error& e) {
+      failed = std::make_shared<Error>(relabel(e, ctx));
+      joiners = -1;
     }
   }
+  broadcast(Tensor(&joiners, 1, DataType::kInt64), 0);
+  if (failed) throw *failed;
+  if (joiners < 0) GFLOW_THROW(kInternal, ctx) << "grow(): rank 0 could not read the join line";
+  if (joiners == 0) return nullptr;
   transport::ContextOptions co = contextOptions;
-  co.size = newSize;
+  co.size = size + static_cast<int>(joiners);
   co.prefix = prefix;
-  return std::shared_ptr<Communicator>(connect({co, transportName, settings, hostOf[rank]}));
+  try {
+    return std::shared_ptr<Communicator>(connect({co, transportName, settings, hostOf[rank]}));
+  } catch (const Error& e) {
+    throw relabel(e, ctx);
+  }
 }
 
 }  // namespace gflow

@@ -22,6 +22,7 @@
 #include "common/hash.h"
 #include "common/logging.h"
 #include "core/communicator_impl.h"
+#include "core/verdict.h"
 
 namespace gflow {
 
@@ -43,11 +44,12 @@ std::vector<bool> droppedRanks(const std::vector<int>& exclude,
   }
   if (!exclude.empty()) return dropped;
   const int culprit = failure ? failure->peer() : -1;
-  if (culprit >= 0 && culprit < size) dropped[culprit] = true;
-  if (culprit < 0) {
+  if (culprit >= 0 && culprit < size) {
+    dropped[culprit] = true;
+  } else {
     GFLOW_THROW(kInvalidArgument, ctx)
         << "shrink(): nothing names a rank to drop: "
-        << (failure ? "this communicator's failure blames no rank (" +
+        << (failure ? "this communicator's failure blames no rank of it (" +
                           std::string(failure->what()) + "); pass the ranks to exclude"
                     : "this communicator has not failed; pass the ranks to exclude");
   }
@@ -65,14 +67,6 @@ std::string membersPrefix(const std::string& attempt, const std::vector<int>& me
   return attempt + digest + "/";
 }
 
-std::string listRanks(const std::vector<bool>& dropped) {
-  std::string s;
-  for (size_t r = 0; r < dropped.size(); ++r) {
-    if (dropped[r]) s += (s.empty() ? "" : ", ") + std::to_string(r);
-  }
-  return s;
-}
-
 }  // namespace
 
 std::shared_ptr<Communicator> Communicator::shrink(const std::vector<int>& exclude) {
@@ -80,44 +74,74 @@ std::shared_ptr<Communicator> Communicator::shrink(const std::vector<int>& exclu
 }
 
 std::shared_ptr<Communicator> CommunicatorImpl::shrinkTo(const std::vector<int>& exclude) {
+  // This communicator is left as it is: failed (what was in flight raised
+  // the verdict's error), or healthy under a caller's exclusions, where an
+  // abort would fail a peer still finishing the last op.
   const std::vector<bool> dropped = droppedRanks(exclude, error(), rank, size);
   if (dropped[rank]) return nullptr;
-  // Whatever is still in flight here raises an error, not a half result.
-  abortWith(Error(ErrorCode::kAborted,
-                  "shrink() on rank " + std::to_string(rank) + " dropped rank(s) " +
-                      listRanks(dropped) + " and retired this communicator",
-                  ErrorContext::forOp("shrink").withRank(rank)));
   const uint64_t shrinkId = shrinkCount++;
   bootstrap::Meeting meeting{contextOptions.store, "", {}, rank, {}, timeout};
-  for (int r = 0; r < size; ++r) (dropped[r] ? meeting.absent : meeting.members).push_back(r);
-  meeting.members.insert(meeting.members.end(), meeting.absent.begin(), meeting.absent.end());
-  std::sort(meeting.members.begin(), meeting.members.end());
+  for (int r = 0; r < size; ++r) {
+    meeting.members.push_back(r);
+    if (dropped[r]) meeting.absent.push_back(r);
+  }
   for (int attempt = 0;; ++attempt) {
     meeting.prefix = contextOptions.prefix + "shrink" + std::to_string(shrinkId) + "." +
                      std::to_string(attempt) + "/";
-    const std::vector<int> members = bootstrap::attend(meeting);
-    if (std::find(members.begin(), members.end(), rank) == members.end()) {
-      GFLOW_LOG(WARN) << "rank " << rank << ": the other survivors counted this rank out of the "
-                      << "shrunk communicator";
-      return nullptr;
-    }
-    transport::ContextOptions co = contextOptions;
-    co.rank = static_cast<int>(std::find(members.begin(), members.end(), rank) - members.begin());
-    co.size = static_cast<int>(members.size());
-    co.prefix = membersPrefix(meeting.prefix, members);
-    try {
-      return std::shared_ptr<Communicator>(connect({co, transportName, settings, hostOf[rank]}));
-    } catch (const Error& e) {
-      // A member lost while connecting: the next attempt's attendance counts
-      // it out, with one answer for all.
-      const bool lost = e.code() == ErrorCode::kTimeout || e.code() == ErrorCode::kPeerLost;
-      if (!lost || attempt + 1 >= size) throw;
-      GFLOW_LOG(WARN) << "rank " << rank << ": shrink attempt " << attempt
-                      << " failed while the survivors connected (" << e.what() << "); again";
-      meeting.members = members;
-      meeting.absent.clear();
-    }
+    Attempt a = shrinkAttempt(meeting);
+    if (a.comm || a.countedOut) return a.comm;
+    const bool lost =
+        a.error->code() == ErrorCode::kTimeout || a.error->code() == ErrorCode::kPeerLost;
+    if (!lost || attempt + 1 >= size) throw *a.error;
+    GFLOW_LOG(WARN) << "rank " << rank << ": shrink attempt " << attempt << " did not connect ("
+                    << a.error->what() << "); again";
+    meeting.members = a.members;
+    meeting.absent.clear();
+    if (a.lost >= 0) meeting.absent.push_back(a.lost);
   }
+}
+
+CommunicatorImpl::Attempt CommunicatorImpl::shrinkAttempt(const bootstrap::Meeting& meeting) {
+  Attempt a;
+  try {
+    a.members = bootstrap::attend(meeting);
+  } catch (const Error& e) {
+    throw relabel(e, ErrorContext::forOp("shrink").withRank(rank));
+  }
+  const auto self = std::find(a.members.begin(), a.members.end(), rank);
+  if (self == a.members.end()) {
+    GFLOW_LOG(WARN) << "rank " << rank << ": the other survivors counted this rank out";
+    a.countedOut = true;
+    return a;
+  }
+  transport::ContextOptions co = contextOptions;
+  co.rank = static_cast<int>(self - a.members.begin());
+  co.size = static_cast<int>(a.members.size());
+  co.prefix = membersPrefix(meeting.prefix, a.members);
+  std::shared_ptr<Communicator> comm;
+  try {
+    comm = std::shared_ptr<Communicator>(connect({co, transportName, settings, hostOf[rank]}));
+  } catch (const Error& e) {
+    a.error = std::make_shared<Error>(relabel(e, ErrorContext::forOp("shrink").withRank(rank)));
+    if (e.peer() >= 0 && e.peer() < co.size) a.lost = a.members[e.peer()];
+  }
+  // Whether this attempt stands is decided once: where some members
+  // connected and others did not (a member lost midway), all follow the
+  // first to report, so the survivors never split into two communicators.
+  const std::string outcome = bootstrap::decideOnce(
+      *contextOptions.store, meeting.prefix + "outcome", comm ? "commit" : "abort", timeout);
+  if (outcome == "commit" && !comm) {
+    GFLOW_LOG(WARN) << "rank " << rank << ": the other survivors connected without this rank ("
+                    << a.error->what() << ")";
+    a.countedOut = true;
+  } else if (outcome == "commit") {
+    a.comm = std::move(comm);
+  } else if (!a.error) {
+    a.error = std::make_shared<Error>(ErrorCode::kTimeout,
+                                      "another survivor could not connect; trying again",
+                                      ErrorContext::forOp("shrink").withRank(rank));
+  }
+  return a;
 }
 
 }  // namespace gflow

@@ -54,8 +54,12 @@ class GradientReducer::Impl {
   Impl(std::shared_ptr<Communicator> comm, std::vector<Tensor> tensors, ReducerOptions options);
   ~Impl();
   // GradientReducer::rebuild: `from`'s error-feedback residuals and CSC
-  // state (the same tensors and options) into this reducer's. Between steps.
+  // state (the same tensors and options, quiesced) into this reducer's.
   void carryResiduals(Impl& from);
+  // No step runs from here on: a step in the middle is abandoned (the
+  // reducer's communicator aborted, so the peers fail it too), the round
+  // thread joined, and the ops in flight waited for. Idempotent.
+  void quiesce() GFLOW_EXCLUDES(mutex);
 
   const ReducerOptions created;  // as the caller passed them (rebuild)
   void ready(size_t index) GFLOW_EXCLUDES(mutex);
@@ -408,6 +412,10 @@ void GradientReducer::Impl::allocatePool() {
 }
 
 GradientReducer::Impl::~Impl() {
+  quiesce();
+}
+
+void GradientReducer::Impl::quiesce() {
   MutexLock lock(mutex);
   stop_ = true;
   // In the middle of a step the peers wait for buckets or rounds this rank
@@ -739,6 +747,7 @@ void GradientReducer::Impl::carryResiduals(Impl& from) {
 }
 
 void GradientReducer::rebuild(std::shared_ptr<Communicator> comm) {
+  impl_->quiesce();  // nothing of a step in the middle touches the residuals now
   auto next = std::make_unique<Impl>(std::move(comm), impl_->tensors, impl_->created);
   next->carryResiduals(*impl_);
   impl_ = std::move(next);

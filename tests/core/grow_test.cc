@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <mutex>
 #include <thread>
 
 #include "gflow/gflow.h"
@@ -16,6 +17,16 @@ namespace {
 
 using std::chrono::milliseconds;
 using World = std::vector<std::shared_ptr<Communicator>>;
+
+// Communicators a thread makes go into `kept`, destroyed after every
+// thread ended (one destroyed while a peer still finishes the last op
+// would fail that peer).
+World kept;
+std::mutex keptMutex;
+void keep(std::shared_ptr<Communicator> c) {
+  std::lock_guard<std::mutex> lock(keptMutex);
+  kept.push_back(std::move(c));
+}
 
 void onThreads(int n, const std::function<void(int)>& body) {
   std::vector<std::thread> threads;
@@ -29,6 +40,7 @@ void onThreads(int n, const std::function<void(int)>& body) {
     });
   }
   for (auto& t : threads) t.join();
+  kept.clear();
 }
 
 // Each rank adds (tag + 1) at every element; the result must be the sum of
@@ -67,6 +79,7 @@ TEST_P(Grow, JoinersAreAdmittedAfterTheMembersInArrivalOrder) {
       // The second joiner takes its number only after the first has.
       if (t == members + 1) awaitJoiners(*store, 1);
       std::shared_ptr<Communicator> c = Communicator::join(o);
+      keep(c);
       EXPECT_EQ(c->size(), members + joiners);
       EXPECT_EQ(c->rank(), t);
       expectSumOfTags(*c, t, (members + joiners) * (members + joiners - 1) / 2);
@@ -77,6 +90,7 @@ TEST_P(Grow, JoinersAreAdmittedAfterTheMembersInArrivalOrder) {
     awaitJoiners(*store, joiners);
     std::shared_ptr<Communicator> c = w[t]->grow();
     ASSERT_TRUE(c);
+    keep(c);
     EXPECT_EQ(c->rank(), t);
     expectSumOfTags(*c, t, (members + joiners) * (members + joiners - 1) / 2);
     // The old communicator is still usable, and nobody waits any more.
@@ -93,6 +107,7 @@ TEST_P(Grow, AReplacementJoinsTheSurvivorsOfALostRank) {
   onThreads(n() + 1, [&](int t) {
     if (t == n()) {  // the replacement
       std::shared_ptr<Communicator> c = Communicator::join(o);
+      keep(c);
       EXPECT_EQ(c->rank(), n() - 1);
       expectSumOfTags(*c, 0, 0);
       return;
@@ -111,9 +126,11 @@ TEST_P(Grow, AReplacementJoinsTheSurvivorsOfALostRank) {
     }
     std::shared_ptr<Communicator> s = w[t]->shrink();
     ASSERT_TRUE(s);
+    keep(s);
     awaitJoiners(*store, 1);
     std::shared_ptr<Communicator> g = s->grow();
     ASSERT_TRUE(g);
+    keep(g);
     EXPECT_EQ(g->size(), n());
     expectSumOfTags(*g, 0, 0);
   });
@@ -143,6 +160,50 @@ TEST(Join, WithoutTheJobTokenIsRefused) {
   }
   // Nothing of it reached the store: no joiner number was taken.
   EXPECT_EQ(server.add("gflow/join/arrived", 0), 0);
+}
+
+// A joiner that gave up waiting withdrew its ticket: the next grow() admits
+// nobody instead of waiting for it.
+TEST(Join, AJoinerThatGaveUpIsNotAdmitted) {
+  Options o;
+  o.store = createHashStore();
+  o.timeout = milliseconds(200);
+  EXPECT_THROW(Communicator::join(o), Error);
+  o.timeout = milliseconds(10000);
+  World w = testing::makeWorld(2, o);
+  onThreads(2, [&](int r) { EXPECT_FALSE(w[r]->grow()); });
+}
+
+// What the store holds is checked: a malformed admission is an error naming
+// the joiner, and joiners that never come fail the grow() (kTimeout), not
+// the members' communicator.
+TEST(Join, ForgedStoreValuesFailCleanly) {
+  auto store = createHashStore();
+  store->add("gflow/join/1/ticket/claim", 1);
+  store->setString("gflow/join/1/ticket", "admitted");
+  store->setString("gflow/join/1/admission", "gflow/x\n99999999999999999999\n5");
+  Options o;
+  o.store = store;
+  o.timeout = milliseconds(1000);
+  try {
+    Communicator::join(o);
+    ADD_FAILURE() << "a malformed admission was taken";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("joiner 1 in the store is malformed"), std::string::npos)
+        << e.what();
+  }
+  store->add("gflow/join/arrived", 3);  // three phantom joiners
+  World w = testing::makeWorld(2, o);
+  onThreads(2, [&](int r) {
+    try {
+      w[r]->grow();
+      ADD_FAILURE() << "grow() with phantom joiners returned";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kTimeout) << e.what();
+      EXPECT_EQ(e.op(), "grow") << e.what();
+    }
+    expectSumOfTags(*w[r], r, 1);  // still usable
+  });
 }
 
 TEST(Join, NobodyAdmittingIsATimeout) {

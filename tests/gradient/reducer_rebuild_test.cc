@@ -82,20 +82,25 @@ INSTANTIATE_TEST_SUITE_P(, ReducerRebuild, ::testing::Values("qint8", "csc"),
 
 TEST(ReducerRebuildShrink, ReducesOverTheSurvivors) {
   auto world = testing::makeWorld(4);
+  // Destroyed after every thread ended (one destroyed while a peer still
+  // finishes the last op would fail that peer).
+  std::vector<std::vector<float>> grads(4, std::vector<float>(1000));
+  std::vector<std::unique_ptr<GradientReducer>> reducers(4);
   std::vector<std::thread> threads;
   for (int r = 0; r < 4; ++r) {
     threads.emplace_back([&, r] {
-      std::vector<float> g(1000);
-      GradientReducer reducer(world[r], {tensor(g.data(), g.size())});
+      std::vector<float>& g = grads[r];
+      reducers[r] = std::make_unique<GradientReducer>(
+          world[r], std::vector<Tensor>{tensor(g.data(), g.size())});
       std::shared_ptr<Communicator> s = world[r]->shrink({3});
       if (r == 3) {
         EXPECT_FALSE(s);
         return;
       }
-      reducer.rebuild(s);
+      reducers[r]->rebuild(s);
       std::fill(g.begin(), g.end(), float(r));
-      reducer.ready(0);
-      reducer.wait();
+      reducers[r]->ready(0);
+      reducers[r]->wait();
       EXPECT_EQ(g[0], 1.0f) << "rank " << r << ": the average of 0, 1 and 2";
     });
   }
