@@ -867,6 +867,29 @@ TEST_F(NcclBackendTest, SplitUsesNcclCommSplit) {
   EXPECT_EQ(softnccl::splits(), 8);
 }
 
+// A shrunk communicator creates its own NCCL communicator through the store
+// (ncclCommShrink is not used yet): device allreduces over the survivors
+// run on NCCL, exactly.
+TEST_F(NcclBackendTest, AShrunkCommunicatorRunsOnANewNcclCommunicator) {
+  auto world = testing::makeWorld(4);
+  std::vector<std::shared_ptr<Communicator>> shrunk(4);  // destroyed after every rank ended
+  testing::forEachRank(world, [&](Communicator& c) {
+    DeviceBuffer buf(c.rank(), 8 * 4);
+    c.allreduce(buf.tensor(8, DataType::kFloat32));
+    shrunk[c.rank()] = c.shrink({1});
+    if (c.rank() == 1) {
+      EXPECT_FALSE(shrunk[1]);
+      return;
+    }
+    ASSERT_TRUE(shrunk[c.rank()]);
+    for (int i = 0; i < 8; ++i) buf.as<float>()[i] = static_cast<float>(c.rank() * 10 + i);
+    shrunk[c.rank()]->allreduce(buf.tensor(8, DataType::kFloat32));
+    for (int i = 0; i < 8; ++i) ASSERT_EQ(buf.as<float>()[i], static_cast<float>(50 + 3 * i));
+  });
+  EXPECT_EQ(softnccl::inits(), 4 + 3) << "the 3 survivors initialize a new NCCL communicator";
+  EXPECT_EQ(softnccl::collectivesRun(), 4 + 3);
+}
+
 TEST_F(NcclBackendTest, HierarchicalAllreduceRunsOnIntraAndCrossHostNcclCommunicators) {
   Options base;
   base.algorithm = "hier";
