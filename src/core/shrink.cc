@@ -122,8 +122,10 @@ CommunicatorImpl::Attempt CommunicatorImpl::shrinkAttempt(const bootstrap::Meeti
   try {
     comm = std::shared_ptr<Communicator>(connect({co, transportName, settings, hostOf[rank]}));
   } catch (const Error& e) {
-    a.error = std::make_shared<Error>(relabel(e, ErrorContext::forOp("shrink").withRank(rank)));
+    // The member the connection blamed, in this communicator's numbering.
     if (e.peer() >= 0 && e.peer() < co.size) a.lost = a.members[e.peer()];
+    a.error = std::make_shared<Error>(
+        relabel(e, ErrorContext::forOp("shrink").withRank(rank).withPeer(a.lost)));
   }
   // Whether this attempt stands is decided once: where some members
   // connected and others did not (a member lost midway), all follow the

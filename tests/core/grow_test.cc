@@ -74,9 +74,12 @@ TEST_P(Grow, JoinersAreAdmittedAfterTheMembersInArrivalOrder) {
   const Options o = options(store);
   const int members = n(), joiners = 2;
   World w = testing::makeWorld(members, o);
+  std::atomic<int> grewEmpty{0};  // members past their first grow()
   onThreads(members + joiners, [&](int t) {
     if (t >= members) {
-      // The second joiner takes its number only after the first has.
+      // Only after the members' first grow(), and the second joiner only
+      // after the first took its number.
+      while (grewEmpty.load() < members) std::this_thread::sleep_for(milliseconds(1));
       if (t == members + 1) awaitJoiners(*store, 1);
       std::shared_ptr<Communicator> c = Communicator::join(o);
       keep(c);
@@ -87,6 +90,7 @@ TEST_P(Grow, JoinersAreAdmittedAfterTheMembersInArrivalOrder) {
       return;
     }
     EXPECT_FALSE(w[t]->grow()) << "nobody waits yet";
+    ++grewEmpty;
     awaitJoiners(*store, joiners);
     std::shared_ptr<Communicator> c = w[t]->grow();
     ASSERT_TRUE(c);
@@ -104,6 +108,7 @@ TEST_P(Grow, AReplacementJoinsTheSurvivorsOfALostRank) {
   const Options o = options(store);
   const int lost = 1;
   World w = testing::makeWorld(n(), o);
+  std::atomic<int> done{0};  // members past the first allreduce
   onThreads(n() + 1, [&](int t) {
     if (t == n()) {  // the replacement
       std::shared_ptr<Communicator> c = Communicator::join(o);
@@ -114,7 +119,9 @@ TEST_P(Grow, AReplacementJoinsTheSurvivorsOfALostRank) {
     }
     std::vector<float> v(64, 1.0f);
     w[t]->allreduce(tensor(v.data(), v.size()));
+    ++done;
     if (t == lost) {
+      while (done.load() < n()) std::this_thread::yield();  // lost between ops
       w[t].reset();
       return;
     }
