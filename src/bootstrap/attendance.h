@@ -1,5 +1,6 @@
 // Attendance: which of a list of ranks arrived at a meeting point in the
-// store by a deadline, with one answer for everyone (shrink).
+// store by a deadline, with one answer for everyone (shrink; grow's joiner
+// tickets use decideOnce alone).
 //
 // Each member's presence is decided once, by the store's atomic add on its
 // claim key: the member itself claims it on arrival; a rank that knows a
@@ -33,9 +34,9 @@ struct Meeting {
 
 // Claims this rank's presence and the absence of `absent`, then waits for
 // every member's decision until `timeout` (one multi-get while all come);
-// returns the members that are in, in members' order: without this rank
-// when it was claimed out before it arrived. Throws kTimeout when a
-// decision never came.
+// returns the members that are in, in members' order, or nothing when this
+// rank was claimed out before it arrived. Throws kTimeout when a decision
+// never came.
 std::vector<int> attend(const Meeting& m);
 
 // The value of `key`, decided once: `mine` when this rank's claim (the
