@@ -6,7 +6,6 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
-#include <mutex>
 #include <thread>
 
 #include "gflow/gflow.h"
@@ -18,30 +17,8 @@ namespace {
 using std::chrono::milliseconds;
 using World = std::vector<std::shared_ptr<Communicator>>;
 
-// Communicators a thread makes go into `kept`, destroyed after every
-// thread ended (one destroyed while a peer still finishes the last op
-// would fail that peer).
-World kept;
-std::mutex keptMutex;
-void keep(std::shared_ptr<Communicator> c) {
-  std::lock_guard<std::mutex> lock(keptMutex);
-  kept.push_back(std::move(c));
-}
-
-void onThreads(int n, const std::function<void(int)>& body) {
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&body, r] {
-      try {
-        body(r);
-      } catch (const std::exception& e) {
-        ADD_FAILURE() << "thread " << r << " threw: " << e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  kept.clear();
-}
+using testing::keepUntilThreadsEnd;
+using testing::runThreads;
 
 // Each rank adds (tag + 1) at every element; the result must be the sum of
 // the tags + the count, exactly.
@@ -75,14 +52,14 @@ TEST_P(Grow, JoinersAreAdmittedAfterTheMembersInArrivalOrder) {
   const int members = n(), joiners = 2;
   World w = testing::makeWorld(members, o);
   std::atomic<int> grewEmpty{0};  // members past their first grow()
-  onThreads(members + joiners, [&](int t) {
+  runThreads(members + joiners, [&](int t) {
     if (t >= members) {
       // Only after the members' first grow(), and the second joiner only
       // after the first took its number.
       while (grewEmpty.load() < members) std::this_thread::sleep_for(milliseconds(1));
       if (t == members + 1) awaitJoiners(*store, 1);
       std::shared_ptr<Communicator> c = Communicator::join(o);
-      keep(c);
+      keepUntilThreadsEnd(c);
       EXPECT_EQ(c->size(), members + joiners);
       EXPECT_EQ(c->rank(), t);
       expectSumOfTags(*c, t, (members + joiners) * (members + joiners - 1) / 2);
@@ -94,7 +71,7 @@ TEST_P(Grow, JoinersAreAdmittedAfterTheMembersInArrivalOrder) {
     awaitJoiners(*store, joiners);
     std::shared_ptr<Communicator> c = w[t]->grow();
     ASSERT_TRUE(c);
-    keep(c);
+    keepUntilThreadsEnd(c);
     EXPECT_EQ(c->rank(), t);
     expectSumOfTags(*c, t, (members + joiners) * (members + joiners - 1) / 2);
     // The old communicator is still usable, and nobody waits any more.
@@ -109,10 +86,10 @@ TEST_P(Grow, AReplacementJoinsTheSurvivorsOfALostRank) {
   const int lost = 1;
   World w = testing::makeWorld(n(), o);
   std::atomic<int> done{0};  // members past the first allreduce
-  onThreads(n() + 1, [&](int t) {
+  runThreads(n() + 1, [&](int t) {
     if (t == n()) {  // the replacement
       std::shared_ptr<Communicator> c = Communicator::join(o);
-      keep(c);
+      keepUntilThreadsEnd(c);
       EXPECT_EQ(c->rank(), n() - 1);
       expectSumOfTags(*c, 0, 0);
       return;
@@ -133,11 +110,11 @@ TEST_P(Grow, AReplacementJoinsTheSurvivorsOfALostRank) {
     }
     std::shared_ptr<Communicator> s = w[t]->shrink();
     ASSERT_TRUE(s);
-    keep(s);
+    keepUntilThreadsEnd(s);
     awaitJoiners(*store, 1);
     std::shared_ptr<Communicator> g = s->grow();
     ASSERT_TRUE(g);
-    keep(g);
+    keepUntilThreadsEnd(g);
     EXPECT_EQ(g->size(), n());
     expectSumOfTags(*g, 0, 0);
   });
@@ -178,7 +155,7 @@ TEST(Join, AJoinerThatGaveUpIsNotAdmitted) {
   EXPECT_THROW(Communicator::join(o), Error);
   o.timeout = milliseconds(10000);
   World w = testing::makeWorld(2, o);
-  onThreads(2, [&](int r) { EXPECT_FALSE(w[r]->grow()); });
+  runThreads(2, [&](int r) { EXPECT_FALSE(w[r]->grow()); });
 }
 
 // What the store holds is checked: a malformed admission is an error naming
@@ -201,7 +178,7 @@ TEST(Join, ForgedStoreValuesFailCleanly) {
   }
   store->add("gflow/join/arrived", 3);  // three phantom joiners
   World w = testing::makeWorld(2, o);
-  onThreads(2, [&](int r) {
+  runThreads(2, [&](int r) {
     try {
       w[r]->grow();
       ADD_FAILURE() << "grow() with phantom joiners returned";

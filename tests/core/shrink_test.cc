@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <mutex>
 #include <thread>
 
 #include "gflow/gflow.h"
@@ -22,31 +21,11 @@ using testing::OnPaths;
 using testing::WorldPath;
 using World = std::vector<std::shared_ptr<Communicator>>;
 
-// Runs body(rank) on one thread per rank of `world`; a gflow::Error or other
-// exception escaping it fails the test, naming the rank. Communicators a
-// body makes go into `kept` (destroyed after every thread ended: a rank that
-// destroys its communicator while a peer still finishes the last op fails
-// that peer).
-World kept;
-std::mutex keptMutex;
-void keep(std::shared_ptr<Communicator> c) {
-  std::lock_guard<std::mutex> lock(keptMutex);
-  kept.push_back(std::move(c));
-}
+using testing::keepUntilThreadsEnd;
 
+// body(rank) on one thread per rank of `world` (testing::runThreads).
 void onEachRank(const World& world, const std::function<void(int)>& body) {
-  std::vector<std::thread> threads;
-  for (size_t r = 0; r < world.size(); ++r) {
-    threads.emplace_back([&body, r] {
-      try {
-        body(static_cast<int>(r));
-      } catch (const std::exception& e) {
-        ADD_FAILURE() << "rank " << r << " threw: " << e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  kept.clear();
+  testing::runThreads(static_cast<int>(world.size()), body);
 }
 
 // Every rank of `c` contributes (its old rank + 1) * (i + 1) at element i;
@@ -73,7 +52,37 @@ int culpritOf(const std::function<void()>& fn) {
   return -2;
 }
 
-class Shrink : public OnPaths {};
+class Shrink : public OnPaths {
+ protected:
+  // Two pretend hosts: a rank blocked in the local phase on the lost rank
+  // can be blamed by its cross-host peers (docs/elastic.md, "Not done
+  // yet"); attendance still gives one membership, which is what is checked.
+  bool exactVerdict() const { return std::get<0>(GetParam()) != WorldPath::kTwoHosts; }
+
+  // Rank r's part in losing `victim` between two ops: every rank runs one
+  // allreduce; the victim destroys its communicator once all have finished
+  // it (not while a peer still finishes it), and the others run on until
+  // they fail. Returns the culprit a survivor's error names (checked to be
+  // the victim where the verdict is exact), or -1 on the victim.
+  int loseBetweenOps(World& w, int r, int victim, std::atomic<int>& done) {
+    std::vector<float> v(1024, 1.0f);
+    w[r]->allreduce(tensor(v.data(), v.size()));
+    ++done;
+    if (r == victim) {
+      while (done.load() < n()) std::this_thread::yield();
+      w[r].reset();
+      return -1;
+    }
+    const int culprit = culpritOf([&] {
+      for (int i = 0; i < 100; ++i) w[r]->allreduce(tensor(v.data(), v.size()));
+    });
+    EXPECT_GE(culprit, 0) << "rank " << r;
+    if (exactVerdict()) {
+      EXPECT_EQ(culprit, victim) << "rank " << r;
+    }
+    return culprit;
+  }
+};
 
 // The members of `s` (their old ranks, in the new order), checked: in
 // increasing order (renumbered in order), this rank at its new rank, none
@@ -93,34 +102,16 @@ TEST_P(Shrink, SurvivorsOfALostRankContinueRenumberedInOrder) {
   o.timeout = milliseconds(5000);
   World w = world(o);
   const int victim = 1;
-  // Two pretend hosts: a rank blocked in the local phase on the lost rank
-  // can be blamed by its cross-host peers (docs/elastic.md, "Not done
-  // yet"); attendance still gives one membership, which is what is checked.
-  const bool exactVerdict = std::get<0>(GetParam()) != WorldPath::kTwoHosts;
   std::atomic<int> done{0};  // ranks past the first allreduce
   onEachRank(w, [&](int r) {
-    std::vector<float> v(1024, 1.0f);
-    w[r]->allreduce(tensor(v.data(), v.size()));
-    ++done;
-    if (r == victim) {
-      // Lost between ops (not while a peer still finishes this one): its
-      // connections close mid-job.
-      while (done.load() < n()) std::this_thread::yield();
-      w[r].reset();
-      return;
-    }
-    const int culprit = culpritOf([&] {
-      for (int i = 0; i < 100; ++i) w[r]->allreduce(tensor(v.data(), v.size()));
-    });
-    ASSERT_GE(culprit, 0) << "rank " << r;
-    if (exactVerdict) {
-      EXPECT_EQ(culprit, victim) << "rank " << r;
-    }
+    const int culprit = loseBetweenOps(w, r, victim, done);
+    if (r == victim) return;
+    ASSERT_GE(culprit, 0);
     std::shared_ptr<Communicator> s = w[r]->shrink();
-    if (!exactVerdict && !s) return;  // counted out by differing verdicts
+    if (!exactVerdict() && !s) return;  // counted out by differing verdicts
     ASSERT_TRUE(s);
-    keep(s);
-    if (exactVerdict) {
+    keepUntilThreadsEnd(s);
+    if (exactVerdict()) {
       EXPECT_EQ(s->size(), n() - 1);
       EXPECT_EQ(s->rank(), r < victim ? r : r - 1);
     }
@@ -143,7 +134,7 @@ TEST_P(Shrink, TheCallerExcludesRanksOfAHealthyCommunicator) {
       return;
     }
     ASSERT_TRUE(s);
-    keep(s);
+    keepUntilThreadsEnd(s);
     EXPECT_EQ(s->size(), n() - 2);
     EXPECT_EQ(s->rank(), r - 1);
     expectExactSum(*s, r, kept);
@@ -154,7 +145,7 @@ TEST_P(Shrink, TheCallerExcludesRanksOfAHealthyCommunicator) {
       return;
     }
     ASSERT_TRUE(t);
-    keep(t);
+    keepUntilThreadsEnd(t);
     EXPECT_EQ(t->rank(), r - 2);
     expectExactSum(*t, r, std::vector<int>(kept.begin() + 1, kept.end()));
   });
@@ -165,33 +156,20 @@ TEST_P(Shrink, ARankLostAfterTheVerdictIsCountedOutByTheDeadline) {
   o.timeout = milliseconds(2000);
   World w = world(o);
   const int first = 1, second = n() - 1;
-  const bool exactVerdict = std::get<0>(GetParam()) != WorldPath::kTwoHosts;
   std::atomic<int> done{0};  // ranks past the first allreduce
   onEachRank(w, [&](int r) {
-    std::vector<float> v(256, 1.0f);
-    w[r]->allreduce(tensor(v.data(), v.size()));
-    ++done;
-    if (r == first) {
-      while (done.load() < n()) std::this_thread::yield();
-      w[r].reset();
-      return;
-    }
-    const int culprit = culpritOf([&] {
-      for (int i = 0; i < 100; ++i) w[r]->allreduce(tensor(v.data(), v.size()));
-    });
-    ASSERT_GE(culprit, 0) << "rank " << r;
-    if (exactVerdict) {
-      EXPECT_EQ(culprit, first) << "rank " << r;
-    }
+    const int culprit = loseBetweenOps(w, r, first, done);
+    if (r == first) return;
+    ASSERT_GE(culprit, 0);
     if (r == second) {  // lost after the verdict, before it shrinks
       w[r].reset();
       return;
     }
     std::shared_ptr<Communicator> s = w[r]->shrink();
-    if (!exactVerdict && !s) return;
+    if (!exactVerdict() && !s) return;
     ASSERT_TRUE(s);
-    keep(s);
-    if (exactVerdict) {
+    keepUntilThreadsEnd(s);
+    if (exactVerdict()) {
       EXPECT_EQ(s->size(), n() - 2);
     }
     expectShrunkWorld(*s, r, {first, second});

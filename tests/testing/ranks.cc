@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <mutex>
 #include <thread>
 
 namespace gflow::testing {
@@ -83,6 +84,32 @@ std::function<Options(int)> onHosts(std::vector<int> hostOf, Options base) {
     o.hostId = "test-host-" + std::to_string(hostOf.at(r));
     return o;
   };
+}
+
+namespace {
+std::mutex keptMutex;
+std::vector<std::shared_ptr<Communicator>> kept;  // runThreads' communicators
+}  // namespace
+
+void keepUntilThreadsEnd(std::shared_ptr<Communicator> c) {
+  std::lock_guard<std::mutex> lock(keptMutex);
+  kept.push_back(std::move(c));
+}
+
+void runThreads(int n, const std::function<void(int)>& body) {
+  std::vector<std::thread> threads;
+  for (int t = 0; t < n; ++t) {
+    threads.emplace_back([&body, t] {
+      try {
+        body(t);
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "thread " << t << " threw: " << e.what();
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  std::lock_guard<std::mutex> lock(keptMutex);
+  kept.clear();
 }
 
 void forEachRank(const std::vector<std::shared_ptr<Communicator>>& world,

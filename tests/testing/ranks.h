@@ -38,6 +38,14 @@ std::function<Options(int)> onHosts(std::vector<int> hostOf, Options base = Opti
 std::vector<std::exception_ptr> onThreads(
     int n, const std::function<void(int, const std::shared_ptr<Store>&)>& body);
 
+// Runs body(t) on threads t = 0..n-1 and joins them; an exception escaping
+// body fails the test, naming the thread. Communicators handed to
+// keepUntilThreadsEnd() meanwhile live until every thread has ended (one a
+// thread destroyed while a peer still finishes its last op would fail that
+// peer). Not nested.
+void runThreads(int n, const std::function<void(int)>& body);
+void keepUntilThreadsEnd(std::shared_ptr<Communicator> c);
+
 void forEachRank(const std::vector<std::shared_ptr<Communicator>>& world,
                  const std::function<void(Communicator&)>& fn);
 
