@@ -46,9 +46,7 @@ std::shared_ptr<Communicator> Communicator::create(const Options& options) {
   const Settings settings = resolveSettings(options);  // before any connection
   bootstrap::Identity id = bootstrap::resolveIdentity(options);
   checkAuthenticated(id, id.pmix && !options.store);
-  std::chrono::milliseconds timeout = options.timeout.count() > 0
-                                          ? options.timeout
-                                          : std::chrono::milliseconds(params::timeoutMs());
+  const std::chrono::milliseconds timeout = timeoutOf(options);
   std::shared_ptr<Store> store = options.store;
   if (!store) {
     const std::string ifname =
@@ -58,31 +56,47 @@ std::shared_ptr<Communicator> Communicator::create(const Options& options) {
   // Each rank counts the communicators it created on this store; ranks that
   // create them in the same order get the same key prefix.
   const int64_t generation = store->add("gflow/created/" + std::to_string(id.rank), 1);
-  transport::ContextOptions co;
-  co.rank = id.rank;
-  co.size = id.size;
-  co.store = store;
-  co.prefix = "gflow/w" + std::to_string(generation) + "/";
-  co.token = id.token;
-  co.timeout = timeout;
-  co.connect = settings.connect;
-  co.tcp = options.tcp;
-  co.verbs = options.verbs;
-  co.ranksOnHost = id.localSize;  // the launcher's count until host identities are known
-  const std::string transportName =
-      !options.transport.empty() ? options.transport : params::transport();
-  const std::string host =
-      !options.hostId.empty() ? options.hostId : bootstrap::hostId(id.launcherHost);
-  const uint64_t hostHash = hash::sha256Id(host);
-  co.hostHash = hostHash;
-  co.localSingleCopy = settings.shm;
-  auto impl = CommunicatorImpl::connect(
-      {co, transportName, settings, hostHash, id.localRank, id.localSize});
+  auto impl = CommunicatorImpl::connect(CommunicatorImpl::planFor(
+      options, settings, id, std::move(store), "gflow/w" + std::to_string(generation) + "/"));
   const CommunicatorImpl::HostLayout& l = impl->hostLayout();
   GFLOW_LOG(INFO) << "rank " << id.rank << "/" << id.size << " ready (host " << l.hostIndex << "/"
                   << l.numHosts << ", local " << l.localRank << "/" << l.localSize
                   << ", identity from " << id.source << ")";
   return std::shared_ptr<Communicator>(std::move(impl));
+}
+
+std::chrono::milliseconds timeoutOf(const Options& options) {
+  return options.timeout.count() > 0 ? options.timeout
+                                     : std::chrono::milliseconds(params::timeoutMs());
+}
+
+CommunicatorImpl::ConnectPlan CommunicatorImpl::planFor(const Options& options,
+                                                        const Settings& settings,
+                                                        const bootstrap::Identity& id,
+                                                        std::shared_ptr<Store> store,
+                                                        std::string prefix) {
+  ConnectPlan plan;
+  transport::ContextOptions& co = plan.context;
+  co.rank = id.rank;
+  co.size = id.size;
+  co.store = std::move(store);
+  co.prefix = std::move(prefix);
+  co.token = id.token;
+  co.timeout = timeoutOf(options);
+  co.connect = settings.connect;
+  co.tcp = options.tcp;
+  co.verbs = options.verbs;
+  co.ranksOnHost = id.localSize;  // the launcher's count until host identities are known
+  const std::string host =
+      !options.hostId.empty() ? options.hostId : bootstrap::hostId(id.launcherHost);
+  co.hostHash = hash::sha256Id(host);
+  co.localSingleCopy = settings.shm;
+  plan.transportName = !options.transport.empty() ? options.transport : params::transport();
+  plan.settings = settings;
+  plan.hostHash = co.hostHash;
+  plan.launcherLocalRank = id.localRank;
+  plan.launcherLocalSize = id.localSize;
+  return plan;
 }
 
 std::unique_ptr<CommunicatorImpl> CommunicatorImpl::connect(ConnectPlan plan) {

@@ -150,6 +150,11 @@ class CommunicatorImpl final : public Communicator {
     int launcherLocalRank = -1;
     int launcherLocalSize = -1;
   };
+  // The plan of a new communicator from the caller's options: rank id.rank
+  // of id.size under `prefix` on `store` (create, join).
+  static ConnectPlan planFor(const Options& options, const Settings& settings,
+                             const bootstrap::Identity& id, std::shared_ptr<Store> store,
+                             std::string prefix);
   // Builds the backends for (store, prefix): the flat host backend over the
   // network transport, then, from the host grouping, the shared-memory
   // backend (one host) or the hierarchical one (several hosts).
@@ -224,6 +229,8 @@ class CommunicatorImpl final : public Communicator {
 // warning (rank 0, once per process). `tokenComing`: the PMIx rendezvous
 // will share one. Communicator::create and join.
 void checkAuthenticated(const bootstrap::Identity& id, bool tokenComing);
+// Options::timeout, else GFLOW_TIMEOUT.
+std::chrono::milliseconds timeoutOf(const Options& options);
 
 inline size_t opIndex(backend::OpKind k) {
   return static_cast<size_t>(k);

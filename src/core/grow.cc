@@ -19,7 +19,6 @@
 #include "bootstrap/environment.h"
 #include "common/check.h"
 #include "common/fd_limit.h"
-#include "common/hash.h"
 #include "common/logging.h"
 #include "common/params.h"
 #include "common/socket.h"
@@ -122,9 +121,7 @@ Admission awaitAdmission(Store& store, int64_t number, std::chrono::milliseconds
 std::shared_ptr<Communicator> Communicator::join(const Options& options) {
   fdlimit::raiseToHard();
   const Settings settings = resolveSettings(options);
-  const std::chrono::milliseconds timeout = options.timeout.count() > 0
-                                                ? options.timeout
-                                                : std::chrono::milliseconds(params::timeoutMs());
+  const std::chrono::milliseconds timeout = timeoutOf(options);
   bootstrap::Identity id;
   id.token = !options.token.empty() ? options.token : params::jobToken();
   checkAuthenticated(id, false);
@@ -132,22 +129,10 @@ std::shared_ptr<Communicator> Communicator::join(const Options& options) {
   const int64_t number = store->add(kArrived, 1);
   GFLOW_LOG(INFO) << "join: waiting for admission as joiner " << number;
   const Admission a = awaitAdmission(*store, number, timeout);
-  transport::ContextOptions co;
-  co.rank = a.rank;
-  co.size = a.size;
-  co.store = store;
-  co.prefix = a.prefix;
-  co.token = id.token;
-  co.timeout = timeout;
-  co.connect = settings.connect;
-  co.tcp = options.tcp;
-  co.verbs = options.verbs;
-  co.localSingleCopy = settings.shm;
-  const std::string transportName =
-      !options.transport.empty() ? options.transport : params::transport();
-  const std::string host = !options.hostId.empty() ? options.hostId : bootstrap::hostId();
-  co.hostHash = hash::sha256Id(host);
-  auto impl = CommunicatorImpl::connect({co, transportName, settings, co.hostHash});
+  id.rank = a.rank;
+  id.size = a.size;
+  auto impl = CommunicatorImpl::connect(
+      CommunicatorImpl::planFor(options, settings, id, std::move(store), a.prefix));
   GFLOW_LOG(INFO) << "join: rank " << a.rank << " of " << a.size;
   return std::shared_ptr<Communicator>(std::move(impl));
 }
