@@ -226,6 +226,20 @@ class Backend {
   virtual void splitInto(const Op& op, int color, int key, Backend* child) {
     (void)op, (void)color, (void)key, (void)child;
   }
+  // Communicator::shrink, on this (the old communicator's) executing
+  // thread: whether this backend holds what a shrink can derive the new
+  // communicator's part from (NCCL's ncclCommShrink). shrinkInto runs only
+  // where every survivor answered true, collective over the survivors,
+  // after the new communicator's own backend `child` connected: hands
+  // `child` the part without the `excluded` ranks (this backend's
+  // numbering, sorted). `failed`: this communicator failed, so work still
+  // ongoing in it ends first. A shrinkInto that throws leaves nothing to
+  // shrink from (canShrink() false).
+  virtual bool canShrink() const { return false; }
+  virtual void shrinkInto(const Op& op, const std::vector<int>& excluded, bool failed,
+                          Backend* child) {
+    (void)op, (void)excluded, (void)failed, (void)child;
+  }
   // Liveness across the phases of a composed op (the hierarchical backend):
   // answerProbes() answers the peers' probes without blocking (and may raise
   // this backend's error); `hook` runs while this backend's waits sleep, at

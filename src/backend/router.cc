@@ -327,6 +327,17 @@ void Router::splitInto(const Op& op, int color, int key, Backend* child) {
   if (nccl_) nccl_->splitInto(op, color, key, c ? c->nccl_.get() : nullptr);
 }
 
+bool Router::canShrink() const {
+  return nccl_ && nccl_->canShrink();
+}
+
+void Router::shrinkInto(const Op& op, const std::vector<int>& excluded, bool failed,
+                        Backend* child) {
+  Router* c = child ? dynamic_cast<Router*>(child) : nullptr;
+  GFLOW_ENFORCE(c != nullptr && nccl_ != nullptr && c->nccl_ != nullptr);
+  nccl_->shrinkInto(op, excluded, failed, c->nccl_.get());
+}
+
 PathCounts Router::paths() const {
   PathCounts out;
   for (size_t i = 0; i < kNumPaths; ++i) out.ops[i] = paths_[i].load(std::memory_order_relaxed);

@@ -113,6 +113,9 @@ class Router final : public Backend {
                       std::vector<std::unique_ptr<transport::MemoryRegion>>* out) override;
   // NCCL's part of a split; `child` is the new communicator's Router.
   void splitInto(const Op& op, int color, int key, Backend* child) override;
+  bool canShrink() const override;
+  void shrinkInto(const Op& op, const std::vector<int>& excluded, bool failed,
+                  Backend* child) override;
 
   // The policy that routes this router's ops (and the hierarchical phases).
   const RoutePolicy& policy() const { return *policy_; }

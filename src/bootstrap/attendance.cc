@@ -60,4 +60,15 @@ std::vector<int> attend(const Meeting& m) {
   return present;
 }
 
+bool unanimous(Store& store, const std::string& prefix, const std::vector<int>& members, int self,
+               bool mine, std::chrono::milliseconds timeout) {
+  store.setString(prefix + std::to_string(self), mine ? "yes" : "no");
+  std::vector<std::string> keys;
+  for (int r : members) keys.push_back(prefix + std::to_string(r));
+  const auto values = store.multiGet(keys, timeout);
+  return std::all_of(values.begin(), values.end(), [](const std::vector<uint8_t>& v) {
+    return v == std::vector<uint8_t>{'y', 'e', 's'};
+  });
+}
+
 }  // namespace gflow::bootstrap

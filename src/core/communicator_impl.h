@@ -215,6 +215,11 @@ class CommunicatorImpl final : public Communicator {
   // Communicator::split's part that the parent's backend derives
   // (Backend::splitInto), on the executing thread after every earlier op.
   void splitBackend(int color, int key, CommunicatorImpl* child);
+  // Communicator::shrink's part that this (the old) communicator's backend
+  // derives for `child` (Backend::shrinkInto) where every one of `members`
+  // (sorted, this numbering) can, decided under the `attempt` prefix.
+  void shrinkBackend(const std::string& attempt, const std::vector<int>& members,
+                     CommunicatorImpl& child);
 
   // Connects the shm or hierarchical backends once hostOf is known.
   void buildHierarchy(const transport::ContextOptions& ctxOpts, int launcherLocalRank,

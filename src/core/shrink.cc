@@ -120,7 +120,9 @@ CommunicatorImpl::Attempt CommunicatorImpl::shrinkAttempt(const bootstrap::Meeti
   co.prefix = membersPrefix(meeting.prefix, a.members);
   std::shared_ptr<Communicator> comm;
   try {
-    comm = std::shared_ptr<Communicator>(connect({co, transportName, settings, hostOf[rank]}));
+    auto made = connect({co, transportName, settings, hostOf[rank]});
+    shrinkBackend(meeting.prefix, a.members, *made);
+    comm = std::shared_ptr<Communicator>(std::move(made));
   } catch (const Error& e) {
     // The member the connection blamed, in this communicator's numbering.
     if (e.peer() >= 0 && e.peer() < co.size) a.lost = a.members[e.peer()];
@@ -144,6 +146,26 @@ CommunicatorImpl::Attempt CommunicatorImpl::shrinkAttempt(const bootstrap::Meeti
                                       ErrorContext::forOp("shrink").withRank(rank));
   }
   return a;
+}
+
+void CommunicatorImpl::shrinkBackend(const std::string& attempt, const std::vector<int>& members,
+                                     CommunicatorImpl& child) {
+  // On the executing thread, after every earlier op (none on a failed
+  // communicator). Every member answers, so the members derive the part
+  // together or none does (the new communicator then starts its own).
+  auto task = [&] {
+    executing.enter();  // a task of the executor
+    const bool all = bootstrap::unanimous(*contextOptions.store, attempt + "device/", members, rank,
+                                          backend->canShrink(), timeout);
+    if (!all) return;
+    std::vector<int> excluded;
+    for (int r = 0; r < size; ++r) {
+      if (!std::binary_search(members.begin(), members.end(), r)) excluded.push_back(r);
+    }
+    const backend::Op op{seq, backend::OpDesc{}, Deadline::after(timeout), nullptr};
+    backend->shrinkInto(op, excluded, error() != nullptr, child.backend.get());
+  };
+  executor.submit(std::move(task), true)->wait(std::chrono::milliseconds(0));
 }
 
 }  // namespace gflow

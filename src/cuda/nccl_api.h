@@ -58,6 +58,17 @@ struct Api {
   int (*commFinalize)(void* comm) = nullptr;
   int (*commDestroy)(void* comm) = nullptr;
   int (*commAbort)(void* comm) = nullptr;
+  // Where the loaded NCCL has them (else null): the fault-tolerance calls.
+  // commRevoke (ncclCommRevoke, 2.28.7): ends the in-flight work of `comm`
+  // and keeps it for a shrink; collectives on it fail from then on, and
+  // commGetAsyncError answers kInProgress until it is quiescent, then
+  // kSuccess. commShrink (ncclCommShrink, 2.27): collective over the ranks
+  // of `comm` not in `excluded` (its numbering), renumbered in order;
+  // non-blocking like split. abortOngoing: NCCL_SHRINK_ABORT (the parent
+  // failed: its ongoing work ends first), else NCCL_SHRINK_DEFAULT.
+  int (*commRevoke)(void* comm) = nullptr;
+  int (*commShrink)(void* comm, const int* excluded, int count, void** out,
+                    bool abortOngoing) = nullptr;
   // The collectives, each over every rank of `comm` on `stream`.
   using CollectiveFn = int (*)(const Collective& c, void* comm, void* stream);
   CollectiveFn allReduce = nullptr;

@@ -41,6 +41,12 @@ struct Functions {
   decltype(&ncclRecv) recv = nullptr;
   decltype(&ncclGroupStart) groupStart = nullptr;
   decltype(&ncclGroupEnd) groupEnd = nullptr;
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+  decltype(&ncclCommShrink) commShrink = nullptr;  // optional
+#endif
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 7)
+  decltype(&ncclCommRevoke) commRevoke = nullptr;  // optional
+#endif
 };
 Functions f;
 
@@ -131,6 +137,22 @@ int destroy(void* comm) {
 int abortComm(void* comm) {
   return f.commAbort(static_cast<ncclComm_t>(comm));
 }
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+int shrink(void* comm, const int* excluded, int count, void** out, bool abortOngoing) {
+  ncclConfig_t c = nonBlocking();
+  ncclComm_t n = nullptr;
+  const ncclResult_t r =
+      f.commShrink(static_cast<ncclComm_t>(comm), const_cast<int*>(excluded), count, &n, &c,
+                   abortOngoing ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT);
+  *out = n;
+  return r;
+}
+#endif
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 7)
+int revoke(void* comm) {
+  return f.commRevoke(static_cast<ncclComm_t>(comm), NCCL_REVOKE_DEFAULT);
+}
+#endif
 // The operands in NCCL's types; false when gflow's have no NCCL equal.
 bool toNccl(const nccl::Collective& c, ncclDataType_t* t, ncclRedOp_t* o) {
   return toNccl(c.dtype, t) && toNccl(c.op, o);
@@ -261,6 +283,15 @@ Loaded load() {
   a.recv = recv;
   a.groupStart = groupStart;
   a.groupEnd = groupEnd;
+  // The fault-tolerance calls: optional, by symbol (a library older than
+  // the header lacks them).
+  [[maybe_unused]] std::string absent;
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+  if (sym(h, "ncclCommShrink", &f.commShrink, &absent)) a.commShrink = shrink;
+#endif
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 7)
+  if (sym(h, "ncclCommRevoke", &f.commRevoke, &absent)) a.commRevoke = revoke;
+#endif
   l.ok = true;
   return l;
 }

@@ -197,6 +197,26 @@ std::vector<double> AutoWire::readResiduals(
   }
 }
 
+void AutoWire::agree(const AutoWire* carried) {
+  if (comm_.rank() == 0 && carried) policy_.restore(carried->policy_.state());  // false: fresh
+  std::vector<double> state = policy_.state();
+  int64_t length = static_cast<int64_t>(state.size());
+  comm_.broadcast(Tensor(&length, 1, DataType::kInt64), 0);
+  // A fresh state is as long as any but for a rejected pick (a level per bucket).
+  const bool fits = length > 0 && static_cast<uint64_t>(length) <= state.size() + numBuckets() + 1;
+  state.resize(fits ? static_cast<size_t>(length) : 0);
+  if (fits) comm_.broadcast(Tensor(state.data(), state.size(), DataType::kFloat64), 0);
+  if (!fits || !policy_.restore(state)) {
+    const int rank = comm_.rank();
+    Error e(ErrorCode::kMismatch,
+            "the automatic wire's state on rank 0 does not fit the buckets of rank " +
+                std::to_string(rank) + " (GradientReducer::rebuild or a joiner's reducer)",
+            ErrorContext::forOp("reducer.create").withRank(rank));
+    internal::CommunicatorAccess::abortWith(comm_, e);
+    throw e;
+  }
+}
+
 uint64_t AutoWire::stepDone(uint64_t step, bool nonFinite,
                             const std::function<std::vector<double>()>& residualRatios) {
   StepSample s = sample();

@@ -82,6 +82,13 @@ class AutoWire {
                     const std::function<std::vector<double>()>& residualRatios);
   // Starts a new step without recording (an abandoned one).
   void resetStep();
+  // Collective over comm, once before the first step: every rank takes
+  // rank 0's policy, which is `carried`'s (GradientReducer::rebuild: the
+  // old communicator's automatic wire, with the same buckets) where rank 0
+  // has one, else its own fresh one. So survivors keep their choices and a
+  // joiner takes them up. Throws kMismatch (failing comm, so the peers fail
+  // too) where rank 0's state does not fit this rank's buckets.
+  void agree(const AutoWire* carried);
 
  private:
   struct StepTimes;

@@ -53,9 +53,9 @@ class GradientReducer::Impl {
  public:
   Impl(std::shared_ptr<Communicator> comm, std::vector<Tensor> tensors, ReducerOptions options);
   ~Impl();
-  // GradientReducer::rebuild: `from`'s error-feedback residuals and CSC
-  // state (the same tensors and options, quiesced) into this reducer's.
-  void carryResiduals(Impl& from);
+  // From `from` (rebuild; null from the constructor): residuals and CSC
+  // state; collective, the automatic wire's state from rank 0 (agree()).
+  void carryFrom(Impl* from);
   // No step runs from here on: a step in the middle is abandoned (the
   // reducer's communicator aborted, so the peers fail it too), the round
   // thread joined, and the ops in flight waited for. Idempotent.
@@ -737,19 +737,22 @@ void GradientReducer::Impl::finishRound(const std::vector<int64_t>& ctl,
 
 GradientReducer::GradientReducer(std::shared_ptr<Communicator> comm, std::vector<Tensor> gradients,
                                  ReducerOptions options)
-    : impl_(std::make_unique<Impl>(std::move(comm), std::move(gradients), std::move(options))) {}
+    : impl_(std::make_unique<Impl>(std::move(comm), std::move(gradients), std::move(options))) {
+  impl_->carryFrom(nullptr);
+}
 
 GradientReducer::~GradientReducer() = default;
 
-void GradientReducer::Impl::carryResiduals(Impl& from) {
-  if (csc_ && from.csc_) csc_->carryFrom(*from.csc_);
-  residuals_.carryFrom(from.residuals_, tensors);
+void GradientReducer::Impl::carryFrom(Impl* from) {
+  if (from && csc_ && from->csc_) csc_->carryFrom(*from->csc_);
+  if (from) residuals_.carryFrom(from->residuals_, tensors);
+  if (autoWire_) autoWire_->agree(from ? from->autoWire_.get() : nullptr);
 }
 
 void GradientReducer::rebuild(std::shared_ptr<Communicator> comm) {
   impl_->quiesce();  // nothing of a step in the middle touches the residuals now
   auto next = std::make_unique<Impl>(std::move(comm), impl_->tensors, impl_->created);
-  next->carryResiduals(*impl_);
+  next->carryFrom(impl_.get());
   impl_ = std::move(next);
 }
 

@@ -90,6 +90,13 @@ class WirePolicy {
   // `levels`, on the agreed costs.
   double simulate(const std::vector<size_t>& levels) const;
 
+  // Everything decided and measured so far, as numbers
+  // (wire_policy_state.cc), and back: restore() takes a state() of a policy
+  // with the same buckets and candidates, else returns false and changes
+  // nothing.
+  std::vector<double> state() const;
+  bool restore(const std::vector<double>& state);
+
  private:
   enum class Phase { kWarmup, kProbe, kTrial, kSettled };
   size_t numLevels() const { return config_.candidates.size(); }
@@ -102,6 +109,10 @@ class WirePolicy {
   // decide()'s choice after a probe or a period in `phase`.
   std::string choose(Phase phase, double periodStep);
   void clearWindow();
+  // state() and restore(): `io` visits every field of `p`, in one order.
+  template <class Policy, class Io>
+  static void fields(Policy& p, Io& io);
+  bool consistent() const;  // restore(): sizes and levels in range
 
   WirePolicyConfig config_;
   std::vector<bool> choosable_;

@@ -867,10 +867,9 @@ TEST_F(NcclBackendTest, SplitUsesNcclCommSplit) {
   EXPECT_EQ(softnccl::splits(), 8);
 }
 
-// A shrunk communicator creates its own NCCL communicator through the store
-// (ncclCommShrink is not used yet): device allreduces over the survivors
-// run on NCCL, exactly.
-TEST_F(NcclBackendTest, AShrunkCommunicatorRunsOnANewNcclCommunicator) {
+// Rank 1 leaves a healthy world of 4 (shrink({1})); the survivors' device
+// allreduce runs on NCCL, exactly. Returns after every rank ended.
+void shrinkAwayRankOne() {
   auto world = testing::makeWorld(4);
   std::vector<std::shared_ptr<Communicator>> shrunk(4);  // destroyed after every rank ended
   testing::forEachRank(world, [&](Communicator& c) {
@@ -886,8 +885,63 @@ TEST_F(NcclBackendTest, AShrunkCommunicatorRunsOnANewNcclCommunicator) {
     shrunk[c.rank()]->allreduce(buf.tensor(8, DataType::kFloat32));
     for (int i = 0; i < 8; ++i) ASSERT_EQ(buf.as<float>()[i], static_cast<float>(50 + 3 * i));
   });
-  EXPECT_EQ(softnccl::inits(), 4 + 3) << "the 3 survivors initialize a new NCCL communicator";
   EXPECT_EQ(softnccl::collectivesRun(), 4 + 3);
+}
+
+TEST_F(NcclBackendTest, AShrunkCommunicatorRunsOnItsPartOfTheNcclCommunicator) {
+  shrinkAwayRankOne();
+  EXPECT_EQ(softnccl::inits(), 4) << "no new NCCL communicator: ncclCommShrink's";
+  EXPECT_EQ(softnccl::shrinks(), 3) << "the 3 survivors call ncclCommShrink";
+}
+
+TEST_F(NcclBackendTest, WithoutNcclCommShrinkAShrunkCommunicatorStartsItsOwn) {
+  softnccl::setVersion(22600);  // before ncclCommShrink
+  shrinkAwayRankOne();
+  EXPECT_EQ(softnccl::inits(), 4 + 3) << "the 3 survivors initialize a new NCCL communicator";
+  EXPECT_EQ(softnccl::shrinks(), 0);
+}
+
+// Four ranks run an allreduce on NCCL; then rank 3 stops calling, and the
+// others' next allreduce fails at its deadline (or on a peer's report).
+// They shrink rank 3 away and the survivors' next allreduce is exact.
+void loseRankThreeInsideNccl() {
+  std::vector<std::shared_ptr<Communicator>> shrunk(4);
+  std::atomic<int> failed{0};
+  auto world = testing::makeWorldWith(4, [](int) { return within(1500); });
+  testing::forEachRank(world, [&](Communicator& c) {
+    DeviceBuffer buf(c.rank(), 8 * 4);
+    c.allreduce(buf.tensor(8, DataType::kFloat32));
+    if (c.rank() == 3) {
+      while (failed.load() < 3) std::this_thread::sleep_for(milliseconds(5));
+      EXPECT_FALSE(c.shrink({3}));
+      return;
+    }
+    EXPECT_THROW(c.allreduce(buf.tensor(8, DataType::kFloat32)), Error);
+    ++failed;
+    shrunk[c.rank()] = c.shrink({3});
+    ASSERT_TRUE(shrunk[c.rank()]);
+    for (int i = 0; i < 8; ++i) buf.as<float>()[i] = static_cast<float>(c.rank() * 10 + i);
+    shrunk[c.rank()]->allreduce(buf.tensor(8, DataType::kFloat32));
+    for (int i = 0; i < 8; ++i) ASSERT_EQ(buf.as<float>()[i], static_cast<float>(30 + 3 * i));
+  });
+  EXPECT_EQ(softnccl::collectivesRun(), 4 + 3) << "the failed allreduce wrote nothing";
+}
+
+TEST_F(NcclBackendTest, AfterAFailureTheSurvivorsShrinkTheRevokedNcclCommunicator) {
+  setParam("GFLOW_NCCL_VERIFY", "0");  // the wait is inside NCCL, not in the check
+  loseRankThreeInsideNccl();
+  EXPECT_GE(softnccl::revokes(), 3) << "a failure revokes NCCL instead of aborting it";
+  EXPECT_EQ(softnccl::shrinks(), 3);
+  EXPECT_EQ(softnccl::inits(), 4);
+}
+
+TEST_F(NcclBackendTest, WithoutNcclCommRevokeAFailureAbortsAndTheSurvivorsStartAnew) {
+  setParam("GFLOW_NCCL_VERIFY", "0");
+  softnccl::setVersion(22700);  // ncclCommShrink, but no ncclCommRevoke
+  loseRankThreeInsideNccl();
+  EXPECT_EQ(softnccl::revokes(), 0);
+  EXPECT_EQ(softnccl::shrinks(), 0) << "an aborted communicator cannot be shrunk";
+  EXPECT_EQ(softnccl::inits(), 4 + 3);
 }
 
 TEST_F(NcclBackendTest, HierarchicalAllreduceRunsOnIntraAndCrossHostNcclCommunicators) {

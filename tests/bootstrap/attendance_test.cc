@@ -2,12 +2,15 @@
 // a member that never comes is counted out by the deadline, one that comes
 // after the deadline finds itself out, members named absent are claimed out
 // at once, and every member gets the same answer however close to the
-// deadline a member arrives and however the survivors' hints differ.
+// deadline a member arrives and however the survivors' hints differ; and
+// unanimous(), the members' yes-or-no question.
 #include "bootstrap/attendance.h"
 
 #include <gtest/gtest.h>
 
 #include <thread>
+
+#include "gflow/error.h"
 
 namespace gflow::bootstrap {
 namespace {
@@ -96,6 +99,31 @@ TEST(Attendance, AMemberArrivingAtTheDeadlineGetsOneAnswer) {
     (counted ? in : out)++;
   }
   std::printf("attendance at the deadline: %d in, %d out\n", in, out);
+}
+
+// unanimous(): true only where every member said yes; a member that never
+// answers is a timeout, not a silent no or yes.
+TEST(Unanimous, EveryMemberMustSayYes) {
+  auto store = createHashStore();
+  for (int no = -1; no < 3; ++no) {  // -1: all say yes; else that member says no
+    const std::string prefix = "u" + std::to_string(no) + "/";
+    std::vector<int> answer(3, -1);
+    std::vector<std::thread> ts;
+    for (int r = 0; r < 3; ++r) {
+      ts.emplace_back([&, r] {
+        answer[r] = unanimous(*store, prefix, {0, 1, 2}, r, r != no, milliseconds(5000));
+      });
+    }
+    for (auto& t : ts) t.join();
+    for (int r = 0; r < 3; ++r)
+      EXPECT_EQ(answer[r], no < 0 ? 1 : 0) << "no " << no << " rank " << r;
+  }
+  try {
+    unanimous(*store, "lone/", {0, 1}, 0, true, milliseconds(50));
+    ADD_FAILURE() << "member 1 never answered";
+  } catch (const gflow::Error& e) {
+    EXPECT_EQ(e.code(), gflow::ErrorCode::kTimeout) << e.what();
+  }
 }
 
 }  // namespace

@@ -2,7 +2,7 @@
 // rank's error-feedback residuals (qint8 wire) and CSC residuals, so a run
 // that rebuilds between steps gives the same bits as one that never does,
 // and a fresh reducer (residuals lost) does not; a rebuild after a shrink
-// reduces over the survivors.
+// reduces over the survivors; the automatic wire's choices carry over.
 #include <gtest/gtest.h>
 
 #include <random>
@@ -105,6 +105,51 @@ TEST(ReducerRebuildShrink, ReducesOverTheSurvivors) {
     });
   }
   for (auto& t : threads) t.join();
+}
+
+// The automatic wire's choices outlive a rebuild, and a reducer created on
+// the new communicator (a joiner's) takes them up from rank 0: after two
+// float32 steps the probe runs bfloat16, which every rank keeps.
+TEST(ReducerRebuildAutoWire, SurvivorsKeepTheirWiresAndANewReducerTakesThemUp) {
+  ReducerOptions o;
+  o.fusionThreshold = 4096;
+  o.autoWire.enabled = true;
+  o.autoWire.candidates = {DataType::kFloat32, DataType::kBFloat16};
+  o.autoWire.warmupSteps = 0;
+  o.autoWire.probeSteps = 2;
+  o.autoWire.period = 100;
+  constexpr int kRanks = 3;
+  std::vector<std::vector<float>> results(kRanks);
+  auto world = testing::makeWorld(kRanks);
+  testing::forEachRank(world, [&](Communicator& c) {
+    auto self = std::shared_ptr<Communicator>(&c, [](Communicator*) {});
+    std::vector<float> a(3000), b(700);
+    const std::vector<Tensor> grads{tensor(a.data(), a.size()), tensor(b.data(), b.size())};
+    auto reducer = std::make_unique<GradientReducer>(self, grads, o);
+    auto step = [&](int n) {
+      for (size_t i = 0; i < a.size(); ++i) a[i] = input(c.rank(), n, i);
+      for (size_t i = 0; i < b.size(); ++i) b[i] = input(c.rank(), n, 5000 + i);
+      reducer->ready(1);
+      reducer->ready(0);
+      reducer->wait();
+    };
+    step(0);
+    step(1);
+    const std::vector<DataType> probed = reducer->wires();
+    ASSERT_EQ(probed, std::vector<DataType>(probed.size(), DataType::kBFloat16));
+    std::shared_ptr<Communicator> next = c.split(0, c.rank());
+    if (c.rank() < 2) {
+      reducer->rebuild(next);
+    } else {
+      reducer = std::make_unique<GradientReducer>(next, grads, o);  // the newcomer
+    }
+    EXPECT_EQ(reducer->wires(), probed) << "rank " << c.rank();
+    step(2);
+    results[c.rank()] = a;
+    results[c.rank()].insert(results[c.rank()].end(), b.begin(), b.end());
+  });
+  EXPECT_EQ(results[1], results[0]);
+  EXPECT_EQ(results[2], results[0]);
 }
 
 }  // namespace

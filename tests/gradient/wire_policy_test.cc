@@ -245,5 +245,53 @@ TEST(WirePolicy, ReprobesEveryCandidateAfterReprobePeriods) {
                                           kAll[3], kAll[3]}));
 }
 
+// state() and restore(): a fresh policy that restores another's state goes
+// on exactly as that one does, a rejected pick included.
+TEST(WirePolicyState, ARestoredPolicyGoesOnAsTheOriginal) {
+  const std::vector<double> ready = {0.000, 0.030};
+  const double width[] = {1.0, 0.5, 0.258, 0.133};
+  const CostFn cost = [&](size_t, size_t k) { return 0.020 * width[k] + (k ? 0.0005 : 0.0); };
+  const StepFn real = [&](const std::vector<size_t>& lv) {
+    return lv[0] == lv[1] ? 0.100 + 0.040 * width[lv[0]] : 0.200;
+  };
+  WirePolicy p(config(4, 3, /*reprobe=*/2), std::vector<bool>(2, true));
+  runToDecision(p, ready, 0.031, cost, {}, real);        // the probe: a pick on trial
+  runToDecision(p, ready, 0.031, cost, {}, real);        // rejected
+  p.record(sample(p, ready, 0.031, cost, real), false);  // within a period
+  WirePolicy q(config(4, 3, 2), std::vector<bool>(2, true));
+  ASSERT_NE(q.state(), p.state());
+  ASSERT_TRUE(q.restore(p.state()));
+  EXPECT_EQ(q.state(), p.state());
+  for (int decision = 0; decision < 4; ++decision) {
+    runToDecision(p, ready, 0.031, cost, {}, real);
+    runToDecision(q, ready, 0.031, cost, {}, real);
+    ASSERT_EQ(levels(q), levels(p)) << decision;
+    ASSERT_EQ(q.state(), p.state()) << decision;
+  }
+}
+
+TEST(WirePolicyState, AStateThatDoesNotFitIsRefusedAndChangesNothing) {
+  WirePolicy p(config(), std::vector<bool>(3, true));
+  const CostFn cost = [](size_t, size_t) { return 0.001; };
+  runToDecision(p, {0, 0, 0}, 0, cost);
+  const std::vector<double> before = p.state();
+  WirePolicy other(config(), std::vector<bool>(2, true));  // another bucket count
+  EXPECT_FALSE(p.restore(other.state()));
+  std::vector<double> cut = before;
+  cut.pop_back();
+  EXPECT_FALSE(p.restore(cut));
+  std::vector<double> longer = before;
+  longer.push_back(0);
+  EXPECT_FALSE(p.restore(longer));
+  std::vector<double> badLevel = before;
+  badLevel[4] = 7;  // level_[0]: only 4 candidates
+  EXPECT_FALSE(p.restore(badLevel));
+  std::vector<double> huge = before;
+  huge[3] = 1e18;  // level_'s length
+  EXPECT_FALSE(p.restore(huge));
+  EXPECT_FALSE(p.restore({}));
+  EXPECT_EQ(p.state(), before);
+}
+
 }  // namespace
 }  // namespace gflow::gradient

@@ -79,6 +79,13 @@ struct SplitRound {
   int arrived = 0;
 };
 
+struct ShrinkRound {                            // the k-th shrink of the ranks that take part
+  std::vector<std::shared_ptr<Comm>> children;  // by parent rank (null: excluded or not yet)
+  std::vector<int> excluded;                    // the first arrival's list
+  int arrived = 0;
+  bool agree = true;
+};
+
 // The ranks formed together by one init or one split color.
 struct Group {
   int nranks = 0;
@@ -86,6 +93,7 @@ struct Group {
   bool aborted = false;
   std::map<uint64_t, Round> rounds;
   std::map<uint64_t, SplitRound> splitRounds;
+  std::map<uint64_t, ShrinkRound> shrinkRounds;
   // Point-to-point: the sends from rank a to rank b not yet received, in
   // the order they were posted (key a * nranks + b).
   std::map<int, std::deque<std::shared_ptr<struct Sent>>> channels;
@@ -104,11 +112,12 @@ struct Comm {
   int rank = -1, nranks = 0, device = -1;
   std::shared_ptr<Group> group;  // null until formed
   int asyncError = kInProgress;
-  bool dead = false;  // aborted or destroyed: a tombstone
+  bool dead = false;     // aborted or destroyed: a tombstone
+  bool revoked = false;  // commRevoke: no collectives; quiescent once drained
   bool finalizing = false;
   // Work items enqueued and completed (collectives and p2p groups), and
   // collectives enqueued (their number matches the ranks' k-th calls).
-  uint64_t enqueued = 0, completed = 0, splitsCalled = 0, collectives = 0;
+  uint64_t enqueued = 0, completed = 0, splitsCalled = 0, shrinksCalled = 0, collectives = 0;
   std::string lastError;
 };
 
@@ -130,6 +139,8 @@ struct State {
   std::string lastError;
   std::mt19937_64 rng{std::random_device{}()};
   int collectivesRun = 0, inits = 0, aborts = 0, splits = 0, mismatches = 0;
+  int revokes = 0, shrinks = 0;
+  int version = kVersion;  // setVersion
 };
 
 State& st() {
@@ -162,7 +173,7 @@ Comm* findLocked(void* comm) {
 
 void abortGroupLocked(Group& g, const Comm* by) {
   if (!st().abortReleasesPeers && by) {
-    st().cv.notify_all();  // only `by`'s own work ends (it is dead)
+    st().cv.notify_all();  // only `by`'s own work ends (it is dead or revoked)
     return;
   }
   if (g.aborted) return;
@@ -376,7 +387,7 @@ void runCollective(const std::shared_ptr<Comm>& c, const std::shared_ptr<Group>&
     if (wrote) ++s.collectivesRun;
     s.cv.notify_all();
   };
-  if (g->aborted || c->dead) return done(false);
+  if (g->aborted || c->dead || c->revoked) return done(false);
   Round& round = g->rounds[seq];
   if (round.args.empty()) round.args.resize(n);
   round.args[rank] = a;
@@ -396,7 +407,7 @@ void runCollective(const std::shared_ptr<Comm>& c, const std::shared_ptr<Group>&
     }
     s.cv.notify_all();
   }
-  s.cv.wait(l, [&] { return round.go || g->aborted || c->dead; });
+  s.cv.wait(l, [&] { return round.go || g->aborted || c->dead || c->revoked; });
   if (!round.go) return done(false);  // aborted before every rank arrived
   // Every rank is inside: read all inputs (arguments are fixed from now on).
   l.unlock();
@@ -418,6 +429,7 @@ int usableLocked(Comm* c, void* comm) {
   if (!comm) return failLocked(nullptr, kInvalidArgument, "comm is NULL");
   if (!c) return failLocked(nullptr, kInvalidArgument, "unknown communicator");
   if (c->dead) return failLocked(c, kInvalidUsage, "communicator was aborted or destroyed");
+  if (c->revoked) return failLocked(c, kInvalidUsage, "communicator was revoked");
   if (c->asyncError == kInProgress) {
     return failLocked(c, kInvalidArgument,
                       "Attempt to use communicator before the previous operation returned "
@@ -504,7 +516,7 @@ void runPointToPoint(const std::shared_ptr<Comm>& c, const std::shared_ptr<Group
                      const std::vector<P2PCall>& calls) {
   State& s = st();
   std::unique_lock<std::mutex> l(s.mu);
-  const auto live = [&] { return !g->aborted && !c->dead; };
+  const auto live = [&] { return !g->aborted && !c->dead && !c->revoked; };
   std::vector<std::shared_ptr<Sent>> mine;
   for (const P2PCall& x : calls) {
     if (!x.send) continue;
@@ -740,7 +752,9 @@ int commGetAsyncError(void* comm, int* result) {
   Comm* c = findLocked(comm);
   if (!c || !result) return kInvalidArgument;
   if (c->dead) return failLocked(c, kInvalidUsage, "communicator was aborted or destroyed");
-  if (c->asyncError != kSuccess) {
+  if (c->revoked) {
+    *result = c->completed == c->enqueued ? kSuccess : kInProgress;
+  } else if (c->asyncError != kSuccess) {
     *result = c->asyncError;
   } else if (c->finalizing) {
     *result = c->completed == c->enqueued ? kSuccess : kInProgress;
@@ -770,7 +784,7 @@ int commDestroy(void* comm) {
   std::shared_ptr<Comm> c = it->second;
   if (c->dead) return failLocked(c.get(), kInvalidUsage, "communicator was aborted or destroyed");
   auto drained = [&] {
-    return c->dead || c->completed == c->enqueued || (c->group && c->group->aborted);
+    return c->dead || c->revoked || c->completed == c->enqueued || (c->group && c->group->aborted);
   };
   if (!s.cv.wait_for(l, std::chrono::seconds(2), drained)) {
     std::fprintf(stderr,
@@ -796,6 +810,66 @@ int commAbort(void* comm) {
   ++s.aborts;
   if (c->group) abortGroupLocked(*c->group, c);
   return kSuccess;
+}
+
+int commRevoke(void* comm) {
+  if (int e = injected("commRevoke")) return e;
+  State& s = st();
+  std::lock_guard<std::mutex> l(s.mu);
+  Comm* c = findLocked(comm);
+  if (!c) return failLocked(nullptr, kInvalidArgument, "unknown communicator");
+  if (c->dead) return failLocked(c, kInvalidUsage, "communicator was aborted or destroyed");
+  if (!c->group) return failLocked(c, kInvalidUsage, "commRevoke: communicator not formed yet");
+  c->revoked = true;
+  ++s.revokes;
+  abortGroupLocked(*c->group, c);  // its blocked work ends, as commAbort's
+  return kSuccess;
+}
+
+// Forms the children of a shrink round whose ranks all arrived.
+void formShrinkLocked(ShrinkRound& round) {
+  std::vector<std::shared_ptr<Comm>> members;
+  for (auto& child : round.children)
+    if (child) members.push_back(child);
+  if (round.agree) return formLocked(members, false);
+  for (auto& m : members) {
+    m->asyncError = kInvalidUsage;
+    failLocked(m.get(), kInvalidUsage, "commShrink: the ranks' exclusion lists differ");
+  }
+}
+
+int commShrink(void* comm, const int* excluded, int count, void** out, bool abortOngoing) {
+  if (int e = injected("commShrink")) return e;
+  State& s = st();
+  std::lock_guard<std::mutex> l(s.mu);
+  Comm* c = findLocked(comm);
+  if (!c) return failLocked(nullptr, kInvalidArgument, "unknown communicator");
+  if (c->dead) return failLocked(c, kInvalidUsage, "communicator was aborted or destroyed");
+  if (!out || !c->group || count < 0 || (count > 0 && !excluded))
+    return failLocked(c, kInvalidArgument, "commShrink: bad arguments");
+  Group& g = *c->group;
+  std::vector<int> list(excluded, excluded + count);
+  std::sort(list.begin(), list.end());
+  const bool valid = std::adjacent_find(list.begin(), list.end()) == list.end() &&
+                     (list.empty() || (list.front() >= 0 && list.back() < g.nranks)) &&
+                     !std::binary_search(list.begin(), list.end(), c->rank);
+  if (!valid) return failLocked(c, kInvalidArgument, "commShrink: bad exclusion list");
+  if (abortOngoing && !c->revoked) abortGroupLocked(g, c);  // NCCL_SHRINK_ABORT
+  if (!abortOngoing && !c->revoked && c->asyncError != kSuccess) return c->asyncError;
+  ShrinkRound& round = g.shrinkRounds[c->shrinksCalled++];
+  if (round.children.empty()) {
+    round.children.resize(g.nranks);
+    round.excluded = list;
+  }
+  round.agree = round.agree && round.excluded == list;
+  round.children[c->rank] = newCommLocked(c->device);
+  *out = round.children[c->rank].get();
+  ++s.shrinks;
+  if (++round.arrived == g.nranks - static_cast<int>(round.excluded.size())) {
+    formShrinkLocked(round);
+    g.shrinkRounds.erase(c->shrinksCalled - 1);
+  }
+  return kInProgress;
 }
 
 Args argsOf(int kind, const nccl::Collective& c) {
@@ -856,9 +930,13 @@ int groupEnd() {
   return e != kSuccess ? e : launchGroup();
 }
 
-Api makeTable() {
+// The table of NCCL `version`: the fault-tolerance calls from the
+// versions that have them.
+Api makeTable(int version) {
   Api t;
-  t.version = kVersion;
+  t.version = version;
+  if (version >= 22700) t.commShrink = commShrink;
+  if (version >= 22807) t.commRevoke = commRevoke;
   t.getErrorString = getErrorString;
   t.getLastError = getLastError;
   t.getUniqueId = getUniqueId;
@@ -902,6 +980,8 @@ void enable() {
   s.failures.clear();
   s.lastError.clear();
   s.collectivesRun = s.inits = s.aborts = s.splits = s.mismatches = 0;
+  s.revokes = s.shrinks = 0;
+  s.version = kVersion;
   s.abortReleasesPeers = true;
   s.enabled.store(true);
 }
@@ -924,8 +1004,19 @@ bool enabled() {
 }
 
 const Api* api() {
-  static const Api table = makeTable();
-  return &table;
+  static const Api current = makeTable(kVersion);
+  static const Api noRevoke = makeTable(22700);
+  static const Api noShrink = makeTable(22600);
+  State& s = st();
+  std::lock_guard<std::mutex> l(s.mu);
+  if (s.version >= 22807) return &current;
+  return s.version >= 22700 ? &noRevoke : &noShrink;
+}
+
+void setVersion(int version) {
+  State& s = st();
+  std::lock_guard<std::mutex> l(s.mu);
+  s.version = version;
 }
 
 std::vector<CommInfo> comms() {
@@ -978,6 +1069,14 @@ int splits() {
 int mismatches() {
   std::lock_guard<std::mutex> l(st().mu);
   return st().mismatches;
+}
+int revokes() {
+  std::lock_guard<std::mutex> l(st().mu);
+  return st().revokes;
+}
+int shrinks() {
+  std::lock_guard<std::mutex> l(st().mu);
+  return st().shrinks;
 }
 
 }  // namespace gflow::testing::softnccl

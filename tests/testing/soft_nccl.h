@@ -54,6 +54,16 @@
 //   becomes ready once every parent rank called; color < 0 gives *out =
 //   nullptr (kSuccess). New ranks are ordered by (key, parent rank); the new
 //   comm keeps the parent's device.
+// - commRevoke (from version 2.28.7) ends the comm's blocked work as
+//   commAbort does, but keeps the comm: collectives on it return
+//   kInvalidUsage, commGetAsyncError answers kInProgress until its enqueued
+//   work ended, then kSuccess, and it can be shrunk, aborted or destroyed.
+// - commShrink (from 2.27) is collective over the ranks not excluded (the
+//   j-th shrink of each matched together) and non-blocking like split: the
+//   new comm becomes ready once they all called, ranks in parent order; if
+//   their exclusion lists differ, every new comm fails with kInvalidUsage.
+//   abortOngoing (NCCL_SHRINK_ABORT) first ends the parent's work as
+//   commRevoke does; without it a parent in error returns its error.
 //
 // Thread-safe.
 #pragma once
@@ -99,6 +109,9 @@ void setAbortReleasesPeers(bool release);
 // e.g. "allReduce", "commInitRank") returns `result` without doing anything.
 // Calls queue up.
 void failNextCall(const char* entry, int result);
+// The NCCL version the table models (Api::version): below 22807 it has no
+// commRevoke, below 22700 no commShrink either. enable() sets kVersion.
+void setVersion(int version);
 
 // Per-rank work items of collectives that completed and wrote their output.
 int collectivesRun();
@@ -108,5 +121,8 @@ int inits();
 int aborts();
 int splits();
 int mismatches();
+// commRevoke calls accepted, and commShrink calls accepted (per rank).
+int revokes();
+int shrinks();
 
 }  // namespace gflow::testing::softnccl

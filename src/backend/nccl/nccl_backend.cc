@@ -61,6 +61,10 @@ ErrorCode codeOf(int result) {
 NcclBackend::NcclBackend(NcclSetup setup) : s_(std::move(setup)) {}
 
 NcclBackend::~NcclBackend() {
+  if (plugin_ && api_ && revoked_) {
+    cuda::DeviceGuard g(*plugin_, device_);
+    dropRevoked();
+  }
   if (!plugin_ || !api_ || !comm_) {
     if (plugin_ && event_) plugin_->eventDestroy(event_);
     if (plugin_ && stream_) plugin_->streamDestroy(stream_);
@@ -70,6 +74,7 @@ NcclBackend::~NcclBackend() {
   cuda::DeviceGuard g(*plugin_, device_);
   if (failed_) {
     abortComms();
+    dropRevoked();
   } else {
     // Clean exit: flush (a peer may still be receiving this rank's last
     // sends through NCCL's proxy), then free; abort when that fails.
@@ -337,6 +342,17 @@ void NcclBackend::adopt(const Op& op, const NcclBackend& from, void* comm) {
   state_ = State::kNccl;
 }
 
+void NcclBackend::adoptWhenReady(const Op& op, const NcclBackend& from, void* comm,
+                                 const char* what) {
+  plugin_ = from.plugin_;
+  api_ = from.api_;
+  device_ = from.device_;
+  comm_ = comm;
+  state_ = State::kBroken;    // until ready and prepared
+  waitReady(op, comm, what);  // a failure aborts comm
+  adopt(op, from, comm);
+}
+
 std::unique_ptr<NcclBackend> NcclBackend::part(const Op& op, int color, int key, int rank, int size,
                                                const char* what) {
   const std::string name = std::string("ncclCommSplit (") + what + ")";
@@ -347,6 +363,7 @@ std::unique_ptr<NcclBackend> NcclBackend::part(const Op& op, int color, int key,
   auto p =
       std::make_unique<NcclBackend>(NcclSetup{rank, size, s_.store, s_.prefix, s_.timeout,
                                               std::vector<uint64_t>(size_t(size), 0), s_.mode});
+  p->part_ = true;
   p->adopt(op, *this, comm);
   return p;
 }
@@ -362,6 +379,58 @@ void NcclBackend::splitInto(const Op& op, int color, int key, Backend* into) {
     return;
   }
   child->adopt(op, *this, comm);
+}
+
+bool NcclBackend::canShrink() const {
+  return api_ && api_->commShrink && ((state_ == State::kNccl && comm_) || revoked_);
+}
+
+void NcclBackend::shrinkInto(const Op& op, const std::vector<int>& excluded, bool failed,
+                             Backend* into) {
+  auto* child = dynamic_cast<NcclBackend*>(into);
+  GFLOW_ENFORCE(child != nullptr && canShrink());
+  cuda::DeviceGuard g(*plugin_, device_);
+  // This backend's own waits would raise its failure: the new
+  // communicator's wait for the call, under its store keys, instead. A
+  // failed shrink leaves a healthy NCCL communicator here as it is.
+  void* parent = revoked_ ? revoked_ : comm_;
+  void* comm = nullptr;
+  try {
+    if (revoked_) quiesce(op);
+    const int r =
+        api_->commShrink(parent, excluded.data(), static_cast<int>(excluded.size()), &comm, failed);
+    if (r != nccl::kSuccess && r != nccl::kInProgress) {
+      throw ncclError(op, r, "ncclCommShrink", parent);
+    }
+    GFLOW_ENFORCE(comm != nullptr);
+  } catch (...) {
+    if (comm) api_->commAbort(comm);
+    dropRevoked();
+    throw;
+  }
+  try {
+    child->adoptWhenReady(op, *this, comm, "ncclCommShrink");
+  } catch (...) {
+    dropRevoked();
+    throw;
+  }
+}
+
+void NcclBackend::quiesce(const Op& op) {
+  const Clock::time_point start = Clock::now();
+  for (;;) {
+    int a = nccl::kSuccess;
+    if (int r = api_->commGetAsyncError(revoked_, &a)) {
+      failNccl(op, r, "ncclCommGetAsyncError (a revoked communicator)", revoked_);
+    }
+    if (a != nccl::kInProgress) return;
+    if (op.deadline.expired()) {
+      GFLOW_THROW(kTimeout, ErrorContext().withSeq(op.seq).withRank(s_.rank))
+          << "the revoked NCCL communicator did not quiesce within the deadline (GFLOW_TIMEOUT, "
+          << s_.timeout.count() << " ms)";
+    }
+    backoff(start);
+  }
 }
 
 std::vector<uint8_t> NcclBackend::waitForKey(const Op& op, const std::string& key,
@@ -534,16 +603,21 @@ void NcclBackend::raiseReport(const Op& op, std::chrono::milliseconds wait, bool
                               payload.size());
 }
 
-void NcclBackend::failNccl(const Op& op, int result, const char* what, void* comm) {
+Error NcclBackend::ncclError(const Op& op, int result, const char* what, void* comm) const {
   std::string detail = std::string(what) + " failed: " + api_->getErrorString(result);
   const char* last = api_->getLastError(comm);
   if (last && *last) detail += std::string(" (") + last + ")";
+  return Error(codeOf(result), detail, ErrorContext().withSeq(op.seq).withRank(s_.rank));
+}
+
+void NcclBackend::failNccl(const Op& op, int result, const char* what, void* comm) {
+  const Error e = ncclError(op, result, what, comm);
   abortComms();
   // A peer's failure ends this rank's NCCL op as a remote error that names
   // nobody: where that peer reported its own error (notifyPeers, which
   // follows its abort closely), that report is the op's error.
   if (codeOf(result) == ErrorCode::kPeerLost) raiseReport(op, kReportGrace, false);
-  throw Error(codeOf(result), detail, ErrorContext().withSeq(op.seq).withRank(s_.rank));
+  throw e;
 }
 
 void NcclBackend::failCuda(const Op& op, int err, const char* what) {
@@ -556,11 +630,21 @@ void NcclBackend::abortComms() {
   state_ = State::kBroken;
   failed_ = true;
   if (!api_) return;
-  if (comm_) api_->commAbort(comm_);
+  const bool keep = !part_ && api_->commRevoke && api_->commShrink;
+  if (comm_ && keep && api_->commRevoke(comm_) == nccl::kSuccess) {
+    revoked_ = comm_;
+  } else if (comm_) {
+    api_->commAbort(comm_);
+  }
   comm_ = nullptr;
   for (NcclBackend* p : {intra_, cross_}) {
     if (p) p->abortComms();
   }
+}
+
+void NcclBackend::dropRevoked() {
+  if (revoked_) api_->commAbort(revoked_);
+  revoked_ = nullptr;
 }
 
 void NcclBackend::abort(const Error& error) {

@@ -18,7 +18,10 @@
 // executing thread polls the event, NCCL's asynchronous error, abort() and
 // the op's deadline, and the peers' failure reports in the store. A failure
 // or deadline aborts the NCCL communicators (ncclCommAbort), so kernels
-// waiting for a dead peer end, and raises gflow::Error: no hang.
+// waiting for a dead peer end, and raises gflow::Error: no hang. Where the
+// loaded NCCL can revoke and shrink, the communicator itself is revoked
+// instead (its kernels end too) and kept for Communicator::shrink, which
+// derives the survivors' communicator from it (ncclCommShrink).
 //
 // All calls except abort() come from the communicator's executing thread.
 #pragma once
@@ -77,6 +80,14 @@ class NcclBackend final : public Backend {
   // communicator to `child` (the new communicator's NCCL backend, or
   // nullptr).
   void splitInto(const Op& op, int color, int key, Backend* child) override;
+  // Communicator::shrink (backend.h): with ncclCommShrink, from the NCCL
+  // communicator that runs this one's ops or that a failure revoked
+  // (ncclCommRevoke, where the loaded NCCL has it, stops a failed op's
+  // kernels and keeps the communicator for this; else the failure aborts it
+  // and nothing is left to shrink).
+  bool canShrink() const override;
+  void shrinkInto(const Op& op, const std::vector<int>& excluded, bool failed,
+                  Backend* child) override;
 
   // Buffers: memory of the chosen GPU, described by op.buffers (whose
   // event after the work producing the inputs the NCCL stream waits for).
@@ -141,9 +152,15 @@ class NcclBackend final : public Backend {
   void* splitComm(const Op& op, int color, int key, const char* what);
   // Runs the NCCL communicator `comm`, split off `from`'s.
   void adopt(const Op& op, const NcclBackend& from, void* comm);
+  // adopt() once the call `what` that made `comm` completed, waited for
+  // here (under this backend's abort, peers' reports and op's deadline).
+  void adoptWhenReady(const Op& op, const NcclBackend& from, void* comm, const char* what);
   // A hierarchical part: rank `rank` of `size` in the split (color, key).
   std::unique_ptr<NcclBackend> part(const Op& op, int color, int key, int rank, int size,
                                     const char* what);
+  // Polls revoked_ until it is quiescent (kInProgress ends), under op's
+  // deadline.
+  void quiesce(const Op& op);
   // Polls `comm` until its pending call completed (kInProgress ends).
   void waitReady(const Op& op, void* comm, const char* what);
   // The result of enqueueing `what` on `comm`: waits out kInProgress,
@@ -198,9 +215,16 @@ class NcclBackend final : public Backend {
   // store's count says there is one (an unreadable one is raised as an
   // unknown failure); else no report returns quietly.
   void raiseReport(const Op& op, std::chrono::milliseconds wait, bool announced);
+  // The error of NCCL call `what` on `comm` that returned `result`.
+  Error ncclError(const Op& op, int result, const char* what, void* comm) const;
   [[noreturn]] void failNccl(const Op& op, int result, const char* what, void* comm);
   [[noreturn]] void failCuda(const Op& op, int err, const char* what);
+  // Ends NCCL's work here: aborts the communicators, except that the
+  // communicator itself (not a hierarchical part) is revoked instead where
+  // NCCL can revoke and shrink, and kept in revoked_ for shrinkInto.
   void abortComms();
+  // Aborts revoked_, if any: nothing to shrink from any more.
+  void dropRevoked();
   // ncclCommFinalize, polled to the end (kSuccess) or a failure / `d`.
   int finalize(void* comm, const Deadline& d);
 
@@ -210,6 +234,8 @@ class NcclBackend final : public Backend {
   State state_ = State::kUndecided;
   int device_ = -1;
   void* comm_ = nullptr;
+  void* revoked_ = nullptr;  // comm_ after a failure revoked it (abortComms)
+  bool part_ = false;        // a hierarchical part (part()), never shrunk
   // Several hosts with the same number of ranks each: the hierarchical
   // allreduce (backend/hierarchical) over an intra-host part (the ranks of
   // this host) and a cross-host part (the ranks with this local rank), both
