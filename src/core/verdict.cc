@@ -1,6 +1,7 @@
 #include "core/verdict.h"
 
 #include <algorithm>
+#include <set>
 #include <tuple>
 
 #include "common/logging.h"
@@ -68,11 +69,38 @@ Error Verdict::settle(const Error& candidate) {
   p_.backend->notifyPeers(candidate);
   const auto grace =
       std::clamp(p_.timeout / 4, std::chrono::milliseconds(50), std::chrono::milliseconds(2000));
-  Error verdict = candidate;
-  for (const Error& r : p_.backend->awaitReports(Deadline::after(grace), candidate.peer())) {
+  const Deadline until = Deadline::after(grace);
+  std::vector<Error> reports = p_.backend->awaitReports(until, candidate.peer());
+  // Where the peers blame another rank than this one does, the culprit's
+  // own report may say it only waited for someone else: hear it too (a
+  // rank that never reports holds everyone to the grace anyway).
+  const bool agreed = std::all_of(reports.begin(), reports.end(), [&](const Error& r) {
+    return r.context().culprit < 0 || r.context().culprit == candidate.peer();
+  });
+  if (!agreed) reports = p_.backend->awaitReports(until, -1);
+  return *record(choose(candidate, reports));  // an abort() meanwhile stays the error of record
+}
+
+Error Verdict::choose(const Error& candidate, const std::vector<Error>& reports) const {
+  auto valid = [&](const Error& r) {
     const ErrorContext& c = r.context();
-    if (c.culprit < 0 || c.culprit >= p_.size || c.reportedSeq == 0) continue;
-    if (!before(c.reportedSeq, r.code(), c.culprit, verdict)) continue;
+    return c.culprit >= 0 && c.culprit < p_.size && c.reportedSeq != 0;
+  };
+  // A rank that reported is alive enough to: the blame passes on from it
+  // to the ranks that never reported, where anyone blames one of those.
+  std::set<int> reporters{p_.rank};
+  for (const Error& r : reports) reporters.insert(r.peer());
+  auto silent = [&](int culprit) { return reporters.count(culprit) == 0; };
+  bool anySilent = silent(candidate.peer());
+  for (const Error& r : reports) anySilent = anySilent || (valid(r) && silent(r.context().culprit));
+  auto eligible = [&](int culprit) { return !anySilent || silent(culprit); };
+
+  Error verdict = candidate;
+  bool have = eligible(candidate.peer());
+  for (const Error& r : reports) {
+    const ErrorContext& c = r.context();
+    if (!valid(r) || !eligible(c.culprit)) continue;
+    if (have && !before(c.reportedSeq, r.code(), c.culprit, verdict)) continue;
     // The peer's account, then what this rank saw itself (the evidence
     // it had, e.g. the transport status, is kept).
     verdict = Error(r.code(), r.detail() + " [this rank saw: " + candidate.detail() + "]",
@@ -81,8 +109,9 @@ Error Verdict::settle(const Error& candidate) {
                         .withRank(p_.rank)
                         .withPeer(c.culprit)
                         .withCulprit(c.culprit, c.reportedSeq));
+    have = true;
   }
-  return *record(verdict);  // an abort() meanwhile stays the error of record
+  return verdict;
 }
 
 void Verdict::failAnywhere(const Error& e) {

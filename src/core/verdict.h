@@ -15,8 +15,10 @@
 // healthy   an op fails, blaming no other     record it; abort the backends; report it  notified
 //           rank (fail)                       to the peers
 // healthy   an op fails, blaming rank q       abort; report it; await every peer's      notified
-//           (settle)                          report but q's (timeout/4, 50 ms-2 s);
+//           (settle)                          report but q's (timeout/4, 50 ms-2 s), and
+//                                             q's too if a peer blames another rank;
 //                                             record the least by (op, code, culprit)
+//                                             of the culprits that never reported
 // healthy   a failure on any thread           record it; abort the backends; report it  failed
 //           (failAnywhere)                    now if no op executes
 // failed    executing: the next op starts or  report it to the peers (notifyOnce); the  notified
@@ -34,6 +36,7 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <vector>
 
 #include "backend/backend.h"
 #include "common/sticky_error.h"
@@ -82,6 +85,11 @@ class Verdict {
   void reject(const Error& e, uint64_t seq);
 
  private:
+  // settle()'s verdict from this rank's candidate and the peers' reports:
+  // the least by (op, code, culprit) among those whose culprit never
+  // reported, where any does; else among all.
+  Error choose(const Error& candidate, const std::vector<Error>& reports) const;
+
   Parts p_;
   StickyError sticky_;  // the first error that failed this communicator
   std::atomic<bool> notified_{false};

@@ -277,9 +277,13 @@ class HierarchicalBackend final : public Backend {
       auto it = index.find(exclude);
       return it == index.end() ? -1 : it->second;
     };
-    std::vector<Error> all = local_->awaitReports(until, partIndex(localIndex_));
+    // The reporters renumbered as the communicator's ranks (the culprits
+    // in the reports are already).
+    std::vector<Error> all;
+    for (Error& e : local_->awaitReports(until, partIndex(localIndex_)))
+      all.push_back(reporterRenumbered(e, localRanks_));
     for (Error& e : cross_->awaitReports(until, partIndex(crossIndex_)))
-      all.push_back(std::move(e));
+      all.push_back(reporterRenumbered(e, crossRanks_));
     return all;
   }
   // Each part's next sub-op number goes to the rejected op, on every rank
@@ -394,6 +398,18 @@ class HierarchicalBackend final : public Backend {
         what + " (group ranks " + members + ", numbered from 0 in what follows): " + e.detail(),
         ErrorContext().withRank(h_.rank).withPeer(peer).withCulprit(e.context().culprit,
                                                                     e.context().reportedSeq));
+  }
+
+  static Error reporterRenumbered(const Error& e, const std::vector<int>& ranks) {
+    const int peer = e.peer();
+    if (peer < 0 || peer >= static_cast<int>(ranks.size())) return e;
+    const ErrorContext& c = e.context();
+    return Error(e.code(), e.detail(),
+                 ErrorContext::forOp(c.op)
+                     .withSeq(c.seq)
+                     .withRank(c.rank)
+                     .withPeer(ranks[peer])
+                     .withCulprit(c.culprit, c.reportedSeq));
   }
 
   Hierarchy h_;
