@@ -10,7 +10,8 @@
 // the job keeps going when a rank fails: gflowrun serves the job's store
 // itself (so it outlives any rank), the survivors shrink and go on
 // (docs/elastic.md), and --max-restarts K starts up to K replacements, each
-// with GFLOW_JOIN=1 instead of a rank, to join the job.
+// with GFLOW_JOIN=1 instead of a rank, to join the job. --serve-store
+// serves only such a store, for ranks another launcher starts.
 //
 // gflowrun's own work is one thread: one poll() loop over the ranks' output
 // pipes and a signalfd that carries SIGCHLD and the signals to forward (the
@@ -101,8 +102,9 @@ struct Config {
   bool prefix = true;
   bool printConfig = false;
   bool topology = false;
-  bool elastic = false;  // --elastic
-  int maxRestarts = 0;   // --max-restarts
+  bool elastic = false;     // --elastic
+  int maxRestarts = 0;      // --max-restarts
+  bool serveStore = false;  // --serve-store
   std::vector<std::string> argv;
 };
 
@@ -114,6 +116,7 @@ struct Config {
 void printHelp() {
   std::printf(
       "Usage: gflowrun -n N [options] [--] program [args...]\n"
+      "       gflowrun --serve-store [--root HOST:PORT | --port PORT] [--token-file FILE]\n"
       "       gflowrun --print-config\n"
       "       gflowrun --topology\n"
       "\n"
@@ -138,6 +141,12 @@ void printHelp() {
       "                      30s after the first rank exits 0, the others are terminated\n"
       "  --max-restarts K    with --elastic: start up to K replacements for failed ranks,\n"
       "                      each with GFLOW_JOIN=1 and no rank (Communicator::join)\n"
+      "  --serve-store       serve only a job store (at --root, --port, or a free port on\n"
+      "                      127.0.0.1; the job token from --token-file or GFLOW_JOB_TOKEN,\n"
+      "                      required) until SIGINT or SIGTERM; prints HOST:PORT. For ranks\n"
+      "                      that another launcher starts (mpirun --enable-recovery, srun)\n"
+      "                      with GFLOW_ROOT=HOST:PORT GFLOW_ROOT_EXTERNAL=1, so the store\n"
+      "                      outlives rank 0 (docs/elastic.md)\n"
       "  --no-prefix         do not prefix output lines with \"[rank] \"\n"
       "  --print-config      print every GFLOW_* parameter (default, current value, doc)\n"
       "  --topology          print this host's NUMA nodes, cores, GPUs and NICs (hwloc),\n"
@@ -295,6 +304,9 @@ Config parseArgs(int argc, char** argv) {
         usageError("--max-restarts '" + v + "': expected a number in 0..65536");
       }
       cfg.maxRestarts = static_cast<int>(k);
+    } else if (flag == "--serve-store") {
+      noValue();
+      cfg.serveStore = true;
     } else if (flag == "--no-prefix") {
       noValue();
       cfg.prefix = false;
@@ -312,11 +324,36 @@ Config parseArgs(int argc, char** argv) {
   for (; i < argc; ++i) cfg.argv.emplace_back(argv[i]);
 
   if (cfg.printConfig || cfg.topology) return cfg;  // need neither -n nor a program
+  if (cfg.serveStore) {
+    if (sawNp || !cfg.argv.empty() || cfg.elastic) {
+      usageError("--serve-store runs no ranks: no -n, --elastic or program");
+    }
+    if (!cfg.root.empty() && cfg.port >= 0) usageError("--root and --port are exclusive");
+    return cfg;
+  }
   if (!sawNp) usageError("missing -n N (the number of ranks)");
   if (cfg.argv.empty()) usageError("missing the program to run");
   if (!cfg.root.empty() && cfg.port >= 0) usageError("--root and --port are exclusive");
   if (cfg.maxRestarts > 0 && !cfg.elastic) usageError("--max-restarts needs --elastic");
   return cfg;
+}
+
+// A job store served here at `root` (else --port, else a free port on
+// 127.0.0.1) with `token`; its address in `address`.
+std::unique_ptr<gflow::TcpStore> storeServer(const Config& cfg, const std::string& root,
+                                             const std::string& token, std::string* address) {
+  gflow::TcpStoreOptions so;
+  so.isServer = true;
+  so.token = token;
+  so.port = cfg.port > 0 ? static_cast<uint16_t>(cfg.port) : 0;
+  if (!root.empty()) {
+    const size_t colon = root.rfind(':');
+    so.host = root.substr(0, colon);
+    so.port = static_cast<uint16_t>(parsePort("--root", root.substr(colon + 1)));
+  }
+  auto store = std::make_unique<gflow::TcpStore>(so);
+  *address = root.empty() ? "127.0.0.1:" + std::to_string(store->port()) : root;
+  return store;
 }
 
 void printConfig() {
@@ -575,21 +612,12 @@ class Job {
     baseEnv_.push_back("GFLOW_LOCAL_SIZE=" + std::to_string(cfg_.np));
   }
 
-  // --elastic: the job's store, served here at `root` (default 127.0.0.1 on a
-  // port the kernel picks) so that it outlives every rank; returns its
-  // address.
+  // --elastic: the job's store, served here so that it outlives every rank;
+  // returns its address.
   std::string serveStore(const std::string& root, const std::string& token) {
-    gflow::TcpStoreOptions so;
-    so.isServer = true;
-    so.token = token;
-    so.port = cfg_.port > 0 ? static_cast<uint16_t>(cfg_.port) : 0;
-    if (!root.empty()) {
-      const size_t colon = root.rfind(':');
-      so.host = root.substr(0, colon);
-      so.port = static_cast<uint16_t>(parsePort("--root", root.substr(colon + 1)));
-    }
-    store_ = std::make_unique<gflow::TcpStore>(so);
-    return root.empty() ? "127.0.0.1:" + std::to_string(store_->port()) : root;
+    std::string address;
+    store_ = storeServer(cfg_, root, token, &address);
+    return address;
   }
 
   // Starts rank `r` (index into ranks_ and its output label); a replacement
@@ -912,6 +940,30 @@ class Job {
 
 }  // namespace
 
+// --serve-store: only the job's store, until SIGINT, SIGTERM or SIGHUP.
+int serveStoreOnly(const Config& cfg) {
+  std::string token = cfg.token;
+  if (const char* t = std::getenv("GFLOW_JOB_TOKEN"); token.empty() && t && *t) token = t;
+  if (token.empty()) {
+    usageError(
+        "--serve-store needs the job token: --token-file FILE or an exported "
+        "GFLOW_JOB_TOKEN (the ranks must have the same)");
+  }
+  // Blocked before the store's threads start, so they inherit the mask and
+  // sigwait() below takes the signal.
+  sigset_t stop;
+  sigemptyset(&stop);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&stop, sig);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  std::string address;
+  auto store = storeServer(cfg, cfg.root, token, &address);
+  std::printf("%s\n", address.c_str());
+  std::fflush(stdout);
+  int sig = 0;
+  sigwait(&stop, &sig);
+  return 0;
+}
+
 int main(int argc, char** argv) {
   Config cfg = parseArgs(argc, argv);
   if (cfg.printConfig) {
@@ -920,6 +972,7 @@ int main(int argc, char** argv) {
   }
   if (cfg.topology) return printTopology();
   try {
+    if (cfg.serveStore) return serveStoreOnly(cfg);
     return Job(std::move(cfg)).run();
   } catch (const gflow::Error& e) {
     std::fprintf(stderr, "gflowrun: %s\n", e.what());

@@ -17,6 +17,9 @@
 #include <thread>
 #include <vector>
 
+#include "gflow/error.h"
+#include "gflow/store.h"
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -335,11 +338,36 @@ TEST(Gflowrun, BadUsageExits2) {
            {"-n", "2", "--env", "GFLOW_RANK=1", "true"},
            {"-n", "2", "--timeout", "soon", "true"},
            {"-n", "2", "--root", "nohostport", "true"},
+           {"--serve-store", "-n", "2", "true"},  // runs no ranks
        }) {
     Launch run(args);
     EXPECT_EQ(run.wait(), 2) << ::testing::PrintToString(args);
     EXPECT_NE(run.err().find("gflowrun: "), std::string::npos);
   }
+}
+
+// --serve-store: a store that needs the job token, at the address it
+// prints, until SIGTERM (docs/elastic.md, under mpirun or srun).
+TEST(Gflowrun, ServeStoreServesTheJobStoreUntilSigterm) {
+  Launch run({"--serve-store"}, {"env", "GFLOW_JOB_TOKEN=serve-store-test-token"});
+  ASSERT_TRUE(run.waitForLines("127.0.0.1:", 1)) << run.out() << run.err();
+  const std::string address = lines(run.out()).at(0);
+  gflow::TcpStoreOptions o;
+  o.host = address.substr(0, address.rfind(':'));
+  o.port = static_cast<uint16_t>(std::stoi(address.substr(address.rfind(':') + 1)));
+  o.timeout = std::chrono::milliseconds(5000);
+  o.token = "serve-store-test-token";
+  gflow::TcpStore member(o);
+  member.setString("k", "v");
+  EXPECT_EQ(member.getString("k", std::chrono::milliseconds(1000)), "v");
+  o.token = "a stranger's guess";
+  EXPECT_THROW(gflow::TcpStore(o).add("k2", 1), gflow::Error);
+  ASSERT_EQ(::kill(run.pid(), SIGTERM), 0);
+  EXPECT_EQ(run.wait(), 0);
+
+  Launch tokenless({"--serve-store"}, {"env", "-u", "GFLOW_JOB_TOKEN"});
+  EXPECT_EQ(tokenless.wait(), 2) << "a store anyone could use";
+  EXPECT_NE(tokenless.err().find("needs the job token"), std::string::npos) << tokenless.err();
 }
 
 TEST(Gflowrun, PrintConfigListsRegistry) {
