@@ -1,6 +1,7 @@
 #include "bootstrap/attendance.h"
 
 #include <algorithm>
+#include <thread>
 
 #include "common/check.h"
 #include "common/deadline.h"
@@ -8,6 +9,8 @@
 namespace gflow::bootstrap {
 
 namespace {
+
+constexpr std::chrono::milliseconds kLongestNap{50};  // unanimous()'s polls
 
 std::string decisionKey(const Meeting& m, int r) {
   return m.prefix + "decision/" + std::to_string(r);
@@ -60,15 +63,23 @@ std::vector<int> attend(const Meeting& m) {
   return present;
 }
 
-bool unanimous(Store& store, const std::string& prefix, const std::vector<int>& members, int self,
-               bool mine, std::chrono::milliseconds timeout) {
-  store.setString(prefix + std::to_string(self), mine ? "yes" : "no");
-  std::vector<std::string> keys;
-  for (int r : members) keys.push_back(prefix + std::to_string(r));
-  const auto values = store.multiGet(keys, timeout);
-  return std::all_of(values.begin(), values.end(), [](const std::vector<uint8_t>& v) {
-    return v == std::vector<uint8_t>{'y', 'e', 's'};
-  });
+bool unanimous(Store& store, const std::string& prefix, size_t members, bool mine,
+               std::chrono::milliseconds timeout) {
+  if (!mine) {
+    store.add(prefix + "no", 1);
+    return false;
+  }
+  store.add(prefix + "yes", 1);
+  const Deadline until = Deadline::after(timeout);
+  for (auto nap = std::chrono::milliseconds(1);; nap = std::min(2 * nap, kLongestNap)) {
+    if (store.add(prefix + "no", 0) > 0) return false;
+    if (store.add(prefix + "yes", 0) >= static_cast<int64_t>(members)) return true;
+    if (until.expired()) {
+      GFLOW_THROW(kTimeout, ErrorContext::forOp("shrink"))
+          << "not every member answered within " << timeout.count() << " ms (" << prefix << ")";
+    }
+    std::this_thread::sleep_for(std::min(nap, std::chrono::milliseconds(until.remainingMs() + 1)));
+  }
 }
 
 }  // namespace gflow::bootstrap

@@ -46,12 +46,14 @@ std::vector<int> attend(const Meeting& m);
 std::string decideOnce(Store& store, const std::string& key, const std::string& mine,
                        std::chrono::milliseconds timeout);
 
-// Whether every one of `members` answers yes: this rank (`self`) writes
-// `mine` under `prefix`, then reads every member's answer (one multi-get,
-// waiting until `timeout`). Shrink asks so whether the members can derive
-// the new communicator's device part. Throws kTimeout when an answer never
-// came.
-bool unanimous(Store& store, const std::string& prefix, const std::vector<int>& members, int self,
-               bool mine, std::chrono::milliseconds timeout);
+// Whether every one of `members` members answers yes: this rank adds its
+// answer `mine` to the store's count of yes or of no under `prefix`; a no
+// returns false at once, a yes waits until every member said yes (true) or
+// one said no (false), polling the counts. Each member answers once, so all
+// get the same answer. Shrink asks so whether the members can derive the
+// new communicator's device part. Throws kTimeout when neither came by
+// `timeout`.
+bool unanimous(Store& store, const std::string& prefix, size_t members, bool mine,
+               std::chrono::milliseconds timeout);
 
 }  // namespace gflow::bootstrap

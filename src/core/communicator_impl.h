@@ -218,8 +218,12 @@ class CommunicatorImpl final : public Communicator {
   // Communicator::shrink's part that this (the old) communicator's backend
   // derives for `child` (Backend::shrinkInto) where every one of `members`
   // (sorted, this numbering) can, decided under the `attempt` prefix.
+  // `voted`: set once this rank has answered the attempt's question.
   void shrinkBackend(const std::string& attempt, const std::vector<int>& members,
-                     CommunicatorImpl& child);
+                     CommunicatorImpl& child, bool* voted);
+  // This rank's no to the attempt's question (its connection failed).
+  void voteNo(const std::string& attempt);
+  static std::string deviceQuestion(const std::string& attempt);  // its keys' prefix
 
   // Connects the shm or hierarchical backends once hostOf is known.
   void buildHierarchy(const transport::ContextOptions& ctxOpts, int launcherLocalRank,

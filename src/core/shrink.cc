@@ -119,11 +119,14 @@ CommunicatorImpl::Attempt CommunicatorImpl::shrinkAttempt(const bootstrap::Meeti
   co.size = static_cast<int>(a.members.size());
   co.prefix = membersPrefix(meeting.prefix, a.members);
   std::shared_ptr<Communicator> comm;
+  bool voted = false;  // shrinkBackend's question answered
   try {
     auto made = connect({co, transportName, settings, hostOf[rank]});
-    shrinkBackend(meeting.prefix, a.members, *made);
+    shrinkBackend(meeting.prefix, a.members, *made, &voted);
     comm = std::shared_ptr<Communicator>(std::move(made));
   } catch (const Error& e) {
+    // The others may wait for this rank's answer: a no lets them go on.
+    if (!voted) voteNo(meeting.prefix);
     // The member the connection blamed, in this communicator's numbering.
     if (e.peer() >= 0 && e.peer() < co.size) a.lost = a.members[e.peer()];
     a.error = std::make_shared<Error>(
@@ -148,19 +151,35 @@ CommunicatorImpl::Attempt CommunicatorImpl::shrinkAttempt(const bootstrap::Meeti
   return a;
 }
 
+std::string CommunicatorImpl::deviceQuestion(const std::string& attempt) {
+  return attempt + "device/";
+}
+
+void CommunicatorImpl::voteNo(const std::string& attempt) {
+  try {
+    bootstrap::unanimous(*contextOptions.store, deviceQuestion(attempt), size, false, timeout);
+  } catch (const Error&) {
+    // The store is gone: so are the others' answers.
+  }
+}
+
 void CommunicatorImpl::shrinkBackend(const std::string& attempt, const std::vector<int>& members,
-                                     CommunicatorImpl& child) {
+                                     CommunicatorImpl& child, bool* voted) {
   // On the executing thread, after every earlier op (none on a failed
   // communicator). Every member answers, so the members derive the part
-  // together or none does (the new communicator then starts its own).
+  // together or none does (the new communicator then starts its own); with
+  // nobody excluded there is nothing to shrink.
   auto task = [&] {
     executing.enter();  // a task of the executor
-    const bool all = bootstrap::unanimous(*contextOptions.store, attempt + "device/", members, rank,
-                                          backend->canShrink(), timeout);
-    if (!all) return;
     std::vector<int> excluded;
     for (int r = 0; r < size; ++r) {
       if (!std::binary_search(members.begin(), members.end(), r)) excluded.push_back(r);
+    }
+    const bool mine = backend->canShrink() && !excluded.empty();
+    *voted = true;
+    if (!bootstrap::unanimous(*contextOptions.store, deviceQuestion(attempt), members.size(), mine,
+                              timeout)) {
+      return;
     }
     const backend::Op op{seq, backend::OpDesc{}, Deadline::after(timeout), nullptr};
     backend->shrinkInto(op, excluded, error() != nullptr, child.backend.get());

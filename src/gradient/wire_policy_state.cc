@@ -3,6 +3,7 @@
 // hands every other rank then, a joiner included, so that all go on from
 // one state (docs/elastic.md). One field list serves both directions.
 #include <algorithm>
+#include <cmath>
 #include <type_traits>
 
 #include "gradient/wire_policy.h"
@@ -30,8 +31,8 @@ struct Writer {
   }
 };
 
-// Reads each field back; any value out of its type's range, or a state
-// too short, clears ok (the fields then hold whatever was read).
+// Reads each field back; any value out of its type's range (a double that
+// is not finite), or a state too short, clears ok (the fields then hold whatever was read).
 struct Reader {
   const std::vector<double>& in;
   size_t at = 0;
@@ -41,7 +42,10 @@ struct Reader {
     ok = false;
     return 0;
   }
-  void operator()(double& v) { v = next(); }
+  void operator()(double& v) {
+    v = next();
+    ok = ok && std::isfinite(v);
+  }
   void operator()(uint64_t& v) {
     const double d = next();
     ok = ok && d >= 0 && d <= 9007199254740992.0 && d == static_cast<double>(uint64_t(d));

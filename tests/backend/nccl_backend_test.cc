@@ -901,6 +901,16 @@ TEST_F(NcclBackendTest, WithoutNcclCommShrinkAShrunkCommunicatorStartsItsOwn) {
   EXPECT_EQ(softnccl::shrinks(), 0);
 }
 
+// An ncclCommShrink that fails on one survivor: the others hear of it and
+// stop waiting in their part of it, and the next attempt starts NCCL anew
+// on every survivor.
+TEST_F(NcclBackendTest, AShrinkWhoseNcclCommShrinkFailsStartsNcclAnew) {
+  softnccl::failNextCall("commShrink", nccl::kInternalError);
+  shrinkAwayRankOne();
+  EXPECT_EQ(softnccl::shrinks(), 2) << "the two survivors whose call was accepted";
+  EXPECT_EQ(softnccl::inits(), 4 + 3) << "then a new NCCL communicator";
+}
+
 // Four ranks run an allreduce on NCCL; then rank 3 stops calling, and the
 // others' next allreduce fails at its deadline (or on a peer's report).
 // They shrink rank 3 away and the survivors' next allreduce is exact.

@@ -101,8 +101,8 @@ TEST(Attendance, AMemberArrivingAtTheDeadlineGetsOneAnswer) {
   std::printf("attendance at the deadline: %d in, %d out\n", in, out);
 }
 
-// unanimous(): true only where every member said yes; a member that never
-// answers is a timeout, not a silent no or yes.
+// unanimous(): true only where every member said yes; a no returns at once,
+// and a member that never answers is a timeout, not a silent no or yes.
 TEST(Unanimous, EveryMemberMustSayYes) {
   auto store = createHashStore();
   for (int no = -1; no < 3; ++no) {  // -1: all say yes; else that member says no
@@ -110,16 +110,16 @@ TEST(Unanimous, EveryMemberMustSayYes) {
     std::vector<int> answer(3, -1);
     std::vector<std::thread> ts;
     for (int r = 0; r < 3; ++r) {
-      ts.emplace_back([&, r] {
-        answer[r] = unanimous(*store, prefix, {0, 1, 2}, r, r != no, milliseconds(5000));
-      });
+      ts.emplace_back(
+          [&, r] { answer[r] = unanimous(*store, prefix, 3, r != no, milliseconds(5000)); });
     }
     for (auto& t : ts) t.join();
     for (int r = 0; r < 3; ++r)
       EXPECT_EQ(answer[r], no < 0 ? 1 : 0) << "no " << no << " rank " << r;
   }
+  EXPECT_FALSE(unanimous(*store, "alone/", 2, false, milliseconds(50))) << "a no never waits";
   try {
-    unanimous(*store, "lone/", {0, 1}, 0, true, milliseconds(50));
+    unanimous(*store, "lone/", 2, true, milliseconds(50));
     ADD_FAILURE() << "member 1 never answered";
   } catch (const gflow::Error& e) {
     EXPECT_EQ(e.code(), gflow::ErrorCode::kTimeout) << e.what();

@@ -13,7 +13,9 @@ train=$2
 command -v mpirun >/dev/null 2>&1 || { echo "SKIP: mpirun not found (openmpi-bin)"; exit 77; }
 out=$(mktemp -d)
 store_pid=
+joiner=
 cleanup() {
+  [ -n "$joiner" ] && pkill -P "$joiner" 2>/dev/null
   [ -n "$store_pid" ] && kill "$store_pid" 2>/dev/null
   rm -rf "$out"
 }
@@ -28,13 +30,13 @@ umask 077
 head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$out/token"
 export GFLOW_JOB_TOKEN
 GFLOW_JOB_TOKEN=$(cat "$out/token")
-"$gflowrun" --serve-store >"$out/store.log" 2>&1 &
+"$gflowrun" --serve-store >"$out/store.out" 2>"$out/store.log" &
 store_pid=$!
 for _ in $(seq 100); do
-  grep -q ':' "$out/store.log" 2>/dev/null && break
+  grep -q ':' "$out/store.out" 2>/dev/null && break
   sleep 0.1
 done
-root=$(head -n 1 "$out/store.log")
+root=$(head -n 1 "$out/store.out")
 case "$root" in *:*) ;; *) fail "gflowrun --serve-store printed no address" ;; esac
 
 args=(--steps 150 --step-ms 40 --count 65536 --kill-rank 2 --kill-at 8)

@@ -289,6 +289,9 @@ TEST(WirePolicyState, AStateThatDoesNotFitIsRefusedAndChangesNothing) {
   std::vector<double> huge = before;
   huge[3] = 1e18;  // level_'s length
   EXPECT_FALSE(p.restore(huge));
+  std::vector<double> nan = before;
+  nan.back() = std::nan("");  // windowSteps_... and any double field: finite only
+  EXPECT_FALSE(p.restore(nan));
   EXPECT_FALSE(p.restore({}));
   EXPECT_EQ(p.state(), before);
 }

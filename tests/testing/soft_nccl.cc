@@ -823,7 +823,7 @@ int commRevoke(void* comm) {
   c->revoked = true;
   ++s.revokes;
   abortGroupLocked(*c->group, c);  // its blocked work ends, as commAbort's
-  return kSuccess;
+  return kInProgress;              // non-blocking: quiescent once drained
 }
 
 // Forms the children of a shrink round whose ranks all arrived.
@@ -845,8 +845,8 @@ int commShrink(void* comm, const int* excluded, int count, void** out, bool abor
   Comm* c = findLocked(comm);
   if (!c) return failLocked(nullptr, kInvalidArgument, "unknown communicator");
   if (c->dead) return failLocked(c, kInvalidUsage, "communicator was aborted or destroyed");
-  if (!out || !c->group || count < 0 || (count > 0 && !excluded))
-    return failLocked(c, kInvalidArgument, "commShrink: bad arguments");
+  if (!out || !c->group || count <= 0 || !excluded)
+    return failLocked(c, kInvalidArgument, "commShrink: bad arguments (nothing excluded?)");
   Group& g = *c->group;
   std::vector<int> list(excluded, excluded + count);
   std::sort(list.begin(), list.end());

@@ -55,13 +55,15 @@
 //   nullptr (kSuccess). New ranks are ordered by (key, parent rank); the new
 //   comm keeps the parent's device.
 // - commRevoke (from version 2.28.7) ends the comm's blocked work as
-//   commAbort does, but keeps the comm: collectives on it return
+//   commAbort does and returns kInProgress (non-blocking), but keeps the
+//   comm: collectives and commFinalize on it return
 //   kInvalidUsage, commGetAsyncError answers kInProgress until its enqueued
 //   work ended, then kSuccess, and it can be shrunk, aborted or destroyed.
 // - commShrink (from 2.27) is collective over the ranks not excluded (the
 //   j-th shrink of each matched together) and non-blocking like split: the
 //   new comm becomes ready once they all called, ranks in parent order; if
 //   their exclusion lists differ, every new comm fails with kInvalidUsage.
+//   An empty exclusion list is kInvalidArgument, as in NCCL.
 //   abortOngoing (NCCL_SHRINK_ABORT) first ends the parent's work as
 //   commRevoke does; without it a parent in error returns its error.
 //

@@ -382,17 +382,18 @@ void NcclBackend::splitInto(const Op& op, int color, int key, Backend* into) {
 }
 
 bool NcclBackend::canShrink() const {
-  return api_ && api_->commShrink && ((state_ == State::kNccl && comm_) || revoked_);
+  return api_ && api_->commShrink && !shrinkFailed_ &&
+         ((state_ == State::kNccl && comm_) || revoked_);
 }
 
 void NcclBackend::shrinkInto(const Op& op, const std::vector<int>& excluded, bool failed,
                              Backend* into) {
   auto* child = dynamic_cast<NcclBackend*>(into);
-  GFLOW_ENFORCE(child != nullptr && canShrink());
+  GFLOW_ENFORCE(child != nullptr && canShrink() && !excluded.empty());
   cuda::DeviceGuard g(*plugin_, device_);
+  child->state_ = State::kBroken;  // until adopted: its failure report reaches the others
   // This backend's own waits would raise its failure: the new
-  // communicator's wait for the call, under its store keys, instead. A
-  // failed shrink leaves a healthy NCCL communicator here as it is.
+  // communicator's wait for the call, under its store keys, instead.
   void* parent = revoked_ ? revoked_ : comm_;
   void* comm = nullptr;
   try {
@@ -403,17 +404,24 @@ void NcclBackend::shrinkInto(const Op& op, const std::vector<int>& excluded, boo
       throw ncclError(op, r, "ncclCommShrink", parent);
     }
     GFLOW_ENFORCE(comm != nullptr);
-  } catch (...) {
+    void* handed = comm;
+    comm = nullptr;  // the child's from here: it aborts it on failure
+    child->adoptWhenReady(op, *this, handed, "ncclCommShrink");
+  } catch (const Error& e) {
     if (comm) api_->commAbort(comm);
+    // Nothing to shrink from any more (a healthy communicator here stays
+    // as it is); the members waiting in the new part hear of it now, and
+    // the next attempt starts NCCL anew on every member.
+    shrinkFailed_ = true;
     dropRevoked();
-    throw;
+    child->notifyPeers(e);
+    throw Error(ErrorCode::kPeerLost,
+                "ncclCommShrink failed on rank " + std::to_string(s_.rank) +
+                    " of the old communicator (" + e.detail() +
+                    "); the survivors start a new NCCL communicator instead",
+                ErrorContext().withSeq(op.seq).withRank(s_.rank));
   }
-  try {
-    child->adoptWhenReady(op, *this, comm, "ncclCommShrink");
-  } catch (...) {
-    dropRevoked();
-    throw;
-  }
+  dropRevoked();  // its part is the child's now; its own resources go
 }
 
 void NcclBackend::quiesce(const Op& op) {
@@ -559,7 +567,7 @@ void NcclBackend::checkWaiting(const Op& op, const Deadline& deadline, const cha
     GFLOW_THROW(kTimeout, ErrorContext().withSeq(op.seq).withRank(s_.rank))
         << what << " did not complete within the deadline (GFLOW_TIMEOUT, " << s_.timeout.count()
         << " ms): a rank did not call it, called another op, is stuck or died"
-        << (api_ ? "; the NCCL communicator was aborted" : "");
+        << (api_ ? "; the NCCL communicator was stopped (aborted, or revoked for a shrink)" : "");
   }
   const Clock::time_point now = Clock::now();
   if (now - *poll < kReportPoll) return;
@@ -627,11 +635,14 @@ void NcclBackend::failCuda(const Op& op, int err, const char* what) {
 }
 
 void NcclBackend::abortComms() {
-  state_ = State::kBroken;
   failed_ = true;
+  // Only a communicator that ran ops (not one still starting) is kept.
+  const bool keep =
+      !part_ && state_ == State::kNccl && api_ && api_->commRevoke && api_->commShrink;
+  state_ = State::kBroken;
   if (!api_) return;
-  const bool keep = !part_ && api_->commRevoke && api_->commShrink;
-  if (comm_ && keep && api_->commRevoke(comm_) == nccl::kSuccess) {
+  const int revoked = comm_ && keep ? api_->commRevoke(comm_) : nccl::kInvalidUsage;
+  if (revoked == nccl::kSuccess || revoked == nccl::kInProgress) {  // non-blocking: in progress
     revoked_ = comm_;
   } else if (comm_) {
     api_->commAbort(comm_);

@@ -234,8 +234,9 @@ class NcclBackend final : public Backend {
   State state_ = State::kUndecided;
   int device_ = -1;
   void* comm_ = nullptr;
-  void* revoked_ = nullptr;  // comm_ after a failure revoked it (abortComms)
-  bool part_ = false;        // a hierarchical part (part()), never shrunk
+  void* revoked_ = nullptr;    // comm_ after a failure revoked it (abortComms)
+  bool part_ = false;          // a hierarchical part (part()), never shrunk
+  bool shrinkFailed_ = false;  // shrinkInto failed: canShrink() is false from then on
   // Several hosts with the same number of ranks each: the hierarchical
   // allreduce (backend/hierarchical) over an intra-host part (the ranks of
   // this host) and a cross-host part (the ranks with this local rank), both
