@@ -14,6 +14,12 @@
 # of RATE to the switch (NN_SHAPE_DOWNLINK=0: host egress only). Traffic
 # between ranks of one host stays on its lo and is never shaped.
 #
+# NN_SLOW_START_AFTER_IDLE=0|1 sets each host's
+# net.ipv4.tcp_slow_start_after_idle (unset: the kernel's default, 1). At 1
+# the kernel restarts a connection idle for an RTO from its initial window,
+# which an op whose algorithm uses other peers than the ops before it pays
+# (docs/performance.md, "Emulated GPU compute").
+#
 # Usage from a test script:
 #   source tests/netns/lib.sh
 #   nn_require        # exits 77 (skip) with a reason when namespaces cannot be made
@@ -138,6 +144,10 @@ nn_setup() {
     nn__run ip -n "$ns" link set lo up || return 1
     nn__run ip -n "$ns" addr add "$(nn_host_ip "$h")/24" dev "$NN_IFNAME" || return 1
     nn__run ip -n "$ns" link set "$NN_IFNAME" up || return 1
+    if [ -n "${NN_SLOW_START_AFTER_IDLE:-}" ]; then
+      nn__run ip netns exec "$ns" sysctl -qw \
+        net.ipv4.tcp_slow_start_after_idle="$NN_SLOW_START_AFTER_IDLE" || return 1
+    fi
   done
   NN_HOSTS=$hosts
   if [ -n "$rate" ]; then
