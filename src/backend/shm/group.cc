@@ -483,6 +483,9 @@ void Group::checkSlow(int member, uint64_t tick, transport::LivenessProbe& probe
   }
   if (skippedThisOp(member, tick)) raise(rejection(member));
   if (watch_[member].exited() || ctl_[member]->left.load(std::memory_order_acquire)) {
+    // It may have reached `tick` between the look above and its leaving
+    // (it publishes the tick before it leaves): then the op is done here.
+    if (ctl_[member]->tick.load(std::memory_order_acquire) >= tick) return;
     raise(Error(ErrorCode::kPeerLost,
                 "rank " + std::to_string(commRanks_[member]) +
                     " (same host, shared memory) exited, was killed or destroyed its "
