@@ -327,12 +327,13 @@ void* NcclBackend::splitComm(const Op& op, int color, int key, const char* what)
   return comm;
 }
 
-void NcclBackend::adopt(const Op& op, const NcclBackend& from, void* comm) {
+void NcclBackend::adopt(const Op& op, const NcclBackend& from, void* comm, const char* pending) {
   plugin_ = from.plugin_;
   api_ = from.api_;
   device_ = from.device_;
   comm_ = comm;
-  state_ = State::kBroken;  // until prepared
+  state_ = State::kBroken;                    // until ready and prepared
+  if (pending) waitReady(op, comm, pending);  // a failure aborts comm
   try {
     prepare(op);
   } catch (...) {
@@ -340,17 +341,6 @@ void NcclBackend::adopt(const Op& op, const NcclBackend& from, void* comm) {
     throw;
   }
   state_ = State::kNccl;
-}
-
-void NcclBackend::adoptWhenReady(const Op& op, const NcclBackend& from, void* comm,
-                                 const char* what) {
-  plugin_ = from.plugin_;
-  api_ = from.api_;
-  device_ = from.device_;
-  comm_ = comm;
-  state_ = State::kBroken;    // until ready and prepared
-  waitReady(op, comm, what);  // a failure aborts comm
-  adopt(op, from, comm);
 }
 
 std::unique_ptr<NcclBackend> NcclBackend::part(const Op& op, int color, int key, int rank, int size,
@@ -406,7 +396,7 @@ void NcclBackend::shrinkInto(const Op& op, const std::vector<int>& excluded, boo
     GFLOW_ENFORCE(comm != nullptr);
     void* handed = comm;
     comm = nullptr;  // the child's from here: it aborts it on failure
-    child->adoptWhenReady(op, *this, handed, "ncclCommShrink");
+    child->adopt(op, *this, handed, "ncclCommShrink");
   } catch (const Error& e) {
     if (comm) api_->commAbort(comm);
     // Nothing to shrink from any more (a healthy communicator here stays

@@ -150,11 +150,11 @@ class NcclBackend final : public Backend {
   void prepare(const Op& op);
   // ncclCommSplit of comm_ (collective over its ranks), waited for.
   void* splitComm(const Op& op, int color, int key, const char* what);
-  // Runs the NCCL communicator `comm`, split off `from`'s.
-  void adopt(const Op& op, const NcclBackend& from, void* comm);
-  // adopt() once the call `what` that made `comm` completed, waited for
-  // here (under this backend's abort, peers' reports and op's deadline).
-  void adoptWhenReady(const Op& op, const NcclBackend& from, void* comm, const char* what);
+  // Runs the NCCL communicator `comm`, split or shrunk off `from`'s.
+  // `pending`: the call that made `comm`, still in progress: waited for
+  // here first (under this backend's abort, peers' reports and op's
+  // deadline, so a failure of a peer's call reaches this one).
+  void adopt(const Op& op, const NcclBackend& from, void* comm, const char* pending = nullptr);
   // A hierarchical part: rank `rank` of `size` in the split (color, key).
   std::unique_ptr<NcclBackend> part(const Op& op, int color, int key, int rank, int size,
                                     const char* what);
