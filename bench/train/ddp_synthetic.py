@@ -193,13 +193,14 @@ def process_cpu_s():
 
 
 def progress_cpu_s():
-    """(user, system) CPU seconds of this process's gflow-progress threads so
-    far (0, 0 without one)."""
+    """(user, system) CPU seconds of this process's gflow-progress threads and
+    their host lanes (gflow-host: the compressed hooks' narrowing and widening)
+    so far (0, 0 without one)."""
     user = system = 0
     for task in os.listdir("/proc/self/task"):
         try:
             with open("/proc/self/task/%s/comm" % task) as f:
-                if f.read().strip() != "gflow-progress":
+                if f.read().strip() not in ("gflow-progress", "gflow-host"):
                     continue
             with open("/proc/self/task/%s/stat" % task) as f:
                 fields = f.read().rsplit(")", 1)[1].split()

@@ -26,12 +26,32 @@ using opcheck::overlap;
 // What an allreduce may add around its collective: `before`/`after` run on
 // the executing thread around it (the fused ops of the gradient layer pack
 // and unpack there); `reproducible`: AllreduceOptions::reproducible (unset:
-// the communicator's).
+// the communicator's). With `beside` (host steps of an async op: the user
+// memory they touch besides the op's buffers) they run on the executor's
+// host lane instead: `before` possibly while the op ahead is on the wire,
+// `after` while the next one is.
 struct AllreduceSteps {
   std::function<void()> before;
   std::function<void()> after;
   std::optional<bool> reproducible;
+  std::optional<Footprint> beside;
 };
+
+// The Overlap of an op with `steps` on the lane (null: none); the steps'
+// `before` then runs as the Overlap's once-only ahead step.
+std::shared_ptr<const Overlap> laneOverlap(AllreduceSteps& steps, const Tensor& in,
+                                           const Tensor& out) {
+  if (!steps.beside) return nullptr;
+  auto o = std::make_shared<Overlap>();
+  o->touches = std::move(*steps.beside);
+  o->touches.push_back({in.data, in.nbytes()});
+  o->touches.push_back({out.data, out.nbytes()});
+  if (steps.before) {
+    o->ahead = std::make_shared<OnceStep>(std::move(steps.before));
+    steps.before = [ahead = o->ahead] { ahead->run(); };
+  }
+  return o;
+}
 
 std::shared_ptr<WorkState> doAllreduce(CommunicatorImpl& I, Tensor in, Tensor out, ReduceOp op,
                                        bool blocking, AllreduceSteps steps = {}) {
@@ -54,6 +74,7 @@ std::shared_ptr<WorkState> doAllreduce(CommunicatorImpl& I, Tensor in, Tensor ou
   auto buffers = in.data == out.data ? Buffers::bind(name, I.commRank(), {{in, Buffers::kInOut}})
                                      : Buffers::bind(name, I.commRank(),
                                                      {{in, Buffers::kIn}, {out, Buffers::kOut}});
+  auto overlap = laneOverlap(steps, in, out);
   return I.submit(
       d, blocking,
       [self, in, out, before = std::move(steps.before),
@@ -64,9 +85,9 @@ std::shared_ptr<WorkState> doAllreduce(CommunicatorImpl& I, Tensor in, Tensor ou
           backend::inputsProduced(o);
         }
         self->router().allreduce(o, in.data, out.data);
-        if (after) after();
+        if (after) self->finishOnLane(after);
       },
-      std::move(buffers));
+      std::move(buffers), nullptr, std::move(overlap));
 }
 
 // AllreduceOptions::residual: a float32 twin of `inout` (same count and
@@ -182,8 +203,14 @@ std::shared_ptr<WorkState> doAllreduceWith(CommunicatorImpl& I, Tensor inout,
     run();
     k->synchronize();
   };
+  // Host steps of an async op run on the host lane, beside other ops' wire
+  // time; device steps are enqueued on the stream, which overlaps them anyway.
+  std::optional<Footprint> beside;
+  if (!blocking && k->where().type == DeviceType::kCPU) {
+    beside = Footprint{{inout.data, inout.nbytes()}, {o.residual.data, o.residual.nbytes()}};
+  }
   auto w = doAllreduce(I, s.buffer, s.buffer, s.op, blocking,
-                       AllreduceSteps{std::move(s.before), after, o.reproducible});
+                       AllreduceSteps{std::move(s.before), after, o.reproducible, beside});
   w->setNonFiniteFlag(flag);
   return w;
 }
@@ -325,7 +352,7 @@ std::shared_ptr<WorkState> internal::CommunicatorAccess::fusedAllreduce(
     std::function<void()> after) {
   const CommunicatorImpl::FatalArgumentErrors fatal;
   return doAllreduce(impl(comm), buffer, buffer, op, false,
-                     AllreduceSteps{std::move(before), std::move(after), std::nullopt});
+                     AllreduceSteps{std::move(before), std::move(after), std::nullopt, {}});
 }
 
 }  // namespace gflow

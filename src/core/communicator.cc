@@ -125,7 +125,8 @@ void CommunicatorImpl::validateOp(const char* op, ReduceOp rop, DataType dtype) 
 std::shared_ptr<WorkState> CommunicatorImpl::submit(OpDesc desc, bool blocking,
                                                     std::function<void(const backend::Op&)> body,
                                                     std::shared_ptr<backend::DeviceBuffers> buffers,
-                                                    const char* opName) {
+                                                    const char* opName,
+                                                    std::shared_ptr<const Overlap> overlap) {
   const char* name = opName ? opName : backend::toString(desc.kind);
   checkUsable(name);
   opCount[opIndex(desc.kind)].fetch_add(1, std::memory_order_relaxed);
@@ -176,7 +177,7 @@ std::shared_ptr<WorkState> CommunicatorImpl::submit(OpDesc desc, bool blocking,
     // abort() may have arrived after the op's last transport call.
     if (auto e = error()) verdict.notifyOnce(e);
   };
-  return executor.submit(std::move(task), blocking);
+  return executor.submit(std::move(task), blocking, std::move(overlap));
 }
 
 void CommunicatorImpl::defer(std::unique_ptr<backend::P2PInFlight> op, std::function<void()> done,

@@ -101,11 +101,16 @@ class CommunicatorImpl final : public Communicator {
 
   // Runs one collective (blocking or async) with the common bookkeeping.
   // `buffers`: Op::buffers of every run (backend::DeviceBuffers::bind);
-  // `opName`: the op's name in errors (default: desc.kind's).
+  // `opName`: the op's name in errors (default: desc.kind's); `overlap`:
+  // what the op runs on the executor's host lane (Executor::submit).
   std::shared_ptr<WorkState> submit(backend::OpDesc desc, bool blocking,
                                     std::function<void(const backend::Op&)> body,
                                     std::shared_ptr<backend::DeviceBuffers> buffers = nullptr,
-                                    const char* opName = nullptr);
+                                    const char* opName = nullptr,
+                                    std::shared_ptr<const Overlap> overlap = nullptr);
+  // Executing thread, inside submit's body: the op's last step, on the host
+  // lane when the op was submitted with an Overlap (Executor::finishOnLane).
+  void finishOnLane(std::function<void()> after) { executor.finishOnLane(std::move(after)); }
   // Executing thread, inside submit's body: the running op stays in flight
   // after the body returns; progressInFlight() completes its Work (after
   // `done`) or fails it and the communicator.

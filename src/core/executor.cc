@@ -57,6 +57,19 @@ Executor::~Executor() {
 
 namespace {
 thread_local void* tlsCurrent = nullptr;  // the Item a task of this thread runs for
+
+// Runs `fn`; its error (null: none), any exception made a gflow::Error.
+std::shared_ptr<const Error> outcome(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return std::make_shared<const Error>(e);
+  } catch (const std::exception& e) {
+    return std::make_shared<const Error>(
+        Error(ErrorCode::kInternal, std::string("unexpected exception: ") + e.what()));
+  }
+  return nullptr;
+}
 }  // namespace
 
 std::shared_ptr<WorkState> Executor::deferCurrent() {
@@ -66,19 +79,34 @@ std::shared_ptr<WorkState> Executor::deferCurrent() {
   return item->work;
 }
 
-void Executor::run(Item& item) {
-  tlsCurrent = &item;
-  try {
-    item.task();
-    tlsCurrent = nullptr;
-    if (!item.deferred) item.work->finish(nullptr);
-  } catch (const Error& e) {
-    item.work->finish(std::make_shared<const Error>(e));
-  } catch (const std::exception& e) {
-    item.work->finish(std::make_shared<const Error>(
-        Error(ErrorCode::kInternal, std::string("unexpected exception: ") + e.what())));
+void Executor::finishOnLane(std::function<void()> after) {
+  auto* item = static_cast<Item*>(tlsCurrent);
+  if (!item || !item->overlap) {
+    after();
+    return;
   }
+  item->laneEnd = std::move(after);  // posted once the task returned
+}
+
+void Executor::run(Item& item) {
+  // Memory order: the lane's jobs of earlier ops on this op's memory end first.
+  if (item.overlap) {
+    lane_.waitFor(item.overlap->touches);
+  } else {
+    lane_.drain();
+  }
+  tlsCurrent = &item;
+  std::shared_ptr<const Error> error = outcome(item.task);
   tlsCurrent = nullptr;
+  // A step that ran ahead has ended before the op does (so a failed op
+  // leaves nothing touching its memory).
+  if (item.overlap && item.overlap->ahead) item.overlap->ahead->settle();
+  if (item.laneEnd && !error) {
+    lane_.post(item.overlap->touches,
+               [work = item.work, end = std::move(item.laneEnd)] { work->finish(outcome(end)); });
+  } else if (error || !item.deferred) {
+    item.work->finish(std::move(error));
+  }
   if (background_) inFlight_ = background_();
 }
 
@@ -93,9 +121,10 @@ void Executor::runBackground(std::unique_lock<std::mutex>& lock) {
   cv_.notify_all();
 }
 
-std::shared_ptr<WorkState> Executor::submit(Task task, bool blocking) {
+std::shared_ptr<WorkState> Executor::submit(Task task, bool blocking,
+                                            std::shared_ptr<const Overlap> overlap) {
   bool queued = false;
-  auto work = start(std::move(task), blocking, &queued);
+  auto work = start(Item(std::move(task), std::move(overlap)), blocking, &queued);
   if (blocking && queued) {
     try {
       work->wait(std::chrono::milliseconds(0));
@@ -108,11 +137,32 @@ std::shared_ptr<WorkState> Executor::submit(Task task, bool blocking) {
 
 std::shared_ptr<WorkState> Executor::runOrQueue(Task task) {
   bool queued = false;
-  return start(std::move(task), true, &queued);
+  return start(Item(std::move(task), nullptr), true, &queued);
 }
 
-std::shared_ptr<WorkState> Executor::start(Task task, bool inlineIfIdle, bool* queued) {
-  Item item{std::move(task), std::make_shared<WorkState>()};
+void Executor::began(const Item& item) {
+  running_ = true;
+  current_ = item.overlap.get();
+}
+
+void Executor::ended() {
+  running_ = false;
+  current_ = nullptr;
+}
+
+void Executor::aheadOfFront() {
+  if (queue_.empty() || !current_ || inFlight_) return;
+  Item& next = queue_.front();
+  if (next.ahead || !next.overlap || !next.overlap->ahead) return;
+  // The lane runs its jobs in order, so an earlier op's end posted there
+  // runs first; only the running op's collective (and the end it will post)
+  // could meet this step.
+  if (overlaps(next.overlap->touches, current_->touches)) return;
+  next.ahead = true;
+  lane_.post(next.overlap->touches, [step = next.overlap->ahead] { step->runQuietly(); });
+}
+
+std::shared_ptr<WorkState> Executor::start(Item item, bool inlineIfIdle, bool* queued) {
   std::unique_lock<std::mutex> lock(mutex_);
   if (stop_) {
     item.work->finish(std::make_shared<const Error>(
@@ -120,27 +170,33 @@ std::shared_ptr<WorkState> Executor::start(Task task, bool inlineIfIdle, bool* q
     return item.work;
   }
   if (inlineIfIdle && queue_.empty() && !running_) {
-    running_ = true;
+    began(item);
     lock.unlock();
     run(item);
     lock.lock();
-    running_ = false;
+    ended();
     // The worker may wait for this op to end: queued ops, or ops in flight.
     if (!queue_.empty() || inFlight_) cv_.notify_all();
     return item.work;
   }
   auto work = item.work;
   queue_.push_back(std::move(item));
+  aheadOfFront();
   if (!worker_.joinable()) {
     // The starting thread's cpu: the NUMA node to stay on when no NIC is known.
     const int hintCpu = topology::currentCpu();
     const int startNice = thread_priority::currentNice();
     resources::threadStarted();
-    worker_ = std::thread([this, nicSet = pinNearSet_, nic = pinNear_, on = pinEnabled_, hintCpu,
-                           startNice, levels = priority_] {
-      pthread_setname_np(pthread_self(), "gflow-progress");
+    // The lane's thread (started on its first job) placed like the worker.
+    auto setup = [nicSet = pinNearSet_, nic = pinNear_, on = pinEnabled_, hintCpu, startNice,
+                  levels = priority_] {
       pinWorker(nicSet, nic, on, hintCpu);
       prioritizeWorker(startNice, levels);
+    };
+    lane_.setThreadSetup(setup);
+    worker_ = std::thread([this, setup] {
+      pthread_setname_np(pthread_self(), "gflow-progress");
+      setup();
       workerLoop();
     });
   }
@@ -227,11 +283,12 @@ void Executor::workerLoop() {
     idle = 0;
     Item item = std::move(queue_.front());
     queue_.pop_front();
-    running_ = true;
+    began(item);
+    aheadOfFront();
     lock.unlock();
     run(item);
     lock.lock();
-    running_ = false;
+    ended();
     cv_.notify_all();
   }
 }
@@ -244,7 +301,10 @@ void Executor::shutdown(const Error& error) {
     dropped.swap(queue_);
   }
   cv_.notify_all();
-  for (auto& item : dropped) item.work->finish(std::make_shared<const Error>(error));
+  for (auto& item : dropped) {
+    if (item.overlap && item.overlap->ahead) item.overlap->ahead->settle();
+    item.work->finish(std::make_shared<const Error>(error));
+  }
   if (worker_.joinable() && worker_.get_id() != std::this_thread::get_id()) worker_.join();
 }
 

@@ -10,6 +10,14 @@
 // queued, on the worker (spinning briefly, then every millisecond), always
 // with the executor to itself like a task. The worker is named
 // "gflow-progress" and runs setPriority's levels above its starter.
+//
+// Beside the worker runs the host lane (core/host_lane.h) for the host
+// steps of ops that declare an Overlap: the next op's `ahead` step may run
+// there while the op before it executes, and a task may end its op there
+// (finishOnLane). Memory order: an op starts only after every lane job
+// overlapping its footprint ended (an op without an Overlap: every lane
+// job); an op's ahead step runs early only if its footprint is apart from
+// the running op's and no point-to-point op is in flight.
 #pragma once
 
 #include <atomic>
@@ -22,6 +30,7 @@
 #include <string>
 #include <thread>
 
+#include "core/host_lane.h"
 #include "gflow/communicator.h"
 #include "gflow/error.h"
 
@@ -49,6 +58,15 @@ class WorkState final : public Work::Completion {
   std::shared_ptr<const std::atomic<bool>> flag_;
 };
 
+// What an op may run on the host lane: `touches`, all the user memory its
+// steps and collective read or write; `ahead` (may be null), its first
+// step, which the task runs (OnceStep::run) and the lane may have run
+// before it.
+struct Overlap {
+  Footprint touches;
+  std::shared_ptr<OnceStep> ahead;
+};
+
 class Executor {
  public:
   using Task = std::function<void()>;
@@ -57,7 +75,8 @@ class Executor {
 
   // Queues `task`; returns its completion state. With blocking=true the call
   // returns after the task ran (its error is in the returned state).
-  std::shared_ptr<WorkState> submit(Task task, bool blocking);
+  std::shared_ptr<WorkState> submit(Task task, bool blocking,
+                                    std::shared_ptr<const Overlap> overlap = nullptr);
   // Runs `task` on this thread when no task is queued or running (as a
   // blocking submit does), else queues it after them without waiting.
   std::shared_ptr<WorkState> runOrQueue(Task task);
@@ -66,6 +85,12 @@ class Executor {
   // executor does not finish it when the task returns (unless it throws).
   // Executing thread, inside a task.
   std::shared_ptr<WorkState> deferCurrent();
+  // Executing thread, inside a task: runs `after`, the op's last step. For
+  // an op with an Overlap it runs on the lane once the task returned, and
+  // the op completes there (an exception from `after` fails its Work; a
+  // task that throws fails the op, and `after` never runs); otherwise here,
+  // now.
+  void finishOnLane(std::function<void()> after);
   // `fn` drives the deferred ops once without blocking and returns whether
   // any remains in flight; it must not throw. Set before the first op.
   void setBackground(std::function<bool()> fn) { background_ = std::move(fn); }
@@ -91,14 +116,24 @@ class Executor {
 
  private:
   struct Item {
+    Item(Task t, std::shared_ptr<const Overlap> o)
+        : task(std::move(t)), work(std::make_shared<WorkState>()), overlap(std::move(o)) {}
     Task task;
     std::shared_ptr<WorkState> work;
+    std::shared_ptr<const Overlap> overlap;
     bool deferred = false;
+    bool ahead = false;             // its ahead step went to the lane
+    std::function<void()> laneEnd;  // finishOnLane's, posted after the task
   };
   void run(Item& item);
-  // Runs `task` inline when idle and `inlineIfIdle`, else queues it for the
+  // Runs `item` inline when idle and `inlineIfIdle`, else queues it for the
   // worker; *queued says which.
-  std::shared_ptr<WorkState> start(Task task, bool inlineIfIdle, bool* queued);
+  std::shared_ptr<WorkState> start(Item item, bool inlineIfIdle, bool* queued);
+  // Holding mutex_: marks `item` running (current_) / none running.
+  void began(const Item& item);
+  void ended();
+  // Holding mutex_: posts the queue front's ahead step when it may run now.
+  void aheadOfFront();
   void runBackground(std::unique_lock<std::mutex>& lock);
   void workerLoop();
   static void pinWorker(bool nicSet, const std::string& nic, std::optional<bool> enabled,
@@ -117,6 +152,8 @@ class Executor {
   std::thread worker_;
   std::function<bool()> background_;
   std::atomic<bool> inFlight_{false};  // background_ has ops to drive
+  const Overlap* current_ = nullptr;   // the running op's, when it has one
+  HostLane lane_;                      // drained when destroyed, after the worker stopped
 };
 
 }  // namespace gflow
