@@ -35,7 +35,26 @@ struct AllreduceSteps {
   std::function<void()> after;
   std::optional<bool> reproducible;
   std::optional<Footprint> beside;
+  // `before` writes nothing but the op's own scratch, so it may run while
+  // the op ahead is on the wire: an op that then never starts (a failure
+  // ahead of it) leaves the caller's memory as it was.
+  bool early = false;
 };
+
+// The op's last step as the lane runs it: an error names the op, its
+// number and this rank (the task's own errors get that in submit).
+std::function<void()> endOf(std::function<void()> after, uint64_t seq, int rank) {
+  return [after = std::move(after), seq, rank] {
+    const auto context = ErrorContext::forOp("allreduce").withSeq(seq).withRank(rank);
+    try {
+      after();
+    } catch (const Error& e) {
+      throw Error(e.code(), "after the collective: " + e.detail(), context);
+    } catch (const std::exception& e) {
+      throw Error(ErrorCode::kInternal, std::string("after the collective: ") + e.what(), context);
+    }
+  };
+}
 
 // The Overlap of an op with `steps` on the lane (null: none); the steps'
 // `before` then runs as the Overlap's once-only ahead step.
@@ -46,7 +65,7 @@ std::shared_ptr<const Overlap> laneOverlap(AllreduceSteps& steps, const Tensor& 
   o->touches = std::move(*steps.beside);
   o->touches.push_back({in.data, in.nbytes()});
   o->touches.push_back({out.data, out.nbytes()});
-  if (steps.before) {
+  if (steps.before && steps.early) {
     o->ahead = std::make_shared<OnceStep>(std::move(steps.before));
     steps.before = [ahead = o->ahead] { ahead->run(); };
   }
@@ -85,7 +104,7 @@ std::shared_ptr<WorkState> doAllreduce(CommunicatorImpl& I, Tensor in, Tensor ou
           backend::inputsProduced(o);
         }
         self->router().allreduce(o, in.data, out.data);
-        if (after) self->finishOnLane(after);
+        if (after) self->finishOnLane(endOf(after, o.seq, self->commRank()));
       },
       std::move(buffers), nullptr, std::move(overlap));
 }
@@ -205,12 +224,14 @@ std::shared_ptr<WorkState> doAllreduceWith(CommunicatorImpl& I, Tensor inout,
   };
   // Host steps of an async op run on the host lane, beside other ops' wire
   // time; device steps are enqueued on the stream, which overlaps them anyway.
-  std::optional<Footprint> beside;
+  // Narrowing without a residual writes only the wire buffer, so it may run
+  // early; a residual's update or an in-place prescale waits for the op.
+  AllreduceSteps steps{std::move(s.before), after, o.reproducible, std::nullopt,
+                       compress && o.residual.data == nullptr};
   if (!blocking && k->where().type == DeviceType::kCPU) {
-    beside = Footprint{{inout.data, inout.nbytes()}, {o.residual.data, o.residual.nbytes()}};
+    steps.beside = Footprint{{inout.data, inout.nbytes()}, {o.residual.data, o.residual.nbytes()}};
   }
-  auto w = doAllreduce(I, s.buffer, s.buffer, s.op, blocking,
-                       AllreduceSteps{std::move(s.before), after, o.reproducible, beside});
+  auto w = doAllreduce(I, s.buffer, s.buffer, s.op, blocking, std::move(steps));
   w->setNonFiniteFlag(flag);
   return w;
 }
@@ -352,7 +373,7 @@ std::shared_ptr<WorkState> internal::CommunicatorAccess::fusedAllreduce(
     std::function<void()> after) {
   const CommunicatorImpl::FatalArgumentErrors fatal;
   return doAllreduce(impl(comm), buffer, buffer, op, false,
-                     AllreduceSteps{std::move(before), std::move(after), std::nullopt, {}});
+                     AllreduceSteps{std::move(before), std::move(after), std::nullopt, {}, false});
 }
 
 }  // namespace gflow

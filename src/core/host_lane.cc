@@ -2,6 +2,8 @@
 
 #include <pthread.h>
 
+#include <system_error>
+
 #include "common/resource_counts.h"
 
 namespace gflow {
@@ -68,15 +70,27 @@ HostLane::~HostLane() {
 void HostLane::post(Footprint touches, std::function<void()> job) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    queue_.push_back(Job{++posted_, std::move(touches), std::move(job)});
     if (!thread_.joinable()) {
-      resources::threadStarted();
-      thread_ = std::thread([this, setup = setup_] {
-        pthread_setname_np(pthread_self(), "gflow-host");
-        if (setup) setup();
-        loop();
-      });
+      try {
+        thread_ = std::thread([this, setup = setup_] {
+          pthread_setname_np(pthread_self(), "gflow-host");
+          if (setup) setup();
+          loop();
+        });
+        resources::threadStarted();
+      } catch (const std::system_error&) {
+        // No thread to be had (EAGAIN): the job runs here, in order, as
+        // before the lane existed; nothing was queued for a thread to run.
+      }
     }
+    if (thread_.joinable()) {
+      queue_.push_back(Job{++posted_, std::move(touches), std::move(job)});
+      job = nullptr;
+    }
+  }
+  if (job) {
+    job();
+    return;
   }
   cv_.notify_all();
 }

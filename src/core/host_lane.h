@@ -70,7 +70,9 @@ class HostLane {
   HostLane& operator=(const HostLane&) = delete;
 
   // Queues `job` (which must not throw) after those posted before it; the
-  // thread starts on first need.
+  // thread starts on first need. Where no thread can be started, runs `job`
+  // on the caller before returning (the lane is then empty: earlier jobs
+  // had a thread).
   void post(Footprint touches, std::function<void()> job);
   // Runs on the lane's thread before its first job (the executor's pinning
   // and priority); set before the first post to take effect.

@@ -8,8 +8,10 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <fstream>
 #include <mutex>
+#include <random>
 #include <stdexcept>
 #include <thread>
 
@@ -271,6 +273,60 @@ TEST(HostLaneAllreduce, AsyncCompressedOpsOnSharedBuffersKeepTheirOrder) {
   });
   // Each rank's host steps ran on its lane.
   EXPECT_GE(lanes.load(), 1);
+}
+
+// With residuals (qint8 error feedback) and an in-place prescale, whose
+// first steps write the caller's memory: async ops queued at once give the
+// bits of the same ops run one at a time, results and residuals alike.
+TEST(HostLaneAllreduce, AsyncOpsWithResidualsAndPrescaleGiveTheBitsOfOneAtATime) {
+  const int ranks = 3;
+  const size_t n = 50000;
+  struct Buffers {
+    std::vector<float> x, y, rx;
+  };
+  auto run = [&](bool async) {
+    std::vector<Buffers> out(ranks);
+    testing::runRanks(ranks, [&](Communicator& comm) {
+      Buffers b;
+      std::mt19937 rng(static_cast<uint32_t>(77 + comm.rank()));
+      std::normal_distribution<float> d(0.0f, 1.0f);
+      for (size_t i = 0; i < n; ++i) {
+        b.x.push_back(d(rng));
+        b.y.push_back(d(rng));
+      }
+      b.rx.assign(n, 0.0f);
+      AllreduceOptions q8, f16, scaled;
+      q8.wire = DataType::kQInt8;
+      q8.op = ReduceOp::kAvg;
+      q8.residual = tensor(b.rx.data(), n);
+      f16.wire = DataType::kFloat16;
+      scaled.prescale = 0.5f;
+      scaled.postscale = 2.0f;
+      const std::vector<std::pair<Tensor, AllreduceOptions>> ops = {
+          {tensor(b.x.data(), n), q8},
+          {tensor(b.y.data(), n), f16},
+          {tensor(b.x.data(), n), q8},
+          {tensor(b.y.data(), n), scaled},
+          {tensor(b.x.data(), n), scaled}};
+      std::vector<Work> works;
+      for (const auto& [t, o] : ops) {
+        if (async) {
+          works.push_back(comm.allreduceAsync(t, o));
+        } else {
+          comm.allreduce(t, o);
+        }
+      }
+      for (Work& w : works) w.wait();
+      out[comm.rank()] = std::move(b);
+    });
+    return out;
+  };
+  const std::vector<Buffers> one = run(false), queued = run(true);
+  for (int r = 0; r < ranks; ++r) {
+    EXPECT_EQ(std::memcmp(one[r].x.data(), queued[r].x.data(), n * sizeof(float)), 0) << r;
+    EXPECT_EQ(std::memcmp(one[r].y.data(), queued[r].y.data(), n * sizeof(float)), 0) << r;
+    EXPECT_EQ(std::memcmp(one[r].rx.data(), queued[r].rx.data(), n * sizeof(float)), 0) << r;
+  }
 }
 
 }  // namespace
