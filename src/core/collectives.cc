@@ -35,9 +35,8 @@ struct AllreduceSteps {
   std::function<void()> after;
   std::optional<bool> reproducible;
   std::optional<Footprint> beside;
-  // `before` writes nothing but the op's own scratch, so it may run while
-  // the op ahead is on the wire: an op that then never starts (a failure
-  // ahead of it) leaves the caller's memory as it was.
+  // `before` may run while the op ahead is on the wire: it writes only the
+  // op's wire buffer and (error feedback) its residual, never the data.
   bool early = false;
 };
 
@@ -224,10 +223,9 @@ std::shared_ptr<WorkState> doAllreduceWith(CommunicatorImpl& I, Tensor inout,
   };
   // Host steps of an async op run on the host lane, beside other ops' wire
   // time; device steps are enqueued on the stream, which overlaps them anyway.
-  // Narrowing without a residual writes only the wire buffer, so it may run
-  // early; a residual's update or an in-place prescale waits for the op.
-  AllreduceSteps steps{std::move(s.before), after, o.reproducible, std::nullopt,
-                       compress && o.residual.data == nullptr};
+  // Narrowing leaves the data as it is, so it may run early; an in-place
+  // prescale waits for the op (docs/compression.md: a failure's residuals).
+  AllreduceSteps steps{std::move(s.before), after, o.reproducible, std::nullopt, compress};
   if (!blocking && k->where().type == DeviceType::kCPU) {
     steps.beside = Footprint{{inout.data, inout.nbytes()}, {o.residual.data, o.residual.nbytes()}};
   }
