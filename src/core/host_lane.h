@@ -4,7 +4,7 @@
 // they run while the executor's thread has another op's bytes on the wire.
 // Without it each bucket's narrowing and widening ran in series with the
 // collectives, on the executor's thread, and the link idled meanwhile
-// (docs/performance.md, "The compressed hooks' steps beside the wire").
+// (docs/performance.md, "The host lane: the hooks' codec beside the wire").
 //
 // Memory order between ops stays the order they were issued in: each job
 // names the user memory it reads or writes (its Footprint), and the
