@@ -20,12 +20,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from report import link_bytes_per_s, wire_bytes  # noqa: E402
 
 
-# Bytes on the wire per float32 byte (docs/compression.md): float16 and
-# bfloat16 halve them; qint8 and qint4 send blocks of 128 values with a
-# float32 scale each.
-WIRE_FRACTION = {"float16": 0.5, "bfloat16": 0.5, "qint8": (128 + 4) / 512, "qint4": (64 + 4) / 512}
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", required=True, help="MB of float32 per op, comma-separated")
@@ -34,13 +28,15 @@ def main():
     p.add_argument("--idle", type=float, default=0.0, help="seconds idle before each step")
     p.add_argument("--mtu", type=int, default=1500)
     p.add_argument("--op", default="avg", help="the reduction (DDP's hooks average)")
-    p.add_argument("--wire", default=None, choices=sorted(WIRE_FRACTION),
-                   help="the wire type (AllreduceOptions::wire; default: float32)")
+    p.add_argument("--wire", default=None,
+                   help="the wire type (AllreduceOptions::wire: float16, bfloat16, qint8, qint4; "
+                   "default: float32)")
     args = p.parse_args()
     comm = gflow.init()
     mb = [float(x) for x in args.sizes.split(",")]
     bufs = [np.ones(int(m * 1e6 / 4), np.float32) for m in mb]
     ends = []
+    sent0 = comm.stats()["bytes_sent"]
     for step in range(args.steps + 1):
         comm.barrier()
         time.sleep(args.idle)
@@ -52,17 +48,18 @@ def main():
             mine.append(time.perf_counter() - t0)
         if step:
             ends.append(mine)
+    # What this rank sent per step (the wire type's bytes, whatever the
+    # algorithm), shared among the ops by their sizes.
+    sent_per_step = (comm.stats()["bytes_sent"] - sent0) / (args.steps + 1)
     if comm.rank:
         return
-    n, link = comm.size, link_bytes_per_s(args.rate)
+    link = link_bytes_per_s(args.rate)
     print("| op | MB | ms (median over %d steps) | ms at the link rate | ratio |" % args.steps)
     print("|---|---:|---:|---:|---:|")
     prev, total, total_link = 0.0, 0.0, 0.0
     for i, m in enumerate(mb):
         end = statistics.median(e[i] for e in ends)
-        # a ring or halving-doubling allreduce: 2 (n-1)/n of the bytes leave each host
-        sent = m * 1e6 * 2 * (n - 1) / n * WIRE_FRACTION.get(args.wire, 1.0)
-        wire = 1e3 * wire_bytes(sent, args.mtu) / link
+        wire = 1e3 * wire_bytes(sent_per_step * m / sum(mb), args.mtu) / link
         print("| %d | %.1f | %.0f | %.0f | %.2f |" % (i, m, 1e3 * (end - prev), wire,
                                                     1e3 * (end - prev) / wire))
         total, total_link, prev = 1e3 * end, total_link + wire, end

@@ -1050,33 +1050,33 @@ void failNextCall(const char* entry, int result) {
   s.failures[entry].push_back(result);
 }
 
-int collectivesRun() {
+namespace {
+int counted(int State::*counter) {
   std::lock_guard<std::mutex> l(st().mu);
-  return st().collectivesRun;
+  return st().*counter;
+}
+}  // namespace
+
+int collectivesRun() {
+  return counted(&State::collectivesRun);
 }
 int inits() {
-  std::lock_guard<std::mutex> l(st().mu);
-  return st().inits;
+  return counted(&State::inits);
 }
 int aborts() {
-  std::lock_guard<std::mutex> l(st().mu);
-  return st().aborts;
+  return counted(&State::aborts);
 }
 int splits() {
-  std::lock_guard<std::mutex> l(st().mu);
-  return st().splits;
+  return counted(&State::splits);
 }
 int mismatches() {
-  std::lock_guard<std::mutex> l(st().mu);
-  return st().mismatches;
+  return counted(&State::mismatches);
 }
 int revokes() {
-  std::lock_guard<std::mutex> l(st().mu);
-  return st().revokes;
+  return counted(&State::revokes);
 }
 int shrinks() {
-  std::lock_guard<std::mutex> l(st().mu);
-  return st().shrinks;
+  return counted(&State::shrinks);
 }
 
 }  // namespace gflow::testing::softnccl
