@@ -252,6 +252,7 @@ void applyConfig(const py::kwargs& kw, Options* o) {
                                       "rd_max_bytes",
                                       "hd_max_bytes",
                                       "hier_segment_bytes",
+                                      "codec_piece_bytes",
                                       "device_backend",
                                       "verify_device_ops",
                                       "unexpected_limit_bytes",
@@ -275,6 +276,7 @@ void applyConfig(const py::kwargs& kw, Options* o) {
   setIf(kw, "rd_max_bytes", &o->tuning.rdMaxBytes);
   setIf(kw, "hd_max_bytes", &o->tuning.hdMaxBytes);
   setIf(kw, "hier_segment_bytes", &o->tuning.hierSegmentBytes);
+  setIf(kw, "codec_piece_bytes", &o->tuning.codecPieceBytes);
   if (kw.contains("device_backend") && !kw["device_backend"].is_none()) {
     o->device.backend = kw["device_backend"].cast<std::string>();
   }

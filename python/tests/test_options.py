@@ -63,7 +63,8 @@ def test_shm_keyword_wins_over_the_environment():
 
 def test_tuning_and_progress_keywords_are_accepted():
     config = dict(piece_bytes=65536, ring_window=4, rd_max_bytes=1 << 20, hd_max_bytes=1 << 22,
-                  hier_segment_bytes=1 << 20, shm_chunk_bytes=1 << 16,
+                  hier_segment_bytes=1 << 20, codec_piece_bytes=1 << 20,
+                  shm_chunk_bytes=1 << 16,
                   shm_single_copy="64K-",
                   unexpected_limit_bytes=1 << 24, spin_us=0, pin_threads=False,
                   progress_priority=-1,
@@ -76,6 +77,7 @@ def test_tuning_and_progress_keywords_are_accepted():
 @pytest.mark.parametrize("key,value,field", [
     ("ring_window", 0, "Options::tuning.ringWindow"),
     ("piece_bytes", 1, "Options::tuning.pieceBytes"),
+    ("codec_piece_bytes", 4096, "Options::tuning.codecPieceBytes"),
     ("shm_chunk_bytes", 1, "Options::shm.chunkBytes"),
     ("spin_us", -1, "Options::progress.spinUs"),
     ("progress_priority", 40, "Options::progress.priority"),

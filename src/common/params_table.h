@@ -128,6 +128,11 @@
     "tensor. Default: next to libgflow, then the loader's search path.")                           \
   X(pieceBytes, "GFLOW_PIECE_BYTES", kBytes, "256K", kLocal,                                       \
     "Pipelining granularity of ring algorithms (send/receive/reduce overlap).")                    \
+  X(codecPiece, "GFLOW_CODEC_PIECE", kBytes, "4M", kAgree,                                         \
+    "A compressed allreduce of host float32 data (AllreduceOptions::wire) larger than 1.5 times "  \
+    "this many bytes runs as consecutive collectives on pieces of about this size, so that one "   \
+    "piece's narrowing and widening run beside another's wire time (docs/compression.md); 0: "     \
+    "one collective.")                                                                             \
   X(ringWindow, "GFLOW_RING_WINDOW", kInt, "8", kLocal,                                            \
     "Ring pieces in flight per step (bounds staging memory to window x piece).")                   \
   X(rdMaxBytes, "GFLOW_RD_MAX_BYTES", kBytesOrAuto, "auto", kAgree,                                \
@@ -230,6 +235,7 @@
   R(ibEagerSlots, 2, 4096, false)                 \
   R(ibRegCache, 0, 1LL << 46, false)              \
   R(pieceBytes, 64, 1LL << 30, false)             \
+  R(codecPiece, 65536, 1LL << 40, true)           \
   R(ringWindow, 1, 1024, false)                   \
   R(rdMaxBytes, 0, 1LL << 46, false)              \
   R(hdMaxBytes, 0, 1LL << 46, false)              \

@@ -159,34 +159,40 @@ bool checkAllreduceOptions(CommunicatorImpl& I, const char* name, const Tensor& 
   return compress;
 }
 
-// Allreduce with AllreduceOptions, on host or device data alike: the
-// element work goes through the kernels of the tensor's device (host
-// kernels, or the communicator's CudaKernels of its GPU and stream, which
-// enqueue on that stream). Compressed: float32 data narrowed to the wire
-// type (with the prescale) right before the collective and widened back
-// (with the postscale) right after it, so the collective itself is a
-// float16/bfloat16 allreduce whose every hop adds in float32 (on the host
-// algorithms). Uncompressed: the data scaled in place before and after.
-// Either way the reduced values are scanned for inf/NaN before the
-// postscale (every rank holds the same bits, so all agree).
-std::shared_ptr<WorkState> doAllreduceWith(CommunicatorImpl& I, Tensor inout,
-                                           const AllreduceOptions& o, bool blocking) {
-  const char* name = "allreduce";
-  const bool compress = checkAllreduceOptions(I, name, inout, o);
-  // This rank's kernels (and, compressed, its wire buffer): CUDA failing
-  // here fails the communicator, as bad input does, so no peer waits for it.
-  std::shared_ptr<kernels::GradientKernels> k;
-  void* wire = nullptr;
+// Elements [first, last) of `t`.
+Tensor slice(Tensor t, size_t first, size_t last) {
+  t.data = static_cast<char*>(t.data) + first * dataTypeSize(t.dtype);
+  t.count = last - first;
+  return t;
+}
+
+// `what` on this rank's kernels: CUDA (or scratch) failing there fails the
+// communicator, as bad input does, so no peer waits for this rank.
+template <typename Fn>
+auto orAbort(CommunicatorImpl& I, Fn what) -> decltype(what()) {
   try {
-    k = I.kernelsFor(inout.device, inout.stream);
-    // Scratch of the tensor's device; narrow() writes every element first.
-    if (compress) wire = k->acquire(internal::WireFormat{o.wire}.wireBytes(inout.count));
+    return what();
   } catch (const Error& e) {
-    const Error full(e.code(), e.detail(), ErrorContext::forOp(name).withRank(I.commRank()));
+    const Error full(e.code(), e.detail(), ErrorContext::forOp("allreduce").withRank(I.commRank()));
     internal::CommunicatorAccess::abortWith(I, full);
     throw full;
   }
-  auto flag = std::make_shared<std::atomic<bool>>(false);
+}
+
+// One collective of doAllreduceWith (the whole op, or one piece of it) on
+// the kernels `k` of inout's device; `flag` collects the inf/NaN scan.
+// Compressed: float32 data narrowed to the wire type (with the prescale)
+// right before the collective and widened back (with the postscale) right
+// after it, so the collective itself is a float16/bfloat16 (or quantized)
+// allreduce whose every hop adds in float32 (on the host algorithms).
+// Uncompressed: the data scaled in place before and after. Either way the
+// reduced values are scanned for inf/NaN before the postscale (every rank
+// holds the same bits, so all agree).
+std::shared_ptr<WorkState> allreduceOne(CommunicatorImpl& I, Tensor inout,
+                                        const AllreduceOptions& o, bool blocking,
+                                        const std::shared_ptr<kernels::GradientKernels>& k,
+                                        const std::shared_ptr<std::atomic<bool>>& flag) {
+  const bool compress = o.wire != DataType::kFloat32 && o.wire != inout.dtype;
   auto* data = static_cast<float*>(inout.data);
   const size_t n = inout.count;
   internal::FusedSteps s;
@@ -203,6 +209,8 @@ std::shared_ptr<WorkState> doAllreduceWith(CommunicatorImpl& I, Tensor inout,
       if (post != 1.0f) k->scale(data, n, post);
     };
   } else {
+    // Scratch of the tensor's device; narrow() writes every element first.
+    void* wire = orAbort(I, [&] { return k->acquire(internal::WireFormat{o.wire}.wireBytes(n)); });
     internal::CompressedAllreduce c;
     c.kernels = k;
     c.format = internal::WireFormat{o.wire, o.prescale, o.postscale};
@@ -229,9 +237,53 @@ std::shared_ptr<WorkState> doAllreduceWith(CommunicatorImpl& I, Tensor inout,
   if (!blocking && k->where().type == DeviceType::kCPU) {
     steps.beside = Footprint{{inout.data, inout.nbytes()}, {o.residual.data, o.residual.nbytes()}};
   }
-  auto w = doAllreduce(I, s.buffer, s.buffer, s.op, blocking, std::move(steps));
-  w->setNonFiniteFlag(flag);
-  return w;
+  return doAllreduce(I, s.buffer, s.buffer, s.op, blocking, std::move(steps));
+}
+
+// Allreduce with AllreduceOptions, on host or device data alike: the
+// element work goes through the kernels of the tensor's device (host
+// kernels, or the communicator's CudaKernels of its GPU and stream, which
+// enqueue on that stream). A compressed op on host data larger than 1.5
+// codec pieces (Settings::codecPieceBytes) runs as one async collective per
+// piece (internal::codecPieces), blocking or not, so that the host lane
+// narrows and widens one piece while another is on the wire; its Work is
+// the last piece's, done when every piece is.
+std::shared_ptr<WorkState> doAllreduceWith(CommunicatorImpl& I, Tensor inout,
+                                           const AllreduceOptions& o, bool blocking) {
+  const bool compress = checkAllreduceOptions(I, "allreduce", inout, o);
+  const auto k = orAbort(I, [&] { return I.kernelsFor(inout.device, inout.stream); });
+  auto flag = std::make_shared<std::atomic<bool>>(false);
+  const bool host = k->where().type == DeviceType::kCPU;
+  const auto cuts = compress && host ? internal::codecPieces(inout.count, I.codecPieceBytes())
+                                     : std::vector<size_t>{0, inout.count};
+  if (cuts.size() == 2) {
+    auto w = allreduceOne(I, inout, o, blocking, k, flag);
+    w->setNonFiniteFlag(flag);
+    return w;
+  }
+  std::vector<std::shared_ptr<WorkState>> pieces;
+  try {
+    for (size_t i = 0; i + 1 < cuts.size(); ++i) {
+      AllreduceOptions piece = o;
+      if (o.residual.data) piece.residual = slice(o.residual, cuts[i], cuts[i + 1]);
+      pieces.push_back(allreduceOne(I, slice(inout, cuts[i], cuts[i + 1]), piece, false, k, flag));
+    }
+  } catch (...) {
+    // The communicator failed after the first pieces went in: they end
+    // (with its error) before the caller hears of it and reuses the memory.
+    for (const auto& p : pieces) {
+      try {
+        p->wait(std::chrono::milliseconds(0));
+      } catch (const std::exception&) {
+      }
+    }
+    throw;
+  }
+  auto last = std::move(pieces.back());
+  pieces.pop_back();
+  last->setEarlierPieces(std::move(pieces));
+  last->setNonFiniteFlag(flag);
+  return last;
 }
 
 std::shared_ptr<WorkState> doReduceScatter(CommunicatorImpl& I, Tensor in, Tensor out, ReduceOp op,

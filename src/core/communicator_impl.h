@@ -56,6 +56,8 @@ class CommunicatorImpl final : public Communicator {
   // its own communicator's before its first op.
   bool reproducibleMode() const { return settings.reproducible; }
   void setReproducibleMode(bool on) { settings.reproducible = on; }
+  // Settings::codecPieceBytes: where a compressed host allreduce is cut.
+  uint64_t codecPieceBytes() const { return settings.codecPieceBytes; }
   // Communicator::abort() with `e` (any thread): pending and later ops fail
   // with it, and so do the peers'.
   void abortWith(const Error& e) { verdict.failAnywhere(e); }

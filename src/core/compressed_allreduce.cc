@@ -1,5 +1,7 @@
 #include "core/compressed_allreduce.h"
 
+#include <algorithm>
+
 #include "kernels/host_kernels.h"
 
 namespace gflow::internal {
@@ -107,6 +109,18 @@ FusedSteps compressedSteps(CompressedAllreduce c) {
     widenAll(*d);
   };
   return s;
+}
+
+std::vector<size_t> codecPieces(size_t count, uint64_t pieceBytes) {
+  const uint64_t bytes = static_cast<uint64_t>(count) * sizeof(float);
+  // Rounded to the nearest whole number of pieces, at least one.
+  const uint64_t n = pieceBytes == 0 ? 1 : (2 * bytes + pieceBytes) / (2 * pieceBytes);
+  const size_t blocks = (count + kQuantBlock - 1) / kQuantBlock;
+  const size_t pieces = static_cast<size_t>(std::max<uint64_t>(1, std::min<uint64_t>(n, blocks)));
+  std::vector<size_t> starts;
+  for (size_t i = 0; i < pieces; ++i) starts.push_back(blocks * i / pieces * kQuantBlock);
+  starts.push_back(count);
+  return starts;
 }
 
 }  // namespace gflow::internal

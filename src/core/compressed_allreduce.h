@@ -81,4 +81,14 @@ struct FusedSteps {
 // (the kernels' acquire(), held from before() to after()).
 FusedSteps compressedSteps(CompressedAllreduce c);
 
+// Where a compressed allreduce of `count` float32 values is cut into
+// consecutive pieces of about `pieceBytes` float32 bytes, each its own
+// collective, so that one piece's narrowing and widening run beside
+// another piece's wire time (the host lane, core/executor.h): the first
+// element of every piece, then `count`. Pieces are equal to within a
+// quantization block and start on block boundaries (kQuantBlock values);
+// one piece when `pieceBytes` is 0 or `count` is under 1.5 pieces. Every
+// rank cuts an op alike, since count and pieceBytes agree.
+std::vector<size_t> codecPieces(size_t count, uint64_t pieceBytes);
+
 }  // namespace gflow::internal

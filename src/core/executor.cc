@@ -16,21 +16,38 @@ void WorkState::finish(std::shared_ptr<const Error> error) {
     std::lock_guard<std::mutex> lock(mutex_);
     // The first outcome stands (a deferred op whose task threw afterwards
     // is finished by the executor and again by whoever drives it).
-    if (done()) return;
+    if (ownDone()) return;
     error_ = std::move(error);
     done_.store(true, std::memory_order_release);
   }
   cv_.notify_all();
 }
 
-void WorkState::wait(std::chrono::milliseconds timeout) {
+bool WorkState::done() const {
+  for (const auto& piece : earlier_) {
+    if (!piece->done()) return false;
+  }
+  return ownDone();
+}
+
+void WorkState::awaitOwn(std::chrono::milliseconds timeout,
+                         std::chrono::steady_clock::time_point deadline) {
   std::unique_lock<std::mutex> lock(mutex_);
   if (timeout.count() <= 0) {
-    cv_.wait(lock, [&] { return done(); });
-  } else if (!cv_.wait_for(lock, timeout, [&] { return done(); })) {
+    cv_.wait(lock, [&] { return ownDone(); });
+  } else if (!cv_.wait_until(lock, deadline, [&] { return ownDone(); })) {
     GFLOW_THROW(kTimeout, ErrorContext{"wait"})
         << "Work::wait gave up after " << timeout.count()
         << " ms; the op is still running and may complete later";
+  }
+}
+
+void WorkState::wait(std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (const auto& piece : earlier_) piece->awaitOwn(timeout, deadline);
+  awaitOwn(timeout, deadline);
+  for (const auto& piece : earlier_) {
+    if (piece->error_) throw *piece->error_;
   }
   if (error_) throw *error_;
 }

@@ -29,6 +29,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "core/host_lane.h"
 #include "gflow/communicator.h"
@@ -40,7 +41,7 @@ namespace gflow {
 class WorkState final : public Work::Completion {
  public:
   void finish(std::shared_ptr<const Error> error);
-  bool done() const override { return done_.load(std::memory_order_acquire); }
+  bool done() const override;
   // Waits up to `timeout` (0: until done); rethrows the op's error.
   void wait(std::chrono::milliseconds timeout) override;
   // The op's inf/NaN flag (Work::nonFinite), set by the op before it
@@ -49,9 +50,21 @@ class WorkState final : public Work::Completion {
   bool nonFinite() const override {
     return done() && flag_ && flag_->load(std::memory_order_acquire);
   }
+  // An op run as consecutive pieces, each an op of its own: this state, the
+  // last piece's, is done once `earlier` (the other pieces, in order) are
+  // too, and wait() raises the first piece's error, after every piece
+  // ended. Attached before the Work is handed out.
+  void setEarlierPieces(std::vector<std::shared_ptr<WorkState>> earlier) {
+    earlier_ = std::move(earlier);
+  }
 
  private:
+  // Waits until this piece ended, by `deadline` when `timeout` is set.
+  void awaitOwn(std::chrono::milliseconds timeout, std::chrono::steady_clock::time_point deadline);
+  bool ownDone() const { return done_.load(std::memory_order_acquire); }
+
   std::atomic<bool> done_{false};
+  std::vector<std::shared_ptr<WorkState>> earlier_;
   mutable std::mutex mutex_;
   std::condition_variable cv_;
   std::shared_ptr<const Error> error_;

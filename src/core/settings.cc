@@ -22,6 +22,10 @@ void validate(const Options& o) {
   atLeast<uint64_t>(o.tuning.pieceBytes, 64, "tuning.pieceBytes");
   atLeast<int>(o.tuning.ringWindow, 1, "tuning.ringWindow");
   atLeast<uint64_t>(o.tuning.hierSegmentBytes, 4096, "tuning.hierSegmentBytes");
+  const std::optional<uint64_t>& piece = o.tuning.codecPieceBytes;
+  if (piece && *piece != 0 && *piece < 65536) {
+    badField("tuning.codecPieceBytes", std::to_string(*piece), "0 or >= 65536");
+  }
   atLeast<uint64_t>(o.progress.unexpectedLimitBytes, 1, "progress.unexpectedLimitBytes");
   atLeast<int>(o.progress.spinUs, 0, "progress.spinUs");
   // The range of GFLOW_PROGRESS_PRIORITY, which the field overrides.
@@ -72,6 +76,7 @@ Settings resolveSettings(const Options& o) {
   s.verifyDeviceOps = o.device.verifyOps ? *o.device.verifyOps : params::ncclVerify() != 0;
   s.ncclP2P = o.device.p2p ? *o.device.p2p : params::ncclP2P() != 0;
   s.reproducible = o.reproducible ? *o.reproducible : params::reproducible() != 0;
+  s.codecPieceBytes = o.tuning.codecPieceBytes ? *o.tuning.codecPieceBytes : params::codecPiece();
   const std::string modelFile = !o.tuning.modelFile.empty() ? o.tuning.modelFile : params::model();
   if (!modelFile.empty()) s.model = backend::CostModel::load(modelFile).text();
   s.tuning = o.tuning;
@@ -93,6 +98,8 @@ std::vector<Settings::Agreed> Settings::agreed() const {
       {&params::spec::shmSingleCopy, "Options::shm.singleCopy", shmSingleCopy},
       {&params::spec::connect, "Options::connect", connect},
       {&params::spec::rendezvous, "Options::tcp.rendezvousBytes", std::to_string(rendezvousBytes)},
+      {&params::spec::codecPiece, "Options::tuning.codecPieceBytes",
+       std::to_string(codecPieceBytes)},
       {&params::spec::rdMaxBytes, "Options::tuning.rdMaxBytes",
        rdMaxBytes ? std::to_string(*rdMaxBytes) : "auto"},
       {&params::spec::hdMaxBytes, "Options::tuning.hdMaxBytes",

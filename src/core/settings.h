@@ -35,6 +35,7 @@ struct Settings {
   bool verifyDeviceOps = true;         // Options::device.verifyOps, else GFLOW_NCCL_VERIFY
   bool ncclP2P = false;                // Options::device.p2p, else GFLOW_NCCL_P2P
   bool reproducible = false;           // Options::reproducible, else GFLOW_REPRODUCIBLE
+  uint64_t codecPieceBytes = 0;        // Options::tuning.codecPieceBytes, else GFLOW_CODEC_PIECE
   // Options::tuning.modelFile, else GFLOW_MODEL: the cost model's text
   // (backend/cost_model.h), "" for none.
   std::string model;

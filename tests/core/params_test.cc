@@ -161,6 +161,7 @@ TEST(Params, AgreementCoversTheMarkedParameters) {
             "GFLOW_REPRODUCIBLE, "
             "GFLOW_SHM, "
             "GFLOW_SHM_CHUNK, GFLOW_SHM_SINGLE_COPY, GFLOW_CONNECT, GFLOW_RENDEZVOUS, "
+            "GFLOW_CODEC_PIECE, "
             "GFLOW_RD_MAX_BYTES, "
             "GFLOW_HD_MAX_BYTES");
   ScopedEnv shm("GFLOW_SHM", "0");

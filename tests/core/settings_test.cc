@@ -167,6 +167,7 @@ TEST(Settings, InvalidOptionValuesAreRefusedNamingTheField) {
       {[](Options& o) { o.tuning.pieceBytes = 8; }, "Options::tuning.pieceBytes"},
       {[](Options& o) { o.tuning.ringWindow = 0; }, "Options::tuning.ringWindow"},
       {[](Options& o) { o.tuning.hierSegmentBytes = 1; }, "Options::tuning.hierSegmentBytes"},
+      {[](Options& o) { o.tuning.codecPieceBytes = 4096; }, "Options::tuning.codecPieceBytes"},
       {[](Options& o) { o.progress.unexpectedLimitBytes = 0; },
        "Options::progress.unexpectedLimitBytes"},
       {[](Options& o) { o.progress.spinUs = -1; }, "Options::progress.spinUs"},
@@ -210,6 +211,10 @@ TEST(Settings, AgreementComparesTheValuesInForce) {
                        "GFLOW_SHM_SINGLE_COPY (Options::shm.singleCopy) differs");
   expectEveryRankNames(createErrors(3, onRankZero([](Options& o) { o.reproducible = true; })),
                        "GFLOW_REPRODUCIBLE (Options::reproducible) differs");
+  // Ranks that cut compressed ops differently would run different ops.
+  expectEveryRankNames(
+      createErrors(3, onRankZero([](Options& o) { o.tuning.codecPieceBytes = 0; })),
+      "GFLOW_CODEC_PIECE (Options::tuning.codecPieceBytes) differs");
   // The same values, one way or the other, agree.
   expectNoneFailed(createErrors(3, onRankZero([](Options& o) {
                                   o.shm.chunkBytes = 4096;
