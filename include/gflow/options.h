@@ -73,10 +73,10 @@ struct TuningOptions {
   // halving-doubling, larger ones ring (unset there: a per world size
   // default). Every rank must use the same.
   std::optional<uint64_t> hdMaxBytes;
-  // GFLOW_CODEC_PIECE: a compressed allreduce of host data larger than 1.5
-  // times this runs as consecutive pieces of about this many float32 bytes,
-  // each piece's conversions beside another's wire time (>= 65536; 0: one
-  // piece). Every rank must use the same.
+  // GFLOW_CODEC_PIECE: a compressed allreduce of host data of 1.5 times this
+  // or more runs as consecutive pieces of about this many float32 bytes,
+  // each piece's conversions beside another's wire time (65536 to 2^40; 0:
+  // one piece). Every rank must use the same.
   std::optional<uint64_t> codecPieceBytes;
   // GFLOW_HIER_SEGMENT: pipelined segment of the hierarchical allreduce (>= 4096).
   std::optional<uint64_t> hierSegmentBytes;

@@ -111,10 +111,11 @@ std::string describe(const transport::Envelope& e) {
   os << ", path=" << toString(path) << ", algorithm=" << toString(algo);
   const bool uneven = isUneven(kind);  // alltoallv's parent is 0
   if (const uint64_t parent = e.words[2] >> 40) {
-    // An allreduce's is either a hierarchical phase's parent or
-    // reduceScatterv's counts.
+    // An allreduce's is a hierarchical phase's parent, reduceScatterv's
+    // counts or, for a piece of a compressed op, the op's count and the
+    // piece's place.
     os << (uneven                       ? ", counts digest "
-           : kind == OpKind::kAllreduce ? ", phase of op or counts digest "
+           : kind == OpKind::kAllreduce ? ", phase of op, counts or piece digest "
                                         : ", phase of op ")
        << std::hex << parent;
   }

@@ -129,8 +129,9 @@
   X(pieceBytes, "GFLOW_PIECE_BYTES", kBytes, "256K", kLocal,                                       \
     "Pipelining granularity of ring algorithms (send/receive/reduce overlap).")                    \
   X(codecPiece, "GFLOW_CODEC_PIECE", kBytes, "4M", kAgree,                                         \
-    "A compressed allreduce of host float32 data (AllreduceOptions::wire) larger than 1.5 times "  \
-    "this many bytes runs as consecutive collectives on pieces of about this size, so that one "   \
+    "A compressed allreduce of host float32 data (AllreduceOptions::wire) of 1.5 times this "      \
+    "many bytes or more runs as consecutive collectives on pieces of about this size, so that "    \
+    "one "                                                                                         \
     "piece's narrowing and widening run beside another's wire time (docs/compression.md); 0: "     \
     "one collective.")                                                                             \
   X(ringWindow, "GFLOW_RING_WINDOW", kInt, "8", kLocal,                                            \

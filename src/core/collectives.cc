@@ -38,6 +38,10 @@ struct AllreduceSteps {
   // `before` may run while the op ahead is on the wire: it writes only the
   // op's wire buffer and (error feedback) its residual, never the data.
   bool early = false;
+  // One piece of an op cut into collectives: OpDesc::parent, a digest of
+  // the whole op's count and the piece's place, so that ranks that cut
+  // different ops into pieces of one size still raise kMismatch.
+  uint64_t piece = 0;
 };
 
 // The op's last step as the lane runs it: an error names the op, its
@@ -88,6 +92,7 @@ std::shared_ptr<WorkState> doAllreduce(CommunicatorImpl& I, Tensor in, Tensor ou
   }
   OpDesc d{OpKind::kAllreduce, in.dtype, op, {}, 0, in.count};
   d.reproducible = I.reproducible(in.dtype, steps.reproducible);
+  d.parent = steps.piece;
   CommunicatorImpl* self = &I;
   auto buffers = in.data == out.data ? Buffers::bind(name, I.commRank(), {{in, Buffers::kInOut}})
                                      : Buffers::bind(name, I.commRank(),
@@ -179,8 +184,16 @@ auto orAbort(CommunicatorImpl& I, Fn what) -> decltype(what()) {
   }
 }
 
-// One collective of doAllreduceWith (the whole op, or one piece of it) on
-// the kernels `k` of inout's device; `flag` collects the inf/NaN scan.
+// What the collectives of one doAllreduceWith share: the kernels of
+// inout's device, the inf/NaN flag; and, for a piece of an op cut into
+// collectives, its AllreduceSteps::piece.
+struct OneOf {
+  std::shared_ptr<kernels::GradientKernels> k;
+  std::shared_ptr<std::atomic<bool>> flag;
+  uint64_t piece = 0;
+};
+
+// One collective of doAllreduceWith (the whole op, or one piece of it).
 // Compressed: float32 data narrowed to the wire type (with the prescale)
 // right before the collective and widened back (with the postscale) right
 // after it, so the collective itself is a float16/bfloat16 (or quantized)
@@ -189,9 +202,9 @@ auto orAbort(CommunicatorImpl& I, Fn what) -> decltype(what()) {
 // reduced values are scanned for inf/NaN before the postscale (every rank
 // holds the same bits, so all agree).
 std::shared_ptr<WorkState> allreduceOne(CommunicatorImpl& I, Tensor inout,
-                                        const AllreduceOptions& o, bool blocking,
-                                        const std::shared_ptr<kernels::GradientKernels>& k,
-                                        const std::shared_ptr<std::atomic<bool>>& flag) {
+                                        const AllreduceOptions& o, bool blocking, const OneOf& of) {
+  const auto& k = of.k;
+  const auto& flag = of.flag;
   const bool compress = o.wire != DataType::kFloat32 && o.wire != inout.dtype;
   auto* data = static_cast<float*>(inout.data);
   const size_t n = inout.count;
@@ -233,7 +246,8 @@ std::shared_ptr<WorkState> allreduceOne(CommunicatorImpl& I, Tensor inout,
   // time; device steps are enqueued on the stream, which overlaps them anyway.
   // Narrowing leaves the data as it is, so it may run early; an in-place
   // prescale waits for the op (docs/compression.md: a failure's residuals).
-  AllreduceSteps steps{std::move(s.before), after, o.reproducible, std::nullopt, compress};
+  AllreduceSteps steps{std::move(s.before), after,    o.reproducible,
+                       std::nullopt,        compress, of.piece};
   if (!blocking && k->where().type == DeviceType::kCPU) {
     steps.beside = Footprint{{inout.data, inout.nbytes()}, {o.residual.data, o.residual.nbytes()}};
   }
@@ -243,22 +257,22 @@ std::shared_ptr<WorkState> allreduceOne(CommunicatorImpl& I, Tensor inout,
 // Allreduce with AllreduceOptions, on host or device data alike: the
 // element work goes through the kernels of the tensor's device (host
 // kernels, or the communicator's CudaKernels of its GPU and stream, which
-// enqueue on that stream). A compressed op on host data larger than 1.5
-// codec pieces (Settings::codecPieceBytes) runs as one async collective per
+// enqueue on that stream). A compressed op on host data of 1.5 codec
+// pieces or more (Settings::codecPieceBytes) runs as one async collective per
 // piece (internal::codecPieces), blocking or not, so that the host lane
 // narrows and widens one piece while another is on the wire; its Work is
 // the last piece's, done when every piece is.
 std::shared_ptr<WorkState> doAllreduceWith(CommunicatorImpl& I, Tensor inout,
                                            const AllreduceOptions& o, bool blocking) {
   const bool compress = checkAllreduceOptions(I, "allreduce", inout, o);
-  const auto k = orAbort(I, [&] { return I.kernelsFor(inout.device, inout.stream); });
-  auto flag = std::make_shared<std::atomic<bool>>(false);
-  const bool host = k->where().type == DeviceType::kCPU;
+  OneOf of{orAbort(I, [&] { return I.kernelsFor(inout.device, inout.stream); }),
+           std::make_shared<std::atomic<bool>>(false)};
+  const bool host = of.k->where().type == DeviceType::kCPU;
   const auto cuts = compress && host ? internal::codecPieces(inout.count, I.codecPieceBytes())
                                      : std::vector<size_t>{0, inout.count};
   if (cuts.size() == 2) {
-    auto w = allreduceOne(I, inout, o, blocking, k, flag);
-    w->setNonFiniteFlag(flag);
+    auto w = allreduceOne(I, inout, o, blocking, of);
+    w->setNonFiniteFlag(of.flag);
     return w;
   }
   std::vector<std::shared_ptr<WorkState>> pieces;
@@ -266,11 +280,19 @@ std::shared_ptr<WorkState> doAllreduceWith(CommunicatorImpl& I, Tensor inout,
     for (size_t i = 0; i + 1 < cuts.size(); ++i) {
       AllreduceOptions piece = o;
       if (o.residual.data) piece.residual = slice(o.residual, cuts[i], cuts[i + 1]);
-      pieces.push_back(allreduceOne(I, slice(inout, cuts[i], cuts[i + 1]), piece, false, k, flag));
+      of.piece = backend::blocksDigest({inout.count, i, cuts.size() - 1});
+      pieces.push_back(allreduceOne(I, slice(inout, cuts[i], cuts[i + 1]), piece, false, of));
     }
-  } catch (...) {
-    // The communicator failed after the first pieces went in: they end
-    // (with its error) before the caller hears of it and reuses the memory.
+  } catch (const std::exception& e) {
+    // The peers run every piece: a rank that submitted only some cannot
+    // go on (a failed communicator stays failed as it was). The pieces
+    // that went in end before the caller hears of it and reuses the memory.
+    if (!pieces.empty()) {
+      I.abortWith(Error(ErrorCode::kInternal,
+                        "cut into " + std::to_string(cuts.size() - 1) + " pieces, piece " +
+                            std::to_string(pieces.size()) + " was not submitted: " + e.what(),
+                        ErrorContext::forOp("allreduce").withRank(I.commRank())));
+    }
     for (const auto& p : pieces) {
       try {
         p->wait(std::chrono::milliseconds(0));
@@ -282,7 +304,7 @@ std::shared_ptr<WorkState> doAllreduceWith(CommunicatorImpl& I, Tensor inout,
   auto last = std::move(pieces.back());
   pieces.pop_back();
   last->setEarlierPieces(std::move(pieces));
-  last->setNonFiniteFlag(flag);
+  last->setNonFiniteFlag(of.flag);
   return last;
 }
 

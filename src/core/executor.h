@@ -53,7 +53,8 @@ class WorkState final : public Work::Completion {
   // An op run as consecutive pieces, each an op of its own: this state, the
   // last piece's, is done once `earlier` (the other pieces, in order) are
   // too, and wait() raises the first piece's error, after every piece
-  // ended. Attached before the Work is handed out.
+  // ended. Attached before the Work is handed out, to the state of an
+  // async submit (the executor never waits on those itself).
   void setEarlierPieces(std::vector<std::shared_ptr<WorkState>> earlier) {
     earlier_ = std::move(earlier);
   }

@@ -23,8 +23,8 @@ void validate(const Options& o) {
   atLeast<int>(o.tuning.ringWindow, 1, "tuning.ringWindow");
   atLeast<uint64_t>(o.tuning.hierSegmentBytes, 4096, "tuning.hierSegmentBytes");
   const std::optional<uint64_t>& piece = o.tuning.codecPieceBytes;
-  if (piece && *piece != 0 && *piece < 65536) {
-    badField("tuning.codecPieceBytes", std::to_string(*piece), "0 or >= 65536");
+  if (piece && *piece != 0 && (*piece < 65536 || *piece > (uint64_t{1} << 40))) {
+    badField("tuning.codecPieceBytes", std::to_string(*piece), "0 or 65536 to 2^40");
   }
   atLeast<uint64_t>(o.progress.unexpectedLimitBytes, 1, "progress.unexpectedLimitBytes");
   atLeast<int>(o.progress.spinUs, 0, "progress.spinUs");

@@ -186,5 +186,29 @@ TEST(CodecPiecesAllreduce, AnOpInPiecesGivesTheBitsOfItsPiecesRunAlone) {
   EXPECT_EQ(runOps(ranks, n, 0, true, {})[0].ops, 1u);
 }
 
+// Ranks that pass different counts whose pieces have one size: each
+// piece names the whole op's count and its place, so the first piece
+// raises kMismatch on every rank instead of pairing rank 1's third piece
+// with rank 0's next op. Without a cut the counts differ anyway.
+TEST(CodecPiecesAllreduce, DifferentCountsCutIntoEqualPiecesRaiseMismatch) {
+  Options o;
+  o.tuning.codecPieceBytes = 65536;  // 16384 floats a piece
+  const auto res = testing::runRanksOutcomes(
+      2,
+      [](Communicator& comm) {
+        std::vector<float> x(comm.rank() == 0 ? 2 * 16384 : 3 * 16384, 1.0f);
+        AllreduceOptions q8;
+        q8.wire = DataType::kQInt8;
+        comm.allreduce(tensor(x.data(), x.size()), q8);
+        comm.barrier();  // a rank whose own call completed learns at the next call
+      },
+      o);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(res[r].threw) << "rank " << r;
+    EXPECT_EQ(res[r].code, ErrorCode::kMismatch) << "rank " << r << ": " << res[r].what;
+    EXPECT_NE(res[r].what.find("piece digest"), std::string::npos) << res[r].what;
+  }
+}
+
 }  // namespace
 }  // namespace gflow
