@@ -16,7 +16,11 @@ and per bucket (in launch order): its size, the spread of its launches over
 the ranks, the time it queued behind the bucket before it, the time it ran
 (from when it could start to its last completion) and the time its share of
 the bytes the host sent per step (as the link carries them: every frame's
-headers) takes at the link's rate. Medians over the
+headers) takes at the link's rate. The launches' bound on the span: the
+largest, over the buckets, of a bucket's last launch (from the first
+launch) plus the link time of it and every bucket launched after it; no
+exchange of these launches on one link can end sooner, whereas the step's
+bound_s assumes the link never waits for backward. Medians over the
 timed steps, as markdown. The per-bucket times assume that the buckets run
 one after another, as gflow's do on one communicator; for a backend that runs
 them concurrently (gloo) only the split of the span holds.
@@ -77,6 +81,20 @@ def split(buckets, ranks):
     return spent
 
 
+def schedule_bound(buckets, first, link_s_per_element):
+    """The shortest span the launches allow on one link: however the
+    buckets share it, the bytes of the buckets launched from bucket k on
+    cannot start before k's last launch, so the span is at least the
+    largest of (k's last launch - the first launch + their link time)."""
+    if not link_s_per_element:
+        return None
+    bound, after = 0.0, 0.0
+    for _, elements, launch, _ in reversed(buckets):
+        after += elements * link_s_per_element
+        bound = max(bound, max(launch) - first + after)
+    return bound
+
+
 def analyse_step(steps, link_s_per_element):
     """One timed step over every rank: the split and the per-bucket rows."""
     ranks = len(steps)
@@ -84,6 +102,7 @@ def analyse_step(steps, link_s_per_element):
     first, end = min(min(b[2]) for b in buckets), max(max(b[3]) for b in buckets)
     row = dict(split(buckets, ranks), span=end - first,
                exposed=end - max(max(b[2]) for b in buckets))
+    row["schedule"] = schedule_bound(buckets, first, link_s_per_element)
     rows, previous_end = [], first
     for index, elements, launch, done in buckets:
         ready = max(launch)
@@ -115,10 +134,12 @@ def report(ranks, rate):
     out = ["%s, %d ranks, %d timed steps, links %s: the exchange's median ms per step"
            % (ranks[0]["mode"], len(ranks), len(steps), rate or "(rate not given)"), "",
            "| span (first launch to last end) | running | waiting for a late rank "
-           "| waiting for backward | after the last launch | bytes at the link's rate |",
-           "|---|---|---|---|---|---|",
+           "| waiting for backward | after the last launch | bytes at the link's rate "
+           "| the launches' bound on the span |",
+           "|---|---|---|---|---|---|---|",
            "| %s |" % " | ".join([ms(median([s[0][k] for s in steps])) for k in (
-               "span", "running", "late rank", "backward", "exposed")] + [ms(total)])]
+               "span", "running", "late rank", "backward", "exposed")] + [ms(total)] + [
+               ms(median([s[0]["schedule"] for s in steps]))])]
     out += ["", "| bucket | MB (float32) | launch spread over ranks | queued | ran | at link rate "
             "| ran / link |", "|---|---|---|---|---|---|---|"]
     for index in [r["index"] for r in steps[0][1]]:  # the first step's launch order
