@@ -171,17 +171,21 @@ Tensor slice(Tensor t, size_t first, size_t last) {
   return t;
 }
 
-// `what` on this rank's kernels: CUDA (or scratch) failing there fails the
-// communicator, as bad input does, so no peer waits for this rank.
+// `what` on this rank's kernels: CUDA (or scratch memory) failing there
+// fails the communicator, as bad input does, so no peer waits for this rank.
 template <typename Fn>
 auto orAbort(CommunicatorImpl& I, Fn what) -> decltype(what()) {
+  const auto context = ErrorContext::forOp("allreduce").withRank(I.commRank());
+  std::optional<Error> full;
   try {
     return what();
   } catch (const Error& e) {
-    const Error full(e.code(), e.detail(), ErrorContext::forOp("allreduce").withRank(I.commRank()));
-    internal::CommunicatorAccess::abortWith(I, full);
-    throw full;
+    full.emplace(e.code(), e.detail(), context);
+  } catch (const std::exception& e) {  // the host's calloc: std::bad_alloc
+    full.emplace(ErrorCode::kInternal, std::string("scratch or kernels: ") + e.what(), context);
   }
+  I.abortWith(*full);
+  throw *full;
 }
 
 // What the collectives of one doAllreduceWith share: the kernels of

@@ -3,7 +3,9 @@
 // joined completion of the pieces (WorkState), and that an op in pieces
 // gives the bits of its pieces run as ops of their own.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -208,6 +210,54 @@ TEST(CodecPiecesAllreduce, DifferentCountsCutIntoEqualPiecesRaiseMismatch) {
     EXPECT_EQ(res[r].code, ErrorCode::kMismatch) << "rank " << r << ": " << res[r].what;
     EXPECT_NE(res[r].what.find("piece digest"), std::string::npos) << res[r].what;
   }
+}
+
+// Caps this process's address space for a scope (RLIMIT_AS), so that an
+// allocation beyond it fails whatever the machine's overcommit policy.
+class AddressSpaceCap {
+ public:
+  explicit AddressSpaceCap(rlim_t bytes) {
+    getrlimit(RLIMIT_AS, &old_);
+    rlimit cap = old_;
+    cap.rlim_cur = std::min(bytes, old_.rlim_max);
+    setrlimit(RLIMIT_AS, &cap);
+  }
+  ~AddressSpaceCap() { setrlimit(RLIMIT_AS, &old_); }
+
+ private:
+  rlimit old_{};
+};
+
+// Wire scratch that cannot be had (8 TiB of qint8 for a count of 2^43,
+// over a 4 TiB cap; one collective, none of the data read) fails the call
+// and the communicator as a gflow::Error, so no peer would wait for this
+// rank's op.
+TEST(CodecPiecesAllreduce, WireScratchThatCannotBeHadFailsTheCommunicator) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "the sanitizer's allocator ends the process on an allocation it cannot serve";
+#endif
+  const AddressSpaceCap cap(rlim_t{1} << 42);
+  Options o;
+  o.tuning.codecPieceBytes = 0;
+  const auto res = testing::runRanksOutcomes(
+      2,
+      [](Communicator& comm) {
+        std::vector<float> x(16, 1.0f);
+        AllreduceOptions q8;
+        q8.wire = DataType::kQInt8;
+        try {
+          comm.allreduce(tensor(x.data(), size_t{1} << 43), q8);
+          ADD_FAILURE() << "8 TiB of scratch on rank " << comm.rank();
+        } catch (const Error& e) {
+          EXPECT_NE(std::string(e.what()).find("scratch or kernels"), std::string::npos)
+              << e.what();
+        } catch (const std::exception& e) {
+          ADD_FAILURE() << "not a gflow::Error: " << e.what();
+        }
+        comm.allreduce(tensor(x.data(), x.size()));  // the communicator failed
+      },
+      o);
+  for (int r = 0; r < 2; ++r) EXPECT_TRUE(res[r].threw) << "rank " << r;
 }
 
 }  // namespace
