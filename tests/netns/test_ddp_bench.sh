@@ -41,7 +41,7 @@ done
 grep -qE '^\| gloo \|.*\| [0-9]+ / [0-9]+ / [0-9]+ \| [0-9]+ \([0-9]+\) \|' "$out/table.md" ||
   { echo "FAIL: no phases or exchange time for gloo:"; cat "$out/table.md"; fails=1; }
 # -B: DDP's bucket cap reaches DDP and labels the row; -V likewise
-# gradient_as_bucket_view. -T: the trace's split of the exchange (six times)
+# gradient_as_bucket_view. -T: the trace's split of the exchange (six times and the launches' bound)
 # and its buckets (at least two: 1 MB caps).
 if bash "$root/bench/train/netns_ddp.sh" -p "$pkg" -H 2 -r 200mbit -m mobilenet_v3_small -M "ddp-noop gflow gflow-fp16" \
   -B 1 -V -T -R 1 -s 2 -w 1 -b 4 -t 200 -o "$out/b1" >"$out/b1.log" 2>&1; then
@@ -52,7 +52,7 @@ if bash "$root/bench/train/netns_ddp.sh" -p "$pkg" -H 2 -r 200mbit -m mobilenet_
   [ "$(grep -c '"bucket_mb": 1.0, "bucket_view": true' "$out/b1/results.jsonl")" = 3 ] ||
     { echo "FAIL: bucket cap or views not recorded"; fails=1; }
   trace=$(find "$out/b1" -name trace.md | head -n 1)
-  if [ -z "$trace" ] || ! grep -qE '^(\| [0-9]+ ){6}\|$' "$trace" ||
+  if [ -z "$trace" ] || ! grep -qE '^(\| [0-9]+ ){7}\|$' "$trace" ||
     [ "$(grep -cE '^\| [0-9]+ \| [0-9.]+ \|( [0-9]+ \|){4} [0-9.]+ \|$' "$trace")" -lt 2 ]; then
     echo "FAIL: no trace report, or not as expected:"
     cat "$trace" 2>/dev/null
