@@ -49,35 +49,55 @@ void* StagingPool::stream(int device) {
   return streams_[device];
 }
 
-std::shared_ptr<DeviceBuffers> DeviceBuffers::bind(const char* op, int rank,
-                                                   std::vector<Item> items) {
+std::shared_ptr<DeviceBuffers> DeviceBuffers::bind(const Binding& at, std::vector<Item> items) {
   bool any = false;
   for (const Item& it : items) any = any || it.t.device.type == DeviceType::kCUDA;
   if (!any) return nullptr;
   std::string why;
   const cuda::Plugin* plugin = cuda::load(&why);
   GFLOW_ENFORCE(plugin != nullptr);  // checkPlacement accepted the tensors
+  GFLOW_ENFORCE(at.events != nullptr);
   auto st = std::shared_ptr<DeviceBuffers>(new DeviceBuffers());
   st->p_ = plugin;
-  st->op_ = op;
-  st->rank_ = rank;
+  st->op_ = at.op;
+  st->rank_ = at.rank;
+  st->pool_ = at.events;
   st->items_ = std::move(items);
   st->events_.assign(st->items_.size(), nullptr);
+  st->owns_.assign(st->items_.size(), false);
   st->ptr_.assign(st->items_.size(), nullptr);
   for (size_t i = 0; i < st->items_.size(); ++i) {
-    const Tensor& t = st->items_[i].t;
-    st->ptr_[i] = static_cast<char*>(t.data);
-    if (t.device.type != DeviceType::kCUDA) continue;
-    void* ev = nullptr;
-    st->check(cuda::onDevice(*plugin, t.device.index,
-                             [&] {
-                               if (int e = plugin->eventCreate(&ev)) return e;
-                               return plugin->eventRecord(ev, t.stream);
-                             }),
-              "recording an event on the tensor's stream");
-    st->events_[i] = ev;
+    st->ptr_[i] = static_cast<char*>(st->items_[i].t.data);
+    if (st->items_[i].t.device.type == DeviceType::kCUDA) st->mark(i);
   }
   return st;
+}
+
+void DeviceBuffers::mark(size_t i) {
+  const Tensor& t = items_[i].t;
+  for (size_t j = 0; j < i; ++j) {
+    const Tensor& u = items_[j].t;
+    if (events_[j] && u.device.index == t.device.index && u.stream == t.stream) {
+      events_[i] = events_[j];
+      return;
+    }
+  }
+  void* ev = nullptr;
+  check(cuda::onDevice(*p_, t.device.index,
+                       [&] {
+                         if (int e = pool_->take(*p_, t.device.index, &ev)) return e;
+                         events_[i] = ev;
+                         owns_[i] = true;
+                         return p_->eventRecord(ev, t.stream);
+                       }),
+        "recording an event on the tensor's stream");
+}
+
+template <typename F>
+void DeviceBuffers::forEachEvent(F&& fn) const {
+  for (size_t i = 0; i < items_.size(); ++i) {
+    if (owns_[i]) fn(items_[i].t, events_[i]);
+  }
 }
 
 bool DeviceBuffers::single(int* device, void** ready) const {
@@ -121,19 +141,14 @@ void* DeviceBuffers::eventOf(const void* p) const {
 }
 
 void DeviceBuffers::recordAgain() {
-  for (size_t i = 0; i < items_.size(); ++i) {
-    const Tensor& t = items_[i].t;
-    if (!events_[i]) continue;
-    check(
-        cuda::onDevice(*p_, t.device.index, [&] { return p_->eventRecord(events_[i], t.stream); }),
-        "recording an event on the tensor's stream");
-  }
+  forEachEvent([&](const Tensor& t, void* ev) {
+    check(cuda::onDevice(*p_, t.device.index, [&] { return p_->eventRecord(ev, t.stream); }),
+          "recording an event on the tensor's stream");
+  });
 }
 
 DeviceBuffers::~DeviceBuffers() {
-  for (void* ev : events_) {
-    if (ev) p_->eventDestroy(ev);
-  }
+  forEachEvent([&](const Tensor& t, void* ev) { pool_->give(t.device.index, ev); });
 }
 
 void DeviceBuffers::check(int err, const char* what) const {

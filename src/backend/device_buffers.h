@@ -1,8 +1,9 @@
 // DeviceBuffers: the buffers of one op as the caller passed them, when any
 // of them is CUDA memory. Built on the caller's thread when the op is
-// called (backend::bindBuffers): it records an event on each device
-// tensor's stream, so the op waits for exactly the work the caller had
-// enqueued there by then. The backends that run device buffers read it from
+// called (DeviceBuffers::bind): it records an event on each stream its
+// device tensors name (one per device and stream, taken from the
+// communicator's EventPool), so the op waits for exactly the work the
+// caller had enqueued there by then. The backends that run device buffers read it from
 // Op::buffers: NCCL waits on the event of its single device and stream, the
 // staged backend copies through pinned host memory after the events.
 //
@@ -14,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/event_pool.h"
 #include "gflow/types.h"
 #include "kernels/cuda/plugin.h"
 
@@ -29,9 +31,16 @@ class DeviceBuffers {
     Role role;
   };
 
+  // The op, for errors, and where its events come from.
+  struct Binding {
+    const char* op;
+    int rank;
+    std::shared_ptr<EventPool> events;  // the communicator's; never null
+  };
+
   // nullptr when no tensor of `items` is on a device. Throws gflow::Error
-  // (kInternal, naming `op` and `rank`) when CUDA fails.
-  static std::shared_ptr<DeviceBuffers> bind(const char* op, int rank, std::vector<Item> items);
+  // (kInternal, naming the op and rank) when CUDA fails.
+  static std::shared_ptr<DeviceBuffers> bind(const Binding& at, std::vector<Item> items);
   ~DeviceBuffers();
   DeviceBuffers(const DeviceBuffers&) = delete;
   DeviceBuffers& operator=(const DeviceBuffers&) = delete;
@@ -67,11 +76,20 @@ class DeviceBuffers {
   DeviceBuffers() = default;
   void check(int err, const char* what) const;
 
+  // The event of item i: the one an earlier item on the same device and
+  // stream took, or one from the pool, recorded on its stream.
+  void mark(size_t i);
+  // Each distinct event once, with its item's device.
+  template <typename F>
+  void forEachEvent(F&& fn) const;
+
   const cuda::Plugin* p_ = nullptr;
   const char* op_ = "";
   int rank_ = -1;
+  std::shared_ptr<EventPool> pool_;
   std::vector<Item> items_;
-  std::vector<void*> events_;  // per item (nullptr: host tensor)
+  std::vector<void*> events_;  // per item (nullptr: host tensor); items may share one
+  std::vector<bool> owns_;     // per item: its event is not an earlier item's
   std::vector<char*> ptr_;     // per item: where it lives during a collective
 };
 

@@ -80,7 +80,8 @@ std::shared_ptr<WorkState> doAllreduce(CommunicatorImpl& I, Tensor in, Tensor ou
   const char* name = "allreduce";
   I.checkUsable(name);
   I.validateTensor(name, "in", in);
-  I.validateTensor(name, "out", out);
+  // In place: one lookup of where the buffer lives, not two.
+  if (!opcheck::sameTensor(in, out)) I.validateTensor(name, "out", out);
   I.validateOp(name, op, in.dtype);
   if (in.count != out.count || in.dtype != out.dtype) {
     I.invalid(name, "out (" + std::to_string(out.count) + " x " + toString(out.dtype) +
@@ -94,9 +95,9 @@ std::shared_ptr<WorkState> doAllreduce(CommunicatorImpl& I, Tensor in, Tensor ou
   d.reproducible = I.reproducible(in.dtype, steps.reproducible);
   d.parent = steps.piece;
   CommunicatorImpl* self = &I;
-  auto buffers = in.data == out.data ? Buffers::bind(name, I.commRank(), {{in, Buffers::kInOut}})
-                                     : Buffers::bind(name, I.commRank(),
-                                                     {{in, Buffers::kIn}, {out, Buffers::kOut}});
+  auto buffers = in.data == out.data
+                     ? Buffers::bind(I.binding(name), {{in, Buffers::kInOut}})
+                     : Buffers::bind(I.binding(name), {{in, Buffers::kIn}, {out, Buffers::kOut}});
   auto overlap = laneOverlap(steps, in, out);
   return I.submit(
       d, blocking,
@@ -324,7 +325,7 @@ std::shared_ptr<WorkState> doReduceScatter(CommunicatorImpl& I, Tensor in, Tenso
   OpDesc d{OpKind::kReduceScatter, in.dtype, op, {}, 0, out.count};
   d.reproducible = I.reproducible(in.dtype);
   CommunicatorImpl* self = &I;
-  auto buffers = Buffers::bind(name, I.commRank(), {{in, Buffers::kIn}, {out, Buffers::kOut}});
+  auto buffers = Buffers::bind(I.binding(name), {{in, Buffers::kIn}, {out, Buffers::kOut}});
   return I.submit(
       d, blocking,
       [self, in, out](const backend::Op& o) { self->router().reduceScatter(o, in.data, out.data); },
@@ -346,9 +347,9 @@ std::shared_ptr<WorkState> doAllgather(CommunicatorImpl& I, Tensor in, Tensor ou
     I.invalid(name, "in is this rank's block of out but on another device");
   }
   // In place (in is this rank's block of out): out carries it.
-  auto buffers = in.data == own ? Buffers::bind(name, I.commRank(), {{out, Buffers::kInOut}})
-                                : Buffers::bind(name, I.commRank(),
-                                                {{in, Buffers::kIn}, {out, Buffers::kOut}});
+  auto buffers = in.data == own
+                     ? Buffers::bind(I.binding(name), {{out, Buffers::kInOut}})
+                     : Buffers::bind(I.binding(name), {{in, Buffers::kIn}, {out, Buffers::kOut}});
   return I.submit(
       d, blocking,
       [self, in, out](const backend::Op& o) { self->router().allgather(o, in.data, out.data); },
@@ -362,7 +363,7 @@ std::shared_ptr<WorkState> doBroadcast(CommunicatorImpl& I, Tensor inout, int ro
   opcheck::checkRoot(I, name, root);
   OpDesc d{OpKind::kBroadcast, inout.dtype, ReduceOp::kSum, Algorithm::kAuto, root, inout.count};
   CommunicatorImpl* self = &I;
-  auto buffers = Buffers::bind(name, I.commRank(), {{inout, Buffers::kInOut}});
+  auto buffers = Buffers::bind(I.binding(name), {{inout, Buffers::kInOut}});
   return I.submit(
       d, blocking, [self, inout](const backend::Op& o) { self->router().broadcast(o, inout.data); },
       std::move(buffers));

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/device_buffers.h"
 #include "backend/route_policy.h"
 #include "backend/router.h"
 #include "bootstrap/attendance.h"
@@ -143,6 +144,8 @@ class CommunicatorImpl final : public Communicator {
   std::shared_ptr<const Error> error();
   void checkUsable(const char* op);
   void validateTensor(const char* op, const char* name, const Tensor& t);
+  // What DeviceBuffers::bind needs for an op of this communicator.
+  backend::DeviceBuffers::Binding binding(const char* op) const { return {op, rank, events}; }
   // `rop` is a valid op that applies to `dtype` (a dtype outside the enum is
   // validateTensor's to report).
   void validateOp(const char* op, ReduceOp rop, DataType dtype);
@@ -181,6 +184,8 @@ class CommunicatorImpl final : public Communicator {
   // (CommunicatorAccess::kernelsFor): destroyed after the executor's last
   // op, so no op's device memory is freed while ops run.
   kernels::DeviceKernelsPool kernelsPool;
+  // The events the ops' DeviceBuffers mark their device inputs with.
+  std::shared_ptr<backend::EventPool> events = std::make_shared<backend::EventPool>();
   Executor executor;  // runs the ops in order
   // The role of the thread that runs the ops (the executor's, or a blocking
   // caller's inline): what only it touches is GUARDED_BY(executing).

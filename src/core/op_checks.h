@@ -33,6 +33,13 @@ inline bool overlap(const void* a, size_t an, const void* b, size_t bn) {
   return an > 0 && bn > 0 && pa < pb + bn && pb < pa + an;
 }
 
+// The same tensor passed twice (an in-place call): what validating one
+// checked holds for the other.
+inline bool sameTensor(const Tensor& a, const Tensor& b) {
+  return a.data == b.data && a.count == b.count && a.dtype == b.dtype &&
+         a.device.type == b.device.type && a.device.index == b.device.index && a.stream == b.stream;
+}
+
 // Block `index` (of `block.nbytes()` bytes) of `big`.
 inline const char* blockOf(const Tensor& big, const Tensor& block, int index) {
   return static_cast<const char*>(big.data) + static_cast<size_t>(index) * block.nbytes();

@@ -73,7 +73,7 @@ std::shared_ptr<WorkState> doPointToPoint(CommunicatorImpl& I, const char* name,
   OpDesc d{
       OpKind::kPointToPoint, DataType::kUInt8, ReduceOp::kSum, backend::Algorithm::kAuto, 0, bytes};
   CommunicatorImpl* self = &I;
-  auto buffers = Buffers::bind(name, I.commRank(), std::move(items));
+  auto buffers = Buffers::bind(I.binding(name), std::move(items));
   auto body = [self, msgs, ops, blocking, name](const backend::Op& o) mutable {
     std::unique_ptr<backend::P2PInFlight> op = self->router().startPointToPoint(o, std::move(msgs));
     // `done` runs while `op` lives (here, or beside it in defer's list).

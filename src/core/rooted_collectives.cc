@@ -25,9 +25,9 @@ using opcheck::overlap;
 std::shared_ptr<Buffers> bindRooted(CommunicatorImpl& I, const char* name, bool atRoot,
                                     const Buffers::Item& mine, const Buffers::Item& rootOnly,
                                     bool same) {
-  if (!atRoot) return Buffers::bind(name, I.commRank(), {mine});
-  if (same) return Buffers::bind(name, I.commRank(), {{rootOnly.t, Buffers::kInOut}});
-  return Buffers::bind(name, I.commRank(), {mine, rootOnly});
+  if (!atRoot) return Buffers::bind(I.binding(name), {mine});
+  if (same) return Buffers::bind(I.binding(name), {{rootOnly.t, Buffers::kInOut}});
+  return Buffers::bind(I.binding(name), {mine, rootOnly});
 }
 
 // The root's checks of gather (`small` in, `big` out) and scatter (`small`
@@ -137,7 +137,7 @@ std::shared_ptr<WorkState> doAlltoall(CommunicatorImpl& I, Tensor in, Tensor out
   }
   OpDesc d{OpKind::kAlltoall, in.dtype, ReduceOp::kSum, Algorithm::kAuto, 0, in.count / n};
   CommunicatorImpl* self = &I;
-  auto buffers = Buffers::bind(name, I.commRank(), {{in, Buffers::kIn}, {out, Buffers::kOut}});
+  auto buffers = Buffers::bind(I.binding(name), {{in, Buffers::kIn}, {out, Buffers::kOut}});
   return I.submit(
       d, blocking,
       [self, in, out](const backend::Op& o) { self->router().alltoall(o, in.data, out.data); },

@@ -143,8 +143,8 @@ std::shared_ptr<WorkState> doAllgatherv(CommunicatorImpl& I, Tensor in, Tensor o
   inBlocks.counts.assign(counts.size(), outBlocks.counts[me]);
   inBlocks.offsets.assign(counts.size(), 0);
   CommunicatorImpl* self = &I;
-  auto buffers = same ? Buffers::bind(name, me, {{out, Buffers::kInOut}})
-                      : Buffers::bind(name, me, {{in, Buffers::kIn}, {out, Buffers::kOut}});
+  auto buffers = same ? Buffers::bind(I.binding(name), {{out, Buffers::kInOut}})
+                      : Buffers::bind(I.binding(name), {{in, Buffers::kIn}, {out, Buffers::kOut}});
   return I.submit(
       unevenDesc(OpKind::kAllgatherv, in.dtype, 0, outBlocks), blocking,
       [self, in, out, inBlocks, outBlocks](const backend::Op& o) {
@@ -183,9 +183,9 @@ std::shared_ptr<WorkState> doRootedv(CommunicatorImpl& I, Rooting how, Tensor sm
   }
   const auto smallRole = gather ? Buffers::kIn : Buffers::kOut;
   const auto bigRole = gather ? Buffers::kOut : Buffers::kIn;
-  auto buffers = !atRoot ? Buffers::bind(name, me, {{small, smallRole}})
-                 : same  ? Buffers::bind(name, me, {{big, Buffers::kInOut}})
-                         : Buffers::bind(name, me, {{small, smallRole}, {big, bigRole}});
+  auto buffers = !atRoot ? Buffers::bind(I.binding(name), {{small, smallRole}})
+                 : same  ? Buffers::bind(I.binding(name), {{big, Buffers::kInOut}})
+                         : Buffers::bind(I.binding(name), {{small, smallRole}, {big, bigRole}});
   void* bigData = atRoot ? big.data : nullptr;
   CommunicatorImpl* self = &I;
   return I.submit(
@@ -256,7 +256,7 @@ std::shared_ptr<WorkState> doAlltoallv(CommunicatorImpl& I, const UnevenTensor& 
   // Blocks that leave gaps in `out`: staging copies it in too, so the gaps
   // go back to the device as they were.
   const auto outRole = outBlocks.total() < out.count ? Buffers::kInOut : Buffers::kOut;
-  auto buffers = Buffers::bind(name, me, {{in, Buffers::kIn}, {out, outRole}});
+  auto buffers = Buffers::bind(I.binding(name), {{in, Buffers::kIn}, {out, outRole}});
   // The ranks' counts differ: the description carries none.
   OpDesc d{OpKind::kAlltoallv, in.dtype, ReduceOp::kSum, Algorithm::kAuto, 0, 0};
   return I.submit(

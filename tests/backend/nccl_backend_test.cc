@@ -130,6 +130,73 @@ TEST_F(NcclBackendTest, AllreduceRunsOnNcclAndMatchesAFloat64Reference) {
   EXPECT_EQ(softcuda::hostAllocs(), 0u) << "NCCL ops must not stage through host memory";
 }
 
+// What gflow asks of CUDA around a device allreduce, counted on the
+// software CUDA: after the first ops no event is created or destroyed (the
+// communicator's EventPool lends them), each distinct buffer is looked up
+// once (an in-place call passes one buffer twice), and in and out on one
+// stream share one event. The results stay exact while events are reused,
+// also with more ops in flight than the pool keeps, and the last event goes
+// with the communicator.
+TEST_F(NcclBackendTest, ADeviceAllreduceReusesItsEventsAndLooksUpEachBufferOnce) {
+  constexpr int kRanks = 2, kOps = 20, kInFlight = 100;
+  constexpr size_t kCount = 256;
+  struct Counts {
+    uint64_t create, destroy, record, lookup;
+  };
+  const auto now = [] {
+    return Counts{softcuda::calls("eventCreate"), softcuda::calls("eventDestroy"),
+                  softcuda::calls("eventRecord"), softcuda::calls("pointerDevice")};
+  };
+  Counts start{}, inPlace{}, outOfPlace{};
+  testing::runRanks(kRanks, [&](Communicator& c) {
+    const int r = c.rank();
+    DeviceBuffer buf(r, kCount * 4), out(r, kCount * 4);
+    const Tensor t = buf.tensor(kCount, DataType::kFloat32);
+    const Tensor o = out.tensor(kCount, DataType::kFloat32);
+    for (int i = 0; i < 3; ++i) c.allreduce(t, o);  // the pool's first events
+    c.barrier();
+    if (r == 0) start = now();
+    c.barrier();
+    for (int i = 0; i < kOps; ++i) c.allreduce(t);
+    c.barrier();
+    if (r == 0) inPlace = now();
+    c.barrier();
+    for (int i = 0; i < kOps; ++i) {
+      for (size_t k = 0; k < kCount; ++k) buf.as<float>()[k] = static_cast<float>(r + i + k);
+      c.allreduce(t, o);
+      for (size_t k = 0; k < kCount; ++k) {
+        ASSERT_EQ(out.as<float>()[k], static_cast<float>(1 + 2 * (i + k))) << i << " " << k;
+      }
+    }
+    c.barrier();
+    if (r == 0) outOfPlace = now();
+    c.barrier();
+    // More ops in flight than the pool keeps: each holds its own event.
+    DeviceBuffer many(r, kInFlight * sizeof(float));
+    std::vector<Work> works;
+    for (int i = 0; i < kInFlight; ++i) {
+      many.as<float>()[i] = static_cast<float>(i * (r + 1));
+      works.push_back(c.allreduceAsync(many.tensor(1, DataType::kFloat32, i)));
+    }
+    for (int i = 0; i < kInFlight; ++i) {
+      works[i].wait();
+      ASSERT_EQ(many.as<float>()[i], static_cast<float>(3 * i)) << i;
+    }
+  });
+  const uint64_t ops = uint64_t(kRanks) * kOps;
+  EXPECT_EQ(inPlace.create - start.create, 0u);
+  EXPECT_EQ(inPlace.destroy - start.destroy, 0u);
+  EXPECT_EQ(inPlace.lookup - start.lookup, ops) << "one buffer, looked up once per op";
+  EXPECT_EQ(outOfPlace.create - inPlace.create, 0u);
+  EXPECT_EQ(outOfPlace.destroy - inPlace.destroy, 0u);
+  EXPECT_EQ(outOfPlace.lookup - inPlace.lookup, 2 * ops) << "in and out, once each";
+  // One record for the op's inputs (in and out share their stream) and one
+  // after the NCCL op, in place or not.
+  EXPECT_EQ(inPlace.record - start.record, 2 * ops);
+  EXPECT_EQ(outOfPlace.record - inPlace.record, 2 * ops);
+  EXPECT_EQ(softcuda::eventsAlive(), 0) << "the communicators' events went with them";
+}
+
 // Every dtype and op on device buffers against the exact reference: NCCL
 // runs the types and ops it has (int8 and float8 included); int16, bool,
 // complex and the bitwise ops are staged through host memory, with the same

@@ -130,6 +130,7 @@ struct State {
   std::set<void*> dead;  // destroyed stream and event handles (until reused)
   std::atomic<uint64_t> staleUses{0};
   std::map<std::string, std::deque<int>> failures;
+  std::map<std::string, uint64_t> calls;  // by entry
   std::atomic<uint64_t> generation{0};
   std::atomic<uint64_t> kernelLaunches{0}, memcpys{0}, hostAllocs{0}, bytesCopied{0},
       asyncErrors{0};
@@ -154,6 +155,7 @@ int curDevice() {
 int injected(const char* entry) {
   State& s = st();
   std::lock_guard<std::mutex> l(s.mu);
+  ++s.calls[entry];
   auto it = s.failures.find(entry);
   if (it == s.failures.end() || it->second.empty()) return 0;
   const int code = it->second.front();
@@ -715,6 +717,7 @@ void install(int devices) {
     s.dead.clear();
     s.staleUses = 0;
     s.failures.clear();
+    s.calls.clear();
     s.kernelLaunches = 0;
     s.memcpys = 0;
     s.hostAllocs = 0;
@@ -809,6 +812,17 @@ int streamsAlive() {
 
 uint64_t kernelLaunches() {
   return st().kernelLaunches.load();
+}
+int eventsAlive() {
+  State& s = st();
+  std::lock_guard<std::mutex> l(s.mu);
+  return static_cast<int>(s.events.size());
+}
+uint64_t calls(const char* entry) {
+  State& s = st();
+  std::lock_guard<std::mutex> l(s.mu);
+  auto it = s.calls.find(entry);
+  return it == s.calls.end() ? 0 : it->second;
 }
 uint64_t memcpys() {
   return st().memcpys.load();

@@ -104,6 +104,11 @@ uint64_t asyncErrors();
 uint64_t staleHandleUses();
 // alloc() ranges not yet freed.
 int allocationsAlive();
+// Events made by eventCreate and not yet destroyed.
+int eventsAlive();
+// Calls of table entry `entry` (as failNextCall names it) since install(),
+// from every thread, failed ones included.
+uint64_t calls(const char* entry);
 
 // For the software NCCL and for tests.
 // The calling thread's current device.
