@@ -21,7 +21,9 @@
 #               mode (default "25", DDP's own)
 #   -V          DDP with gradient_as_bucket_view=True in every mode (the
 #               gradients are views into the buckets: no copy into them
-#               before the exchange and out of them after it)
+#               before the exchange and out of them after it; with -E this
+#               leaves the host what a GPU node's host has, where those
+#               copies are device copies: docs/performance.md)
 #   -P 0|1      pin each host to its own cpus (default 1, as real hosts have)
 #   -E          emulated GPU compute (ddp_synthetic.py --emulate-gpu): forward
 #               and backward wait out the per-call times of
