@@ -12,7 +12,7 @@ EventPool::~EventPool() {
 int EventPool::take(const cuda::Plugin& p, int device, void** event) {
   {
     MutexLock l(mutex_);
-    p_ = &p;
+    if (!p_) p_ = &p;
     if (static_cast<size_t>(device) < free_.size() && !free_[device].empty()) {
       *event = free_[device].back();
       free_[device].pop_back();

@@ -7,7 +7,11 @@
 // the wait was enqueued, not for later records.
 //
 // Shared (std::shared_ptr) by the communicator and every op's buffers, so
-// it outlives the last op that holds one of its events.
+// it outlives the last op that holds one of its events. Events are kept per
+// device index: they belong to the context current when they were made,
+// the device's primary context, which the CUDA runtime (and PyTorch) uses;
+// a caller that makes its own driver-API context current on that device
+// would be handed events of another context.
 //
 // Thread safety: every method may be called from any thread.
 #pragma once
