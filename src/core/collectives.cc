@@ -190,11 +190,13 @@ auto orAbort(CommunicatorImpl& I, Fn what) -> decltype(what()) {
 }
 
 // What the collectives of one doAllreduceWith share: the kernels of
-// inout's device, the inf/NaN flag; and, for a piece of an op cut into
-// collectives, its AllreduceSteps::piece.
+// inout's device, the inf/NaN flag, whether the data travels compressed
+// (checkAllreduceOptions); and, for a piece of an op cut into collectives,
+// its AllreduceSteps::piece.
 struct OneOf {
   std::shared_ptr<kernels::GradientKernels> k;
   std::shared_ptr<std::atomic<bool>> flag;
+  bool compress = false;
   uint64_t piece = 0;
 };
 
@@ -210,7 +212,7 @@ std::shared_ptr<WorkState> allreduceOne(CommunicatorImpl& I, Tensor inout,
                                         const AllreduceOptions& o, bool blocking, const OneOf& of) {
   const auto& k = of.k;
   const auto& flag = of.flag;
-  const bool compress = o.wire != DataType::kFloat32 && o.wire != inout.dtype;
+  const bool compress = of.compress;
   auto* data = static_cast<float*>(inout.data);
   const size_t n = inout.count;
   internal::FusedSteps s;
@@ -271,7 +273,7 @@ std::shared_ptr<WorkState> doAllreduceWith(CommunicatorImpl& I, Tensor inout,
                                            const AllreduceOptions& o, bool blocking) {
   const bool compress = checkAllreduceOptions(I, "allreduce", inout, o);
   OneOf of{orAbort(I, [&] { return I.kernelsFor(inout.device, inout.stream); }),
-           std::make_shared<std::atomic<bool>>(false)};
+           std::make_shared<std::atomic<bool>>(false), compress};
   const bool host = of.k->where().type == DeviceType::kCPU;
   const auto cuts = compress && host ? internal::codecPieces(inout.count, I.codecPieceBytes())
                                      : std::vector<size_t>{0, inout.count};

@@ -117,8 +117,12 @@ std::vector<size_t> codecPieces(size_t count, uint64_t pieceBytes) {
   const uint64_t n = pieceBytes == 0 ? 1 : (2 * bytes + pieceBytes) / (2 * pieceBytes);
   const size_t blocks = (count + kQuantBlock - 1) / kQuantBlock;
   const size_t pieces = static_cast<size_t>(std::max<uint64_t>(1, std::min<uint64_t>(n, blocks)));
+  // Piece i starts at block floor(blocks * i / pieces), computed without
+  // the product, which overflows for counts near the 2^46-byte limit.
+  const size_t whole = blocks / pieces, rest = blocks % pieces;
   std::vector<size_t> starts;
-  for (size_t i = 0; i < pieces; ++i) starts.push_back(blocks * i / pieces * kQuantBlock);
+  for (size_t i = 0; i < pieces; ++i)
+    starts.push_back((whole * i + rest * i / pieces) * kQuantBlock);
   starts.push_back(count);
   return starts;
 }
